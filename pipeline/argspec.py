@@ -1,0 +1,407 @@
+"""Argument specs: the leaves of ``program.args`` / ``program.kwargs``, parsed without JAX.
+
+A leaf is one of
+- an array type written the way JAX prints it: ``f32[128,512]``, ``bf16[2,8]``, ``i32[]``;
+- a mapping ``{shape, dtype, init, scale, low, high, seed}`` (``init`` may be a ``.npy`` path);
+- a ``.npy`` path (shape and dtype read from the file's header);
+- a literal (number, bool, string, or a list/dict of them at a static position).
+
+Leaves may sit in nested lists and dicts (pytrees). As in JAX, static-ness comes from
+``static_argnums``/``static_argnames``, never from the type: a literal at a non-static position
+is traced as a weakly typed scalar and executed with its value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ArgSpecError, ConfigError
+
+# Canonical dtype names (numpy / ml_dtypes spelling) that JAX supports.
+DTYPES: tuple[str, ...] = (
+    "bool",
+    "int2", "int4", "int8", "int16", "int32", "int64",
+    "uint2", "uint4", "uint8", "uint16", "uint32", "uint64",
+    "float4_e2m1fn", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "bfloat16", "float16", "float32", "float64",
+    "complex64", "complex128",
+)  # fmt: skip
+
+
+def short_name(dtype: str) -> str:
+    """JAX's short spelling of a dtype name (``float32`` -> ``f32``, ``bfloat16`` -> ``bf16``)."""
+    return (
+        dtype.replace("float", "f").replace("uint", "u").replace("int", "i").replace("complex", "c")
+    )
+
+
+_ALIASES: dict[str, str] = {short_name(d): d for d in DTYPES} | {d: d for d in DTYPES}
+_ALIASES |= {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64"}
+SIXTY_FOUR_BIT = frozenset({"int64", "uint64", "float64", "complex128"})
+INITS: tuple[str, ...] = ("normal", "uniform", "zeros", "ones", "arange", "file")
+SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed"})
+
+_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
+# An array type inside a longer override value, for quoting it before Hydra parses the line.
+_TYPE_IN_TEXT_RE = re.compile(
+    r"(?<![A-Za-z0-9_'\"])(" + "|".join(sorted(map(re.escape, _ALIASES), key=len, reverse=True))
+    + r")\[[0-9,\s]*\]"
+)  # fmt: skip
+
+
+def canonical_dtype(name: str, where: str) -> str:
+    try:
+        return _ALIASES[str(name).strip().lower()]
+    except KeyError:
+        raise ArgSpecError(
+            f"{where}: unknown dtype {name!r}; expected one of "
+            f"{', '.join(short_name(d) for d in DTYPES)} (or the long numpy names)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """An abstract array argument and how execute fills it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    init: str = "normal"
+    scale: float = 1.0
+    low: float | None = None
+    high: float | None = None
+    seed: int | None = None
+    path: str | None = None
+
+    @property
+    def type_str(self) -> str:
+        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+    def __str__(self) -> str:
+        return self.type_str
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A concrete value: a static argument, or a weakly typed scalar when traced."""
+
+    value: Any
+
+
+def _npy_header(path: str, where: str) -> tuple[tuple[int, ...], str]:
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    except FileNotFoundError:
+        raise ArgSpecError(f"{where}: .npy file {path!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise ArgSpecError(f"{where}: {path!r} is not a readable .npy file ({exc})") from None
+    return tuple(int(d) for d in shape), canonical_dtype(dtype.name, where)
+
+
+def parse_type(text: str, where: str) -> ArraySpec | None:
+    """``f32[128,512]`` -> ArraySpec; None if ``text`` is not written as an array type."""
+    m = _TYPE_RE.match(text)
+    if not m:
+        return None
+    dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
+    if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
+        raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
+    return ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where))
+
+
+def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ArgSpecError(
+            f"{where}: unknown array-spec key(s) {sorted(unknown)}; expected {sorted(SPEC_KEYS)}"
+        )
+    init = str(spec.get("init", "normal"))
+    path = None
+    if init.endswith(".npy"):
+        path, init = init, "file"
+    elif init not in INITS or init == "file":
+        raise ArgSpecError(
+            f"{where}.init: expected one of {', '.join(INITS[:-1])} or a .npy path, found {init!r}"
+        )
+    if path is not None:
+        shape, dtype = _npy_header(path, f"{where}.init")
+        if "shape" in spec and tuple(spec["shape"]) != shape:
+            raise ArgSpecError(
+                f"{where}.shape: {list(spec['shape'])} differs from {path!r}'s shape {list(shape)}"
+            )
+        if "dtype" in spec:
+            dtype = canonical_dtype(spec["dtype"], f"{where}.dtype")
+    else:
+        if "shape" not in spec:
+            raise ArgSpecError(f"{where}: array spec needs 'shape' (a list of ints)")
+        raw = spec["shape"]
+        if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+            raise ArgSpecError(f"{where}.shape: expected a list of ints, found {raw!r}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+            raise ArgSpecError(f"{where}.shape: expected non-negative ints, found {list(raw)}")
+        shape = tuple(raw)
+        dtype = canonical_dtype(spec.get("dtype", "float32"), f"{where}.dtype")
+    for key in ("scale", "low", "high"):
+        v = spec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ArgSpecError(f"{where}.{key}: expected a number, found {v!r}")
+    seed = spec.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ArgSpecError(f"{where}.seed: expected an int, found {seed!r}")
+    return ArraySpec(
+        shape=shape,
+        dtype=dtype,
+        init=init,
+        scale=float(spec.get("scale", 1.0)),
+        low=None if spec.get("low") is None else float(spec["low"]),
+        high=None if spec.get("high") is None else float(spec["high"]),
+        seed=seed,
+        path=path,
+    )
+
+
+def is_spec_mapping(value: Mapping[str, Any]) -> bool:
+    """A mapping is an array spec (not a dict of arguments) if all its keys are spec keys."""
+    return bool(value) and set(value) <= SPEC_KEYS and bool({"shape", "init"} & set(value))
+
+
+def parse_leaf_or_tree(value: Any, where: str) -> Any:
+    """Parse a config value into a pytree of ArraySpec / Literal leaves."""
+    if isinstance(value, Mapping):
+        if is_spec_mapping(value):
+            return _parse_mapping(value, where)
+        return {str(k): parse_leaf_or_tree(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [parse_leaf_or_tree(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        spec = parse_type(value, where)
+        if spec is not None:
+            return spec
+        if value.endswith(".npy"):
+            shape, dtype = _npy_header(value, where)
+            return ArraySpec(shape=shape, dtype=dtype, init="file", path=value)
+        if "[" in value and value.split("[", 1)[0].isidentifier():
+            # Looks like an array type with an unknown dtype: say so rather than pass a string.
+            canonical_dtype(value.split("[", 1)[0], where)
+            raise ArgSpecError(f"{where}: cannot parse array type {value!r}")
+    if value is None or isinstance(value, bool | int | float | str):
+        return Literal(value)
+    raise ArgSpecError(f"{where}: unsupported value {value!r} of type {type(value).__name__}")
+
+
+def leaves(tree: Any, where: str = "") -> Iterator[tuple[str, ArraySpec | Literal]]:
+    """(path, leaf) pairs in pytree order (dict keys sorted, as JAX flattens them)."""
+    if isinstance(tree, dict):
+        for k in sorted(tree):
+            yield from leaves(tree[k], f"{where}.{k}" if where else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from leaves(v, f"{where}[{i}]")
+    else:
+        yield where, tree
+
+
+def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
+    """Apply ``fn(path, leaf)`` to each leaf, keeping lists and dicts."""
+    if isinstance(tree, dict):
+        return {k: map_tree(fn, v, f"{where}.{k}") for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
+    return fn(where, tree)
+
+
+def to_static_value(tree: Any, where: str) -> Any:
+    """A static argument's Python value: literals only; lists become tuples (hashable)."""
+    if isinstance(tree, ArraySpec):
+        raise ArgSpecError(
+            f"{where} is marked static but is an array spec ({tree.type_str}); static arguments "
+            "must be values: give a literal, or remove it from static_argnums/static_argnames"
+        )
+    if isinstance(tree, Literal):
+        return tree.value
+    if isinstance(tree, list):
+        return tuple(to_static_value(v, f"{where}[{i}]") for i, v in enumerate(tree))
+    raise ArgSpecError(
+        f"{where} is marked static but is a dict; static arguments must be hashable values "
+        "(numbers, strings, bools or lists of them)"
+    )
+
+
+@dataclass(frozen=True)
+class BoundArgs:
+    """Parsed arguments, with each position and keyword marked static or traced."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    static_argnums: tuple[int, ...] = ()
+    static_argnames: tuple[str, ...] = ()
+    donate_argnums: tuple[int, ...] = ()
+    donate_argnames: tuple[str, ...] = ()
+    needs_x64: bool = field(default=False)
+
+    def is_static(self, position: int | str) -> bool:
+        if isinstance(position, int):
+            return position in self.static_argnums
+        return position in self.static_argnames
+
+    def traced_args(self) -> list[tuple[str, Any]]:
+        """(config path, tree) of every non-static argument, positional first."""
+        out = [(f"program.args[{i}]", a) for i, a in enumerate(self.args) if not self.is_static(i)]
+        out += [(f"program.kwargs.{k}", v) for k, v in self.kwargs.items() if not self.is_static(k)]
+        return out
+
+
+def _check_traced(tree: Any, where: str, key: str) -> None:
+    for path, leaf in leaves(tree, where):
+        if isinstance(leaf, Literal) and not isinstance(leaf.value, bool | int | float):
+            raise ArgSpecError(
+                f"{path}: {leaf.value!r} is a {type(leaf.value).__name__} at a non-static "
+                f"position; JAX can only trace arrays and numbers: add it to {key}"
+            )
+
+
+def bind(
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    static_argnums: Sequence[int] = (),
+    static_argnames: Sequence[str] = (),
+    donate_argnums: Sequence[int] = (),
+    donate_argnames: Sequence[str] = (),
+    names_of_positions: Sequence[str] | None = None,
+) -> BoundArgs:
+    """Parse specs and check static/donated positions against them.
+
+    ``names_of_positions`` (the callable's parameter names, when known) lets a name in
+    ``static_argnames``/``donate_argnames`` refer to a positional argument, as in ``jax.jit``.
+    """
+    parsed_args = tuple(parse_leaf_or_tree(a, f"program.args[{i}]") for i, a in enumerate(args))
+    parsed_kwargs = {
+        str(k): parse_leaf_or_tree(v, f"program.kwargs.{k}") for k, v in kwargs.items()
+    }
+    n = len(parsed_args)
+    for i in static_argnums:
+        if i >= n:
+            raise ConfigError(
+                f"stage_out.static_argnums: position {i} is out of range; program.args has "
+                f"{n} positional argument(s) (positions 0..{n - 1})"
+            )
+    for i in donate_argnums:
+        if i >= n:
+            raise ConfigError(
+                f"lower.donate_argnums: position {i} is out of range; program.args has "
+                f"{n} positional argument(s)"
+            )
+    names = list(names_of_positions or ())
+    s_nums, s_names = set(static_argnums), set(static_argnames)
+    d_nums, d_names = set(donate_argnums), set(donate_argnames)
+    for name in static_argnames:
+        if name in names and names.index(name) < n:
+            s_nums.add(names.index(name))
+        elif name not in parsed_kwargs and names_of_positions is not None and name not in names:
+            raise ConfigError(
+                f"stage_out.static_argnames: {name!r} is neither a parameter of the target nor "
+                f"a key of program.kwargs (parameters: {', '.join(names) or 'none'})"
+            )
+    for name in donate_argnames:
+        if name in names and names.index(name) < n:
+            d_nums.add(names.index(name))
+    for i in sorted(s_nums):
+        if names and i < len(names):
+            s_names.add(names[i])
+    for i in sorted(d_nums):
+        if i in s_nums:
+            raise ConfigError(
+                f"lower.donate_argnums: argument {i} is static (stage_out.static_argnums); only "
+                "traced array arguments can be donated"
+            )
+    for name in d_names:
+        if name in s_names:
+            raise ConfigError(
+                f"lower.donate_argnames: {name!r} is static (stage_out.static_argnames); only "
+                "traced array arguments can be donated"
+            )
+    for i in sorted(s_nums):
+        to_static_value(parsed_args[i], f"program.args[{i}]")
+    for k in s_names & set(parsed_kwargs):
+        to_static_value(parsed_kwargs[k], f"program.kwargs.{k}")
+    bound = BoundArgs(
+        args=parsed_args,
+        kwargs=parsed_kwargs,
+        static_argnums=tuple(sorted(s_nums)),
+        static_argnames=tuple(sorted(s_names)),
+        donate_argnums=tuple(sorted(d_nums)),
+        donate_argnames=tuple(sorted(d_names)),
+    )
+    for path, tree in bound.traced_args():
+        positional = path.startswith("program.args")
+        _check_traced(tree, path, f"stage_out.static_argn{'ums' if positional else 'ames'}")
+    needs_x64 = any(
+        isinstance(leaf, ArraySpec) and leaf.dtype in SIXTY_FOUR_BIT
+        for _, tree in bound.traced_args()
+        for _, leaf in leaves(tree)
+    )
+    return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64})
+
+
+def quote_array_types(override: str) -> str:
+    """Quote JAX-style array types in a command-line override so Hydra's grammar accepts them.
+
+    Hydra reads ``[`` as the start of a list, so ``program.args=[f32[128,512]]`` would not
+    parse; ``program.args=['f32[128,512]']`` does. Text already inside quotes is left alone.
+    """
+    if "=" not in override or "[" not in override:
+        return override
+    key, _, value = override.partition("=")
+    out, i, quote = [], 0, ""
+    while i < len(value):
+        ch = value[i]
+        if quote:
+            out.append(ch)
+            if ch == "\\" and i + 1 < len(value):
+                out.append(value[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = ""
+            i += 1
+            continue
+        if ch in "'\"":
+            quote = ch
+            out.append(ch)
+            i += 1
+            continue
+        m = _TYPE_IN_TEXT_RE.match(value, i)
+        if m and (i == 0 or not (value[i - 1].isalnum() or value[i - 1] == "_")):
+            out.append("'" + m.group(0) + "'")
+            i = m.end()
+            continue
+        out.append(ch)
+        i += 1
+    return key + "=" + "".join(out)
+
+
+__all__ = [
+    "DTYPES",
+    "ArraySpec",
+    "BoundArgs",
+    "Literal",
+    "bind",
+    "canonical_dtype",
+    "leaves",
+    "map_tree",
+    "parse_leaf_or_tree",
+    "parse_type",
+    "quote_array_types",
+    "short_name",
+    "to_static_value",
+]

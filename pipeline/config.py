@@ -1,0 +1,252 @@
+"""The config schema: frozen dataclasses, registered in Hydra's ConfigStore as ``base_<name>``.
+
+YAML files under ``conf/`` hold values; these classes hold the types. :func:`validate` turns a
+composed DictConfig into a typed :class:`JaxaotConfig` and checks everything that can be checked
+without JAX (ranges, choices, arg specs), so a bad key fails in milliseconds, naming the key.
+Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+
+STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
+BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
+PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
+CHECKS: tuple[str, ...] = ("none", "reference")
+STORE_DIR_ENV = "JAXAOT_STORE_DIR"
+DEFAULT_STORE_DIR = "outputs/store"
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """What to compile: a callable by import path and specs for its arguments."""
+
+    name: str = MISSING
+    target: str = MISSING
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # The program's own static arguments; stage_out's defaults interpolate these.
+    static_argnums: list[int] = field(default_factory=list)
+    static_argnames: list[str] = field(default_factory=list)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StageOutConfig:
+    static_argnums: list[int] = field(default_factory=list)
+    static_argnames: list[str] = field(default_factory=list)
+    # [[axis_name, size], ...]: trace as a per-replica program with these named axes.
+    axis_env: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    shape: list[int] | None = None
+    axes: list[str] = field(default_factory=list)
+    axis_types: list[str] | None = None
+    abstract: bool = False
+
+
+@dataclass(frozen=True)
+class LowerConfig:
+    platforms: list[str] | None = None
+    donate_argnums: list[int] = field(default_factory=list)
+    donate_argnames: list[str] = field(default_factory=list)
+    keep_unused: bool = False
+    in_shardings: Any = None
+    out_shardings: Any = None
+    xla_metadata: dict[str, Any] = field(default_factory=dict)
+    scoped_metadata: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    backend: str = "cpu"
+    compiler_options: dict[str, Any] = field(default_factory=dict)
+    num_devices: int | None = None
+
+
+@dataclass(frozen=True)
+class ExecuteConfig:
+    seed: int = 0
+    inputs: Any = None
+    warmup: int = 1
+    repeats: int = 5
+    check: str = "none"
+    rtol: float | None = None
+    atol: float | None = None
+    save_outputs: bool = True
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    dir: str | None = None
+    enabled: bool = True
+
+    def resolved_dir(self) -> str:
+        return self.dir or os.environ.get(STORE_DIR_ENV) or DEFAULT_STORE_DIR
+
+
+@dataclass(frozen=True)
+class JaxaotConfig:
+    program: ProgramConfig = MISSING
+    stage_out: StageOutConfig = field(default_factory=StageOutConfig)
+    lower: LowerConfig = field(default_factory=LowerConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    execute: ExecuteConfig = field(default_factory=ExecuteConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    stop_after: str = "execute"
+    start_at: str = "stage_out"
+    resume_from: str | None = None
+    debug: bool = False
+
+
+_SCHEMAS: dict[str, tuple[str | None, type]] = {
+    "base_config": (None, JaxaotConfig),
+    "base_program": ("program", ProgramConfig),
+    "base_stage_out": ("stage_out", StageOutConfig),
+    "base_lower": ("lower", LowerConfig),
+    "base_compile": ("compile", CompileConfig),
+    "base_execute": ("execute", ExecuteConfig),
+    "base_mesh": ("mesh", MeshConfig),
+    "base_store": ("store", StoreConfig),
+}
+
+
+def _writable(node: Any) -> None:
+    # A frozen dataclass makes its node read-only, and Hydra could then not merge the YAML
+    # values onto the schema; the typed objects from validate() are frozen all the same.
+    if OmegaConf.is_config(node):
+        OmegaConf.set_readonly(node, False)
+        if OmegaConf.is_dict(node):
+            for key in node:
+                _writable(node._get_node(key))
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for name, (group, schema) in _SCHEMAS.items():
+        node = OmegaConf.structured(schema)
+        _writable(node)
+        cs.store(name=name, group=group, node=node)
+
+
+def _stage_index(key: str, value: str) -> int:
+    if value not in STAGES:
+        raise ConfigError(f"{key}: expected one of {', '.join(STAGES)}, found {value!r}")
+    return STAGES.index(value)
+
+
+def _check_indices(key: str, values: list[int]) -> None:
+    for v in values:
+        if v < 0:
+            raise ConfigError(f"{key}: expected non-negative argument positions, found {v}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}: expected distinct positions, found {values}")
+
+
+def _check(cfg: JaxaotConfig) -> None:
+    first = _stage_index("start_at", cfg.start_at)
+    last = _stage_index("stop_after", cfg.stop_after)
+    if first > last:
+        raise ConfigError(
+            f"start_at={cfg.start_at!r} comes after stop_after={cfg.stop_after!r}; "
+            "expected start_at <= stop_after"
+        )
+    if first > 0 and not cfg.resume_from:
+        raise ConfigError(
+            f"start_at={cfg.start_at!r} needs resume_from=<run dir> to load the earlier stages"
+        )
+    if ":" not in cfg.program.target:
+        raise ConfigError(
+            f"program.target: expected 'package.module:function', found {cfg.program.target!r}"
+        )
+    _check_indices("stage_out.static_argnums", cfg.stage_out.static_argnums)
+    _check_indices("lower.donate_argnums", cfg.lower.donate_argnums)
+    if cfg.compile.backend not in BACKENDS:
+        raise ConfigError(
+            f"compile.backend: expected one of {', '.join(BACKENDS)}, found {cfg.compile.backend!r}"
+        )
+    for p in cfg.lower.platforms or ():
+        if p not in PLATFORMS:
+            raise ConfigError(
+                f"lower.platforms: expected entries from {', '.join(PLATFORMS)}, found {p!r}"
+            )
+    if cfg.lower.platforms is not None and not cfg.lower.platforms:
+        raise ConfigError("lower.platforms: expected at least one platform or null, found []")
+    if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:
+        raise ConfigError(f"compile.num_devices: expected >= 1, found {cfg.compile.num_devices}")
+    ex = cfg.execute
+    if ex.check not in CHECKS:
+        raise ConfigError(f"execute.check: expected one of {', '.join(CHECKS)}, found {ex.check!r}")
+    if ex.warmup < 0:
+        raise ConfigError(f"execute.warmup: expected >= 0, found {ex.warmup}")
+    if ex.repeats < 1:
+        raise ConfigError(f"execute.repeats: expected >= 1, found {ex.repeats}")
+    for key, tol in (("execute.rtol", ex.rtol), ("execute.atol", ex.atol)):
+        if tol is not None and tol < 0:
+            raise ConfigError(f"{key}: expected >= 0 or null, found {tol}")
+
+
+def _one_line(exc: OmegaConfBaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+    head = lines[0] if lines else type(exc).__name__
+    return f"{key}: {head}" if key and key not in head else head
+
+
+def validate(cfg: DictConfig | JaxaotConfig) -> JaxaotConfig:
+    """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
+    if isinstance(cfg, JaxaotConfig):
+        typed = cfg
+    else:
+        try:
+            if not OmegaConf.is_config(cfg):
+                cfg = OmegaConf.create(cfg)
+            schema = OmegaConf.structured(JaxaotConfig)
+            _writable(schema)
+            merged = OmegaConf.merge(schema, cfg)
+            typed = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        except OmegaConfBaseException as exc:
+            raise ConfigError(_one_line(exc)) from exc
+    assert isinstance(typed, JaxaotConfig)
+    _check(typed)
+    return typed
+
+
+def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
+    """Plain, JSON-ready dict of a typed config (for manifests)."""
+    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]
+
+
+__all__ = [
+    "BACKENDS",
+    "CHECKS",
+    "PLATFORMS",
+    "STAGES",
+    "CompileConfig",
+    "ExecuteConfig",
+    "JaxaotConfig",
+    "LowerConfig",
+    "MeshConfig",
+    "ProgramConfig",
+    "StageOutConfig",
+    "StoreConfig",
+    "register_configs",
+    "to_container",
+    "validate",
+]

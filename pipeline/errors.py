@@ -1,0 +1,56 @@
+"""One error root for everything jaxaot reports to a user.
+
+Each message is one line: what failed, where (config key, stage, argument path), what was
+expected, what was found and, where there is one, how to fix it. The CLI prints the message
+alone; ``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+
+class JaxaotError(Exception):
+    """Root of every error jaxaot raises on purpose."""
+
+
+class ConfigError(JaxaotError, ValueError):
+    """A config key has a value of the wrong kind, shape or range."""
+
+
+class ArgSpecError(ConfigError):
+    """An argument spec in ``program.args``/``program.kwargs`` cannot be parsed or used."""
+
+
+class TargetError(JaxaotError, ImportError):
+    """``program.target`` does not name an importable callable."""
+
+
+class BackendError(JaxaotError, RuntimeError):
+    """A backend or device count that this machine cannot provide."""
+
+
+class StageError(JaxaotError, RuntimeError):
+    """A stage failed; the message names the stage and the cause."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(f"stage {stage!r} failed: {message}")
+        self.stage = stage
+
+
+class CheckError(JaxaotError, AssertionError):
+    """The execute stage's reference check exceeded its tolerance."""
+
+
+class StoreError(JaxaotError, OSError):
+    """A checkpoint or store entry is missing, corrupt or from an incompatible version."""
+
+
+__all__ = [
+    "ArgSpecError",
+    "BackendError",
+    "CheckError",
+    "ConfigError",
+    "JaxaotError",
+    "StageError",
+    "StoreError",
+    "TargetError",
+]

@@ -1,0 +1,89 @@
+"""The one-screen summary printed at the end of a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def human_count(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}".strip()
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def _details(stage: str, m: dict[str, Any]) -> str:
+    if stage == "stage_out":
+        return f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; {m.get('eqns', 0)} eqns"
+    if stage == "lower":
+        parts = [f"platforms {','.join(m.get('platforms', []))}"]
+        if m.get("flops") is not None:
+            parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
+        return "; ".join(parts)
+    if stage == "compile":
+        parts = [
+            human_count(m.get("flops"), "FLOP"),
+            human_bytes(m.get("bytes_accessed")) + " accessed",
+        ]
+        if m.get("temp_bytes") is not None:
+            parts.append(
+                f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
+                f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
+            )
+        return "; ".join(parts)
+    if stage == "execute":
+        parts = [
+            f"median {human_seconds(m.get('median_s'))} (sd {human_seconds(m.get('stddev_s'))})"
+        ]
+        if m.get("flops_per_s"):
+            parts.append(human_count(m["flops_per_s"], "FLOP/s"))
+        if m.get("check"):
+            parts.append(f"check {m['check']} (max rel err {m.get('max_rel_err', 0):.2g})")
+        return "; ".join(parts)
+    return ""
+
+
+def render(manifest: dict[str, Any]) -> str:
+    cfg, be = manifest["config"], manifest.get("backend") or {}
+    prog = cfg["program"]
+    head = f"jaxaot · {prog['name']} ({prog['target']})"
+    if be:
+        head += f" · {be.get('platform')} x{be.get('device_count')} ({be.get('device_kind')})"
+    rows = [(s, r["status"], human_seconds(r["seconds"]), _details(s, r.get("metrics", {})))
+            for s, r in manifest["stages"].items()]  # fmt: skip
+    widths = [
+        max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
+    ]
+    lines = [head, f"run dir: {manifest['run_dir']}"]
+    lines.append(f"{'stage':<{widths[0]}}  {'status':<{widths[1]}}  {'time':>{widths[2]}}  details")
+    lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in rows]
+    for w in manifest.get("warnings", []):
+        lines.append(f"warning: {w}")
+    if manifest.get("error"):
+        lines.append(f"error: {manifest['error']}")
+    return "\n".join(lines)
+
+
+__all__ = ["human_bytes", "human_count", "human_seconds", "render"]

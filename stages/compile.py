@@ -1,0 +1,150 @@
+"""Stage 3, compile: the lowered program to an XLA executable for ``compile.backend``.
+
+``compile.compiler_options`` go to this one compile (never through the process-global
+``XLA_FLAGS``, so sweep jobs in one process do not leak flags into each other). Writes
+``optimized.hlo.txt``, ``cost_analysis.json``, ``memory_analysis.json`` and ``executable.bin``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.context import StageContext
+from pipeline.errors import BackendError, ConfigError
+from pipeline.jaxenv import devices, platform_of
+
+from .lower import Lowered
+
+_MEMORY_FIELDS = (
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "alias_size_in_bytes",
+    "temp_size_in_bytes",
+    "generated_code_size_in_bytes",
+    "host_argument_size_in_bytes",
+    "host_output_size_in_bytes",
+    "host_alias_size_in_bytes",
+    "host_temp_size_in_bytes",
+    "host_generated_code_size_in_bytes",
+)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """An executable ready to call, with what the compiler said about it."""
+
+    compiled: Any  # jax.stages.Compiled
+    lowered: Lowered
+    backend: str
+    cost: dict[str, float] | None
+    memory: dict[str, int] | None
+
+
+def check_platform(lowered: Lowered, backend: str) -> str:
+    """The platform to compile for, or a BackendError when the lowering does not cover it."""
+    platform = platform_of(backend)
+    if platform not in lowered.platforms:
+        raise BackendError(
+            f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
+            f"was {list(lowered.platforms)}; add {platform!r} to lower.platforms, or compile on "
+            f"a {'/'.join(lowered.platforms)} machine (resume_from=<this run> start_at=compile)"
+        )
+    return platform
+
+
+def compile_lowered(lowered: Lowered, backend: str, options: dict[str, Any]) -> Any:
+    """Compile from the live Lowered when there is one, else from the export (a resumed run)."""
+    import jax
+
+    if lowered.lowered is not None and lowered.platforms == (platform_of(backend),):
+        return lowered.lowered.compile(compiler_options=options or None)
+    exp = lowered.exported
+    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums)
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    traced = jitted.trace(*args, **kwargs)
+    return traced.lower(lowering_platforms=(platform_of(backend),)).compile(
+        compiler_options=options or None
+    )
+
+
+def memory_of(compiled: Any) -> dict[str, int] | None:
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:
+        return None
+    if stats is None:
+        return None
+    return {f: int(getattr(stats, f)) for f in _MEMORY_FIELDS if hasattr(stats, f)}
+
+
+def cost_of(compiled: Any) -> dict[str, float] | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    return {str(k): float(v) for k, v in cost.items()} if cost else None
+
+
+def serialize(compiled: Any) -> bytes:
+    """Executable bytes plus the pytree structure needed to call it, as one blob."""
+    from jax.experimental import serialize_executable
+
+    payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+    return pickle.dumps((bytes(payload), in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
+    text = " ".join(str(exc).split())
+    if options and ("compile option" in text.lower() or "no such" in text.lower()):
+        return ConfigError(
+            f"compile.compiler_options: XLA rejected {sorted(options)}: {text[:300]}"
+        )
+    return exc
+
+
+def run(ctx: StageContext, lowered: Lowered) -> Compiled:
+    cfg = ctx.cfg.compile
+    devices(cfg.backend)  # a clear BackendError when the backend is absent
+    check_platform(lowered, cfg.backend)
+    options = dict(cfg.compiler_options)
+    try:
+        compiled = compile_lowered(lowered, cfg.backend, options)
+    except Exception as exc:
+        err = _compile_error(exc, options)
+        if err is exc:
+            raise
+        raise err from exc
+    ctx.write("optimized.hlo.txt", compiled.as_text() or "")
+    cost, memory = cost_of(compiled), memory_of(compiled)
+    if cost:
+        ctx.write_json("cost_analysis.json", cost)
+        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
+    if memory:
+        ctx.write_json("memory_analysis.json", memory)
+        ctx.metrics.update(
+            argument_bytes=memory.get("argument_size_in_bytes"),
+            output_bytes=memory.get("output_size_in_bytes"),
+            temp_bytes=memory.get("temp_size_in_bytes"),
+            code_bytes=memory.get("generated_code_size_in_bytes"),
+        )
+    try:
+        ctx.write("executable.bin", serialize(compiled))
+    except Exception as exc:  # not every backend can serialize executables
+        ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
+                    memory=memory)  # fmt: skip
+
+
+__all__ = [
+    "Compiled",
+    "check_platform",
+    "compile_lowered",
+    "cost_of",
+    "memory_of",
+    "run",
+    "serialize",
+]

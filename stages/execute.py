@@ -1,0 +1,241 @@
+"""Stage 4, execute: run the executable on real inputs, time it, check it, save outputs.
+
+Reads ``execute`` options; writes ``outputs.npz`` (+ ``outputs.json`` with each output's pytree
+path, dtype, shape and whether it is finite) and ``timings.json`` (min/median/mean/stddev per
+call, achieved FLOP/s and bytes/s from the compile stage's cost analysis). ``check=reference``
+runs the program through plain ``jax.jit`` on the same inputs and fails the run when the
+results differ by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.context import StageContext
+from pipeline.errors import CheckError, JaxaotError
+
+from .compile import Compiled
+from .inputs import spec_inputs, user_inputs
+from .stage_out import StagedOut
+
+# Default (rtol, atol) by the output's dtype when execute.rtol/atol are null.
+_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-12),
+    "complex128": (1e-9, 1e-12),
+    "float32": (1e-4, 1e-5),
+    "complex64": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (2e-2, 1e-2),
+}
+
+
+@dataclass(frozen=True)
+class Executed:
+    outputs: Any  # pytree of host arrays
+    timings: dict[str, Any]
+    check: dict[str, Any] | None
+
+
+class InputTypeError(JaxaotError, TypeError):
+    """The inputs do not match the types the executable was compiled for."""
+
+
+def _place(
+    compiled: Any, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """Put host inputs on the executable's devices with its input shardings."""
+    import jax
+
+    try:
+        arg_sh, kw_sh = compiled.input_shardings
+        return (
+            [_put(a, s) for a, s in zip(args, arg_sh, strict=True)],
+            {k: _put(v, kw_sh[k]) for k, v in kwargs.items()},
+        )
+    except (ValueError, KeyError, TypeError):
+        # Structure mismatch: leave the values as they are and let the call report it.
+        return [jax.tree_util.tree_map(_as_device, a) for a in args], dict(kwargs)
+
+
+def _as_device(x: Any) -> Any:
+    import jax
+
+    return jax.device_put(x) if isinstance(x, np.ndarray) else x
+
+
+def _put(value: Any, sharding: Any) -> Any:
+    import jax
+
+    def put(x: Any, s: Any) -> Any:
+        if isinstance(x, np.ndarray) and s is not None:
+            if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
+                return jax.device_put(x)
+            return jax.device_put(x, s)
+        return x
+
+    try:
+        return jax.tree_util.tree_map(put, value, sharding)
+    except (ValueError, TypeError):
+        return jax.tree_util.tree_map(_as_device, value)
+
+
+def _type_mismatch(exc: Exception) -> InputTypeError:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return InputTypeError("execute: " + " ".join(lines))
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    return {
+        "min_s": min(samples),
+        "median_s": statistics.median(samples),
+        "mean_s": statistics.fmean(samples),
+        "stddev_s": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        "max_s": max(samples),
+    }
+
+
+def _host(tree: Any) -> Any:
+    import jax
+
+    return jax.tree_util.tree_map(np.asarray, tree)
+
+
+def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
+    import jax
+
+    arrays, described = {}, []
+    for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(outputs)[0]):
+        arr = np.asarray(leaf)
+        finite = bool(np.isfinite(arr.astype(np.float64)).all()) if arr.dtype.kind in "fcV" or \
+            arr.dtype.name.startswith(("bfloat", "float")) else True  # fmt: skip
+        stored = arr if arr.dtype.isbuiltin else arr.astype(np.float32)  # ml_dtypes -> f32
+        arrays[f"out{i}"] = stored
+        described.append(
+            {"key": f"out{i}", "path": jax.tree_util.keystr(path), "dtype": str(arr.dtype),
+             "stored_dtype": str(stored.dtype), "shape": list(arr.shape), "finite": finite}
+        )  # fmt: skip
+    if ctx.cfg.execute.save_outputs:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        ctx.write("outputs.npz", buf.getvalue())
+        ctx.write_json("outputs.json", described)
+    return described
+
+
+def _reference(staged: StagedOut, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    import jax
+
+    full, it = [], iter(args)
+    for i, a in enumerate(staged.args):
+        full.append(a if staged.bound.is_static(i) else next(it))
+    full_kw = {**{k: v for k, v in staged.kwargs.items() if staged.bound.is_static(k)}, **kwargs}
+    return jax.jit(staged.fn, **staged.jit_options)(*full, **full_kw)
+
+
+def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
+    import jax
+
+    cfg = ctx.cfg.execute
+    g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True, "failures": []}
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
+        g64, w64 = np.asarray(g).astype(np.float64), np.asarray(w).astype(np.float64)
+        rtol, atol = _TOLERANCES.get(str(np.asarray(w).dtype), (0.0, 0.0))
+        rtol = cfg.rtol if cfg.rtol is not None else rtol
+        atol = cfg.atol if cfg.atol is not None else atol
+        diff = np.abs(g64 - w64)
+        abs_err = float(diff.max(initial=0.0))
+        rel_err = float((diff / np.maximum(np.abs(w64), 1e-30)).max(initial=0.0))
+        worst["max_abs_err"] = max(worst["max_abs_err"], abs_err)
+        worst["max_rel_err"] = max(worst["max_rel_err"], rel_err)
+        if not np.all(diff <= atol + rtol * np.abs(w64)):
+            worst["ok"] = False
+            worst["failures"].append(
+                f"output {i}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
+                f"(rtol={rtol:g}, atol={atol:g})"
+            )
+    return worst
+
+
+def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Executed:
+    import jax
+
+    cfg = ctx.cfg.execute
+    if staged is None:
+        raise JaxaotError("execute: no program arguments available (stage_out did not run)")
+    if cfg.inputs is not None:
+        host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
+    else:
+        host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed)
+    exe = compiled.compiled
+    donated = set(compiled.lowered.donate_argnums)
+    dev_args, dev_kwargs = _place(exe, host_args, host_kwargs)
+
+    def call() -> tuple[Any, float, list[Any]]:
+        args = [_put(host_args[i], exe.input_shardings[0][i]) if i in donated else a
+                for i, a in enumerate(dev_args)]  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            out = exe(*args, **dev_kwargs)
+        except TypeError as exc:
+            if "Argument types differ" in str(exc) or "compiled with" in str(exc):
+                raise _type_mismatch(exc) from None
+            raise
+        jax.block_until_ready(out)
+        return out, time.perf_counter() - t0, [args[i] for i in donated]
+
+    out = None
+    for _ in range(cfg.warmup):
+        out, _, _ = call()
+    samples = []
+    consumed: list[Any] = []
+    for _ in range(cfg.repeats):
+        out, dt, consumed = call()
+        samples.append(dt)
+    outputs = _host(out)
+    described = _savez(ctx, outputs)
+    timings: dict[str, Any] = {"calls": len(samples), "warmup": cfg.warmup, **_stats(samples)}
+    if compiled.cost:
+        med = timings["median_s"]
+        if compiled.cost.get("flops"):
+            timings["flops_per_s"] = compiled.cost["flops"] / med
+        if compiled.cost.get("bytes accessed"):
+            timings["bytes_per_s"] = compiled.cost["bytes accessed"] / med
+    timings["donated_inputs_consumed"] = all(
+        getattr(a, "is_deleted", lambda: False)() for leaf in consumed
+        for a in jax.tree_util.tree_leaves(leaf)
+    ) if donated else None  # fmt: skip
+    timings["samples_s"] = samples
+    ctx.write_json("timings.json", timings)
+    nonfinite = [d["path"] or "<root>" for d in described if not d["finite"]]
+    if nonfinite:
+        ctx.warn(f"non-finite values (nan/inf) in output(s) {', '.join(nonfinite)}")
+    ctx.metrics.update(
+        median_s=timings["median_s"],
+        stddev_s=timings["stddev_s"],
+        flops_per_s=timings.get("flops_per_s"),
+        bytes_per_s=timings.get("bytes_per_s"),
+    )
+    check = None
+    if cfg.check == "reference":
+        ref = _host(_reference(staged, host_args, host_kwargs))
+        check = _compare(ctx, outputs, ref)
+        ctx.write_json("check.json", check)
+        ctx.metrics.update(check="ok" if check["ok"] else "failed",
+                           max_abs_err=check["max_abs_err"], max_rel_err=check["max_rel_err"])  # fmt: skip
+        if not check["ok"]:
+            raise CheckError(
+                "execute.check=reference: outputs differ from plain jax.jit beyond tolerance: "
+                + "; ".join(check["failures"][:3])
+                + " (loosen with execute.rtol/execute.atol)"
+            )
+    return Executed(outputs=outputs, timings=timings, check=check)
+
+
+__all__ = ["Executed", "InputTypeError", "run"]

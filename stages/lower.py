@@ -1,0 +1,121 @@
+"""Stage 2, lower: the traced program to StableHLO, HLO and a portable ``jax.export`` blob.
+
+Reads ``lower`` options (platforms, donation, keep_unused); writes ``module.stablehlo.mlir``,
+``module.hlo.txt``, ``exported.bin`` (the resumable form: compile needs no Python code of the
+program once it has this) and ``cost_analysis.json`` where the lowering offers one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.context import StageContext
+from pipeline.fsutil import sha256_bytes
+from pipeline.jaxenv import platform_of
+
+from .stage_out import StagedOut
+
+# MLIR location info (`loc(...)` suffixes and `#locN = loc(...)` aliases) varies with source
+# paths and line numbers; it is stripped before hashing so a moved file or a renamed local does
+# not change the compile key.
+_LOC_ALIAS = re.compile(r"^#loc[0-9]*\s*=.*$\n?", re.MULTILINE)
+_LOC_USE = re.compile(r"\s*loc\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)")
+_MODULE_NAME = re.compile(r"^module @[\w.$-]+", re.MULTILINE)
+
+
+def canonical_stablehlo(text: str) -> str:
+    """StableHLO text without location/debug info or the module's (counter-suffixed) name."""
+    text = _LOC_ALIAS.sub("", text)
+    text = _LOC_USE.sub("", text)
+    text = _MODULE_NAME.sub("module @main_module", text, count=1)
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip() + "\n"
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A lowered program: live JAX objects when lowered here, the export alone when resumed."""
+
+    exported: Any  # jax.export.Exported
+    lowered: Any | None  # jax.stages.Lowered, None when loaded from a checkpoint
+    platforms: tuple[str, ...]
+    module_sha256: str  # canonical StableHLO (no locations): the compile key's program part
+    donate_argnums: tuple[int, ...]  # positions among the exported function's arguments
+    meta: dict[str, Any]
+
+
+def _flat_donations(staged: StagedOut) -> tuple[int, ...]:
+    """Donated positions among the non-static positional arguments (the export's calling order)."""
+    traced_positions = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
+    return tuple(traced_positions.index(i) for i in staged.bound.donate_argnums)
+
+
+def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
+    opts = dict(staged.jit_options)
+    bound = staged.bound
+    if bound.donate_argnums:
+        opts["donate_argnums"] = bound.donate_argnums
+    names = tuple(n for n in bound.donate_argnames if n in bound.kwargs)
+    if names:
+        opts["donate_argnames"] = names
+    if ctx.cfg.lower.keep_unused:
+        opts["keep_unused"] = True
+    return opts
+
+
+def run(ctx: StageContext, staged: StagedOut) -> Lowered:
+    import jax
+
+    cfg = ctx.cfg
+    platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
+    opts = _jit_options(ctx, staged)
+    jitted = jax.jit(staged.fn, **opts)
+    # Reuse stage_out's trace unless lowering options change the jit (then trace again).
+    traced = (
+        staged.traced if opts == staged.jit_options else jitted.trace(*staged.args, **staged.kwargs)
+    )
+    lowered = traced.lower(lowering_platforms=platforms)
+    stablehlo = lowered.as_text()
+    ctx.write("module.stablehlo.mlir", stablehlo)
+    try:
+        ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
+    except Exception as exc:  # some multi-platform lowerings have no single HLO form
+        ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
+    exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
+    ctx.write("exported.bin", bytes(exported.serialize()))
+    cost = _cost(lowered)
+    if cost:
+        ctx.write_json("cost_analysis.json", cost)
+        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
+    module_sha = sha256_bytes(canonical_stablehlo(exported.mlir_module()).encode())
+    donate = _flat_donations(staged)
+    meta = {
+        "platforms": list(platforms),
+        "module_sha256": module_sha,
+        "donate_argnums": list(donate),
+        "nr_devices": exported.nr_devices,
+    }
+    ctx.write_json("lowered.json", meta)
+    ctx.metrics.update(platforms=list(platforms))
+    return Lowered(
+        exported=exported,
+        lowered=lowered,
+        platforms=platforms,
+        module_sha256=module_sha,
+        donate_argnums=donate,
+        meta=meta,
+    )
+
+
+def _cost(lowered: Any) -> dict[str, float] | None:
+    try:
+        cost = lowered.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, list | tuple):  # older JAX returned one dict per device
+        cost = cost[0] if cost else None
+    return {str(k): float(v) for k, v in cost.items()} if cost else None
+
+
+__all__ = ["Lowered", "canonical_stablehlo", "run"]

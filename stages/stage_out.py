@@ -1,0 +1,194 @@
+"""Stage 1, stage out: import the target, build abstract arguments, trace to a jaxpr.
+
+Reads ``program`` and ``stage_out`` options; writes ``jaxpr.txt`` and ``signature.json``
+(input and output avals with pytree paths, static values: what
+``xla_computation(return_shape=True)`` used to give).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind, map_tree, to_static_value
+from pipeline.context import StageContext
+from pipeline.errors import TargetError
+
+
+@dataclass(frozen=True)
+class StagedOut:
+    """A traced program and everything the lower stage needs to lower it again."""
+
+    fn: Callable[..., Any]
+    bound: BoundArgs
+    args: tuple[Any, ...]  # abstract (ShapeDtypeStruct) or concrete static/literal values
+    kwargs: dict[str, Any]
+    jit_options: dict[str, Any]
+    traced: Any  # jax.stages.Traced
+    signature: dict[str, Any] = field(repr=False)
+
+
+def resolve_target(target: str) -> Callable[..., Any]:
+    """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing."""
+    module_name, _, attr_path = target.partition(":")
+    where = f"program.target={target!r}"
+    if not module_name or not attr_path:
+        raise TargetError(f"{where}: expected 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise TargetError(
+            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed "
+            "or on PYTHONPATH?"
+        ) from None
+    except Exception as exc:
+        raise TargetError(
+            f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    for i, part in enumerate(attr_path.split(".")):
+        if not hasattr(obj, part):
+            owner = module_name + "".join("." + p for p in attr_path.split(".")[:i])
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))[:12]
+            raise TargetError(
+                f"{where}: {owner!r} has no attribute {part!r} (it has: {', '.join(public)}"
+                f"{', ...' if len(public) == 12 else ''})"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetError(f"{where}: {attr_path!r} is a {type(obj).__name__}, not a callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
+    """Names of positional parameters, for mapping static_argnames onto positions."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in sig.parameters.values() if p.kind in kinds]
+
+
+def abstract_value(spec: ArraySpec | Literal) -> Any:
+    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar."""
+    import jax
+
+    if isinstance(spec, ArraySpec):
+        return jax.ShapeDtypeStruct(spec.shape, spec.dtype)
+    return spec.value
+
+
+def _as_args(bound: BoundArgs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args = tuple(
+        to_static_value(a, f"program.args[{i}]")
+        if bound.is_static(i)
+        else map_tree(lambda _p, leaf: abstract_value(leaf), a)
+        for i, a in enumerate(bound.args)
+    )
+    kwargs = {
+        k: to_static_value(v, f"program.kwargs.{k}")
+        if bound.is_static(k)
+        else map_tree(lambda _p, leaf: abstract_value(leaf), v)
+        for k, v in bound.kwargs.items()
+    }
+    return args, kwargs
+
+
+def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
+    from pipeline.argspec import short_name
+
+    return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
+
+
+def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
+    """Inputs and outputs with pytree paths, shapes and dtypes; static values by position."""
+    import jax
+
+    in_avals = list(traced.jaxpr.in_avals)
+    arg_infos = jax.tree_util.tree_flatten_with_path(traced.args_info)[0]
+    inputs = []
+    for (path, info), aval in zip(arg_infos, in_avals, strict=False):
+        inputs.append(
+            {
+                "path": jax.tree_util.keystr(path),
+                "type": _type_str(tuple(aval.shape), aval.dtype),
+                "shape": list(aval.shape),
+                "dtype": str(aval.dtype),
+                "weak_type": bool(getattr(aval, "weak_type", False)),
+                "donated": bool(getattr(info, "donated", False)),
+            }
+        )
+    outputs = [
+        {
+            "path": jax.tree_util.keystr(path),
+            "type": _type_str(tuple(o.shape), o.dtype),
+            "shape": list(o.shape),
+            "dtype": str(o.dtype),
+        }
+        for path, o in jax.tree_util.tree_flatten_with_path(traced.out_info)[0]
+    ]
+    static = [
+        {"path": f"args[{i}]", "value": to_static_value(bound.args[i], f"program.args[{i}]")}
+        for i in bound.static_argnums
+        if i < len(bound.args)
+    ] + [
+        {"path": f"kwargs[{k!r}]", "value": to_static_value(v, f"program.kwargs.{k}")}
+        for k, v in bound.kwargs.items()
+        if bound.is_static(k)
+    ]
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "static": static,
+        "in_tree": str(traced.in_tree),
+        "out_tree": str(traced.out_tree),
+    }
+
+
+def run(ctx: StageContext, upstream: None = None) -> StagedOut:
+    import jax
+
+    cfg = ctx.cfg
+    fn = resolve_target(cfg.program.target)
+    bound = bind(
+        cfg.program.args,
+        cfg.program.kwargs,
+        static_argnums=cfg.stage_out.static_argnums,
+        static_argnames=cfg.stage_out.static_argnames,
+        donate_argnums=cfg.lower.donate_argnums,
+        donate_argnames=cfg.lower.donate_argnames,
+        names_of_positions=parameter_names(fn),
+    )
+    args, kwargs = _as_args(bound)
+    jit_options: dict[str, Any] = {}
+    if bound.static_argnums:
+        jit_options["static_argnums"] = bound.static_argnums
+    names = tuple(n for n in bound.static_argnames if n in bound.kwargs)
+    if names:
+        jit_options["static_argnames"] = names
+    traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
+    jaxpr_text = str(traced.jaxpr)
+    signature = signature_of(traced, bound)
+    ctx.write("jaxpr.txt", jaxpr_text + "\n")
+    ctx.write_json("signature.json", signature)
+    ctx.metrics.update(
+        inputs=len(signature["inputs"]),
+        outputs=len(signature["outputs"]),
+        static=len(signature["static"]),
+        eqns=len(traced.jaxpr.jaxpr.eqns),
+    )
+    return StagedOut(
+        fn=fn,
+        bound=bound,
+        args=args,
+        kwargs=kwargs,
+        jit_options=jit_options,
+        traced=traced,
+        signature=signature,
+    )
+
+
+__all__ = ["StagedOut", "abstract_value", "parameter_names", "resolve_target", "run"]
