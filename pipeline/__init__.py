@@ -13,8 +13,8 @@ has been validated.
 
 from __future__ import annotations
 
-from .api import compose
-from .config import JaxaotConfig, validate
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ArgSpecError,
     BackendError,
@@ -25,7 +25,28 @@ from .errors import (
     StoreError,
     TargetError,
 )
-from .runner import RunResult, run
+if TYPE_CHECKING:
+    from .api import compose
+    from .config import JaxaotConfig, validate
+    from .runner import RunResult, run
+
+# Hydra and OmegaConf load on first use, so tools that need neither (jaxaot-store) start fast.
+_LAZY = {
+    "compose": "api",
+    "JaxaotConfig": "config",
+    "validate": "config",
+    "RunResult": "runner",
+    "run": "runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

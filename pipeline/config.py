@@ -8,7 +8,6 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +20,6 @@ STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
 CHECKS: tuple[str, ...] = ("none", "reference")
-STORE_DIR_ENV = "JAXAOT_STORE_DIR"
-DEFAULT_STORE_DIR = "outputs/store"
 
 
 @dataclass(frozen=True)
@@ -88,11 +85,8 @@ class ExecuteConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    dir: str | None = None
+    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (pipeline.store)
     enabled: bool = True
-
-    def resolved_dir(self) -> str:
-        return self.dir or os.environ.get(STORE_DIR_ENV) or DEFAULT_STORE_DIR
 
 
 @dataclass(frozen=True)
