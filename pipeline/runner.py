@@ -1,8 +1,12 @@
 """The stage graph and its runner: stage_out -> lower -> compile -> execute.
 
-The runner owns ordering, ``stop_after``, timing, the manifest and the summary; stages own
-their JAX work (``stages/``). Everything checkable without JAX is checked by
-:func:`pipeline.config.validate` and :func:`pipeline.argspec.bind` before JAX is imported.
+The runner owns ordering, ``start_at``/``stop_after``, resume, the store, timing, the manifest
+and the summary; stages own their JAX work (``stages/``). Everything checkable without JAX is
+checked by :func:`pipeline.config.validate` and :func:`pipeline.argspec.bind` before JAX is
+imported.
+
+Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from the store),
+``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``.
 """
 
 from __future__ import annotations
@@ -10,17 +14,19 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from .argspec import bind
+from .argspec import BoundArgs, bind
+from .checkpoint import Checkpoint
 from .config import STAGES, JaxaotConfig, to_container, validate
 from .context import StageContext
-from .errors import JaxaotError, StageError
+from .errors import JaxaotError, StageError, StoreError
+from .fsutil import key_of
 from .manifest import Manifest
 
 log = logging.getLogger("jaxaot")
@@ -44,67 +50,80 @@ class RunResult:
 
 def default_run_dir() -> Path:
     """Hydra's run directory when called from a Hydra app, else a fresh ``outputs/runs/...``."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig
 
-        if HydraConfig.initialized():
-            return Path(HydraConfig.get().runtime.output_dir)
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        pass
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
     stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
     return Path("outputs/runs") / f"{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def _one_line(exc: BaseException) -> str:
+def _hydra_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if not isinstance(exc, JaxaotError) else text
+    return text if isinstance(exc, JaxaotError) else f"{type(exc).__name__}: {text}"
 
 
-def _stage_fn(name: str) -> Callable[..., Any]:
-    from stages import STAGE_FUNCTIONS
-
-    return STAGE_FUNCTIONS[name]
+def _bind(cfg: JaxaotConfig, names: Sequence[str] | None = None) -> BoundArgs:
+    return bind(
+        cfg.program.args,
+        cfg.program.kwargs,
+        static_argnums=cfg.stage_out.static_argnums,
+        static_argnames=cfg.stage_out.static_argnames,
+        donate_argnums=cfg.lower.donate_argnums,
+        donate_argnames=cfg.lower.donate_argnames,
+        names_of_positions=names,
+    )
 
 
 def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str | None = None,
-        print_summary: bool = False) -> RunResult:  # fmt: skip
+        print_summary: bool = False, overrides: Sequence[str] | None = None) -> RunResult:  # fmt: skip
     """Run the pipeline for ``cfg`` and return the typed stage records.
 
-    Raises :class:`JaxaotError` (a :class:`StageError` naming the stage for unexpected
-    failures); the manifest records the failure either way.
+    ``overrides`` (default: the Hydra command line's) are checked against a resumed
+    checkpoint's options. Raises :class:`JaxaotError` (a :class:`StageError` naming the stage
+    for unexpected failures); the manifest records the failure either way.
     """
     typed = validate(cfg)  # type: ignore[arg-type]
-    # Arg specs are checked before JAX is imported (names refine this again at stage_out).
-    bound = bind(
-        typed.program.args,
-        typed.program.kwargs,
-        static_argnums=typed.stage_out.static_argnums,
-        static_argnames=typed.stage_out.static_argnames,
-        donate_argnums=typed.lower.donate_argnums,
-        donate_argnames=typed.lower.donate_argnames,
-    )
+    checkpoint = None
+    if typed.start_at != "stage_out":
+        checkpoint = Checkpoint(typed.resume_from or "")
+        typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
+    bound = _bind(typed)  # arg specs checked before JAX is imported
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(run_dir=out, config=to_container(typed))
+    if checkpoint is not None:
+        manifest.extra["resumed_from"] = str(checkpoint.run_dir.resolve())
 
     from . import jaxenv
+    from .store import Store, resolve_store_root
 
-    jaxenv.configure(backend=typed.compile.backend, num_devices=typed.compile.num_devices,
-                     x64=bound.needs_x64)  # fmt: skip
-    manifest.versions = jaxenv.versions()
+    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled)
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     records: dict[str, Any] = {}
     try:
+        jaxenv.configure(backend=typed.compile.backend, num_devices=typed.compile.num_devices,
+                         x64=bound.needs_x64)  # fmt: skip
+        manifest.versions = jaxenv.versions()
         if STAGES.index("compile") <= last:
             manifest.backend = jaxenv.backend_info(typed.compile.backend)
-        for stage in STAGES[first : last + 1]:
-            records[stage] = _run_stage(stage, typed, out, manifest, records)
+        runner = _Runner(typed, out, manifest, store, checkpoint, records)
+        for i, stage in enumerate(STAGES):
+            if i < first:
+                records[stage] = runner.resume(stage, bound)
+            elif i <= last:
+                records[stage] = runner.run(stage)
+            else:
+                manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
         manifest.status = "ok"
-    except JaxaotError as exc:
-        manifest.status, manifest.error = "failed", _one_line(exc)
-        raise
     except Exception as exc:
-        manifest.status, manifest.error = "failed", _one_line(exc)
+        manifest.status, manifest.error = "failed", one_line(exc)
         raise
     finally:
         manifest.write()
@@ -115,34 +134,154 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     return RunResult(run_dir=out, manifest=manifest.to_json(), records=records)
 
 
-def _upstream_args(stage: str, records: dict[str, Any]) -> tuple[Any, ...]:
-    if stage == "stage_out":
-        return ()
-    if stage == "lower":
-        return (records["stage_out"],)
-    if stage == "compile":
-        return (records["lower"],)
-    return (records["compile"], records.get("stage_out"))
+@dataclass
+class _Runner:
+    cfg: JaxaotConfig
+    run_dir: Path
+    manifest: Manifest
+    store: Any  # pipeline.store.Store
+    checkpoint: Checkpoint | None
+    records: dict[str, Any]
+
+    def _context(self, stage: str) -> StageContext:
+        ctx = StageContext(cfg=self.cfg, stage=stage, out_dir=self.run_dir / stage)
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        return ctx
+
+    def _upstream(self, stage: str) -> tuple[Any, ...]:
+        r = self.records
+        return {"stage_out": (), "lower": (r.get("stage_out"),), "compile": (r.get("lower"),),
+                "execute": (r.get("compile"), r.get("stage_out"))}[stage]  # fmt: skip
+
+    def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
+        seconds = time.perf_counter() - t0
+        self.manifest.record_stage(ctx, status, seconds, **extra)
+        self.manifest.write()
+        log.info("[%s] %s in %.3f s", ctx.stage, status, seconds)
+
+    def run(self, stage: str) -> Any:
+        from stages import STAGE_FUNCTIONS
+
+        ctx = self._context(stage)
+        t0 = time.perf_counter()
+        try:
+            if stage == "compile":
+                record, status, extra = self._compile(ctx)
+            else:
+                record, status, extra = (
+                    STAGE_FUNCTIONS[stage](ctx, *self._upstream(stage)),
+                    "ran",
+                    {},
+                )
+        except JaxaotError:
+            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+            raise
+        except Exception as exc:
+            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+            raise StageError(stage, one_line(exc)) from exc
+        self._finish(ctx, status, t0, **extra)
+        return record
+
+    def _compile(self, ctx: StageContext) -> tuple[Any, str, dict[str, Any]]:
+        """Compile through the store: a verified hit is loaded, a miss is compiled and stored."""
+        from stages import compile as compile_stage
+
+        lowered = self.records["lower"]
+        backend = self.manifest.backend
+        key = key_of(compile_stage.cache_key(ctx, lowered, backend))
+        compat = {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
+        label = f"compile/{key[:12]}"
+        entry = self.store.get("compile", key, expect=compat) if self.store.enabled else None
+        if entry is not None:
+            t0 = time.perf_counter()
+            try:
+                record = compile_stage.load(ctx, lowered, entry.read_bytes, f"store entry {label}")
+            except (StoreError, JaxaotError) as exc:
+                ctx.warn(f"store entry {label} unusable, compiling instead: {one_line(exc)}")
+                ctx.artifacts.clear()
+                ctx.metrics.clear()
+            else:
+                saved = max(entry.compute_seconds - (time.perf_counter() - t0), 0.0)
+                self.store.record("compile", key, hit=True, seconds_saved=saved)
+                log.info("[compile] cache hit %s: executable loaded from %s (%.2f s saved)",
+                         key[:12], self.store.root, saved)  # fmt: skip
+                return record, "cached", {"key": key, "seconds_saved": round(saved, 6)}
+        t0 = time.perf_counter()
+        record = compile_stage.run(ctx, lowered)
+        seconds = time.perf_counter() - t0
+        if self.store.enabled:
+            log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
+            self.store.record("compile", key, hit=False)
+            self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
+                           meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
+                           compute_seconds=seconds, compat=compat)  # fmt: skip
+        return record, "ran", {"key": key}
+
+    def resume(self, stage: str, bound: BoundArgs) -> Any:
+        """Load a stage that ran before ``start_at`` from the checkpoint (hashes verified)."""
+        from stages import lower as lower_stage
+        from stages import stage_out
+
+        assert self.checkpoint is not None
+        ckpt, start_at = self.checkpoint, self.cfg.start_at
+        ckpt.require(stage, start_at)
+        read = ckpt.reader(stage)
+        ctx = self._context(stage)
+        t0 = time.perf_counter()
+        if stage == "stage_out":
+            if start_at == "lower":  # lowering again needs the traced program: trace it here
+                record = stage_out.run(ctx)
+                self._compare_jaxpr(ctx, read)
+                self._finish(ctx, "ran", t0)
+                return record
+            record = stage_out.resumed(ctx, bound, read)
+        elif stage == "lower":
+            record = lower_stage.load(ctx, read)
+        else:
+            record, why = self._resume_compile(ctx, read)
+            if record is None:
+                record = self.run("compile")
+                self.manifest.stages["compile"]["warnings"].append(why)
+                self.manifest.write()
+                return record
+        self._finish(ctx, "resumed", t0, source=str(ckpt.run_dir))
+        return record
+
+    def _compare_jaxpr(self, ctx: StageContext, read: Any) -> None:
+        try:
+            same = read("jaxpr.txt") == ctx.artifacts["jaxpr.txt"].path.read_bytes()
+        except KeyError:
+            return
+        if not same:
+            ctx.warn(
+                "the program traces to a different jaxpr than in the checkpoint (code changed?)"
+            )
+
+    def _resume_compile(self, ctx: StageContext, read: Any) -> tuple[Any, str]:
+        """The checkpoint's executable if this host can run it, else (None, why) to recompile."""
+        from stages import compile as compile_stage
+
+        assert self.checkpoint is not None
+        theirs = self.checkpoint.manifest.get("backend", {})
+        mine = self.manifest.backend
+        fields = ("platform", "platform_version", "jaxlib")
+        if any(theirs.get(f) != mine.get(f) for f in fields):
+            what = ", ".join(f"{f} {theirs.get(f)!r} (here {mine.get(f)!r})"
+                             for f in fields if theirs.get(f) != mine.get(f))  # fmt: skip
+            why = f"checkpoint executable was built for {what}; recompiled from lower/exported.bin"
+            log.warning("[compile] %s", why)
+            return None, why
+        try:
+            record = compile_stage.load(ctx, self.records["lower"], read,
+                                        f"resume_from={self.checkpoint.run_dir}")  # fmt: skip
+            return record, ""
+        except StoreError:
+            raise
+        except Exception as exc:
+            why = (f"checkpoint executable cannot be loaded here ({one_line(exc)}); recompiled "
+                   "from lower/exported.bin")  # fmt: skip
+            log.warning("[compile] %s", why)
+            return None, why
 
 
-def _run_stage(stage: str, cfg: JaxaotConfig, run_dir: Path, manifest: Manifest,
-               records: dict[str, Any]) -> Any:  # fmt: skip
-    ctx = StageContext(cfg=cfg, stage=stage, out_dir=run_dir / stage)
-    ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    try:
-        record = _stage_fn(stage)(ctx, *_upstream_args(stage, records))
-    except JaxaotError:
-        manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
-        raise
-    except Exception as exc:
-        manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
-        raise StageError(stage, _one_line(exc)) from exc
-    seconds = time.perf_counter() - t0
-    manifest.record_stage(ctx, "ran", seconds)
-    manifest.write()
-    log.info("[%s] ran in %.3f s", stage, seconds)
-    return record
-
-
-__all__ = ["RunResult", "default_run_dir", "run"]
+__all__ = ["RunResult", "default_run_dir", "one_line", "run"]

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import json
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +108,83 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
     return exc
 
 
+# What the compile stage's output depends on, besides the lowered module: bump when the
+# stored files or their meaning change.
+_KEY_VERSION = 1
+ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
+             "executable.bin", "compiled.json")  # fmt: skip
+
+
+def cache_key(ctx: StageContext, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
+    """Everything the executable depends on, and nothing else (no paths, no times)."""
+    return {
+        "stage": "compile",
+        "key_version": _KEY_VERSION,
+        "module_sha256": lowered.module_sha256,
+        "platforms": list(lowered.platforms),
+        "donate_argnums": list(lowered.donate_argnums),
+        "compiler_options": dict(ctx.cfg.compile.compiler_options),
+        "backend": backend,  # platform + version, device kind + count, jax + jaxlib
+    }
+
+
+def _execution_devices(backend: str, device_ids: list[int], source: str) -> list[Any]:
+    by_id = {d.id: d for d in devices(backend)}
+    missing = [i for i in device_ids if i not in by_id]
+    if missing:
+        raise BackendError(
+            f"{source}: the executable runs on {backend} devices {device_ids}, but this host has "
+            f"{len(by_id)} (ids {sorted(by_id)}); set compile.num_devices={max(device_ids) + 1} "
+            "or recompile (start_at=compile)"
+        )
+    return [by_id[i] for i in device_ids]
+
+
+def load(
+    ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], source: str
+) -> Compiled:
+    """A Compiled record from stored files (a store entry or a checkpoint), all hash-verified.
+
+    ``read(name)`` must return bytes whose sha256 was checked against a manifest in the user's
+    own store or run directory: the executable is unpickled from them.
+    """
+    from jax.experimental import serialize_executable
+
+    cfg = ctx.cfg.compile
+    meta = json.loads(read("compiled.json"))
+    payload, in_tree, out_tree = pickle.loads(read("executable.bin"))
+    compiled = serialize_executable.deserialize_and_load(
+        payload, in_tree, out_tree, backend=cfg.backend,
+        execution_devices=_execution_devices(cfg.backend, meta["device_ids"], source),
+    )  # fmt: skip
+    for name in ARTIFACTS:
+        try:
+            ctx.write(name, read(name))
+        except (KeyError, FileNotFoundError):
+            continue  # optional artifacts (cost/memory analysis) some backends do not give
+    cost = json.loads(ctx.artifacts["cost_analysis.json"].path.read_bytes()) \
+        if "cost_analysis.json" in ctx.artifacts else None  # fmt: skip
+    memory = json.loads(ctx.artifacts["memory_analysis.json"].path.read_bytes()) \
+        if "memory_analysis.json" in ctx.artifacts else None  # fmt: skip
+    _metrics(ctx, cost, memory)
+    return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
+                    memory=memory)  # fmt: skip
+
+
+def _metrics(
+    ctx: StageContext, cost: dict[str, float] | None, memory: dict[str, int] | None
+) -> None:
+    if cost:
+        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
+    if memory:
+        ctx.metrics.update(
+            argument_bytes=memory.get("argument_size_in_bytes"),
+            output_bytes=memory.get("output_size_in_bytes"),
+            temp_bytes=memory.get("temp_size_in_bytes"),
+            code_bytes=memory.get("generated_code_size_in_bytes"),
+        )
+
+
 def run(ctx: StageContext, lowered: Lowered) -> Compiled:
     cfg = ctx.cfg.compile
     devices(cfg.backend)  # a clear BackendError when the backend is absent
@@ -122,19 +201,18 @@ def run(ctx: StageContext, lowered: Lowered) -> Compiled:
     cost, memory = cost_of(compiled), memory_of(compiled)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
-        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
     if memory:
         ctx.write_json("memory_analysis.json", memory)
-        ctx.metrics.update(
-            argument_bytes=memory.get("argument_size_in_bytes"),
-            output_bytes=memory.get("output_size_in_bytes"),
-            temp_bytes=memory.get("temp_size_in_bytes"),
-            code_bytes=memory.get("generated_code_size_in_bytes"),
-        )
+    _metrics(ctx, cost, memory)
     try:
         ctx.write("executable.bin", serialize(compiled))
     except Exception as exc:  # not every backend can serialize executables
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    ctx.write_json("compiled.json", {
+        "backend": cfg.backend,
+        "device_ids": [d.id for d in compiled.runtime_executable().local_devices()],
+        "module_sha256": lowered.module_sha256,
+    })  # fmt: skip
     return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
                     memory=memory)  # fmt: skip
 

@@ -35,6 +35,10 @@ _TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+# Dtypes narrower than a byte (see _put).
+_SUB_BYTE = frozenset({"int2", "int4", "uint2", "uint4", "float4_e2m1fn"})
+
+
 @dataclass(frozen=True)
 class Executed:
     outputs: Any  # pytree of host arrays
@@ -76,6 +80,11 @@ def _put(value: Any, sharding: Any) -> Any:
         if isinstance(x, np.ndarray) and s is not None:
             if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
                 return jax.device_put(x)
+            if x.dtype.name in _SUB_BYTE and s.device_set == {jax.devices()[0]}:
+                # jax 0.10: device_put(x, sharding) of a sub-byte array gives an unpacked layout
+                # that the executable rejects ("layouts that disagree"); the default placement
+                # is packed.
+                return jax.device_put(x)
             return jax.device_put(x, s)
         return x
 
@@ -106,19 +115,27 @@ def _host(tree: Any) -> Any:
     return jax.tree_util.tree_map(np.asarray, tree)
 
 
+def _all_finite(arr: np.ndarray) -> bool:
+    if arr.dtype.kind in "fc":
+        return bool(np.isfinite(arr).all())
+    if arr.dtype.kind == "V":  # ml_dtypes (bfloat16, float8_*, int4, ...): check as float32
+        return bool(np.isfinite(arr.astype(np.float32)).all())
+    return True
+
+
 def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
     import jax
 
     arrays, described = {}, []
     for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(outputs)[0]):
         arr = np.asarray(leaf)
-        finite = bool(np.isfinite(arr.astype(np.float64)).all()) if arr.dtype.kind in "fcV" or \
-            arr.dtype.name.startswith(("bfloat", "float")) else True  # fmt: skip
-        stored = arr if arr.dtype.isbuiltin else arr.astype(np.float32)  # ml_dtypes -> f32
+        # .npz keeps only NumPy's own dtypes; ml_dtypes arrays would load back as raw bytes.
+        stored = arr if arr.dtype.kind in "biufc" else arr.astype(np.float32)
         arrays[f"out{i}"] = stored
         described.append(
             {"key": f"out{i}", "path": jax.tree_util.keystr(path), "dtype": str(arr.dtype),
-             "stored_dtype": str(stored.dtype), "shape": list(arr.shape), "finite": finite}
+             "stored_dtype": str(stored.dtype), "shape": list(arr.shape),
+             "finite": _all_finite(arr)}
         )  # fmt: skip
     if ctx.cfg.execute.save_outputs:
         buf = io.BytesIO()
@@ -128,14 +145,37 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
     return described
 
 
-def _reference(staged: StagedOut, args: list[Any], kwargs: dict[str, Any]) -> Any:
+def _reference(
+    ctx: StageContext, staged: StagedOut, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
     import jax
 
+    from .stage_out import resolve_target
+
+    fn = staged.fn if staged.fn is not None else resolve_target(ctx.cfg.program.target)
     full, it = [], iter(args)
     for i, a in enumerate(staged.args):
         full.append(a if staged.bound.is_static(i) else next(it))
     full_kw = {**{k: v for k, v in staged.kwargs.items() if staged.bound.is_static(k)}, **kwargs}
-    return jax.jit(staged.fn, **staged.jit_options)(*full, **full_kw)
+    return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
+
+
+def _errors(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(abs diff, |want|, equal) in float64 (complex128 for complex outputs).
+
+    Equal values (the same inf, or nan in both) count as no error, as in
+    ``np.testing.assert_allclose``; a nan or inf on one side only is an infinite error.
+    """
+    g, w = np.asarray(got), np.asarray(want)
+    if g.dtype.kind == "V" or w.dtype.kind == "V":  # ml_dtypes: compare as float32
+        g, w = g.astype(np.float32), w.astype(np.float32)
+    wide = np.complex128 if "c" in (g.dtype.kind, w.dtype.kind) else np.float64
+    g64, w64 = g.astype(wide), w.astype(wide)
+    equal = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(equal, 0.0, np.abs(g64 - w64))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    return diff, np.abs(w64), equal
 
 
 def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
@@ -145,16 +185,18 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
     g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
     worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True, "failures": []}
     for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
-        g64, w64 = np.asarray(g).astype(np.float64), np.asarray(w).astype(np.float64)
         rtol, atol = _TOLERANCES.get(str(np.asarray(w).dtype), (0.0, 0.0))
         rtol = cfg.rtol if cfg.rtol is not None else rtol
         atol = cfg.atol if cfg.atol is not None else atol
-        diff = np.abs(g64 - w64)
+        diff, scale, equal = _errors(g, w)
         abs_err = float(diff.max(initial=0.0))
-        rel_err = float((diff / np.maximum(np.abs(w64), 1e-30)).max(initial=0.0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rel = np.where(equal, 0.0, diff / np.maximum(scale, 1e-30))
+        rel_err = float(np.where(np.isnan(rel), np.inf, rel).max(initial=0.0))
         worst["max_abs_err"] = max(worst["max_abs_err"], abs_err)
         worst["max_rel_err"] = max(worst["max_rel_err"], rel_err)
-        if not np.all(diff <= atol + rtol * np.abs(w64)):
+        # An infinite error never passes, even against an infinite tolerance (rtol * |inf|).
+        if not np.all(equal | (np.isfinite(diff) & (diff <= atol + rtol * scale))):
             worst["ok"] = False
             worst["failures"].append(
                 f"output {i}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
@@ -224,7 +266,7 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     )
     check = None
     if cfg.check == "reference":
-        ref = _host(_reference(staged, host_args, host_kwargs))
+        ref = _host(_reference(ctx, staged, host_args, host_kwargs))
         check = _compare(ctx, outputs, ref)
         ctx.write_json("check.json", check)
         ctx.metrics.update(check="ok" if check["ok"] else "failed",

@@ -7,7 +7,9 @@ program once it has this) and ``cost_analysis.json`` where the lowering offers o
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +90,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
-    module_sha = sha256_bytes(canonical_stablehlo(exported.mlir_module()).encode())
+    module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
     donate = _flat_donations(staged)
     meta = {
         "platforms": list(platforms),
@@ -108,6 +110,32 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     )
 
 
+ARTIFACTS = ("module.stablehlo.mlir", "module.hlo.txt", "exported.bin", "cost_analysis.json",
+             "lowered.json")  # fmt: skip
+
+
+def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
+    """A Lowered record from a checkpoint's files (hash-verified by ``read``); no program code."""
+    import jax
+
+    meta = json.loads(read("lowered.json"))
+    exported = jax.export.deserialize(bytearray(read("exported.bin")))
+    for name in ARTIFACTS:
+        try:
+            ctx.write(name, read(name))
+        except (KeyError, FileNotFoundError):
+            continue  # optional: HLO text / cost analysis are absent for some lowerings
+    ctx.metrics.update(platforms=list(meta["platforms"]))
+    return Lowered(
+        exported=exported,
+        lowered=None,
+        platforms=tuple(meta["platforms"]),
+        module_sha256=meta["module_sha256"],
+        donate_argnums=tuple(meta["donate_argnums"]),
+        meta=meta,
+    )
+
+
 def _cost(lowered: Any) -> dict[str, float] | None:
     try:
         cost = lowered.cost_analysis()
@@ -118,4 +146,4 @@ def _cost(lowered: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in cost.items()} if cost else None
 
 
-__all__ = ["Lowered", "canonical_stablehlo", "run"]
+__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "load", "run"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +23,12 @@ from pipeline.errors import TargetError
 class StagedOut:
     """A traced program and everything the lower stage needs to lower it again."""
 
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None  # None when resumed: execute imports it only if it must
     bound: BoundArgs
     args: tuple[Any, ...]  # abstract (ShapeDtypeStruct) or concrete static/literal values
     kwargs: dict[str, Any]
     jit_options: dict[str, Any]
-    traced: Any  # jax.stages.Traced
+    traced: Any  # jax.stages.Traced; None when resumed
     signature: dict[str, Any] = field(repr=False)
 
 
@@ -109,11 +110,21 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
 
     in_avals = list(traced.jaxpr.in_avals)
     arg_infos = jax.tree_util.tree_flatten_with_path(traced.args_info)[0]
+    # args_info is (args, kwargs) without the static arguments: name each input by its position
+    # in program.args (as the "static" entries below do), not by its index among traced ones.
+    traced_positions = [i for i in range(len(bound.args)) if not bound.is_static(i)]
+
+    def arg_path(path: tuple[Any, ...]) -> str:
+        head, first, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
+        if getattr(head, "idx", 0) == 0:
+            return f"args[{traced_positions[first.idx]}]{rest}"
+        return f"kwargs{jax.tree_util.keystr((first,))}{rest}"
+
     inputs = []
     for (path, info), aval in zip(arg_infos, in_avals, strict=False):
         inputs.append(
             {
-                "path": jax.tree_util.keystr(path),
+                "path": arg_path(path),
                 "type": _type_str(tuple(aval.shape), aval.dtype),
                 "shape": list(aval.shape),
                 "dtype": str(aval.dtype),
@@ -148,6 +159,26 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
     }
 
 
+def _jit_options(bound: BoundArgs) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if bound.static_argnums:
+        opts["static_argnums"] = bound.static_argnums
+    names = tuple(n for n in bound.static_argnames if n in bound.kwargs)
+    if names:
+        opts["static_argnames"] = names
+    return opts
+
+
+def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -> StagedOut:
+    """The record of a checkpointed stage_out, without importing the program."""
+    for name in ("jaxpr.txt", "signature.json"):
+        ctx.write(name, read(name))
+    args, kwargs = _as_args(bound)
+    signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
+    return StagedOut(fn=None, bound=bound, args=args, kwargs=kwargs,
+                     jit_options=_jit_options(bound), traced=None, signature=signature)  # fmt: skip
+
+
 def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     import jax
 
@@ -163,12 +194,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         names_of_positions=parameter_names(fn),
     )
     args, kwargs = _as_args(bound)
-    jit_options: dict[str, Any] = {}
-    if bound.static_argnums:
-        jit_options["static_argnums"] = bound.static_argnums
-    names = tuple(n for n in bound.static_argnames if n in bound.kwargs)
-    if names:
-        jit_options["static_argnames"] = names
+    jit_options = _jit_options(bound)
     traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
     jaxpr_text = str(traced.jaxpr)
     signature = signature_of(traced, bound)
@@ -191,4 +217,4 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     )
 
 
-__all__ = ["StagedOut", "abstract_value", "parameter_names", "resolve_target", "run"]
+__all__ = ["StagedOut", "abstract_value", "parameter_names", "resolve_target", "resumed", "run"]

@@ -1,0 +1,129 @@
+"""Resuming from another run's checkpoint: verified reads and the options that come with them.
+
+``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run.
+Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
+and an explicit override that contradicts them is an error naming the key; options of the
+stages that run now may be overridden freely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import STAGES, JaxaotConfig, to_container, validate
+from .errors import ConfigError, StoreError
+from .manifest import load_manifest
+
+# Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
+# change the result).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "stage_out": ("program", "stage_out"),
+    "lower": ("lower", "mesh"),
+    "compile": ("compile",),
+    "execute": ("execute",),
+}
+
+
+def frozen_sections(start_at: str) -> tuple[str, ...]:
+    """The config sections that a run starting at ``start_at`` takes from its checkpoint."""
+    return tuple(s for stage in STAGES[: STAGES.index(start_at)] for s in SECTIONS[stage])
+
+
+def _select(tree: Any, dotted: str) -> Any:
+    node = tree
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif (
+            isinstance(node, list)
+            and part.lstrip("-").isdigit()
+            and -len(node) <= int(part) < len(node)
+        ):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+_MISSING = object()
+
+
+def _override_key(override: str) -> str | None:
+    text = override.lstrip("+~")
+    if "=" not in text:
+        return text or None
+    return text.split("=", 1)[0].split("@", 1)[0].strip() or None
+
+
+class Checkpoint:
+    """A finished run directory used as the input of a later run."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise StoreError(f"resume_from={str(run_dir)!r}: no such run directory")
+        self.manifest = load_manifest(self.run_dir)
+        self.artifacts: dict[str, dict[str, Any]] = {
+            name: rec
+            for stage in self.manifest.get("stages", {}).values()
+            for name, rec in stage.get("artifacts", {}).items()
+        }
+
+    def require(self, stage: str, start_at: str) -> None:
+        status = self.manifest.get("stages", {}).get(stage, {}).get("status")
+        if status not in ("ran", "cached", "resumed"):
+            raise StoreError(
+                f"resume_from={str(self.run_dir)!r} start_at={start_at}: that run has no "
+                f"finished {stage!r} stage (status {status!r}); start earlier"
+            )
+
+    def reader(self, stage: str) -> Callable[[str], bytes]:
+        """``read(name)`` for one stage's files, each checked against the manifest's sha256.
+
+        An artifact the manifest does not list raises KeyError (optional files); one that is
+        listed but missing or altered raises StoreError naming the file.
+        """
+
+        def read(name: str) -> bytes:
+            rel = f"{stage}/{name}"
+            rec = self.artifacts[rel]
+            path = self.run_dir / rel
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise StoreError(f"resume_from: checkpoint file {path} is missing") from None
+            digest = hashlib.sha256(data).hexdigest()
+            if len(data) != rec["size"] or digest != rec["sha256"]:
+                raise StoreError(
+                    f"resume_from: checkpoint file {path} is corrupt ({len(data)} bytes, sha256 "
+                    f"{digest[:12]}; the manifest says {rec['size']} bytes, {rec['sha256'][:12]}); "
+                    "re-run the stage that wrote it"
+                )
+            return data
+
+        return read
+
+    def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
+        """``cfg`` with the frozen sections taken from the checkpoint; conflicts are errors."""
+        frozen = frozen_sections(cfg.start_at)
+        current, saved = to_container(cfg), self.manifest["config"]
+        for override in overrides:
+            key = _override_key(override)
+            if key is None or key.split(".")[0] not in frozen:
+                continue
+            mine, theirs = _select(current, key), _select(saved, key)
+            if mine != theirs:
+                shown = "absent" if theirs is _MISSING else repr(theirs)
+                raise ConfigError(
+                    f"{key}: overridden to {mine!r}, but start_at={cfg.start_at} resumes stages "
+                    f"whose options come from the checkpoint ({key} = {shown} in "
+                    f"{self.run_dir}); drop the override or start at an earlier stage"
+                )
+        merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
+        return validate(merged)
+
+
+__all__ = ["SECTIONS", "Checkpoint", "frozen_sections"]
