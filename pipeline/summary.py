@@ -35,6 +35,9 @@ def human_seconds(s: float | None) -> str:
 
 
 def _details(stage: str, m: dict[str, Any]) -> str:
+    """One line per stage from its metrics; empty for a stage that failed before it had any."""
+    if not m:
+        return ""
     if stage == "stage_out":
         return f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; {m.get('eqns', 0)} eqns"
     if stage == "lower":
@@ -43,10 +46,11 @@ def _details(stage: str, m: dict[str, Any]) -> str:
             parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
         return "; ".join(parts)
     if stage == "compile":
-        parts = [
-            human_count(m.get("flops"), "FLOP"),
-            human_bytes(m.get("bytes_accessed")) + " accessed",
-        ]
+        parts = []
+        if m.get("flops") is not None:
+            parts.append(human_count(m["flops"], "FLOP"))
+        if m.get("bytes_accessed") is not None:
+            parts.append(human_bytes(m["bytes_accessed"]) + " accessed")
         if m.get("temp_bytes") is not None:
             parts.append(
                 f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
@@ -54,9 +58,11 @@ def _details(stage: str, m: dict[str, Any]) -> str:
             )
         return "; ".join(parts)
     if stage == "execute":
-        parts = [
-            f"median {human_seconds(m.get('median_s'))} (sd {human_seconds(m.get('stddev_s'))})"
-        ]
+        parts = []
+        if m.get("median_s") is not None:
+            parts.append(
+                f"median {human_seconds(m['median_s'])} (sd {human_seconds(m.get('stddev_s'))})"
+            )
         if m.get("flops_per_s"):
             parts.append(human_count(m["flops_per_s"], "FLOP/s"))
         if m.get("check"):
