@@ -101,7 +101,9 @@ def serialize(compiled: Any) -> bytes:
 
 def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
     text = " ".join(str(exc).split())
-    if options and ("compile option" in text.lower() or "no such" in text.lower()):
+    # XLA's wording: "No such compile option: 'x'" for an unknown name, "While setting option
+    # x, 'v' is not a valid bool value." for a bad value.
+    if options and any(s in text.lower() for s in ("compile option", "no such", "setting option")):
         return ConfigError(
             f"compile.compiler_options: XLA rejected {sorted(options)}: {text[:300]}"
         )
