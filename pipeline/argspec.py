@@ -172,8 +172,19 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
 
 
 def is_spec_mapping(value: Mapping[str, Any]) -> bool:
-    """A mapping is an array spec (not a dict of arguments) if all its keys are spec keys."""
-    return bool(value) and set(value) <= SPEC_KEYS and bool({"shape", "init"} & set(value))
+    """A mapping is an array spec (not a dict of arguments) if all its keys are spec keys.
+
+    One with a ``shape`` that is a list of ints is a spec too, whatever its other keys, so that
+    a misspelt key (``dtyp: bf16``) is reported as such instead of as a string argument.
+    """
+    if not value:
+        return False
+    if set(value) <= SPEC_KEYS and bool({"shape", "init"} & set(value)):
+        return True
+    shape = value.get("shape")
+    return isinstance(shape, list | tuple) and all(
+        isinstance(d, int) and not isinstance(d, bool) for d in shape
+    )
 
 
 def parse_leaf_or_tree(value: Any, where: str) -> Any:
