@@ -1,0 +1,377 @@
+"""Argument specs (``pipeline.argspec``): parsing leaves and pytrees, quoting, and bind()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.argspec import (
+    DTYPES,
+    ArraySpec,
+    Literal,
+    bind,
+    canonical_dtype,
+    leaves,
+    parse_leaf_or_tree,
+    parse_type,
+    quote_array_types,
+    short_name,
+    to_static_value,
+)
+from pipeline.errors import ArgSpecError, ConfigError
+
+# --- array types written the way JAX prints them ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "shape", "dtype"),
+    [
+        ("f32[128,512]", (128, 512), "float32"),
+        ("bf16[2,8]", (2, 8), "bfloat16"),
+        ("i32[]", (), "int32"),
+        ("bool[4]", (4,), "bool"),
+        ("u8[3]", (3,), "uint8"),
+        ("c64[2,2]", (2, 2), "complex64"),
+        ("f8_e4m3fn[16]", (16,), "float8_e4m3fn"),
+        ("f16[1]", (1,), "float16"),
+        ("f64[]", (), "float64"),
+        ("i8[0]", (0,), "int8"),
+        ("i4[6]", (6,), "int4"),
+        ("u32[5]", (5,), "uint32"),
+        ("c128[]", (), "complex128"),
+        ("float32[1, 2, 3]", (1, 2, 3), "float32"),
+        ("bfloat16[5]", (5,), "bfloat16"),
+        ("int64[2]", (2,), "int64"),
+        ("complex64[]", (), "complex64"),
+        ("float8_e5m2[4]", (4,), "float8_e5m2"),
+        (" F32 [ 2 ] ", (2,), "float32"),
+        ("pred[3]", (3,), "bool"),
+        ("s32[2]", (2,), "int32"),
+    ],
+)
+def test_parse_type_reads_jax_spellings(text: str, shape: tuple[int, ...], dtype: str) -> None:
+    spec = parse_type(text, "program.args[0]")
+    assert spec == ArraySpec(shape=shape, dtype=dtype)
+    assert spec.init == "normal"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_has_a_short_and_a_long_spelling_jax_knows(dtype: str) -> None:
+    import jax.numpy as jnp
+
+    short = parse_type(f"{short_name(dtype)}[2,3]", "x")
+    long = parse_type(f"{dtype}[2,3]", "x")
+    assert short == long == ArraySpec(shape=(2, 3), dtype=dtype)
+    assert short is not None and short.type_str == f"{short_name(dtype)}[2,3]"
+    assert jnp.dtype(dtype).name == dtype
+
+
+def test_type_str_is_how_jax_prints_the_type() -> None:
+    assert str(ArraySpec(shape=(128, 512), dtype="float32")) == "f32[128,512]"
+    assert ArraySpec(shape=(), dtype="bfloat16").type_str == "bf16[]"
+    assert short_name("uint8") == "u8"
+    assert short_name("complex64") == "c64"
+
+
+def test_canonical_dtype_accepts_long_and_short_names() -> None:
+    assert canonical_dtype("bf16", "k") == "bfloat16"
+    assert canonical_dtype("float32", "k") == "float32"
+    with pytest.raises(ArgSpecError, match=r"k: unknown dtype 'f33'; expected one of .*bf16"):
+        canonical_dtype("f33", "k")
+
+
+def test_parse_type_returns_none_for_text_that_is_not_a_type() -> None:
+    assert parse_type("ij,jk->ik", "x") is None
+    assert parse_type("f32", "x") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("x32[3]", r"program\.args\[0\]: unknown dtype 'x32'"),
+        ("f32[3,]", r"program\.args\[0\]: cannot parse array type 'f32\[3,\]': empty dimension"),
+        ("f32[,]", r"cannot parse array type 'f32\[,\]'"),
+        ("f32[a,b]", r"program\.args\[0\]: cannot parse array type 'f32\[a,b\]'"),
+        ("f32[3", r"cannot parse array type 'f32\[3'"),
+        ("notatype[2]", r"unknown dtype 'notatype'"),
+    ],
+)
+def test_unparsable_array_types_are_errors(text: str, match: str) -> None:
+    with pytest.raises(ArgSpecError, match=match):
+        parse_leaf_or_tree(text, "program.args[0]")
+
+
+# --- mappings {shape, dtype, init, ...} -------------------------------------------------------
+
+
+def test_mapping_defaults() -> None:
+    assert parse_leaf_or_tree({"shape": [2, 3]}, "a") == ArraySpec(shape=(2, 3), dtype="float32")
+
+
+def test_mapping_with_every_option() -> None:
+    spec = parse_leaf_or_tree(
+        {"shape": [4], "dtype": "bf16", "init": "uniform", "scale": 2, "low": -1, "high": 3,
+         "seed": 7},
+        "a",
+    )  # fmt: skip
+    assert spec == ArraySpec(shape=(4,), dtype="bfloat16", init="uniform", scale=2.0, low=-1.0,
+                             high=3.0, seed=7)  # fmt: skip
+
+
+@pytest.mark.parametrize("init", ["normal", "uniform", "zeros", "ones", "arange"])
+def test_mapping_inits(init: str) -> None:
+    assert parse_leaf_or_tree({"shape": [2], "init": init}, "a").init == init
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"shape": [2], "init": "gaussian"}, r"a\.init: expected one of normal, uniform, zeros, ones, arange or a \.npy path, found 'gaussian'"),
+        ({"shape": [2], "init": "file"}, r"a\.init: expected one of .* found 'file'"),
+        ({"shape": [512], "dtyp": "bf16"}, r"a: unknown array-spec key\(s\) \['dtyp'\]"),
+        ({"shape": 3}, r"a\.shape: expected a list of ints, found 3"),
+        ({"shape": "2,3"}, r"a\.shape: expected a list of ints, found '2,3'"),
+        ({"shape": [2, -1]}, r"a\.shape: expected non-negative ints, found \[2, -1\]"),
+        ({"shape": [2, 1.5]}, r"a\.shape: expected non-negative ints"),
+        ({"shape": [2], "dtype": "f33"}, r"a\.dtype: unknown dtype 'f33'"),
+        ({"shape": [2], "scale": "big"}, r"a\.scale: expected a number, found 'big'"),
+        ({"shape": [2], "low": True}, r"a\.low: expected a number, found True"),
+        ({"shape": [2], "seed": True}, r"a\.seed: expected an int, found True"),
+        ({"shape": [2], "seed": 1.5}, r"a\.seed: expected an int, found 1\.5"),
+        ({"init": "zeros"}, r"a: array spec needs 'shape'"),
+    ],
+)  # fmt: skip
+def test_bad_mappings_are_errors(spec: dict[str, Any], match: str) -> None:
+    with pytest.raises(ArgSpecError, match=match):
+        parse_leaf_or_tree(spec, "a")
+
+
+# --- .npy leaves ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.zeros((3, 4), np.float32), np.arange(5, dtype=np.int32), np.array(True), np.ones(2, np.uint8)],
+    ids=["f32", "i32", "bool-scalar", "u8"],
+)  # fmt: skip
+def test_npy_path_leaf_reads_shape_and_dtype_from_the_header(
+    tmp_path: Path, array: np.ndarray
+) -> None:
+    path = tmp_path / "x.npy"
+    np.save(path, array)
+    spec = parse_leaf_or_tree(str(path), "program.args[0]")
+    assert spec == ArraySpec(shape=array.shape, dtype=array.dtype.name, init="file", path=str(path))
+
+
+def test_npy_version_2_header(tmp_path: Path) -> None:
+    path = tmp_path / "v2.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, np.zeros((2, 3), np.float16), version=(2, 0))
+    assert parse_leaf_or_tree(str(path), "a") == ArraySpec(
+        shape=(2, 3), dtype="float16", init="file", path=str(path)
+    )
+
+
+def test_npy_as_init_of_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "w.npy"
+    np.save(path, np.zeros((2, 3), np.float32))
+    spec = parse_leaf_or_tree({"init": str(path), "dtype": "bf16"}, "a")
+    assert spec == ArraySpec(shape=(2, 3), dtype="bfloat16", init="file", path=str(path))
+    assert parse_leaf_or_tree({"init": str(path), "shape": [2, 3]}, "a").shape == (2, 3)
+    with pytest.raises(
+        ArgSpecError, match=r"a\.shape: \[3, 2\] differs from .*w\.npy'.s shape \[2, 3\]"
+    ):
+        parse_leaf_or_tree({"init": str(path), "shape": [3, 2]}, "a")
+
+
+def test_missing_and_unreadable_npy_files(tmp_path: Path) -> None:
+    with pytest.raises(ArgSpecError, match=r"a: \.npy file '.*nope\.npy' does not exist"):
+        parse_leaf_or_tree(str(tmp_path / "nope.npy"), "a")
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not numpy at all")
+    with pytest.raises(ArgSpecError, match=r"a: '.*bad\.npy' is not a readable \.npy file"):
+        parse_leaf_or_tree(str(bad), "a")
+    with pytest.raises(ArgSpecError, match=r"a\.init: \.npy file .* does not exist"):
+        parse_leaf_or_tree({"init": str(tmp_path / "nope.npy")}, "a")
+
+
+# --- literals and pytrees ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [3, 2.5, True, "ij,jk->ik", None])
+def test_literals(value: Any) -> None:
+    assert parse_leaf_or_tree(value, "a") == Literal(value)
+
+
+def test_unsupported_values_are_errors() -> None:
+    with pytest.raises(ArgSpecError, match=r"a: unsupported value .* of type object"):
+        parse_leaf_or_tree(object(), "a")
+
+
+def test_nested_pytrees_and_their_leaf_paths() -> None:
+    tree = parse_leaf_or_tree(
+        {"layers": [{"w": "f32[2,3]", "b": {"shape": [3], "init": "zeros"}}], "lr": 0.1,
+         "embed": "bf16[8,2]"},
+        "program.args[0]",
+    )  # fmt: skip
+    assert tree["layers"][0]["b"] == ArraySpec(shape=(3,), dtype="float32", init="zeros")
+    assert tree["lr"] == Literal(0.1)
+    # Dict keys in sorted order, as jax.tree_util flattens them.
+    assert [(p, str(leaf)) for p, leaf in leaves(tree) if isinstance(leaf, ArraySpec)] == [
+        ("embed", "bf16[8,2]"),
+        ("layers[0].b", "f32[3]"),
+        ("layers[0].w", "f32[2,3]"),
+    ]
+    assert [p for p, _ in leaves(tree)] == ["embed", "layers[0].b", "layers[0].w", "lr"]
+
+
+def test_a_dict_of_arguments_is_not_mistaken_for_a_spec() -> None:
+    tree = parse_leaf_or_tree({"shape": "f32[3]", "w": {"shape": [2]}}, "a")
+    assert tree == {"shape": ArraySpec((3,), "float32"), "w": ArraySpec((2,), "float32")}
+
+
+# --- quoting for Hydra's override grammar -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "quoted"),
+    [
+        ("program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal}]",
+         "program.args=['f32[128,512]',{shape:[512],dtype:bf16,init:normal}]"),
+        ("program.args=[f32[4,8], f32[8,2]]", "program.args=['f32[4,8]', 'f32[8,2]']"),
+        ("program.args=[i32[],i32[]]", "program.args=['i32[]','i32[]']"),
+        ("program.args=[[f32[2],{a:i32[]}]]", "program.args=[['f32[2]',{a:'i32[]'}]]"),
+        ("+program.kwargs.x=f32[3]", "+program.kwargs.x='f32[3]'"),
+        ("program.args=[f8_e4m3fn[2],bool[4]]", "program.args=['f8_e4m3fn[2]','bool[4]']"),
+        # unknown dtypes and bad shapes are quoted too, so argspec (not Hydra) reports them
+        ("program.args=[x32[3]]", "program.args=['x32[3]']"),
+        ("program.args=[f32[a,b]]", "program.args=['f32[a,b]']"),
+    ],
+)  # fmt: skip
+def test_quote_array_types_quotes_types(override: str, quoted: str) -> None:
+    assert quote_array_types(override) == quoted
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "program.args=['f32[128,512]', \"bf16[2]\"]",
+        "program.args=['ij,jk->ik', 'f32[4,8]']",
+        "stage_out.axis_env=[[i,4],[j,2]]",
+        "program.args=[3,4]",
+        "stage_out.static_argnums=[0]",
+        "stop_after=lower",
+        "program=axpy",
+        "hydra.searchpath=[file:///tmp/conf]",
+        "program.args=[${program.args[1]},2]",
+        "--cfg",
+    ],
+)
+def test_quote_array_types_leaves_other_text_alone(override: str) -> None:
+    assert quote_array_types(override) == override
+
+
+def test_quoted_overrides_compose_to_the_types() -> None:
+    import pipeline
+
+    cfg = pipeline.compose(
+        ["program=axpy", "program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal},3]"]
+    )
+    assert cfg.program.args[0] == "f32[128,512]"
+    assert dict(cfg.program.args[1]) == {"shape": [512], "dtype": "bf16", "init": "normal"}
+    assert cfg.program.args[2] == 3
+
+
+# --- bind: static and donated positions -------------------------------------------------------
+
+
+def test_literals_at_traced_positions_are_weak_scalars() -> None:
+    bound = bind([3, 4], {})
+    assert bound.static_argnums == ()
+    assert bound.traced_args() == [("program.args[0]", Literal(3)), ("program.args[1]", Literal(4))]
+
+
+def test_static_positions_and_names() -> None:
+    bound = bind(["ij,jk->ik", "f32[4,8]", "f32[8,2]"], {}, static_argnums=[0])
+    assert bound.is_static(0) and not bound.is_static(1)
+    assert [p for p, _ in bound.traced_args()] == ["program.args[1]", "program.args[2]"]
+
+    by_name = bind(["f32[2]", 3], {}, static_argnames=["n"], names_of_positions=["x", "n"])
+    assert by_name.static_argnums == (1,)
+    assert by_name.static_argnames == ("n",)
+
+    kw = bind([], {"x": "f32[2]", "causal": True}, static_argnames=["causal"])
+    assert kw.is_static("causal") and not kw.is_static("x")
+    assert kw.traced_args() == [("program.kwargs.x", ArraySpec((2,), "float32"))]
+
+
+def test_static_literal_lists_become_tuples() -> None:
+    bound = bind(["f32[2,6]", [3, [4, 1]]], {}, static_argnums=[1])
+    value = to_static_value(bound.args[1], "program.args[1]")
+    assert value == (3, (4, 1))
+    assert isinstance(value, tuple) and isinstance(value[1], tuple)
+
+
+def test_donation() -> None:
+    bound = bind(["f32[4]", "f32[4]"], {}, donate_argnums=[0])
+    assert bound.donate_argnums == (0,)
+    named = bind(["f32[4]", "f32[4]"], {}, donate_argnames=["y"], names_of_positions=["x", "y"])
+    assert named.donate_argnums == (1,)
+
+
+def test_needs_x64_only_for_traced_64_bit_arrays() -> None:
+    assert bind(["f64[3]"], {}).needs_x64
+    assert bind([], {"z": "c128[2]"}).needs_x64
+    assert not bind(["f32[3]", 3], {}).needs_x64
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"static_argnums": [5]}, ConfigError,
+         r"stage_out\.static_argnums: position 5 is out of range; program\.args has 2 positional argument\(s\) \(positions 0\.\.1\)"),
+        ({"donate_argnums": [2]}, ConfigError,
+         r"lower\.donate_argnums: position 2 is out of range; program\.args has 2"),
+        ({"static_argnums": [0], "donate_argnums": [0]}, ConfigError,
+         r"lower\.donate_argnums: argument 0 is static \(stage_out\.static_argnums\); only traced array arguments can be donated"),
+        ({"static_argnums": [0], "donate_argnames": ["x"], "names_of_positions": ["x", "y"]},
+         ConfigError, r"lower\.donate_argnums: argument 0 is static"),
+        ({"static_argnames": ["y"], "donate_argnames": ["y"]}, ConfigError,
+         r"lower\.donate_argnames: 'y' is static"),
+        ({"static_argnames": ["nope"], "names_of_positions": ["x", "y"]}, ConfigError,
+         r"stage_out\.static_argnames: 'nope' is neither a parameter of the target nor a key of program\.kwargs \(parameters: x, y\)"),
+        ({"static_argnums": [1]}, ArgSpecError,
+         r"program\.args\[1\] is marked static but is an array spec \(f32\[4\]\); static arguments must be values"),
+    ],
+)  # fmt: skip
+def test_bind_errors(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        bind([3, "f32[4]"], {}, **kwargs)
+
+
+def test_string_at_a_non_static_position_says_to_make_it_static() -> None:
+    with pytest.raises(
+        ArgSpecError,
+        match=r"program\.args\[0\]: 'ij,jk->ik' is a str at a non-static position; JAX can only "
+        r"trace arrays and numbers: add it to stage_out\.static_argnums",
+    ):
+        bind(["ij,jk->ik", "f32[4,8]"], {})
+    with pytest.raises(
+        ArgSpecError, match=r"program\.kwargs\.mode: .* add it to stage_out\.static_argnames"
+    ):
+        bind([], {"mode": "fast"})
+    with pytest.raises(ArgSpecError, match=r"program\.args\[0\]\.opt\[1\]: 'x' is a str"):
+        bind([{"opt": [1, "x"]}], {})
+
+
+def test_a_static_dict_is_an_error() -> None:
+    with pytest.raises(ArgSpecError, match=r"program\.args\[0\] is marked static but is a dict"):
+        bind([{"a": 1}], {}, static_argnums=[0])
+
+
+def test_arg_spec_errors_are_config_errors_and_value_errors() -> None:
+    assert issubclass(ArgSpecError, ConfigError)
+    assert issubclass(ArgSpecError, ValueError)
