@@ -114,22 +114,26 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
     # in program.args (as the "static" entries below do), not by its index among traced ones.
     traced_positions = [i for i in range(len(bound.args)) if not bound.is_static(i)]
 
-    def arg_path(path: tuple[Any, ...]) -> str:
+    def arg_path(path: tuple[Any, ...]) -> tuple[str, bool]:
+        """(path, donated): donation is a lower option, so the trace here does not know it."""
         head, first, rest = path[0], path[1], jax.tree_util.keystr(tuple(path[2:]))
         if getattr(head, "idx", 0) == 0:
-            return f"args[{traced_positions[first.idx]}]{rest}"
-        return f"kwargs{jax.tree_util.keystr((first,))}{rest}"
+            pos = traced_positions[first.idx]
+            return f"args[{pos}]{rest}", pos in bound.donate_argnums
+        name = getattr(first, "key", None)
+        return f"kwargs{jax.tree_util.keystr((first,))}{rest}", name in bound.donate_argnames
 
     inputs = []
     for (path, info), aval in zip(arg_infos, in_avals, strict=False):
+        where, donated = arg_path(path)
         inputs.append(
             {
-                "path": arg_path(path),
+                "path": where,
                 "type": _type_str(tuple(aval.shape), aval.dtype),
                 "shape": list(aval.shape),
                 "dtype": str(aval.dtype),
                 "weak_type": bool(getattr(aval, "weak_type", False)),
-                "donated": bool(getattr(info, "donated", False)),
+                "donated": donated or bool(getattr(info, "donated", False)),
             }
         )
     outputs = [
