@@ -119,9 +119,13 @@ _SCHEMAS: dict[str, tuple[str | None, type]] = {
 def _writable(node: Any) -> None:
     # A frozen dataclass makes its node read-only, and Hydra could then not merge the YAML
     # values onto the schema; the typed objects from validate() are frozen all the same.
+    # Free-form dicts (compiler_options, kwargs, xla_metadata) leave struct mode so that
+    # `compile.compiler_options.xla_foo=1` adds a key instead of failing as unknown.
     if OmegaConf.is_config(node):
         OmegaConf.set_readonly(node, False)
         if OmegaConf.is_dict(node):
+            if OmegaConf.get_type(node) is dict:
+                OmegaConf.set_struct(node, False)
             for key in node:
                 _writable(node._get_node(key))
 

@@ -268,7 +268,7 @@ class _Runner:
         if any(theirs.get(f) != mine.get(f) for f in fields):
             what = ", ".join(f"{f} {theirs.get(f)!r} (here {mine.get(f)!r})"
                              for f in fields if theirs.get(f) != mine.get(f))  # fmt: skip
-            why = f"checkpoint executable was built for {what}; recompiled from lower/exported.bin"
+            why = f"checkpoint executable was built for {what}; not loaded, compiled again from lower/exported.bin"
             log.warning("[compile] %s", why)
             return None, why
         try:
@@ -278,8 +278,8 @@ class _Runner:
         except StoreError:
             raise
         except Exception as exc:
-            why = (f"checkpoint executable cannot be loaded here ({one_line(exc)}); recompiled "
-                   "from lower/exported.bin")  # fmt: skip
+            why = (f"checkpoint executable cannot be loaded here ({one_line(exc)}); compiled "
+                   "again from lower/exported.bin")  # fmt: skip
             log.warning("[compile] %s", why)
             return None, why
 
