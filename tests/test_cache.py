@@ -197,7 +197,7 @@ def test_eight_processes_on_one_key_all_succeed_and_leave_one_entry(tmp_path, is
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(8)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
