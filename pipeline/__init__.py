@@ -25,6 +25,7 @@ from .errors import (
     StoreError,
     TargetError,
 )
+
 if TYPE_CHECKING:
     from .api import compose
     from .config import JaxaotConfig, validate
