@@ -1,0 +1,25 @@
+"""Tiny programs the pipeline tests compile (targets ``aot_programs:<name>``).
+
+Not a test module: ``tests/`` is on ``sys.path`` in-process (pytest's rootdir conftest), and
+the CLI tests add it to ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def tree_fn(params: dict[str, Any], x: jax.Array, n: int, *, scale: Any) -> dict[str, Any]:
+    """A pytree in, a pytree out, a static int ``n`` and a traced keyword."""
+    y = (params["w"] @ x) * n * scale
+    return {"y": y + params["b"], "total": jnp.sum(x)}
+
+
+def boom(x: jax.Array) -> jax.Array:
+    raise ValueError("boom while tracing")
+
+
+NOT_A_FUNCTION = 3
