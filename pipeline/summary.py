@@ -77,14 +77,16 @@ def render(manifest: dict[str, Any]) -> str:
     head = f"jaxaot · {prog['name']} ({prog['target']})"
     if be:
         head += f" · {be.get('platform')} x{be.get('device_count')} ({be.get('device_kind')})"
-    rows = [(s, r["status"], human_seconds(r["seconds"]), _details(s, r.get("metrics", {})))
-            for s, r in manifest["stages"].items()]  # fmt: skip
+    rows = [(s, r["status"], "-" if r["status"] == "skipped" else human_seconds(r.get("seconds")),
+             _details(s, r.get("metrics", {}))) for s, r in manifest["stages"].items()]  # fmt: skip
     widths = [
         max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
     ]
     lines = [head, f"run dir: {manifest['run_dir']}"]
     lines.append(f"{'stage':<{widths[0]}}  {'status':<{widths[1]}}  {'time':>{widths[2]}}  details")
-    lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in rows]
+    lines += [
+        f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
+    ]
     for w in manifest.get("warnings", []):
         lines.append(f"warning: {w}")
     if manifest.get("error"):

@@ -1,0 +1,118 @@
+"""The one-screen summary (``pipeline.summary.render``) of a run's manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.summary import human_bytes, human_count, human_seconds, render
+
+
+def _manifest(**changes: Any) -> dict[str, Any]:
+    manifest: dict[str, Any] = {
+        "run_dir": "outputs/run1",
+        "config": {"program": {"name": "mlp", "target": "jaxaot_examples.mlp:mlp"}},
+        "backend": {"platform": "cpu", "device_count": 1, "device_kind": "cpu"},
+        "stages": {
+            "stage_out": {"status": "ran", "seconds": 0.0421,
+                          "metrics": {"inputs": 7, "outputs": 1, "static": 0, "eqns": 19}},
+            "lower": {"status": "ran", "seconds": 0.151,
+                      "metrics": {"platforms": ["cpu"], "flops": 2.5e7}},
+            "compile": {"status": "cached", "seconds": 0.0025,
+                        "metrics": {"flops": 2.5e7, "bytes_accessed": 3 * 2**20,
+                                    "argument_bytes": 2**20, "output_bytes": 32768,
+                                    "temp_bytes": 4096, "code_bytes": 512}},
+            "execute": {"status": "ran", "seconds": 1.5,
+                        "metrics": {"median_s": 0.00042, "stddev_s": 3e-6, "flops_per_s": 6e10,
+                                    "check": "ok", "max_rel_err": 1.5e-7}},
+        },
+        "warnings": ["execute: non-finite values (nan/inf) in output(s) ['y']"],
+        "error": None,
+    }  # fmt: skip
+    manifest.update(changes)
+    return manifest
+
+
+def _row(text: str, stage: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(stage + " "))
+
+
+def test_render_has_a_row_per_stage_with_times_flops_bytes_memory_and_median() -> None:
+    text = render(_manifest())
+    lines = text.splitlines()
+    assert lines[0] == "jaxaot · mlp (jaxaot_examples.mlp:mlp) · cpu x1 (cpu)"
+    assert lines[1] == "run dir: outputs/run1"
+    assert lines[2].split() == ["stage", "status", "time", "details"]
+    assert _row(text, "stage_out").split()[:3] == ["stage_out", "ran", "42.10"]
+    assert "7 in, 1 out, 0 static; 19 eqns" in _row(text, "stage_out")
+    assert "151.00 ms" in _row(text, "lower")
+    assert "platforms cpu; 25.00 MFLOP (pre-compile)" in _row(text, "lower")
+    compile_row = _row(text, "compile")
+    assert compile_row.split()[:4] == ["compile", "cached", "2.50", "ms"]
+    assert "25.00 MFLOP; 3.0 MiB accessed" in compile_row
+    assert "mem arg 1.0 MiB out 32.0 KiB temp 4.0 KiB code 512 B" in compile_row
+    execute_row = _row(text, "execute")
+    assert "1.50 s" in execute_row
+    assert (
+        "median 420.0 us (sd 3.0 us); 60.00 GFLOP/s; check ok (max rel err 1.5e-07)" in execute_row
+    )
+    assert lines[-1] == "warning: execute: non-finite values (nan/inf) in output(s) ['y']"
+    assert len(lines) == 8  # one screen
+
+
+def test_render_a_failed_run() -> None:
+    manifest = _manifest(
+        stages={
+            "stage_out": {"status": "ran", "seconds": 0.01, "metrics": {"inputs": 2}},
+            "lower": {"status": "ran", "seconds": 0.02, "metrics": {"platforms": ["cpu"]}},
+            "compile": {"status": "failed", "seconds": 0.003, "metrics": {}},
+            "execute": {"status": "skipped", "seconds": 0.0, "artifacts": {}},
+        },
+        warnings=[],
+        error="compile.compiler_options: XLA rejected ['xla_nope']",
+    )
+    text = render(manifest)
+    # A stage that failed before it measured anything shows no made-up figures.
+    assert _row(text, "compile").split() == ["compile", "failed", "3.00", "ms"]
+    assert _row(text, "execute").split() == ["execute", "skipped", "-"]
+    assert text.splitlines()[-1] == "error: compile.compiler_options: XLA rejected ['xla_nope']"
+    assert not any(line != line.rstrip() for line in text.splitlines())
+
+
+def test_render_without_backend_or_cost() -> None:
+    manifest = _manifest(backend={}, warnings=[])
+    manifest["stages"] = {
+        "lower": {"status": "ran", "seconds": 0.1, "metrics": {"platforms": ["tpu"]}}
+    }
+    text = render(manifest)
+    assert text.splitlines()[0] == "jaxaot · mlp (jaxaot_examples.mlp:mlp)"
+    assert _row(text, "lower").endswith("platforms tpu")
+
+
+def test_render_a_real_run(compose_run) -> None:
+    result = compose_run("program=axpy", "execute.repeats=2")
+    text = render(result.manifest)
+    for stage in ("stage_out", "lower", "compile", "execute"):
+        assert _row(text, stage)
+    assert "2 FLOP" in _row(text, "compile")
+    assert "median " in _row(text, "execute")
+
+
+@pytest.mark.parametrize(
+    ("fn", "value", "text"),
+    [
+        (human_bytes, None, "-"),
+        (human_bytes, 100, "100 B"),
+        (human_bytes, 1536, "1.5 KiB"),
+        (human_bytes, 5 * 2**30, "5.0 GiB"),
+        (human_count, 2.0, "2"),
+        (human_count, 1.5e9, "1.50 G"),
+        (human_seconds, None, "-"),
+        (human_seconds, 2.5e-5, "25.0 us"),
+        (human_seconds, 0.25, "250.00 ms"),
+        (human_seconds, 3.0, "3.00 s"),
+    ],
+)
+def test_human_units(fn: Any, value: Any, text: str) -> None:
+    assert fn(value) == text
