@@ -8,6 +8,7 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,10 +214,11 @@ def validate(cfg: DictConfig | JaxaotConfig) -> JaxaotConfig:
         try:
             if not OmegaConf.is_config(cfg):
                 cfg = OmegaConf.create(cfg)
-            schema = OmegaConf.structured(JaxaotConfig)
-            _writable(schema)
-            merged = OmegaConf.merge(schema, cfg)
-            typed = OmegaConf.to_object(merged)  # type: ignore[assignment]
+            if OmegaConf.get_type(cfg) is not JaxaotConfig:  # Hydra's composition is typed already
+                schema = OmegaConf.structured(JaxaotConfig)
+                _writable(schema)
+                cfg = OmegaConf.merge(schema, cfg)
+            typed = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
     assert isinstance(typed, JaxaotConfig)
@@ -226,9 +228,7 @@ def validate(cfg: DictConfig | JaxaotConfig) -> JaxaotConfig:
 
 def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
     """Plain, JSON-ready dict of a typed config (for manifests)."""
-    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    assert isinstance(out, dict)
-    return out  # type: ignore[return-value]
+    return dataclasses.asdict(cfg)
 
 
 __all__ = [

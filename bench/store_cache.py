@@ -1,0 +1,81 @@
+"""What the store saves: cold vs warm runs, compile vs load, and an execute-only sweep.
+
+Every number comes from fresh processes run in this script, side by side:
+- cold vs warm: the whole `jaxaot` process, empty store vs a store holding the executable
+  (target: warm <= 0.3x cold);
+- compile vs load: the compile stage's own time when it compiles vs when it loads the stored
+  executable, from the manifests (target: >= 10x);
+- an 8-point execute-only sweep (`-m execute.seed=0..7`, basic launcher, one process): exactly
+  one compile, and wall <= 1.3x (one cold run + 7 executes).
+
+    python bench/store_cache.py [--program transformer] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _jaxaot(args: list[str], cwd: Path, store: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXAOT_STORE_DIR": str(store)}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def _manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--program", default="transformer")
+    ap.add_argument("--rounds", type=int, default=3)
+    opts = ap.parse_args()
+    prog = f"program={opts.program}"
+    cold, warm, compile_s, load_s = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        for i in range(opts.rounds):
+            store = tmp / f"store{i}"
+            cold.append(_jaxaot([prog, f"hydra.run.dir={tmp}/cold{i}"], tmp, store))
+            warm.append(_jaxaot([prog, f"hydra.run.dir={tmp}/warm{i}"], tmp, store))
+            c, w = _manifest(tmp / f"cold{i}"), _manifest(tmp / f"warm{i}")
+            assert (c["stages"]["compile"]["status"], w["stages"]["compile"]["status"]) == ("ran", "cached")
+            compile_s.append(c["stages"]["compile"]["seconds"])
+            load_s.append(w["stages"]["compile"]["seconds"])
+        execute_s = statistics.median(
+            _manifest(tmp / f"cold{i}")["stages"]["execute"]["seconds"] for i in range(opts.rounds)
+        )
+        sweep_store, sweep_dir = tmp / "sweep_store", tmp / "sweep"
+        seeds = ",".join(map(str, range(8)))
+        sweep = _jaxaot(["-m", prog, f"execute.seed={seeds}", f"hydra.sweep.dir={sweep_dir}"],
+                        tmp, sweep_store)  # fmt: skip
+        statuses = [_manifest(sweep_dir / str(n))["stages"]["compile"]["status"] for n in range(8)]
+    c, w = statistics.median(cold), statistics.median(warm)
+    cs, ls = statistics.median(compile_s), statistics.median(load_s)
+    budget = c + 7 * execute_s
+    print(f"program: {opts.program}, rounds: {opts.rounds}")
+    print("| measurement | value | target |")
+    print("|---|---|---|")
+    print(f"| cold run (whole process) | {c:.2f} s | |")
+    print(f"| warm run (whole process) | {w:.2f} s | |")
+    print(f"| warm / cold | {w / c:.2f}x | <= 0.30x |")
+    print(f"| compile stage: compile / load from store | {cs:.3f} s / {ls:.3f} s = {cs / ls:.0f}x | >= 10x |")
+    print(f"| 8-point execute-only sweep: compiles | {statuses.count('ran')} (7 cached: {statuses.count('cached') == 7}) | 1 |")
+    print(f"| sweep wall / (cold + 7 executes) | {sweep:.2f} s / {budget:.2f} s = {sweep / budget:.2f}x | <= 1.3x |")
+
+
+if __name__ == "__main__":
+    main()
