@@ -1,0 +1,219 @@
+"""The ``jaxaot`` command in a subprocess: Hydra's introspection, the issue's example, user
+config directories, and errors as one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import REPO, cli_env, read_manifest, run_cli
+
+MODEL = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+
+    def loss(x, b, n):
+        # n is a Python int (static): it unrolls n tanh layers.
+        y = x * b.astype(x.dtype)
+        for _ in range(n):
+            y = jnp.tanh(y)
+        return y
+    """
+)
+
+
+def _env_with(path: Path) -> dict[str, str]:
+    return cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(path)]))
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+# --- Hydra's own introspection ---------------------------------------------------------------
+
+
+def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
+    proc = run_cli(["--help"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "== Configuration groups ==" in proc.stdout
+    programs = next(line for line in proc.stdout.splitlines() if line.startswith("program:"))
+    for name in ("attention", "axpy", "mlp", "transformer", "transformer_train"):
+        assert name in programs
+    assert "compile: " in proc.stdout and "execute: " in proc.stdout
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_info_shows_the_shipped_config_dir(tmp_path: Path) -> None:
+    proc = run_cli(["--info"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Config search path" in proc.stdout
+    assert (REPO / "conf").as_uri() in proc.stdout
+
+
+def test_cfg_job_prints_the_composed_config_without_running(tmp_path: Path) -> None:
+    proc = run_cli(["--cfg", "job", "program=axpy", "program.args=[f32[2],3]", "stop_after=lower",
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = yaml.safe_load(proc.stdout)
+    assert job["program"]["name"] == "axpy"
+    assert job["program"]["args"] == ["f32[2]", 3]
+    assert job["stop_after"] == "lower"
+    assert not (tmp_path / "run").exists()
+
+
+# --- the issue's example ---------------------------------------------------------------------
+
+
+def test_the_issues_example_with_a_user_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "user" / "mypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model.py").write_text(MODEL)
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            "program.target=mypkg.model:loss",
+            "program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal},3]",
+            "stage_out.static_argnums=[2]",
+            "lower.donate_argnums=[0]",
+            "compile.backend=cpu",
+            "compile.compiler_options={xla_cpu_enable_fast_math:true}",
+            "stop_after=compile",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=_env_with(tmp_path / "user"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "ok"
+    assert manifest["config"]["compile"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
+    assert [manifest["stages"][s]["status"] for s in ("stage_out", "lower")] == ["ran", "ran"]
+    assert manifest["stages"]["compile"]["status"] in ("ran", "cached")
+    assert (run_dir / "compile" / "executable.bin").is_file()
+    assert not (run_dir / "execute").exists()
+
+    sig = json.loads((run_dir / "stage_out" / "signature.json").read_text())
+    assert [(i["path"], i["type"], i["donated"]) for i in sig["inputs"]] == [
+        ("args[0]", "f32[128,512]", True),
+        ("args[1]", "bf16[512]", False),
+    ]
+    assert sig["static"] == [{"path": "args[2]", "value": 3}]
+    assert sig["outputs"][0]["type"] == "f32[128,512]"
+    assert (run_dir / "stage_out" / "jaxpr.txt").read_text().count("tanh") == 3
+    assert "tf.aliasing_output = 0" in (run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    assert "compile" in proc.stdout and "FLOP" in proc.stdout  # the summary table
+
+
+# --- user config directories -----------------------------------------------------------------
+
+MINE = textwrap.dedent(
+    """
+    defaults:
+      - base_program
+      - _self_
+
+    name: mine
+    description: a user's own program config
+    target: jax.numpy:multiply
+    args: ["f32[3]", 2.0]
+    kwargs: {}
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
+def test_a_user_config_dir_adds_programs(tmp_path: Path, how: str) -> None:
+    conf = tmp_path / "myconf"
+    (conf / "program").mkdir(parents=True)
+    (conf / "program" / "mine.yaml").write_text(MINE)
+    where = (
+        ["--config-dir", str(conf)]
+        if how == "--config-dir"
+        else [f"hydra.searchpath=[file://{conf}]"]
+    )
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [*where, "program=mine", "execute.repeats=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    manifest = read_manifest(run_dir)
+    assert manifest["config"]["program"]["name"] == "mine"
+    with np.load(run_dir / "execute" / "outputs.npz") as z:
+        assert z["out0"].shape == (3,) and z["out0"].dtype == np.float32
+
+
+# --- errors: one line, non-zero exit, traceback only with debug ------------------------------
+
+
+def test_an_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["program=axpy", "compile.bogus=1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
+    )
+    assert proc.returncode != 0
+    assert "compile.bogus" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_an_arg_spec_error_is_one_line(cli) -> None:
+    proc, run_dir = cli("program=axpy", "program.args=[x32[3],f32[3]]", expect_ok=False)
+    assert proc.returncode == 1
+    assert _error_lines(proc.stderr) == [
+        "jaxaot: error: program.args[0]: unknown dtype 'x32'; expected one of "
+        + proc.stderr.split("expected one of ", 1)[1].strip()
+    ]
+    assert not (run_dir / "manifest.json").exists()  # rejected before any stage
+
+
+def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
+    proc, run_dir = cli("program=axpy", "program.target=no_such_module_xyz:f", expect_ok=False)
+    assert proc.returncode == 1
+    assert _error_lines(proc.stderr) == [
+        "jaxaot: error: program.target='no_such_module_xyz:f': cannot import module "
+        "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed "
+        "or on PYTHONPATH?"
+    ]
+    assert read_manifest(run_dir)["status"] == "failed"
+    assert "error: program.target=" in proc.stdout  # the summary says it too
+
+    debug, _ = cli(
+        "program=axpy", "program.target=no_such_module_xyz:f", "debug=true", expect_ok=False
+    )
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "TargetError" in debug.stderr
+    assert _error_lines(debug.stderr)[-1].startswith("jaxaot: error: program.target=")
+
+
+def test_an_absent_backend_is_one_line_saying_how_to_lower(cli) -> None:
+    proc, _ = cli("program=axpy", "compile.backend=tpu", expect_ok=False)
+    assert proc.returncode == 1
+    [line] = _error_lines(proc.stderr)
+    assert line.startswith("jaxaot: error: compile.backend='tpu': no tpu backend on this machine")
+    assert "lower.platforms=[tpu] stop_after=lower" in line
+
+
+def test_a_failed_reference_check_exits_non_zero(cli, tmp_path: Path) -> None:
+    nan = tmp_path / "nan.npy"
+    np.save(nan, np.array([1, np.nan, 3], np.float32))
+    proc, run_dir = cli(
+        "program.target=jax.numpy:max",
+        "program.args=[f32[3]]",
+        f"execute.inputs=[{nan}]",
+        "compile.compiler_options={xla_cpu_enable_fast_min_max:true}",
+        "execute.check=reference",
+        expect_ok=False,
+    )
+    assert proc.returncode == 1
+    [line] = _error_lines(proc.stderr)
+    assert line.startswith(
+        "jaxaot: error: execute.check=reference: outputs differ from plain jax.jit"
+    )
+    assert read_manifest(run_dir)["stages"]["execute"]["metrics"]["check"] == "failed"
