@@ -217,20 +217,26 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed)
     exe = compiled.compiled
     donated = set(compiled.lowered.donate_argnums)
+    # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
+    donated_kw = {k for k in staged.bound.donate_argnames if k in host_kwargs}
     dev_args, dev_kwargs = _place(exe, host_args, host_kwargs)
 
     def call() -> tuple[Any, float, list[Any]]:
+        # A donated buffer is gone after a call: put a fresh copy before each one (untimed).
         args = [_put(host_args[i], exe.input_shardings[0][i]) if i in donated else a
                 for i, a in enumerate(dev_args)]  # fmt: skip
+        kwargs = {k: _put(host_kwargs[k], exe.input_shardings[1][k]) if k in donated_kw else v
+                  for k, v in dev_kwargs.items()}  # fmt: skip
         t0 = time.perf_counter()
         try:
-            out = exe(*args, **dev_kwargs)
+            out = exe(*args, **kwargs)
         except TypeError as exc:
             if "Argument types differ" in str(exc) or "compiled with" in str(exc):
                 raise _type_mismatch(exc) from None
             raise
         jax.block_until_ready(out)
-        return out, time.perf_counter() - t0, [args[i] for i in donated]
+        dt = time.perf_counter() - t0
+        return out, dt, [args[i] for i in donated] + [kwargs[k] for k in donated_kw]
 
     out = None
     for _ in range(cfg.warmup):
@@ -252,7 +258,7 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     timings["donated_inputs_consumed"] = all(
         getattr(a, "is_deleted", lambda: False)() for leaf in consumed
         for a in jax.tree_util.tree_leaves(leaf)
-    ) if donated else None  # fmt: skip
+    ) if donated or donated_kw else None  # fmt: skip
     timings["samples_s"] = samples
     ctx.write_json("timings.json", timings)
     nonfinite = [d["path"] or "<root>" for d in described if not d["finite"]]
