@@ -23,3 +23,8 @@ def boom(x: jax.Array) -> jax.Array:
 
 
 NOT_A_FUNCTION = 3
+
+
+def scaled(x: jax.Array, *, z: jax.Array) -> jax.Array:
+    """A keyword argument whose buffer can be donated to the output."""
+    return 2 * x + z

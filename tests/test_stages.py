@@ -255,6 +255,35 @@ def test_donated_inputs_are_consumed(compose_run) -> None:
     assert donated == [True, False]
 
 
+def test_donated_keyword_arguments_are_consumed_on_every_call(compose_run) -> None:
+    result = compose_run(
+        "program.target=aot_programs:scaled",
+        "program.args=[f32[4]]",
+        "program.kwargs={z:{shape:[4],init:ones}}",
+        "lower.donate_argnames=[z]",
+        "execute.warmup=1",
+        "execute.repeats=2",
+        "execute.check=reference",
+    )
+    assert load_json(result.run_dir, "execute/timings.json")["donated_inputs_consumed"] is True
+    sig = load_json(result.run_dir, "stage_out/signature.json")
+    assert [(i["path"], i["donated"]) for i in sig["inputs"]] == [
+        ("args[0]", False),
+        ("kwargs['z']", True),
+    ]
+
+
+def test_a_multi_platform_lowering_compiles_for_the_backend(compose_run) -> None:
+    result = compose_run(
+        AXPY, "program.args=[f32[4],f32[4]]", "lower.platforms=[cpu,tpu]", "execute.check=reference"
+    )
+    assert result.ok
+    exported = jax.export.deserialize(
+        bytearray((result.run_dir / "lower/exported.bin").read_bytes())
+    )
+    assert exported.platforms == ("cpu", "tpu")
+
+
 def test_check_reference_passes_and_is_recorded(compose_run) -> None:
     result = compose_run(AXPY, "program.args=[f32[8],bf16[8]]", "execute.check=reference")
     check = load_json(result.run_dir, "execute/check.json")
