@@ -28,3 +28,9 @@ NOT_A_FUNCTION = 3
 def scaled(x: jax.Array, *, z: jax.Array) -> jax.Array:
     """A keyword argument whose buffer can be donated to the output."""
     return 2 * x + z
+
+
+def noisy(x: jax.Array) -> jax.Array:
+    """A host callback (jax.debug.print), which jax.export cannot serialize."""
+    jax.debug.print("x = {x}", x=x)
+    return 2 * x
