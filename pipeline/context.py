@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ class StageContext:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Set by the runner on the lower stage: called with a preliminary record (no export yet)
+    # as soon as the module exists, so compilation can overlap the rest of lowering.
+    on_lowered: Callable[[Any], None] | None = None
 
     def write(self, name: str, data: bytes | str) -> Artifact:
         raw = data.encode() if isinstance(data, str) else data

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,14 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled)
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     records: dict[str, Any] = {}
+    runner = _Runner(typed, out, manifest, store, checkpoint, records)
+    t_start = time.perf_counter()
     try:
         jaxenv.configure(backend=typed.compile.backend, num_devices=typed.compile.num_devices,
                          x64=bound.needs_x64)  # fmt: skip
         manifest.versions = jaxenv.versions()
         if STAGES.index("compile") <= last:
             manifest.backend = jaxenv.backend_info(typed.compile.backend)
-        runner = _Runner(typed, out, manifest, store, checkpoint, records)
         for i, stage in enumerate(STAGES):
             if i < first:
                 records[stage] = runner.resume(stage, bound)
@@ -126,6 +128,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
         manifest.status, manifest.error = "failed", one_line(exc)
         raise
     finally:
+        runner.close()
+        manifest.extra["wall_seconds"] = round(time.perf_counter() - t_start, 6)
         manifest.write()
         if print_summary:
             from .summary import render
@@ -142,11 +146,50 @@ class _Runner:
     store: Any  # pipeline.store.Store
     checkpoint: Checkpoint | None
     records: dict[str, Any]
+    # The compile stage's store entry or running compile, found/started while lowering.
+    _ahead: tuple[str, Any] | None = None
+    _pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:  # an XLA compile cannot be cancelled: let it finish
+            self._pool.shutdown(wait=True)
 
     def _context(self, stage: str) -> StageContext:
         ctx = StageContext(cfg=self.cfg, stage=stage, out_dir=self.run_dir / stage)
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        if stage == "lower" and STAGES.index(self.cfg.stop_after) >= STAGES.index("compile"):
+            ctx.on_lowered = self._compile_ahead
         return ctx
+
+    def _compile_key(self, lowered: Any) -> tuple[str, dict[str, Any]]:
+        from stages import compile as compile_stage
+
+        backend = self.manifest.backend
+        key = key_of(compile_stage.cache_key(self.cfg, lowered, backend))
+        return key, {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
+
+    def _compile_ahead(self, lowered: Any) -> None:
+        """Called by the lower stage once the module exists: look the executable up in the
+        store, and on a miss start compiling on a worker thread (XLA releases the GIL), so the
+        export, HLO text and cost analysis that lowering still does overlap the compile."""
+        from stages import compile as compile_stage
+
+        key, compat = self._compile_key(lowered)
+        entry = self.store.get("compile", key, expect=compat) if self.store.enabled else None
+        if entry is not None:
+            self._ahead = (key, entry)
+            return
+        try:
+            job = compile_stage.start(self.cfg.compile, lowered)
+        except JaxaotError:
+            return  # the compile stage reports it, in its turn
+
+        def timed() -> tuple[Any, float]:
+            t0 = time.perf_counter()
+            return job(), time.perf_counter() - t0
+
+        self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="jaxaot-compile")
+        self._ahead = (key, self._pool.submit(timed))
 
     def _upstream(self, stage: str) -> tuple[Any, ...]:
         r = self.records
@@ -154,7 +197,7 @@ class _Runner:
                 "execute": (r.get("compile"), r.get("stage_out"))}[stage]  # fmt: skip
 
     def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
-        seconds = time.perf_counter() - t0
+        seconds = extra.pop("seconds", time.perf_counter() - t0)
         self.manifest.record_stage(ctx, status, seconds, **extra)
         self.manifest.write()
         log.info("[%s] %s in %.3f s", ctx.stage, status, seconds)
@@ -187,11 +230,13 @@ class _Runner:
         from stages import compile as compile_stage
 
         lowered = self.records["lower"]
-        backend = self.manifest.backend
-        key = key_of(compile_stage.cache_key(ctx, lowered, backend))
-        compat = {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
+        key, compat = self._compile_key(lowered)
         label = f"compile/{key[:12]}"
-        entry = self.store.get("compile", key, expect=compat) if self.store.enabled else None
+        ahead, self._ahead = (self._ahead or (None, None)), None
+        future = ahead[1] if ahead[0] == key and isinstance(ahead[1], Future) else None
+        entry = ahead[1] if ahead[0] == key and future is None else None
+        if entry is None and future is None and self.store.enabled:
+            entry = self.store.get("compile", key, expect=compat)
         if entry is not None:
             t0 = time.perf_counter()
             try:
@@ -207,15 +252,28 @@ class _Runner:
                          key[:12], self.store.root, saved)  # fmt: skip
                 return record, "cached", {"key": key, "seconds_saved": round(saved, 6)}
         t0 = time.perf_counter()
-        record = compile_stage.run(ctx, lowered)
-        seconds = time.perf_counter() - t0
+        extra: dict[str, Any] = {"key": key}
+        if future is not None:
+            waited = time.perf_counter()
+            compiled, compile_s = future.result()
+            waited = time.perf_counter() - waited
+            record = compile_stage.run(ctx, lowered, compiled)
+            seconds = compile_s + (time.perf_counter() - t0 - waited)
+            # The stage's cost, not its wait: part of the compile ran during lowering.
+            extra |= {
+                "seconds": round(seconds, 6),
+                "overlapped_seconds": round(compile_s - waited, 6),
+            }
+        else:
+            record = compile_stage.run(ctx, lowered)
+            seconds = time.perf_counter() - t0
         if self.store.enabled:
             log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
             self.store.record("compile", key, hit=False)
             self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
                            meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
                            compute_seconds=seconds, compat=compat)  # fmt: skip
-        return record, "ran", {"key": key}
+        return record, "ran", extra
 
     def resume(self, stage: str, bound: BoundArgs) -> Any:
         """Load a stage that ran before ``start_at`` from the checkpoint (hashes verified)."""

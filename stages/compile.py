@@ -117,7 +117,7 @@ ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
              "executable.bin", "compiled.json")  # fmt: skip
 
 
-def cache_key(ctx: StageContext, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
+def cache_key(cfg: Any, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
     """Everything the executable depends on, and nothing else (no paths, no times)."""
     return {
         "stage": "compile",
@@ -125,7 +125,7 @@ def cache_key(ctx: StageContext, lowered: Lowered, backend: dict[str, Any]) -> d
         "module_sha256": lowered.module_sha256,
         "platforms": list(lowered.platforms),
         "donate_argnums": list(lowered.donate_argnums),
-        "compiler_options": dict(ctx.cfg.compile.compiler_options),
+        "compiler_options": dict(cfg.compile.compiler_options),
         "backend": backend,  # platform + version, device kind + count, jax + jaxlib
     }
 
@@ -187,18 +187,30 @@ def _metrics(
         )
 
 
-def run(ctx: StageContext, lowered: Lowered) -> Compiled:
-    cfg = ctx.cfg.compile
+def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
+    """Check the backend and platform, then return the compile to run (possibly on a thread:
+    XLA releases the GIL while it compiles)."""
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     check_platform(lowered, cfg.backend)
     options = dict(cfg.compiler_options)
-    try:
-        compiled = compile_lowered(lowered, cfg.backend, options)
-    except Exception as exc:
-        err = _compile_error(exc, options)
-        if err is exc:
-            raise
-        raise err from exc
+
+    def compile_now() -> Any:
+        try:
+            return compile_lowered(lowered, cfg.backend, options)
+        except Exception as exc:
+            err = _compile_error(exc, options)
+            if err is exc:
+                raise
+            raise err from exc
+
+    return compile_now
+
+
+def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
+    """Compile (unless ``compiled`` was made ahead, see :func:`start`) and write the artifacts."""
+    cfg = ctx.cfg.compile
+    if compiled is None:
+        compiled = start(cfg, lowered)()
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")
     cost, memory = cost_of(compiled), memory_of(compiled)
     if cost:
@@ -227,4 +239,5 @@ __all__ = [
     "memory_of",
     "run",
     "serialize",
+    "start",
 ]

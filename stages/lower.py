@@ -79,6 +79,11 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     )
     lowered = traced.lower(lowering_platforms=platforms)
     stablehlo = lowered.as_text()
+    module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
+    donate = _flat_donations(staged)
+    if ctx.on_lowered is not None:  # lets the runner start compiling while we export
+        ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
+                               module_sha256=module_sha, donate_argnums=donate, meta={}))  # fmt: skip
     ctx.write("module.stablehlo.mlir", stablehlo)
     try:
         ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
@@ -90,8 +95,6 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
-    module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
-    donate = _flat_donations(staged)
     meta = {
         "platforms": list(platforms),
         "module_sha256": module_sha,
