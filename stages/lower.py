@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.context import StageContext
+from pipeline.errors import StoreError
 from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import platform_of
 
@@ -89,8 +90,16 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
     except Exception as exc:  # some multi-platform lowerings have no single HLO form
         ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
-    exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
-    ctx.write("exported.bin", bytes(exported.serialize()))
+    try:
+        exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
+        ctx.write("exported.bin", bytes(exported.serialize()))
+    except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
+        exported = None
+        ctx.warn(
+            "no exported.bin: jax.export cannot serialize this program "
+            f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later run "
+            "cannot resume from this lowering"
+        )
     cost = _cost(lowered)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
@@ -99,7 +108,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         "platforms": list(platforms),
         "module_sha256": module_sha,
         "donate_argnums": list(donate),
-        "nr_devices": exported.nr_devices,
+        "nr_devices": exported.nr_devices if exported is not None else None,
     }
     ctx.write_json("lowered.json", meta)
     ctx.metrics.update(platforms=list(platforms))
@@ -122,7 +131,14 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
     import jax
 
     meta = json.loads(read("lowered.json"))
-    exported = jax.export.deserialize(bytearray(read("exported.bin")))
+    try:
+        blob = read("exported.bin")
+    except KeyError:
+        raise StoreError(
+            "resume_from: that run's lowering has no exported.bin (jax.export could not "
+            "serialize the program; see its lower warnings); start at lower instead"
+        ) from None
+    exported = jax.export.deserialize(bytearray(blob))
     for name in ARTIFACTS:
         try:
             ctx.write(name, read(name))
