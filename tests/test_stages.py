@@ -350,7 +350,7 @@ def test_a_program_with_a_host_callback_compiles(compose_run) -> None:
     assert result.ok
     assert any("no exported.bin" in w for w in result.manifest["warnings"])
     assert not (result.run_dir / "lower" / "exported.bin").exists()
-    with pytest.raises(StoreError, match="has no exported.bin"):
+    with pytest.raises(StoreError, match=r"has no exported\.bin"):
         compose_run(f"resume_from={result.run_dir}", "start_at=compile")
 
 
