@@ -1,0 +1,269 @@
+"""Looking after a store: list, count, re-verify and garbage-collect its entries.
+
+These are what ``jaxaot-store`` runs; :class:`~pipeline.store.Store` exposes them as its
+``ls``/``stats``/``verify``/``gc`` methods. None of them hashes a payload except ``verify``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError
+from pipeline.fsutil import TEMP_PREFIX, remove_stale_temps
+from pipeline.store_entries import (
+    _KEY_RE,
+    _STAGE_RE,
+    MANIFEST_NAME,
+    STATS_LOG_NAME,
+    _Bad,
+    _check_stage,
+    _load,
+    _remove_entry,
+)
+
+if TYPE_CHECKING:
+    from pipeline.store import Store
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """``"2GB"`` -> 2_000_000_000; units B, KB, MB, GB, TB (1000) and KiB, MiB, GiB, TiB (1024)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(
+            f"invalid size {text!r}: expected a number with an optional unit "
+            "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '2GB' or '512MiB'"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """What ``ls`` shows: an entry's identity, size and age, without hashing its payload."""
+
+    stage: str
+    key: str
+    dir: Path
+    size_bytes: int
+    files: int
+    created: float | None
+    last_used: float
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    stage: str
+    key: str
+    dir: Path
+    ok: bool
+    reason: str = ""
+    removed: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    results: tuple[VerifyResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def corrupt(self) -> tuple[VerifyResult, ...]:
+        return tuple(r for r in self.results if not r.ok)
+
+
+@dataclass(frozen=True)
+class GcReport:
+    temps_removed: int
+    entries_removed: int
+    bytes_freed: int
+    bytes_remaining: int
+
+
+@dataclass(frozen=True)
+class StageStats:
+    entries: int = 0
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    seconds_saved: float = 0.0
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    root: Path
+    stages: Mapping[str, StageStats] = field(default_factory=dict)
+
+    @property
+    def total(self) -> StageStats:
+        s = list(self.stages.values())
+        return StageStats(
+            entries=sum(x.entries for x in s),
+            bytes=sum(x.bytes for x in s),
+            hits=sum(x.hits for x in s),
+            misses=sum(x.misses for x in s),
+            seconds_saved=sum(x.seconds_saved for x in s),
+        )
+
+
+def _iter_entry_dirs(data_dir: Path, stage: str | None = None) -> Iterator[tuple[str, str, Path]]:
+    if stage is not None:
+        _check_stage(stage)
+    if not data_dir.is_dir():
+        return
+    for stage_dir in sorted(data_dir.iterdir()):
+        if not stage_dir.is_dir() or not _STAGE_RE.fullmatch(stage_dir.name):
+            continue
+        if stage is not None and stage_dir.name != stage:
+            continue
+        for prefix_dir in sorted(stage_dir.iterdir()):
+            if not prefix_dir.is_dir() or prefix_dir.name.startswith(TEMP_PREFIX):
+                continue
+            for d in sorted(prefix_dir.iterdir()):
+                if _KEY_RE.fullmatch(d.name) and d.name[:2] == prefix_dir.name:
+                    yield stage_dir.name, d.name, d
+
+
+def ls(store: Store, stage: str | None = None) -> list[EntryInfo]:
+    """Every entry (optionally of one stage), without hashing payloads."""
+    out = []
+    for st, key, d in _iter_entry_dirs(store.data_dir, stage):
+        size, files, last_used = 0, 0, 0.0
+        created: float | None = None
+        try:
+            for p in d.iterdir():
+                s = p.lstat()
+                size += s.st_size
+                if p.name == MANIFEST_NAME:
+                    last_used = s.st_mtime
+                else:
+                    files += 1
+            doc = json.loads((d / MANIFEST_NAME).read_bytes())
+            created = float(doc["created"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # listed anyway; verify() says what is wrong with it
+        if not last_used:
+            try:
+                last_used = d.stat().st_mtime
+            except OSError:
+                continue
+        out.append(EntryInfo(st, key, d, size, files, created, last_used))
+    return out
+
+
+def stats(store: Store) -> StoreStats:
+    """Entries and bytes per stage, plus hits, misses and time saved from the record() log."""
+    acc: dict[str, dict[str, float]] = {}
+
+    def slot(stage: str) -> dict[str, float]:
+        return acc.setdefault(
+            stage, {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "saved": 0.0}
+        )
+
+    for info in store.ls():
+        s = slot(info.stage)
+        s["entries"] += 1
+        s["bytes"] += info.size_bytes
+    try:
+        with open(store.data_dir / STATS_LOG_NAME, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for raw in lines:
+        try:
+            rec = json.loads(raw)
+            s = slot(str(rec["stage"]))
+            if rec["hit"]:
+                s["hits"] += 1
+                s["saved"] += float(rec.get("seconds_saved", 0.0))
+            else:
+                s["misses"] += 1
+        except (ValueError, KeyError, TypeError):
+            continue  # a line torn by a crash is skipped, not fatal
+    stages = {
+        name: StageStats(
+            entries=int(s["entries"]),
+            bytes=int(s["bytes"]),
+            hits=int(s["hits"]),
+            misses=int(s["misses"]),
+            seconds_saved=s["saved"],
+        )
+        for name, s in sorted(acc.items())
+    }
+    return StoreStats(root=store.root, stages=stages)
+
+
+def verify(store: Store, remove: bool = False) -> VerifyReport:
+    """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted."""
+    results = []
+    for stage, key, d in _iter_entry_dirs(store.data_dir):
+        try:
+            _load(d, stage, key, None)
+            results.append(VerifyResult(stage, key, d, ok=True))
+        except _Bad as bad:
+            removed = remove and _remove_entry(store.root, d) is None
+            results.append(VerifyResult(stage, key, d, False, bad.reason, removed))
+    return VerifyReport(tuple(results))
+
+
+def gc(
+    store: Store,
+    max_bytes: int | None = None,
+    older_than_s: float | None = None,
+    temp_grace_s: float = 3600.0,
+) -> GcReport:
+    """Remove temp folders older than ``temp_grace_s`` (interrupted puts, trash), entries
+    unused for more than ``older_than_s``, then least recently used entries until the
+    store holds at most ``max_bytes``."""
+    temps = remove_stale_temps(store.root, older_than_s=temp_grace_s)
+    infos = sorted(store.ls(), key=lambda i: i.last_used)
+    total = sum(i.size_bytes for i in infos)
+    now = time.time()
+    removed = freed = 0
+    for info in infos:
+        stale = older_than_s is not None and now - info.last_used > older_than_s
+        too_big = max_bytes is not None and total > max_bytes
+        if not (stale or too_big):
+            continue
+        if _remove_entry(store.root, info.dir) is None:
+            removed += 1
+            freed += info.size_bytes
+            total -= info.size_bytes
+    return GcReport(temps, removed, freed, total)
+
+
+__all__ = [
+    "EntryInfo",
+    "GcReport",
+    "StageStats",
+    "StoreStats",
+    "VerifyReport",
+    "VerifyResult",
+    "gc",
+    "ls",
+    "parse_size",
+    "stats",
+    "verify",
+]
