@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.context import StageContext
-from pipeline.errors import BackendError, ConfigError
+from pipeline.errors import BackendError, ConfigError, StageError
 from pipeline.jaxenv import devices, platform_of
 
 from .lower import Lowered
@@ -191,7 +191,17 @@ def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
     """Check the backend and platform, then return the compile to run (possibly on a thread:
     XLA releases the GIL while it compiles)."""
     devices(cfg.backend)  # a clear BackendError when the backend is absent
-    check_platform(lowered, cfg.backend)
+    platform = check_platform(lowered, cfg.backend)
+    if lowered.exported is None and (lowered.lowered is None or lowered.platforms != (platform,)):
+        # jax compiles a multi-platform lowering only through its export, and there is none:
+        # a compile started ahead of the export (the runner then compiles in the compile
+        # stage), or a program jax.export cannot serialize (host callbacks).
+        raise StageError(
+            "compile",
+            f"a lowering for {list(lowered.platforms)} compiles for {platform!r} only through "
+            f"its jax.export, and there is none (see lower's warnings); lower for "
+            f"lower.platforms=[{platform}] alone",
+        )
     options = dict(cfg.compiler_options)
 
     def compile_now() -> Any:
