@@ -172,7 +172,13 @@ def test_exported_bin_and_executable_bin_load_and_compute_the_same(compose_run) 
     from jax.experimental.serialize_executable import deserialize_and_load
 
     payload, in_tree, out_tree = pickle.loads((run_dir / "compile/executable.bin").read_bytes())
-    executable = deserialize_and_load(payload, in_tree, out_tree)
+    # On the devices it was compiled for (compiled.json): an earlier test in this process may
+    # have started more virtual CPU devices, and the default would be all of them.
+    by_id = {d.id: d for d in jax.devices("cpu")}
+    device_ids = load_json(run_dir, "compile/compiled.json")["device_ids"]
+    executable = deserialize_and_load(
+        payload, in_tree, out_tree, backend="cpu", execution_devices=[by_id[i] for i in device_ids]
+    )
     np.testing.assert_array_equal(executable(x, y), want)
 
 
