@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
 from conftest import REPO, cli_env, read_manifest, run_cli
 
@@ -128,25 +127,32 @@ MINE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
-def test_a_user_config_dir_adds_programs(tmp_path: Path, how: str) -> None:
+def _user_conf(tmp_path: Path) -> Path:
     conf = tmp_path / "myconf"
     (conf / "program").mkdir(parents=True)
     (conf / "program" / "mine.yaml").write_text(MINE)
-    where = (
-        ["--config-dir", str(conf)]
-        if how == "--config-dir"
-        else [f"hydra.searchpath=[file://{conf}]"]
-    )
+    return conf
+
+
+def test_config_dir_adds_a_users_programs(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = run_cli(
-        [*where, "program=mine", "execute.repeats=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path
-    )
+    proc = run_cli(["--config-dir", str(_user_conf(tmp_path)), "program=mine", "execute.repeats=1",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(run_dir)
     assert manifest["config"]["program"]["name"] == "mine"
     with np.load(run_dir / "execute" / "outputs.npz") as z:
         assert z["out0"].shape == (3,) and z["out0"].dtype == np.float32
+
+
+def test_hydra_searchpath_adds_a_users_programs(tmp_path: Path) -> None:
+    # In-process (pipeline.compose takes the same overrides as the command line).
+    import pipeline
+
+    cfg = pipeline.compose([f"hydra.searchpath=[file://{_user_conf(tmp_path)}]", "program=mine"])
+    typed = pipeline.validate(cfg)
+    assert (typed.program.name, typed.program.target) == ("mine", "jax.numpy:multiply")
+    assert typed.program.args == ["f32[3]", 2.0]
 
 
 # --- errors: one line, non-zero exit, traceback only with debug ------------------------------
