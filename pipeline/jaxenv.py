@@ -28,11 +28,11 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
     import jax
     from jax.extend import backend as jex_backend
 
-    if bool(jax.config.jax_enable_x64) != x64:
+    if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
         jax.config.update("jax_enable_x64", x64)
     if backend != "cpu" or num_devices is None:
         return
-    current = jax.config.jax_num_cpu_devices
+    current = jax.config.jax_num_cpu_devices  # type: ignore[attr-defined]
     if current == num_devices:
         return
     try:

@@ -91,7 +91,7 @@ def load_manifest(run_dir: Path) -> dict[str, Any]:
             f"{path}: manifest format version {version!r}; this jaxaot reads version "
             f"{MANIFEST_FORMAT_VERSION}"
         )
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 __all__ = ["MANIFEST_FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "load_manifest"]

@@ -126,7 +126,8 @@ def _all_finite(arr: np.ndarray) -> bool:
 def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
     import jax
 
-    arrays, described = {}, []
+    arrays: dict[str, Any] = {}
+    described: list[dict[str, Any]] = []
     for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(outputs)[0]):
         arr = np.asarray(leaf)
         # .npz keeps only NumPy's own dtypes; ml_dtypes arrays would load back as raw bytes.

@@ -60,7 +60,7 @@ def resolve_target(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TargetError(f"{where}: {attr_path!r} is a {type(obj).__name__}, not a callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
