@@ -77,13 +77,39 @@ def _skip_mode_probe(argv: list[str]) -> None:
     Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
 
 
+_NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable")
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra's multi-line composition errors (and their causes) as one line."""
+    parts: list[str] = []
+    node: BaseException | None = exc
+    while node is not None and len(parts) < 3:
+        lines = [ln.strip() for ln in str(node).splitlines()]
+        text = " ".join(ln for ln in lines if ln and not ln.startswith(_NOISE))
+        text = text.split(" Config search path:", 1)[0]  # Hydra appends its search path
+        if text and text != "None" and "$VALUE" not in text and all(text not in p for p in parts):
+            parts.append(text)
+        node = node.__cause__ or node.__context__
+    return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
+
+
 def main() -> None:
     """Console-script entry point."""
     register_configs()
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
     sys.argv = [sys.argv[0], *args]
-    _app()
+    # Hydra's own errors (unknown key, wrong type, bad override) would print several lines and
+    # a hint about HYDRA_FULL_ERROR; with it set they reach us and become one line here.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _app()
+    except Exception as exc:
+        if _debug(None) or any(a.replace(" ", "").lower() == "debug=true" for a in args):
+            traceback.print_exc()
+        print(f"jaxaot: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

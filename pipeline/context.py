@@ -6,9 +6,11 @@ atomically and lands in the manifest with its sha256 and size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,18 @@ class StageContext:
     def warn(self, message: str) -> None:
         log.warning("[%s] %s", self.stage, message)
         self.warnings.append(message)
+
+    @contextlib.contextmanager
+    def capture_warnings(self) -> Iterator[None]:
+        """Record Python warnings raised inside (e.g. JAX's "Some donated buffers were not
+        usable") as this stage's warnings, so they reach the manifest and the summary."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        for w in caught:
+            message = f"{w.category.__name__}: {' '.join(str(w.message).split())}"
+            if message not in self.warnings:  # lowering and export may both say it
+                self.warn(message)
 
 
 __all__ = ["Artifact", "StageContext"]

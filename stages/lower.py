@@ -78,7 +78,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     traced = (
         staged.traced if opts == staged.jit_options else jitted.trace(*staged.args, **staged.kwargs)
     )
-    lowered = traced.lower(lowering_platforms=platforms)
+    with ctx.capture_warnings():
+        lowered = traced.lower(lowering_platforms=platforms)
     stablehlo = lowered.as_text()
     module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
     donate = _flat_donations(staged)
@@ -91,7 +92,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     except Exception as exc:  # some multi-platform lowerings have no single HLO form
         ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
     try:
-        exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
+        with ctx.capture_warnings():
+            exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
         ctx.write("exported.bin", bytes(exported.serialize()))
     except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
         exported = None

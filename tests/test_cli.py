@@ -162,10 +162,18 @@ def test_an_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:
     proc = run_cli(
         ["program=axpy", "compile.bogus=1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
     )
-    assert proc.returncode != 0
-    assert "compile.bogus" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1
+    (line,) = _error_lines(proc.stderr)
+    assert line.startswith("jaxaot: error: Could not override 'compile.bogus'")
+    assert "HYDRA_FULL_ERROR" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_a_wrong_type_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    proc = run_cli(["execute.repeats=lots", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 1
+    (line,) = _error_lines(proc.stderr)
+    assert "execute.repeats" in line and "lots" in line
 
 
 def test_an_arg_spec_error_is_one_line(cli) -> None:
