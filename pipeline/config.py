@@ -206,19 +206,18 @@ def _one_line(exc: OmegaConfBaseException) -> str:
     return f"{key}: {head}" if key and key not in head else head
 
 
-def validate(cfg: DictConfig | JaxaotConfig) -> JaxaotConfig:
+def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
     """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
     if isinstance(cfg, JaxaotConfig):
-        typed = cfg
+        typed: Any = cfg
     else:
         try:
-            if not OmegaConf.is_config(cfg):
-                cfg = OmegaConf.create(cfg)
-            if OmegaConf.get_type(cfg) is not JaxaotConfig:  # Hydra's composition is typed already
+            node: Any = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
+            if OmegaConf.get_type(node) is not JaxaotConfig:  # Hydra's composition is typed already
                 schema = OmegaConf.structured(JaxaotConfig)
                 _writable(schema)
-                cfg = OmegaConf.merge(schema, cfg)
-            typed = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+                node = OmegaConf.merge(schema, node)
+            typed = OmegaConf.to_object(node)
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
     assert isinstance(typed, JaxaotConfig)

@@ -90,7 +90,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     checkpoint's options. Raises :class:`JaxaotError` (a :class:`StageError` naming the stage
     for unexpected failures); the manifest records the failure either way.
     """
-    typed = validate(cfg)  # type: ignore[arg-type]
+    typed = validate(cfg)
     checkpoint = None
     if typed.start_at != "stage_out":
         checkpoint = Checkpoint(typed.resume_from or "")
@@ -286,6 +286,7 @@ class _Runner:
         read = ckpt.reader(stage)
         ctx = self._context(stage)
         t0 = time.perf_counter()
+        record: Any
         if stage == "stage_out":
             if start_at == "lower":  # lowering again needs the traced program: trace it here
                 record = stage_out.run(ctx)

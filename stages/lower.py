@@ -73,6 +73,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     cfg = ctx.cfg
     platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
     opts = _jit_options(ctx, staged)
+    assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     jitted = jax.jit(staged.fn, **opts)
     # Reuse stage_out's trace unless lowering options change the jit (then trace again).
     traced = (
