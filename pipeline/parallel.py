@@ -138,14 +138,13 @@ def will_compile(cfg: JaxaotConfig) -> bool:
 
 
 def devices_to_start(cfg: JaxaotConfig) -> int | None:
-    """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs
-    when the run compiles (1 without a mesh); None (leave JAX alone) for lowering-only runs."""
+    """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs when
+    the run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
+    ``JAX_NUM_CPU_DEVICES`` say): lowering-only runs and programs without a mesh."""
     if cfg.compile.num_devices is not None:
         return cfg.compile.num_devices
-    if not will_compile(cfg):
-        return None
     mesh = mesh_spec(cfg)
-    return mesh.size if mesh is not None else 1
+    return mesh.size if mesh is not None and will_compile(cfg) else None
 
 
 def bound_args(cfg: JaxaotConfig) -> BoundArgs:
