@@ -90,6 +90,7 @@ def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
     into the function.
     """
     cfg = ctx.cfg.lower
+    assert staged.fn is not None  # lowering again always traces the program (see the runner)
     fn = functools.partial(staged.fn, **staged.kwargs) if staged.kwargs else staged.fn
     opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
     opts["in_shardings"] = named(check_in_shardings(ctx.cfg, staged.bound, mesh), amesh)
@@ -149,7 +150,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
-    meta = {
+    meta: dict[str, Any] = {
         "platforms": list(platforms),
         "module_sha256": module_sha,
         "donate_argnums": list(donate),
