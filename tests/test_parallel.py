@@ -175,4 +175,15 @@ def test_devices_to_start(overrides: list[str], expected: int | None) -> None:
     env = [] if any("axis_env" in o for o in overrides) else ["stage_out.axis_env=[[i,4],[j,2]]"]
     assert devices_to_start(_typed("program=collectives", *env, *overrides)) == expected
     if not overrides:
-        assert devices_to_start(_typed("program=mlp")) == 1  # no mesh: one device
+        assert devices_to_start(_typed("program=mlp")) is None  # no mesh: JAX's own count
+
+
+def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) -> None:
+    env = "stage_out.axis_env=[[i,4],[j,2]]"
+    first = compose_run("program=collectives", env, "stop_after=compile")
+    second = compose_run("program=collectives", env, f"resume_from={first.run_dir}",
+                         "start_at=execute", "execute.check=reference",
+                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    assert second.manifest["stages"]["stage_out"]["status"] == "resumed"
+    assert second["stage_out"].bound.args[0].shape == (8,)  # per-replica f32[], stacked
+    assert second["execute"].check["ok"]

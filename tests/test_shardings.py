@@ -290,3 +290,13 @@ def test_compile_refuses_a_mesh_larger_than_the_devices(compose_run: Any) -> Non
         match=r"lowered for 8 devices \(its mesh data=4,model=2\), but compile.backend='cpu' has 2; expected compile.num_devices=8",
     ):
         execution_devices(result["lower"], "cpu")
+
+
+def test_a_mesh_lowering_resumes_at_compile(compose_run: Any) -> None:
+    config = ("program=mlp", "mesh=data4_model2", "lower.in_shardings=[null, [data, null]]")
+    first = compose_run(*config, "stop_after=lower")
+    second = compose_run(*config, f"resume_from={first.run_dir}", "start_at=compile",
+                         "execute.check=reference", "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    assert second.manifest["stages"]["lower"]["status"] == "resumed"
+    assert second.manifest["stages"]["compile"]["metrics"]["devices"] == 8
+    assert second["execute"].check["ok"]
