@@ -16,6 +16,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
+from .metadata import check_metadata
+from .parallel import check_parallel
 
 STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -197,6 +199,8 @@ def _check(cfg: JaxaotConfig) -> None:
     for key, tol in (("execute.rtol", ex.rtol), ("execute.atol", ex.atol)):
         if tol is not None and tol < 0:
             raise ConfigError(f"{key}: expected >= 0 or null, found {tol}")
+    check_parallel(cfg)
+    check_metadata(cfg)
 
 
 def _one_line(exc: OmegaConfBaseException) -> str:

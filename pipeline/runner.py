@@ -29,6 +29,7 @@ from .context import StageContext
 from .errors import JaxaotError, StageError, StoreError
 from .fsutil import key_of
 from .manifest import Manifest
+from .parallel import devices_to_start
 
 log = logging.getLogger("jaxaot")
 
@@ -111,7 +112,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
     t_start = time.perf_counter()
     try:
-        jaxenv.configure(backend=typed.compile.backend, num_devices=typed.compile.num_devices,
+        jaxenv.configure(backend=typed.compile.backend, num_devices=devices_to_start(typed),
                          x64=bound.needs_x64)  # fmt: skip
         manifest.versions = jaxenv.versions()
         if STAGES.index("compile") <= last:

@@ -39,9 +39,12 @@ def _details(stage: str, m: dict[str, Any]) -> str:
     if not m:
         return ""
     if stage == "stage_out":
-        return f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; {m.get('eqns', 0)} eqns"
+        text = f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; {m.get('eqns', 0)} eqns"
+        return text + (f"; {m['replicas']} replicas" if m.get("replicas") else "")
     if stage == "lower":
         parts = [f"platforms {','.join(m.get('platforms', []))}"]
+        if m.get("mesh"):
+            parts.append(f"mesh {m['mesh']} ({m.get('devices')} devices)")
         if m.get("flops") is not None:
             parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
         return "; ".join(parts)
@@ -55,6 +58,11 @@ def _details(stage: str, m: dict[str, Any]) -> str:
             parts.append(
                 f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
                 f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
+            )
+        if m.get("mesh"):
+            parts.append(
+                f"mesh {m['mesh']}: sharded in {m.get('sharded_inputs')}/{m.get('inputs')}, "
+                f"out {m.get('sharded_outputs')}/{m.get('outputs')} (compile/shardings.json)"
             )
         return "; ".join(parts)
     if stage == "execute":

@@ -1,8 +1,10 @@
 """Stage 3, compile: the lowered program to an XLA executable for ``compile.backend``.
 
 ``compile.compiler_options`` go to this one compile (never through the process-global
-``XLA_FLAGS``, so sweep jobs in one process do not leak flags into each other). Writes
-``optimized.hlo.txt``, ``cost_analysis.json``, ``memory_analysis.json`` and ``executable.bin``.
+``XLA_FLAGS``, so sweep jobs in one process do not leak flags into each other). A program lowered
+for a mesh runs on the backend's first N devices. Writes ``optimized.hlo.txt``,
+``cost_analysis.json``, ``memory_analysis.json``, ``executable.bin`` and, for a mesh,
+``shardings.json`` (each input's and output's compiled sharding).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 from pipeline.context import StageContext
 from pipeline.errors import BackendError, ConfigError, StageError
 from pipeline.jaxenv import devices, platform_of
+from pipeline.parallel import MeshSpec
 
 from .lower import Lowered
+from .parallel import concrete_mesh, describe_shardings
 
 _MEMORY_FIELDS = (
     "argument_size_in_bytes",
@@ -50,20 +54,55 @@ def check_platform(lowered: Lowered, backend: str) -> str:
     if platform not in lowered.platforms:
         raise BackendError(
             f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
-            f"was {list(lowered.platforms)}; add {platform!r} to lower.platforms, or compile on "
-            f"a {'/'.join(lowered.platforms)} machine (resume_from=<this run> start_at=compile)"
+            f"was {list(lowered.platforms)}; add {platform!r} to lower.platforms, or lower only "
+            f"here (stop_after=lower) and compile on a {'/'.join(lowered.platforms)} machine "
+            "(resume_from=<this run> start_at=compile)"
         )
     return platform
+
+
+def _nr_devices(lowered: Lowered) -> int:
+    if lowered.exported is not None:
+        return int(lowered.exported.nr_devices)
+    return int(lowered.meta.get("nr_devices") or 1)
+
+
+def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
+    """The devices the program runs on: the first ``nr_devices`` of the backend."""
+    needed = _nr_devices(lowered)
+    present = devices(backend)
+    if len(present) < needed:
+        mesh = lowered.meta.get("mesh")
+        what = f"its mesh {MeshSpec.from_json(mesh).describe()}" if mesh else "its shardings"
+        how = f"compile.num_devices={needed}" if backend == "cpu" else f"a machine with {needed}"
+        raise BackendError(
+            f"compile: the program was lowered for {needed} devices ({what}), but "
+            f"compile.backend={backend!r} has {len(present)}; expected {how}, or stop_after=lower "
+            "to lower without devices"
+        )
+    return present[:needed]
 
 
 def compile_lowered(lowered: Lowered, backend: str, options: dict[str, Any]) -> Any:
     """Compile from the live Lowered when there is one, else from the export (a resumed run)."""
     import jax
 
+    devs = execution_devices(lowered, backend)
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    sharded = mesh is not None and len(devs) == mesh.size > 1
     if lowered.lowered is not None and lowered.platforms == (platform_of(backend),):
-        return lowered.lowered.compile(compiler_options=options or None)
+        # Lowered against an AbstractMesh: bind it to concrete devices here.
+        return lowered.lowered.compile(compiler_options=options or None,
+                                       device_assignment=tuple(devs) if sharded else None)  # fmt: skip
     exp = lowered.exported
-    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums)
+    shardings: dict[str, Any] = {}
+    if sharded:
+        assert mesh is not None
+        concrete = concrete_mesh(mesh, devs)
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
+        shardings = {"in_shardings": ins[0], "out_shardings": outs}
+    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
     traced = jitted.trace(*args, **kwargs)
     return traced.lower(lowering_platforms=(platform_of(backend),)).compile(
@@ -114,7 +153,7 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 # stored files or their meaning change.
 _KEY_VERSION = 1
 ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
-             "executable.bin", "compiled.json")  # fmt: skip
+             "executable.bin", "compiled.json", "shardings.json")  # fmt: skip
 
 
 def cache_key(cfg: Any, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +208,8 @@ def load(
     memory = json.loads(ctx.artifacts["memory_analysis.json"].path.read_bytes()) \
         if "memory_analysis.json" in ctx.artifacts else None  # fmt: skip
     _metrics(ctx, cost, memory)
+    if "shardings.json" in ctx.artifacts:
+        _mesh_metrics(ctx, json.loads(ctx.artifacts["shardings.json"].path.read_bytes()))
     return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
                     memory=memory)  # fmt: skip
 
@@ -187,11 +228,23 @@ def _metrics(
         )
 
 
+def _mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
+    ctx.metrics.update(
+        mesh=MeshSpec.from_json(shardings["mesh"]).describe(),
+        devices=shardings["devices"],
+        sharded_inputs=sum(not r["replicated"] for r in shardings["inputs"]),
+        inputs=len(shardings["inputs"]),
+        sharded_outputs=sum(not r["replicated"] for r in shardings["outputs"]),
+        outputs=len(shardings["outputs"]),
+    )
+
+
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
-    """Check the backend and platform, then return the compile to run (possibly on a thread:
-    XLA releases the GIL while it compiles)."""
+    """Check the backend, platform and device count, then return the compile to run (possibly
+    on a thread: XLA releases the GIL while it compiles)."""
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
+    execution_devices(lowered, cfg.backend)  # enough devices for the mesh, before compiling
     if lowered.exported is None and (lowered.lowered is None or lowered.platforms != (platform,)):
         # jax compiles a multi-platform lowering only through its export, and there is none:
         # a compile started ahead of the export (the runner then compiles in the compile
@@ -222,6 +275,11 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
     if compiled is None:
         compiled = start(cfg, lowered)()
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")
+    if lowered.meta.get("mesh"):
+        shardings = describe_shardings(compiled)
+        shardings |= {"mesh": lowered.meta["mesh"], "devices": _nr_devices(lowered)}
+        ctx.write_json("shardings.json", shardings)
+        _mesh_metrics(ctx, shardings)
     cost, memory = cost_of(compiled), memory_of(compiled)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
@@ -246,6 +304,7 @@ __all__ = [
     "check_platform",
     "compile_lowered",
     "cost_of",
+    "execution_devices",
     "memory_of",
     "run",
     "serialize",

@@ -3,8 +3,9 @@
 Reads ``execute`` options; writes ``outputs.npz`` (+ ``outputs.json`` with each output's pytree
 path, dtype, shape and whether it is finite) and ``timings.json`` (min/median/mean/stddev per
 call, achieved FLOP/s and bytes/s from the compile stage's cost analysis). ``check=reference``
-runs the program through plain ``jax.jit`` on the same inputs and fails the run when the
-results differ by more than the tolerance.
+runs the program through plain ``jax.jit`` on one device (a per-replica program through nested
+``jax.vmap`` over its named axes) on the same inputs and fails the run when the results differ
+by more than the tolerance.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline.errors import CheckError, JaxaotError
 
 from .compile import Compiled
 from .inputs import spec_inputs, user_inputs
+from .parallel import replica_reference
 from .stage_out import StagedOut
 
 # Default (rtol, atol) by the output's dtype when execute.rtol/atol are null.
@@ -158,6 +160,10 @@ def _reference(
     for i, a in enumerate(staged.args):
         full.append(a if staged.bound.is_static(i) else next(it))
     full_kw = {**{k: v for k, v in staged.kwargs.items() if staged.bound.is_static(k)}, **kwargs}
+    if staged.replicas is not None:  # a per-replica program: its vmap formulation
+        ref = staged.reference_fn or replica_reference(fn, staged)  # fn: resolved when resumed
+        static = {k: v for k, v in staged.jit_options.items() if k.startswith("static_")}
+        return jax.jit(ref, **static)(*full)
     return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 

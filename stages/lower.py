@@ -1,12 +1,15 @@
 """Stage 2, lower: the traced program to StableHLO, HLO and a portable ``jax.export`` blob.
 
-Reads ``lower`` options (platforms, donation, keep_unused); writes ``module.stablehlo.mlir``,
-``module.hlo.txt``, ``exported.bin`` (the resumable form: compile needs no Python code of the
-program once it has this) and ``cost_analysis.json`` where the lowering offers one.
+Reads ``lower`` options (platforms, donation, keep_unused, shardings on ``mesh``, XLA metadata);
+writes ``module.stablehlo.mlir``, ``module.hlo.txt``, ``exported.bin`` (the resumable form:
+compile needs no Python code of the program once it has this), ``lowered.json`` (platforms,
+device count, mesh) and ``cost_analysis.json`` where the lowering offers one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -17,7 +20,11 @@ from pipeline.context import StageContext
 from pipeline.errors import StoreError
 from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import platform_of
+from pipeline.metadata import scoped_metadata
+from pipeline.parallel import MeshSpec, check_in_shardings, mesh_spec
 
+from .metadata import with_metadata
+from .parallel import abstract_mesh, named, output_shardings
 from .stage_out import StagedOut
 
 # MLIR location info (`loc(...)` suffixes and `#locN = loc(...)` aliases) varies with source
@@ -26,6 +33,8 @@ from .stage_out import StagedOut
 _LOC_ALIAS = re.compile(r"^#loc[0-9]*\s*=.*$\n?", re.MULTILINE)
 _LOC_USE = re.compile(r"\s*loc\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)")
 _MODULE_NAME = re.compile(r"^module @[\w.$-]+", re.MULTILINE)
+_PARTITIONS = re.compile(r"mhlo\.num_partitions = (\d+)")
+_REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
 
 
 def canonical_stablehlo(text: str) -> str:
@@ -34,6 +43,12 @@ def canonical_stablehlo(text: str) -> str:
     text = _LOC_USE.sub("", text)
     text = _MODULE_NAME.sub("module @main_module", text, count=1)
     return "\n".join(line.rstrip() for line in text.splitlines()).strip() + "\n"
+
+
+def _module_devices(stablehlo: str) -> int:
+    """Devices a module runs on (partitions x replicas), read from its attributes."""
+    parts, reps = _PARTITIONS.search(stablehlo), _REPLICAS.search(stablehlo)
+    return (int(parts[1]) if parts else 1) * (int(reps[1]) if reps else 1)
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,25 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
     return opts
 
 
+def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
+             opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """The program and jit options with ``lower.in_shardings``/``out_shardings`` on ``mesh``.
+
+    jax.jit takes no keyword arguments alongside in_shardings, so the (static) ones are bound
+    into the function.
+    """
+    cfg = ctx.cfg.lower
+    assert staged.fn is not None  # lowering again always traces the program (see the runner)
+    fn = functools.partial(staged.fn, **staged.kwargs) if staged.kwargs else staged.fn
+    opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
+    opts["in_shardings"] = named(check_in_shardings(ctx.cfg, staged.bound, mesh), amesh)
+    if cfg.out_shardings is not None:
+        traced = staged.traced
+        opts["out_shardings"] = output_shardings(cfg.out_shardings, traced.out_info,
+                                                 traced.out_tree, mesh, amesh)  # fmt: skip
+    return fn, opts
+
+
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     import jax
 
@@ -74,45 +108,61 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
-    jitted = jax.jit(staged.fn, **opts)
-    # Reuse stage_out's trace unless lowering options change the jit (then trace again).
-    traced = (
-        staged.traced if opts == staged.jit_options else jitted.trace(*staged.args, **staged.kwargs)
-    )
-    with ctx.capture_warnings():
-        lowered = traced.lower(lowering_platforms=platforms)
-    stablehlo = lowered.as_text()
-    module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
-    donate = _flat_donations(staged)
-    if ctx.on_lowered is not None:  # lets the runner start compiling while we export
-        ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
-                               module_sha256=module_sha, donate_argnums=donate, meta={}))  # fmt: skip
-    ctx.write("module.stablehlo.mlir", stablehlo)
-    try:
-        ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
-    except Exception as exc:  # some multi-platform lowerings have no single HLO form
-        ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
-    try:
+    fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
+    mesh = mesh_spec(cfg)
+    mesh_context: Any = contextlib.nullcontext()
+    if mesh is not None and not mesh.per_replica:
+        amesh = abstract_mesh(mesh)
+        fn, opts = _sharded(ctx, staged, mesh, amesh, opts)
+        kwargs, mesh_json = {}, mesh.to_json()
+        # Lets the program use bare PartitionSpecs (with_sharding_constraint) on this mesh.
+        mesh_context = jax.sharding.use_abstract_mesh(amesh)
+    jitted = jax.jit(fn, **opts)
+    scoped = scoped_metadata(cfg)
+    with mesh_context, with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated:
+        # Reuse stage_out's trace unless lowering options change the jit (then trace again).
+        reuse = fn is staged.fn and opts == staged.jit_options and not annotated
+        traced = staged.traced if reuse else jitted.trace(*staged.args, **kwargs)
         with ctx.capture_warnings():
-            exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **staged.kwargs)
-        ctx.write("exported.bin", bytes(exported.serialize()))
-    except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
-        exported = None
-        ctx.warn(
-            "no exported.bin: jax.export cannot serialize this program "
-            f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later run "
-            "cannot resume from this lowering"
-        )
+            lowered = traced.lower(lowering_platforms=platforms)
+        stablehlo = lowered.as_text()
+        module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
+        donate = _flat_donations(staged)
+        early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
+        if ctx.on_lowered is not None:  # lets the runner start compiling while we export
+            ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
+                                   module_sha256=module_sha, donate_argnums=donate,
+                                   meta=early))  # fmt: skip
+        ctx.write("module.stablehlo.mlir", stablehlo)
+        try:
+            ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
+        except Exception as exc:  # some multi-platform lowerings have no single HLO form
+            ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
+        try:  # inside the mesh and metadata contexts: the export traces again
+            with ctx.capture_warnings():
+                exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
+            ctx.write("exported.bin", bytes(exported.serialize()))
+        except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
+            exported = None
+            ctx.warn(
+                "no exported.bin: jax.export cannot serialize this program "
+                f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
+                "run cannot resume from this lowering"
+            )
     cost = _cost(lowered)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
-    meta = {
+    meta: dict[str, Any] = {
         "platforms": list(platforms),
         "module_sha256": module_sha,
         "donate_argnums": list(donate),
         "nr_devices": exported.nr_devices if exported is not None else None,
     }
+    if mesh_json is not None:
+        meta |= early
+        ctx.metrics.update(mesh=MeshSpec.from_json(mesh_json).describe(),
+                           devices=early["nr_devices"])  # fmt: skip
     ctx.write_json("lowered.json", meta)
     ctx.metrics.update(platforms=list(platforms))
     return Lowered(

@@ -17,6 +17,9 @@ from typing import Any
 from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind, map_tree, to_static_value
 from pipeline.context import StageContext
 from pipeline.errors import TargetError
+from pipeline.parallel import mesh_spec
+
+from .parallel import per_replica, stacked, unbound_axis_error
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,16 @@ class StagedOut:
     jit_options: dict[str, Any]
     traced: Any  # jax.stages.Traced; None when resumed
     signature: dict[str, Any] = field(repr=False)
+    # Per-replica programs (stage_out.axis_env): the replica mesh, and the independent
+    # formulation execute.check=reference runs instead of ``fn``.
+    replicas: dict[str, Any] | None = None
+    reference_fn: Callable[..., Any] | None = None
 
 
-def resolve_target(target: str) -> Callable[..., Any]:
+def resolve_target(target: str, key: str = "program.target") -> Callable[..., Any]:
     """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing."""
     module_name, _, attr_path = target.partition(":")
-    where = f"program.target={target!r}"
+    where = f"{key}={target!r}"
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
     try:
@@ -179,6 +186,13 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
         ctx.write(name, read(name))
     args, kwargs = _as_args(bound)
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
+    mesh = mesh_spec(ctx.cfg)
+    if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
+        bound = stacked(bound, mesh.size)
+        return StagedOut(fn=None, bound=bound, args=_as_args(bound)[0], kwargs={},
+                         jit_options={k: v for k, v in _jit_options(bound).items()
+                                      if k == "static_argnums"},
+                         traced=None, signature=signature, replicas=mesh.to_json())  # fmt: skip
     return StagedOut(fn=None, bound=bound, args=args, kwargs=kwargs,
                      jit_options=_jit_options(bound), traced=None, signature=signature)  # fmt: skip
 
@@ -199,9 +213,30 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     )
     args, kwargs = _as_args(bound)
     jit_options = _jit_options(bound)
-    traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
+    mesh = mesh_spec(cfg)
+    env = mesh if mesh is not None and mesh.per_replica else None
+    reference_fn = None
+    if env is not None:
+        # Keyword arguments are all static here (pipeline.parallel refuses traced ones).
+        rep = per_replica(fn, env, bound, kwargs)
+        fn, bound, reference_fn, jit_options = rep.fn, rep.bound, rep.reference, rep.jit_options
+        args, kwargs = _as_args(bound)[0], {}
+    try:
+        traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
+    except NameError as exc:
+        err = unbound_axis_error(exc, mesh)
+        if err is None:
+            raise
+        raise err from None
     jaxpr_text = str(traced.jaxpr)
     signature = signature_of(traced, bound)
+    if env is not None:
+        signature["axis_env"] = {
+            "axes": [[a, n] for a, n in zip(env.axes, env.shape, strict=True)],
+            "replicas": env.size,
+            "layout": "arrays carry a leading replica axis (row-major over the axes)",
+        }
+        ctx.metrics["replicas"] = env.size
     ctx.write("jaxpr.txt", jaxpr_text + "\n")
     ctx.write_json("signature.json", signature)
     ctx.metrics.update(
@@ -218,6 +253,8 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         jit_options=jit_options,
         traced=traced,
         signature=signature,
+        replicas=env.to_json() if env is not None else None,
+        reference_fn=reference_fn,
     )
 
 
