@@ -68,19 +68,25 @@ def test_golden_round_trip(compose_run, tmp_path: Path) -> None:
     assert manifest["snapshot"]["first_difference"] == "stage_out/jaxpr.txt"
 
 
+# zeros_like uses only its argument's shape: keep_unused changes the lowering, not the trace.
+ZEROS = ("program=axpy", "program.target=jax.numpy:zeros_like", "program.args=[f32[8]]",
+         "stop_after=compile")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("change", "stage"),
     [
-        ("lower.donate_argnums=[0]", "lower (StableHLO)"),
+        ("lower.keep_unused=true", "lower (StableHLO)"),
         ("+compile.compiler_options.xla_disable_hlo_passes=fusion", "compile (optimized HLO)"),
     ],
 )
 def test_verify_names_the_first_differing_stage(compose_run, tmp_path: Path, change: str,
                                                 stage: str) -> None:  # fmt: skip
+    program = ZEROS if change.startswith("lower") else AXPY8
     golden = tmp_path / "golden"
-    compose_run(*AXPY8, f"snapshot.write={golden}")
+    compose_run(*program, f"snapshot.write={golden}")
     with pytest.raises(SnapshotMismatch, match=re.escape(f"verify={golden}: {stage} differs")):
-        compose_run(*AXPY8, change, f"snapshot.verify={golden}")
+        compose_run(*program, change, f"snapshot.verify={golden}")
 
 
 def test_update_rewrites_on_purpose(compose_run, tmp_path: Path) -> None:
@@ -155,7 +161,8 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
         cwd.mkdir()
         src.mkdir(parents=True)
         (src / "snapmod.py").write_text("\n" * (7 * i) + source)
-        env = cli_env(PYTHONHASHSEED=str(i))
+        # a store each: both processes must compile (a shared one would serve the second)
+        env = cli_env(PYTHONHASHSEED=str(i), JAXAOT_STORE_DIR=str(tmp_path / f"store{i}"))
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(src)])
         cmd = [sys.executable, "-m", "pipeline.cli", "program=mlp", "program.target=snapmod:mlp",
                "stop_after=compile", f"snapshot.write={tmp_path / 'golden' / str(i)}",
