@@ -110,6 +110,10 @@ def main() -> None:
             traceback.print_exc()
         print(f"jaxaot: error: {_one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(1)
+    from .snapshot_callback import exit_status
+
+    if exit_status():  # a sweep job's snapshot did not verify
+        sys.exit(exit_status())
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
 CHECKS: tuple[str, ...] = ("none", "reference")
+GRAPH_FORMATS: tuple[str, ...] = ("svg", "png")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,19 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """Golden lowering snapshots (pipeline/snapshot.py) and the optimized-HLO graph."""
+
+    write: str | None = None
+    verify: str | None = None
+    update: bool = False
+    diff_lines: int = 60
+    graph: bool = False
+    graph_format: str = "svg"
+    graph_max_nodes: int = 250
+
+
+@dataclass(frozen=True)
 class JaxaotConfig:
     program: ProgramConfig = MISSING
     stage_out: StageOutConfig = field(default_factory=StageOutConfig)
@@ -101,6 +115,7 @@ class JaxaotConfig:
     execute: ExecuteConfig = field(default_factory=ExecuteConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     stop_after: str = "execute"
     start_at: str = "stage_out"
     resume_from: str | None = None
@@ -116,6 +131,7 @@ _SCHEMAS: dict[str, tuple[str | None, type]] = {
     "base_execute": ("execute", ExecuteConfig),
     "base_mesh": ("mesh", MeshConfig),
     "base_store": ("store", StoreConfig),
+    "base_snapshot": ("snapshot", SnapshotConfig),
 }
 
 
@@ -201,6 +217,29 @@ def _check(cfg: JaxaotConfig) -> None:
             raise ConfigError(f"{key}: expected >= 0 or null, found {tol}")
     check_parallel(cfg)
     check_metadata(cfg)
+    _check_snapshot(cfg.snapshot)
+
+
+def _check_snapshot(snap: SnapshotConfig) -> None:
+    if snap.write and snap.verify:
+        raise ConfigError(
+            f"snapshot.write={snap.write!r} and snapshot.verify={snap.verify!r}: expected one of "
+            "them; to rewrite a golden snapshot on purpose use snapshot.verify=<dir> "
+            "snapshot.update=true"
+        )
+    if snap.update and not snap.verify:
+        raise ConfigError(
+            "snapshot.update=true: expected snapshot.verify=<golden dir> (the snapshot to rewrite)"
+        )
+    if snap.diff_lines < 0:
+        raise ConfigError(f"snapshot.diff_lines: expected >= 0, found {snap.diff_lines}")
+    if snap.graph_format not in GRAPH_FORMATS:
+        raise ConfigError(
+            f"snapshot.graph_format: expected one of {', '.join(GRAPH_FORMATS)}, "
+            f"found {snap.graph_format!r}"
+        )
+    if snap.graph_max_nodes < 1:
+        raise ConfigError(f"snapshot.graph_max_nodes: expected >= 1, found {snap.graph_max_nodes}")
 
 
 def _one_line(exc: OmegaConfBaseException) -> str:
@@ -237,6 +276,7 @@ def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
 __all__ = [
     "BACKENDS",
     "CHECKS",
+    "GRAPH_FORMATS",
     "PLATFORMS",
     "STAGES",
     "CompileConfig",
@@ -245,6 +285,7 @@ __all__ = [
     "LowerConfig",
     "MeshConfig",
     "ProgramConfig",
+    "SnapshotConfig",
     "StageOutConfig",
     "StoreConfig",
     "register_configs",

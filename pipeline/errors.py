@@ -44,12 +44,31 @@ class StoreError(JaxaotError, OSError):
     """A checkpoint or store entry is missing, corrupt or from an incompatible version."""
 
 
+class SnapshotError(JaxaotError, OSError):
+    """A golden snapshot is missing, hand-edited, from another format, or would be overwritten."""
+
+
+class SnapshotMismatch(JaxaotError, AssertionError):
+    """``snapshot.verify``: the run's lowering differs from the golden snapshot.
+
+    The message is the one-line summary; ``diff`` holds the bounded diff of the first differing
+    stage and ``diff_path`` the file with the full diff.
+    """
+
+    def __init__(self, message: str, *, diff: str = "", diff_path: str | None = None) -> None:
+        super().__init__(message)
+        self.diff = diff
+        self.diff_path = diff_path
+
+
 __all__ = [
     "ArgSpecError",
     "BackendError",
     "CheckError",
     "ConfigError",
     "JaxaotError",
+    "SnapshotError",
+    "SnapshotMismatch",
     "StageError",
     "StoreError",
     "TargetError",

@@ -124,6 +124,9 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 records[stage] = runner.run(stage)
             else:
                 manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
+        from .snapshot import after_run
+
+        after_run(typed, manifest, print_output=print_summary)  # graph, snapshot write/verify
         manifest.status = "ok"
     except Exception as exc:
         manifest.status, manifest.error = "failed", one_line(exc)

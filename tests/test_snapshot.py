@@ -1,0 +1,234 @@
+"""Golden snapshots (pipeline/snapshot.py): write, verify, update, determinism, sweeps, pytest."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import cli_env, read_manifest
+
+import pipeline
+from pipeline.errors import ConfigError, SnapshotError, SnapshotMismatch
+from pipeline.snapshot import DIFF_NAME, INDEX_NAME, load_snapshot, verify_snapshot
+
+AXPY8 = ("program=axpy", "program.args=[f32[8],f32[8]]", "stop_after=compile")
+AXPY16 = ("program=axpy", "program.args=[f32[16],f32[16]]", "stop_after=compile")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_golden_round_trip(compose_run, tmp_path: Path) -> None:
+    golden = tmp_path / "golden" / "axpy"
+    first = compose_run(*AXPY8, f"snapshot.write={golden}")
+    assert first.manifest["snapshot"]["status"] == "written"
+    index = json.loads((golden / INDEX_NAME).read_text())
+    assert index["stages"] == ["stage_out", "lower", "compile"]
+    assert set(index["files"]) >= {"stage_out/jaxpr.txt", "lower/module.stablehlo.mlir",
+                                   "lower/module.hlo.txt", "compile/optimized.hlo.txt",
+                                   "stage_out/signature.json", "config.json", "versions.json"}  # fmt: skip
+    # no timestamps or paths in what is hashed
+    for rel in index["files"]:
+        text = (golden / rel).read_text()
+        assert str(tmp_path) not in text and "2026-" not in text and "stack_frame" not in text
+    # the run keeps its own copy, identical to the golden one
+    assert _files(first.run_dir / "snapshot") == _files(golden)
+
+    ok = compose_run(*AXPY8, f"snapshot.verify={golden}")
+    assert ok.ok and ok.manifest["snapshot"]["status"] == "match"
+
+    with pytest.raises(SnapshotMismatch, match=r"stage_out \(jaxpr\) differs; also") as err:
+        compose_run(*AXPY16, f"snapshot.verify={golden}", "snapshot.diff_lines=6")
+    exc = err.value
+    assert "same versions as the golden (jax " in str(exc) and "snapshot.update=true" in str(exc)
+    assert exc.diff_path is not None and exc.diff_path.endswith(DIFF_NAME)
+    run_dir = Path(exc.diff_path).parent
+    assert exc.diff.splitlines()[:2] == [f"--- {golden}/stage_out/jaxpr.txt",
+                                         f"+++ {run_dir}/snapshot/stage_out/jaxpr.txt"]  # fmt: skip
+    assert len(exc.diff.splitlines()) == 7  # snapshot.diff_lines=6, then how many more
+    assert f"more diff lines; full diff: {exc.diff_path}" in exc.diff.splitlines()[-1]
+    full = Path(exc.diff_path).read_text()
+    assert (
+        "-{ lambda ; a:f32[8] b:f32[8]. let" in full
+        and "+{ lambda ; a:f32[16] b:f32[16]. let" in full
+    )
+    assert '# config: program.args: ["f32[8]", "f32[8]"] -> ["f32[16]", "f32[16]"]' in full
+    assert "+++ " in full.split("compile/optimized.hlo.txt", 1)[1]  # every stage's diff is there
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["snapshot"]["status"] == "mismatch"
+    assert manifest["snapshot"]["first_difference"] == "stage_out/jaxpr.txt"
+
+
+# zeros_like uses only its argument's shape: keep_unused changes the lowering, not the trace.
+ZEROS = ("program=axpy", "program.target=jax.numpy:zeros_like", "program.args=[f32[8]]",
+         "stop_after=compile")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "stage"),
+    [
+        ("lower.keep_unused=true", "lower (StableHLO)"),
+        ("+compile.compiler_options.xla_disable_hlo_passes=fusion", "compile (optimized HLO)"),
+    ],
+)
+def test_verify_names_the_first_differing_stage(compose_run, tmp_path: Path, change: str,
+                                                stage: str) -> None:  # fmt: skip
+    program = ZEROS if change.startswith("lower") else AXPY8
+    golden = tmp_path / "golden"
+    compose_run(*program, f"snapshot.write={golden}")
+    with pytest.raises(SnapshotMismatch, match=re.escape(f"verify={golden}: {stage} differs")):
+        compose_run(*program, change, f"snapshot.verify={golden}")
+
+
+def test_update_rewrites_on_purpose(compose_run, tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    compose_run(*AXPY8, f"snapshot.write={golden}")
+    with pytest.raises(
+        SnapshotError, match=r"a different snapshot is there already .*snapshot\.update=true"
+    ):
+        compose_run(*AXPY16, f"snapshot.write={golden}")  # write never replaces a golden
+    updated = compose_run(*AXPY16, f"snapshot.verify={golden}", "snapshot.update=true")
+    assert updated.manifest["snapshot"]["status"] == "updated"
+    assert "a:f32[16] b:f32[16]" in (golden / "stage_out/jaxpr.txt").read_text()
+    assert (
+        compose_run(*AXPY16, f"snapshot.verify={golden}").manifest["snapshot"]["status"] == "match"
+    )
+    with pytest.raises(SnapshotMismatch):
+        compose_run(*AXPY8, f"snapshot.verify={golden}")
+    # a run that stops earlier drops the later stages' files from the golden on update
+    compose_run(*AXPY16, "stop_after=lower", f"snapshot.verify={golden}", "snapshot.update=true")
+    assert load_snapshot(golden).stages == ["stage_out", "lower"]
+    assert not (golden / "compile").exists()
+
+
+def test_golden_problems_are_clear_errors(compose_run, tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    with pytest.raises(
+        SnapshotError, match=r"no snapshot\.json there; write the golden snapshot first"
+    ):
+        compose_run(*AXPY8, "stop_after=lower", f"snapshot.verify={golden}")
+    created = compose_run(
+        *AXPY8, "stop_after=lower", f"snapshot.verify={golden}", "snapshot.update=true"
+    )
+    assert created.manifest["snapshot"]["status"] == "created"
+    jaxpr = golden / "stage_out/jaxpr.txt"
+    jaxpr.write_text(jaxpr.read_text().replace("f32[8]", "f32[9]"))
+    with pytest.raises(SnapshotError, match=r"jaxpr\.txt: sha256 .* edited by hand; regenerate"):
+        compose_run(*AXPY8, "stop_after=lower", f"snapshot.verify={golden}")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(SnapshotError, match=r"not empty and holds no snapshot\.json"):
+        compose_run(*AXPY8, "stop_after=lower", f"snapshot.write={tmp_path / 'other'}")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["snapshot.write=a", "snapshot.verify=b"], r"expected one of them"),
+        (["snapshot.update=true"], r"snapshot\.update=true: expected snapshot\.verify"),
+        (["snapshot.diff_lines=-1"], r"snapshot\.diff_lines: expected >= 0"),
+        (["snapshot.graph_format=gif"], r"snapshot\.graph_format: expected one of svg, png"),
+    ],
+)
+def test_config_errors(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        pipeline.validate(pipeline.compose(["program=axpy", *overrides]))
+
+
+def test_no_snapshot_options_write_nothing(compose_run) -> None:
+    result = compose_run("program=axpy", "stop_after=lower")
+    assert "snapshot" not in result.manifest
+    assert not (result.run_dir / "snapshot").exists() and not (result.run_dir / "graph").exists()
+
+
+def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> None:
+    """The shipped mlp config in two processes at once, from different working directories
+    and hash seeds, with the program's source file at different paths and line numbers: the
+    snapshot folders must hold the same bytes."""
+    source = (Path(pipeline.__file__).parents[1] / "jaxaot_examples" / "mlp.py").read_text()
+    jobs = []
+    for i in (1, 2):
+        cwd, src = tmp_path / f"cwd{i}", tmp_path / f"src{i}" / ("nested" * i)
+        cwd.mkdir()
+        src.mkdir(parents=True)
+        (src / "snapmod.py").write_text("\n" * (7 * i) + source)
+        # a store each: both processes must compile (a shared one would serve the second)
+        env = cli_env(PYTHONHASHSEED=str(i), JAXAOT_STORE_DIR=str(tmp_path / f"store{i}"))
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(src)])
+        cmd = [sys.executable, "-m", "pipeline.cli", "program=mlp", "program.target=snapmod:mlp",
+               "stop_after=compile", f"snapshot.write={tmp_path / 'golden' / str(i)}",
+               f"hydra.run.dir={tmp_path / 'runs' / str(i)}"]  # fmt: skip
+        jobs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    for job in jobs:
+        out, _ = job.communicate(timeout=300)
+        assert job.returncode == 0, out
+    a, b = _files(tmp_path / "golden" / "1"), _files(tmp_path / "golden" / "2")
+    assert "compile/optimized.hlo.txt" in a and INDEX_NAME in a
+    assert a == b, [k for k in a if a[k] != b.get(k)]
+    # the raw artifacts did differ: the optimized HLO's debug tables name each source path
+    raw = [(tmp_path / "runs" / i / "compile/optimized.hlo.txt").read_text() for i in "12"]
+    assert str(tmp_path / "src1") in raw[0] and str(tmp_path / "src1") not in raw[1]
+
+
+def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Path) -> None:
+    for name in ("axpy", "mlp"):
+        compose_run(f"program={name}", "stop_after=lower", f"snapshot.write={tmp_path}/golden/{name}",
+                    run_dir=tmp_path / f"w{name}")  # fmt: skip
+    # mlp's golden replaced by axpy's: the mlp job must fail, the axpy job pass, the sweep exit 1
+    mlp = tmp_path / "golden/mlp"
+    for rel, data in _files(tmp_path / "golden/axpy").items():
+        (mlp / rel).write_bytes(data)
+    checked = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "-m", "program=axpy,mlp", "stop_after=lower",
+         "snapshot.verify=golden/${program.name}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "snapshot: 1 sweep job(s) failed" in checked.stderr
+    assert "snapshot.verify=golden/mlp: stage_out (jaxpr) differs" in checked.stderr
+    assert "--- golden/mlp/stage_out/jaxpr.txt" in checked.stdout
+    verdicts = {
+        m["config"]["program"]["name"]: (m["snapshot"]["dir"], m["snapshot"]["status"])
+        for m in (read_manifest(p.parent) for p in (tmp_path / "sweep").glob("*/manifest.json"))
+    }
+    assert verdicts == {"axpy": ("golden/axpy", "match"), "mlp": ("golden/mlp", "mismatch")}
+
+
+def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
+    golden = tmp_path / "tests" / "golden" / "axpy"
+    created = verify_snapshot(golden, AXPY8, update=True, run_dir=tmp_path / "r0")
+    assert created.manifest["snapshot"]["status"] == "created"
+    assert verify_snapshot(golden, AXPY8, run_dir=tmp_path / "r1").ok
+    with pytest.raises(AssertionError, match=r"stage_out \(jaxpr\) differs") as err:
+        verify_snapshot(golden, AXPY16, run_dir=tmp_path / "r2")
+    assert "+{ lambda ; a:f32[16] b:f32[16]. let" in str(err.value)  # the diff rides along
+
+    # the pytest11 plugin's fixture, in a user's own test suite (relative to the test file)
+    (tmp_path / "tests" / "test_user.py").write_text(textwrap.dedent(f"""
+        import pytest
+
+        def test_unchanged(jaxaot_snapshot):
+            assert jaxaot_snapshot("golden/axpy", {list(AXPY8)!r}).ok
+
+        def test_changed(jaxaot_snapshot):
+            with pytest.raises(AssertionError, match="stage_out \\\\(jaxpr\\\\) differs"):
+                jaxaot_snapshot("golden/axpy", {list(AXPY16)!r})
+    """))  # fmt: skip
+    env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "pipeline.pytest_plugin", "-p", "no:cacheprovider",
+         "tests/test_user.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
