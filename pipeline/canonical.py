@@ -29,7 +29,7 @@ _DEBUG_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 # may hold braces, commas and escaped quotes.
 _METADATA = re.compile(r',\s*metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
 # HLO module names come from the jitted function's name, and XLA appends uniquifying counters
-# when a process builds several modules of one name (jax-ml/jax#13325): `jit_f.3`.
+# when a process builds several modules of one name: `jit_f.3` (seen in iree-org/iree#10987).
 _HLO_MODULE = re.compile(r"^HloModule [^\s,]+", re.MULTILINE)
 
 
