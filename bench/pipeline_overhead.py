@@ -36,10 +36,16 @@ def measure(program: str, rounds: int) -> tuple[float, float]:
             base.append(_wall([sys.executable, str(ROOT / "bench/baseline_jit.py"), program], ROOT))
             pipe.append(
                 _wall(
-                    [sys.executable, "-m", "pipeline.cli", f"program={program}",
-                     "store.enabled=false", f"hydra.run.dir={tmp}/run{i}"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "pipeline.cli",
+                        f"program={program}",
+                        "store.enabled=false",
+                        f"hydra.run.dir={tmp}/run{i}",
+                    ],
                     Path(tmp),
-                )  # fmt: skip
+                )
             )
     return statistics.median(base), statistics.median(pipe)
 
@@ -53,7 +59,7 @@ def main() -> None:
     for program in opts.programs.split(","):
         b, p = measure(program, opts.rounds)
         rows.append((program, b, p))
-    print(f"| program | hand-written jit (s) | jaxaot (s) | ratio | overhead (s) |")
+    print("| program | hand-written jit (s) | jaxaot (s) | ratio | overhead (s) |")
     print("|---|---|---|---|---|")
     for program, b, p in rows:
         print(f"| {program} | {b:.3f} | {p:.3f} | {p / b:.3f}x | {p - b:+.3f} |")

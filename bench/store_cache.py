@@ -52,7 +52,10 @@ def main() -> None:
             cold.append(_jaxaot([prog, f"hydra.run.dir={tmp}/cold{i}"], tmp, store))
             warm.append(_jaxaot([prog, f"hydra.run.dir={tmp}/warm{i}"], tmp, store))
             c, w = _manifest(tmp / f"cold{i}"), _manifest(tmp / f"warm{i}")
-            assert (c["stages"]["compile"]["status"], w["stages"]["compile"]["status"]) == ("ran", "cached")
+            assert (c["stages"]["compile"]["status"], w["stages"]["compile"]["status"]) == (
+                "ran",
+                "cached",
+            )
             compile_s.append(c["stages"]["compile"]["seconds"])
             load_s.append(w["stages"]["compile"]["seconds"])
         execute_s = statistics.median(
@@ -72,9 +75,15 @@ def main() -> None:
     print(f"| cold run (whole process) | {c:.2f} s | |")
     print(f"| warm run (whole process) | {w:.2f} s | |")
     print(f"| warm / cold | {w / c:.2f}x | <= 0.30x |")
-    print(f"| compile stage: compile / load from store | {cs:.3f} s / {ls:.3f} s = {cs / ls:.0f}x | >= 10x |")
-    print(f"| 8-point execute-only sweep: compiles | {statuses.count('ran')} (7 cached: {statuses.count('cached') == 7}) | 1 |")
-    print(f"| sweep wall / (cold + 7 executes) | {sweep:.2f} s / {budget:.2f} s = {sweep / budget:.2f}x | <= 1.3x |")
+    print(
+        f"| compile stage: compile / load from store | {cs:.3f} s / {ls:.3f} s = {cs / ls:.0f}x | >= 10x |"
+    )
+    print(
+        f"| 8-point execute-only sweep: compiles | {statuses.count('ran')} (7 cached: {statuses.count('cached') == 7}) | 1 |"
+    )
+    print(
+        f"| sweep wall / (cold + 7 executes) | {sweep:.2f} s / {budget:.2f} s = {sweep / budget:.2f}x | <= 1.3x |"
+    )
 
 
 if __name__ == "__main__":
