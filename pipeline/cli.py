@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 
@@ -58,8 +59,9 @@ def _app(cfg: DictConfig) -> int:
     return 0 if result.ok else 1
 
 
-# Arguments after which a config other than conf/config.yaml could set ``hydra.mode``.
-_MODE_SOURCES = ("hydra", "+hydra", "~hydra", "experiment", "+experiment", "-c", "--config")
+# Arguments that could bring in a config setting ``hydra.mode``: the key itself, a group choice
+# under hydra/, an experiment (a global package), or another primary config or config dir.
+_MODE_SOURCES = re.compile(r"^[+~]*(hydra\.mode\b|hydra/|experiment\b|-c|--config)")
 
 
 def _skip_mode_probe(argv: list[str]) -> None:
@@ -70,7 +72,7 @@ def _skip_mode_probe(argv: list[str]) -> None:
     what it returns anyway unless some config sets ``hydra.mode``; the shipped base config does
     not, so when no argument could bring in one that does, the probe is skipped (~0.2 s).
     """
-    if any(a.lstrip().startswith(_MODE_SOURCES) for a in argv):
+    if any(_MODE_SOURCES.match(a.strip()) for a in argv):
         return
     from hydra._internal.hydra import Hydra
 
