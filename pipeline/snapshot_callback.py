@@ -18,7 +18,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .manifest import MANIFEST_NAME
-from .snapshot import OK_STATUSES
 
 _failed: list[str] = []
 
@@ -26,6 +25,8 @@ _failed: list[str] = []
 def failed_jobs(sweep_dir: Path) -> list[str]:
     """``<job dir>: <why>`` for each job under ``sweep_dir`` that asked for a snapshot and did
     not get a good verdict (a mismatch, or a run that failed before the snapshot step)."""
+    from .snapshot import OK_STATUSES  # here, not at import: every run instantiates callbacks
+
     out = []
     for path in sorted(Path(sweep_dir).rglob(MANIFEST_NAME)):
         try:
