@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,9 @@ class SweepCallback(Callback):
         error = error or (manifest or {}).get("error")
         line = progress_line(claim_finish_slot(sweep_dir), plan.total, shown, status, manifest,
                              error)  # fmt: skip
-        print(line, flush=True)
+        # One write, so lines of jobs finishing together in parallel workers never interleave.
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _last_failed

@@ -138,7 +138,8 @@ def collect(sweep_dir: Path | str) -> SweepTable:
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
     varying = _varying(all_overrides, plan.varying)
-    fixed = sorted({o for ovs in all_overrides for o in ovs if override_key(o) not in varying})
+    fixed = list(dict.fromkeys(o for ovs in all_overrides for o in ovs
+                               if override_key(o) not in varying))  # fmt: skip
     autotune = read_json(root / AUTOTUNE_NAME)
     if autotune:
         best = (autotune.get("best") or {}).get("job")
