@@ -238,7 +238,7 @@ def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
             from .plots import write_plots
         except ImportError as exc:
             table.plot_note = (
-                f"Plots skipped: {exc.name or 'matplotlib'} is not installed "
+                f"Plots skipped: {(exc.name or 'matplotlib').split('.')[0]} is not installed "
                 "(pip install 'jaxaot[sweep]')."
             )
             log.warning(table.plot_note)
