@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -57,7 +58,7 @@ def plan_of(config: DictConfig) -> SweepPlan:
     args += [str(o) for o in config.hydra.overrides.task]
     try:
         parsed = OverridesParser.create().parse_overrides(args)
-    except Exception:  # an override only the sweeper understands; the sweep will say so
+    except HydraException:  # the sweep itself reports a bad override, with Hydra's message
         return SweepPlan(total=None, varying=())
     varying = tuple(override_key(o.get_key_element()) for o in parsed if o.is_sweep_override())
     total: int | None
@@ -66,7 +67,7 @@ def plan_of(config: DictConfig) -> SweepPlan:
     else:
         try:
             total = len(BasicSweeper.split_arguments(parsed, None)[0])
-        except Exception:  # e.g. an interval sweep, which only a search sweeper can sample
+        except HydraException:  # e.g. an interval sweep, which only a search sweeper samples
             total = None
     return SweepPlan(total=total, varying=varying)
 
@@ -78,7 +79,7 @@ def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
     value = job_return._return_value
     if isinstance(value, JobOutcome):
         return ("ok" if value.code == 0 else "failed"), value.code, value.error
-    code = int(value or 0) if isinstance(value, int) else 0
+    code = value if isinstance(value, int) else 0
     return ("ok" if code == 0 else "failed"), code, None
 
 

@@ -192,32 +192,37 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
-    def current(self) -> tuple[str | None, float]:
-        """The stage now running and when it started (the manifest's last write)."""
+    def current(self) -> tuple[str | None, float | None]:
+        """The stage now running and since when (the manifest's last write); (None, None)
+        before the first stage has finished, when JAX may still be starting up."""
         path = self.run_dir / MANIFEST_NAME
         manifest = read_json(path)
-        done = set((manifest or {}).get("stages", {}))
+        if manifest is None:
+            return None, None
+        done = set(manifest.get("stages", {}))
         stage = next((s for s in self.stages if s not in done), None)
         try:
-            since = path.stat().st_mtime if manifest else self._t0
+            return stage, path.stat().st_mtime
         except OSError:
-            since = self._t0
-        return stage, since
+            return stage, None
+
+    def message(self) -> str | None:
+        """The line to log now, or None when every planned stage has finished."""
+        stage, since = self.current()
+        now = time.time()
+        job = human_seconds(now - self._t0)
+        if since is None:
+            return f"still starting or {_VERB[self.stages[0]]} ({self.label}): {job} in this job"
+        if stage is None:
+            return None
+        return (f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
+                f"in {stage}, {job} in this job")  # fmt: skip
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            stage, since = self.current()
-            if stage is None:
-                continue
-            now = time.time()
-            log.info(
-                "still %s (%s): %s in %s, %s in this job",
-                _VERB.get(stage, stage),
-                self.label,
-                human_seconds(now - since),
-                stage,
-                human_seconds(now - self._t0),
-            )
+            line = self.message()
+            if line:
+                log.info("%s", line)
 
 
 __all__ = [

@@ -106,7 +106,10 @@ def _overrides_of(job_dir: Path, record: dict[str, Any] | None) -> list[str]:
 def job_dirs(sweep_dir: Path) -> list[Path]:
     """Every job folder under the sweep dir: one holding a job record or a run manifest."""
     found = {p.parent for name in (JOB_NAME, MANIFEST_NAME) for p in sweep_dir.rglob(name)}
-    return sorted(d for d in found if STATE_DIR not in d.relative_to(sweep_dir).parts)
+    jobs = [d for d in found if STATE_DIR not in d.relative_to(sweep_dir).parts]
+    # Natural order (job 2 before job 10) for jobs without a record of their number.
+    return sorted(jobs, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p)
+                                       for p in d.relative_to(sweep_dir).parts])  # fmt: skip
 
 
 def _status(record: dict[str, Any] | None, manifest: dict[str, Any] | None) -> str:

@@ -132,6 +132,8 @@ def test_finish_slots_are_unique_across_threads(tmp_path: Path) -> None:
 def test_heartbeat_names_the_running_stage(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    before = Heartbeat(tmp_path, 1.0, "job 3", ["stage_out", "lower", "compile"]).message()
+    assert before is not None and before.startswith("still starting or tracing (job 3): ")
     (tmp_path / "manifest.json").write_text(json.dumps(_manifest("running", {
         "stage_out": _stage("ran", 0.1), "lower": _stage("ran", 0.2)})))  # fmt: skip
     caplog.set_level(logging.INFO, logger="jaxaot")
