@@ -206,7 +206,7 @@ def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictCon
         _write(sweep_dir, opts, study, trials, fixed)
     best = _best(study, trials)
     if best:
-        log.info("autotune: best %s = %.6g at job %d: %s", opts.objective, best["value"],
+        log.info("autotune: best %s = %.6g (job %s): %s", opts.objective, best["value"],
                  best["job"], " ".join(best["overrides"]))  # fmt: skip
     else:
         log.warning("autotune: no trial produced %s", opts.objective)
@@ -215,10 +215,16 @@ def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictCon
 
 def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
     try:
-        number = study.best_trial.number
+        best = study.best_trial
     except ValueError:  # no completed trial
         return None
-    return next((t for t in trials if t["number"] == number), None)
+    mine = next((t for t in trials if t["number"] == best.number), None)
+    if mine is not None:
+        return mine
+    # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
+    params = {k: str(v) for k, v in best.params.items()}
+    return {"number": best.number, "job": None, "value": best.value, "error": None,
+            "params": params, "overrides": [f"{k}={v}" for k, v in params.items()]}  # fmt: skip
 
 
 def _write(sweep_dir: Path, opts: AutotuneOptions, study: Any, trials: list[dict[str, Any]],

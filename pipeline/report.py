@@ -199,9 +199,12 @@ def to_markdown(table: SweepTable) -> str:
     if table.autotune:
         obj, direction = table.autotune.get("objective"), table.autotune.get("direction")
         if best:
+            where = (f"job {best['job']}" if best.get("job") is not None
+                     else "an earlier sweep of this study")  # fmt: skip
+            mark = " (marked **best** below)" if best.get("job") is not None else ""
             lines.append(
-                f"Best trial ({direction} `{obj}`): job {best['job']}, value {best['value']:.6g}: "
-                f"`{' '.join(best.get('overrides', []))}` (marked **best** below)."
+                f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
+                f"`{' '.join(best.get('overrides', []))}`{mark}."
             )
         else:
             lines.append(f"No trial produced `{obj}`.")
