@@ -13,7 +13,7 @@ import sys
 import traceback
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .argspec import quote_array_types
 from .callbacks import last_sweep_failures
@@ -41,9 +41,11 @@ def _is_multirun() -> bool:
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from .runner import run
 
+    # In a sweep each job prints one progress line (pipeline.callbacks) instead of the summary,
+    # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
+    snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
-        # In a sweep each job prints one progress line instead (pipeline.callbacks).
-        result = run(cfg, print_summary=not _is_multirun())
+        result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
         if _debug(cfg):
             traceback.print_exc()
