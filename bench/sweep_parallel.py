@@ -5,7 +5,8 @@ Every number comes from fresh `jaxaot -m` processes run by this script, side by 
   sweep with an empty store) under the basic launcher (one process, one job after another) and
   under joblib with n_jobs=2 (two worker processes): the wall-time ratio (target >= 1.6x on a
   2-core machine);
-- an 8-point execute-only sweep (`execute.seed=0..7`, empty store) under both launchers:
+- an 8-point execute-only sweep (`execute.seed=0..7` of the transformer forward pass, as in
+  bench/store_cache.py, empty store) under both launchers:
   compiles counted from the job manifests (target: exactly 1, however launched) and the wall
   time against one cold run + 7 executes (target <= 1.3x for the basic launcher).
 Rounds alternate basic and joblib so machine noise hits both alike; medians are printed.
@@ -13,7 +14,7 @@ The CPU time of the basic sweep (one process) gives the ceiling any launcher can
 machine: a job that already keeps 1.5 of 2 cores busy (XLA:CPU compiles on a thread pool, and
 the runner overlaps the compile with lowering) leaves little for a second process.
 
-    python bench/sweep_parallel.py [--rounds 3] [--program transformer_train]
+    python bench/sweep_parallel.py [--rounds 3] [--program transformer_train] [--seeds-program transformer]
 """
 
 from __future__ import annotations
@@ -62,13 +63,14 @@ def _compiles(sweep_dir: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--program", default="transformer_train")
+    ap.add_argument("--program", default="transformer_train", help="for the distinct compiles")
+    ap.add_argument("--seeds-program", default="transformer", help="for the execute-only sweep")
     opts = ap.parse_args()
-    prog = f"program={opts.program}"
+    prog, seeds_prog = f"program={opts.program}", f"program={opts.seeds_program}"
     # tokens and targets share one shape: sweep the tokens, interpolate the targets.
     distinct = [prog, "stop_after=compile", f"program.args.1.shape={SHAPES}",
                 "program.args.2.shape=${program.args.1.shape}"]  # fmt: skip
-    seeds = [prog, "execute.seed=" + ",".join(map(str, range(8)))]
+    seeds = [seeds_prog, "execute.seed=" + ",".join(map(str, range(8)))]
     walls: dict[str, list[float]] = {
         f"{k}/{n}": [] for k in ("distinct", "seeds") for n in LAUNCHERS
     }
@@ -79,7 +81,9 @@ def main() -> None:
         tmp = Path(tmp_)
         for r in range(opts.rounds):
             run_dir = tmp / f"cold{r}"
-            cold.append(_jaxaot([prog, f"hydra.run.dir={run_dir}"], tmp, tmp / f"cold_store{r}"))
+            cold.append(
+                _jaxaot([seeds_prog, f"hydra.run.dir={run_dir}"], tmp, tmp / f"cold_store{r}")
+            )
             manifest = json.loads((run_dir / "manifest.json").read_text())
             execute_s.append(manifest["stages"]["execute"]["seconds"])
             order = list(LAUNCHERS) if r % 2 == 0 else list(reversed(LAUNCHERS))
@@ -93,7 +97,8 @@ def main() -> None:
                     compiles[key].append(_compiles(sweep_dir))
     med = {k: statistics.median(v) for k, v in walls.items()}
     budget = statistics.median(cold) + 7 * statistics.median(execute_s)
-    print(f"program: {opts.program}, rounds: {opts.rounds}, cpus: {os.cpu_count()}, load "
+    print(f"programs: {opts.program} (compiles), {opts.seeds_program} (execute-only), rounds: "
+          f"{opts.rounds}, cpus: {os.cpu_count()}, load "
           f"average (1 min) before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}")  # fmt: skip
     print("| sweep | basic | joblib n_jobs=2 | ratio | target |")
     print("|---|---|---|---|---|")

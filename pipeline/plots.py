@@ -37,11 +37,13 @@ _MEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2")
 Row = dict[str, Any]
 
 
-def _sort_key(value: str) -> tuple[int, float, str]:
+def _x_values(rows: list[Row], param: str) -> list[str]:
+    """Numbers in numeric order; anything else (shapes, names) in the sweep's own order."""
+    seen = list(dict.fromkeys(str(r.get(param, "")) for r in rows))
     try:
-        return (0, float(value), value)
+        return sorted(seen, key=float)
     except ValueError:
-        return (1, 0.0, value)
+        return seen
 
 
 def _label(value: str, width: int = 18) -> str:
@@ -110,7 +112,7 @@ def _memory(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]]) -
 
 def _figure(table: SweepTable, param: str) -> Figure:
     rows = table.rows
-    xs = sorted({str(r.get(param, "")) for r in rows}, key=_sort_key)
+    xs = _x_values(rows, param)
     groups = _series(rows, param, [k for k in table.varying if k != param])
     executed = any(r.get("execute.median_s") is not None for r in rows)
     panels = 4 if executed else 2
@@ -133,7 +135,7 @@ def _figure(table: SweepTable, param: str) -> Figure:
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(groups), 3),
                    fontsize=7)  # fmt: skip
-    axes[-1].legend(fontsize=7, loc="lower right")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"sweep over {param}", fontsize=10)
     return fig
 
