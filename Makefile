@@ -29,9 +29,9 @@ test: $(STAMP) graphviz
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline stages jaxaot_examples tests bench
-	$(BIN)/ruff format --check pipeline stages jaxaot_examples tests bench
-	$(BIN)/mypy pipeline stages
+	$(BIN)/ruff check pipeline stages jaxaot_examples tests bench hydra_plugins
+	$(BIN)/ruff format --check pipeline stages jaxaot_examples tests bench hydra_plugins
+	$(BIN)/mypy pipeline stages hydra_plugins
 
 bench: $(STAMP)
 	$(BIN)/python bench/pipeline_overhead.py

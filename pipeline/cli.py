@@ -13,11 +13,13 @@ import sys
 import traceback
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .argspec import quote_array_types
+from .callbacks import last_sweep_failures
 from .config import register_configs
 from .errors import JaxaotError
+from .progress import JobOutcome
 
 log = logging.getLogger("jaxaot")
 
@@ -36,17 +38,20 @@ def _is_multirun() -> bool:
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def _app(cfg: DictConfig) -> int:
+def _app(cfg: DictConfig) -> int | JobOutcome:
     from .runner import run
 
+    # In a sweep each job prints one progress line (pipeline.callbacks) instead of the summary,
+    # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
+    snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
-        result = run(cfg, print_summary=True)
+        result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
         if _debug(cfg):
             traceback.print_exc()
         print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
         if _is_multirun():
-            return 1
+            return JobOutcome(1, str(exc))
         sys.exit(1)
     except Exception as exc:
         if _debug(cfg):
@@ -54,7 +59,9 @@ def _app(cfg: DictConfig) -> int:
         print(f"jaxaot: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
               "(rerun with debug=true for the traceback)", file=sys.stderr, flush=True)  # fmt: skip
         if _is_multirun():
-            return 2
+            return JobOutcome(
+                2, f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            )
         sys.exit(2)
     return 0 if result.ok else 1
 
@@ -97,7 +104,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point; a sweep in which some job failed exits with status 1."""
     register_configs()
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
@@ -114,8 +121,9 @@ def main() -> None:
         sys.exit(1)
     from .snapshot_callback import exit_status
 
-    if exit_status():  # a sweep job's snapshot did not verify
-        sys.exit(exit_status())
+    # A sweep job failed (pipeline.callbacks) or its snapshot did not verify.
+    if last_sweep_failures() or exit_status():
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from .config import STAGES, JaxaotConfig, to_container, validate
 from .context import StageContext
 from .errors import JaxaotError, StageError, StoreError
 from .fsutil import key_of
+from .keylock import KeyLock
 from .manifest import Manifest
 from .parallel import devices_to_start
 
@@ -153,10 +154,15 @@ class _Runner:
     # The compile stage's store entry or running compile, found/started while lowering.
     _ahead: tuple[str, Any] | None = None
     _pool: ThreadPoolExecutor | None = None
+    # The store-wide lock on the key compiling ahead, held until its put (issue 5).
+    _held: KeyLock | None = None
 
     def close(self) -> None:
         if self._pool is not None:  # an XLA compile cannot be cancelled: let it finish
             self._pool.shutdown(wait=True)
+        if self._held is not None:  # the run failed between lower and compile
+            self._held.release()
+            self._held = None
 
     def _context(self, stage: str) -> StageContext:
         ctx = StageContext(cfg=self.cfg, stage=stage, out_dir=self.run_dir / stage)
@@ -179,14 +185,20 @@ class _Runner:
         from stages import compile as compile_stage
 
         key, compat = self._compile_key(lowered)
+        lock = KeyLock(self.store, "compile", key)
+        if not lock.acquire(blocking=False):
+            return  # another job is compiling this key: the compile stage waits, then hits
         entry = self.store.get("compile", key, expect=compat) if self.store.enabled else None
         if entry is not None:
+            lock.release()
             self._ahead = (key, entry)
             return
         try:
             job = compile_stage.start(self.cfg.compile, lowered)
         except JaxaotError:
+            lock.release()
             return  # the compile stage reports it, in its turn
+        self._held = lock
 
         def timed() -> tuple[Any, float]:
             t0 = time.perf_counter()
@@ -231,10 +243,21 @@ class _Runner:
 
     def _compile(self, ctx: StageContext) -> tuple[Any, str, dict[str, Any]]:
         """Compile through the store: a verified hit is loaded, a miss is compiled and stored."""
-        from stages import compile as compile_stage
-
         lowered = self.records["lower"]
         key, compat = self._compile_key(lowered)
+        # Jobs sharing a key compile it once: hold the lock taken ahead, or wait for the job
+        # that holds it and then hit the store (issue 5).
+        held, self._held = self._held, None
+        if held is not None and held.key != key:
+            held.release()
+            held = None
+        with held or KeyLock(self.store, "compile", key):
+            return self._compile_locked(ctx, lowered, key, compat)
+
+    def _compile_locked(self, ctx: StageContext, lowered: Any, key: str,
+                        compat: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:  # fmt: skip
+        from stages import compile as compile_stage
+
         label = f"compile/{key[:12]}"
         ahead, self._ahead = (self._ahead or (None, None)), None
         future = ahead[1] if ahead[0] == key and isinstance(ahead[1], Future) else None

@@ -1,0 +1,70 @@
+"""``hydra/sweeper=jaxaot_optuna``: minimise a jaxaot objective with Optuna.
+
+The published ``hydra-optuna-sweeper`` 1.3.0 pins ``optuna<3`` (it cannot be installed beside
+current Optuna), so jaxaot ships this one, written against Optuna's ask/tell API. Importing
+this module is cheap (Hydra imports every plugin at start-up); Optuna is imported only when a
+sweep starts. No ``from __future__ import annotations`` here: Hydra executes plugin modules
+before registering them in ``sys.modules``, where dataclasses would look string annotations up.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.autotune import AutotuneOptions, optimize
+
+
+@dataclass
+class JaxaotOptunaSweeperConf:
+    """Schema of ``hydra.sweeper`` (values and comments: conf/experiment/autotune_cpu.yaml)."""
+
+    _target_: str = "hydra_plugins.jaxaot_optuna_sweeper.optuna_sweeper.JaxaotOptunaSweeper"
+    objective: str = "execute.median_s"
+    direction: str = "minimize"
+    n_trials: int = 20
+    n_jobs: int = 1
+    sampler: str = "tpe"
+    seed: int | None = 0
+    study_name: str | None = None
+    storage: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="jaxaot_optuna", node=JaxaotOptunaSweeperConf, provider="jaxaot"
+)
+
+
+class JaxaotOptunaSweeper(Sweeper):
+    """Asks Optuna for trials, launches them with the configured launcher, tells the results."""
+
+    def __init__(self, **options: Any) -> None:
+        params = options.pop("params", None) or {}
+        if OmegaConf.is_config(params):
+            params = OmegaConf.to_container(params, resolve=True)
+        self.opts = AutotuneOptions(params={str(k): str(v) for k, v in params.items()}, **options)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:  # fmt: skip
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Sequence[Any]:
+        assert self.config is not None and self.hydra_context is not None
+        return optimize(opts=self.opts, arguments=arguments, config=self.config,
+                        launcher=self.launcher, config_loader=self.hydra_context.config_loader,
+                        validate=self.validate_batch_is_legal)  # fmt: skip
+
+
+__all__ = ["JaxaotOptunaSweeper", "JaxaotOptunaSweeperConf"]

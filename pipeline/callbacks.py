@@ -1,0 +1,153 @@
+"""Hydra callback that turns a multirun into a sweep: plan, progress, heartbeat, report.
+
+Configured in ``conf/config.yaml`` under ``hydra.callbacks.sweep``. Hydra calls the job hooks
+in the process that runs the job (a joblib worker, a SLURM node) and the multirun hooks in the
+launching process, so the two sides talk only through the sweep directory (see
+:mod:`pipeline.progress`). A failing job never stops the sweep: it becomes a report row with
+its error, and :func:`last_sweep_failures` lets the CLI exit non-zero afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from .manifest import MANIFEST_NAME
+from .progress import (
+    Heartbeat,
+    JobOutcome,
+    SweepPlan,
+    claim_finish_slot,
+    override_key,
+    planned_stages,
+    progress_line,
+    read_json,
+    write_job_record,
+)
+from .report import MD_NAME, collect, write_report
+
+log = logging.getLogger("jaxaot")
+
+_heartbeats: dict[str, Heartbeat] = {}
+_last_failed: int | None = None
+
+
+def last_sweep_failures() -> int | None:
+    """Failed jobs of the last sweep this process ran (None when no sweep finished)."""
+    return _last_failed
+
+
+def plan_of(config: DictConfig) -> SweepPlan:
+    """Job count and varying keys from the sweep's overrides, before any job starts."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = config.hydra.sweeper
+    params = sweeper.get("params") or {}
+    args = [f"{k}={v}" for k, v in params.items()]
+    args += [str(o) for o in config.hydra.overrides.task]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException:  # the sweep itself reports a bad override, with Hydra's message
+        return SweepPlan(total=None, varying=())
+    varying = tuple(override_key(o.get_key_element()) for o in parsed if o.is_sweep_override())
+    total: int | None
+    if sweeper.get("n_trials") is not None:
+        total = int(sweeper.n_trials)
+    else:
+        try:
+            total = len(BasicSweeper.split_arguments(parsed, None)[0])
+        except HydraException:  # e.g. an interval sweep, which only a search sweeper samples
+            total = None
+    return SweepPlan(total=total, varying=varying)
+
+
+def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
+    if job_return.status != JobStatus.COMPLETED:
+        exc = job_return._return_value
+        return "failed", 2, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    value = job_return._return_value
+    if isinstance(value, JobOutcome):
+        return ("ok" if value.code == 0 else "failed"), value.code, value.error
+    code = value if isinstance(value, int) else 0
+    return ("ok" if code == 0 else "failed"), code, None
+
+
+class SweepCallback(Callback):
+    """Sweep plan, one progress line per job, a heartbeat for long stages, and the report."""
+
+    def __init__(self, report: bool = True, plots: bool = True, progress: bool = True,
+                 heartbeat_s: float = 30.0) -> None:  # fmt: skip
+        self.report, self.plots, self.progress = report, plots, progress
+        self.heartbeat_s = float(heartbeat_s)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _last_failed
+        _last_failed = None
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        plan_of(config).write(sweep_dir)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.heartbeat_s <= 0:
+            return
+        run_dir = str(config.hydra.runtime.output_dir)
+        if config.hydra.mode == RunMode.MULTIRUN:
+            label = f"job {config.hydra.job.num}"
+        else:
+            label = str(OmegaConf.select(config, "program.name", default="run"))
+        try:
+            stages = planned_stages(config)
+        except ValueError:  # a bad start_at/stop_after: the runner reports it
+            return
+        _heartbeats[run_dir] = Heartbeat(Path(run_dir), self.heartbeat_s, label, stages).start()
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        beat = _heartbeats.pop(str(run_dir), None)
+        if beat is not None:
+            beat.stop()
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        status, code, error = _outcome(job_return)
+        overrides = [str(o) for o in (job_return.overrides or [])]
+        write_job_record(run_dir, {
+            "num": int(config.hydra.job.num), "overrides": overrides, "status": status,
+            "code": code, "error": error, "host": socket.gethostname(), "finished": time.time(),
+        })  # fmt: skip
+        if not self.progress:
+            return
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        plan = SweepPlan.read(sweep_dir)
+        shown = [o for o in overrides if override_key(o) in plan.varying] or overrides
+        manifest = read_json(run_dir / MANIFEST_NAME)
+        error = error or (manifest or {}).get("error")
+        line = progress_line(claim_finish_slot(sweep_dir), plan.total, shown, status, manifest,
+                             error)  # fmt: skip
+        # One write, so lines of jobs finishing together in parallel workers never interleave.
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _last_failed
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
+        _last_failed = len(table.failed)
+        ok = len(table.rows) - _last_failed
+        if self.report:
+            print(f"sweep: {len(table.rows)} jobs, {ok} ok, {_last_failed} failed; "
+                  f"report: {sweep_dir / MD_NAME}", flush=True)  # fmt: skip
+        for r in table.failed:
+            log.error("job %s failed: %s", r["job"], r.get("error") or r["status"])
+
+
+__all__ = ["SweepCallback", "last_sweep_failures", "plan_of"]

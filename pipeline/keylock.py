@@ -1,0 +1,86 @@
+"""One computation per store key across processes: the others wait, then hit the store.
+
+Sweep jobs that share a compile key (an execute-only sweep) may start together under a
+parallel launcher; without a lock each would miss and compile. :class:`KeyLock` is an exclusive
+``flock`` on ``<store>/locks/<stage>/<key>.lock`` held from the store miss until the put, so the
+first job compiles and the rest load its entry. The lock is advisory and per key (jobs with
+different keys never wait for each other), the kernel releases it if its holder dies, and where
+it cannot be taken (no ``fcntl``, a read-only store, a file system without locks) jobs simply
+run unlocked: the store's atomic puts keep that correct, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("jaxaot")
+
+LOCKS_DIR = "locks"
+
+
+class KeyLock:
+    """The store-wide lock for ``(stage, key)``; ``with`` waits for it, :meth:`acquire` may not."""
+
+    def __init__(self, store: Any, stage: str, key: str) -> None:
+        self.stage, self.key = stage, key
+        self.path = Path(store.root) / LOCKS_DIR / stage / f"{key}.lock"
+        self._usable = bool(store.enabled and not store.read_only)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, blocking: bool = True) -> bool:
+        """Take the lock; False only when ``blocking=False`` and another job holds it."""
+        if self.held:
+            return True
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: run unlocked
+            return True
+        if not self._usable:
+            return True
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not blocking:
+                os.close(fd)
+                return False
+            t0 = time.perf_counter()
+            log.info("[%s] %s is being computed by another job; waiting for it", self.stage,
+                     self.key[:12])  # fmt: skip
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            log.info("[%s] waited %.2f s for %s", self.stage, time.perf_counter() - t0,
+                     self.key[:12])  # fmt: skip
+        except OSError as exc:  # e.g. ENOLCK
+            os.close(fd)
+            log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)
+            return True
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def __enter__(self) -> KeyLock:
+        self.acquire(blocking=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+__all__ = ["LOCKS_DIR", "KeyLock"]

@@ -1,0 +1,244 @@
+"""What a sweep shows while it runs: one line per finished job and a heartbeat for long stages.
+
+Jobs may run in other processes (joblib) or on other machines (submitit), so everything here
+goes through the sweep directory rather than through memory: the sweep's plan (job count, the
+overrides that vary) in ``.jaxaot/sweep.json``, finish order through exclusively created
+marker files, and each job's outcome in ``job.json`` next to its ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import STAGES
+from .fsutil import atomic_write_json
+from .manifest import MANIFEST_NAME
+from .summary import human_bytes, human_count, human_seconds
+
+log = logging.getLogger("jaxaot")
+
+STATE_DIR = ".jaxaot"
+PLAN_NAME = "sweep.json"
+JOB_NAME = "job.json"
+
+_VERB = {
+    "stage_out": "tracing",
+    "lower": "lowering",
+    "compile": "compiling",
+    "execute": "executing",
+}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What every job of a sweep needs to know about the whole: its size and what varies."""
+
+    total: int | None
+    varying: tuple[str, ...]
+
+    def write(self, sweep_dir: Path) -> None:
+        atomic_write_json(Path(sweep_dir) / STATE_DIR / PLAN_NAME, asdict(self))
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> SweepPlan:
+        try:
+            data = json.loads((Path(sweep_dir) / STATE_DIR / PLAN_NAME).read_text())
+            return cls(total=data.get("total"), varying=tuple(data.get("varying", ())))
+        except (OSError, ValueError):
+            return cls(total=None, varying=())
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A sweep job's result as the task function returns it: the exit code and the error line.
+
+    Errors raised before the runner writes a manifest (a bad override value) exist only here,
+    so the report learns them through ``job.json``.
+    """
+
+    code: int
+    error: str | None = None
+
+
+def override_key(override: str) -> str:
+    """``+compile.compiler_options.x=1`` -> ``compile.compiler_options.x``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(override: str) -> str:
+    """The value as a user reads it: ``'f32[16,256]'`` (quoted for Hydra) -> ``f32[16,256]``."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0])
+    return value
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """The shortest dotted suffix of each key that is still unique among ``keys``."""
+    out = {}
+    for k in keys:
+        parts = k.split(".")
+        for n in range(1, len(parts) + 1):
+            cand = ".".join(parts[-n:])
+            if parts[-n].isdigit() and n < len(parts):
+                continue  # `args.1`, not `1`
+            if sum(1 for o in keys if o == cand or o.endswith("." + cand)) == 1:
+                out[k] = cand
+                break
+        else:
+            out[k] = k
+    return out
+
+
+def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
+    atomic_write_json(Path(run_dir) / JOB_NAME, record)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing or unreadable (a job still running)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def claim_finish_slot(sweep_dir: Path) -> int:
+    """This job's place in finish order (1-based), unique across processes and hosts.
+
+    ``O_CREAT | O_EXCL`` is atomic on local file systems and on NFS v3+, so two jobs finishing
+    together never print the same number.
+    """
+    folder = Path(sweep_dir) / STATE_DIR / "finished"
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        try:
+            os.close(os.open(folder / str(n), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def key_figures(manifest: dict[str, Any] | None) -> str:
+    """Compile status/time, FLOPs, temp memory, execute median and FLOP/s, in one phrase."""
+    stages = (manifest or {}).get("stages", {})
+    parts = []
+    comp = stages.get("compile")
+    if comp:
+        m = comp.get("metrics", {})
+        parts.append(f"compile {comp['status']} {human_seconds(comp.get('seconds'))}")
+        if m.get("flops") is not None:
+            parts.append(human_count(m["flops"], "FLOP"))
+        if m.get("temp_bytes") is not None:
+            parts.append(f"temp {human_bytes(m['temp_bytes'])}")
+    ex = stages.get("execute")
+    if ex and ex.get("metrics", {}).get("median_s") is not None:
+        m = ex["metrics"]
+        text = f"execute {human_seconds(m['median_s'])}"
+        if m.get("flops_per_s"):
+            text += f" ({human_count(m['flops_per_s'], 'FLOP/s')})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def progress_line(n: int, total: int | None, overrides: Sequence[str], status: str,
+                  manifest: dict[str, Any] | None, error: str | None) -> str:  # fmt: skip
+    """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job."""
+    head = f"[{n}/{total if total is not None else '?'}]"
+    names = short_names([override_key(o) for o in overrides])
+    shown = " ".join(f"{names[override_key(o)]}={override_value(o)}" for o in overrides)
+    shown = shown or "(no overrides)"
+    tail = key_figures(manifest) if status == "ok" else (error or "failed")
+    return f"{head} {shown} | {status} | {tail}".rstrip(" |")
+
+
+def planned_stages(config: Any) -> list[str]:
+    """The stages a job's config runs, from ``start_at`` to ``stop_after``."""
+    first = STAGES.index(str(config.get("start_at", STAGES[0])))
+    last = STAGES.index(str(config.get("stop_after", STAGES[-1])))
+    return list(STAGES[first : last + 1])
+
+
+class Heartbeat:
+    """Logs ``still compiling ...`` every ``interval_s`` while a job runs.
+
+    The stage in progress is read from the job's manifest (rewritten after every stage), so the
+    heartbeat needs no hook inside the runner and works for any launcher.
+    """
+
+    def __init__(self, run_dir: Path, interval_s: float, label: str, stages: Sequence[str]):
+        self.run_dir, self.interval_s, self.label = Path(run_dir), interval_s, label
+        self.stages = list(stages)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="jaxaot-heartbeat", daemon=True)
+        self._t0 = time.time()
+
+    def start(self) -> Heartbeat:
+        self._t0 = time.time()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def current(self) -> tuple[str | None, float | None]:
+        """The stage now running and since when (the manifest's last write); (None, None)
+        before the first stage has finished, when JAX may still be starting up."""
+        path = self.run_dir / MANIFEST_NAME
+        manifest = read_json(path)
+        if manifest is None:
+            return None, None
+        done = set(manifest.get("stages", {}))
+        stage = next((s for s in self.stages if s not in done), None)
+        try:
+            return stage, path.stat().st_mtime
+        except OSError:
+            return stage, None
+
+    def message(self) -> str | None:
+        """The line to log now, or None when every planned stage has finished."""
+        stage, since = self.current()
+        now = time.time()
+        job = human_seconds(now - self._t0)
+        if since is None:
+            return f"still starting or {_VERB[self.stages[0]]} ({self.label}): {job} in this job"
+        if stage is None:
+            return None
+        return (f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
+                f"in {stage}, {job} in this job")  # fmt: skip
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            line = self.message()
+            if line:
+                log.info("%s", line)
+
+
+__all__ = [
+    "JOB_NAME",
+    "PLAN_NAME",
+    "STATE_DIR",
+    "Heartbeat",
+    "JobOutcome",
+    "SweepPlan",
+    "claim_finish_slot",
+    "key_figures",
+    "override_key",
+    "override_value",
+    "planned_stages",
+    "progress_line",
+    "read_json",
+    "short_names",
+    "write_job_record",
+]

@@ -1,0 +1,132 @@
+"""Autotuning: the search space, option checks, the shipped experiment, and searches via the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, cli_env, run_cli
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from PIL import Image
+
+from pipeline.autotune import AutotuneOptions, MissingDependencyError, _optuna, search_space
+from pipeline.errors import ConfigError
+
+EXPERIMENT = REPO / "conf" / "experiment" / "autotune_cpu.yaml"
+
+
+def _search(tmp: Path, *overrides: str) -> tuple[int, str, Path]:
+    sweep_dir = tmp / "sweep"
+    env = cli_env(JAXAOT_STORE_DIR=str(tmp / "store"))
+    proc = run_cli(["-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.returncode, proc.stdout, sweep_dir
+
+
+def test_search_space_from_params_and_command_line() -> None:
+    space, fixed = search_space(
+        ["program=mlp", "b=range(1,9,2)", "c=tag(log,interval(0.001,1.0))",
+         "d=tag(int,interval(1,64))", "e=0.5,1.5"],
+        {"a": "choice(true,false)"},
+    )  # fmt: skip
+    assert fixed == ["program=mlp"]
+    assert space["a"] == CategoricalDistribution(["True", "False"])
+    assert space["b"] == IntDistribution(1, 7, step=2)
+    assert space["c"] == FloatDistribution(0.001, 1.0, log=True)
+    assert space["d"] == IntDistribution(1, 64)
+    assert space["e"] == CategoricalDistribution(["0.5", "1.5"])
+
+
+@pytest.mark.parametrize(
+    ("opts", "stop_after", "match"),
+    [
+        (AutotuneOptions(objective="execute.mean"), "execute",
+         r"hydra.sweeper.objective: expected one of stage_out.seconds, .*found 'execute.mean'"),
+        (AutotuneOptions(), "compile",
+         r"objective='execute.median_s' needs stop_after=execute, found stop_after='compile'; "
+         r"for a compile-only search use one of compile.flops"),
+        (AutotuneOptions(direction="down"), "execute", r"hydra.sweeper.direction: expected"),
+        (AutotuneOptions(sampler="grid"), "execute", r"hydra.sweeper.sampler: expected one of"),
+        (AutotuneOptions(n_trials=0), "execute", r"hydra.sweeper.n_trials: expected >= 1, found 0"),
+    ],
+)  # fmt: skip
+def test_options_are_checked_naming_the_key(opts: AutotuneOptions, stop_after: str,
+                                            match: str) -> None:  # fmt: skip
+    with pytest.raises(ConfigError, match=match):
+        opts.check(stop_after)
+
+
+def test_nothing_to_search_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.params: nothing to search"):
+        search_space(["program=mlp"], {})
+
+
+def test_missing_optuna_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxaot\[sweep\]'"):
+        _optuna()
+
+
+def test_every_option_the_experiment_searches_is_accepted_by_xla() -> None:
+    """Each value of each searched compiler option compiles (catches options jaxlib dropped)."""
+    import jax
+
+    params = yaml.safe_load(EXPERIMENT.read_text())["hydra"]["sweeper"]["params"]
+    space, _ = search_space([], params)
+    assert len(space) == 6
+    lowered = jax.jit(lambda x: 2.0 * x + 1.0).lower(1.0)
+    for key, dist in space.items():
+        option = key.removeprefix("compile.compiler_options.")
+        for choice in dist.choices:
+            value = yaml.safe_load(choice)
+            assert lowered.compile(compiler_options={option: value})(1.0) == 3.0, (option, value)
+
+
+def test_experiment_yaml_comments_every_key() -> None:
+    for line in EXPERIMENT.read_text().splitlines():
+        if re.match(r"^\s*[\w.]+:", line):
+            assert " # " in line, line
+
+
+def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
+    _, stdout, sweep_dir = _search(
+        tmp_path, "experiment=autotune_cpu", "program=mlp", "program.args.1=f32[8,256]",
+        "hydra.sweeper.n_trials=3", "execute.repeats=3", "execute.warmup=1",
+    )  # fmt: skip
+    result = json.loads((sweep_dir / "autotune.json").read_text())
+    values = [t["value"] for t in result["trials"]]
+    assert len(values) == 3 and None not in values
+    assert result["objective"] == "execute.median_s" and result["direction"] == "minimize"
+    best = result["best"]
+    assert best["value"] == min(values)
+    with open(sweep_dir / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["job"] for r in rows if r["best"] == "True"] == [str(best["job"])]
+    best_row = next(r for r in rows if r["best"] == "True")
+    assert float(best_row["execute.median_s"]) == best["value"]
+    assert all(best_row[o.split("=")[0]] == o.split("=")[1] for o in best["overrides"])
+    md = (sweep_dir / "sweep.md").read_text()
+    assert f"Best trial (minimize `execute.median_s`): job {best['job']}" in md
+    assert md.count("**best**") == 2  # the line above the table and the row
+    with Image.open(sweep_dir / "plots" / "autotune_history.png") as img:
+        img.verify()
+    assert [ln.split()[0] for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)] == [
+        "[1/3]", "[2/3]", "[3/3]"]  # fmt: skip
+
+
+def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
+    _, _, sweep_dir = _search(
+        tmp_path, "hydra/sweeper=jaxaot_optuna", "program=mlp", "stop_after=compile",
+        "hydra.sweeper.objective=compile.temp_bytes", "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1",
+        "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+    )  # fmt: skip
+    result = json.loads((sweep_dir / "autotune.json").read_text())
+    temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}
+    assert result["best"]["value"] == min(temps.values())
+    assert all(v > 0 for v in temps.values())

@@ -1,0 +1,170 @@
+"""Sweeps through the CLI: launchers, the report, progress lines, failures and compile counts.
+
+Each sweep runs once per module (module-scoped fixtures) and several tests read its results,
+which keeps the file to a handful of small subprocess sweeps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli_env, read_manifest, run_cli
+from PIL import Image
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MLP_SMALL = "program.args.1=f32[8,256]"
+
+
+def _sweep(tmp: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    sweep_dir = tmp / "sweep"
+    env = cli_env(JAXAOT_STORE_DIR=str(tmp / "store"))
+    proc = run_cli(["-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp, env=env)
+    return proc, sweep_dir
+
+
+def _progress(stdout: str) -> list[str]:
+    return [ln for ln in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", ln)]
+
+
+def _rows(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "sweep.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _compile_statuses(sweep_dir: Path) -> list[str]:
+    return sorted(read_manifest(sweep_dir / r["dir"])["stages"]["compile"]["status"]
+                  for r in _rows(sweep_dir))  # fmt: skip
+
+
+def _assert_valid_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    with Image.open(path) as img:
+        img.verify()
+    with Image.open(path) as img:
+        assert img.size[0] > 300 and img.size[1] > 200
+
+
+def _assert_csv_matches_manifests(sweep_dir: Path) -> None:
+    for row in _rows(sweep_dir):
+        manifest = read_manifest(sweep_dir / row["dir"])
+        for stage, rec in manifest["stages"].items():
+            assert row[f"{stage}.status"] == rec["status"]
+            assert float(row[f"{stage}.seconds"]) == rec["seconds"]
+        metrics = {**manifest["stages"]["compile"]["metrics"],
+                   **manifest["stages"].get("execute", {}).get("metrics", {})}  # fmt: skip
+        for col in ("compile.flops", "compile.bytes_accessed", "compile.argument_bytes",
+                    "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes",
+                    "execute.median_s", "execute.flops_per_s"):  # fmt: skip
+            want = metrics.get(col.split(".", 1)[1])
+            assert (float(row[col]) if row[col] else None) == want, (col, row[col], want)
+
+
+@pytest.fixture(scope="module")
+def basic_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """2 compiler options x 2 seeds = 4 jobs, 2 distinct compiles, basic launcher."""
+    return _sweep(tmp_path_factory.mktemp("basic"), "program=mlp", MLP_SMALL,
+                  "compile.compiler_options.xla_cpu_enable_fast_math=true,false",
+                  "execute.seed=0,1", "execute.repeats=2")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """An execute-only sweep (4 seeds) in 2 parallel worker processes."""
+    return _sweep(tmp_path_factory.mktemp("joblib"), "program=mlp", MLP_SMALL,
+                  "execute.seed=0,1,2,3", "execute.repeats=2",
+                  "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["basic_sweep", "joblib_sweep"])
+def test_report_has_a_row_per_job_and_valid_plots(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    proc, sweep_dir = request.getfixturevalue(which)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(sweep_dir)
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert sorted(int(r["job"]) for r in rows) == [0, 1, 2, 3]
+    _assert_csv_matches_manifests(sweep_dir)
+    md = (sweep_dir / "sweep.md").read_text()
+    assert "4 jobs: 4 ok, 0 failed." in md
+    assert md.count("\n| ") == 5  # header + 4 rows
+    plots = sorted((sweep_dir / "plots").glob("*.png"))
+    assert plots and all(f"plots/{p.name}" in md for p in plots)
+    for p in plots:
+        _assert_valid_png(p)
+    assert f"report: {sweep_dir / 'sweep.md'}" in proc.stdout
+
+
+def test_report_columns_are_the_varying_overrides(basic_sweep: tuple[Any, Path]) -> None:
+    _, sweep_dir = basic_sweep
+    header = (sweep_dir / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert header[:4] == ["job", "compile.compiler_options.xla_cpu_enable_fast_math",
+                          "execute.seed", "status"]  # fmt: skip
+    assert "program" not in header  # fixed overrides are named once, above the table
+    md = (sweep_dir / "sweep.md").read_text()
+    assert "Fixed overrides: `program=mlp program.args.1='f32[8,256]' execute.repeats=2`" in md
+    names = {p.name for p in (sweep_dir / "plots").glob("*.png")}
+    assert names == {"compile.compiler_options.xla_cpu_enable_fast_math.png", "execute.seed.png"}
+
+
+def test_progress_line_per_job(basic_sweep: tuple[Any, Path]) -> None:
+    proc, _ = basic_sweep
+    lines = _progress(proc.stdout)
+    assert [ln.split()[0] for ln in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert lines[0].startswith("[1/4] xla_cpu_enable_fast_math=True seed=0 | ok | compile ran")
+    assert all("MFLOP" in ln and "execute" in ln for ln in lines)
+    assert "stage      status" not in proc.stdout  # no per-job summary table in a sweep
+
+
+def test_basic_sweep_compiles_each_key_once(basic_sweep: tuple[Any, Path]) -> None:
+    _, sweep_dir = basic_sweep
+    assert _compile_statuses(sweep_dir) == ["cached", "cached", "ran", "ran"]
+
+
+def test_execute_only_sweep_in_parallel_compiles_once(joblib_sweep: tuple[Any, Path]) -> None:
+    proc, sweep_dir = joblib_sweep
+    assert _compile_statuses(sweep_dir) == ["cached", "cached", "cached", "ran"]
+    lines = sorted(ln.split()[0] for ln in _progress(proc.stdout))
+    assert lines == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]  # finish order numbers are unique
+
+
+def test_failing_points_are_rows_with_errors_and_exit_nonzero(tmp_path: Path) -> None:
+    proc, sweep_dir = _sweep(tmp_path, "program=axpy", "compile.backend=cpu,tpu",
+                             "execute.repeats=1,0")  # fmt: skip
+    assert proc.returncode == 1
+    rows = {(r["compile.backend"], r["execute.repeats"]): r for r in _rows(sweep_dir)}
+    assert len(rows) == 4
+    assert rows["cpu", "1"]["status"] == "ok" and rows["cpu", "1"]["error"] == ""
+    assert rows["cpu", "0"]["status"] == "failed"
+    assert rows["cpu", "0"]["error"] == "execute.repeats: expected >= 1, found 0"
+    assert rows["tpu", "1"]["status"] == "failed"
+    assert rows["tpu", "1"]["error"].startswith("compile.backend='tpu': no tpu backend")
+    md = (sweep_dir / "sweep.md").read_text()
+    assert "4 jobs: 1 ok, 3 failed." in md and "**failed**" in md
+    assert "[2/4] backend=cpu repeats=0 | failed | execute.repeats: expected >= 1" in proc.stdout
+    record = json.loads((sweep_dir / rows["cpu", "0"]["dir"] / "job.json").read_text())
+    assert record["code"] == 1 and record["num"] == 1
+
+
+def test_compile_only_sweep_with_submitit_local(tmp_path: Path) -> None:
+    proc, sweep_dir = _sweep(tmp_path, "program=mlp", "stop_after=compile",
+                             "program.args.1=f32[8,256],f32[32,256]",
+                             "hydra/launcher=submitit_local")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(sweep_dir)
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
+    assert (sweep_dir / ".submitit").is_dir()  # the jobs really went through submitit
+    _assert_csv_matches_manifests(sweep_dir)
+    by_shape = {r["program.args.1"]: r for r in rows}
+    assert float(by_shape["f32[32,256]"]["compile.flops"]) > float(
+        by_shape["f32[8,256]"]["compile.flops"]
+    )
+    assert all(r["compile.temp_bytes"] and r["execute.median_s"] == "" for r in rows)
+    assert {r["execute.status"] for r in rows} == {"skipped"}
+    _assert_valid_png(sweep_dir / "plots" / "program.args.1.png")
