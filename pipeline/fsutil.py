@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 TEMP_PREFIX = ".tmp-"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once at import: os.umask can only be read by setting it
 _CHUNK = 1 << 20
 
 
@@ -62,6 +64,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
     try:
+        # mkstemp makes 0600 files; artifacts are ordinary files (shared stores, clusters).
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
