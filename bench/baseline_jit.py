@@ -2,7 +2,7 @@
 
 Trace, lower, compile, read the cost analysis, then run (1 warmup + 5 timed calls) on random
 inputs — the same work the pipeline's default run does, minus checkpoints and reports.
-Usage: python bench/baseline_jit.py axpy|transformer
+Usage: python bench/baseline_jit.py axpy|transformer|transformer_train
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ def _transformer() -> tuple[object, tuple[object, ...]]:
     return forward, (params, tokens)
 
 
+def _transformer_train() -> tuple[object, tuple[object, ...]]:
+    from jaxaot_examples.transformer import train_step
+
+    _, (params, tokens) = _transformer()
+    return train_step, (params, tokens, tokens, 0.01)
+
+
 def _axpy() -> tuple[object, tuple[object, ...]]:
     from jaxaot_examples.axpy import axpy
 
@@ -54,7 +61,8 @@ def _concrete(x: object, rng: np.random.Generator) -> object:
 
 
 def main(name: str) -> None:
-    fn, specs = {"axpy": _axpy, "transformer": _transformer}[name]()
+    programs = {"axpy": _axpy, "transformer": _transformer, "transformer_train": _transformer_train}
+    fn, specs = programs[name]()
     compiled = jax.jit(fn).trace(*specs).lower().compile()  # type: ignore[arg-type]
     flops = compiled.cost_analysis()["flops"]
     rng = np.random.default_rng(0)

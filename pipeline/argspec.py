@@ -16,9 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ArgSpecError, ConfigError
+
+if TYPE_CHECKING:
+    from .config import JaxaotConfig
 
 # Canonical dtype names (numpy / ml_dtypes spelling) that JAX supports.
 DTYPES: tuple[str, ...] = (
@@ -366,6 +369,19 @@ def bind(
     return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64})
 
 
+def bind_config(cfg: JaxaotConfig, names_of_positions: Sequence[str] | None = None) -> BoundArgs:
+    """:func:`bind` with the program, static and donation options of a typed config."""
+    return bind(
+        cfg.program.args,
+        cfg.program.kwargs,
+        static_argnums=cfg.stage_out.static_argnums,
+        static_argnames=cfg.stage_out.static_argnames,
+        donate_argnums=cfg.lower.donate_argnums,
+        donate_argnames=cfg.lower.donate_argnames,
+        names_of_positions=names_of_positions,
+    )
+
+
 def quote_array_types(override: str) -> str:
     """Quote JAX-style array types in a command-line override so Hydra's grammar accepts them.
 
@@ -427,6 +443,7 @@ __all__ = [
     "BoundArgs",
     "Literal",
     "bind",
+    "bind_config",
     "canonical_dtype",
     "leaves",
     "map_tree",

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .argspec import ArraySpec, BoundArgs, Literal, bind
+from .argspec import ArraySpec, BoundArgs, Literal, bind_config
 from .errors import ConfigError
 from .sharding import Leaf, check_axis_names, match_specs
 
@@ -148,11 +148,7 @@ def devices_to_start(cfg: JaxaotConfig) -> int | None:
 
 
 def bound_args(cfg: JaxaotConfig) -> BoundArgs:
-    return bind(cfg.program.args, cfg.program.kwargs,
-                static_argnums=cfg.stage_out.static_argnums,
-                static_argnames=cfg.stage_out.static_argnames,
-                donate_argnums=cfg.lower.donate_argnums,
-                donate_argnames=cfg.lower.donate_argnames)  # fmt: skip
+    return bind_config(cfg)
 
 
 def _leaf_tree(tree: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .argspec import BoundArgs, bind
+from .argspec import BoundArgs, bind_config
 from .checkpoint import Checkpoint
 from .config import STAGES, JaxaotConfig, to_container, validate
 from .context import StageContext
@@ -72,18 +72,6 @@ def one_line(exc: BaseException) -> str:
     return text if isinstance(exc, JaxaotError) else f"{type(exc).__name__}: {text}"
 
 
-def _bind(cfg: JaxaotConfig, names: Sequence[str] | None = None) -> BoundArgs:
-    return bind(
-        cfg.program.args,
-        cfg.program.kwargs,
-        static_argnums=cfg.stage_out.static_argnums,
-        static_argnames=cfg.stage_out.static_argnames,
-        donate_argnums=cfg.lower.donate_argnums,
-        donate_argnames=cfg.lower.donate_argnames,
-        names_of_positions=names,
-    )
-
-
 def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str | None = None,
         print_summary: bool = False, overrides: Sequence[str] | None = None) -> RunResult:  # fmt: skip
     """Run the pipeline for ``cfg`` and return the typed stage records.
@@ -97,7 +85,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     if typed.start_at != "stage_out":
         checkpoint = Checkpoint(typed.resume_from or "")
         typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
-    bound = _bind(typed)  # arg specs checked before JAX is imported
+    bound = bind_config(typed)  # arg specs checked before JAX is imported
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(run_dir=out, config=to_container(typed))

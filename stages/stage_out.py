@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind, map_tree, to_static_value
+from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
 from pipeline.context import StageContext
 from pipeline.errors import TargetError
 from pipeline.parallel import mesh_spec
@@ -202,15 +202,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
 
     cfg = ctx.cfg
     fn = resolve_target(cfg.program.target)
-    bound = bind(
-        cfg.program.args,
-        cfg.program.kwargs,
-        static_argnums=cfg.stage_out.static_argnums,
-        static_argnames=cfg.stage_out.static_argnames,
-        donate_argnums=cfg.lower.donate_argnums,
-        donate_argnames=cfg.lower.donate_argnames,
-        names_of_positions=parameter_names(fn),
-    )
+    bound = bind_config(cfg, parameter_names(fn))
     args, kwargs = _as_args(bound)
     jit_options = _jit_options(bound)
     mesh = mesh_spec(cfg)
