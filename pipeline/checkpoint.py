@@ -32,6 +32,9 @@ def frozen_sections(start_at: str) -> tuple[str, ...]:
     return tuple(s for stage in STAGES[: STAGES.index(start_at)] for s in SECTIONS[stage])
 
 
+_MISSING = object()  # a key absent from a config tree
+
+
 def _select(tree: Any, dotted: str) -> Any:
     node = tree
     for part in dotted.split("."):
@@ -46,9 +49,6 @@ def _select(tree: Any, dotted: str) -> Any:
         else:
             return _MISSING
     return node
-
-
-_MISSING = object()
 
 
 def _override_key(override: str) -> str | None:

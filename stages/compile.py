@@ -192,24 +192,28 @@ def load(
     from jax.experimental import serialize_executable
 
     cfg = ctx.cfg.compile
-    meta = json.loads(read("compiled.json"))
-    payload, in_tree, out_tree = pickle.loads(read("executable.bin"))
+    files: dict[str, bytes] = {}
+    for name in ARTIFACTS:  # each read (and hash check) once
+        try:
+            files[name] = read(name)
+        except (KeyError, FileNotFoundError):
+            continue  # optional artifacts (cost/memory analysis) some backends do not give
+    meta = json.loads(files["compiled.json"])
+    payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
     compiled = serialize_executable.deserialize_and_load(
         payload, in_tree, out_tree, backend=cfg.backend,
         execution_devices=_execution_devices(cfg.backend, meta["device_ids"], source),
     )  # fmt: skip
-    for name in ARTIFACTS:
-        try:
-            ctx.write(name, read(name))
-        except (KeyError, FileNotFoundError):
-            continue  # optional artifacts (cost/memory analysis) some backends do not give
-    cost = json.loads(ctx.artifacts["cost_analysis.json"].path.read_bytes()) \
-        if "cost_analysis.json" in ctx.artifacts else None  # fmt: skip
-    memory = json.loads(ctx.artifacts["memory_analysis.json"].path.read_bytes()) \
-        if "memory_analysis.json" in ctx.artifacts else None  # fmt: skip
+    for name, data in files.items():
+        ctx.write(name, data)
+
+    def parsed(name: str) -> Any:
+        return json.loads(files[name]) if name in files else None
+
+    cost, memory = parsed("cost_analysis.json"), parsed("memory_analysis.json")
     _metrics(ctx, cost, memory)
-    if "shardings.json" in ctx.artifacts:
-        _mesh_metrics(ctx, json.loads(ctx.artifacts["shardings.json"].path.read_bytes()))
+    if "shardings.json" in files:
+        _mesh_metrics(ctx, parsed("shardings.json"))
     return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
                     memory=memory)  # fmt: skip
 

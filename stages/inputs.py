@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.argspec import ArraySpec, BoundArgs, Literal, leaves, parse_leaf_or_tree
+from pipeline.argspec import ArraySpec, BoundArgs, Literal, parse_leaf_or_tree
 from pipeline.errors import ArgSpecError, ConfigError
 
 
@@ -138,10 +138,4 @@ def spec_inputs(bound: BoundArgs, seed: int) -> tuple[list[Any], dict[str, Any]]
     return args, kwargs
 
 
-def count_array_leaves(bound: BoundArgs) -> int:
-    return sum(
-        isinstance(leaf, ArraySpec) for _, tree in bound.traced_args() for _, leaf in leaves(tree)
-    )
-
-
-__all__ = ["count_array_leaves", "materialize", "np_dtype", "spec_inputs", "user_inputs"]
+__all__ = ["materialize", "np_dtype", "spec_inputs", "user_inputs"]

@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -261,4 +262,6 @@ def test_store_cli_reports_hits_and_misses(compose_run, isolated_store, tmp_path
         ["stats", "--store", str(isolated_store)], cwd=tmp_path, module="pipeline.store_cli"
     )
     assert proc.returncode == 0, proc.stderr
-    assert "compile" in proc.stdout
+    # columns: stage, entries, size (number and unit), hits, misses, ...
+    row = re.search(r"^compile\s+(\d+)\s+\S+ \S+\s+(\d+)\s+(\d+)", proc.stdout, re.MULTILINE)
+    assert row is not None and row.groups() == ("1", "1", "1"), proc.stdout
