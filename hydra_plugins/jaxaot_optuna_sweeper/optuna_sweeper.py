@@ -18,6 +18,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.autotune import AutotuneOptions, optimize
+from pipeline.compose_cache import with_sweep_loader
 
 
 @dataclass
@@ -55,6 +56,7 @@ class JaxaotOptunaSweeper(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:  # fmt: skip
+        hydra_context = with_sweep_loader(hydra_context)
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config

@@ -1,0 +1,2 @@
+"""jaxaot's default sweeper (``hydra/sweeper=jaxaot_basic``): Hydra's basic sweeper that
+composes each distinct defaults list once (see :mod:`pipeline.compose_cache`)."""

@@ -1,0 +1,38 @@
+"""``hydra/sweeper=jaxaot_basic``: Hydra's BasicSweeper with jaxaot's composition cache.
+
+Same options, same sweep order, same validation of every job before any is launched; the
+validation's compositions are reused by the launcher instead of being recomputed. No
+``from __future__ import annotations`` here: Hydra executes plugin modules before registering
+them in ``sys.modules``, where dataclasses would look string annotations up.
+"""
+
+from dataclasses import dataclass
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
+from hydra.core.config_store import ConfigStore
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from pipeline.compose_cache import with_sweep_loader
+
+
+@dataclass
+class JaxaotBasicSweeperConf(BasicSweeperConf):
+    _target_: str = "hydra_plugins.jaxaot_basic_sweeper.basic_sweeper.JaxaotBasicSweeper"
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="jaxaot_basic", node=JaxaotBasicSweeperConf, provider="jaxaot"
+)
+
+
+class JaxaotBasicSweeper(BasicSweeper):
+    """BasicSweeper whose Hydra context composes each distinct defaults list once per process."""
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:  # fmt: skip
+        super().setup(hydra_context=with_sweep_loader(hydra_context), task_function=task_function,
+                      config=config)  # fmt: skip
+
+
+__all__ = ["JaxaotBasicSweeper", "JaxaotBasicSweeperConf"]

@@ -1,0 +1,128 @@
+"""pipeline.compose_cache: sweep jobs get exactly the config Hydra composes, from one composition."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import compose_cache
+from pipeline.api import conf_dir
+from pipeline.compose_cache import SweepConfigLoader
+from pipeline.config import register_configs
+
+
+@pytest.fixture
+def loader() -> Iterator[Any]:
+    register_configs()
+    compose_cache.clear()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
+    compose_cache.clear()
+
+
+def _master(loader: Any, *hydra_overrides: str) -> DictConfig:
+    return loader.load_configuration("config", list(hydra_overrides), RunMode.MULTIRUN)
+
+
+def _plain(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+JOBS = [
+    ["execute.seed=3"],
+    ["execute.seed=4", "stop_after=compile"],
+    ["program=mlp", "execute.seed=1"],
+    ["program=mlp", "execute.seed=2"],
+    ["program=axpy", "program.args=[3,4]", "stage_out.static_argnums=[0]"],
+    ["compile.compiler_options.xla_cpu_enable_fast_math=true"],
+    ["+compile.compiler_options.xla_cpu_use_thunk_runtime=false", "execute.repeats=2"],
+    ["mesh=data8", "program=mlp"],
+    ["experiment=autotune_cpu"],
+    ["hydra.job.chdir=true", "execute.warmup=0"],
+    ["hydra/launcher=joblib", "execute.seed=5"],
+]
+
+
+@pytest.mark.parametrize("master_overrides", [(), ("hydra.job.config.override_dirname.kv_sep=:",)])
+def test_every_job_equals_hydras_own_composition(
+    loader: Any, master_overrides: tuple[str, ...]
+) -> None:
+    master = _master(loader, *master_overrides)
+    fast = SweepConfigLoader(loader)
+    for job in JOBS:
+        expected = loader.load_sweep_config(master, list(job))
+        got = fast.load_sweep_config(master, list(job))
+        assert _plain(got) == _plain(expected), job
+        assert got.hydra.job.override_dirname == expected.hydra.job.override_dirname
+        assert OmegaConf.is_struct(got) and not OmegaConf.is_readonly(got.hydra)
+
+
+def test_value_only_jobs_share_one_composition(loader: Any) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    cfgs = [fast.load_sweep_config(master, [f"execute.seed={s}"]) for s in range(6)]
+    assert [c.execute.seed for c in cfgs] == list(range(6))
+    assert compose_cache.stats() == {"composed": 1, "reused": 5}
+    cfgs[0].execute.seed = 99  # each job owns its copy
+    assert fast.load_sweep_config(master, ["execute.seed=1"]).execute.seed == 1
+    fast.load_sweep_config(master, ["program=mlp", "execute.seed=1"])
+    assert compose_cache.stats()["composed"] == 2
+
+
+def test_bad_override_fails_like_hydra(loader: Any) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    for job in (["execute.no_such_key=1"], ["execute.seed=abc"], ["program=no_such_program"]):
+        with pytest.raises(ConfigCompositionException) as slow_err:
+            loader.load_sweep_config(master, job)
+        with pytest.raises(ConfigCompositionException) as fast_err:
+            fast.load_sweep_config(master, job)
+        assert str(fast_err.value.__cause__ or fast_err.value) == str(
+            slow_err.value.__cause__ or slow_err.value
+        ), job
+
+
+def test_searchpath_overrides_take_hydras_path(loader: Any, tmp_path: Path) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    job = [f"hydra.searchpath=[file://{tmp_path}]", "execute.seed=2"]
+    assert _plain(fast.load_sweep_config(master, job)) == _plain(
+        loader.load_sweep_config(master, job)
+    )
+    assert compose_cache.stats() == {"composed": 0, "reused": 0}
+
+
+def test_loader_pickles_for_process_launchers(loader: Any) -> None:
+    master = _master(loader)
+    fast = pickle.loads(pickle.dumps(SweepConfigLoader(loader)))
+    assert fast.load_sweep_config(master, ["execute.seed=7"]).execute.seed == 7
+
+
+@pytest.mark.parametrize(
+    ("overrides", "target"),
+    [
+        ([], "hydra_plugins.jaxaot_basic_sweeper.basic_sweeper.JaxaotBasicSweeper"),
+        (
+            ["experiment=autotune_cpu"],
+            "hydra_plugins.jaxaot_optuna_sweeper.optuna_sweeper.JaxaotOptunaSweeper",
+        ),
+        (["hydra/sweeper=basic"], "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"),
+    ],
+)
+def test_default_sweeper_yields_to_experiments_and_the_command_line(
+    tmp_path: Path, overrides: list[str], target: str
+) -> None:
+    proc = run_cli([*overrides, "--cfg", "hydra", "--package", "hydra.sweeper"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"_target_: {target}" in proc.stdout
