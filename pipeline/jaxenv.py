@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from . import memo
 from .errors import BackendError
 
 log = logging.getLogger("jaxaot")
@@ -40,6 +41,7 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
     except RuntimeError:
         # Already initialized with another count (an earlier run in this process).
         jex_backend.clear_backends()
+        memo.clear()  # executables of the old client, and lowerings JAX no longer caches
         jax.config.update("jax_num_cpu_devices", num_devices)
     log.debug("using %d virtual CPU devices", num_devices)
 

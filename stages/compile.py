@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import memo
 from pipeline.context import StageContext
 from pipeline.errors import BackendError, ConfigError, StageError
+from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import devices, platform_of
 from pipeline.parallel import MeshSpec
 
@@ -199,11 +201,17 @@ def load(
         except (KeyError, FileNotFoundError):
             continue  # optional artifacts (cost/memory analysis) some backends do not give
     meta = json.loads(files["compiled.json"])
-    payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
-    compiled = serialize_executable.deserialize_and_load(
-        payload, in_tree, out_tree, backend=cfg.backend,
-        execution_devices=_execution_devices(cfg.backend, meta["device_ids"], source),
-    )  # fmt: skip
+    bound_to = _execution_devices(cfg.backend, meta["device_ids"], source)
+
+    def deserialize() -> Any:
+        payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=cfg.backend, execution_devices=bound_to
+        )
+
+    # A sweep's later jobs load the same executable: deserialized once per process and client.
+    key = (sha256_bytes(files["executable.bin"]), tuple(meta["device_ids"]))
+    compiled = memo.executable(bound_to[0].client, key, deserialize)
     for name, data in files.items():
         ctx.write(name, data)
 
@@ -290,14 +298,20 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
     if memory:
         ctx.write_json("memory_analysis.json", memory)
     _metrics(ctx, cost, memory)
+    local_devices = compiled.runtime_executable().local_devices()
+    device_ids = [d.id for d in local_devices]
     try:
-        ctx.write("executable.bin", serialize(compiled))
+        blob = serialize(compiled)
     except Exception as exc:  # not every backend can serialize executables
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    else:
+        ctx.write("executable.bin", blob)
+        # What `load` would deserialize from these bytes is this executable: a later job of
+        # the sweep that finds it in the store uses it without deserializing.
+        memo.executable(local_devices[0].client, (sha256_bytes(blob), tuple(device_ids)),
+                        lambda: compiled)  # fmt: skip
     ctx.write_json("compiled.json", {
-        "backend": cfg.backend,
-        "device_ids": [d.id for d in compiled.runtime_executable().local_devices()],
-        "module_sha256": lowered.module_sha256,
+        "backend": cfg.backend, "device_ids": device_ids, "module_sha256": lowered.module_sha256,
     })  # fmt: skip
     return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
                     memory=memory)  # fmt: skip

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import memo
 from pipeline.context import StageContext
 from pipeline.errors import StoreError
 from pipeline.fsutil import sha256_bytes
@@ -125,8 +126,13 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         traced = staged.traced if reuse else jitted.trace(*staged.args, **kwargs)
         with ctx.capture_warnings():
             lowered = traced.lower(lowering_platforms=platforms)
-        stablehlo = lowered.as_text()
-        module_sha = sha256_bytes(canonical_stablehlo(stablehlo).encode())
+        # JAX hands back its cached lowering object for a program it lowered before in this
+        # process (a sweep's later jobs): its texts and cost analysis are computed once.
+        same = getattr(lowered, "_lowering", None)
+        stablehlo = memo.derived(same, "stablehlo", lowered.as_text)
+        module_sha = memo.derived(
+            same, "module_sha256", lambda: sha256_bytes(canonical_stablehlo(stablehlo).encode())
+        )
         donate = _flat_donations(staged)
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         if ctx.on_lowered is not None:  # lets the runner start compiling while we export
@@ -135,7 +141,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                                    meta=early))  # fmt: skip
         ctx.write("module.stablehlo.mlir", stablehlo)
         try:
-            ctx.write("module.hlo.txt", lowered.as_text(dialect="hlo"))
+            ctx.write(
+                "module.hlo.txt", memo.derived(same, "hlo", lambda: lowered.as_text(dialect="hlo"))
+            )
         except Exception as exc:  # some multi-platform lowerings have no single HLO form
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
         try:  # inside the mesh and metadata contexts: the export traces again
@@ -149,7 +157,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
                 "run cannot resume from this lowering"
             )
-    cost = _cost(lowered)
+    cost = memo.derived(same, "cost_analysis", lambda: _cost(lowered))
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))

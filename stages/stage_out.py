@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import memo
 from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
 from pipeline.context import StageContext
 from pipeline.errors import TargetError
@@ -220,7 +221,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         if err is None:
             raise
         raise err from None
-    jaxpr_text = str(traced.jaxpr)
+    jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
     if env is not None:
         signature["axis_env"] = {
