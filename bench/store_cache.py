@@ -8,6 +8,11 @@ Every number comes from fresh processes run in this script, side by side:
 - an 8-point execute-only sweep (`-m execute.seed=0..7`, basic launcher, one process): exactly
   one compile, and wall <= 1.3x (one cold run + 7 executes).
 
+The same rounds time the floor of any warm run: a bare `python -c pass`, plus importing JAX and
+starting its CPU backend, plus Hydra's floor (`jaxaot --cfg job`: import Hydra and compose the
+config, no JAX). A warm run cannot be faster than that sum, so sum / cold is the best warm/cold
+ratio reachable on this machine with this program.
+
     python bench/store_cache.py [--program transformer] [--rounds 3]
 """
 
@@ -34,6 +39,21 @@ def _jaxaot(args: list[str], cwd: Path, store: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _wall(cmd: list[str], cwd: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def _floor(prog: str, cwd: Path) -> float:
+    """Wall time no warm run can beat: Python + JAX start-up + Hydra's import and composition."""
+    bare = _wall([sys.executable, "-c", "pass"], cwd)
+    jax_up = _wall([sys.executable, "-c", "import jax; jax.devices()"], cwd)
+    hydra = _wall([sys.executable, "-m", "pipeline.cli", prog, "--cfg", "job"], cwd)
+    return jax_up + (hydra - bare)
+
+
 def _manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
@@ -44,13 +64,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     opts = ap.parse_args()
     prog = f"program={opts.program}"
-    cold, warm, compile_s, load_s = [], [], [], []
+    cold, warm, compile_s, load_s, floor = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         for i in range(opts.rounds):
             store = tmp / f"store{i}"
             cold.append(_jaxaot([prog, f"hydra.run.dir={tmp}/cold{i}"], tmp, store))
             warm.append(_jaxaot([prog, f"hydra.run.dir={tmp}/warm{i}"], tmp, store))
+            floor.append(_floor(prog, tmp))
             c, w = _manifest(tmp / f"cold{i}"), _manifest(tmp / f"warm{i}")
             assert (c["stages"]["compile"]["status"], w["stages"]["compile"]["status"]) == (
                 "ran",
@@ -75,6 +96,9 @@ def main() -> None:
     print(f"| cold run (whole process) | {c:.2f} s | |")
     print(f"| warm run (whole process) | {w:.2f} s | |")
     print(f"| warm / cold | {w / c:.2f}x | <= 0.30x |")
+    f = statistics.median(floor)
+    print(f"| floor of a warm run (Python + JAX start-up + Hydra --cfg job) | {f:.2f} s = "
+          f"{f / c:.2f}x of cold | |")  # fmt: skip
     print(
         f"| compile stage: compile / load from store | {cs:.3f} s / {ls:.3f} s = {cs / ls:.0f}x | >= 10x |"
     )
