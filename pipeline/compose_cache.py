@@ -13,6 +13,10 @@ overrides applied and the ``hydra`` fields that depend on the override list reco
 as Hydra does after its own composition. ``tests/test_compose_cache.py`` checks the result equals
 Hydra's own composition key for key, for group, value, append and delete overrides.
 
+Per loader, the config repository that classifies overrides (group or config) is built once,
+and the sweepers' validation of a batch keeps the configs it composed (up to ``_MAX_KEPT``), so
+an in-process launcher takes them instead of composing each job a second time.
+
 Overrides that could change the defaults list in other ways (``hydra.searchpath``,
 ``hydra.job.env_*``) and loaders other than Hydra's own take Hydra's path unchanged.
 """
@@ -34,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 _MAX_ENTRIES = 16  # distinct defaults lists kept per process (each is one composed config)
+_MAX_KEPT = 64  # validated job configs kept for the launcher (~0.3 MB each)
 _BASES: OrderedDict[tuple[Any, ...], DictConfig] = OrderedDict()
 _STATS = {"composed": 0, "reused": 0}
 
@@ -52,6 +57,27 @@ class SweepConfigLoader(ConfigLoader):
 
     def __init__(self, inner: ConfigLoader) -> None:
         self.inner = inner
+        self._repos: dict[str | None, Any] = {}
+        self._validated: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"inner": self.inner}  # caches stay in the process that built them
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["inner"])  # type: ignore[misc]
+
+    def validate_batch(self, master_config: DictConfig, batch: Sequence[Sequence[str]]) -> None:
+        """Compose every job of ``batch``, raising as Hydra's validation does.
+
+        The composed configs (the first ``_MAX_KEPT``) are kept for this batch only: a launcher
+        in this process gets them from ``load_sweep_config``; a launcher in other processes
+        composes its own, and the next batch drops them.
+        """
+        self._validated.clear()
+        for overrides in batch:
+            cfg = self.load_sweep_config(master_config, list(overrides))
+            if len(self._validated) < _MAX_KEPT:
+                self._validated[(id(master_config), tuple(overrides))] = cfg
 
     def load_configuration(self, config_name: str | None, overrides: list[str],
                            run_mode: RunMode, from_shell: bool = True,
@@ -62,6 +88,10 @@ class SweepConfigLoader(ConfigLoader):
     def load_sweep_config(
         self, master_config: DictConfig, sweep_overrides: list[str]
     ) -> DictConfig:
+        kept = self._validated.pop((id(master_config), tuple(sweep_overrides)), None)
+        if kept is not None:
+            _refresh_runtime(kept)  # the working directory and environment of now
+            return kept
         lines = [*map(str, master_config.hydra.overrides.hydra), *sweep_overrides]
         config_name = master_config.hydra.job.config_name
         split = self._split(config_name, lines)
@@ -81,13 +111,18 @@ class SweepConfigLoader(ConfigLoader):
                lines: list[str]) -> tuple[list[Override], list[Override]] | None:  # fmt: skip
         """The parsed overrides and, among them, those Hydra applies after composing."""
         from hydra._internal.defaults_list import Overrides
+        from hydra.core.override_parser.overrides_parser import OverridesParser
 
         make_repo = getattr(self.inner, "_parse_overrides_and_create_caching_repo", None)
         if make_repo is None:  # not Hydra's ConfigLoaderImpl: compose its way
             return None
-        parsed, repo = make_repo(config_name, lines)
+        parsed = OverridesParser.create().parse_overrides(overrides=lines)
         if any(_takes_slow_path(o) for o in parsed):
             return None
+        # Without a hydra.searchpath override, the repository depends on the config name only.
+        repo = self._repos.get(config_name)
+        if repo is None:
+            repo = self._repos[config_name] = make_repo(config_name, [])[1]
         try:
             return parsed, Overrides(repo, parsed).config_overrides
         except Exception:  # an illegal group override: Hydra's own path reports it
@@ -138,14 +173,19 @@ def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[O
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     cfg.hydra.overrides.hydra = hydra_lines
     cfg.hydra.overrides.task = [o.input_line for o in app_overrides]
-    with open_dict(cfg.hydra):
-        for key in cfg.hydra.job.env_copy:
-            cfg.hydra.job.env_set[key] = os.environ[key]
-    cfg.hydra.runtime.cwd = os.getcwd()
+    _refresh_runtime(cfg)
     dirname = cfg.hydra.job.config.override_dirname
     cfg.hydra.job.override_dirname = get_overrides_dirname(
         overrides=app_overrides, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
         exclude_keys=dirname.exclude_keys)  # fmt: skip
+
+
+def _refresh_runtime(cfg: DictConfig) -> None:
+    """The fields Hydra fills from the process at composition: copied env vars and the cwd."""
+    with open_dict(cfg.hydra):
+        for key in cfg.hydra.job.env_copy:
+            cfg.hydra.job.env_set[key] = os.environ[key]
+    cfg.hydra.runtime.cwd = os.getcwd()
 
 
 def with_sweep_loader(hydra_context: HydraContext) -> HydraContext:

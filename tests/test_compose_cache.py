@@ -105,8 +105,62 @@ def test_searchpath_overrides_take_hydras_path(loader: Any, tmp_path: Path) -> N
 
 def test_loader_pickles_for_process_launchers(loader: Any) -> None:
     master = _master(loader)
-    fast = pickle.loads(pickle.dumps(SweepConfigLoader(loader)))
+    here = SweepConfigLoader(loader)
+    here.validate_batch(master, [["execute.seed=1"], ["execute.seed=2"]])
+    shipped = pickle.dumps(here)
+    assert len(shipped) < len(pickle.dumps(loader)) + 200  # no kept configs or repositories
+    fast = pickle.loads(shipped)
     assert fast.load_sweep_config(master, ["execute.seed=7"]).execute.seed == 7
+
+
+def test_overrides_are_classified_by_one_repository(loader: Any, monkeypatch: Any) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    fast.load_sweep_config(master, ["execute.seed=0"])
+    calls = []
+    make_repo = loader._parse_overrides_and_create_caching_repo
+    monkeypatch.setattr(loader, "_parse_overrides_and_create_caching_repo",
+                        lambda name, lines: calls.append(lines) or make_repo(name, lines))  # fmt: skip
+    cfgs = [
+        fast.load_sweep_config(master, [f"execute.seed={s}", "stop_after=lower"]) for s in range(4)
+    ]
+    assert calls == []  # building a repository deep-copies every config source (~30 ms)
+    assert [(c.execute.seed, c.stop_after) for c in cfgs] == [(s, "lower") for s in range(4)]
+
+
+def test_launcher_takes_the_configs_validation_composed(
+    loader: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    batch = [["execute.seed=1"], ["program=mlp", "execute.seed=2"], ["execute.seed=3"]]
+    fast.validate_batch(master, batch)
+    after_validation = compose_cache.stats()
+    monkeypatch.chdir(tmp_path)  # the launcher's jobs see the working directory of launch time
+    for job in batch:
+        got = fast.load_sweep_config(master, list(job))
+        assert _plain(got) == _plain(loader.load_sweep_config(master, list(job))), job
+        assert got.hydra.runtime.cwd == str(tmp_path)
+    assert compose_cache.stats() == after_validation  # nothing composed or copied again
+    again = fast.load_sweep_config(master, ["execute.seed=1"])  # taken once only
+    assert (
+        again.execute.seed == 1
+        and compose_cache.stats()["reused"] == after_validation["reused"] + 1
+    )
+
+
+def test_validation_raises_like_hydra_and_keeps_one_bounded_batch(
+    loader: Any, monkeypatch: Any
+) -> None:
+    master = _master(loader)
+    fast = SweepConfigLoader(loader)
+    with pytest.raises(ConfigCompositionException):
+        fast.validate_batch(master, [["execute.seed=1"], ["execute.no_such_key=1"]])
+    monkeypatch.setattr(compose_cache, "_MAX_KEPT", 2)
+    fast.validate_batch(master, [[f"execute.seed={s}"] for s in range(5)])
+    assert len(fast._validated) == 2
+    fast.validate_batch(master, [["execute.seed=9"]])  # a new batch drops the last one's
+    assert [k[1] for k in fast._validated] == [("execute.seed=9",)]
 
 
 @pytest.mark.parametrize(

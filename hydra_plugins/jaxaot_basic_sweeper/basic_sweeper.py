@@ -6,6 +6,7 @@ validation's compositions are reused by the launcher instead of being recomputed
 them in ``sys.modules``, where dataclasses would look string annotations up.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
@@ -33,6 +34,10 @@ class JaxaotBasicSweeper(BasicSweeper):
               config: DictConfig) -> None:  # fmt: skip
         super().setup(hydra_context=with_sweep_loader(hydra_context), task_function=task_function,
                       config=config)  # fmt: skip
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        assert self.config is not None and self.hydra_context is not None
+        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
 
 
 __all__ = ["JaxaotBasicSweeper", "JaxaotBasicSweeperConf"]

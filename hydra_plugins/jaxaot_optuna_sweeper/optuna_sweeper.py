@@ -62,6 +62,10 @@ class JaxaotOptunaSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        assert self.config is not None and self.hydra_context is not None
+        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
+
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None
         return optimize(opts=self.opts, arguments=arguments, config=self.config,
