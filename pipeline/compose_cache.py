@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 _MAX_ENTRIES = 16  # distinct defaults lists kept per process (each is one composed config)
-_MAX_KEPT = 64  # validated job configs kept for the launcher (~0.3 MB each)
+_MAX_KEPT = 64  # validated job configs kept for the launcher (~0.2 MB each)
 _BASES: OrderedDict[tuple[Any, ...], DictConfig] = OrderedDict()
 _STATS = {"composed": 0, "reused": 0}
 
