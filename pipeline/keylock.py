@@ -11,15 +11,76 @@ run unlocked: the store's atomic puts keep that correct, only slower.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("jaxaot")
 
 LOCKS_DIR = "locks"
+STATS_LOCK = "stats.lock"  # in LOCKS_DIR: appends to the hit/miss log share it, gc takes it alone
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, exclusive: bool) -> Iterator[bool]:
+    """A blocking ``flock`` on ``path`` (created if missing) for the ``with`` block.
+
+    Yields False where no lock can be had (no ``fcntl``, a read-only or lock-less file system):
+    the caller then runs unlocked, as :class:`KeyLock` does.
+    """
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except (ImportError, OSError):
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            locked = True
+        except OSError:
+            locked = False
+        yield locked
+    finally:
+        os.close(fd)
+
+
+def remove_idle_locks(root: Path, older_than_s: float) -> int:
+    """Delete per-key lock files nobody holds that were created over ``older_than_s`` ago.
+
+    Each file is deleted while this process holds its lock, so a running computation never
+    loses its lock. A job that opened the file just before and waits on it may then run beside
+    a job that creates a fresh one: at worst one key is computed twice, never stored wrongly
+    (the store's puts are atomic). Returns how many were removed.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: nothing was ever locked
+        return 0
+    removed = 0
+    now = time.time()
+    for path in sorted(Path(root, LOCKS_DIR).glob("*/*.lock")):
+        try:
+            if now - path.stat().st_mtime <= older_than_s:
+                continue
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
+            removed += 1
+        except OSError:  # held by a running job (or already gone)
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 class KeyLock:
@@ -83,4 +144,4 @@ class KeyLock:
         self.release()
 
 
-__all__ = ["LOCKS_DIR", "KeyLock"]
+__all__ = ["LOCKS_DIR", "STATS_LOCK", "KeyLock", "file_lock", "remove_idle_locks"]

@@ -37,6 +37,7 @@ from typing import Any
 
 from pipeline import store_maintenance as _maintenance
 from pipeline.fsutil import TEMP_PREFIX, canonical_json
+from pipeline.keylock import LOCKS_DIR, STATS_LOCK, file_lock
 from pipeline.store_entries import (
     _CHUNK,
     MANIFEST_NAME,
@@ -317,13 +318,15 @@ class Store:
         )
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(
-                self.data_dir / STATS_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-            )
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
+            # Shared with other appenders; `gc` takes it alone while it folds the log.
+            with file_lock(self.root / LOCKS_DIR / STATS_LOCK, exclusive=False):
+                fd = os.open(
+                    self.data_dir / STATS_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+                )
+                try:
+                    os.write(fd, (line + "\n").encode())
+                finally:
+                    os.close(fd)
         except OSError as exc:
             if exc.errno in _DEGRADE_ERRNOS:
                 self._degrade(exc)
@@ -355,9 +358,9 @@ class Store:
         older_than_s: float | None = None,
         temp_grace_s: float = 3600.0,
     ) -> GcReport:
-        """Remove temp folders older than ``temp_grace_s`` (interrupted puts, trash), entries
-        unused for more than ``older_than_s``, then least recently used entries until the
-        store holds at most ``max_bytes``."""
+        """Remove temp folders and idle key locks older than ``temp_grace_s``, entries unused
+        for more than ``older_than_s``, then least recently used entries until the store holds
+        at most ``max_bytes``; fold the hit/miss log into per-stage totals."""
         return _maintenance.gc(self, max_bytes, older_than_s, temp_grace_s)
 
 

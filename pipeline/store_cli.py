@@ -135,10 +135,13 @@ def _cmd_gc(store: Store, args: argparse.Namespace) -> int:
         max_bytes=max_bytes, older_than_s=older, temp_grace_s=args.temp_grace_hours * 3600
     )
     print(
-        f"removed {report.temps_removed} temp folder(s) and {report.entries_removed} entr"
-        f"{'y' if report.entries_removed == 1 else 'ies'} ({format_bytes(report.bytes_freed)}); "
-        f"store now holds {format_bytes(report.bytes_remaining)}"
+        f"removed {report.temps_removed} temp folder(s), {report.locks_removed} idle lock(s) "
+        f"and {report.entries_removed} entr{'y' if report.entries_removed == 1 else 'ies'} "
+        f"({format_bytes(report.bytes_freed)}); store now holds "
+        f"{format_bytes(report.bytes_remaining)}"
     )
+    if report.log_lines_folded:
+        print(f"hit/miss log: {report.log_lines_folded} lines folded into per-stage totals")
     return 0
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError
-from pipeline.fsutil import TEMP_PREFIX, remove_stale_temps
+from pipeline.fsutil import TEMP_PREFIX, atomic_write_bytes, canonical_json, remove_stale_temps
+from pipeline.keylock import LOCKS_DIR, STATS_LOCK, file_lock, remove_idle_locks
 from pipeline.store_entries import (
     _KEY_RE,
     _STAGE_RE,
@@ -100,6 +101,8 @@ class GcReport:
     entries_removed: int
     bytes_freed: int
     bytes_remaining: int
+    locks_removed: int = 0
+    log_lines_folded: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,35 +176,54 @@ def ls(store: Store, stage: str | None = None) -> list[EntryInfo]:
     return out
 
 
-def stats(store: Store) -> StoreStats:
-    """Entries and bytes per stage, plus hits, misses and time saved from the record() log."""
-    acc: dict[str, dict[str, float]] = {}
+def _slot(acc: dict[str, dict[str, float]], stage: str) -> dict[str, float]:
+    return acc.setdefault(stage, {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "saved": 0.0})
 
-    def slot(stage: str) -> dict[str, float]:
-        return acc.setdefault(
-            stage, {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "saved": 0.0}
-        )
 
-    for info in store.ls():
-        s = slot(info.stage)
-        s["entries"] += 1
-        s["bytes"] += info.size_bytes
-    try:
-        with open(store.data_dir / STATS_LOG_NAME, "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
+def _log_totals(lines: list[bytes], acc: dict[str, dict[str, float]] | None = None
+                ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Per-stage hits, misses and seconds saved from hit/miss log lines.
+
+    A line is one hit or miss (``record``) or the totals ``gc`` folded earlier lines into
+    (``"folded": true``). A line torn by a crash is skipped, not fatal.
+    """
+    acc = {} if acc is None else acc
     for raw in lines:
         try:
             rec = json.loads(raw)
-            s = slot(str(rec["stage"]))
-            if rec["hit"]:
-                s["hits"] += 1
-                s["saved"] += float(rec.get("seconds_saved", 0.0))
+            stage = str(rec["stage"])
+            if rec.get("folded"):
+                hits, misses = int(rec["hits"]), int(rec["misses"])
+                saved = float(rec["seconds_saved"])
+            elif rec["hit"]:
+                hits, misses, saved = 1, 0, float(rec.get("seconds_saved", 0.0))
             else:
-                s["misses"] += 1
-        except (ValueError, KeyError, TypeError):
-            continue  # a line torn by a crash is skipped, not fatal
+                hits, misses, saved = 0, 1, 0.0
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        s = _slot(acc, stage)
+        s["hits"] += hits
+        s["misses"] += misses
+        s["saved"] += saved
+    return acc
+
+
+def _read_log(store: Store) -> list[bytes]:
+    try:
+        with open(store.data_dir / STATS_LOG_NAME, "rb") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def stats(store: Store) -> StoreStats:
+    """Entries and bytes per stage, plus hits, misses and time saved from the record() log."""
+    acc: dict[str, dict[str, float]] = {}
+    for info in store.ls():
+        s = _slot(acc, info.stage)
+        s["entries"] += 1
+        s["bytes"] += info.size_bytes
+    _log_totals(_read_log(store), acc)
     stages = {
         name: StageStats(
             entries=int(s["entries"]),
@@ -213,6 +235,33 @@ def stats(store: Store) -> StoreStats:
         for name, s in sorted(acc.items())
     }
     return StoreStats(root=store.root, stages=stages)
+
+
+def fold_log(store: Store) -> int:
+    """Rewrite the hit/miss log as one line of totals per stage; return how many hit or miss
+    lines were folded (0: nothing to do).
+
+    Appenders hold the log's lock shared, so no line is written while this reads and replaces
+    the file (atomically: a reader sees the old log or the folded one, with the same totals).
+    Torn lines are dropped. Where the lock cannot be taken or the log cannot be rewritten it is
+    left as it is.
+    """
+    with file_lock(store.root / LOCKS_DIR / STATS_LOCK, exclusive=True) as locked:
+        lines = _read_log(store) if locked else []
+        records = sum(1 for raw in lines if b'"folded"' not in raw)
+        if not records:
+            return 0
+        folded = "".join(
+            canonical_json({"folded": True, "stage": stage, "hits": int(t["hits"]),
+                            "misses": int(t["misses"]), "seconds_saved": round(t["saved"], 6)})
+            + "\n"
+            for stage, t in sorted(_log_totals(lines).items())
+        )  # fmt: skip
+        try:
+            atomic_write_bytes(store.data_dir / STATS_LOG_NAME, folded.encode())
+        except OSError:
+            return 0
+        return records
 
 
 def verify(store: Store, remove: bool = False) -> VerifyReport:
@@ -234,10 +283,12 @@ def gc(
     older_than_s: float | None = None,
     temp_grace_s: float = 3600.0,
 ) -> GcReport:
-    """Remove temp folders older than ``temp_grace_s`` (interrupted puts, trash), entries
-    unused for more than ``older_than_s``, then least recently used entries until the
-    store holds at most ``max_bytes``."""
+    """Remove temp folders and idle key locks older than ``temp_grace_s``, entries unused
+    for more than ``older_than_s``, then least recently used entries until the store holds
+    at most ``max_bytes``; fold the hit/miss log into per-stage totals (``stats`` is unchanged)."""
     temps = remove_stale_temps(store.root, older_than_s=temp_grace_s)
+    locks = remove_idle_locks(store.root, older_than_s=temp_grace_s)
+    folded = fold_log(store)
     infos = sorted(store.ls(), key=lambda i: i.last_used)
     total = sum(i.size_bytes for i in infos)
     now = time.time()
@@ -251,7 +302,7 @@ def gc(
             removed += 1
             freed += info.size_bytes
             total -= info.size_bytes
-    return GcReport(temps, removed, freed, total)
+    return GcReport(temps, removed, freed, total, locks, folded)
 
 
 __all__ = [
@@ -261,6 +312,7 @@ __all__ = [
     "StoreStats",
     "VerifyReport",
     "VerifyResult",
+    "fold_log",
     "gc",
     "ls",
     "parse_size",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from pipeline.errors import ConfigError
-from pipeline.keylock import KeyLock
+from pipeline.keylock import KeyLock, remove_idle_locks
 
 KEY = "ab" * 32
 
@@ -52,6 +53,28 @@ def test_disabled_or_read_only_store_runs_unlocked(tmp_path: Path) -> None:
         lock = KeyLock(store, "compile", KEY)
         assert lock.acquire(blocking=False) and not lock.held
     assert not (tmp_path / "locks").exists()
+
+
+def test_gc_removes_only_old_locks_nobody_holds(tmp_path: Path) -> None:
+    held, idle, young = (
+        KeyLock(_store(tmp_path), "compile", KEY),
+        KeyLock(_store(tmp_path), "compile", "cd" * 32),
+        KeyLock(_store(tmp_path), "lower", "ef" * 32),
+    )
+    for lock in (held, idle, young):
+        assert lock.acquire(blocking=False)
+    idle.release()
+    young.release()
+    old = time.time() - 7200
+    for lock in (held, idle):
+        os.utime(lock.path, (old, old))
+    assert remove_idle_locks(tmp_path, older_than_s=3600) == 1
+    assert held.path.exists() and not idle.path.exists() and young.path.exists()
+    assert not KeyLock(_store(tmp_path), "compile", KEY).acquire(blocking=False)  # still held
+    held.release()
+    again = KeyLock(_store(tmp_path), "compile", "cd" * 32)
+    assert again.acquire(blocking=False) and again.path.exists()
+    again.release()
 
 
 def test_a_failed_compile_leaves_its_key_unlocked(compose_run) -> None:  # type: ignore[no-untyped-def]

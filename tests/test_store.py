@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -630,6 +631,46 @@ def test_stats_counts_entries_bytes_hits_and_misses(store: Store) -> None:
     )
     assert (stats.stages["lower"].entries, stats.stages["execute"].misses) == (1, 1)
     assert (stats.total.entries, stats.total.hits, stats.total.misses) == (3, 2, 2)
+
+
+def test_gc_folds_the_hit_miss_log_into_the_same_totals(store: Store) -> None:
+    put(store, key=KEY)
+    for hit, saved in ((True, 2.0), (True, 3.5), (False, 0.0)):
+        store.record("compile", KEY, hit=hit, seconds_saved=saved)
+    store.record("execute", KEY3, hit=False)
+    log = store.root / "v1" / "stats.jsonl"
+    with open(log, "ab") as f:
+        f.write(b'{"torn": tr\n')
+    before = store.stats()
+
+    assert store.gc().log_lines_folded == 5
+    assert [json.loads(x)["stage"] for x in log.read_text().splitlines()] == ["compile", "execute"]
+    assert store.stats() == before
+    store.record("compile", KEY, hit=True, seconds_saved=1.0)
+    assert store.gc().log_lines_folded == 1
+    assert store.gc().log_lines_folded == 0  # already folded: the file is not rewritten
+    c = store.stats().stages["compile"]
+    assert (c.hits, c.misses, c.seconds_saved) == (3, 1, 6.5)
+
+
+def test_records_appended_while_gc_folds_are_never_lost(store: Store) -> None:
+    writers, per_writer = 4, 150
+
+    def append() -> None:
+        for _ in range(per_writer):
+            store.record("compile", KEY, hit=True, seconds_saved=1.0)
+
+    threads = [threading.Thread(target=append) for _ in range(writers)]
+    for t in threads:
+        t.start()
+    folds = 0
+    while any(t.is_alive() for t in threads):
+        folds += store.gc().log_lines_folded
+    for t in threads:
+        t.join()
+    c = store.stats().stages["compile"]
+    assert (c.hits, c.seconds_saved) == (writers * per_writer, writers * per_writer * 1.0)
+    assert folds > 0
 
 
 def test_verify_reports_corrupt_entries_and_removes_on_request(store: Store) -> None:

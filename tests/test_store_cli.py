@@ -120,7 +120,8 @@ def test_gc_max_size_evicts_least_recently_used(store: Store) -> None:
     keep = next(i for i in store.ls() if i.key == KEYS[0]).size_bytes
     proc = cli("gc", "--max-size", f"{keep}B", "--store", str(store.root))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("removed 0 temp folder(s) and 2 entries")
+    assert proc.stdout.startswith("removed 0 temp folder(s), 0 idle lock(s) and 2 entries")
+    assert "hit/miss log: 2 lines folded into per-stage totals" in proc.stdout
     assert [i.key for i in store.ls()] == [KEYS[0]]
 
 
@@ -131,7 +132,7 @@ def test_gc_removes_temp_folders_past_the_grace_period(store: Store) -> None:
     assert proc.stdout.startswith("removed 0 temp folder(s)")
     proc = cli("gc", "--temp-grace-hours", "0", "--store", str(store.root))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("removed 1 temp folder(s) and 0 entries")
+    assert proc.stdout.startswith("removed 1 temp folder(s), 0 idle lock(s) and 0 entries")
     assert not (store.root / ".tmp-put-compile-dead").exists()
 
 
