@@ -93,6 +93,22 @@ def test_experiment_yaml_comments_every_key() -> None:
             assert " # " in line, line
 
 
+def test_sweeper_schema_is_exactly_the_autotune_options(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.jaxaot_optuna_sweeper.optuna_sweeper import JaxaotOptunaSweeperConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(JaxaotOptunaSweeperConf))
+    assert isinstance(defaults, dict)
+    assert defaults.pop("_target_").endswith(".JaxaotOptunaSweeper")
+    assert AutotuneOptions(**defaults) == AutotuneOptions()  # every field, every default
+    for override, needle in (("hydra.sweeper.n_trials=abc", "hydra.sweeper.n_trials=abc"),
+                             ("hydra.sweeper.n_trialz=3", "'n_trialz' not in")):  # fmt: skip
+        proc = run_cli(["experiment=autotune_cpu", override, "--cfg", "hydra"], cwd=tmp_path)
+        assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
     _, stdout, sweep_dir = _search(
         tmp_path, "experiment=autotune_cpu", "program=mlp", "program.args.1=f32[8,256]",

@@ -7,8 +7,10 @@ sweep starts. No ``from __future__ import annotations`` here: Hydra executes plu
 before registering them in ``sys.modules``, where dataclasses would look string annotations up.
 """
 
+import dataclasses
+import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -21,21 +23,24 @@ from pipeline.autotune import AutotuneOptions, optimize
 from pipeline.compose_cache import with_sweep_loader
 
 
-@dataclass
-class JaxaotOptunaSweeperConf:
-    """Schema of ``hydra.sweeper`` (values and comments: conf/experiment/autotune_cpu.yaml)."""
+def _schema() -> type:
+    """Schema of ``hydra.sweeper``: ``_target_`` plus exactly the fields of AutotuneOptions.
 
-    _target_: str = "hydra_plugins.jaxaot_optuna_sweeper.optuna_sweeper.JaxaotOptunaSweeper"
-    objective: str = "execute.median_s"
-    direction: str = "minimize"
-    n_trials: int = 20
-    n_jobs: int = 1
-    sampler: str = "tpe"
-    seed: int | None = 0
-    study_name: str | None = None
-    storage: str | None = None
-    params: dict[str, str] = field(default_factory=dict)
+    Generated, not repeated, so the two cannot drift apart. The options are frozen; Hydra needs
+    a mutable dataclass to merge YAML and command-line values onto.
+    """
+    hints = typing.get_type_hints(AutotuneOptions)
+    fields: list[Any] = [("_target_", str, field(default=f"{__name__}.JaxaotOptunaSweeper"))]
+    for f in dataclasses.fields(AutotuneOptions):
+        default = (field(default=f.default) if f.default is not dataclasses.MISSING
+                   else field(default_factory=f.default_factory))  # fmt: skip
+        fields.append((f.name, hints[f.name], default))
+    schema = dataclasses.make_dataclass("JaxaotOptunaSweeperConf", fields)
+    schema.__module__ = __name__  # make_dataclass(module=...) is Python 3.12+
+    return schema
 
+
+JaxaotOptunaSweeperConf = _schema()
 
 ConfigStore.instance().store(
     group="hydra/sweeper", name="jaxaot_optuna", node=JaxaotOptunaSweeperConf, provider="jaxaot"
