@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,10 +12,13 @@ from conftest import REPO
 
 
 def test_wheel_carries_the_configs_and_runs_from_an_install(tmp_path: Path) -> None:
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # Built from a copy: setuptools leaves build/ and *.egg-info/ in the tree it builds.
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "outputs", "__pycache__", ".*_cache"))  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheels), str(REPO)],
+         "-w", str(wheels), str(src)],
         check=True, capture_output=True, cwd=tmp_path,
     )  # fmt: skip
     (wheel,) = wheels.glob("jaxaot-*.whl")

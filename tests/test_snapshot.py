@@ -226,7 +226,7 @@ def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
     """))  # fmt: skip
     env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "pipeline.pytest_plugin", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "jaxaot", "-p", "no:cacheprovider",
          "tests/test_user.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
