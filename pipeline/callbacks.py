@@ -28,12 +28,14 @@ from .manifest import MANIFEST_NAME
 from .progress import (
     Heartbeat,
     JobOutcome,
+    ProgressRelay,
     SweepPlan,
     claim_finish_slot,
     override_key,
     planned_stages,
     progress_line,
     read_json,
+    relay_line,
     write_job_record,
 )
 from .report import MD_NAME, collect, write_report
@@ -41,6 +43,7 @@ from .report import MD_NAME, collect, write_report
 log = logging.getLogger("jaxaot")
 
 _heartbeats: dict[str, Heartbeat] = {}
+_relays: dict[str, ProgressRelay] = {}  # module-level: launchers pickle the callbacks
 _last_failed: int | None = None
 
 
@@ -72,6 +75,15 @@ def plan_of(config: DictConfig) -> SweepPlan:
         except HydraException:  # e.g. an interval sweep, which only a search sweeper samples
             total = None
     return SweepPlan(total=total, varying=varying)
+
+
+def _output_hidden(config: DictConfig) -> bool:
+    """Whether the launcher sends each job's output to a log instead of the user's terminal.
+
+    submitit does (local and SLURM: ``.submitit/<id>/*.out``); the basic launcher runs jobs in
+    this process and joblib's workers share its terminal.
+    """
+    return "submitit" in str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
 
 
 def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
@@ -114,7 +126,10 @@ class SweepCallback(Callback):
         global _last_failed
         _last_failed = None
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        plan_of(config).write(sweep_dir)
+        plan = plan_of(config)
+        plan.write(sweep_dir)
+        if self.progress and _output_hidden(config):
+            _relays[str(sweep_dir)] = ProgressRelay(sweep_dir, plan.total, self.heartbeat_s).start()
         if self.report and self.plots:
             _prefetch_plotting()
 
@@ -152,15 +167,20 @@ class SweepCallback(Callback):
         shown = [o for o in overrides if override_key(o) in plan.varying] or overrides
         manifest = read_json(run_dir / MANIFEST_NAME)
         error = error or (manifest or {}).get("error")
-        line = progress_line(claim_finish_slot(sweep_dir), plan.total, shown, status, manifest,
-                             error)  # fmt: skip
+        n = claim_finish_slot(sweep_dir)
+        line = progress_line(n, plan.total, shown, status, manifest, error)
         # One write, so lines of jobs finishing together in parallel workers never interleave.
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
+        if _output_hidden(config):
+            relay_line(sweep_dir, n, line)  # for the launching process to print
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _last_failed
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        relay = _relays.pop(str(sweep_dir), None)
+        if relay is not None:
+            relay.stop()
         table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
         _last_failed = len(table.failed)
         ok = len(table.rows) - _last_failed

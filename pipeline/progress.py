@@ -3,7 +3,10 @@
 Jobs may run in other processes (joblib) or on other machines (submitit), so everything here
 goes through the sweep directory rather than through memory: the sweep's plan (job count, the
 overrides that vary) in ``.jaxaot/sweep.json``, finish order through exclusively created
-marker files, and each job's outcome in ``job.json`` next to its ``manifest.json``.
+marker files, and each job's outcome in ``job.json`` next to its ``manifest.json``. Where a
+job's own output does not reach the user (submitit writes it to per-job logs), the job also
+leaves its progress line in ``.jaxaot/progress/<n>`` and the launching process prints it
+(:class:`ProgressRelay`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import STAGES
-from .fsutil import atomic_write_json
+from .fsutil import atomic_write_json, atomic_write_text
 from .manifest import MANIFEST_NAME
 from .summary import human_bytes, human_count, human_seconds
 
@@ -28,6 +32,7 @@ log = logging.getLogger("jaxaot")
 STATE_DIR = ".jaxaot"
 PLAN_NAME = "sweep.json"
 JOB_NAME = "job.json"
+LINES_DIR = "progress"
 
 _VERB = {
     "stage_out": "tracing",
@@ -161,6 +166,74 @@ def progress_line(n: int, total: int | None, overrides: Sequence[str], status: s
     return f"{head} {shown} | {status} | {tail}".rstrip(" |")
 
 
+def relay_line(sweep_dir: Path, n: int, line: str) -> None:
+    """Leave job ``n``'s progress line for :class:`ProgressRelay` (written atomically)."""
+    atomic_write_text(Path(sweep_dir) / STATE_DIR / LINES_DIR / str(n), line + "\n")
+
+
+class ProgressRelay:
+    """Prints, in the launching process, the progress lines that jobs elsewhere relay.
+
+    Polls ``.jaxaot/progress/`` and prints each new line once, in finish order as far as it
+    can tell. When nothing has finished for ``heartbeat_s``, it says how many jobs are done and
+    how long the sweep has run, so a sweep of long compiles on a cluster shows it is alive.
+    """
+
+    def __init__(self, sweep_dir: Path, total: int | None, heartbeat_s: float,
+                 poll_s: float = 0.5, write: Any = None) -> None:  # fmt: skip
+        self.folder = Path(sweep_dir) / STATE_DIR / LINES_DIR
+        self.total, self.heartbeat_s, self.poll_s = total, heartbeat_s, poll_s
+        self._write = write or _print_line
+        self._printed: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="jaxaot-progress", daemon=True)
+        self._t0 = self._last = time.monotonic()
+
+    def start(self) -> ProgressRelay:
+        self._t0 = self._last = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Print whatever arrived last, then stop."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.poll()
+
+    def poll(self) -> int:
+        """Print the lines not printed yet; return how many."""
+        try:
+            names = [n for n in os.listdir(self.folder) if n.isdigit() and n not in self._printed]
+        except OSError:
+            return 0
+        for name in sorted(names, key=int):
+            try:
+                line = (self.folder / name).read_text().rstrip("\n")
+            except OSError:
+                continue
+            self._printed.add(name)
+            self._write(line)
+        if names:
+            self._last = time.monotonic()
+        return len(names)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+            now = time.monotonic()
+            if self.heartbeat_s > 0 and now - self._last >= self.heartbeat_s:
+                self._last = now
+                total = self.total if self.total is not None else "?"
+                self._write(f"[sweep] {len(self._printed)}/{total} jobs finished, "
+                            f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")  # one write: never interleaved with another thread's line
+    sys.stdout.flush()
+
+
 def planned_stages(config: Any) -> list[str]:
     """The stages a job's config runs, from ``start_at`` to ``stop_after``."""
     first = STAGES.index(str(config.get("start_at", STAGES[0])))
@@ -227,10 +300,12 @@ class Heartbeat:
 
 __all__ = [
     "JOB_NAME",
+    "LINES_DIR",
     "PLAN_NAME",
     "STATE_DIR",
     "Heartbeat",
     "JobOutcome",
+    "ProgressRelay",
     "SweepPlan",
     "claim_finish_slot",
     "key_figures",
@@ -239,6 +314,7 @@ __all__ = [
     "planned_stages",
     "progress_line",
     "read_json",
+    "relay_line",
     "short_names",
     "write_job_record",
 ]

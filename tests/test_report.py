@@ -16,10 +16,12 @@ import pytest
 from pipeline import report
 from pipeline.progress import (
     Heartbeat,
+    ProgressRelay,
     SweepPlan,
     claim_finish_slot,
     override_value,
     progress_line,
+    relay_line,
     short_names,
     write_job_record,
 )
@@ -148,6 +150,25 @@ def test_heartbeat_names_the_running_stage(
     line = next(r.message for r in caplog.records if "still compiling" in r.message)
     assert line.startswith("still compiling (job 3): ") and " in compile, " in line
     assert not beat._thread.is_alive()
+
+
+def test_relay_prints_each_job_line_once_and_says_it_is_alive(tmp_path: Path) -> None:
+    printed: list[str] = []
+    relay = ProgressRelay(tmp_path, total=3, heartbeat_s=0.2, poll_s=0.02, write=printed.append)
+    relay.start()
+    relay_line(tmp_path, 2, "[2/3] n=2 | ok")
+    relay_line(tmp_path, 1, "[1/3] n=1 | ok")
+    deadline = time.time() + 5
+    while not any(p.startswith("[sweep]") for p in printed) and time.time() < deadline:
+        time.sleep(0.01)
+    relay_line(tmp_path, 3, "[3/3] n=3 | failed | boom")
+    relay.stop()  # the last line is printed even if it arrives as the sweep ends
+    jobs = [p for p in printed if not p.startswith("[sweep]")]
+    assert sorted(jobs) == ["[1/3] n=1 | ok", "[2/3] n=2 | ok", "[3/3] n=3 | failed | boom"]
+    assert len(set(jobs)) == 3
+    alive = next(p for p in printed if p.startswith("[sweep]"))
+    assert alive.startswith("[sweep] 2/3 jobs finished, ") and "queued or running" in alive
+    assert not relay._thread.is_alive()
 
 
 def test_override_formatting() -> None:

@@ -160,6 +160,14 @@ def test_compile_only_sweep_with_submitit_local(tmp_path: Path) -> None:
     rows = _rows(sweep_dir)
     assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
     assert (sweep_dir / ".submitit").is_dir()  # the jobs really went through submitit
+    # The jobs' output goes to submitit's logs; their progress lines reach the user anyway.
+    progress = re.findall(r"^\[(\d)/2\] args\.1=(f32\[\d+,256\]) \| (\w+) \| compile ran",
+                          proc.stdout, re.M)  # fmt: skip
+    assert sorted(n for n, _, _ in progress) == ["1", "2"], proc.stdout
+    assert sorted((shape, status) for _, shape, status in progress) == [
+        ("f32[32,256]", "ok"),
+        ("f32[8,256]", "ok"),
+    ]
     _assert_csv_matches_manifests(sweep_dir)
     by_shape = {r["program.args.1"]: r for r in rows}
     assert float(by_shape["f32[32,256]"]["compile.flops"]) > float(
