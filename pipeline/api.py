@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from .argspec import quote_array_types
-from .config import register_configs
+from .config import name_after_target, register_configs
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -30,10 +30,11 @@ def compose(overrides: Sequence[str] = (), *, config_name: str = "config",
 
     register_configs()
     GlobalHydra.instance().clear()
+    overrides = [quote_array_types(o) for o in overrides]
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
-        return hydra_compose(
-            config_name=config_name, overrides=[quote_array_types(o) for o in overrides]
-        )
+        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    name_after_target(cfg, overrides)
+    return cfg
 
 
 __all__ = ["compose", "conf_dir"]

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .argspec import quote_array_types
 from .callbacks import last_sweep_failures
-from .config import register_configs
+from .config import name_after_target, register_configs
 from .errors import JaxaotError
 from .progress import JobOutcome
 
@@ -39,8 +39,12 @@ def _is_multirun() -> bool:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
+    from hydra.core.hydra_config import HydraConfig
+
     from .runner import run
 
+    if HydraConfig.initialized():
+        name_after_target(cfg, list(HydraConfig.get().overrides.task))
     # In a sweep each job prints one progress line (pipeline.callbacks) instead of the summary,
     # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
     snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")

@@ -9,6 +9,7 @@ Nothing here imports JAX.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,6 +267,22 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
     assert isinstance(typed, JaxaotConfig)
     _check(typed)
     return typed
+
+
+def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Rename the program after its function when ``overrides`` retarget it but do not name it.
+
+    A program config's ``name`` belongs to its ``target``: ``jaxaot program.target=jax.numpy:einsum``
+    keeps the default program's other fields, and a run, report or snapshot called
+    ``transformer`` would be wrong; it is called ``einsum``. ``program.name=...`` still wins.
+    """
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    target = OmegaConf.select(cfg, "program.target")
+    if "program.target" not in keys or "program.name" in keys or not isinstance(target, str):
+        return
+    function = target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    if function:
+        cfg.program.name = function
 
 
 def to_container(cfg: JaxaotConfig) -> dict[str, Any]:

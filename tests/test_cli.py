@@ -108,6 +108,9 @@ def test_the_issues_example_with_a_user_module(tmp_path: Path) -> None:
     assert (run_dir / "stage_out" / "jaxpr.txt").read_text().count("tanh") == 3
     assert "tf.aliasing_output = 0" in (run_dir / "lower" / "module.stablehlo.mlir").read_text()
     assert "compile" in proc.stdout and "FLOP" in proc.stdout  # the summary table
+    # Not named after the default program whose other fields it kept: after its function.
+    assert manifest["config"]["program"]["name"] == "loss"
+    assert "\njaxaot · loss (mypkg.model:loss) · cpu" in proc.stdout
 
 
 # --- user config directories -----------------------------------------------------------------

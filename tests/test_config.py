@@ -34,6 +34,20 @@ def test_default_config_is_the_transformer_through_all_stages() -> None:
     assert typed.compile.backend == "cpu"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["program.target=jax.numpy:einsum"], "einsum"),
+        (["program=mlp", "program.target=jax.nn.functions:relu"], "relu"),
+        (["program.target=pkg.mod:Model.apply"], "apply"),
+        (["program.target=jax.numpy:einsum", "program.name=mm"], "mm"),
+        (["program=mlp"], "mlp"),
+    ],
+)
+def test_a_retargeted_program_is_named_after_its_function(overrides: list[str], name: str) -> None:
+    assert pipeline.compose(overrides).program.name == name
+
+
 def test_typed_config_is_frozen_and_json_ready() -> None:
     typed = validate(pipeline.compose(["program=axpy"]))
     with pytest.raises(dataclasses.FrozenInstanceError):
