@@ -17,7 +17,7 @@ from typing import Any
 from pipeline import memo
 from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
 from pipeline.context import StageContext
-from pipeline.errors import TargetError
+from pipeline.errors import JaxaotError, StageError, TargetError
 from pipeline.parallel import mesh_spec
 
 from .parallel import per_replica, stacked, unbound_axis_error
@@ -110,6 +110,33 @@ def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
     from pipeline.argspec import short_name
 
     return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
+
+
+def _describe(value: Any) -> str:
+    """One argument as a user wrote it, briefly: ``f32[64,256]``, ``{b, w}``, ``[3 items]``."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return _type_str(tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        keys = ", ".join(map(str, list(value)[:4])) + (", ..." if len(value) > 4 else "")
+        return f"{{{keys}}}"
+    if isinstance(value, list | tuple):
+        return f"[{len(value)} item{'s' if len(value) != 1 else ''}]"
+    text = repr(value)
+    return text if len(text) <= 24 else text[:23] + "…"
+
+
+def _traced_as(
+    exc: BaseException, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str:
+    """The error of a failed trace, with the call it was traced as (which arguments went where)."""
+    from pipeline.runner import one_line
+
+    parts = [f"args[{i}]={_describe(a)}" for i, a in enumerate(args)]
+    parts += [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    call = ", ".join(parts)
+    if len(call) > 160:
+        call = call[:159] + "…"
+    return f"{one_line(exc)} (while tracing {target}({call}))"
 
 
 def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
@@ -219,8 +246,14 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     except NameError as exc:
         err = unbound_axis_error(exc, mesh)
         if err is None:
-            raise
+            raise StageError(
+                "stage_out", _traced_as(exc, cfg.program.target, args, kwargs)
+            ) from exc
         raise err from None
+    except JaxaotError:
+        raise
+    except Exception as exc:  # the program's own error: say what it was traced with
+        raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
     if env is not None:

@@ -383,10 +383,24 @@ def test_target_errors(compose_run, tmp_path: Path, target: str, match: str) -> 
 
 def test_errors_while_tracing_are_wrapped_naming_the_stage(compose_run) -> None:
     with pytest.raises(
-        StageError, match=r"^stage 'stage_out' failed: ValueError: boom while tracing$"
+        StageError,
+        match=r"^stage 'stage_out' failed: ValueError: boom while tracing "
+        r"\(while tracing aot_programs:boom\(args\[0\]=f32\[2\]\)\)$",
     ) as info:
         compose_run("program.target=aot_programs:boom", "program.args=[f32[2]]")
     assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
+    """The issue's sweep example puts a batch where the mlp takes its parameters."""
+    with pytest.raises(StageError) as info:
+        compose_run("program=mlp", "program.args.0=f32[256,1024]")
+    assert str(info.value).endswith(
+        "(while tracing jaxaot_examples.mlp:mlp(args[0]=f32[256,1024], args[1]=f32[64,256]))"
+    )
+    with pytest.raises(StageError, match=r"forward\(args\[0\]=\{embed, layers, ln_f, unembed\}, "
+                                         r"args\[1\]=f32\[4,64\]\)\)$"):  # fmt: skip
+        compose_run("program=transformer", "program.args.1=f32[4,64]")
 
 
 def test_a_string_at_a_traced_position_is_an_error(compose_run) -> None:
