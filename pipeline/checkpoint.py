@@ -9,6 +9,7 @@ stages that run now may be overridden freely.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from .config import STAGES, JaxaotConfig, to_container, validate
 from .errors import ConfigError, StoreError
 from .manifest import load_manifest
+
+log = logging.getLogger("jaxaot")
 
 # Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
 # change the result).
@@ -123,7 +126,25 @@ class Checkpoint:
                     f"{self.run_dir}); drop the override or start at an earlier stage"
                 )
         merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
+        keys = {_override_key(o) for o in overrides}
+        if "lower" in frozen and "compile" not in frozen and "compile.backend" not in keys:
+            merged["compile"] = self._backend_of_lowering(merged["compile"])
         return validate(merged)
+
+    def _backend_of_lowering(self, compile_cfg: dict[str, Any]) -> dict[str, Any]:
+        """Compile for the checkpoint's platform when it was lowered for exactly one, and the
+        backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
+        from .jaxenv import platform_of
+
+        saved = self.manifest["config"]
+        platforms = list(
+            saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])]
+        )
+        if len(platforms) != 1 or platform_of(compile_cfg["backend"]) in platforms:
+            return compile_cfg
+        log.info("[compile] compile.backend=%s: the checkpoint was lowered for %s only "
+                 "(override compile.backend to choose another)", platforms[0], platforms)  # fmt: skip
+        return {**compile_cfg, "backend": platforms[0]}
 
 
 __all__ = ["SECTIONS", "Checkpoint", "frozen_sections"]

@@ -56,9 +56,10 @@ def check_platform(lowered: Lowered, backend: str) -> str:
     if platform not in lowered.platforms:
         raise BackendError(
             f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
-            f"was {list(lowered.platforms)}; add {platform!r} to lower.platforms, or lower only "
-            f"here (stop_after=lower) and compile on a {'/'.join(lowered.platforms)} machine "
-            "(resume_from=<this run> start_at=compile)"
+            f"was {list(lowered.platforms)}; compile for one of those "
+            f"(compile.backend={lowered.platforms[0]}), add {platform!r} to lower.platforms, or "
+            f"lower only here (stop_after=lower) and compile on a {'/'.join(lowered.platforms)} "
+            "machine (resume_from=<this run> start_at=compile)"
         )
     return platform
 

@@ -185,5 +185,13 @@ def test_a_tpu_lowering_is_the_input_for_compile_on_a_tpu_host(compose_run):
 
     exported = jax.export.deserialize(bytearray((src / "lower" / "exported.bin").read_bytes()))
     assert exported.platforms == ("tpu",)
-    with pytest.raises(BackendError, match=r"needs a lowering for 'cpu'.*compile on a tpu machine"):
+    # Without compile.backend the resumed compile is for the lowering's one platform (here,
+    # a CPU machine, that is the error saying there is no TPU; on a TPU host it compiles).
+    with pytest.raises(
+        BackendError, match=r"^compile.backend='tpu': no tpu backend on this machine"
+    ):
         compose_run(f"resume_from={src}", "start_at=compile")
+    chosen = [f"resume_from={src}", "start_at=compile", "compile.backend=cpu"]
+    with pytest.raises(BackendError, match=r"needs a lowering for 'cpu', but lower.platforms was "
+                       r"\['tpu'\]; compile for one of those \(compile.backend=tpu\)"):  # fmt: skip
+        pipeline.run(pipeline.compose(chosen), run_dir=src.parent / "chosen", overrides=chosen)
