@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from .progress import (
     claim_finish_slot,
     override_key,
     planned_stages,
+    print_line,
     progress_line,
     read_json,
     relay_line,
@@ -169,9 +169,7 @@ class SweepCallback(Callback):
         error = error or (manifest or {}).get("error")
         n = claim_finish_slot(sweep_dir)
         line = progress_line(n, plan.total, shown, status, manifest, error)
-        # One write, so lines of jobs finishing together in parallel workers never interleave.
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        print_line(line)
         if _output_hidden(config):
             relay_line(sweep_dir, n, line)  # for the launching process to print
 

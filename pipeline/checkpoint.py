@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import STAGES, JaxaotConfig, to_container, validate
+from .config import STAGES, JaxaotConfig, override_key, to_container, validate
 from .errors import ConfigError, StoreError
 from .manifest import load_manifest
 
@@ -55,10 +55,8 @@ def _select(tree: Any, dotted: str) -> Any:
 
 
 def _override_key(override: str) -> str | None:
-    text = override.lstrip("+~")
-    if "=" not in text:
-        return text or None
-    return text.split("=", 1)[0].split("@", 1)[0].strip() or None
+    """The config key an override sets (``key@package=v`` -> ``key``), None for an empty one."""
+    return override_key(override).split("@", 1)[0].strip() or None
 
 
 class Checkpoint:

@@ -269,6 +269,11 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
     return typed
 
 
+def override_key(override: str) -> str:
+    """``+compile.compiler_options.x=1`` -> ``compile.compiler_options.x``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """Rename the program after its function when ``overrides`` retarget it but do not name it.
 
@@ -276,7 +281,7 @@ def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
     keeps the default program's other fields, and a run, report or snapshot called
     ``transformer`` would be wrong; it is called ``einsum``. ``program.name=...`` still wins.
     """
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    keys = {override_key(o) for o in overrides}
     target = OmegaConf.select(cfg, "program.target")
     if "program.target" not in keys or "program.name" in keys or not isinstance(target, str):
         return

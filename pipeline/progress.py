@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import STAGES
+from .config import STAGES, override_key
 from .fsutil import atomic_write_json, atomic_write_text
 from .manifest import MANIFEST_NAME
 from .summary import human_bytes, human_count, human_seconds
@@ -71,11 +71,6 @@ class JobOutcome:
 
     code: int
     error: str | None = None
-
-
-def override_key(override: str) -> str:
-    """``+compile.compiler_options.x=1`` -> ``compile.compiler_options.x``."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def override_value(override: str) -> str:
@@ -183,7 +178,7 @@ class ProgressRelay:
                  poll_s: float = 0.5, write: Any = None) -> None:  # fmt: skip
         self.folder = Path(sweep_dir) / STATE_DIR / LINES_DIR
         self.total, self.heartbeat_s, self.poll_s = total, heartbeat_s, poll_s
-        self._write = write or _print_line
+        self._write = write or print_line
         self._printed: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="jaxaot-progress", daemon=True)
@@ -229,8 +224,10 @@ class ProgressRelay:
                             f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
 
 
-def _print_line(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write: never interleaved with another thread's line
+def print_line(line: str) -> None:
+    """One line to stdout in one write, so lines of jobs finishing together in parallel
+    workers (or of the relay thread) never interleave."""
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -312,6 +309,7 @@ __all__ = [
     "override_key",
     "override_value",
     "planned_stages",
+    "print_line",
     "progress_line",
     "read_json",
     "relay_line",
