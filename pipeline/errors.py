@@ -12,6 +12,12 @@ class JaxaotError(Exception):
     """Root of every error jaxaot raises on purpose."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: jaxaot's own message, or ``Type: message`` for any other."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, JaxaotError) else f"{type(exc).__name__}: {text}"
+
+
 class ConfigError(JaxaotError, ValueError):
     """A config key has a value of the wrong kind, shape or range."""
 

@@ -26,7 +26,7 @@ from .argspec import BoundArgs, bind_config
 from .checkpoint import Checkpoint
 from .config import STAGES, JaxaotConfig, to_container, validate
 from .context import StageContext
-from .errors import JaxaotError, StageError, StoreError
+from .errors import JaxaotError, StageError, StoreError, one_line
 from .fsutil import key_of
 from .keylock import KeyLock
 from .manifest import Manifest
@@ -65,11 +65,6 @@ def _hydra_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if isinstance(exc, JaxaotError) else f"{type(exc).__name__}: {text}"
 
 
 def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str | None = None,

@@ -17,7 +17,7 @@ from typing import Any
 from pipeline import memo
 from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
 from pipeline.context import StageContext
-from pipeline.errors import JaxaotError, StageError, TargetError
+from pipeline.errors import JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
 
 from .parallel import per_replica, stacked, unbound_axis_error
@@ -129,8 +129,6 @@ def _traced_as(
     exc: BaseException, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> str:
     """The error of a failed trace, with the call it was traced as (which arguments went where)."""
-    from pipeline.runner import one_line
-
     parts = [f"args[{i}]={_describe(a)}" for i, a in enumerate(args)]
     parts += [f"{k}={_describe(v)}" for k, v in kwargs.items()]
     call = ", ".join(parts)
@@ -243,16 +241,12 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         args, kwargs = _as_args(bound)[0], {}
     try:
         traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
-    except NameError as exc:
-        err = unbound_axis_error(exc, mesh)
-        if err is None:
-            raise StageError(
-                "stage_out", _traced_as(exc, cfg.program.target, args, kwargs)
-            ) from exc
-        raise err from None
     except JaxaotError:
         raise
     except Exception as exc:  # the program's own error: say what it was traced with
+        err = unbound_axis_error(exc, mesh) if isinstance(exc, NameError) else None
+        if err is not None:
+            raise err from None
         raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
