@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from .config import STAGES, override_key
 from .fsutil import atomic_write_json, atomic_write_text
@@ -166,7 +166,36 @@ def relay_line(sweep_dir: Path, n: int, line: str) -> None:
     atomic_write_text(Path(sweep_dir) / STATE_DIR / LINES_DIR / str(n), line + "\n")
 
 
-class ProgressRelay:
+class _Ticker:
+    """A daemon thread that calls :meth:`tick` every ``period_s`` until :meth:`stop`."""
+
+    def __init__(self, period_s: float, name: str) -> None:
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> Self:
+        self._started()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _started(self) -> None:
+        """Called as the thread starts (reset clocks here)."""
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.tick()
+
+
+class ProgressRelay(_Ticker):
     """Prints, in the launching process, the progress lines that jobs elsewhere relay.
 
     Polls ``.jaxaot/progress/`` and prints each new line once, in finish order as far as it
@@ -176,24 +205,19 @@ class ProgressRelay:
 
     def __init__(self, sweep_dir: Path, total: int | None, heartbeat_s: float,
                  poll_s: float = 0.5, write: Any = None) -> None:  # fmt: skip
+        super().__init__(poll_s, "jaxaot-progress")
         self.folder = Path(sweep_dir) / STATE_DIR / LINES_DIR
-        self.total, self.heartbeat_s, self.poll_s = total, heartbeat_s, poll_s
+        self.total, self.heartbeat_s = total, heartbeat_s
         self._write = write or print_line
         self._printed: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="jaxaot-progress", daemon=True)
         self._t0 = self._last = time.monotonic()
 
-    def start(self) -> ProgressRelay:
+    def _started(self) -> None:
         self._t0 = self._last = time.monotonic()
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
         """Print whatever arrived last, then stop."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        super().stop()
         self.poll()
 
     def poll(self) -> int:
@@ -213,15 +237,14 @@ class ProgressRelay:
             self._last = time.monotonic()
         return len(names)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            self.poll()
-            now = time.monotonic()
-            if self.heartbeat_s > 0 and now - self._last >= self.heartbeat_s:
-                self._last = now
-                total = self.total if self.total is not None else "?"
-                self._write(f"[sweep] {len(self._printed)}/{total} jobs finished, "
-                            f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
+    def tick(self) -> None:
+        self.poll()
+        now = time.monotonic()
+        if self.heartbeat_s > 0 and now - self._last >= self.heartbeat_s:
+            self._last = now
+            total = self.total if self.total is not None else "?"
+            self._write(f"[sweep] {len(self._printed)}/{total} jobs finished, "
+                        f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
 
 
 def print_line(line: str) -> None:
@@ -238,7 +261,7 @@ def planned_stages(config: Any) -> list[str]:
     return list(STAGES[first : last + 1])
 
 
-class Heartbeat:
+class Heartbeat(_Ticker):
     """Logs ``still compiling ...`` every ``interval_s`` while a job runs.
 
     The stage in progress is read from the job's manifest (rewritten after every stage), so the
@@ -246,21 +269,13 @@ class Heartbeat:
     """
 
     def __init__(self, run_dir: Path, interval_s: float, label: str, stages: Sequence[str]):
+        super().__init__(interval_s, "jaxaot-heartbeat")
         self.run_dir, self.interval_s, self.label = Path(run_dir), interval_s, label
         self.stages = list(stages)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="jaxaot-heartbeat", daemon=True)
         self._t0 = time.time()
 
-    def start(self) -> Heartbeat:
+    def _started(self) -> None:
         self._t0 = time.time()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
     def current(self) -> tuple[str | None, float | None]:
         """The stage now running and since when (the manifest's last write); (None, None)
@@ -288,11 +303,10 @@ class Heartbeat:
         return (f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
                 f"in {stage}, {job} in this job")  # fmt: skip
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            line = self.message()
-            if line:
-                log.info("%s", line)
+    def tick(self) -> None:
+        line = self.message()
+        if line:
+            log.info("%s", line)
 
 
 __all__ = [
