@@ -20,6 +20,7 @@ from .callbacks import last_sweep_failures
 from .config import name_after_target, register_configs
 from .errors import JaxaotError
 from .progress import JobOutcome
+from .trust import guard_hydra_callbacks
 
 log = logging.getLogger("jaxaot")
 
@@ -110,6 +111,7 @@ def _one_line(exc: BaseException) -> str:
 def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
     register_configs()
+    guard_hydra_callbacks()  # hydra.callbacks._target_ under trust.* before Hydra imports it
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
     sys.argv = [sys.argv[0], *args]

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import ConfigError
 from .metadata import check_metadata
 from .parallel import check_parallel
+from .trust import check_imports
 
 STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -108,6 +109,14 @@ class SnapshotConfig:
 
 
 @dataclass(frozen=True)
+class TrustConfig:
+    """Which importable names this config may reach (pipeline/trust.py): dotted prefixes."""
+
+    allow_imports: list[str] = field(default_factory=list)  # let in, beating the deny list
+    deny_imports: list[str] = field(default_factory=list)  # refuse, on top of the built-in list
+
+
+@dataclass(frozen=True)
 class JaxaotConfig:
     program: ProgramConfig = MISSING
     stage_out: StageOutConfig = field(default_factory=StageOutConfig)
@@ -117,6 +126,7 @@ class JaxaotConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    trust: TrustConfig = field(default_factory=TrustConfig)
     stop_after: str = "execute"
     start_at: str = "stage_out"
     resume_from: str | None = None
@@ -133,6 +143,7 @@ _SCHEMAS: dict[str, tuple[str | None, type]] = {
     "base_mesh": ("mesh", MeshConfig),
     "base_store": ("store", StoreConfig),
     "base_snapshot": ("snapshot", SnapshotConfig),
+    "base_trust": ("trust", TrustConfig),
 }
 
 
@@ -218,6 +229,7 @@ def _check(cfg: JaxaotConfig) -> None:
             raise ConfigError(f"{key}: expected >= 0 or null, found {tol}")
     check_parallel(cfg)
     check_metadata(cfg)
+    check_imports(cfg)
     _check_snapshot(cfg.snapshot)
 
 
@@ -250,6 +262,25 @@ def _one_line(exc: OmegaConfBaseException) -> str:
     return f"{key}: {head}" if key and key not in head else head
 
 
+def _unknown_key(node: Any, prefix: str = "") -> None:
+    """Refuse a key the schema lacks: ``+foo=bar`` adds one to a typed node, which
+    ``OmegaConf.to_object`` would then fail to set on the frozen dataclass."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form dict (compiler_options, kwargs, ...) takes any key
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key in node:
+        where = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(
+                f"{where}: unknown key; {prefix.rstrip('.') or 'the top level'} has "
+                f"{', '.join(sorted(names))}"
+            )
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child) and not child._is_missing() and not child._is_none():
+            _unknown_key(child, f"{where}.")
+
+
 def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
     """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
     if isinstance(cfg, JaxaotConfig):
@@ -261,6 +292,7 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
                 schema = OmegaConf.structured(JaxaotConfig)
                 _writable(schema)
                 node = OmegaConf.merge(schema, node)
+            _unknown_key(node)
             typed = OmegaConf.to_object(node)
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
@@ -310,6 +342,7 @@ __all__ = [
     "SnapshotConfig",
     "StageOutConfig",
     "StoreConfig",
+    "TrustConfig",
     "register_configs",
     "to_container",
     "validate",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .trust import DEFAULT_POLICY, ImportPolicy, policy_of
 
 if TYPE_CHECKING:
     from .config import JaxaotConfig
@@ -32,6 +33,8 @@ class Scoped:
     attributes: dict[str, Any] = field(default_factory=dict)
     must_fuse: str | None = None
     fuse_limit: bool = False
+    # The import rules of the config it came from (trust.*): lowering resolves the target.
+    policy: ImportPolicy = field(default=DEFAULT_POLICY, repr=False, compare=False)
 
 
 def _attributes(value: Any, key: str) -> dict[str, Any]:
@@ -51,6 +54,7 @@ def scoped_metadata(cfg: JaxaotConfig) -> list[Scoped]:
             f"lower.scoped_metadata: expected a list of {{target, ...}}, found {raw!r}"
         )
     out = []
+    policy = policy_of(cfg)
     for i, entry in enumerate(raw):
         key = f"lower.scoped_metadata[{i}]"
         if not isinstance(entry, Mapping) or "target" not in entry:
@@ -71,7 +75,8 @@ def scoped_metadata(cfg: JaxaotConfig) -> list[Scoped]:
         attrs = _attributes(entry.get("attributes") or {}, f"{key}.attributes")
         if not attrs and must_fuse is None and not fuse_limit:
             raise ConfigError(f"{key}: expected attributes, must_fuse or fuse_limit: true")
-        out.append(Scoped(target, attrs, None if must_fuse is None else str(must_fuse), fuse_limit))
+        out.append(Scoped(target, attrs, None if must_fuse is None else str(must_fuse), fuse_limit,
+                          policy))  # fmt: skip
     return out
 
 

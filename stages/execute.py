@@ -153,9 +153,15 @@ def _reference(
 ) -> Any:
     import jax
 
+    from pipeline.trust import policy_of
+
     from .stage_out import resolve_target
 
-    fn = staged.fn if staged.fn is not None else resolve_target(ctx.cfg.program.target)
+    fn = (
+        staged.fn
+        if staged.fn is not None
+        else resolve_target(ctx.cfg.program.target, policy=policy_of(ctx.cfg))
+    )
     full, it = [], iter(args)
     for i, a in enumerate(staged.args):
         full.append(a if staged.bound.is_static(i) else next(it))

@@ -51,7 +51,7 @@ def _annotated(fn: Callable[..., Any], scoped: Scoped) -> Callable[..., Any]:
 @contextlib.contextmanager
 def _patched(scoped: Scoped, key: str) -> Iterator[None]:
     """Swap the target for its annotated version wherever a module holds it by that name."""
-    original = resolve_target(scoped.target, key)
+    original = resolve_target(scoped.target, key, scoped.policy)
     module_name, _, attr_path = scoped.target.partition(":")
     *owners, name = attr_path.split(".")
     owner: Any = importlib.import_module(module_name)

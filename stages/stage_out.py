@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tre
 from pipeline.context import StageContext
 from pipeline.errors import JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
+from pipeline.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 
 from .parallel import per_replica, stacked, unbound_axis_error
 
@@ -40,12 +42,19 @@ class StagedOut:
     reference_fn: Callable[..., Any] | None = None
 
 
-def resolve_target(target: str, key: str = "program.target") -> Callable[..., Any]:
-    """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing."""
+def resolve_target(
+    target: str, key: str = "program.target", policy: ImportPolicy = DEFAULT_POLICY
+) -> Callable[..., Any]:
+    """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing.
+
+    ``policy`` (pipeline/trust.py) is checked on the string before anything is imported, and
+    on every module the path goes through and the callable it ends at.
+    """
     module_name, _, attr_path = target.partition(":")
     where = f"{key}={target!r}"
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
+    check_name(target, key, policy)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -57,6 +66,7 @@ def resolve_target(target: str, key: str = "program.target") -> Callable[..., An
         raise TargetError(
             f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
         ) from exc
+    modules = [obj]
     for i, part in enumerate(attr_path.split(".")):
         if not hasattr(obj, part):
             owner = module_name + "".join("." + p for p in attr_path.split(".")[:i])
@@ -66,6 +76,9 @@ def resolve_target(target: str, key: str = "program.target") -> Callable[..., An
                 f"{', ...' if len(public) == 12 else ''})"
             )
         obj = getattr(obj, part)
+        if isinstance(obj, types.ModuleType):
+            modules.append(obj)
+    check_resolved(target, key, policy, modules, obj)
     if not callable(obj):
         raise TargetError(f"{where}: {attr_path!r} is a {type(obj).__name__}, not a callable")
     return obj
@@ -227,7 +240,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     import jax
 
     cfg = ctx.cfg
-    fn = resolve_target(cfg.program.target)
+    fn = resolve_target(cfg.program.target, policy=policy_of(cfg))
     bound = bind_config(cfg, parameter_names(fn))
     args, kwargs = _as_args(bound)
     jit_options = _jit_options(bound)

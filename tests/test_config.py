@@ -104,6 +104,29 @@ def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+foo=bar", "foo: unknown key; the top level has compile, debug, execute, lower, mesh, "
+         "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"),
+        ("+program.zz=1", "program.zz: unknown key; program has args, description, kwargs, name, "
+         "static_argnames, static_argnums, target"),
+        ("+trust.allow=[os]", "trust.allow: unknown key; trust has allow_imports, deny_imports"),
+    ],
+)  # fmt: skip
+def test_a_key_added_with_plus_is_unknown_naming_it(override: str, message: str) -> None:
+    # Hydra lets `+key=value` add a key to the typed config; it used to surface as
+    # "internal error: FrozenInstanceError" when the frozen dataclass was built.
+    with pytest.raises(ConfigError) as info:
+        validate(pipeline.compose(["program=axpy", override]))
+    assert str(info.value) == message
+
+
+def test_a_key_added_to_a_free_form_dict_is_kept() -> None:
+    typed = validate(pipeline.compose(["program=axpy", "+compile.compiler_options.xla_x=1"]))
+    assert typed.compile.compiler_options == {"xla_x": 1}
+
+
+@pytest.mark.parametrize(
     ("cfg", "match"),
     [
         (_cfg(stop_after="link"), r"^stop_after: expected one of stage_out, lower, compile, execute, found 'link'"),
