@@ -331,6 +331,14 @@ def bind(
     for name in donate_argnames:
         if name in names and names.index(name) < n:
             d_nums.add(names.index(name))
+        elif name not in parsed_kwargs and names_of_positions is not None:
+            # Neither passed by position nor a program.kwargs key (which may reach **kwargs):
+            # jax.jit would donate nothing for it, silently.
+            raise ConfigError(
+                f"lower.donate_argnames: {name!r} names no argument passed to the target "
+                f"(positional parameters: {', '.join(names) or 'none'}; program.args passes {n} "
+                f"positionally; program.kwargs keys: {', '.join(parsed_kwargs) or 'none'})"
+            )
     for i in sorted(s_nums):
         if names and i < len(names):
             s_names.add(names[i])

@@ -7,11 +7,20 @@ change the values of the others and two runs with the same seed get the same inp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from pipeline.argspec import ArraySpec, BoundArgs, Literal, parse_leaf_or_tree
+from pipeline.argspec import (
+    SIXTY_FOUR_BIT,
+    ArraySpec,
+    BoundArgs,
+    Literal,
+    canonical_dtype,
+    parse_leaf_or_tree,
+    short_name,
+)
 from pipeline.errors import ArgSpecError, ConfigError
 
 
@@ -92,10 +101,128 @@ def _same_structure(spec: Any, given: Any, where: str) -> None:
         raise ConfigError(f"{where}: expected one array (.npy path) or literal, found {given!r}")
 
 
+def _check_leaves(spec: Any, given: Any, where: str, declared: str) -> None:
+    """Each given array has the declared dtype and shape: JAX would silently narrow a float64
+    file to the float32 an x64-off executable takes, so a mismatch is refused here."""
+    if isinstance(spec, dict):
+        for k in spec:
+            _check_leaves(spec[k], given[k], f"{where}.{k}", f"{declared}.{k}")
+    elif isinstance(spec, list):
+        for i, (s, g) in enumerate(zip(spec, given, strict=True)):
+            _check_leaves(s, g, f"{where}[{i}]", f"{declared}[{i}]")
+    elif isinstance(given, Literal) and isinstance(given.value, str):
+        hint = (
+            "an archive names every argument: give it alone, execute.inputs=<file>.npz"
+            if given.value.endswith(".npz")
+            else "expected a .npy path or a number"
+        )
+        raise ConfigError(f"{where}: {given.value!r} is a string; {hint}")
+    elif isinstance(spec, ArraySpec) and isinstance(given, ArraySpec):
+        what = f"{where}: {given.path!r}" if given.path else where
+        _same_type(spec, given.shape, given.dtype, what, declared)
+
+
+def _same_type(
+    spec: ArraySpec, shape: tuple[int, ...], dtype: str, what: str, declared: str
+) -> None:
+    if (tuple(shape), dtype) == (spec.shape, spec.dtype):
+        return
+    found = ArraySpec(shape=tuple(shape), dtype=dtype).type_str
+    if dtype in SIXTY_FOUR_BIT and spec.dtype not in SIXTY_FOUR_BIT and tuple(shape) == spec.shape:
+        fix = f"declare {short_name(dtype)} in {declared} to run in 64-bit (x64), or save it as {spec.dtype}"
+    else:
+        fix = f"save it as {spec.type_str}, or change {declared}"
+    raise ConfigError(
+        f"{what} holds {found}, expected {spec.type_str} (as {declared} declares; inputs are "
+        f"never converted): {fix}"
+    )
+
+
+def _arg_paths(tree: Any, path: str, declared: str) -> Iterator[tuple[str, str, Any]]:
+    """(signature path, config path, spec leaf): ``args[0]['w']``, as stage_out/signature.json."""
+    if isinstance(tree, dict):
+        for k in sorted(tree):
+            yield from _arg_paths(tree[k], f"{path}[{k!r}]", f"{declared}.{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _arg_paths(v, f"{path}[{i}]", f"{declared}[{i}]")
+    else:
+        yield path, declared, tree
+
+
+def _replace_leaves(tree: Any, values: Iterator[Any]) -> Any:
+    if isinstance(tree, dict):
+        return {k: _replace_leaves(tree[k], values) for k in sorted(tree)}
+    if isinstance(tree, list):
+        return [_replace_leaves(v, values) for v in tree]
+    return next(values)
+
+
+def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
+    """``execute.inputs=<file>.npz``: one array per traced input, keyed by its signature path.
+
+    The keys are the ``path`` fields of ``stage_out/signature.json`` (``args[0]``,
+    ``args[1]['w']``, ``kwargs['z']``); a traced literal may be left out (its value is used).
+    """
+    where = f"execute.inputs={path!r}"
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where}: not a readable .npz archive ({exc})") from None
+    trees = [(f"args[{i}]", f"program.args[{i}]", a) for i, a in enumerate(bound.args)
+             if not bound.is_static(i)]  # fmt: skip
+    trees += [(f"kwargs[{k!r}]", f"program.kwargs.{k}", v) for k, v in bound.kwargs.items()
+              if not bound.is_static(k)]  # fmt: skip
+    expected: list[str] = []
+    built: list[Any] = []
+    for root, declared, tree in trees:
+        leaves = []
+        for key, decl, spec in _arg_paths(tree, root, declared):
+            expected.append(key)
+            if key not in arrays:
+                if isinstance(spec, Literal):
+                    leaves.append(spec.value)
+                    continue
+                raise ConfigError(
+                    f"{where}: no array {key!r} (expected keys: {', '.join(expected_keys(bound))})"
+                )
+            arr = arrays[key]
+            if isinstance(spec, ArraySpec):
+                _same_type(spec, tuple(arr.shape), canonical_dtype(arr.dtype.name, where),
+                           f"{where}[{key!r}]", decl)  # fmt: skip
+            leaves.append(arr)
+        built.append(_replace_leaves(tree, iter(leaves)))
+    extra = sorted(set(arrays) - set(expected))
+    if extra:
+        raise ConfigError(
+            f"{where}: unexpected array(s) {extra}; expected keys: {', '.join(expected)}"
+        )
+    n_pos = sum(1 for i in range(len(bound.args)) if not bound.is_static(i))
+    names = [k for k in bound.kwargs if not bound.is_static(k)]
+    return built[:n_pos], dict(zip(names, built[n_pos:], strict=True))
+
+
+def expected_keys(bound: BoundArgs) -> list[str]:
+    """The keys an ``execute.inputs`` archive holds, in signature order."""
+    keys = [key for i, a in enumerate(bound.args) if not bound.is_static(i)
+            for key, _, _ in _arg_paths(a, f"args[{i}]", "")]  # fmt: skip
+    keys += [key for k, v in bound.kwargs.items() if not bound.is_static(k)
+             for key, _, _ in _arg_paths(v, f"kwargs[{k!r}]", "")]  # fmt: skip
+    return keys
+
+
 def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Parse ``execute.inputs``: a list for the non-static positional arguments, or
-    ``{args: [...], kwargs: {...}}``; each leaf a ``.npy`` path or a literal."""
-    traced_pos = [a for i, a in enumerate(bound.args) if not bound.is_static(i)]
+    ``{args: [...], kwargs: {...}}``, each leaf a ``.npy`` path or a literal; or one ``.npz``
+    archive keyed by argument path (:func:`npz_inputs`). Every array must have the type its
+    spec declares."""
+    if isinstance(inputs, str) and inputs.endswith(".npz"):
+        return npz_inputs(bound, inputs)
+    positions = [i for i in range(len(bound.args)) if not bound.is_static(i)]
+    traced_pos = [bound.args[i] for i in positions]
     traced_kw = {k: v for k, v in bound.kwargs.items() if not bound.is_static(k)}
     if isinstance(inputs, dict) and set(inputs) <= {"args", "kwargs"}:
         pos, kw = inputs.get("args", []), inputs.get("kwargs", {})
@@ -103,8 +230,8 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
         pos, kw = inputs, {}
     else:
         raise ConfigError(
-            "execute.inputs: expected a list (one entry per non-static positional argument) or "
-            f"{{args: [...], kwargs: {{...}}}}, found {inputs!r}"
+            "execute.inputs: expected a list (one entry per non-static positional argument), "
+            f"{{args: [...], kwargs: {{...}}}} or a .npz archive, found {inputs!r}"
         )
     if len(pos) != len(traced_pos):
         raise ConfigError(
@@ -115,6 +242,10 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     _same_structure(traced_kw, kw, "execute.inputs.kwargs")
     parsed_pos = [parse_leaf_or_tree(p, f"execute.inputs[{i}]") for i, p in enumerate(pos)]
     parsed_kw = {k: parse_leaf_or_tree(v, f"execute.inputs.kwargs.{k}") for k, v in kw.items()}
+    for i, (spec, given) in enumerate(zip(traced_pos, parsed_pos, strict=True)):
+        _check_leaves(spec, given, f"execute.inputs[{i}]", f"program.args[{positions[i]}]")
+    for k, given in parsed_kw.items():
+        _check_leaves(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
     counter = [0]
     return (
         [_build(p, 0, counter, f"execute.inputs[{i}]") for i, p in enumerate(parsed_pos)],
@@ -138,4 +269,4 @@ def spec_inputs(bound: BoundArgs, seed: int) -> tuple[list[Any], dict[str, Any]]
     return args, kwargs
 
 
-__all__ = ["materialize", "np_dtype", "spec_inputs", "user_inputs"]
+__all__ = ["expected_keys", "materialize", "np_dtype", "npz_inputs", "spec_inputs", "user_inputs"]

@@ -34,3 +34,8 @@ def noisy(x: jax.Array) -> jax.Array:
     """A host callback (jax.debug.print), which jax.export cannot serialize."""
     jax.debug.print("x = {x}", x=x)
     return 2 * x
+
+
+def var_keywords(x: jax.Array, **extra: jax.Array) -> jax.Array:
+    """Keyword arguments through ``**kwargs``: donate_argnames may still name them."""
+    return 2 * x + sum(extra.values())

@@ -280,6 +280,47 @@ def test_donated_keyword_arguments_are_consumed_on_every_call(compose_run) -> No
     ]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (("program.args=[f32[4],f32[4]]", "lower.donate_argnames=[nonexistent]"),
+         r"^lower\.donate_argnames: 'nonexistent' names no argument passed to the target "
+         r"\(positional parameters: x, y; program\.args passes 2 positionally; program\.kwargs "
+         r"keys: none\)$"),
+        (("program.target=aot_programs:scaled", "program.args=[f32[4]]",
+          "program.kwargs={z:f32[4]}", "lower.donate_argnames=[w]"),
+         r"^lower\.donate_argnames: 'w' names no argument passed to the target "
+         r"\(positional parameters: x; program\.args passes 1 positionally; program\.kwargs "
+         r"keys: z\)$"),
+        (("program.target=jax.numpy:sum", "program.args=[f32[4]]", "program.kwargs={}",
+          "lower.donate_argnames=[where]"),  # a parameter, but not passed
+         r"^lower\.donate_argnames: 'where' names no argument passed to the target \(positional "
+         r"parameters: a, axis, dtype, out, keepdims, initial, where, promote_integers; "
+         r"program\.args passes 1 positionally"),
+    ],
+)  # fmt: skip
+def test_donate_argnames_naming_no_argument_is_an_error(compose_run, overrides, match) -> None:
+    # jax.jit maps argnames through the signature and donates nothing for an unknown name.
+    with pytest.raises(ConfigError, match=match):
+        compose_run(AXPY, *overrides, "stop_after=stage_out")
+
+
+def test_donate_argnames_may_name_a_positional_parameter_or_a_var_keyword(compose_run) -> None:
+    by_name = compose_run(AXPY, "program.args=[f32[4],f32[4]]", "lower.donate_argnames=[y]",
+                          "stop_after=lower")  # fmt: skip
+    assert by_name["lower"].donate_argnums == (1,)
+    # A name that reaches **kwargs is passed, so it can be donated.
+    result = compose_run("program.target=aot_programs:var_keywords", "program.args=[f32[4]]",
+                         "program.kwargs={extra:f32[4]}", "lower.donate_argnames=[extra]",
+                         "execute.repeats=2")  # fmt: skip
+    assert load_json(result.run_dir, "execute/timings.json")["donated_inputs_consumed"] is True
+    sig = load_json(result.run_dir, "stage_out/signature.json")
+    assert [(i["path"], i["donated"]) for i in sig["inputs"]] == [
+        ("args[0]", False),
+        ("kwargs['extra']", True),
+    ]
+
+
 def test_a_multi_platform_lowering_compiles_for_the_backend(compose_run) -> None:
     result = compose_run(
         AXPY, "program.args=[f32[4],f32[4]]", "lower.platforms=[cpu,tpu]", "execute.check=reference"
@@ -459,14 +500,23 @@ def test_execute_inputs_with_the_wrong_structure(compose_run, inputs: str, match
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs={inputs}")
 
 
-def test_execute_inputs_of_other_types_fail_with_jaxs_message(compose_run, tmp_path: Path) -> None:
+def test_execute_inputs_of_other_types_are_refused_before_jax_sees_them(
+    compose_run, tmp_path: Path
+) -> None:
     a = save(tmp_path / "a.npy", np.arange(3, dtype=np.int32))
+    with pytest.raises(ConfigError, match=r"^execute\.inputs\[0\]: '.*a\.npy' holds i32\[3\], "
+                       r"expected i32\[\] \(as program\.args\[0\] declares"):  # fmt: skip
+        compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
+
+
+def test_execute_inputs_of_other_types_fail_with_jaxs_message(compose_run) -> None:
+    # Literals are not arrays with a declared type: JAX's own check names the mismatch.
     with pytest.raises(
         InputTypeError,
         match=r"Argument types differ from the types for which this computation was compiled\..*"
-        r"Argument 'x' compiled with int32\[\] and called with int32\[3\]",
+        r"Argument 'x' compiled with int32\[3\] and called with float32\[\]",
     ):
-        compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
+        compose_run(AXPY, "program.args=[i32[3],i32[3]]", "execute.inputs=[1.5,2]")
 
 
 # --- arguments: literals, statics, kwargs, library targets ---------------------------------------
