@@ -71,12 +71,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise _naming(exc, path) from exc
         raise
     _fsync_dir(path.parent)
     return sha256_bytes(data)
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """The same error naming the file: a failed write() or fsync() (ENOSPC, EIO) names none."""
+    if exc.errno is None:
+        return OSError(f"{exc}: {str(path)!r}")
+    try:
+        return type(exc)(exc.errno, exc.strerror or str(exc), str(path))
+    except Exception:
+        return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def atomic_write_text(path: Path, text: str) -> str:

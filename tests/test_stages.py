@@ -6,9 +6,11 @@ second. The CLI-only behaviour is in ``test_cli.py`` and ``test_walkthrough.py``
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
+import os
 import pickle
 import platform
 from pathlib import Path
@@ -180,6 +182,83 @@ def test_exported_bin_and_executable_bin_load_and_compute_the_same(compose_run) 
         payload, in_tree, out_tree, backend="cpu", execution_devices=[by_id[i] for i in device_ids]
     )
     np.testing.assert_array_equal(executable(x, y), want)
+
+
+class _FullDisk:
+    """``os`` and ``tempfile`` for pipeline.fsutil alone: writing a file whose name contains
+    ``victim`` fails with ENOSPC, as write() does on a full disk (naming no file)."""
+
+    def __init__(self, module: Any, victim: str, paths: dict[int, str]) -> None:
+        self._module, self._victim, self._paths = module, victim, paths
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def mkstemp(self, *args: Any, **kwargs: Any) -> tuple[int, str]:
+        fd, path = self._module.mkstemp(*args, **kwargs)
+        self._paths[fd] = path
+        return fd, path
+
+    def fdopen(self, fd: int, *args: Any, **kwargs: Any) -> Any:
+        real = self._module.fdopen(fd, *args, **kwargs)
+        if self._victim not in self._paths.get(fd, ""):
+            return real
+
+        class Full:
+            def __enter__(self) -> Full:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                real.close()
+
+            def write(self, data: bytes) -> int:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return Full()
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(
+    compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import tempfile
+
+    from pipeline import fsutil
+
+    paths: dict[int, str] = {}
+    monkeypatch.setattr(fsutil, "os", _FullDisk(os, "module.stablehlo.mlir", paths))
+    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "module.stablehlo.mlir", paths))
+    run_dir = tmp_path / "full"
+    with pytest.raises(StageError) as info:
+        compose_run(AXPY, run_dir=run_dir)
+    target = run_dir / "lower" / "module.stablehlo.mlir"
+    assert str(info.value) == (
+        f"stage 'lower' failed: OSError: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: "
+        f"{str(target)!r}"
+    )
+    manifest = read_manifest(run_dir)
+    assert (manifest["status"], manifest["error"]) == ("failed", str(info.value))
+    assert manifest["stages"]["lower"]["status"] == "failed"
+    assert not target.exists()
+    assert [p.name for p in (run_dir / "lower").iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_every_atomic_write_names_its_file_on_enospc(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import tempfile
+
+    from pipeline import fsutil
+
+    paths: dict[int, str] = {}
+    monkeypatch.setattr(fsutil, "os", _FullDisk(os, "manifest.json", paths))
+    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "manifest.json", paths))
+    with pytest.raises(OSError) as info:
+        fsutil.atomic_write_json(tmp_path / "manifest.json", {"status": "ok"})
+    assert (info.value.errno, info.value.filename) == (
+        errno.ENOSPC,
+        str(tmp_path / "manifest.json"),
+    )
+    assert list(tmp_path.iterdir()) == []  # the temp file is gone, nothing half-written
 
 
 # --- compile options --------------------------------------------------------------------------
