@@ -30,7 +30,7 @@ from .progress import (
     read_json,
     short_names,
 )
-from .summary import human_bytes, human_count, human_seconds
+from .summary import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
 
 log = logging.getLogger("jaxaot")
 
@@ -86,7 +86,8 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
         row[f"{s}.status"] = stages.get(s, {}).get("status")
         row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
     for col, (stage, metric) in METRICS.items():
-        row[col] = stages.get(stage, {}).get("metrics", {}).get(metric)
+        # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
+        row[col] = measured(stages.get(stage, {}).get("metrics", {}).get(metric))
     return row
 
 
@@ -188,6 +189,17 @@ def _stage_cell(r: dict[str, Any], s: str) -> str:
     return f"{r[f'{s}.status']} {human_seconds(r.get(f'{s}.seconds'))}"
 
 
+def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
+    """A figure; "n/a" where its stage ran but gave none (or XLA's unknown sentinel)."""
+    if r.get(col) is None and r.get(f"{col.split('.', 1)[0]}.status") in (
+        "ran",
+        "cached",
+        "resumed",
+    ):
+        return NOT_AVAILABLE
+    return str(fmt(r.get(col)))
+
+
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
     n_ok = len(table.rows) - len(table.failed)
@@ -220,10 +232,11 @@ def to_markdown(table: SweepTable) -> str:
             status += " **best**"
         cells = [r["job"], *(r.get(k, "") for k in table.varying), status,
                  *(_stage_cell(r, s) for s in STAGES),
-                 human_count(r["compile.flops"]), human_bytes(r["compile.bytes_accessed"]),
-                 human_bytes(r["compile.argument_bytes"]), human_bytes(r["compile.output_bytes"]),
-                 human_bytes(r["compile.temp_bytes"]), human_bytes(r["compile.code_bytes"]),
-                 human_seconds(r["execute.median_s"]), human_count(r["execute.flops_per_s"]),
+                 *(_metric(r, c, human_count if c.endswith("flops") else human_bytes)
+                   for c in ("compile.flops", "compile.bytes_accessed", "compile.argument_bytes",
+                             "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes")),
+                 _metric(r, "execute.median_s", human_seconds),
+                 _metric(r, "execute.flops_per_s", human_count),
                  (r.get("error") or "")[:160]]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+NOT_AVAILABLE = "n/a"
+
+
+def measured(n: float | None) -> float | None:
+    """A cost or memory figure, or None for XLA's "unknown" sentinels (``flops: -2``, any
+    negative value): counts, sizes and rates are never negative."""
+    return None if n is None or n < 0 else n
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
+    if n < 0:
+        return NOT_AVAILABLE
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -18,6 +28,8 @@ def human_bytes(n: float | None) -> str:
 def human_count(n: float | None, unit: str = "") -> str:
     if n is None:
         return "-"
+    if n < 0:  # XLA's sentinel for a figure it could not compute
+        return f"{unit} {NOT_AVAILABLE}".strip()
     for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {prefix}{unit}"
@@ -53,7 +65,10 @@ def _details(stage: str, m: dict[str, Any]) -> str:
         if m.get("flops") is not None:
             parts.append(human_count(m["flops"], "FLOP"))
         if m.get("bytes_accessed") is not None:
-            parts.append(human_bytes(m["bytes_accessed"]) + " accessed")
+            accessed = m["bytes_accessed"]
+            parts.append(
+                f"{human_bytes(accessed)} accessed" if accessed >= 0 else "bytes accessed n/a"
+            )
         if m.get("temp_bytes") is not None:
             parts.append(
                 f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
@@ -102,4 +117,4 @@ def render(manifest: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["human_bytes", "human_count", "human_seconds", "render"]
+__all__ = ["NOT_AVAILABLE", "human_bytes", "human_count", "human_seconds", "measured", "render"]

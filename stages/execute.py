@@ -264,9 +264,9 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     timings: dict[str, Any] = {"calls": len(samples), "warmup": cfg.warmup, **_stats(samples)}
     if compiled.cost:
         med = timings["median_s"]
-        if compiled.cost.get("flops"):
+        if (compiled.cost.get("flops") or 0) > 0:  # XLA's -2 means "unknown", not a count
             timings["flops_per_s"] = compiled.cost["flops"] / med
-        if compiled.cost.get("bytes accessed"):
+        if (compiled.cost.get("bytes accessed") or 0) > 0:
             timings["bytes_per_s"] = compiled.cost["bytes accessed"] / med
     timings["donated_inputs_consumed"] = all(
         getattr(a, "is_deleted", lambda: False)() for leaf in consumed

@@ -87,6 +87,31 @@ def test_report_rebuilt_from_disk(sweep: Path) -> None:
     assert killed["compile.compiler_options.xla_cpu_enable_fast_math"] == "false"
 
 
+def test_xla_unknown_sentinels_are_n_a_in_the_report_and_progress_lines(tmp_path: Path) -> None:
+    root = tmp_path / "multirun"
+    SweepPlan(total=1, varying=("program",)).write(root)
+    raw = _manifest("ok", {
+        "stage_out": _stage("ran", 0.01), "lower": _stage("ran", 0.02, flops=-2.0),
+        "compile": _stage("ran", 0.03, flops=-2.0, bytes_accessed=-2.0, argument_bytes=32,
+                          output_bytes=16, temp_bytes=8, code_bytes=0),
+        "execute": _stage("ran", 0.04, median_s=2e-6, stddev_s=1e-7),
+    })  # fmt: skip
+    _job(root, 0, ["program=inv"], raw)
+    table = report.write_report(root, plots=False)
+    (row,) = table.rows
+    # No figure to sort or autotune on: an objective on compile.flops must not pick -2 as best.
+    assert (row["compile.flops"], row["compile.bytes_accessed"]) == (None, None)
+    assert row["compile.temp_bytes"] == 8
+    csv_row = (root / report.CSV_NAME).read_text().splitlines()[1]
+    assert "-2" not in csv_row
+    md = (root / report.MD_NAME).read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("| 0 |"))
+    assert "| n/a | n/a | 32 B | 16 B | 8 B | 0 B | 2.0 us | n/a |" in line
+    assert "-2" not in md
+    progress = progress_line(1, 1, ["program=inv"], "ok", raw, None)
+    assert progress.endswith("compile ran 30.00 ms, FLOP n/a, temp 8 B, execute 2.0 us")
+
+
 def test_report_cli_exits_1_when_a_job_failed(
     sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -116,3 +116,47 @@ def test_render_a_real_run(compose_run) -> None:
 )
 def test_human_units(fn: Any, value: Any, text: str) -> None:
     assert fn(value) == text
+
+
+def test_xla_unknown_sentinels_are_shown_as_n_a() -> None:
+    # XLA's cost analysis says flops: -2 (and other negatives) when it cannot count.
+    manifest = _manifest()
+    manifest["stages"]["lower"]["metrics"]["flops"] = -2.0
+    manifest["stages"]["compile"]["metrics"].update(flops=-2.0, bytes_accessed=-1.0)
+    manifest["stages"]["execute"]["metrics"]["flops_per_s"] = -2.0 / 0.00042  # older manifests
+    text = render(manifest)
+    assert "platforms cpu; FLOP n/a (pre-compile)" in _row(text, "lower")
+    assert "ms  FLOP n/a; bytes accessed n/a; mem arg 1.0 MiB" in _row(text, "compile")
+    assert "(sd 3.0 us); FLOP/s n/a; check ok" in _row(text, "execute")
+    assert "-2" not in text and "-4" not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "size"),
+    [(-2.0, "FLOP n/a", "n/a"), (-1, "FLOP n/a", "n/a"), (0, "0 FLOP", "0 B"), (None, "-", "-")],
+)
+def test_negative_figures_are_not_available(value: Any, count: str, size: str) -> None:
+    assert human_count(value, "FLOP") == count
+    assert human_bytes(value) == size
+
+
+def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
+    compose_run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from stages import compile as compile_stage
+
+    real = compile_stage.cost_of
+    monkeypatch.setattr(
+        compile_stage, "cost_of", lambda compiled: {**(real(compiled) or {}), "flops": -2.0}
+    )
+    result = compose_run("program=axpy", "program.args=[f32[4],f32[4]]")
+    cost = json.loads((result.run_dir / "compile" / "cost_analysis.json").read_text())
+    assert cost["flops"] == -2.0  # XLA's own answer, kept as is
+    text = render(result.manifest)
+    assert "FLOP n/a" in _row(text, "compile")
+    assert "flops_per_s" not in result.manifest["stages"]["execute"]["metrics"] or (
+        result.manifest["stages"]["execute"]["metrics"]["flops_per_s"] is None
+    )
+    assert "FLOP/s" not in _row(text, "execute")
