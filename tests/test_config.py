@@ -10,7 +10,7 @@ import textwrap
 from typing import Any
 
 import pytest
-from conftest import cli_env
+from conftest import cli_env, run_cli
 
 import pipeline
 from pipeline.config import JaxaotConfig, to_container, validate
@@ -198,3 +198,13 @@ def test_bad_configs_fail_before_jax_is_imported(tmp_path: Any) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "JAX MODULES: []" in proc.stdout
     assert not (tmp_path / "never").exists()
+
+
+def test_the_cli_says_unknown_key_for_a_plus_override_in_one_line(tmp_path: Any) -> None:
+    proc = run_cli(["program=axpy", "+foo=bar", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        "jaxaot: error: foo: unknown key; the top level has compile, debug, execute, lower, mesh, "
+        "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"
+    ]
+    assert not (tmp_path / "run" / "manifest.json").exists()
