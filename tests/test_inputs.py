@@ -89,7 +89,8 @@ def test_an_npz_archive_holds_every_input_by_path(compose_run: Any, tmp_path: Pa
         paths[name] = tmp_path / f"{name}.npy"
         np.save(paths[name], arr)
     from_npy = compose_run(
-        *TREE, f"execute.inputs={{args:[{{w:{paths['w']},b:{paths['b']}}},{paths['x']}],kwargs:{{scale:0.5}}}}"
+        *TREE,
+        f"execute.inputs={{args:[{{w:{paths['w']},b:{paths['b']}}},{paths['x']}],kwargs:{{scale:0.5}}}}",
     )
     for k, v in _out(from_npy.run_dir).items():
         np.testing.assert_array_equal(got[k], v)
@@ -137,7 +138,9 @@ def test_a_missing_or_unreadable_npz_is_one_line(compose_run: Any, tmp_path: Pat
         ("hello", r"^execute\.inputs\[0\]: 'hello' is a string; expected a \.npy path or a number$"),
     ],
 )  # fmt: skip
-def test_a_string_leaf_is_not_passed_to_the_program(compose_run: Any, leaf: str, match: str) -> None:
+def test_a_string_leaf_is_not_passed_to_the_program(
+    compose_run: Any, leaf: str, match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         compose_run(AXPY, "program.args=[f32[4],f32[4]]", f"execute.inputs=[{leaf},1.0]")
 
