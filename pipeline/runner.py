@@ -6,7 +6,9 @@ checked by :func:`pipeline.config.validate` and :func:`pipeline.argspec.bind` be
 imported.
 
 Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from the store),
-``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``.
+``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``,
+``interrupted`` (Ctrl-C or SIGTERM while it ran). A target that calls ``sys.exit`` or
+``os._exit`` fails its stage instead of ending the process (pipeline.exits).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
     t_start = time.perf_counter()
     current: str | None = None  # the stage in progress, for an exit or interrupt
-    t_stage = t_start
+    phase, t_stage = "set-up", t_start
     with exits.signals_raise(), exits.guard_os_exit():
         try:
             try:
@@ -128,6 +130,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                     manifest.backend = jaxenv.backend_info(typed.compile.backend)
                 for i, stage in enumerate(STAGES):
                     current, t_stage = stage, time.perf_counter()
+                    phase = f"stage {stage!r}"
                     if i < first:
                         records[stage] = runner.resume(stage, bound)
                     elif i <= last:
@@ -135,7 +138,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                     else:
                         manifest.stages[stage] = {"status": "skipped", "seconds": 0.0,
                                                   "artifacts": {}}  # fmt: skip
-                current = None
+                current, phase = None, "the graph and snapshot step"
                 from .snapshot import after_run
 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
@@ -149,10 +152,11 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
             _record_unfinished(manifest, current, "interrupted", t_stage)
             manifest.status = "interrupted"
-            manifest.error = f"{exits.describe_interrupt(exc)} during " + (
-                f"stage {current!r}" if current else "set-up"
-            )
-            manifest.write()  # now: closing below may wait for a compile that cannot be stopped
+            manifest.error = f"{exits.describe_interrupt(exc)} during {phase}"
+            manifest.write()
+            if runner._pool is not None:  # an XLA compile cannot be stopped: do not wait for it
+                runner._pool.shutdown(wait=False, cancel_futures=True)
+                runner._pool = None
             exc.add_note(f"{manifest.error}; recorded as interrupted in {manifest.path}")
             raise
         finally:

@@ -34,6 +34,13 @@ TARGETS = textwrap.dedent(
     def calls_os_exit(x):
         os._exit(0)
 
+    def compiles_slowly(x):
+        import jax.numpy as jnp
+
+        for i in range(1500):  # ~10 s of XLA:CPU compile, most of it after lowering
+            x = jnp.sin(x) * (i % 7) + jnp.cos(x[::-1])
+        return x
+
     def sleeps(x):
         open(os.environ["JAXAOT_TEST_MARKER"], "w").close()  # tracing has begun
         time.sleep(60)
@@ -101,6 +108,42 @@ def test_a_signal_ends_the_run_as_interrupted(tmp_path: Path, user_env: dict[str
     assert manifest["status"] == "interrupted"
     assert manifest["error"] == f"{line} during stage 'stage_out'"
     assert manifest["stages"]["stage_out"]["status"] == "interrupted"
+
+
+def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
+    import json
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "program.target=exit_targets:compiles_slowly",
+         "program.args=[f32[64]]", "stop_after=compile", "store.enabled=false",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:  # until lowering is recorded: the compile (started during lowering) runs on
+        try:
+            if "lower" in json.loads((run_dir / "manifest.json").read_text())["stages"]:
+                break
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.5)  # into the compile stage, waiting for XLA
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    waited = time.monotonic() - t0
+    assert proc.returncode == 130
+    assert _jaxaot_lines(stderr)[0].startswith(
+        "jaxaot: interrupted by Ctrl-C (SIGINT) during stage 'compile'; recorded"
+    )
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "interrupted"
+    assert manifest["stages"]["compile"]["status"] == "interrupted"  # it had not finished
+    assert waited < 1.0  # the compile was left behind, not waited for
 
 
 def test_a_sweep_jobs_exit_is_that_jobs_failure_row(tmp_path: Path,
