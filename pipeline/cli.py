@@ -23,7 +23,7 @@ from .config import name_after_target, register_configs
 from .errors import JaxaotError
 from .exits import Terminated, describe_interrupt, exit_code
 from .progress import JobOutcome
-from .rundir import check_user_dirs, register_resolver
+from .rundir import check_user_dirs, print_only, register_resolver
 
 log = logging.getLogger("jaxaot")
 
@@ -145,6 +145,8 @@ def _main() -> None:
     register_configs()
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
+    if any(a in ("--cfg", "-c") for a in args):  # prints the config, runs nothing: no new dirs
+        print_only()
     sys.argv = [sys.argv[0], *args]
     # Hydra's own errors (unknown key, wrong type, bad override) would print several lines and
     # a hint about HYDRA_FULL_ERROR; with it set they reach us and become one line here.

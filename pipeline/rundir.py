@@ -51,12 +51,25 @@ def unique_dir(path: str) -> str:
     raise ConfigError(f"hydra.run.dir: no free name next to {str(base)!r} (tried 100000)")
 
 
+_create = [True]  # False: resolve ${unique_dir:p} to p, creating nothing (see print_only)
+
+
+def _resolve(path: str) -> str:
+    return unique_dir(path) if _create[0] else path
+
+
 def register_resolver() -> None:
     """Register ``${unique_dir:...}`` (idempotent); before Hydra composes ``conf/config.yaml``."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, unique_dir, use_cache=True)
+        OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=True)
+
+
+def print_only() -> None:
+    """For ``jaxaot --cfg hydra --resolve``, which prints the config and runs nothing: show the
+    time-stamped dirs without creating them."""
+    _create[0] = False
 
 
 def taken_reason(run_dir: Path) -> str | None:

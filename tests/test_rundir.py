@@ -172,3 +172,10 @@ def test_resuming_into_the_checkpoint_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"holds an earlier run"):
         pipeline.run(resume, run_dir=tmp_path / "r")
     assert read_manifest(tmp_path / "r")["status"] == "ok"
+
+
+def test_printing_the_resolved_config_creates_no_dirs(tmp_path: Path) -> None:
+    proc = run_cli(["--cfg", "hydra", "--resolve"], cwd=tmp_path, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "dir: outputs/20" in proc.stdout  # the time-stamped dir, as it would be
+    assert not list(tmp_path.iterdir())
