@@ -21,7 +21,7 @@ from .argspec import quote_array_types
 from .callbacks import last_sweep_failures
 from .config import name_after_target, register_configs
 from .errors import JaxaotError
-from .exits import Terminated, describe_interrupt, exit_code
+from .exits import describe_interrupt, exit_code, raise_terminated
 from .progress import JobOutcome
 from .rundir import check_user_dirs, print_only, register_resolver
 
@@ -115,10 +115,6 @@ def _one_line(exc: BaseException) -> str:
     return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated(signum)
-
-
 def _is_multirun_argv(args: list[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN"
                for a in args)  # fmt: skip
@@ -127,7 +123,7 @@ def _is_multirun_argv(args: list[str]) -> bool:
 def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
     # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         _main()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point

@@ -26,7 +26,7 @@ from typing import Any
 
 
 class Terminated(KeyboardInterrupt):
-    """A terminating signal (SIGTERM, SIGHUP) raised as an exception, so the run can record it."""
+    """SIGTERM raised as an exception in the main thread, so the run can record it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -60,7 +60,8 @@ def describe_exit(exc: SystemExit) -> str:
     )
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A signal handler: raise :class:`Terminated` where the main thread is."""
     raise Terminated(signum)
 
 
@@ -77,7 +78,7 @@ def signals_raise(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None
     saved: dict[int, Any] = {}
     for s in signals:
         if signal.getsignal(s) is signal.SIG_DFL:
-            saved[s] = signal.signal(s, _raise_terminated)
+            saved[s] = signal.signal(s, raise_terminated)
     try:
         yield
     finally:
@@ -114,5 +115,6 @@ __all__ = [
     "describe_interrupt",
     "exit_code",
     "guard_os_exit",
+    "raise_terminated",
     "signals_raise",
 ]
