@@ -179,3 +179,15 @@ def test_printing_the_resolved_config_creates_no_dirs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "dir: outputs/20" in proc.stdout  # the time-stamped dir, as it would be
     assert not list(tmp_path.iterdir())
+
+
+def test_a_default_sweep_dir_holds_all_its_jobs_under_a_parallel_launcher(tmp_path: Path) -> None:
+    # joblib's workers get the sweep's config pickled with its resolver cache: every job
+    # resolves ${unique_dir:...} to the one sweep dir the launching process created.
+    proc = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *LOWER,
+                    "execute.seed=0,1", "hydra.callbacks.sweep.plots=false"],
+                   cwd=tmp_path, env=_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    seeds = sorted(read_manifest(sweep / str(n))["config"]["execute"]["seed"] for n in range(2))
+    assert seeds == [0, 1]
