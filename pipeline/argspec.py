@@ -13,9 +13,13 @@ is traced as a weakly typed scalar and executed with its value.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ArgSpecError, ConfigError
@@ -47,6 +51,10 @@ _ALIASES |= {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64"
 SIXTY_FOUR_BIT = frozenset({"int64", "uint64", "float64", "complex128"})
 INITS: tuple[str, ...] = ("normal", "uniform", "zeros", "ones", "arange", "file")
 SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed"})
+
+# The largest element count and byte size XLA can represent: shapes are int64 and a larger
+# array aborts the process (SIGABRT in XLA's shape checks) instead of raising (issue 12).
+MAX_ARRAY_BYTES = 2**63 - 1
 
 _TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
 # Something written like an array type (``name[dims]``) inside a longer override value, for
@@ -95,6 +103,42 @@ class Literal:
     value: Any
 
 
+def dtype_bits(dtype: str) -> int:
+    """Bits per element of a canonical dtype name (``bool`` and ``float8_*`` take 8)."""
+    if dtype == "bool" or dtype.startswith("float8"):
+        return 8
+    if dtype.startswith("float4"):
+        return 4
+    m = re.search(r"(\d+)$", dtype)
+    assert m is not None, dtype
+    return int(m.group(1))
+
+
+def nbytes(shape: Sequence[int], dtype: str) -> int:
+    """Bytes of an array of ``shape`` and ``dtype`` (sub-byte types rounded up), exactly."""
+    return (math.prod(shape) * dtype_bits(dtype) + 7) // 8
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
+                        ("MiB", 2**20), ("KiB", 2**10)):  # fmt: skip
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _check_size(spec: ArraySpec, where: str) -> ArraySpec:
+    """Refuse an array whose element count or byte size overflows XLA's int64 shapes."""
+    elements = math.prod(spec.shape)
+    if elements > MAX_ARRAY_BYTES or nbytes(spec.shape, spec.dtype) > MAX_ARRAY_BYTES:
+        raise ArgSpecError(
+            f"{where}: {spec.type_str} has {elements:.3g} elements "
+            f"({nbytes(spec.shape, spec.dtype):.3g} bytes); XLA sizes arrays in int64, so "
+            f"expected at most {MAX_ARRAY_BYTES} bytes (2**63 - 1): use a smaller shape"
+        )
+    return spec
+
+
 def _npy_header(path: str, where: str) -> tuple[tuple[int, ...], str]:
     import numpy as np
 
@@ -120,7 +164,8 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
     if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
         raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
-    return ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where))
+    spec = ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where))
+    return _check_size(spec, where)
 
 
 def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
@@ -160,9 +205,9 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise ArgSpecError(f"{where}.{key}: expected a number, found {v!r}")
     seed = spec.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ArgSpecError(f"{where}.seed: expected an int, found {seed!r}")
-    return ArraySpec(
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ArgSpecError(f"{where}.seed: expected an int >= 0, found {seed!r}")
+    array = ArraySpec(
         shape=shape,
         dtype=dtype,
         init=init,
@@ -172,6 +217,7 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         seed=seed,
         path=path,
     )
+    return _check_size(array, where)
 
 
 def is_spec_mapping(value: Mapping[str, Any]) -> bool:
@@ -390,6 +436,51 @@ def bind_config(cfg: JaxaotConfig, names_of_positions: Sequence[str] | None = No
     )
 
 
+def memory_bytes() -> int | None:
+    """Memory this process may use: the machine's, or a smaller cgroup (container) limit."""
+    limits: list[int] = []
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    with contextlib.suppress(OSError):
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():  # "max" when unlimited
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def check_inputs_fit(bound: BoundArgs, memory: int | None = None) -> None:
+    """Refuse, before any JAX work, inputs that cannot all be allocated to execute the program.
+
+    The traced array arguments are built in host memory before execute runs: together they
+    must fit in ``memory`` (default :func:`memory_bytes`). Compiling alone needs none of them.
+    """
+    memory = memory_bytes() if memory is None else memory
+    if memory is None:
+        return
+    sizes = sorted(
+        ((nbytes(leaf.shape, leaf.dtype), path)
+         for top, tree in bound.traced_args() for path, leaf in leaves(tree, top)
+         if isinstance(leaf, ArraySpec)),
+        reverse=True,
+    )  # fmt: skip
+    total = sum(n for n, _ in sizes)
+    if total <= memory:
+        return
+    biggest, path = sizes[0]
+    what = (
+        f"{path} alone is {human_size(biggest)}"
+        if biggest > memory
+        else (
+            f"the arguments total {human_size(total)} (the largest, {path}, {human_size(biggest)})"
+        )
+    )
+    raise ArgSpecError(
+        f"{what}, more than this machine's {human_size(memory)} of memory: executing needs the "
+        "inputs in memory; expected smaller shapes, or stop_after=compile (compiling needs no "
+        "input memory)"
+    )
+
+
 def quote_array_types(override: str) -> str:
     """Quote JAX-style array types in a command-line override so Hydra's grammar accepts them.
 
@@ -453,8 +544,12 @@ __all__ = [
     "bind",
     "bind_config",
     "canonical_dtype",
+    "check_inputs_fit",
+    "dtype_bits",
     "leaves",
     "map_tree",
+    "memory_bytes",
+    "nbytes",
     "parse_leaf_or_tree",
     "parse_type",
     "quote_array_types",

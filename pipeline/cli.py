@@ -1,7 +1,8 @@
 """The ``jaxaot`` command: a Hydra app over the shipped ``conf/``.
 
 Errors that jaxaot raises on purpose are printed as one line on stderr with a non-zero exit;
-``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback too.
+``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback too. Ctrl-C and SIGTERM end a run as
+``interrupted`` in its manifest, with one line and the status ``128 + signal`` (130, 143).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 
@@ -19,10 +21,16 @@ from .argspec import quote_array_types
 from .callbacks import last_sweep_failures
 from .config import name_after_target, register_configs
 from .errors import JaxaotError
+from .exits import describe_interrupt, exit_code, raise_terminated
 from .progress import JobOutcome
+from .rundir import check_user_dirs, print_only, register_resolver
 from .trust import guard_hydra_callbacks
 
 log = logging.getLogger("jaxaot")
+
+# conf/config.yaml's run and sweep dirs use ${unique_dir:...}; registered on import too, so a
+# launcher's worker process that unpickles this module's task function can resolve them.
+register_resolver()
 
 
 def _debug(cfg: DictConfig | None) -> bool:
@@ -108,17 +116,42 @@ def _one_line(exc: BaseException) -> str:
     return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
 
 
+def _is_multirun_argv(args: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN"
+               for a in args)  # fmt: skip
+
+
 def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
+    # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        _main()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point
+        notes = getattr(exc, "__notes__", None)
+        print(f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        # The run is recorded; end now rather than wait for threads an interrupt left running
+        # (JAX's backend-start timer, an XLA compile that cannot be cancelled).
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(exit_code(exc))
+
+
+def _main() -> None:
     register_configs()
     guard_hydra_callbacks()  # hydra.callbacks._target_ under trust.* before Hydra imports it
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
+    if any(a in ("--cfg", "-c") for a in args):  # prints the config, runs nothing: no new dirs
+        print_only()
     sys.argv = [sys.argv[0], *args]
     # Hydra's own errors (unknown key, wrong type, bad override) would print several lines and
     # a hint about HYDRA_FULL_ERROR; with it set they reach us and become one line here.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        # A run dir named on the command line that holds a run: refused before Hydra writes in it.
+        check_user_dirs(args, _is_multirun_argv(args))
         _app()
     except Exception as exc:
         if _debug(None) or any(a.replace(" ", "").lower() == "debug=true" for a in args):

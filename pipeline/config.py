@@ -75,6 +75,8 @@ class CompileConfig:
     backend: str = "cpu"
     compiler_options: dict[str, Any] = field(default_factory=dict)
     num_devices: int | None = None
+    # The most virtual CPU devices a run may start (pipeline.parallel.devices_to_start).
+    max_devices: int = 512
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,9 @@ def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
+    from .rundir import register_resolver
+
+    register_resolver()  # ${unique_dir:...} in conf/config.yaml's hydra.run.dir and sweep.dir
     cs = ConfigStore.instance()
     for name, (group, schema) in _SCHEMAS.items():
         node = OmegaConf.structured(schema)
@@ -217,7 +222,11 @@ def _check(cfg: JaxaotConfig) -> None:
         raise ConfigError("lower.platforms: expected at least one platform or null, found []")
     if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:
         raise ConfigError(f"compile.num_devices: expected >= 1, found {cfg.compile.num_devices}")
+    if cfg.compile.max_devices < 1:
+        raise ConfigError(f"compile.max_devices: expected >= 1, found {cfg.compile.max_devices}")
     ex = cfg.execute
+    if ex.seed < 0:  # numpy's generators take non-negative seeds only
+        raise ConfigError(f"execute.seed: expected an int >= 0, found {ex.seed}")
     if ex.check not in CHECKS:
         raise ConfigError(f"execute.check: expected one of {', '.join(CHECKS)}, found {ex.check!r}")
     if ex.warmup < 0:

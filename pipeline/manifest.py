@@ -30,6 +30,8 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # running | ok | failed | interrupted (Ctrl-C, SIGTERM: pipeline.exits); written as
+    # "running" when the run claims its directory (pipeline.rundir.claim)
     status: str = "running"
     error: str | None = None
     started: float = field(default_factory=time.time)

@@ -140,11 +140,52 @@ def will_compile(cfg: JaxaotConfig) -> bool:
 def devices_to_start(cfg: JaxaotConfig) -> int | None:
     """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs when
     the run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
-    ``JAX_NUM_CPU_DEVICES`` say): lowering-only runs and programs without a mesh."""
-    if cfg.compile.num_devices is not None:
-        return cfg.compile.num_devices
+    ``JAX_NUM_CPU_DEVICES`` say): lowering-only runs and programs without a mesh.
+
+    Checked against XLA:CPU's limit and ``compile.max_devices`` before any device starts: a
+    device costs memory and a thread, and ``axis_env=[[i,1000],[j,1000]]`` would start a million.
+    """
     mesh = mesh_spec(cfg)
-    return mesh.size if mesh is not None and will_compile(cfg) else None
+    if cfg.compile.num_devices is not None:
+        n, what = cfg.compile.num_devices, f"compile.num_devices={cfg.compile.num_devices}"
+    elif mesh is not None and will_compile(cfg):
+        n = mesh.size
+        env = ",".join(f"[{a},{k}]" for a, k in mesh.sizes.items())
+        what = (
+            f"stage_out.axis_env=[{env}]" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
+        )
+    else:
+        return None
+    if cfg.compile.backend == "cpu":
+        _check_device_count(cfg, n, what)
+    return n
+
+
+# XLA:CPU numbers a process's devices process_index * 2048 + local id (kMaxCpuDevicesPerProcess
+# = 1 << 11 in xla/pjrt/plugin/xla_cpu/cpu_topology.h, jaxlib 0.10): device 2048 counts as
+# another process, and compiling for it fails with "Multiprocess computations aren't implemented
+# on the CPU backend". Measured on jax 0.10.2: 2048 devices compile and run, 2049 do not.
+XLA_CPU_MAX_DEVICES = 2048
+
+_NO_DEVICES = ("stop_after=lower needs no devices (lower here, then compile on the target with "
+               "resume_from=<run> start_at=compile)")  # fmt: skip
+
+
+def _check_device_count(cfg: JaxaotConfig, n: int, what: str) -> None:
+    if n > XLA_CPU_MAX_DEVICES:
+        raise ConfigError(
+            f"{what} needs {n} virtual CPU devices, but XLA:CPU runs at most "
+            f"{XLA_CPU_MAX_DEVICES} in one process (it numbers devices process*2048 + local, so "
+            f"device {XLA_CPU_MAX_DEVICES} would belong to another process); expected at most "
+            f"{XLA_CPU_MAX_DEVICES} devices; {_NO_DEVICES}"
+        )
+    cap = cfg.compile.max_devices
+    if n > cap:
+        raise ConfigError(
+            f"{what} needs {n} virtual CPU devices, more than compile.max_devices={cap}; "
+            f"expected fewer devices, or compile.max_devices={n} to start them all (each costs "
+            f"memory and a thread; XLA:CPU allows up to {XLA_CPU_MAX_DEVICES}); {_NO_DEVICES}"
+        )
 
 
 def bound_args(cfg: JaxaotConfig) -> BoundArgs:
@@ -201,6 +242,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
             )
         check_axis_names(value, key, mesh.axes)
     if mesh is None:
+        devices_to_start(cfg)  # compile.num_devices alone: the device limits
         return
     what = "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
     if mesh.abstract and will_compile(cfg):
@@ -216,6 +258,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
             f"compile.num_devices={mesh.size} (or null: start what the mesh needs), or "
             "stop_after=lower to lower without devices"
         )
+    devices_to_start(cfg)  # the device limits, before any device starts
     bound = bound_args(cfg)
     kw = traced_kwargs(bound)
     if kw:
@@ -232,6 +275,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
 __all__ = [
     "AXIS_TYPES",
     "DEFAULT_AXES",
+    "XLA_CPU_MAX_DEVICES",
     "MeshSpec",
     "argument_tree",
     "axis_env",

@@ -116,7 +116,7 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 def _status(record: dict[str, Any] | None, manifest: dict[str, Any] | None) -> str:
     if record:
         return str(record.get("status", "failed"))
-    if manifest and manifest.get("status") in ("ok", "failed"):
+    if manifest and manifest.get("status") in ("ok", "failed", "interrupted"):
         return str(manifest["status"])
     return "incomplete"  # started, never finished: killed or still running
 

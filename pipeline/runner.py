@@ -6,7 +6,9 @@ checked by :func:`pipeline.config.validate` and :func:`pipeline.argspec.bind` be
 imported.
 
 Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from the store),
-``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``.
+``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``,
+``interrupted`` (Ctrl-C or SIGTERM while it ran). A target that calls ``sys.exit`` or
+``os._exit`` fails its stage instead of ending the process (pipeline.exits).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .argspec import BoundArgs, bind_config
+from . import exits
+from .argspec import BoundArgs, bind_config, check_inputs_fit
 from .checkpoint import Checkpoint
 from .config import STAGES, JaxaotConfig, to_container, validate
 from .context import StageContext
@@ -31,6 +34,7 @@ from .fsutil import key_of
 from .keylock import KeyLock
 from .manifest import Manifest
 from .parallel import devices_to_start
+from .rundir import claim
 
 log = logging.getLogger("jaxaot")
 
@@ -52,13 +56,30 @@ class RunResult:
 
 
 def default_run_dir() -> Path:
-    """Hydra's run directory when called from a Hydra app, else a fresh ``outputs/runs/...``."""
+    """Hydra's run directory when called from a Hydra app, else a fresh ``outputs/runs/...``.
+
+    Either is new for this run: Hydra's time-stamped default is made unique by the
+    ``unique_dir`` resolver (pipeline.rundir), and the run claims it by writing its manifest.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
     return Path("outputs/runs") / f"{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def _run_dir_key(run_dir: Path | str | None) -> str:
+    """Where a run's directory came from, for the error that refuses a taken one."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if run_dir is not None:
+        return "run_dir"
+    if HydraConfig.initialized():
+        sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+        return "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    return "run_dir"
 
 
 def _hydra_overrides() -> list[str]:
@@ -81,11 +102,13 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
         checkpoint = Checkpoint(typed.resume_from or "")
         typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
     bound = bind_config(typed)  # arg specs checked before JAX is imported
+    if typed.stop_after == "execute":
+        check_inputs_fit(bound)  # the inputs execute builds, before any work
     out = Path(run_dir) if run_dir is not None else default_run_dir()
-    out.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(run_dir=out, config=to_container(typed))
     if checkpoint is not None:
         manifest.extra["resumed_from"] = str(checkpoint.run_dir.resolve())
+    claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # a new dir, or a one-line refusal
 
     from . import jaxenv
     from .store import Store, resolve_store_root
@@ -95,35 +118,64 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     records: dict[str, Any] = {}
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
     t_start = time.perf_counter()
-    try:
-        jaxenv.configure(backend=typed.compile.backend, num_devices=devices_to_start(typed),
-                         x64=bound.needs_x64)  # fmt: skip
-        manifest.versions = jaxenv.versions()
-        if STAGES.index("compile") <= last:
-            manifest.backend = jaxenv.backend_info(typed.compile.backend)
-        for i, stage in enumerate(STAGES):
-            if i < first:
-                records[stage] = runner.resume(stage, bound)
-            elif i <= last:
-                records[stage] = runner.run(stage)
-            else:
-                manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
-        from .snapshot import after_run
+    current: str | None = None  # the stage in progress, for an exit or interrupt
+    phase, t_stage = "set-up", t_start
+    with exits.signals_raise(), exits.guard_os_exit():
+        try:
+            try:
+                jaxenv.configure(backend=typed.compile.backend,
+                                 num_devices=devices_to_start(typed), x64=bound.needs_x64)  # fmt: skip
+                manifest.versions = jaxenv.versions()
+                if STAGES.index("compile") <= last:
+                    manifest.backend = jaxenv.backend_info(typed.compile.backend)
+                for i, stage in enumerate(STAGES):
+                    current, t_stage = stage, time.perf_counter()
+                    phase = f"stage {stage!r}"
+                    if i < first:
+                        records[stage] = runner.resume(stage, bound)
+                    elif i <= last:
+                        records[stage] = runner.run(stage)
+                    else:
+                        manifest.stages[stage] = {"status": "skipped", "seconds": 0.0,
+                                                  "artifacts": {}}  # fmt: skip
+                current, phase = None, "the graph and snapshot step"
+                from .snapshot import after_run
 
-        after_run(typed, manifest, print_output=print_summary)  # graph, snapshot write/verify
-        manifest.status = "ok"
-    except Exception as exc:
-        manifest.status, manifest.error = "failed", one_line(exc)
-        raise
-    finally:
-        runner.close()
-        manifest.extra["wall_seconds"] = round(time.perf_counter() - t_start, 6)
-        manifest.write()
-        if print_summary:
-            from .summary import render
+                after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
+                manifest.status = "ok"
+            except SystemExit as exc:  # sys.exit / os._exit in user code: a failed stage
+                _record_unfinished(manifest, current, "failed", t_stage)
+                raise StageError(current or "set-up", exits.describe_exit(exc)) from exc
+        except Exception as exc:
+            manifest.status, manifest.error = "failed", one_line(exc)
+            raise
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
+            _record_unfinished(manifest, current, "interrupted", t_stage)
+            manifest.status = "interrupted"
+            manifest.error = f"{exits.describe_interrupt(exc)} during {phase}"
+            manifest.write()
+            if runner._pool is not None:  # an XLA compile cannot be stopped: do not wait for it
+                runner._pool.shutdown(wait=False, cancel_futures=True)
+                runner._pool = None
+            exc.add_note(f"{manifest.error}; recorded as interrupted in {manifest.path}")
+            raise
+        finally:
+            runner.close()
+            manifest.extra["wall_seconds"] = round(time.perf_counter() - t_start, 6)
+            manifest.write()
+            if print_summary:
+                from .summary import render
 
-            print(render(manifest.to_json()), flush=True)
+                print(render(manifest.to_json()), flush=True)
     return RunResult(run_dir=out, manifest=manifest.to_json(), records=records)
+
+
+def _record_unfinished(manifest: Manifest, stage: str | None, status: str, t0: float) -> None:
+    """A stage that ended by an exit or an interrupt, which the stage itself did not record."""
+    if stage is None or stage in manifest.stages:  # the stage recorded its own failure
+        return
+    manifest.stages[stage] = {"status": status, "seconds": round(time.perf_counter() - t0, 6),
+                              "key": None, "artifacts": {}, "metrics": {}, "warnings": []}  # fmt: skip
 
 
 @dataclass

@@ -14,7 +14,9 @@ from pipeline.argspec import (
     Literal,
     bind,
     canonical_dtype,
+    check_inputs_fit,
     leaves,
+    nbytes,
     parse_leaf_or_tree,
     parse_type,
     quote_array_types,
@@ -139,8 +141,10 @@ def test_mapping_inits(init: str) -> None:
         ({"shape": [2], "dtype": "f33"}, r"a\.dtype: unknown dtype 'f33'"),
         ({"shape": [2], "scale": "big"}, r"a\.scale: expected a number, found 'big'"),
         ({"shape": [2], "low": True}, r"a\.low: expected a number, found True"),
-        ({"shape": [2], "seed": True}, r"a\.seed: expected an int, found True"),
-        ({"shape": [2], "seed": 1.5}, r"a\.seed: expected an int, found 1\.5"),
+        ({"shape": [2], "seed": True}, r"a\.seed: expected an int >= 0, found True"),
+        ({"shape": [2], "seed": 1.5}, r"a\.seed: expected an int >= 0, found 1\.5"),
+        ({"shape": [2], "seed": -1}, r"a\.seed: expected an int >= 0, found -1"),
+        ({"shape": [2**31, 2**31]}, r"a: f32\[2147483648,2147483648\] has 4\.61e\+18 elements \(1\.84e\+19 bytes\); XLA sizes arrays in int64"),
         ({"init": "zeros"}, r"a: array spec needs 'shape'"),
     ],
 )  # fmt: skip
@@ -375,3 +379,53 @@ def test_a_static_dict_is_an_error() -> None:
 def test_arg_spec_errors_are_config_errors_and_value_errors() -> None:
     assert issubclass(ArgSpecError, ConfigError)
     assert issubclass(ArgSpecError, ValueError)
+
+
+# --- sizes XLA cannot represent or this machine cannot hold (issue 12) ----------------------
+
+
+def test_an_element_count_that_overflows_int64_names_the_argument() -> None:
+    # The issue's repro: this aborted the process (SIGABRT in XLA's shape checks) at compile.
+    with pytest.raises(ArgSpecError, match=r"^program\.args\[0\]: f32\[99999999999,99999999999\] "
+                       r"has 1e\+22 elements \(4e\+22 bytes\); XLA sizes arrays in int64"):  # fmt: skip
+        bind(["f32[99999999999,99999999999]"], {})
+    with pytest.raises(ArgSpecError, match=r"^program\.kwargs\.w\.shape|^program\.kwargs\.w: "):
+        bind([], {"w": {"shape": [2**40, 2**40], "dtype": "bf16"}})
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("f32[1152921504606846976]", True),  # 2**60 elements, 2**62 bytes: XLA compiles it
+        ("f32[2305843009213693952]", False),  # 2**61 elements, 2**63 bytes: XLA aborts
+        ("i8[4611686018427387904]", True),  # 2**62 bytes
+        ("i8[9223372036854775808]", False),  # 2**63 elements
+        ("i4[9223372036854775807]", True),  # 2**63 - 1 int4 elements: 2**62 bytes
+        ("c128[576460752303423488]", False),  # 2**59 * 16 bytes = 2**63
+    ],
+)
+def test_the_size_limit_is_int64_bytes(text: str, ok: bool) -> None:
+    if ok:
+        assert parse_type(text, "a") is not None
+    else:
+        with pytest.raises(ArgSpecError, match=r"expected at most 9223372036854775807 bytes"):
+            parse_type(text, "a")
+
+
+def test_nbytes_rounds_sub_byte_types_up() -> None:
+    assert [nbytes((3,), d) for d in ("int4", "int2", "bool", "float8_e4m3fn", "bfloat16")] == [
+        2, 1, 3, 3, 6]  # fmt: skip
+    assert nbytes((2, 3), "complex128") == 96 and nbytes((), "float32") == 4
+
+
+def test_inputs_larger_than_memory_are_refused_naming_the_argument() -> None:
+    bound = bind(["f32[1024,1024]", {"a": "f32[256]", "b": "i32[4]"}, 3], {})
+    check_inputs_fit(bound, memory=4 * 2**20 + 1024 + 16)  # exactly fits
+    with pytest.raises(ArgSpecError, match=r"^program\.args\[0\] alone is 4\.0 MiB, more than "
+                       r"this machine's 1\.0 MiB of memory: .*stop_after=compile"):  # fmt: skip
+        check_inputs_fit(bound, memory=2**20)
+    with pytest.raises(ArgSpecError, match=r"^the arguments total 4\.0 MiB \(the largest, "
+                       r"program\.args\[0\], 4\.0 MiB\)"):  # fmt: skip
+        check_inputs_fit(bound, memory=4 * 2**20 + 1024)
+    # Static arguments are values, not buffers.
+    check_inputs_fit(bind(["f32[2]", [1, 2]], {}, static_argnums=[1]), memory=8)

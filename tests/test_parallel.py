@@ -187,3 +187,43 @@ def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) 
     assert second.manifest["stages"]["stage_out"]["status"] == "resumed"
     assert second["stage_out"].bound.args[0].shape == (8,)  # per-replica f32[], stacked
     assert second["execute"].check["ok"]
+
+
+# --- device limits, checked before any device starts (issue 12) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # The issue's repro: a million virtual CPU devices, started until memory ran out.
+        (["program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]"],
+         r"^stage_out\.axis_env=\[\[i,1000\],\[j,1000\]\] needs 1000000 virtual CPU devices, but "
+         r"XLA:CPU runs at most 2048 in one process .*; stop_after=lower needs no devices"),
+        # XLA's own message for this was "Multiprocess computations aren't implemented".
+        (["program=mlp", "mesh.shape=[64,64]"],
+         r"^mesh\.shape=\[64, 64\] needs 4096 virtual CPU devices, but XLA:CPU runs at most 2048"),
+        (["program=mlp", "compile.num_devices=2049"],
+         r"^compile\.num_devices=2049 needs 2049 .* at most 2048"),
+        # Under XLA's limit but over the configurable cap: the advice says how to raise it.
+        (["program=mlp", "mesh.shape=[32,32]", "stop_after=compile"],
+         r"^mesh\.shape=\[32, 32\] needs 1024 virtual CPU devices, more than "
+         r"compile\.max_devices=512; expected fewer devices, or compile\.max_devices=1024"),
+        (["program=collectives", "stage_out.axis_env=[[i,8]]", "compile.max_devices=4"],
+         r"^stage_out\.axis_env=\[\[i,8\]\] needs 8 .* more than compile\.max_devices=4"),
+        (["program=mlp", "compile.max_devices=0"], r"^compile\.max_devices: expected >= 1, found 0"),
+    ],
+)  # fmt: skip
+def test_device_limits_are_config_errors(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _typed(*overrides)
+
+
+def test_device_limits_bind_only_runs_that_start_devices() -> None:
+    # Lowering needs no devices, whatever the mesh; another backend starts no virtual ones.
+    assert devices_to_start(_typed("program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]",
+                                   "stop_after=lower")) is None  # fmt: skip
+    assert devices_to_start(_typed("program=mlp", "mesh.shape=[64,64]", "stop_after=lower")) is None
+    assert devices_to_start(_typed("program=mlp", "compile.num_devices=1024",
+                                   "compile.max_devices=2048")) == 1024  # fmt: skip
+    tpu = _typed("program=mlp", "mesh.shape=[64,64]", "compile.backend=tpu", "stop_after=compile")
+    assert devices_to_start(tpu) == 4096

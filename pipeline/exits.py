@@ -1,0 +1,120 @@
+"""Honest exits: a run that ends early says so, in its manifest and in its exit status.
+
+Three ways a run used to end without a trace (issue 12):
+
+- user code calls ``sys.exit(0)``: the :class:`SystemExit` went through every ``except
+  Exception``, jaxaot exited 0 and the manifest said ``running``;
+- user code calls ``os._exit(0)``: the process vanished; while a run is in progress
+  :func:`guard_os_exit` makes ``os._exit`` raise :class:`ProgramExit` in this process instead;
+- Ctrl-C printed a traceback; SIGTERM killed the process outright. :func:`signals_raise` makes
+  SIGTERM raise :class:`Terminated` (a ``KeyboardInterrupt``, so both are handled alike).
+
+The runner turns the first two into a failed stage and records the others as ``interrupted``;
+the CLI prints one line and exits ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM), the
+shell's convention for a process ended by a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM raised as an exception in the main thread, so the run can record it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class ProgramExit(SystemExit):
+    """``os._exit(code)`` called by user code while a run was in progress."""
+
+    how = "os._exit"
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """The shell's status for a process ended by this interrupt: 128 + signal number."""
+    return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def describe_interrupt(exc: KeyboardInterrupt) -> str:
+    if isinstance(exc, Terminated):
+        return f"terminated by {signal.Signals(exc.signum).name}"
+    return "interrupted by Ctrl-C (SIGINT)"
+
+
+def describe_exit(exc: SystemExit) -> str:
+    """``the program called sys.exit(0)`` (or ``os._exit``), for a failed stage's message."""
+    how = getattr(exc, "how", "sys.exit")
+    code = exc.code if not isinstance(exc.code, str) else repr(exc.code)
+    args = "" if code is None else code
+    return (
+        f"the program called {how}({args}); expected it to return its result, not end the process"
+    )
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A signal handler: raise :class:`Terminated` where the main thread is."""
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def signals_raise(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """Within the block, ``signals`` raise :class:`Terminated` in the main thread.
+
+    Only where a signal still has its default action (a caller's own handler is left alone),
+    and only in the main thread (Python delivers signals there); restored afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved: dict[int, Any] = {}
+    for s in signals:
+        if signal.getsignal(s) is signal.SIG_DFL:
+            saved[s] = signal.signal(s, raise_terminated)
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def guard_os_exit() -> Iterator[None]:
+    """Within the block, ``os._exit`` in this process raises :class:`ProgramExit`.
+
+    A child forked meanwhile (multiprocessing's fork start method ends its children with
+    ``os._exit``) still exits for real: the guard checks the process id.
+    """
+    real = os._exit
+    pid = os.getpid()
+
+    def guarded(code: int) -> Any:
+        if os.getpid() != pid:
+            real(code)
+        raise ProgramExit(code)
+
+    os._exit = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+__all__ = [
+    "ProgramExit",
+    "Terminated",
+    "describe_exit",
+    "describe_interrupt",
+    "exit_code",
+    "guard_os_exit",
+    "raise_terminated",
+    "signals_raise",
+]

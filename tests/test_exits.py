@@ -1,0 +1,204 @@
+"""Honest exits (issue 12): a run that ends early is recorded, says so in one line, exits non-zero.
+
+``sys.exit(0)`` and ``os._exit(0)`` in a target used to make jaxaot exit 0 with no stage run;
+Ctrl-C printed a traceback; SIGTERM killed the process; each left the manifest ``running``.
+Every case runs ``jaxaot`` in a subprocess, as a user or a batch system would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env, read_manifest, run_cli
+
+import pipeline
+from pipeline.errors import StageError
+from pipeline.exits import ProgramExit, Terminated, exit_code, guard_os_exit, signals_raise
+
+TARGETS = textwrap.dedent(
+    """
+    import os
+    import sys
+    import time
+
+    def calls_sys_exit(x):
+        sys.exit(0)
+
+    def calls_os_exit(x):
+        os._exit(0)
+
+    def compiles_slowly(x):
+        import jax.numpy as jnp
+
+        for i in range(1500):  # ~10 s of XLA:CPU compile, most of it after lowering
+            x = jnp.sin(x) * (i % 7) + jnp.cos(x[::-1])
+        return x
+
+    def sleeps(x):
+        open(os.environ["JAXAOT_TEST_MARKER"], "w").close()  # tracing has begun
+        time.sleep(60)
+        return x * 2
+    """
+)
+
+
+@pytest.fixture
+def user_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "exit_targets.py").write_text(TARGETS)
+    return cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]), JAX_PLATFORMS="cpu")
+
+
+def _jaxaot_lines(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [ln for ln in stderr.splitlines() if ln.startswith("jaxaot:")]
+
+
+@pytest.mark.parametrize("target", ["calls_sys_exit", "calls_os_exit"])
+def test_a_target_that_exits_fails_its_stage(tmp_path: Path, user_env: dict[str, str],
+                                             target: str) -> None:  # fmt: skip
+    run_dir = tmp_path / "run"
+    proc = run_cli([f"program.target=exit_targets:{target}", "program.args=[f32[4]]",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=user_env)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr  # was 0, with no stage run
+    how = "sys.exit" if target == "calls_sys_exit" else "os._exit"
+    message = (f"stage 'stage_out' failed: the program called {how}(0); expected it to return "
+               "its result, not end the process")  # fmt: skip
+    assert _jaxaot_lines(proc.stderr) == [f"jaxaot: error: {message}"]
+    manifest = read_manifest(run_dir)
+    assert (manifest["status"], manifest["error"]) == ("failed", message)
+    assert manifest["stages"]["stage_out"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [(signal.SIGINT, 130, "interrupted by Ctrl-C (SIGINT)"),
+     (signal.SIGTERM, 143, "terminated by SIGTERM")],
+)  # fmt: skip
+def test_a_signal_ends_the_run_as_interrupted(tmp_path: Path, user_env: dict[str, str],
+                                              sig: int, code: int, line: str) -> None:  # fmt: skip
+    run_dir, marker = tmp_path / "run", tmp_path / "tracing"
+    user_env = {**user_env, "JAXAOT_TEST_MARKER": str(marker)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "program.target=exit_targets:sleeps",
+         "program.args=[f32[4]]", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not marker.exists():  # the run has begun, and is tracing the target (stage_out)
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    assert (run_dir / "manifest.json").exists()
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 10  # promptly, not after the target's 60 s
+    assert proc.returncode == code
+    manifest_path = run_dir / "manifest.json"
+    assert _jaxaot_lines(stderr) == [
+        f"jaxaot: {line} during stage 'stage_out'; recorded as interrupted in {manifest_path}"
+    ]
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"] == f"{line} during stage 'stage_out'"
+    assert manifest["stages"]["stage_out"]["status"] == "interrupted"
+
+
+def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
+    import json
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "program.target=exit_targets:compiles_slowly",
+         "program.args=[f32[64]]", "stop_after=compile", "store.enabled=false",
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:  # until lowering is recorded: the compile (started during lowering) runs on
+        try:
+            if "lower" in json.loads((run_dir / "manifest.json").read_text())["stages"]:
+                break
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.5)  # into the compile stage, waiting for XLA
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    waited = time.monotonic() - t0
+    assert proc.returncode == 130
+    assert _jaxaot_lines(stderr)[0].startswith(
+        "jaxaot: interrupted by Ctrl-C (SIGINT) during stage 'compile'; recorded"
+    )
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "interrupted"
+    assert manifest["stages"]["compile"]["status"] == "interrupted"  # it had not finished
+    assert waited < 1.0  # the compile was left behind, not waited for
+
+
+def test_a_sweep_jobs_exit_is_that_jobs_failure_row(tmp_path: Path,
+                                                    user_env: dict[str, str]) -> None:  # fmt: skip
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["-m", "program.target=exit_targets:calls_sys_exit,jax.numpy:sin",
+                    "program.args=[f32[4]]", "stop_after=lower", "hydra.callbacks.sweep.plots=false",
+                    f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=user_env)  # fmt: skip
+    assert proc.returncode == 1  # one job failed; the sweep went on to the next
+    assert read_manifest(sweep / "0")["status"] == "failed"
+    assert "called sys.exit(0)" in read_manifest(sweep / "0")["error"]
+    assert read_manifest(sweep / "1")["status"] == "ok"
+    assert "sweep: 2 jobs, 1 ok, 1 failed" in proc.stdout
+
+
+# --- in-process: the guards, and pipeline.run from Python ------------------------------------
+
+
+def test_os_exit_is_guarded_only_inside_the_block() -> None:
+    real = os._exit
+    with guard_os_exit(), pytest.raises(ProgramExit) as info:
+        os._exit(3)
+    assert info.value.code == 3 and os._exit is real
+
+
+def test_sigterm_raises_only_inside_the_block_and_keeps_a_callers_handler() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_raise(), pytest.raises(Terminated) as info:
+        signal.raise_signal(signal.SIGTERM)
+    assert exit_code(info.value) == 143 and signal.getsignal(signal.SIGTERM) is before
+    caught: list[int] = []
+
+    def callers(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    old = signal.signal(signal.SIGTERM, callers)
+    try:
+        with signals_raise():
+            assert signal.getsignal(signal.SIGTERM) is callers  # a caller's handler is kept
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert caught == [signal.SIGTERM]
+    assert exit_code(KeyboardInterrupt()) == 130
+
+
+def test_python_run_turns_sys_exit_into_a_stage_error(tmp_path: Path,
+                                                      user_env: dict[str, str]) -> None:  # fmt: skip
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = pipeline.compose(["program.target=exit_targets:calls_sys_exit",
+                                "program.args=[f32[4]]"])  # fmt: skip
+        with pytest.raises(StageError, match=r"called sys\.exit\(0\)"):
+            pipeline.run(cfg, run_dir=tmp_path / "r")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("exit_targets", None)
+    assert read_manifest(tmp_path / "r")["status"] == "failed"
