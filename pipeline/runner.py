@@ -305,6 +305,8 @@ class _Runner:
             assert key is not None
             log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
             self.store.record("compile", key, hit=False)
+        if store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
+            assert key is not None
             self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
                            meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
                            compute_seconds=seconds, compat=compat)  # fmt: skip
