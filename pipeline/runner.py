@@ -305,7 +305,13 @@ class _Runner:
             assert key is not None
             log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
             self.store.record("compile", key, hit=False)
-        if store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
+        # What is stored must be what the key says (and what a hit will be checked against).
+        wrong = store_on and compile_stage.mismatch(
+            compile_stage.convention_of(record.compiled), [target.convention]
+        )
+        if wrong:
+            ctx.warn(f"executable not stored: {wrong} (a jax change?)")
+        elif store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
             assert key is not None
             self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
                            meta={"program": self.cfg.program.name, "metrics": ctx.metrics},

@@ -16,6 +16,7 @@ loaded from the store or a checkpoint is checked against the convention the run 
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import devices, platform_of
 from pipeline.parallel import MeshSpec
 
-from .lower import Lowered, canonical_stablehlo
+from .lower import Lowered
 from .parallel import concrete_mesh, describe_shardings
 
 _MEMORY_FIELDS = (
@@ -149,14 +150,16 @@ class Target:
 
     ``form`` is ``lowered`` (the program's own lowering, compiled as is) or ``exported``
     (``jax.jit(exported.call)`` lowered for one platform: a resumed run, or a multi-platform
-    lowering). ``module_sha256`` is the canonical text of the module that is compiled: for the
-    export form it comes from ``exported.bin``'s bytes, never from a side file.
+    lowering). ``module_sha256`` identifies what is compiled: the canonical module text of the
+    live lowering, or the sha256 of the serialized export (``exported.bin``'s very bytes, never
+    a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
+    a store hit needs just the hash and the convention.
     """
 
-    lowered: Any  # jax.stages.Lowered
     form: str
     module_sha256: str
     convention: Convention
+    lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
     device_assignment: tuple[Any, ...] | None = None
 
 
@@ -227,15 +230,17 @@ def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
 def prepare(cfg: Any, lowered: Lowered) -> Target:
     """Check the backend, platform and device count, and choose what to compile: the live
     lowering when there is one for exactly this platform, else the export."""
+    import jax
+
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
     if lowered.lowered is not None and lowered.platforms == (platform,):
         mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
         sharded = mesh is not None and len(devs) == mesh.size > 1
-        return Target(lowered=lowered.lowered, form="lowered",
-                      module_sha256=lowered.module_sha256,
-                      convention=convention_of(lowered.lowered),
+        live = lowered.lowered
+        return Target(form="lowered", module_sha256=lowered.module_sha256,
+                      convention=convention_of(live), lower=lambda: live,
                       # Lowered against an AbstractMesh: bound to concrete devices at compile.
                       device_assignment=tuple(devs) if sharded else None)  # fmt: skip
     if lowered.exported is None:
@@ -248,16 +253,23 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
             f"its jax.export, and there is none (see lower's warnings); lower for "
             f"lower.platforms=[{platform}] alone",
         )
-    wrapper = _export_lowering(lowered, cfg.backend, devs)
-    sha = memo.derived(getattr(wrapper, "_lowering", None), "module_sha256",
-                       lambda: sha256_bytes(canonical_stablehlo(wrapper.as_text()).encode()))  # fmt: skip
-    return Target(lowered=wrapper, form="exported", module_sha256=sha,
-                  convention=convention_of(wrapper))  # fmt: skip
+    exp = lowered.exported
+    # jax.jit(exported.call) keeps every input (the export prunes inside) and donates the
+    # leaves of the donated positional arguments; the runner checks the compiled executable
+    # against this before it stores it.
+    positions = jax.tree_util.tree_unflatten(exp.in_tree, range(len(exp.in_avals)))[0]
+    donated = sorted(
+        i for a in lowered.donate_argnums for i in jax.tree_util.tree_leaves(positions[a])
+    )
+    convention = replace(export_conventions(lowered)[1], donated=tuple(donated))
+    return Target(form="exported", module_sha256=sha256_bytes(bytes(exp.serialize())),
+                  convention=convention,
+                  lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)))  # fmt: skip
 
 
 def compile_lowered(target: Target, backend: str, options: dict[str, Any]) -> Any:
     """XLA-compile ``target`` (releases the GIL: may run on a worker thread)."""
-    return target.lowered.compile(compiler_options=options or None,
+    return target.lower().compile(compiler_options=options or None,
                                   device_assignment=target.device_assignment)  # fmt: skip
 
 
@@ -322,6 +334,7 @@ def cache_key(cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any
         "convention": target.convention.to_json(),
         "platforms": list(lowered.platforms),
         "donate_argnums": list(lowered.donate_argnums),
+        "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
         "compiler_options": dict(cfg.compile.compiler_options),
         "backend": backend,  # platform + version, device kind + count + topology, jax + jaxlib
         "environment": environment,  # XLA flags in effect, JAX config values

@@ -353,6 +353,7 @@ def test_a_resumed_compile_is_keyed_by_the_export_not_by_a_side_file(compose_run
     for name, src in runs.items():
         resumed = compose_run(f"resume_from={src}", "start_at=compile")
         keys[name] = _compile(resumed)["key"]
+        assert not _compile(resumed)["warnings"]  # the compiled convention is the key's
         assert resumed["execute"].outputs.tolist() == ([2] * 4 if name == "use_first"
                                                        else [0, 2, 4, 6])  # fmt: skip
     assert keys["use_first"] != keys["use_second"]
