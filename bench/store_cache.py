@@ -8,12 +8,16 @@ Every number comes from fresh processes run in this script, side by side:
 - an 8-point execute-only sweep (`-m execute.seed=0..7`, basic launcher, one process): exactly
   one compile, and wall <= 1.3x (one cold run + 7 executes).
 
+- the identity checks a hit now makes (issue 12), in this process: the calling convention of
+  what would be compiled and of the loaded executable, the environment part of the key (XLA
+  flags, JAX config values) and the comparison (target: < 5 ms per hit).
+
 The same rounds time the floor of any warm run: a bare `python -c pass`, plus importing JAX and
 starting its CPU backend, plus Hydra's floor (`jaxaot --cfg job`: import Hydra and compose the
 config, no JAX). A warm run cannot be faster than that sum, so sum / cold is the best warm/cold
 ratio reachable on this machine with this program.
 
-    python bench/store_cache.py [--program transformer] [--rounds 3]
+    python bench/store_cache.py [--program transformer] [--rounds 3] [--checks-only]
 """
 
 from __future__ import annotations
@@ -58,12 +62,66 @@ def _manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, float, float]]:
+    """Per kind of hit, (label, median seconds of the identity work a hit adds, seconds of that
+    hit's whole compile stage), in this process: the convention and environment parts of the
+    key, and the loaded executable's convention checked against the expected one. Kinds: a hit
+    of a live lowering, and of a resumed one (start_at=compile: the export form)."""
+    sys.path.insert(0, str(ROOT))
+    import pipeline
+    from pipeline import jaxenv
+    from pipeline.config import validate
+    from pipeline.fsutil import key_of
+    from stages import compile as compile_stage
+
+    os.environ["JAXAOT_STORE_DIR"] = str(tmp / "checks_store")
+    live = pipeline.compose([prog, "execute.repeats=1"])
+    src = pipeline.run(pipeline.compose([prog, "stop_after=lower"]), run_dir=tmp / "lowered")
+    resumed = pipeline.compose([f"resume_from={src.run_dir}", "start_at=compile",
+                                "execute.repeats=1"])  # fmt: skip
+    out = []
+    for label, cfg in (("live lowering", live), ("resumed, start_at=compile", resumed)):
+        pipeline.run(cfg, run_dir=tmp / f"cold-{len(out)}", overrides=[])
+        hit = pipeline.run(cfg, run_dir=tmp / f"warm-{len(out)}", overrides=[])
+        assert hit.manifest["stages"]["compile"]["status"] == "cached"
+        lowered, loaded = hit["lower"], hit["compile"].compiled
+        typed, backend = validate(hit.manifest["config"]), hit.manifest["backend"]
+
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            target = compile_stage.prepare(typed.compile, lowered)  # convention to key, check
+            env = jaxenv.key_environment()
+            key_of(compile_stage.cache_key(typed, lowered, target, backend, env))
+            why = compile_stage.mismatch(compile_stage.convention_of(loaded), [target.convention])
+            samples.append(time.perf_counter() - t0)
+            assert why is None, why
+        stage = float(hit.manifest["stages"]["compile"]["seconds"])
+        out.append((label, statistics.median(samples), stage))
+    return out
+
+
+def _print_checks(checks: list[tuple[str, float, float]]) -> None:
+    for label, added, stage in checks:
+        print(f"| identity checks per hit, {label} (key convention + environment + load "
+              f"check) | {added * 1e3:.3f} ms = {added / stage:.1%} of the hit's compile stage "
+              f"({stage * 1e3:.1f} ms) | < 5 ms |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--program", default="transformer")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--checks-only", action="store_true",
+                    help="time only the identity checks a hit makes (in this process)")  # fmt: skip
     opts = ap.parse_args()
     prog = f"program={opts.program}"
+    if opts.checks_only:
+        with tempfile.TemporaryDirectory() as tmp_:
+            print("| measurement | value | target |")
+            print("|---|---|---|")
+            _print_checks(_identity_checks(prog, Path(tmp_)))
+        return
     cold, warm, compile_s, load_s, floor = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
@@ -87,6 +145,7 @@ def main() -> None:
         sweep = _jaxaot(["-m", prog, f"execute.seed={seeds}", f"hydra.sweep.dir={sweep_dir}"],
                         tmp, sweep_store)  # fmt: skip
         statuses = [_manifest(sweep_dir / str(n))["stages"]["compile"]["status"] for n in range(8)]
+        checks = _identity_checks(prog, tmp)
     c, w = statistics.median(cold), statistics.median(warm)
     cs, ls = statistics.median(compile_s), statistics.median(load_s)
     budget = c + 7 * execute_s
@@ -108,6 +167,7 @@ def main() -> None:
     print(
         f"| sweep wall / (cold + 7 executes) | {sweep:.2f} s / {budget:.2f} s = {sweep / budget:.2f}x | <= 1.3x |"
     )
+    _print_checks(checks)
 
 
 if __name__ == "__main__":

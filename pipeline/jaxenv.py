@@ -4,11 +4,18 @@ Device counts and x64 are process-global in JAX. jaxaot sets them per run: for t
 backend the virtual device count (``jax_num_cpu_devices``) can only change before the backend
 initializes, so when a later run in the same process (a sweep job under the basic launcher)
 needs another count, the backends are cleared and started again.
+
+It also says what of the process environment a compiled executable depends on (issue 12):
+the XLA flags in effect (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``; XLA reads them once per process,
+when the first backend starts) and JAX's config values. Both go into the compile key and the
+run manifest.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import os
 from typing import Any
 
 from . import memo
@@ -24,10 +31,153 @@ def platform_of(backend: str) -> str:
     return _PLATFORM_OF_BACKEND[backend]
 
 
+# Environment variables whose flags XLA (or libtpu) applies to every compile of the process.
+FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+
+# Flags that change only what XLA writes out (dumps) or what it is told about the host, never
+# the executable: JAX's own persistent-cache key leaves out exactly these
+# (jax/_src/cache_key.py ``xla_flags_to_exclude_from_cache_key``, jax 0.10.2). The device count
+# flag is left out because the compile key has the device count itself.
+OUTPUT_ONLY_XLA_FLAGS = frozenset({
+    "--xla_dump_compress_protos", "--xla_dump_module_metadata", "--xla_dump_max_hlo_modules",
+    "--xla_dump_include_timestamp", "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
+    "--xla_dump_hlo_snapshots", "--xla_dump_fusion_visualization", "--xla_dump_hlo_as_url",
+    "--xla_dump_hlo_as_proto", "--xla_dump_hlo_as_text", "--xla_dump_hlo_as_long_text",
+    "--xla_dump_hlo_as_html", "--xla_dump_hlo_as_dot", "--xla_dump_to",
+    "--xla_force_host_platform_device_count", "--xla_dump_disable_metadata",
+    "--xla_dump_hlo_pipeline_re", "--xla_tpu_sdc_checker_streamz_metric",
+    "--xla_tpu_sdc_checker_enable_sdc_event_callbacks",
+    "--xla_tpu_sdc_checker_enable_coresweep_ng_callbacks",
+    "--xla_tpu_sdc_checker_no_logging_if_callbacks_are_present", "--xla_gpu_cuda_data_dir",
+    "--xla_gpu_experimental_autotune_cache_mode",
+})  # fmt: skip
+
+# JAX config values that cannot change a lowering, an executable or its calling convention:
+# logging, dumps, caches of JAX's own, timeouts, guards and checks made at dispatch, and what
+# the compile key has in another form (platform, device count). Every other config value is
+# in the key, so an option a later JAX adds is keyed until it is listed here (a miss, never a
+# wrong hit).
+CONFIG_NOT_IN_KEY = frozenset({
+    "jax_array_garbage_collection_guard", "jax_backend_target",
+    "jax_captured_constants_report_frames", "jax_captured_constants_warn_bytes",
+    "jax_check_proxy_envs", "jax_check_tracer_leaks", "jax_compilation_cache_check_contents",
+    "jax_compilation_cache_dir", "jax_compilation_cache_expect_pgle",
+    "jax_compilation_cache_include_metadata_in_key", "jax_compilation_cache_max_size",
+    "jax_compiler_detailed_logging_min_ops", "jax_cpu_get_global_topology_timeout_minutes",
+    "jax_cpu_get_local_topology_timeout_minutes", "jax_cross_host_transfer_socket_address",
+    "jax_cross_host_transfer_timeout_seconds", "jax_cross_host_transfer_transfer_size",
+    "jax_cross_host_transport_addresses", "jax_cuda_visible_devices",
+    "jax_debug_leaked_clients_on_clear_backends", "jax_debug_log_modules", "jax_default_device",
+    "jax_distributed_debug", "jax_dump_ir_modes", "jax_dump_ir_to",
+    "jax_enable_compilation_cache", "jax_enable_preemption_service", "jax_explain_cache_misses",
+    "jax_hlo_source_file_canonicalization_regex", "jax_include_debug_info_in_dumps",
+    "jax_include_full_tracebacks_in_locations", "jax_log_checkpoint_residuals",
+    "jax_log_compiles", "jax_logging_level", "jax_num_cpu_devices", "jax_oneapi_visible_devices",
+    "jax_pallas_verbose_errors", "jax_persistent_cache_enable_xla_caches",
+    "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes",
+    "jax_platform_name", "jax_platforms", "jax_pprint_use_color",
+    "jax_raise_persistent_cache_errors", "jax_rocm_visible_devices",
+    "jax_share_binary_between_hosts_timeout_ms", "jax_source_url_schema", "jax_thread_guard",
+    "jax_traceback_filtering", "jax_traceback_in_locations_limit",
+    "jax_tracer_error_num_traceback_frames", "jax_transfer_guard",
+    "jax_transfer_guard_device_to_device", "jax_transfer_guard_device_to_host",
+    "jax_transfer_guard_host_to_device",
+})  # fmt: skip
+
+
+def _flag_env() -> dict[str, str]:
+    return {name: os.environ.get(name, "") for name in FLAG_ENV_VARS}
+
+
+# What the flag variables held when this module was imported, and (set by the first
+# `configure`) what they held when XLA read them: XLA parses XLA_FLAGS once per process, when
+# the first backend starts; clear_backends() does not read it again (probed on jaxlib 0.10.2).
+_AT_IMPORT = _flag_env()
+_in_effect: dict[str, str] | None = None
+_warned_changed = False
+
+
+def _backends_started() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:  # no such probe in this JAX: assume the earliest snapshot
+        return True
+
+
+def _note_flags() -> None:
+    """Fix the flags in effect for this process (the first call), and warn once when the
+    environment says otherwise later (a changed XLA_FLAGS has no effect after start-up)."""
+    global _in_effect, _warned_changed
+    now = _flag_env()
+    if _in_effect is None:
+        _in_effect = now if not _backends_started() else _AT_IMPORT
+    if now != _in_effect and not _warned_changed:
+        _warned_changed = True
+        changed = ", ".join(f"{n}={now[n]!r}" for n in FLAG_ENV_VARS if now[n] != _in_effect[n])
+        log.warning(
+            "%s changed after XLA read it at start-up; this process still compiles with %s "
+            "(the compile key and manifest say so); start a new process to use the new flags",
+            changed,
+            ", ".join(f"{n}={_in_effect[n]!r}" for n in FLAG_ENV_VARS if now[n] != _in_effect[n]),
+        )
+
+
+def all_xla_flags() -> list[str]:
+    """Every flag of ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS`` in effect in this process, sorted."""
+    env = _in_effect if _in_effect is not None else _AT_IMPORT
+    return sorted(flag for name in FLAG_ENV_VARS for flag in env[name].split())
+
+
+def xla_flags() -> list[str]:
+    """The flags in effect that can change an executable: all but the output-only ones."""
+    return [f for f in all_xla_flags() if f.split("=", 1)[0] not in OUTPUT_ONLY_XLA_FLAGS]
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    return repr(value)
+
+
+def jax_config() -> dict[str, Any]:
+    """Every JAX config value, as JSON values (enums by value, others by repr)."""
+    import jax
+
+    return {name: _json_value(v) for name, v in sorted(jax.config.values.items())}
+
+
+def key_environment() -> dict[str, Any]:
+    """What of the environment an executable depends on: XLA flags, JAX config values."""
+    config = {k: v for k, v in jax_config().items() if k not in CONFIG_NOT_IN_KEY}
+    return {"xla_flags": xla_flags(), "jax_config": config}
+
+
+def environment() -> dict[str, Any]:
+    """The manifest's record of the environment: every XLA flag and JAX config value in effect,
+    and which of them the compile key leaves out."""
+    flags = all_xla_flags()
+    keyed = set(xla_flags())
+    config = jax_config()
+    return {
+        "xla_flags": [f for f in flags if f in keyed],
+        "xla_flags_not_in_key": [f for f in flags if f not in keyed],
+        "jax_config": config,
+        "jax_config_not_in_key": sorted(CONFIG_NOT_IN_KEY & set(config)),
+    }
+
+
 def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
     """Apply process-wide JAX settings for one run; call before any JAX computation."""
     import jax
     from jax.extend import backend as jex_backend
+
+    _note_flags()
 
     if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
         jax.config.update("jax_enable_x64", x64)
@@ -74,9 +224,19 @@ def backend_info(backend: str) -> dict[str, Any]:
         "platform_version": client.platform_version,
         "device_kind": devs[0].device_kind,
         "device_count": len(devs),
+        "topology": _topology(devs),
         "jax": jax.__version__,
         "jaxlib": _jaxlib_version(),
     }
+
+
+def _topology(devs: list[Any]) -> list[dict[str, Any]] | None:
+    """Where each device sits (TPU coordinates, cores, slices), where the backend says; None
+    for devices without such attributes (CPU)."""
+    fields = ("coords", "core_on_chip", "slice_index", "process_index")
+    if not any(hasattr(d, "coords") for d in devs):
+        return None
+    return [{f: _json_value(getattr(d, f, None)) for f in fields} for d in devs]
 
 
 def _jaxlib_version() -> str:
@@ -103,4 +263,18 @@ def versions() -> dict[str, str]:
     }
 
 
-__all__ = ["backend_info", "configure", "devices", "platform_of", "versions"]
+__all__ = [
+    "CONFIG_NOT_IN_KEY",
+    "FLAG_ENV_VARS",
+    "OUTPUT_ONLY_XLA_FLAGS",
+    "all_xla_flags",
+    "backend_info",
+    "configure",
+    "devices",
+    "environment",
+    "jax_config",
+    "key_environment",
+    "platform_of",
+    "versions",
+    "xla_flags",
+]

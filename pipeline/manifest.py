@@ -19,6 +19,8 @@ from .fsutil import atomic_write_json
 # Manifest format history:
 #   1 (2026-11-22): first version: config, versions, backend, stages{status, seconds, key,
 #                   artifacts{name: {sha256, size}}, metrics, warnings}, status, error.
+#     (2026-11-23, additive, still 1): environment{xla_flags, xla_flags_not_in_key, jax_config,
+#                   jax_config_not_in_key}: what the compile key saw (issue 12).
 MANIFEST_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
@@ -29,6 +31,8 @@ class Manifest:
     config: dict[str, Any]
     versions: dict[str, str] = field(default_factory=dict)
     backend: dict[str, Any] = field(default_factory=dict)
+    # XLA flags in effect and every JAX config value (pipeline.jaxenv.environment).
+    environment: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     # running | ok | failed | interrupted (Ctrl-C, SIGTERM: pipeline.exits); written as
     # "running" when the run claims its directory (pipeline.rundir.claim)
@@ -69,6 +73,7 @@ class Manifest:
             "config": self.config,
             "versions": self.versions,
             "backend": self.backend,
+            "environment": self.environment,
             "stages": self.stages,
             "warnings": self.warnings,
             **self.extra,

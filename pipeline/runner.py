@@ -126,6 +126,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 jaxenv.configure(backend=typed.compile.backend,
                                  num_devices=devices_to_start(typed), x64=bound.needs_x64)  # fmt: skip
                 manifest.versions = jaxenv.versions()
+                manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
                 if STAGES.index("compile") <= last:
                     manifest.backend = jaxenv.backend_info(typed.compile.backend)
                 for i, stage in enumerate(STAGES):
@@ -206,12 +207,22 @@ class _Runner:
             ctx.on_lowered = self._compile_ahead
         return ctx
 
-    def _compile_key(self, lowered: Any) -> tuple[str, dict[str, Any]]:
+    def _compile_key(self, lowered: Any) -> tuple[str | None, dict[str, Any], Any]:
+        """The compile key, the store's compat dict and the :class:`stages.compile.Target`;
+        the key is None when jax does not say which arguments the executable keeps (then the
+        store is not used: a key without them could serve another program)."""
         from stages import compile as compile_stage
 
+        from . import jaxenv
+
         backend = self.manifest.backend
-        key = key_of(compile_stage.cache_key(self.cfg, lowered, backend))
-        return key, {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
+        target = compile_stage.prepare(self.cfg.compile, lowered)
+        compat = {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
+        if target.convention.kept is None:
+            return None, compat, target
+        key = key_of(compile_stage.cache_key(self.cfg, lowered, target, backend,
+                                             jaxenv.key_environment()))  # fmt: skip
+        return key, compat, target
 
     def _compile_ahead(self, lowered: Any) -> None:
         """Called by the lower stage once the module exists: look the executable up in the
@@ -219,7 +230,12 @@ class _Runner:
         export, HLO text and cost analysis that lowering still does overlap the compile."""
         from stages import compile as compile_stage
 
-        key, compat = self._compile_key(lowered)
+        try:
+            key, compat, target = self._compile_key(lowered)
+        except JaxaotError:
+            return  # the compile stage reports it, in its turn
+        if key is None:
+            return
         lock = KeyLock(self.store, "compile", key)
         if not lock.acquire(blocking=False):
             return  # another job is compiling this key: the compile stage waits, then hits
@@ -228,11 +244,7 @@ class _Runner:
             lock.release()
             self._ahead = (key, entry)
             return
-        try:
-            job = compile_stage.start(self.cfg.compile, lowered)
-        except JaxaotError:
-            lock.release()
-            return  # the compile stage reports it, in its turn
+        job = compile_stage.start(self.cfg.compile, target)
         self._held = lock
 
         def timed() -> tuple[Any, float]:
@@ -279,32 +291,44 @@ class _Runner:
     def _compile(self, ctx: StageContext) -> tuple[Any, str, dict[str, Any]]:
         """Compile through the store: a verified hit is loaded, a miss is compiled and stored."""
         lowered = self.records["lower"]
-        key, compat = self._compile_key(lowered)
+        key, compat, target = self._compile_key(lowered)
+        held, self._held = self._held, None
+        if key is None:
+            if held is not None:
+                held.release()
+            ctx.warn("this jax does not say which arguments an executable keeps; compiled "
+                     "without the store")  # fmt: skip
+            return self._compile_locked(ctx, lowered, None, compat, target)
         # Jobs sharing a key compile it once: hold the lock taken ahead, or wait for the job
         # that holds it and then hit the store (issue 5).
-        held, self._held = self._held, None
         if held is not None and held.key != key:
             held.release()
             held = None
         with held or KeyLock(self.store, "compile", key):
-            return self._compile_locked(ctx, lowered, key, compat)
+            return self._compile_locked(ctx, lowered, key, compat, target)
 
-    def _compile_locked(self, ctx: StageContext, lowered: Any, key: str,
-                        compat: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:  # fmt: skip
+    def _compile_locked(self, ctx: StageContext, lowered: Any, key: str | None,
+                        compat: dict[str, Any], target: Any) -> tuple[Any, str, dict[str, Any]]:  # fmt: skip
         from stages import compile as compile_stage
 
-        label = f"compile/{key[:12]}"
+        store_on = self.store.enabled and key is not None
+        label = f"compile/{(key or '')[:12]}"
         ahead, self._ahead = (self._ahead or (None, None)), None
         future = ahead[1] if ahead[0] == key and isinstance(ahead[1], Future) else None
         entry = ahead[1] if ahead[0] == key and future is None else None
-        if entry is None and future is None and self.store.enabled:
+        if entry is None and future is None and store_on:
+            assert key is not None
             entry = self.store.get("compile", key, expect=compat)
         if entry is not None:
+            assert key is not None
             t0 = time.perf_counter()
             try:
-                record = compile_stage.load(ctx, lowered, entry.read_bytes, f"store entry {label}")
-            except (StoreError, JaxaotError) as exc:
-                ctx.warn(f"store entry {label} unusable, compiling instead: {one_line(exc)}")
+                record = compile_stage.load(ctx, lowered, entry.read_bytes,
+                                            f"store entry {label}", [target.convention])  # fmt: skip
+            except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)
+                reason = getattr(exc, "reason", None) or one_line(exc)
+                outcome = self.store.discard("compile", key, reason)
+                ctx.warn(f"store entry {label} unusable ({reason}); {outcome}, compiling instead")
                 ctx.artifacts.clear()
                 ctx.metrics.clear()
             else:
@@ -327,11 +351,20 @@ class _Runner:
                 "overlapped_seconds": round(compile_s - waited, 6),
             }
         else:
-            record = compile_stage.run(ctx, lowered)
+            record = compile_stage.run(ctx, lowered, target=target)
             seconds = time.perf_counter() - t0
-        if self.store.enabled:
+        if store_on:
+            assert key is not None
             log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
             self.store.record("compile", key, hit=False)
+        # What is stored must be what the key says (and what a hit will be checked against).
+        wrong = store_on and compile_stage.mismatch(
+            compile_stage.convention_of(record.compiled), [target.convention]
+        )
+        if wrong:
+            ctx.warn(f"executable not stored: {wrong} (a jax change?)")
+        elif store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
+            assert key is not None
             self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
                            meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
                            compute_seconds=seconds, compat=compat)  # fmt: skip
@@ -392,17 +425,26 @@ class _Runner:
             why = f"checkpoint executable was built for {what}; not loaded, compiled again from lower/exported.bin"
             log.warning("[compile] %s", why)
             return None, why
+        lowered = self.records["lower"]
         try:
-            record = compile_stage.load(ctx, self.records["lower"], read,
-                                        f"resume_from={self.checkpoint.run_dir}")  # fmt: skip
+            # The store's rule (compile_stage.mismatch), against what the checkpoint's export
+            # says the executable must be; the checkpoint itself is kept.
+            record = compile_stage.load(ctx, lowered, read,
+                                        f"resume_from={self.checkpoint.run_dir}",
+                                        compile_stage.export_conventions(lowered))  # fmt: skip
             return record, ""
+        except compile_stage.UnusableExecutable as exc:
+            reason = exc.reason
         except StoreError:
             raise
         except Exception as exc:
-            why = (f"checkpoint executable cannot be loaded here ({one_line(exc)}); compiled "
-                   "again from lower/exported.bin")  # fmt: skip
-            log.warning("[compile] %s", why)
-            return None, why
+            reason = one_line(exc)
+        why = (f"checkpoint executable unusable here ({reason}); not loaded, compiled again "
+               "from lower/exported.bin")  # fmt: skip
+        ctx.artifacts.clear()
+        ctx.metrics.clear()
+        log.warning("[compile] %s", why)
+        return None, why
 
 
 __all__ = ["RunResult", "default_run_dir", "one_line", "run"]

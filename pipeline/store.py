@@ -281,10 +281,22 @@ class Store:
             self._discard(entry_dir, stage, key, bad, during="store put replaces")
             return None
 
+    def discard(self, stage: str, key: str, reason: str) -> str:
+        """Remove the entry for (stage, key), which verified but cannot be used (its executable
+        does not load here, or serves another calling convention: issue 12), so that the next
+        put stores a good one. Returns what happened, for the caller's one warning."""
+        entry_dir = self.entry_dir(stage, key)
+        outcome = self._remove(entry_dir)
+        log.debug("store discard: %s: %s; %s", _label(stage, key), reason, outcome)
+        return outcome
+
+    def _remove(self, entry_dir: Path) -> str:
+        err = _remove_entry(self.root, entry_dir)
+        return "entry removed" if err is None else f"could not remove it ({err})"
+
     def _discard(self, entry_dir: Path, stage: str, key: str, bad: _Bad, during: str) -> None:
         what = "incompatible" if bad.incompatible else "corrupt"
-        err = _remove_entry(self.root, entry_dir)
-        outcome = "entry removed" if err is None else f"could not remove it ({err})"
+        outcome = self._remove(entry_dir)
         log.warning(
             "%s: %s: %s entry: %s; %s", during, _label(stage, key), what, bad.reason, outcome
         )

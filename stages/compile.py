@@ -5,23 +5,36 @@
 for a mesh runs on the backend's first N devices. Writes ``optimized.hlo.txt``,
 ``cost_analysis.json``, ``memory_analysis.json``, ``executable.bin`` and, for a mesh,
 ``shardings.json`` (each input's and output's compiled sharding).
+
+The compile key covers the calling convention of what is compiled, and every executable
+loaded from the store or a checkpoint is checked against the convention the run expects before
+it is called (:mod:`stages.convention`, issue 12).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline import memo
 from pipeline.context import StageContext
-from pipeline.errors import BackendError, ConfigError, StageError
+from pipeline.errors import BackendError, ConfigError, StageError, one_line
 from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import devices, platform_of
 from pipeline.parallel import MeshSpec
 
+from .convention import (
+    Convention,
+    UnusableExecutable,
+    convention_of,
+    export_conventions,
+    kept_inputs,
+    mismatch,
+)
 from .lower import Lowered
 from .parallel import concrete_mesh, describe_shardings
 
@@ -37,6 +50,25 @@ _MEMORY_FIELDS = (
     "host_temp_size_in_bytes",
     "host_generated_code_size_in_bytes",
 )
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the compile stage compiles, and what its key and load check are made of.
+
+    ``form`` is ``lowered`` (the program's own lowering, compiled as is) or ``exported``
+    (``jax.jit(exported.call)`` lowered for one platform: a resumed run, or a multi-platform
+    lowering). ``module_sha256`` identifies what is compiled: the canonical module text of the
+    live lowering, or the sha256 of the serialized export (``exported.bin``'s very bytes, never
+    a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
+    a store hit needs just the hash and the convention.
+    """
+
+    form: str
+    module_sha256: str
+    convention: Convention
+    lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
+    device_assignment: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,31 +118,67 @@ def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
     return present[:needed]
 
 
-def compile_lowered(lowered: Lowered, backend: str, options: dict[str, Any]) -> Any:
-    """Compile from the live Lowered when there is one, else from the export (a resumed run)."""
+def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
+    """``jax.jit(exported.call)`` lowered for ``backend``'s platform, on the program's mesh."""
     import jax
 
-    devs = execution_devices(lowered, backend)
-    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
-    sharded = mesh is not None and len(devs) == mesh.size > 1
-    if lowered.lowered is not None and lowered.platforms == (platform_of(backend),):
-        # Lowered against an AbstractMesh: bind it to concrete devices here.
-        return lowered.lowered.compile(compiler_options=options or None,
-                                       device_assignment=tuple(devs) if sharded else None)  # fmt: skip
     exp = lowered.exported
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     shardings: dict[str, Any] = {}
-    if sharded:
-        assert mesh is not None
+    if mesh is not None and len(devs) == mesh.size > 1:
         concrete = concrete_mesh(mesh, devs)
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
         shardings = {"in_shardings": ins[0], "out_shardings": outs}
     jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
-    traced = jitted.trace(*args, **kwargs)
-    return traced.lower(lowering_platforms=(platform_of(backend),)).compile(
-        compiler_options=options or None
+    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform_of(backend),))
+
+
+def prepare(cfg: Any, lowered: Lowered) -> Target:
+    """Check the backend, platform and device count, and choose what to compile: the live
+    lowering when there is one for exactly this platform, else the export."""
+    import jax
+
+    devices(cfg.backend)  # a clear BackendError when the backend is absent
+    platform = check_platform(lowered, cfg.backend)
+    devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
+    if lowered.lowered is not None and lowered.platforms == (platform,):
+        mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+        sharded = mesh is not None and len(devs) == mesh.size > 1
+        live = lowered.lowered
+        return Target(form="lowered", module_sha256=lowered.module_sha256,
+                      convention=convention_of(live), lower=lambda: live,
+                      # Lowered against an AbstractMesh: bound to concrete devices at compile.
+                      device_assignment=tuple(devs) if sharded else None)  # fmt: skip
+    if lowered.exported is None:
+        # jax compiles a multi-platform lowering only through its export, and there is none:
+        # a compile started ahead of the export (the runner then compiles in the compile
+        # stage), or a program jax.export cannot serialize (host callbacks).
+        raise StageError(
+            "compile",
+            f"a lowering for {list(lowered.platforms)} compiles for {platform!r} only through "
+            f"its jax.export, and there is none (see lower's warnings); lower for "
+            f"lower.platforms=[{platform}] alone",
+        )
+    exp = lowered.exported
+    # jax.jit(exported.call) keeps every input (the export prunes inside) and donates the
+    # leaves of the donated positional arguments; the runner checks the compiled executable
+    # against this before it stores it.
+    positions = jax.tree_util.tree_unflatten(exp.in_tree, range(len(exp.in_avals)))[0]
+    donated = sorted(
+        i for a in lowered.donate_argnums for i in jax.tree_util.tree_leaves(positions[a])
     )
+    convention = replace(export_conventions(lowered)[1], donated=tuple(donated))
+    return Target(form="exported", module_sha256=sha256_bytes(bytes(exp.serialize())),
+                  convention=convention,
+                  lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)))  # fmt: skip
+
+
+def compile_lowered(target: Target, backend: str, options: dict[str, Any]) -> Any:
+    """XLA-compile ``target`` (releases the GIL: may run on a worker thread)."""
+    return target.lower().compile(compiler_options=options or None,
+                                  device_assignment=target.device_assignment)  # fmt: skip
 
 
 def memory_of(compiled: Any) -> dict[str, int] | None:
@@ -154,21 +222,30 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 
 # What the compile stage's output depends on, besides the lowered module: bump when the
 # stored files or their meaning change.
-_KEY_VERSION = 1
+#   1: module, platforms, donation, compiler options, backend.
+#   2 (issue 12): the module actually compiled (the export's for the export form), the form,
+#     the calling convention, XLA flags and JAX config values, device topology.
+_KEY_VERSION = 2
 ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
              "executable.bin", "compiled.json", "shardings.json")  # fmt: skip
 
 
-def cache_key(cfg: Any, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
-    """Everything the executable depends on, and nothing else (no paths, no times)."""
+def cache_key(cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any],
+              environment: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Everything the executable and its calling convention depend on, and nothing else (no
+    paths, no times). ``environment`` is :func:`pipeline.jaxenv.key_environment`."""
     return {
         "stage": "compile",
         "key_version": _KEY_VERSION,
-        "module_sha256": lowered.module_sha256,
+        "form": target.form,
+        "module_sha256": target.module_sha256,
+        "convention": target.convention.to_json(),
         "platforms": list(lowered.platforms),
         "donate_argnums": list(lowered.donate_argnums),
+        "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
         "compiler_options": dict(cfg.compile.compiler_options),
-        "backend": backend,  # platform + version, device kind + count, jax + jaxlib
+        "backend": backend,  # platform + version, device kind + count + topology, jax + jaxlib
+        "environment": environment,  # XLA flags in effect, JAX config values
     }
 
 
@@ -184,13 +261,15 @@ def _execution_devices(backend: str, device_ids: list[int], source: str) -> list
     return [by_id[i] for i in device_ids]
 
 
-def load(
-    ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], source: str
-) -> Compiled:
-    """A Compiled record from stored files (a store entry or a checkpoint), all hash-verified.
+def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], source: str,
+         expect: Sequence[Convention]) -> Compiled:  # fmt: skip
+    """A Compiled record from stored files (a store entry or a checkpoint), all hash-verified,
+    whose executable loads here and has one of the ``expect``-ed calling conventions.
 
     ``read(name)`` must return bytes whose sha256 was checked against a manifest in the user's
-    own store or run directory: the executable is unpickled from them.
+    own store or run directory: the executable is unpickled from them. A read that fails raises
+    StoreError; an executable that does not load or does not fit raises
+    :class:`UnusableExecutable` (the caller compiles instead).
     """
     from jax.experimental import serialize_executable
 
@@ -201,18 +280,24 @@ def load(
             files[name] = read(name)
         except (KeyError, FileNotFoundError):
             continue  # optional artifacts (cost/memory analysis) some backends do not give
-    meta = json.loads(files["compiled.json"])
-    bound_to = _execution_devices(cfg.backend, meta["device_ids"], source)
+    try:
+        meta = json.loads(files["compiled.json"])
+        bound_to = _execution_devices(cfg.backend, meta["device_ids"], source)
 
-    def deserialize() -> Any:
-        payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
-        return serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, backend=cfg.backend, execution_devices=bound_to
-        )
+        def deserialize() -> Any:
+            payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, backend=cfg.backend, execution_devices=bound_to
+            )
 
-    # A sweep's later jobs load the same executable: deserialized once per process and client.
-    key = (sha256_bytes(files["executable.bin"]), tuple(meta["device_ids"]))
-    compiled = memo.executable(bound_to[0].client, key, deserialize)
+        # A sweep's later jobs load the same executable: deserialized once per process.
+        key = (sha256_bytes(files["executable.bin"]), tuple(meta["device_ids"]))
+        compiled = memo.executable(bound_to[0].client, key, deserialize)
+        reason = mismatch(convention_of(compiled), expect)
+    except Exception as exc:  # unpickling, a class renamed since, a version, a device...
+        raise UnusableExecutable(f"it does not load here: {one_line(exc)}") from exc
+    if reason is not None:
+        raise UnusableExecutable(reason)
     for name, data in files.items():
         ctx.write(name, data)
 
@@ -252,27 +337,14 @@ def _mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
     )
 
 
-def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
-    """Check the backend, platform and device count, then return the compile to run (possibly
-    on a thread: XLA releases the GIL while it compiles)."""
-    devices(cfg.backend)  # a clear BackendError when the backend is absent
-    platform = check_platform(lowered, cfg.backend)
-    execution_devices(lowered, cfg.backend)  # enough devices for the mesh, before compiling
-    if lowered.exported is None and (lowered.lowered is None or lowered.platforms != (platform,)):
-        # jax compiles a multi-platform lowering only through its export, and there is none:
-        # a compile started ahead of the export (the runner then compiles in the compile
-        # stage), or a program jax.export cannot serialize (host callbacks).
-        raise StageError(
-            "compile",
-            f"a lowering for {list(lowered.platforms)} compiles for {platform!r} only through "
-            f"its jax.export, and there is none (see lower's warnings); lower for "
-            f"lower.platforms=[{platform}] alone",
-        )
+def start(cfg: Any, target: Target) -> Callable[[], Any]:
+    """The compile of ``target`` (from :func:`prepare`) to run, possibly on a thread: XLA
+    releases the GIL while it compiles."""
     options = dict(cfg.compiler_options)
 
     def compile_now() -> Any:
         try:
-            return compile_lowered(lowered, cfg.backend, options)
+            return compile_lowered(target, cfg.backend, options)
         except Exception as exc:
             err = _compile_error(exc, options)
             if err is exc:
@@ -282,11 +354,13 @@ def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
     return compile_now
 
 
-def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
-    """Compile (unless ``compiled`` was made ahead, see :func:`start`) and write the artifacts."""
+def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
+        target: Target | None = None) -> Compiled:  # fmt: skip
+    """Compile ``target`` (default: :func:`prepare`'s) unless ``compiled`` was made ahead (see
+    :func:`start`), and write the artifacts."""
     cfg = ctx.cfg.compile
     if compiled is None:
-        compiled = start(cfg, lowered)()
+        compiled = start(cfg, target or prepare(cfg, lowered))()
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")
     if lowered.meta.get("mesh"):
         shardings = describe_shardings(compiled)
@@ -313,6 +387,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
                         lambda: compiled)  # fmt: skip
     ctx.write_json("compiled.json", {
         "backend": cfg.backend, "device_ids": device_ids, "module_sha256": lowered.module_sha256,
+        "convention": convention_of(compiled).to_json(),  # for people: load checks the executable
     })  # fmt: skip
     return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
                     memory=memory)  # fmt: skip
@@ -320,11 +395,21 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
 
 __all__ = [
     "Compiled",
+    "Convention",
+    "Target",
+    "UnusableExecutable",
+    "cache_key",
     "check_platform",
     "compile_lowered",
+    "convention_of",
     "cost_of",
     "execution_devices",
+    "export_conventions",
+    "kept_inputs",
+    "load",
     "memory_of",
+    "mismatch",
+    "prepare",
     "run",
     "serialize",
     "start",

@@ -28,9 +28,9 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = compile_stage.compile_lowered
 
-    def counting(lowered: Any, backend: str, options: dict[str, Any]) -> Any:
-        seen.append(lowered.module_sha256)
-        return real(lowered, backend, options)
+    def counting(target: Any, backend: str, options: dict[str, Any]) -> Any:
+        seen.append(target.module_sha256)
+        return real(target, backend, options)
 
     monkeypatch.setattr(compile_stage, "compile_lowered", counting)
     return seen
