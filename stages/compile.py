@@ -22,6 +22,7 @@ from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import devices, platform_of
 from pipeline.parallel import MeshSpec
 
+from . import custom_calls
 from .lower import Lowered
 from .parallel import concrete_mesh, describe_shardings
 
@@ -203,6 +204,8 @@ def load(
             continue  # optional artifacts (cost/memory analysis) some backends do not give
     meta = json.loads(files["compiled.json"])
     bound_to = _execution_devices(cfg.backend, meta["device_ids"], source)
+
+    custom_calls.prepare(files.get("optimized.hlo.txt"), cfg.backend, lowered, source)
 
     def deserialize() -> Any:
         payload, in_tree, out_tree = pickle.loads(files["executable.bin"])
