@@ -90,7 +90,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     from . import jaxenv
     from .store import Store, resolve_store_root
 
-    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled)
+    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled,
+                  trust=typed.store.trust or None)  # fmt: skip
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     records: dict[str, Any] = {}
     runner = _Runner(typed, out, manifest, store, checkpoint, records)

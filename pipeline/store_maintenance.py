@@ -269,7 +269,7 @@ def verify(store: Store, remove: bool = False) -> VerifyReport:
     results = []
     for stage, key, d in _iter_entry_dirs(store.data_dir):
         try:
-            _load(d, stage, key, None)
+            _load(d, stage, key, None, store.trust)
             results.append(VerifyResult(stage, key, d, ok=True))
         except _Bad as bad:
             removed = remove and _remove_entry(store.root, d) is None
