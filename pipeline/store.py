@@ -347,9 +347,10 @@ class Store:
         """Entries and bytes per stage, plus hits, misses and time saved from the record() log."""
         return _maintenance.stats(self)
 
-    def verify(self, remove: bool = False) -> VerifyReport:
-        """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted."""
-        return _maintenance.verify(self, remove)
+    def verify(self, remove: bool = False, deep: bool = False) -> VerifyReport:
+        """Re-hash every entry (``deep``: and load each executable in a fresh process); bad
+        ones are reported and, with ``remove``, deleted."""
+        return _maintenance.verify(self, remove, deep)
 
     def gc(
         self,
