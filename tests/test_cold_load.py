@@ -150,3 +150,23 @@ def test_unvouched_custom_call_is_compiled_from_the_export_not_called(tmp_path: 
     assert any("my_private_ffi_kernel" in w and "exported.bin" in w
                for w in compile_rec["warnings"])  # fmt: skip
     assert _outputs(run_dir) == _outputs(first)
+
+
+def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
+    from types import SimpleNamespace
+
+    from stages import custom_calls
+
+    hlo = (
+        b'%a = custom-call(), custom_call_target="lapack_sgetrf_ffi"\n'
+        b'%b = custom-call(), custom_call_target="__onednn$matmul"\n'
+        b'%c = custom-call(), custom_call_target="Sharding"\n'
+    )
+    assert custom_calls.targets_of(hlo) == {"lapack_sgetrf_ffi", "__onednn$matmul", "Sharding"}
+    assert custom_calls.targets_of(b"HloModule m\n") == frozenset()
+    cold, warm = SimpleNamespace(lowered=None), SimpleNamespace(lowered=object())
+    custom_calls.prepare(hlo, "cpu", cold, "here")  # all vouched for
+    odd = hlo + b'%d = custom-call(), custom_call_target="my_ffi"\n'
+    with pytest.raises(custom_calls.ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):
+        custom_calls.prepare(odd, "cpu", cold, "here")
+    custom_calls.prepare(odd, "cpu", warm, "here")  # lowered here: its code registered my_ffi
