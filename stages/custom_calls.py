@@ -80,14 +80,13 @@ def _vouched() -> frozenset[str]:
         names |= set(_export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE)
     except (ImportError, AttributeError):  # a private name moved: rely on the registrations
         pass
+    from jax._src import lib as jaxlib_modules
     from jax._src.lib import xla_client
 
+    # The modules jax already imported (None where a plugin is absent): importing others here
+    # would start CUDA probes and print their warnings.
     for module in ("lapack", "gpu_linalg", "gpu_solver", "gpu_sparse", "gpu_prng", "cpu_sparse"):
-        try:
-            mod = __import__(f"jax._src.lib.{module}", fromlist=["_"])
-        except ImportError:
-            continue
-        registrations = getattr(mod, "registrations", None)
+        registrations = getattr(getattr(jaxlib_modules, module, None), "registrations", None)
         if callable(registrations):
             for targets in registrations().values():
                 names.update(name for name, *_ in targets)
