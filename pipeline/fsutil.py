@@ -167,11 +167,16 @@ def loose_permissions(path: Path, st: os.stat_result, owner_matters: bool = True
 def untrusted_path(path: Path, root: Path) -> str | None:
     """Why a file under ``root`` (a store or run directory) could have been written by someone
     you do not trust, or None: ``path``, every folder from it up to ``root``, and ``root``'s
-    ancestors (those for writability only) are checked, one ``lstat`` each."""
+    ancestors (those for writability only) are checked, one ``lstat`` each; missing ones are
+    skipped."""
     path, root = Path(os.path.abspath(path)), Path(os.path.abspath(root))
     chain = [path, *(p for p in path.parents if p == root or root in p.parents)]
     for p in chain:
-        reason = loose_permissions(p, p.lstat())
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue  # not created yet: whoever creates it applies your umask
+        reason = loose_permissions(p, st)
         if reason:
             return reason
     for p in root.parents:

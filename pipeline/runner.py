@@ -100,6 +100,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
         jaxenv.configure(backend=typed.compile.backend, num_devices=devices_to_start(typed),
                          x64=bound.needs_x64)  # fmt: skip
         manifest.versions = jaxenv.versions()
+        if first <= STAGES.index("compile") <= last:
+            store.check_trusted()  # a store others can write to: one line, before any work
         if STAGES.index("compile") <= last:
             manifest.backend = jaxenv.backend_info(typed.compile.backend)
         for i, stage in enumerate(STAGES):

@@ -51,6 +51,7 @@ from pipeline.store_entries import (
     _label,
     _load,
     _remove_entry,
+    check_store_trusted,
 )
 from pipeline.store_maintenance import (
     EntryInfo,
@@ -132,6 +133,12 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store(root={str(self.root)!r}, enabled={self.enabled})"
+
+    def check_trusted(self) -> None:
+        """A one-line StoreError when users you do not trust can write the store's folders (its
+        root, ``v1``, ``v1/compile`` and the folders above): checked before a run uses it."""
+        if self.enabled and not self.trust:
+            check_store_trusted(self.root, self.data_dir / "compile" / "00" / ("0" * 64))
 
     @property
     def read_only(self) -> bool:

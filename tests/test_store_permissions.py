@@ -4,6 +4,7 @@ users you do not trust can write is unpickled, from the store or from ``resume_f
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -218,3 +219,18 @@ def test_resume_refuses_an_executable_others_can_write(tmp_path: Path, compose_r
     trusted = [*resume, "store.trust=true"]
     result = pipeline.run(pipeline.compose(trusted), run_dir=tmp_path / "r2", overrides=trusted)
     assert result.manifest["stages"]["compile"]["status"] == "resumed"
+
+
+def test_a_run_refuses_an_untrusted_store_before_any_stage(tmp_path: Path) -> None:
+    store = Store(os.environ["JAXAOT_STORE_DIR"])
+    store.data_dir.mkdir(parents=True)
+    store.data_dir.chmod(0o777)
+    overrides = ["program=axpy"]
+    with pytest.raises(StoreError, match=r"store at .* is not safe .*v1 is writable by every user"):
+        pipeline.run(pipeline.compose(overrides), run_dir=tmp_path / "r", overrides=overrides)
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "not safe" in manifest["error"]
+    assert manifest["stages"] == {}  # refused before any stage ran
+    # a run that does not read the store is not refused
+    lower_only = ["program=axpy", "stop_after=lower"]
+    pipeline.run(pipeline.compose(lower_only), run_dir=tmp_path / "l", overrides=lower_only)
