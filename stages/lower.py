@@ -127,6 +127,11 @@ def _register_namedtuple(cls: type, name: str) -> None:
 
     if cls in _export.serialization_registry:
         return  # registered before (by us, or by the user under a name of their own)
+    stale = _export.deserialization_registry.get(name)
+    if stale is not None and stale[0] is not cls:
+        # The same module:class imported again (a reloaded module): the new class replaces it.
+        del _export.deserialization_registry[name]
+        _export.serialization_registry.pop(stale[0], None)
     import jax
 
     jax.export.register_namedtuple_serialization(cls, serialized_name=name)
