@@ -261,7 +261,10 @@ def _load(
             raise _Bad(f"compat mismatch: {diff}", incompatible=True)
     files = {n: FileRecord(sha256=r["sha256"], size=r["size"]) for n, r in doc["files"].items()}
     if not trust:
-        _check_entry_trusted(entry_dir / MANIFEST_NAME, (entry_dir / MANIFEST_NAME).lstat())
+        try:
+            _check_entry_trusted(entry_dir / MANIFEST_NAME, (entry_dir / MANIFEST_NAME).lstat())
+        except OSError as exc:
+            raise _Bad(f"{MANIFEST_NAME} unreadable ({exc})") from None
     for name, rec in files.items():
         try:
             _verify_file(entry_dir / name, name, rec, trust)
