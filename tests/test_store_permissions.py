@@ -9,8 +9,10 @@ import logging
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from pipeline.keylock import KeyLock
 from pipeline.store import Store
 
 KEY = key_of({"test": "permissions"})
+REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534  # a uid and gid that are neither root nor in root's groups
 FILES = {"executable.bin": b"\x80pickle" * 100, "compiled.json": b"{}"}
 as_root = pytest.mark.skipif(
@@ -53,26 +56,36 @@ def _modes(root: Path) -> dict[str, int]:
     }
 
 
-def _as_user(uid: int, gid: int, groups: list[int], action: Callable[[], bool]) -> bool:
-    """Run ``action`` in a forked child that has dropped to ``uid``; True if it returned True."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        code = 3
-        try:
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            code = 0 if action() else 1
-        except StoreError:
-            code = 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    assert code in (0, 1, 2), f"child failed with {code}"
-    if code == 2:
-        raise StoreError("the second user's store refused the entry")
-    return code == 0
+# Run as root in a fresh process (no JAX threads to fork), dropping to another user once the
+# modules are imported (the interpreter's own files may not be readable by that user).
+_SECOND_USER = """
+import os, sys
+from pipeline.errors import StoreError
+from pipeline.store import Store
+uid, gid, groups, root, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+os.setgroups([int(g) for g in groups.split(",") if g])
+os.setgid(gid)
+os.setuid(uid)
+try:
+    entry = Store(root).get("compile", key)
+except StoreError as exc:
+    print(exc)
+    sys.exit(2)
+sys.exit(0 if entry is not None and entry.read_bytes("executable.bin") == bytes.fromhex(sys.argv[6]) else 1)
+"""
+
+
+def _second_user_hits(root: Path, uid: int, gid: int, groups: list[int]) -> bool:
+    """Whether another user (``uid`` in ``groups``) gets a verified hit for KEY in ``root``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SECOND_USER, str(uid), str(gid), ",".join(map(str, groups)),
+         str(root), KEY, FILES["executable.bin"].hex()],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
+    )  # fmt: skip
+    if proc.returncode == 2:
+        raise StoreError(proc.stdout.strip())
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    return proc.returncode == 0
 
 
 # -- umask (item 8) ------------------------------------------------------------------------
@@ -111,15 +124,10 @@ def test_a_teammate_reads_and_trusts_a_group_store(shared_dir: Path) -> None:
         store = Store(shared_dir / "store")
         assert store.put("compile", KEY, FILES) is not None
     gid = store.root.stat().st_gid
-
-    def hit() -> bool:
-        entry = Store(shared_dir / "store").get("compile", KEY)
-        return entry is not None and entry.read_bytes("executable.bin") == FILES["executable.bin"]
-
-    assert _as_user(NOBODY, NOBODY, [gid], hit)
+    assert _second_user_hits(store.root, NOBODY, NOBODY, [gid])
     # Someone outside the group could have written it (it is group-writable): refused, loudly.
-    with pytest.raises(StoreError):
-        _as_user(NOBODY, NOBODY, [], hit)
+    with pytest.raises(StoreError, match="which you are not in"):
+        _second_user_hits(store.root, NOBODY, NOBODY, [])
 
 
 @as_root
@@ -127,12 +135,7 @@ def test_everyone_reads_a_store_written_with_umask_022(shared_dir: Path) -> None
     with umask(0o022):
         store = Store(shared_dir / "store")
         assert store.put("compile", KEY, FILES) is not None
-
-    def hit() -> bool:
-        entry = Store(shared_dir / "store").get("compile", KEY)
-        return entry is not None and entry.read_bytes("executable.bin") == FILES["executable.bin"]
-
-    assert _as_user(NOBODY, NOBODY, [], hit)
+    assert _second_user_hits(store.root, NOBODY, NOBODY, [])
     assert Store(shared_dir / "store").get("compile", KEY) is not None  # still there
 
 
