@@ -16,9 +16,14 @@ from typing import Any
 
 from .config import STAGES, JaxaotConfig, override_key, to_container, validate
 from .errors import ConfigError, StoreError
+from .fsutil import trust_from_env, untrusted_path
 from .manifest import load_manifest
 
 log = logging.getLogger("jaxaot")
+
+# Checkpoint files deserialized with pickle: read only from a run directory that no user you
+# do not trust can write to (issue 12, item 9).
+PICKLED = frozenset({"executable.bin"})
 
 # Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
 # change the result).
@@ -67,6 +72,8 @@ class Checkpoint:
         if not self.run_dir.is_dir():
             raise StoreError(f"resume_from={str(run_dir)!r}: no such run directory")
         self.manifest = load_manifest(self.run_dir)
+        # store.trust / $JAXAOT_TRUST_STORE: unpickle executable.bin whatever the permissions.
+        self.trust = trust_from_env()
         self.artifacts: dict[str, dict[str, Any]] = {
             name: rec
             for stage in self.manifest.get("stages", {}).values()
@@ -92,6 +99,8 @@ class Checkpoint:
             rel = f"{stage}/{name}"
             rec = self.artifacts[rel]
             path = self.run_dir / rel
+            if name in PICKLED and not self.trust:
+                self._check_trusted(path)
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
@@ -107,8 +116,22 @@ class Checkpoint:
 
         return read
 
+    def _check_trusted(self, path: Path) -> None:
+        try:
+            reason = untrusted_path(path, self.run_dir)
+        except FileNotFoundError:
+            return  # reported as missing by the read
+        if reason:
+            raise StoreError(
+                f"resume_from={str(self.run_dir)!r}: refusing to unpickle {path.name}: {reason}; "
+                "make the run directory writable by you (and your team's group) only "
+                "(chmod -R o-w), or set store.trust=true (JAXAOT_TRUST_STORE=1) if you trust "
+                "every user who can write there"
+            )
+
     def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
         """``cfg`` with the frozen sections taken from the checkpoint; conflicts are errors."""
+        self.trust = self.trust or cfg.store.trust
         frozen = frozen_sections(cfg.start_at)
         current, saved = to_container(cfg), self.manifest["config"]
         for override in overrides:

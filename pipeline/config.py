@@ -95,6 +95,7 @@ class ExecuteConfig:
 class StoreConfig:
     dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (pipeline.store)
     enabled: bool = True
+    trust: bool = False  # True: load executables whatever the store's permissions (pipeline.fsutil)
 
 
 @dataclass(frozen=True)

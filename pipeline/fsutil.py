@@ -12,15 +12,19 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 TEMP_PREFIX = ".tmp-"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once at import: os.umask can only be read by setting it
 _CHUNK = 1 << 20
+# Files and folders are created with these modes and the process umask applied by the kernel
+# (never ``mkstemp``/``mkdtemp``, which make 0600/0700): with umask 002 or 022 a store or run
+# directory on a shared file system is readable by the team (issue 12, item 8).
+FILE_MODE = 0o666
+DIR_MODE = 0o777
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -58,14 +62,36 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _new_temp_file(parent: Path, prefix: str) -> tuple[int, str]:
+    """A new, uniquely named file opened for writing, mode :data:`FILE_MODE` minus the umask."""
+    for _ in range(100):
+        tmp = os.path.join(parent, f"{prefix}{uuid.uuid4().hex[:12]}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp file name in {parent}")  # pragma: no cover
+
+
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in ``parent``, mode :data:`DIR_MODE` minus the umask (a
+    folder created in a setgid folder inherits its group, as a team store needs)."""
+    for _ in range(100):
+        tmp = Path(parent) / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            os.mkdir(tmp, DIR_MODE)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp folder name in {parent}")  # pragma: no cover
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> str:
     """Write ``data`` to ``path`` atomically and return its sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    fd, tmp = _new_temp_file(path.parent, TEMP_PREFIX + path.name + ".")
     try:
-        # mkstemp makes 0600 files; artifacts are ordinary files (shared stores, clusters).
-        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -99,6 +125,82 @@ def atomic_write_json(path: Path, obj: Any) -> str:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+ENV_TRUST = "JAXAOT_TRUST_STORE"
+
+
+def trust_from_env() -> bool:
+    """``JAXAOT_TRUST_STORE=1`` (or true/yes): trust stores and checkpoints whatever their modes."""
+    return os.environ.get(ENV_TRUST, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _my_groups() -> frozenset[int]:
+    return frozenset({os.getegid(), *os.getgroups()})
+
+
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        import grp
+
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except (ImportError, KeyError):
+        return f"gid {gid}"
+
+
+def loose_permissions(path: Path, st: os.stat_result, owner_matters: bool = True) -> str | None:
+    """Why ``path`` (with stat ``st``) could be changed by users other than you and your groups,
+    or None. The rule is ssh's for key files, widened to a team: refuse what every user can
+    write, what a group you are not in can write, and (``owner_matters``) what belongs to a user
+    who is neither you, root, nor in the file's group with you. A sticky world-writable folder
+    (``/tmp``) is fine: others cannot rename or delete what is yours in it."""
+    mode = st.st_mode
+    sticky = stat.S_ISDIR(mode) and bool(mode & stat.S_ISVTX)
+    mine = _my_groups()
+    if mode & stat.S_IWOTH and not sticky:
+        return f"{path} is writable by every user (mode {stat.filemode(mode)})"
+    if mode & stat.S_IWGRP and st.st_gid not in mine and not sticky:
+        return (
+            f"{path} is writable by group {_group(st.st_gid)}, which you are not in "
+            f"(mode {stat.filemode(mode)})"
+        )
+    if owner_matters and st.st_uid not in (os.geteuid(), 0) and st.st_gid not in mine:
+        return f"{path} belongs to {_who(st.st_uid)}, who is not in a group with you"
+    return None
+
+
+def untrusted_path(path: Path, root: Path) -> str | None:
+    """Why a file under ``root`` (a store or run directory) could have been written by someone
+    you do not trust, or None: ``path``, every folder from it up to ``root``, and ``root``'s
+    ancestors (those for writability only) are checked, one ``lstat`` each; missing ones are
+    skipped."""
+    path, root = Path(os.path.abspath(path)), Path(os.path.abspath(root))
+    chain = [path, *(p for p in path.parents if p == root or root in p.parents)]
+    for p in chain:
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue  # not created yet: whoever creates it applies your umask
+        reason = loose_permissions(p, st)
+        if reason:
+            return reason
+    for p in root.parents:
+        try:
+            reason = loose_permissions(p, p.lstat(), owner_matters=False)
+        except OSError:
+            continue
+        if reason:
+            return reason
+    return None
+
+
 def remove_stale_temps(root: Path, older_than_s: float = 3600.0) -> int:
     """Remove ``.tmp-*`` files and folders under ``root`` left by interrupted writes."""
     import shutil
@@ -127,13 +229,20 @@ def remove_stale_temps(root: Path, older_than_s: float = 3600.0) -> int:
 
 
 __all__ = [
+    "DIR_MODE",
+    "ENV_TRUST",
+    "FILE_MODE",
     "TEMP_PREFIX",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "canonical_json",
     "key_of",
+    "loose_permissions",
+    "make_temp_dir",
     "remove_stale_temps",
     "sha256_bytes",
     "sha256_file",
+    "trust_from_env",
+    "untrusted_path",
 ]

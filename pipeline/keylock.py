@@ -36,7 +36,7 @@ def file_lock(path: Path, exclusive: bool) -> Iterator[bool]:
         import fcntl
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
     except (ImportError, OSError):
         yield False
         return
@@ -108,7 +108,7 @@ class KeyLock:
             return True
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o666)
         except OSError as exc:
             log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)
             return True

@@ -113,7 +113,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     from . import jaxenv
     from .store import Store, resolve_store_root
 
-    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled)
+    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled,
+                  trust=typed.store.trust or None)  # fmt: skip
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     records: dict[str, Any] = {}
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
@@ -127,6 +128,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                                  num_devices=devices_to_start(typed), x64=bound.needs_x64)  # fmt: skip
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
+                if first <= STAGES.index("compile") <= last:
+                    store.check_trusted()  # a store others can write to: one line, before work
                 if STAGES.index("compile") <= last:
                     manifest.backend = jaxenv.backend_info(typed.compile.backend)
                 for i, stage in enumerate(STAGES):
@@ -310,6 +313,7 @@ class _Runner:
     def _compile_locked(self, ctx: StageContext, lowered: Any, key: str | None,
                         compat: dict[str, Any], target: Any) -> tuple[Any, str, dict[str, Any]]:  # fmt: skip
         from stages import compile as compile_stage
+        from stages import custom_calls
 
         store_on = self.store.enabled and key is not None
         label = f"compile/{(key or '')[:12]}"
@@ -325,6 +329,10 @@ class _Runner:
             try:
                 record = compile_stage.load(ctx, lowered, entry.read_bytes,
                                             f"store entry {label}", [target.convention])  # fmt: skip
+            except custom_calls.ColdLoadError as exc:  # the entry is fine; this process is not
+                ctx.warn(f"store entry {label} not loaded cold ({one_line(exc)}), compiling instead")
+                ctx.artifacts.clear()
+                ctx.metrics.clear()
             except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)
                 reason = getattr(exc, "reason", None) or one_line(exc)
                 outcome = self.store.discard("compile", key, reason)

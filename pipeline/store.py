@@ -29,14 +29,13 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline import store_maintenance as _maintenance
-from pipeline.fsutil import TEMP_PREFIX, canonical_json
+from pipeline.fsutil import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
 from pipeline.keylock import LOCKS_DIR, STATS_LOCK, file_lock
 from pipeline.store_entries import (
     _CHUNK,
@@ -52,6 +51,7 @@ from pipeline.store_entries import (
     _label,
     _load,
     _remove_entry,
+    check_store_trusted,
 )
 from pipeline.store_maintenance import (
     EntryInfo,
@@ -124,13 +124,21 @@ def _touch(path: Path) -> None:
 class Store:
     """The checkpoint store at ``root``; ``enabled=False`` makes get/put/record no-ops."""
 
-    def __init__(self, root: str | Path, enabled: bool = True) -> None:
+    def __init__(self, root: str | Path, enabled: bool = True, trust: bool | None = None) -> None:
         self.root = Path(root)
         self.enabled = enabled
+        # True: load entries whatever their permissions (store.trust, $JAXAOT_TRUST_STORE).
+        self.trust = trust_from_env() if trust is None else trust
         self._read_only = False  # set on the first "cannot write here" error, warned once
 
     def __repr__(self) -> str:
         return f"Store(root={str(self.root)!r}, enabled={self.enabled})"
+
+    def check_trusted(self) -> None:
+        """A one-line StoreError when users you do not trust can write the store's folders (its
+        root, ``v1``, ``v1/compile`` and the folders above): checked before a run uses it."""
+        if self.enabled and not self.trust:
+            check_store_trusted(self.root, self.data_dir / "compile" / "00" / ("0" * 64))
 
     @property
     def read_only(self) -> bool:
@@ -160,7 +168,7 @@ class Store:
         if not self.enabled:
             return None
         try:
-            entry = _load(entry_dir, stage, key, expect)
+            entry = _load(entry_dir, stage, key, expect, self.trust)
         except _Bad as bad:
             self._discard(entry_dir, stage, key, bad, during="store miss")
             return None
@@ -204,9 +212,7 @@ class Store:
             if existing is not None:
                 return existing
             self.root.mkdir(parents=True, exist_ok=True)
-            tmp = Path(
-                tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}put-{stage}-{key[:12]}-", dir=self.root)
-            )
+            tmp = make_temp_dir(self.root, f"{TEMP_PREFIX}put-{stage}-{key[:12]}-")
             records = {name: _write_file(tmp / name, src) for name, src in files.items()}
             created = time.time()
             doc = {
@@ -276,7 +282,7 @@ class Store:
     ) -> StoreEntry | None:
         """The valid entry already at ``entry_dir``; a bad one is removed and None returned."""
         try:
-            return _load(entry_dir, stage, key, compat)
+            return _load(entry_dir, stage, key, compat, self.trust)
         except _Bad as bad:
             self._discard(entry_dir, stage, key, bad, during="store put replaces")
             return None
@@ -333,7 +339,7 @@ class Store:
             # Shared with other appenders; `gc` takes it alone while it folds the log.
             with file_lock(self.root / LOCKS_DIR / STATS_LOCK, exclusive=False):
                 fd = os.open(
-                    self.data_dir / STATS_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+                    self.data_dir / STATS_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE
                 )
                 try:
                     os.write(fd, (line + "\n").encode())
@@ -360,9 +366,10 @@ class Store:
         """Entries and bytes per stage, plus hits, misses and time saved from the record() log."""
         return _maintenance.stats(self)
 
-    def verify(self, remove: bool = False) -> VerifyReport:
-        """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted."""
-        return _maintenance.verify(self, remove)
+    def verify(self, remove: bool = False, deep: bool = False) -> VerifyReport:
+        """Re-hash every entry (``deep``: and load each executable in a fresh process); bad
+        ones are reported and, with ``remove``, deleted."""
+        return _maintenance.verify(self, remove, deep)
 
     def gc(
         self,

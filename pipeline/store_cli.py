@@ -1,7 +1,8 @@
 """``jaxaot-store``: inspect and maintain the checkpoint store (stats, verify, gc, ls).
 
 Every subcommand takes ``--store DIR`` (default ``$JAXAOT_STORE_DIR``, else ``outputs/store``).
-Bad input prints one line on stderr and exits 2; ``verify`` exits 1 when an entry is corrupt.
+Bad input prints one line on stderr and exits 2; ``verify`` exits 1 when an entry is corrupt
+(or, with ``--deep``, unusable: it verifies but cannot be loaded and called in a fresh process).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeline.store import (
     parse_size,
     resolve_store_root,
 )
+from pipeline.store_maintenance import TempInfo
 
 PROG = "jaxaot-store"
 
@@ -65,7 +67,12 @@ def _build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("stats", parents=[common], help="entries, size, hits and misses per stage")
     p = sub.add_parser("verify", parents=[common], help="re-hash every entry")
-    p.add_argument("--remove", action="store_true", help="delete corrupt entries")
+    p.add_argument("--remove", action="store_true", help="delete corrupt (and unusable) entries")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also load and call every executable in a fresh process; report unusable ones",
+    )
     p = sub.add_parser("gc", parents=[common], help="remove stale temp folders and old entries")
     p.add_argument(
         "--max-size", metavar="SIZE", help="evict least recently used entries above SIZE (e.g. 2GB)"
@@ -104,22 +111,53 @@ def _cmd_stats(store: Store, args: argparse.Namespace) -> int:
         )
     print(f"store {store.root} (format v{STORE_FORMAT_VERSION})")
     print(_table(["stage", "entries", "size", "hits", "misses", "hit rate", "time saved"], rows))
+    _print_temps(store, stats.temps)
     return 0
 
 
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _print_temps(store: Store, temps: Sequence[TempInfo]) -> None:
+    """Orphan temp folders: puts in progress, or killed ones that ``gc`` will remove."""
+    if not temps:
+        return
+    print(f"{len(temps)} temp folder(s) (interrupted or running writes; `{PROG} gc` removes "
+          "those older than an hour):")  # fmt: skip
+    for t in temps:
+        print(f"  {t.path.relative_to(store.root)}  age {_age(t.age_s)}")
+
+
 def _cmd_verify(store: Store, args: argparse.Namespace) -> int:
-    report = store.verify(remove=args.remove)
+    report = store.verify(remove=args.remove, deep=args.deep)
     for r in report.results:
         if r.ok:
-            print(f"ok       {r.stage}/{r.key}")
+            print(f"ok       {r.stage}/{r.key}" + (f" ({r.reason})" if r.reason else ""))
+            continue
+        if r.removed:
+            note = " [removed]"
+        elif r.remove_error:
+            note = f" [NOT removed: {r.remove_error}]"
         else:
-            note = " [removed]" if r.removed else ""
-            print(f"CORRUPT  {r.stage}/{r.key}: {r.reason}{note}")
-    n_bad = len(report.corrupt)
-    print(f"{len(report.results)} entries: {len(report.results) - n_bad} ok, {n_bad} corrupt")
-    if n_bad and not args.remove:
-        print(f"run `{PROG} verify --remove` to delete the corrupt entries")
-    return 1 if n_bad else 0
+            note = ""
+        print(f"{r.kind.upper():<8} {r.stage}/{r.key}: {r.reason}{note}")
+    n_unusable = len(report.unusable)
+    n_corrupt = len(report.corrupt) - n_unusable
+    summary = f"{len(report.results)} entries: {len(report.results) - len(report.corrupt)} ok, "
+    summary += f"{n_corrupt} corrupt" + (f", {n_unusable} unusable" if args.deep else "")
+    if args.remove and report.corrupt:
+        removed = sum(r.removed for r in report.corrupt)
+        summary += f"; {removed} removed"
+        if report.not_removed:
+            summary += f", {len(report.not_removed)} could not be removed (read-only store?)"
+    print(summary)
+    _print_temps(store, report.temps)
+    if report.corrupt and not args.remove:
+        print(f"run `{PROG} verify --remove{' --deep' if args.deep else ''}` to delete them")
+    return 1 if report.corrupt else 0
 
 
 def _cmd_gc(store: Store, args: argparse.Namespace) -> int:

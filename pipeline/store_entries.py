@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StoreError
-from pipeline.fsutil import TEMP_PREFIX, canonical_json
+from pipeline.fsutil import TEMP_PREFIX, canonical_json, loose_permissions, untrusted_path
 
 # Store format history (bump when entry.json or the layout changes incompatibly; a store
 # reader refuses entries of any other version, naming both):
@@ -178,13 +178,40 @@ def _compat_diff(found: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
     return "; ".join(diffs)
 
 
-def _verify_file(path: Path, name: str, rec: FileRecord) -> None:
+TRUST_HINT = (
+    "make it writable by you and your team's group only (chmod -R o-w; a team store: "
+    "chgrp -R TEAM, chmod -R g+rwXs), or set store.trust=true (JAXAOT_TRUST_STORE=1) if you "
+    "trust every user who can write there"
+)
+
+
+def check_store_trusted(root: Path, entry_dir: Path) -> None:
+    """Raise :class:`StoreError` (one line) when the folders every entry sits in, from
+    ``entry_dir``'s parent up to the store root and above, can be written by users you do not
+    trust: such a store could hand this process a pickle of anyone's making (issue 12, item 9).
+    A store-wide fault fails the run instead of missing every entry and recompiling forever."""
+    reason = untrusted_path(entry_dir.parent, root)
+    if reason:
+        raise StoreError(
+            f"store at {root} is not safe to load executables from: {reason}; {TRUST_HINT}"
+        )
+
+
+def _check_entry_trusted(path: Path, st: os.stat_result) -> None:
+    reason = loose_permissions(path, st)
+    if reason:  # one entry: a miss (removed and recomputed, with the umask's modes)
+        raise _Bad(f"untrusted: {reason}")
+
+
+def _verify_file(path: Path, name: str, rec: FileRecord, trust: bool = True) -> None:
     try:
         st = path.lstat()
     except FileNotFoundError:
         raise _Bad(f"{name!r} is missing (manifest without payload)") from None
     if not stat.S_ISREG(st.st_mode):
         raise _Bad(f"{name!r} is not a regular file")
+    if not trust:
+        _check_entry_trusted(path, st)
     if st.st_size != rec.size:
         raise _Bad(f"{name!r} is {st.st_size} bytes, manifest says {rec.size} (truncated?)")
     h = hashlib.sha256()
@@ -198,13 +225,26 @@ def _verify_file(path: Path, name: str, rec: FileRecord) -> None:
 
 
 def _load(
-    entry_dir: Path, stage: str, key: str, expect: Mapping[str, Any] | None
+    entry_dir: Path,
+    stage: str,
+    key: str,
+    expect: Mapping[str, Any] | None,
+    trust: bool = False,
 ) -> StoreEntry | None:
-    """The verified entry at ``entry_dir``; None if absent; raises :class:`_Bad` otherwise."""
-    if not entry_dir.exists() and not entry_dir.is_symlink():
+    """The verified entry at ``entry_dir``; None if absent; raises :class:`_Bad` otherwise.
+
+    Unless ``trust``, folders and files that users you do not trust can write are refused: the
+    store's own folders with :class:`StoreError`, the entry's with :class:`_Bad`.
+    """
+    try:
+        st = entry_dir.lstat()
+    except OSError:  # absent (or a folder above it unreadable): a miss
         return None
-    if entry_dir.is_symlink() or not entry_dir.is_dir():
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise _Bad("entry is not a directory")
+    if not trust:
+        check_store_trusted(entry_dir.parents[3], entry_dir)  # <root>/v1/<stage>/<xx>/<key>
+        _check_entry_trusted(entry_dir, st)
     try:
         raw = (entry_dir / MANIFEST_NAME).read_bytes()
     except FileNotFoundError:
@@ -220,9 +260,14 @@ def _load(
         if diff:
             raise _Bad(f"compat mismatch: {diff}", incompatible=True)
     files = {n: FileRecord(sha256=r["sha256"], size=r["size"]) for n, r in doc["files"].items()}
+    if not trust:
+        try:
+            _check_entry_trusted(entry_dir / MANIFEST_NAME, (entry_dir / MANIFEST_NAME).lstat())
+        except OSError as exc:
+            raise _Bad(f"{MANIFEST_NAME} unreadable ({exc})") from None
     for name, rec in files.items():
         try:
-            _verify_file(entry_dir / name, name, rec)
+            _verify_file(entry_dir / name, name, rec, trust)
         except OSError as exc:
             raise _Bad(f"{name!r} unreadable ({exc})") from None
     return StoreEntry(

@@ -7,6 +7,7 @@ These are what ``jaxaot-store`` runs; :class:`~pipeline.store.Store` exposes the
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -74,17 +75,32 @@ class EntryInfo:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """One entry's verdict. ``kind``: ``corrupt`` (bytes or manifest wrong) or ``unusable``
+    (verifies, but ``--deep`` could not load or call it); ``reason`` says why, or for an ok
+    entry what was not checked. ``remove_error``: why ``--remove`` could not delete it."""
+
     stage: str
     key: str
     dir: Path
     ok: bool
     reason: str = ""
     removed: bool = False
+    kind: str = "corrupt"
+    remove_error: str = ""
+
+
+@dataclass(frozen=True)
+class TempInfo:
+    """A ``.tmp-*`` file or folder in the store: a put in progress, or one that was killed."""
+
+    path: Path
+    age_s: float
 
 
 @dataclass(frozen=True)
 class VerifyReport:
     results: tuple[VerifyResult, ...]
+    temps: tuple[TempInfo, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -92,7 +108,16 @@ class VerifyReport:
 
     @property
     def corrupt(self) -> tuple[VerifyResult, ...]:
+        """Every entry that failed, corrupt or unusable."""
         return tuple(r for r in self.results if not r.ok)
+
+    @property
+    def unusable(self) -> tuple[VerifyResult, ...]:
+        return tuple(r for r in self.results if not r.ok and r.kind == "unusable")
+
+    @property
+    def not_removed(self) -> tuple[VerifyResult, ...]:
+        return tuple(r for r in self.results if r.remove_error)
 
 
 @dataclass(frozen=True)
@@ -118,6 +143,7 @@ class StageStats:
 class StoreStats:
     root: Path
     stages: Mapping[str, StageStats] = field(default_factory=dict)
+    temps: tuple[TempInfo, ...] = ()
 
     @property
     def total(self) -> StageStats:
@@ -234,7 +260,25 @@ def stats(store: Store) -> StoreStats:
         )
         for name, s in sorted(acc.items())
     }
-    return StoreStats(root=store.root, stages=stages)
+    return StoreStats(root=store.root, stages=stages, temps=temps(store))
+
+
+def temps(store: Store) -> tuple[TempInfo, ...]:
+    """Every ``.tmp-*`` file or folder in the store (not inside another), oldest first."""
+    found = []
+    now = time.time()
+    if not store.root.is_dir():
+        return ()
+    for dirpath, dirnames, filenames in os.walk(store.root):
+        for name in [*dirnames, *filenames]:
+            if name.startswith(TEMP_PREFIX):
+                p = Path(dirpath) / name
+                try:
+                    found.append(TempInfo(p, max(now - p.lstat().st_mtime, 0.0)))
+                except OSError:
+                    continue
+        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    return tuple(sorted(found, key=lambda t: -t.age_s))
 
 
 def fold_log(store: Store) -> int:
@@ -264,17 +308,42 @@ def fold_log(store: Store) -> int:
         return records
 
 
-def verify(store: Store, remove: bool = False) -> VerifyReport:
-    """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted."""
+def _failed(store: Store, stage: str, key: str, d: Path, reason: str, kind: str,
+            remove: bool) -> VerifyResult:  # fmt: skip
+    err = _remove_entry(store.root, d) if remove else None
+    if remove and err is None and (d.exists() or d.is_symlink()):
+        err = OSError("it is still there")  # never claim a removal that did not happen
+    return VerifyResult(stage, key, d, False, reason, removed=remove and err is None, kind=kind,
+                        remove_error="" if err is None else str(err))  # fmt: skip
+
+
+def verify(store: Store, remove: bool = False, deep: bool = False) -> VerifyReport:
+    """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted.
+
+    ``deep``: also load every compile entry's executable in a fresh process and call it
+    (:mod:`pipeline.store_probe`); the ones that cannot be loaded or called are ``unusable``.
+    """
     results = []
     for stage, key, d in _iter_entry_dirs(store.data_dir):
         try:
-            _load(d, stage, key, None)
+            _load(d, stage, key, None, store.trust)
             results.append(VerifyResult(stage, key, d, ok=True))
         except _Bad as bad:
-            removed = remove and _remove_entry(store.root, d) is None
-            results.append(VerifyResult(stage, key, d, False, bad.reason, removed))
-    return VerifyReport(tuple(results))
+            results.append(_failed(store, stage, key, d, bad.reason, "corrupt", remove))
+    if deep:
+        from pipeline.store_probe import probe_entries
+
+        to_probe = [r for r in results if r.ok and r.stage == "compile"]
+        probed = probe_entries([r.dir for r in to_probe], store.trust) if to_probe else []
+        verdicts = {p.dir: p for p in probed}
+        results = [
+            r if r.dir not in verdicts
+            else VerifyResult(r.stage, r.key, r.dir, True, verdicts[r.dir].reason, kind="")
+            if verdicts[r.dir].usable
+            else _failed(store, r.stage, r.key, r.dir, verdicts[r.dir].reason, "unusable", remove)
+            for r in results
+        ]  # fmt: skip
+    return VerifyReport(tuple(results), temps(store))
 
 
 def gc(
@@ -310,6 +379,7 @@ __all__ = [
     "GcReport",
     "StageStats",
     "StoreStats",
+    "TempInfo",
     "VerifyReport",
     "VerifyResult",
     "fold_log",
@@ -317,5 +387,6 @@ __all__ = [
     "ls",
     "parse_size",
     "stats",
+    "temps",
     "verify",
 ]

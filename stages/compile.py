@@ -27,6 +27,7 @@ from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import devices, platform_of
 from pipeline.parallel import MeshSpec
 
+from . import custom_calls
 from .convention import (
     Convention,
     UnusableExecutable,
@@ -280,6 +281,10 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
             files[name] = read(name)
         except (KeyError, FileNotFoundError):
             continue  # optional artifacts (cost/memory analysis) some backends do not give
+    # Custom-call kernels before deserializing (a cold LAPACK load segfaults); raises
+    # ColdLoadError, not UnusableExecutable, for one this process cannot vouch for: the entry
+    # is fine, this process just compiles instead.
+    custom_calls.prepare(files.get("optimized.hlo.txt"), cfg.backend, lowered, source)
     try:
         meta = json.loads(files["compiled.json"])
         bound_to = _execution_devices(cfg.backend, meta["device_ids"], source)

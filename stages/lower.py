@@ -102,6 +102,81 @@ def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
     return fn, opts
 
 
+def _namedtuples(treedef: Any) -> list[type]:
+    """The NamedTuple classes in a pytree structure (outer first, each once)."""
+    found: list[type] = []
+    stack = [treedef]
+    while stack:
+        node = stack.pop()
+        data = node.node_data()
+        if data is not None:
+            cls = data[0]
+            if issubclass(cls, tuple) and hasattr(cls, "_fields") and cls not in found:
+                found.append(cls)
+        stack.extend(reversed(node.children()))
+    return found
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _register_namedtuple(cls: type, name: str) -> None:
+    """Let jax.export (de)serialize ``cls`` under ``name``; once per process."""
+    from jax._src.export import _export
+
+    if cls in _export.serialization_registry:
+        return  # registered before (by us, or by the user under a name of their own)
+    stale = _export.deserialization_registry.get(name)
+    if stale is not None and stale[0] is not cls:
+        # The same module:class imported again (a reloaded module): the new class replaces it.
+        del _export.deserialization_registry[name]
+        _export.serialization_registry.pop(stale[0], None)
+    import jax
+
+    jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+
+
+def _register_output_types(exported: Any) -> list[str]:
+    """Register the NamedTuples in the export's input and output structures (jaxlib's EighResult,
+    SVDResult, QRResult, a user's own), so that ``serialize`` accepts them; return their names.
+
+    A class defined inside a function cannot be imported by a later run: left unregistered, so
+    the export fails as before (with jax's message) instead of writing an unloadable file.
+    """
+    names = []
+    for cls in _namedtuples(exported.in_tree) + _namedtuples(exported.out_tree):
+        if "<locals>" in cls.__qualname__:
+            continue
+        name = _class_name(cls)
+        _register_namedtuple(cls, name)
+        names.append(name)
+    return names
+
+
+def _import_namedtuples(names: list[str]) -> None:
+    """Import and register the NamedTuple classes a checkpointed export names (lowered.json)."""
+    import importlib
+
+    for name in names:
+        module, _, qualname = name.partition(":")
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise StoreError(
+                f"resume_from: the lowering's outputs are a NamedTuple {name!r} that cannot be "
+                f"imported here ({exc}); start at stage_out instead"
+            ) from None
+        if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
+            raise StoreError(
+                f"resume_from: {name!r} named in lowered.json is not a NamedTuple class (found "
+                f"{type(obj).__name__}); start at stage_out instead"
+            )
+        _register_namedtuple(obj, name)
+
+
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     import jax
 
@@ -149,9 +224,10 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         try:  # inside the mesh and metadata contexts: the export traces again
             with ctx.capture_warnings():
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
+                pytree_types = _register_output_types(exported)
             ctx.write("exported.bin", bytes(exported.serialize()))
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
-            exported = None
+            exported, pytree_types = None, []
             ctx.warn(
                 "no exported.bin: jax.export cannot serialize this program "
                 f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
@@ -167,6 +243,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         "donate_argnums": list(donate),
         "nr_devices": exported.nr_devices if exported is not None else None,
     }
+    if pytree_types:  # what a resumed run registers before deserializing exported.bin
+        meta["namedtuples"] = pytree_types
     if mesh_json is not None:
         meta |= early
         ctx.metrics.update(mesh=MeshSpec.from_json(mesh_json).describe(),
@@ -199,6 +277,7 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             "resume_from: that run's lowering has no exported.bin (jax.export could not "
             "serialize the program; see its lower warnings); start at lower instead"
         ) from None
+    _import_namedtuples(list(meta.get("namedtuples", [])))
     exported = jax.export.deserialize(bytearray(blob))
     for name in ARTIFACTS:
         try:

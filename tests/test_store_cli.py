@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +182,111 @@ def test_main_returns_exit_codes_in_process(
     assert main(["--help"]) == 0
     out, err = capsys.readouterr()
     assert "invalid size '1QB'" in err and "entry.json is not valid JSON" in out
+
+
+# -- verify --deep, temp folders, read-only stores (issue 12, items 2 and 10) ----------------
+
+PAIRS = """
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+
+class Pair(NamedTuple):
+    total: object
+    scaled: object
+
+
+def pair(x):
+    return Pair(total=jnp.sum(x), scaled=x * 3)
+"""
+
+
+def test_verify_deep_reports_and_removes_an_entry_that_cannot_be_loaded(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    compose_run,  # type: ignore[no-untyped-def]
+) -> None:
+    """An entry whose pickle names a NamedTuple class that was renamed since verifies (its bytes
+    are intact) but is unusable; a LAPACK executable beside it loads and runs cold."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "deep_pairs.py").write_text(PAIRS)
+    monkeypatch.syspath_prepend(str(mods))
+    compose_run("program.target=deep_pairs:pair", "program.args=[f32[3]]")
+    compose_run("program.target=jax.numpy.linalg:inv", "program.args=[f32[4,4]]")
+    root = Path(os.environ[ENV_STORE_DIR])
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(mods)])}
+    proc = cli("verify", "--deep", "--store", str(root), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "2 entries: 2 ok, 0 corrupt, 0 unusable"
+
+    (mods / "deep_pairs.py").write_text(PAIRS.replace("Pair", "Renamed"))
+    assert cli("verify", "--store", str(root), env=env).returncode == 0  # the bytes are fine
+    proc = cli("verify", "--deep", "--store", str(root), env=env)
+    assert proc.returncode == 1
+    [bad] = [line for line in proc.stdout.splitlines() if line.startswith("UNUSABLE")]
+    assert "cannot unpickle executable.bin: AttributeError: Can't get attribute 'Pair'" in bad
+    assert "2 entries: 1 ok, 0 corrupt, 1 unusable" in proc.stdout
+    assert "verify --remove --deep" in proc.stdout
+
+    proc = cli("verify", "--deep", "--remove", "--store", str(root), env=env)
+    assert proc.returncode == 1 and "[removed]" in proc.stdout and "1 removed" in proc.stdout
+    assert [i.stage for i in Store(root).ls()] == ["compile"]
+    proc = cli("verify", "--deep", "--store", str(root), env=env)
+    assert proc.returncode == 0 and "1 entries: 1 ok, 0 corrupt, 0 unusable" in proc.stdout
+
+
+def test_verify_deep_survives_a_loader_that_crashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe process killed by a signal marks the entry it was on, and the rest go on."""
+    from pipeline import store_probe
+
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    fake = tmp_path / "fake_python"
+    # Reports the first entry it is given as usable, then dies of SIGSEGV on the next one.
+    fake.write_text(
+        '#!/bin/sh\nshift 2\necho "{\\"dir\\": \\"$1\\", \\"reason\\": \\"\\"}"\nkill -SEGV $$\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(store_probe.sys, "executable", str(fake))
+    results = store_probe.probe_entries(dirs, trust=False)
+    assert [(r.dir, r.usable) for r in results] == [
+        (dirs[0], True), (dirs[1], False), (dirs[2], True)
+    ]  # fmt: skip
+    assert results[1].reason == "loading it killed the process (SIGSEGV)"
+
+
+def test_verify_and_stats_report_orphan_temp_folders(store: Store) -> None:
+    dead = store.root / ".tmp-put-compile-0123456789ab-dead"
+    dead.mkdir()
+    (dead / "executable.bin").write_bytes(b"partial")
+    old = time.time() - 3 * 3600
+    os.utime(dead, (old, old))
+    for command in ("verify", "stats"):
+        proc = cli(command, "--store", str(store.root))
+        assert proc.returncode == 0, proc.stderr
+        assert "1 temp folder(s)" in proc.stdout, command
+        assert "  .tmp-put-compile-0123456789ab-dead  age 3.0 h" in proc.stdout, command
+    shutil.rmtree(dead)
+    assert "temp folder" not in cli("stats", "--store", str(store.root)).stdout
+
+
+def test_verify_remove_on_a_read_only_store_claims_no_removal(
+    store: Store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = store.entry_dir("compile", KEYS[1])
+    (bad / "executable.bin").write_bytes(b"\x00" * 10)
+
+    def read_only(src: object, dst: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(src))
+
+    monkeypatch.setattr(os, "rename", read_only)
+    assert main(["verify", "--remove", "--store", str(store.root)]) == 1
+    out = capsys.readouterr().out
+    assert "[removed]" not in out
+    assert f"CORRUPT  compile/{KEYS[1]}: 'executable.bin' is 10 bytes" in out
+    assert "[NOT removed: [Errno 30] Read-only file system" in out
+    assert "3 entries: 2 ok, 1 corrupt; 0 removed, 1 could not be removed (read-only store?)" in out
+    assert bad.exists()

@@ -1,0 +1,175 @@
+"""Executables loaded in a process that lowered nothing (issue 12, item 4): LAPACK custom calls,
+NamedTuple outputs, and a custom call no one here can vouch for.
+
+Each scenario runs the program once to fill the store and a run directory, then loads the
+executable in fresh subprocesses; every output must equal the first run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli_env, read_manifest, run_cli
+
+from pipeline.fsutil import sha256_bytes
+
+# jax.numpy.linalg functions with LAPACK custom calls on CPU, and arguments they accept.
+OPS = {
+    "inv": "[f32[6,6]]",
+    "solve": "[f32[6,6],f32[6]]",
+    "eigh": "[f32[6,6]]",  # EighResult: a NamedTuple output
+    "svd": "[f32[6,6]]",  # SVDResult
+    "qr": "[f32[6,6]]",  # QRResult
+    "cholesky": "[f32[6,6]]",
+    "det": "[f32[6,6]]",
+}
+
+USER_MODULE = """
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+
+class Pair(NamedTuple):
+    total: object
+    scaled: object
+
+
+def pair(x):
+    return Pair(total=jnp.sum(x), scaled=x * 3)
+"""
+
+
+def _outputs(run_dir: Path) -> dict[str, bytes]:
+    """Every output leaf as (dtype, shape, raw bytes): equal means bit for bit."""
+    with np.load(run_dir / "execute" / "outputs.npz") as z:
+        return {k: (str(z[k].dtype), z[k].shape, z[k].tobytes()) for k in z.files}  # type: ignore[misc]
+
+
+def _statuses(run_dir: Path) -> dict[str, str]:
+    return {s: r["status"] for s, r in read_manifest(run_dir)["stages"].items()}
+
+
+def _run(tmp_path: Path, name: str, *overrides: str, env: dict[str, str] | None = None) -> Path:
+    run_dir = tmp_path / name
+    proc = run_cli([*overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return run_dir
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_linalg_executable_loads_cold_from_the_store(tmp_path: Path, op: str, compose_run) -> None:  # type: ignore[no-untyped-def]
+    """Run once (here), then resume the lowering in a fresh process that lowers nothing and
+    hits the store: the route that segfaulted."""
+    program = [f"program.target=jax.numpy.linalg:{op}", f"program.args={OPS[op]}"]
+    first = compose_run(*program).run_dir
+    lowered = json.loads((first / "lower" / "lowered.json").read_text())
+    assert (first / "lower" / "exported.bin").is_file(), "every linalg op must be resumable"
+    results = {"eigh": "EighResult", "svd": "SVDResult", "qr": "QRResult"}
+    if op in results:
+        assert lowered["namedtuples"] == [f"jax._src.numpy.linalg:{results[op]}"]
+    cold = _run(tmp_path, "cold", f"resume_from={first}", "start_at=compile")
+    assert _statuses(cold)["compile"] == "cached"
+    assert _outputs(cold) == _outputs(first)
+
+
+@pytest.mark.parametrize("op", ["inv", "eigh"])
+def test_every_load_route_gives_the_first_runs_outputs(tmp_path: Path, op: str) -> None:
+    program = [f"program.target=jax.numpy.linalg:{op}", f"program.args={OPS[op]}"]
+    first = _run(tmp_path, "first", *program)
+    hit = _run(tmp_path, "hit", *program)  # a fresh process, a store hit
+    assert _statuses(hit)["compile"] == "cached"
+    resumed = _run(tmp_path, "resumed", f"resume_from={first}", "start_at=execute")
+    assert _statuses(resumed)["compile"] == "resumed"
+    off = _run(tmp_path, "off", f"resume_from={first}", "start_at=compile", "store.enabled=false")
+    assert _statuses(off)["compile"] == "ran"  # compiled from exported.bin alone
+    for run in (hit, resumed, off):
+        assert _outputs(run) == _outputs(first), run.name
+
+
+def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
+    mods = tmp_path / "usermods"
+    mods.mkdir()
+    (mods / "cold_pairs.py").write_text(USER_MODULE)
+    env = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
+                 env=env)  # fmt: skip
+    assert json.loads((first / "lower" / "lowered.json").read_text())["namedtuples"] == [
+        "cold_pairs:Pair"
+    ]
+    paths = [o["path"] for o in json.loads((first / "execute" / "outputs.json").read_text())]
+    assert paths == [".total", ".scaled"]
+    for start_at in ("execute", "compile"):
+        resumed = _run(tmp_path, f"from_{start_at}", f"resume_from={first}",
+                       f"start_at={start_at}", env=env)  # fmt: skip
+        assert _outputs(resumed) == _outputs(first)
+        assert [o["path"] for o in json.loads((resumed / "execute" / "outputs.json").read_text())
+                ] == paths  # fmt: skip
+
+
+def test_user_namedtuple_that_is_gone_is_a_one_line_error(tmp_path: Path) -> None:
+    mods = tmp_path / "usermods"
+    mods.mkdir()
+    (mods / "cold_pairs.py").write_text(USER_MODULE)
+    env = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
+                 "stop_after=lower", env=env)  # fmt: skip
+    (mods / "cold_pairs.py").write_text(USER_MODULE.replace("class Pair", "class Renamed"))
+    proc = run_cli([f"resume_from={first}", "start_at=compile", f"hydra.run.dir={tmp_path / 'r'}"],
+                   cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("jaxaot: error: ") and "cold_pairs:Pair" in last
+    # one line, no traceback through jaxaot's code (jax plugins may print their own)
+    assert "/stages/" not in proc.stderr and "/pipeline/" not in proc.stderr
+
+
+def _rewrite_artifact(run_dir: Path, rel: str, data: bytes) -> None:
+    """Replace a checkpoint file and its manifest record (a checkpoint that verifies)."""
+    (run_dir / rel).write_bytes(data)
+    manifest = read_manifest(run_dir)
+    stage = rel.split("/")[0]
+    manifest["stages"][stage]["artifacts"][rel].update(sha256=sha256_bytes(data), size=len(data))
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_unvouched_custom_call_is_compiled_from_the_export_not_called(tmp_path: Path) -> None:
+    """An executable naming a custom call this process never registered is not loaded cold: the
+    run compiles from exported.bin instead, with a warning, and gives the same outputs."""
+    program = ["program.target=jax.numpy.linalg:inv", f"program.args={OPS['inv']}"]
+    first = _run(tmp_path, "first", *program, "store.enabled=false")
+    hlo = (first / "compile" / "optimized.hlo.txt").read_bytes()
+    _rewrite_artifact(first, "compile/optimized.hlo.txt",
+                      hlo + b'\n// custom_call_target="my_private_ffi_kernel"\n')  # fmt: skip
+    run_dir = tmp_path / "resumed"
+    proc = run_cli([f"resume_from={first}", "start_at=execute", "store.enabled=false",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compile_rec = read_manifest(run_dir)["stages"]["compile"]
+    assert compile_rec["status"] == "ran"
+    assert any("my_private_ffi_kernel" in w and "exported.bin" in w
+               for w in compile_rec["warnings"])  # fmt: skip
+    assert _outputs(run_dir) == _outputs(first)
+
+
+def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
+    from types import SimpleNamespace
+
+    from stages import custom_calls
+
+    hlo = (
+        b'%a = custom-call(), custom_call_target="lapack_sgetrf_ffi"\n'
+        b'%b = custom-call(), custom_call_target="__onednn$matmul"\n'
+        b'%c = custom-call(), custom_call_target="Sharding"\n'
+    )
+    assert custom_calls.targets_of(hlo) == {"lapack_sgetrf_ffi", "__onednn$matmul", "Sharding"}
+    assert custom_calls.targets_of(b"HloModule m\n") == frozenset()
+    cold, warm = SimpleNamespace(lowered=None), SimpleNamespace(lowered=object())
+    custom_calls.prepare(hlo, "cpu", cold, "here")  # all vouched for
+    odd = hlo + b'%d = custom-call(), custom_call_target="my_ffi"\n'
+    with pytest.raises(custom_calls.ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):
+        custom_calls.prepare(odd, "cpu", cold, "here")
+    custom_calls.prepare(odd, "cpu", warm, "here")  # lowered here: its code registered my_ffi
