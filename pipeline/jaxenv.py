@@ -13,9 +13,13 @@ run manifest.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from . import memo
@@ -173,11 +177,21 @@ def environment() -> dict[str, Any]:
 
 
 def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
-    """Apply process-wide JAX settings for one run; call before any JAX computation."""
+    """Apply process-wide JAX settings for one run (call before any JAX computation), then
+    start the backends."""
+    if "jax" not in sys.modules:
+        with _without_plugin_noise():
+            import jax  # noqa: F401  (jaxlib's GPU modules print at import)
+    _configure(backend, num_devices, x64)
+    start_backends()
+
+
+def _configure(backend: str, num_devices: int | None, x64: bool) -> None:
     import jax
     from jax.extend import backend as jex_backend
 
     _note_flags()
+    _only_needed_platforms(backend)
 
     if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
         jax.config.update("jax_enable_x64", x64)
@@ -194,6 +208,63 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
         memo.clear()  # executables of the old client, and lowerings JAX no longer caches
         jax.config.update("jax_num_cpu_devices", num_devices)
     log.debug("using %d virtual CPU devices", num_devices)
+
+
+def _only_needed_platforms(backend: str) -> None:
+    """Start only the backend the run compiles for (and the host CPU), unless the user chose
+    platforms (``JAX_PLATFORMS``). JAX otherwise initializes every installed plugin: with the
+    ``cuda-aot`` extra on a machine without a GPU, the CUDA plugin prints a traceback at every
+    start ("Unable to load CUDA"). Deviceless topology compiles do not need the plugin's
+    backend, only its compiler."""
+    import jax
+
+    if backend != "cpu" or os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:  # type: ignore[attr-defined]
+        return  # on an accelerator host JAX finds its platform; an absent one is our error
+    jax.config.update("jax_platforms", "cpu")
+
+
+# What installed-but-unused PJRT plugins print from C++ on a machine without their hardware,
+# when jaxlib imports its GPU modules and when JAX discovers plugins (the CUDA plugin of the
+# cuda-aot extra: two absl lines, several times per process).
+_PLUGIN_NOISE = ("cudart_stub.cc", "All log messages before absl::InitializeLog() is called")
+_started = False
+
+
+@contextlib.contextmanager
+def _without_plugin_noise() -> Iterator[None]:
+    """Catch what C++ writes to file descriptor 2 meanwhile, drop the plugins' start-up lines
+    and pass everything else on (``JAXAOT_DEBUG=1`` passes all of it)."""
+    if os.environ.get("JAXAOT_DEBUG", "") not in ("", "0"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = [ln for ln in lines if not any(n in ln for n in _PLUGIN_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def start_backends() -> None:
+    """Initialize JAX's backends once per process, without the plugins' start-up noise."""
+    global _started
+    if _started:
+        return
+    with _without_plugin_noise():
+        import jax
+
+        jax.devices()
+    _started = True
 
 
 def devices(backend: str) -> list[Any]:

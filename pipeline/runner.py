@@ -330,7 +330,9 @@ class _Runner:
                 record = compile_stage.load(ctx, lowered, entry.read_bytes,
                                             f"store entry {label}", [target.convention])  # fmt: skip
             except custom_calls.ColdLoadError as exc:  # the entry is fine; this process is not
-                ctx.warn(f"store entry {label} not loaded cold ({one_line(exc)}), compiling instead")
+                ctx.warn(
+                    f"store entry {label} not loaded cold ({one_line(exc)}), compiling instead"
+                )
                 ctx.artifacts.clear()
                 ctx.metrics.clear()
             except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)
