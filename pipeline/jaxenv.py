@@ -183,7 +183,7 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
         with _without_plugin_noise():
             import jax  # noqa: F401  (jaxlib's GPU modules print at import)
     _configure(backend, num_devices, x64)
-    start_backends()
+    start_backends(backend)
 
 
 def _configure(backend: str, num_devices: int | None, x64: bool) -> None:
@@ -230,40 +230,76 @@ _PLUGIN_NOISE = ("cudart_stub.cc", "All log messages before absl::InitializeLog(
 _started = False
 
 
+class _Caught:
+    """What :func:`_without_plugin_noise` caught; ``drop_all`` discards all of it."""
+
+    drop_all = False
+
+
 @contextlib.contextmanager
-def _without_plugin_noise() -> Iterator[None]:
+def _without_plugin_noise() -> Iterator[_Caught]:
     """Catch what C++ writes to file descriptor 2 meanwhile, drop the plugins' start-up lines
     and pass everything else on (``JAXAOT_DEBUG=1`` passes all of it)."""
+    caught = _Caught()
     if os.environ.get("JAXAOT_DEBUG", "") not in ("", "0"):
-        yield
+        yield caught
         return
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
         try:
-            yield
+            yield caught
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            caught.seek(0)
-            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            buf.seek(0)
+            lines = buf.read().decode(errors="replace").splitlines(keepends=True)
             kept = [ln for ln in lines if not any(n in ln for n in _PLUGIN_NOISE)]
-            if kept:
+            if kept and not caught.drop_all:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
 
 
-def start_backends() -> None:
-    """Initialize JAX's backends once per process, without the plugins' start-up noise."""
+class _DropPluginErrors(logging.Filter):
+    """JAX's "Jax plugin configuration error" records about plugins of platforms this run does
+    not use (the CUDA plugin's "Unable to load CUDA" on a machine without a GPU)."""
+
+    def __init__(self, needed: str) -> None:
+        super().__init__()
+        self.needed = needed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("plugin configuration error" in text and self.needed not in text)
+
+
+def start_backends(backend: str = "cpu") -> None:
+    """Initialize JAX's backends once per process, without the start-up noise of plugins the
+    run does not use (kept for the backend it compiles for)."""
     global _started
     if _started:
         return
-    with _without_plugin_noise():
-        import jax
+    needed = {"cuda": "cuda", "rocm": "rocm"}.get(platform_of(backend), platform_of(backend))
+    quiet = _DropPluginErrors(needed)
+    jax_log = logging.getLogger("jax._src.xla_bridge")
+    jax_log.addFilter(quiet)
+    try:
+        with _without_plugin_noise() as caught:
+            import jax
 
-        jax.devices()
+            present = {d.platform for d in jax.devices()}
+            # The backend this run needs is absent: devices() says so in one line, and what
+            # its plugin printed while failing to start (libtpu's host-bound and worker-name
+            # warnings, on a machine without TPUs) is no help.
+            caught.drop_all = platform_of(backend) != "cpu" and not present & {
+                platform_of(backend),
+                backend,
+                "gpu" if platform_of(backend) == "cuda" else "",
+            }
+    finally:
+        jax_log.removeFilter(quiet)
     _started = True
 
 
