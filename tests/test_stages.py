@@ -185,8 +185,8 @@ def test_exported_bin_and_executable_bin_load_and_compute_the_same(compose_run) 
 
 
 class _FullDisk:
-    """``os`` and ``tempfile`` for pipeline.fsutil alone: writing a file whose name contains
-    ``victim`` fails with ENOSPC, as write() does on a full disk (naming no file)."""
+    """``os`` for pipeline.fsutil alone: writing a file whose name contains ``victim`` fails
+    with ENOSPC, as write() does on a full disk (naming no file)."""
 
     def __init__(self, module: Any, victim: str, paths: dict[int, str]) -> None:
         self._module, self._victim, self._paths = module, victim, paths
@@ -194,10 +194,10 @@ class _FullDisk:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
 
-    def mkstemp(self, *args: Any, **kwargs: Any) -> tuple[int, str]:
-        fd, path = self._module.mkstemp(*args, **kwargs)
-        self._paths[fd] = path
-        return fd, path
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd: int = self._module.open(path, flags, *args, **kwargs)
+        self._paths[fd] = str(path)
+        return fd
 
     def fdopen(self, fd: int, *args: Any, **kwargs: Any) -> Any:
         real = self._module.fdopen(fd, *args, **kwargs)
@@ -220,13 +220,10 @@ class _FullDisk:
 def test_a_full_disk_names_the_file_it_could_not_write(
     compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import tempfile
-
     from pipeline import fsutil
 
     paths: dict[int, str] = {}
     monkeypatch.setattr(fsutil, "os", _FullDisk(os, "module.stablehlo.mlir", paths))
-    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "module.stablehlo.mlir", paths))
     run_dir = tmp_path / "full"
     with pytest.raises(StageError) as info:
         compose_run(AXPY, run_dir=run_dir)
@@ -245,13 +242,10 @@ def test_a_full_disk_names_the_file_it_could_not_write(
 def test_every_atomic_write_names_its_file_on_enospc(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import tempfile
-
     from pipeline import fsutil
 
     paths: dict[int, str] = {}
     monkeypatch.setattr(fsutil, "os", _FullDisk(os, "manifest.json", paths))
-    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "manifest.json", paths))
     with pytest.raises(OSError) as info:
         fsutil.atomic_write_json(tmp_path / "manifest.json", {"status": "ok"})
     assert (info.value.errno, info.value.filename) == (
