@@ -217,17 +217,18 @@ class _FullDisk:
         return Full()
 
 
+@pytest.mark.parametrize("victim", ["module.stablehlo.mlir", "module.hlo.txt", "exported.bin"])
 def test_a_full_disk_names_the_file_it_could_not_write(
-    compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, victim: str
 ) -> None:
     from pipeline import fsutil
 
     paths: dict[int, str] = {}
-    monkeypatch.setattr(fsutil, "os", _FullDisk(os, "module.stablehlo.mlir", paths))
+    monkeypatch.setattr(fsutil, "os", _FullDisk(os, victim, paths))
     run_dir = tmp_path / "full"
     with pytest.raises(StageError) as info:
         compose_run(AXPY, run_dir=run_dir)
-    target = run_dir / "lower" / "module.stablehlo.mlir"
+    target = run_dir / "lower" / victim
     assert str(info.value) == (
         f"stage 'lower' failed: OSError: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: "
         f"{str(target)!r}"
