@@ -506,6 +506,27 @@ def test_errors_while_tracing_are_wrapped_naming_the_stage(compose_run) -> None:
     assert isinstance(info.value.__cause__, ValueError)
 
 
+def test_a_manifest_that_cannot_be_written_at_the_end_keeps_the_runs_own_error(
+    compose_run, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk at the last manifest write must not hide why the run failed."""
+    from pipeline.manifest import Manifest
+
+    real, calls = Manifest.write, []
+
+    def write(self: Manifest) -> None:
+        calls.append(self.status)
+        if self.status == "failed":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        real(self)
+
+    monkeypatch.setattr(Manifest, "write", write)
+    with pytest.raises(StageError, match="boom while tracing"):
+        compose_run("program.target=aot_programs:boom", "program.args=[f32[2]]")
+    assert "failed" in calls
+    assert any("No space left" in r.getMessage() for r in caplog.records)
+
+
 def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
     """The issue's sweep example puts a batch where the mlp takes its parameters."""
     with pytest.raises(StageError) as info:
