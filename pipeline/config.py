@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import ConfigError
 from .metadata import check_metadata
 from .parallel import check_parallel
+from .topology_config import check_topology, for_topology
 
 STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -74,6 +75,9 @@ class CompileConfig:
     backend: str = "cpu"
     compiler_options: dict[str, Any] = field(default_factory=dict)
     num_devices: int | None = None
+    # A TPU topology to compile for without the hardware (pipeline/accelerators.py, issue 15).
+    topology: str | None = None
+    num_slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ def _check(cfg: JaxaotConfig) -> None:
     check_parallel(cfg)
     check_metadata(cfg)
     _check_snapshot(cfg.snapshot)
+    check_topology(cfg)
 
 
 def _check_snapshot(snap: SnapshotConfig) -> None:
@@ -265,6 +270,7 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
     assert isinstance(typed, JaxaotConfig)
+    typed = for_topology(typed)
     _check(typed)
     return typed
 

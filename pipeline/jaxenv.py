@@ -62,11 +62,20 @@ def devices(backend: str) -> list[Any]:
         ) from None
 
 
-def backend_info(backend: str) -> dict[str, Any]:
-    """Platform, version, device kind and count: what a compiled artifact depends on."""
+def backend_info(backend: str, topology: str | None = None, num_slices: int = 1) -> dict[str, Any]:
+    """Platform, version, device kind and count: what a compiled artifact depends on.
+
+    With ``compile.topology`` the devices are libtpu's compile-only ones for that topology, and
+    the topology name, slice count and libtpu version are part of it (issue 15).
+    """
     import jax
     from jax.extend import backend as jex_backend
 
+    if topology:
+        from .accelerators import resolve, topology_info
+
+        info = topology_info(resolve(topology, num_slices))
+        return info | {"jax": jax.__version__, "jaxlib": _jaxlib_version()}
     devs = devices(backend)
     client = jex_backend.get_backend(backend)
     return {

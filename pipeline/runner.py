@@ -99,8 +99,13 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
         jaxenv.configure(backend=typed.compile.backend, num_devices=devices_to_start(typed),
                          x64=bound.needs_x64)  # fmt: skip
         manifest.versions = jaxenv.versions()
+        if typed.compile.topology and first == STAGES.index("execute"):
+            from stages.topology import check_resume
+
+            check_resume(typed.compile)  # a topology's executable runs on a TPU host only
         if STAGES.index("compile") <= last:
-            manifest.backend = jaxenv.backend_info(typed.compile.backend)
+            manifest.backend = jaxenv.backend_info(typed.compile.backend, typed.compile.topology,
+                                                   typed.compile.num_slices)  # fmt: skip
         for i, stage in enumerate(STAGES):
             if i < first:
                 records[stage] = runner.resume(stage, bound)
@@ -108,12 +113,18 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 records[stage] = runner.run(stage)
             else:
                 manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
+        if typed.compile.topology and records.get("compile") is not None:
+            from stages.topology import fit_of
+
+            fit_of(records["compile"], typed.compile)  # DoesNotFit: a verdict (issue 15)
         from .snapshot import after_run
 
         after_run(typed, manifest, print_output=print_summary)  # graph, snapshot write/verify
         manifest.status = "ok"
     except Exception as exc:
-        manifest.status, manifest.error = "failed", one_line(exc)
+        manifest.status, manifest.error = getattr(exc, "run_status", "failed"), one_line(exc)
+        if getattr(exc, "fit", None) is not None:
+            manifest.extra["fit"] = exc.fit  # type: ignore[attr-defined]
         raise
     finally:
         runner.close()
@@ -215,8 +226,13 @@ class _Runner:
                     "ran",
                     {},
                 )
-        except JaxaotError:
-            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+        except JaxaotError as exc:
+            if getattr(exc, "fit", None) is not None:  # DoesNotFit: the verdict's figures
+                from stages.topology import metrics
+
+                ctx.metrics.update(metrics({"fit": exc.fit}))  # type: ignore[attr-defined]
+            status = getattr(exc, "run_status", "failed")
+            self.manifest.record_stage(ctx, status, time.perf_counter() - t0)
             raise
         except Exception as exc:
             self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)

@@ -195,6 +195,11 @@ def load(
     from jax.experimental import serialize_executable
 
     cfg = ctx.cfg.compile
+    if cfg.topology:  # issue 15: compile-only devices cannot load it; a TPU host can
+        from . import topology
+
+        if not topology.tpu_present():
+            return topology.load(ctx, lowered, read, ARTIFACTS, _record(lowered, cfg.backend))
     files: dict[str, bytes] = {}
     for name in ARTIFACTS:  # each read (and hash check) once
         try:
@@ -227,6 +232,14 @@ def load(
                     memory=memory)  # fmt: skip
 
 
+def _record(lowered: Lowered, backend: str) -> Callable[..., Compiled]:
+    def record(compiled: Any, cost: Any, memory: Any) -> Compiled:
+        return Compiled(compiled=compiled, lowered=lowered, backend=backend, cost=cost,
+                        memory=memory)  # fmt: skip
+
+    return record
+
+
 def _metrics(
     ctx: StageContext, cost: dict[str, float] | None, memory: dict[str, int] | None
 ) -> None:
@@ -255,6 +268,10 @@ def _mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
     """Check the backend, platform and device count, then return the compile to run (possibly
     on a thread: XLA releases the GIL while it compiles)."""
+    if cfg.topology:  # issue 15: libtpu's compile-only devices of a described topology
+        from . import topology
+
+        return topology.start(cfg, lowered)
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     execution_devices(lowered, cfg.backend)  # enough devices for the mesh, before compiling
@@ -287,6 +304,10 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None) -> Compiled:
     cfg = ctx.cfg.compile
     if compiled is None:
         compiled = start(cfg, lowered)()
+    if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
+        from . import topology
+
+        return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")
     if lowered.meta.get("mesh"):
         shardings = describe_shardings(compiled)
