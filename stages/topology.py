@@ -47,7 +47,21 @@ def target_of(cfg: Any) -> Target:
     return resolve(cfg.topology, cfg.num_slices)
 
 
-def _shardings(lowered: Lowered, devs: list[Any]) -> dict[str, Any]:
+def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
+    """A multi-slice mesh: the first axis spans the slices (over DCN), the rest stays in each
+    slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
+
+    ici = (mesh.shape[0] // num_slices, *mesh.shape[1:])
+    dcn = (num_slices,) + (1,) * (len(mesh.shape) - 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devs)
+    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+    return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
+def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, Any]:
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -60,7 +74,7 @@ def _shardings(lowered: Lowered, devs: list[Any]) -> dict[str, Any]:
         ins = jax.tree_util.tree_unflatten(exp.in_tree, [one] * len(exp.in_avals))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, [one] * len(exp.out_avals))
     else:
-        concrete = concrete_mesh(mesh, devs)
+        concrete = concrete_mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
     return {"in_shardings": ins[0], "out_shardings": outs}
@@ -72,7 +86,11 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
 
     exp = lowered.exported
     devs = topology_devices(target)
-    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **_shardings(lowered, devs))
+    jitted = jax.jit(
+        exp.call,
+        donate_argnums=lowered.donate_argnums,
+        **_shardings(lowered, devs, target.num_slices),
+    )
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
     with quiet_libtpu():
         traced = jitted.trace(*args, **kwargs)
@@ -147,8 +165,9 @@ def does_not_fit_message(fit: dict[str, Any]) -> str:
 
 def needed_bytes(memory: dict[str, int]) -> int:
     """HBM one device holds while the step runs: arguments, outputs, temporaries and code, less
-    the outputs that alias (donated) arguments. XLA's own compile-time check counts only the
-    temporaries: arguments past the HBM would fail when the executable is loaded."""
+    the outputs that alias (donated) arguments. XLA's own compile-time check (which it words
+    "HLO temporaries", though it counts arguments too) rejects most programs past the HBM
+    first; this is the same sum from its memory analysis, to report headroom."""
     return (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
             + memory.get("temp_size_in_bytes", 0) + memory.get("generated_code_size_in_bytes", 0)
             - memory.get("alias_size_in_bytes", 0))  # fmt: skip
@@ -302,7 +321,8 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
 
 def fit_of(compile_record: Any, cfg: Any) -> None:
     """Raise :class:`DoesNotFit` when the compiled program needs more HBM than the target has
-    (XLA checks only temporaries at compile time: arguments too large fail only at load)."""
+    by its memory analysis (a program XLA accepted within rounding of the limit: its check and
+    this sum need not agree to the byte)."""
     memory = getattr(compile_record, "memory", None)
     if not memory:
         return
