@@ -283,3 +283,64 @@ def test_collectives_count_async_pairs_once() -> None:
     assert found["all-reduce"] == {"count": 1, "bytes": 16 * 4}
     assert found["collective-permute"] == {"count": 1, "bytes": 32 * 128 * 2}
     assert found["reduce-scatter"]["count"] == found["all-to-all"]["count"] == 0
+
+
+# -- fit search ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("boundary", "low", "high", "multiple"),
+                         [(7, 1, 16, 1), (1, 1, 16, 1), (16, 1, 16, 1), (0, 1, 16, 1),
+                          (96, 32, 512, 32), (100, 1, 1000, 1)])  # fmt: skip
+def test_bisection_finds_the_boundary(boundary: int, low: int, high: int, multiple: int) -> None:
+    from pipeline.fit_search import FitOptions, Search, bisect
+
+    opts = FitOptions(overrides=["x={n}"], low=low, high=high, multiple=multiple)
+    probed: list[int] = []
+
+    def fits(n: int) -> bool:
+        probed.append(n)
+        return n <= boundary
+
+    search = bisect(opts, fits, Search(fixed=[]))
+    result = search.to_json(opts)
+    expected = max((n for n in range(low, high + 1, multiple) if n <= boundary), default=None)
+    assert search.largest_fit == expected
+    assert search.smallest_misfit == (None if expected == high else
+                                      (low if expected is None else expected + multiple))  # fmt: skip
+    assert all(n % multiple == 0 for n in probed) and len(set(probed)) == len(probed)
+    steps = (high - low) // multiple + 1
+    assert result["compiles"] <= 2 + steps.bit_length()
+    linear = [n for n in range(low, high + 1, multiple)]
+    first_misfit = next((i for i, n in enumerate(linear) if n > boundary), len(linear) - 1)
+    assert result["linear_scan_compiles"] == first_misfit + 1
+
+
+def test_fit_options_are_checked() -> None:
+    from pipeline.fit_search import FitOptions
+
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.overrides: expected key=value"):
+        FitOptions(overrides=["program.args.0=f32[8]"]).check()
+    with pytest.raises(ConfigError, match=r"multiples of hydra.sweeper.multiple=32"):
+        FitOptions(overrides=["a={n}"], low=1, high=64, multiple=32).check()
+
+
+def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
+    from conftest import cli_env, run_cli
+
+    sweep = tmp_path / "fit"
+    proc = run_cli(["-m", "hydra/sweeper=jaxaot_fit", "program.target=tests.test_topology:head",
+                    "program.args=[bf16[8,8]]", "compile.topology=v5e:2x2",
+                    "hydra.sweeper.overrides=['program.args.0=bf16[{n},1048576]']",
+                    "hydra.sweeper.low=1024", "hydra.sweeper.high=16384",
+                    "hydra.sweeper.multiple=1024", f"hydra.sweep.dir={sweep}"],
+                   cwd=tmp_path, env=cli_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fit = json.loads((sweep / "fit.json").read_text())
+    (search,) = fit["searches"]
+    # 2 MiB per n: 7168 x 2 MiB = 14 GiB fits in 15.75, 8192 x 2 MiB = 16 GiB does not.
+    assert (search["largest_fit"], search["smallest_misfit"]) == (7168, 8192)
+    assert search["hbm_bytes_needed_at_fit"] >= 7168 * 2 * 1024**2
+    assert search["compiles"] == 6 and search["linear_scan_compiles"] == 8
+    assert "n=7168 fits, n=8192 does not" in proc.stdout
+    report = (sweep / "sweep.md").read_text()
+    assert "6 jobs: 4 ok, 2 do not fit, 0 failed." in report
