@@ -39,6 +39,9 @@ _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 # XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
 # temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
 _HBM_REJECT = re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)")
+# and, from its memory-space assignment: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ...
+# Ran out of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity ..."
+_HBM_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
 _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -131,7 +134,7 @@ def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
 def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
     """XLA's ``RESOURCE_EXHAUSTED ... exceeds available HBM`` as a :class:`DoesNotFit`."""
     text = " ".join(str(exc).split())
-    m = _HBM_REJECT.search(text)
+    m = _HBM_REJECT.search(text) or _HBM_OOM.search(text)
     if "RESOURCE_EXHAUSTED" not in text or m is None:
         return None
     needed = int(float(m[1]) * _UNIT[m[2]])

@@ -7,6 +7,7 @@ against XLA's own memory analysis and its own HBM rejection; the store against a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,78 @@ def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
     assert "n=7168 fits, n=8192 does not" in proc.stdout
     report = (sweep / "sweep.md").read_text()
     assert "6 jobs: 4 ok, 2 do not fit, 0 failed." in report
+
+
+# -- the shipped experiment and its program --------------------------------------------------
+
+
+def test_decoder_8b_experiment_composes_for_256_devices() -> None:
+    cfg = validate(pipeline.compose(["experiment=decoder_8b"]))
+    assert cfg.compile.topology == "v5e-256" and cfg.stop_after == "compile"
+    assert resolve(cfg.compile.topology).devices == 256 == 32 * 8
+    params = cfg.program.args[0]
+    n = sum(math.prod(leaf["shape"]) for leaf in _leaves(params))
+    assert 7e9 < n < 9e9  # 8B-class
+    for topo, mesh in (("v6e-256", "[16,16]"), ("v5e:16x16", "[32,8]")):
+        validate(pipeline.compose(["experiment=decoder_8b", f"compile.topology={topo}",
+                                   f"mesh.shape={mesh}"]))  # fmt: skip
+
+
+def _leaves(tree: Any) -> list[dict[str, Any]]:
+    if isinstance(tree, dict) and "shape" in tree:
+        return [tree]
+    return [leaf for v in (tree.values() if isinstance(tree, dict) else tree)
+            for leaf in _leaves(v)]  # fmt: skip
+
+
+def test_remat_decoder_step_equals_the_transformer_step() -> None:
+    import jax
+    import numpy as np
+
+    from jaxaot_examples import decoder, transformer
+
+    rng = np.random.default_rng(0)
+    L, D, H, K, F, V = 2, 16, 2, 8, 32, 32
+    shapes = {"embed": (V, D), "ln_f": (D,), "unembed": (D, V),
+              "layers": {"ln1": (L, D), "ln2": (L, D), "wq": (L, D, H, K), "wk": (L, D, H, K),
+                         "wv": (L, D, H, K), "wo": (L, H, K, D), "w1": (L, D, F),
+                         "w2": (L, F, D)}}  # fmt: skip
+    params = jax.tree.map(lambda s: rng.normal(0, 0.1, s).astype(np.float32), shapes,
+                          is_leaf=lambda s: isinstance(s, tuple))  # fmt: skip
+    tokens = rng.integers(0, V, (2, 8)).astype(np.int32)
+    targets = rng.integers(0, V, (2, 8)).astype(np.int32)
+    mine = jax.jit(decoder.train_step)(params, tokens, targets, 0.1)
+    ref = jax.jit(transformer.train_step)(params, tokens, targets, 0.1)
+    for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_resume_a_topology_lowering_for_another_topology(tmp_path: Path) -> None:
+    first = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
+    cfg = pipeline.compose(["program=mlp", f"resume_from={first.run_dir}", "start_at=compile",
+                            "compile.topology=v6e:2x2"])  # fmt: skip
+    r = pipeline.run(cfg, run_dir=tmp_path / "v6e", overrides=["compile.topology=v6e:2x2"])
+    assert [r.manifest["stages"][s]["status"] for s in ("lower", "compile")] == ["resumed", "ran"]
+    assert r.manifest["backend"]["topology"] == "v6e:2x2"
+    assert _json(r.run_dir, "compile/compiled.json")["fit"]["hbm_bytes_available"] == int(
+        31.25 * GiB
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "need", "have"),
+    [
+        ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+         "temporaries (34.53G) exceeds available HBM (15.75G).", 34.53, 15.75),
+        ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
+         "of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity by "
+         "709.08M.", 16.44, 15.75),
+    ],
+)  # fmt: skip
+def test_both_of_xlas_hbm_messages_are_verdicts(text: str, need: float, have: float) -> None:
+    verdict = topology.rejected_for_hbm(RuntimeError(text), resolve("v5e-256"))
+    assert verdict is not None
+    assert verdict.fit["hbm_bytes_needed"] == int(need * GiB)
+    assert verdict.fit["hbm_bytes_available"] == int(have * GiB)
+    assert topology.rejected_for_hbm(RuntimeError("RESOURCE_EXHAUSTED: host memory"),
+                                     resolve("v5e-256")) is None  # fmt: skip
