@@ -114,7 +114,7 @@ def _memory(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]]) -
 def _hbm(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]], width: float) -> None:
     """compile.topology (issue 15): each bar's HBM per device as a dashed line, and what a job
     that does not fit needed as a red outline (it has no memory analysis to stack)."""
-    labels = {"avail": "HBM per device", "need": "needed (does not fit)"}
+    labels: dict[str, str | None] = {"avail": "HBM per device", "need": "needed (does not fit)"}
     for i, rows in enumerate(groups.values()):
         pos = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(xs))]
         for p, x in zip(pos, xs, strict=True):
