@@ -114,8 +114,10 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             else:
                 manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
         if typed.compile.topology and records.get("compile") is not None:
-            from stages.topology import fit_of
+            from stages.topology import EXECUTE_NOTE, fit_of
 
+            if manifest.stages.get("execute", {}).get("status") == "skipped":
+                manifest.stages["execute"]["note"] = EXECUTE_NOTE
             fit_of(records["compile"], typed.compile)  # DoesNotFit: a verdict (issue 15)
         from .snapshot import after_run
 

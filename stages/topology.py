@@ -45,6 +45,11 @@ _HBM_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
 _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
+# The execute stage of a compile.topology run: recorded as skipped, with this note.
+EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a TPU host with "
+                "resume_from=<this run> start_at=execute")  # fmt: skip
+
+
 def target_of(cfg: Any) -> Target:
     """The run's target from the typed ``compile`` config."""
     return resolve(cfg.topology, cfg.num_slices)
@@ -359,6 +364,7 @@ def tpu_present() -> bool:
 
 __all__ = [
     "COLLECTIVES",
+    "EXECUTE_NOTE",
     "analysis",
     "check_resume",
     "collectives",

@@ -147,6 +147,12 @@ def test_compiles_for_v5e_with_a_fit_verdict_and_the_store(tmp_path: Path) -> No
     m = first.manifest
     assert m["status"] == "ok" and m["stages"]["compile"]["status"] == "ran"
     assert m["stages"]["execute"]["status"] == "skipped"
+    assert "start_at=execute" in m["stages"]["execute"]["note"]
+    from pipeline.summary import render
+
+    screen = render(m)
+    assert "topology v5e:2x2, compile only" in screen and "fits: " in screen
+    assert "HBM per device (v5e:2x2)" in screen and "roofline estimate" in screen
     assert m["backend"]["topology"] == "v5e:2x2" and m["backend"]["device_kind"] == "TPU v5 lite"
     assert m["backend"]["libtpu"] == accelerators.libtpu_version()
     hlo = (rd / "compile" / "optimized.hlo.txt").read_text()
