@@ -55,6 +55,24 @@ def target_of(cfg: Any) -> Target:
     return resolve(cfg.topology, cfg.num_slices)
 
 
+def _mesh(mesh: MeshSpec, devs: list[Any]) -> Any:
+    """The mesh over the topology's devices in physical order (``jax.make_mesh``), or, when no
+    axis of the physical torus matches a mesh axis (32 x 8 on a 16 x 16 torus), with physical
+    axes split between mesh axes."""
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
+
+    from .parallel import concrete_mesh
+
+    try:
+        return concrete_mesh(mesh, devs)
+    except NotImplementedError:
+        grid = mesh_utils.create_device_mesh(mesh.shape, devs, allow_split_physical_axes=True)
+        types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+        return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
 def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
     """A multi-slice mesh: the first axis spans the slices (over DCN), the rest stays in each
     slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
@@ -73,8 +91,6 @@ def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, 
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from .parallel import concrete_mesh
-
     exp = lowered.exported
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     if mesh is None or mesh.size == 1:
@@ -82,7 +98,7 @@ def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, 
         ins = jax.tree_util.tree_unflatten(exp.in_tree, [one] * len(exp.in_avals))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, [one] * len(exp.out_avals))
     else:
-        concrete = concrete_mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
+        concrete = _mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
     return {"in_shardings": ins[0], "out_shardings": outs}

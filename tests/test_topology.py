@@ -426,3 +426,11 @@ def test_both_of_xlas_hbm_messages_are_verdicts(text: str, need: float, have: fl
     assert verdict.fit["hbm_bytes_available"] == int(have * GiB)
     assert topology.rejected_for_hbm(RuntimeError("RESOURCE_EXHAUSTED: host memory"),
                                      resolve("v5e-256")) is None  # fmt: skip
+
+
+def test_a_mesh_that_splits_physical_axes(tmp_path: Path) -> None:
+    # 16 x 4 matches no axis of v6e's 8 x 8 torus: jax.make_mesh refuses, split axes do not.
+    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[f32[64,128],f32[128,32]]",
+             "mesh.shape=[16,4]", "mesh.axes=[data,model]", "compile.topology=v6e:8x8",
+             "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
+    assert r.ok and r.manifest["stages"]["compile"]["metrics"]["devices"] == 64
