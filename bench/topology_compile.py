@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", choices=sorted(SCALES), default="8b")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO))  # this checkout's pipeline, not an installed one
     from pipeline.accelerators import resolve
 
     target = resolve(args.topology)
