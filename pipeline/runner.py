@@ -118,7 +118,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
 
             if manifest.stages.get("execute", {}).get("status") == "skipped":
                 manifest.stages["execute"]["note"] = EXECUTE_NOTE
-            fit_of(records["compile"], typed.compile)  # DoesNotFit: a verdict (issue 15)
+            # The verdict, in the manifest; DoesNotFit (a result, exit code 3) when it is no.
+            manifest.extra["fit"] = fit_of(records["compile"], typed.compile)
         from .snapshot import after_run
 
         after_run(typed, manifest, print_output=print_summary)  # graph, snapshot write/verify

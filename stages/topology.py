@@ -343,16 +343,18 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
     return record(None, cost, memory)
 
 
-def fit_of(compile_record: Any, cfg: Any) -> None:
-    """Raise :class:`DoesNotFit` when the compiled program needs more HBM than the target has
+def fit_of(compile_record: Any, cfg: Any) -> dict[str, Any] | None:
+    """The fit verdict of a compiled program (None without a memory analysis); raises
+    :class:`DoesNotFit` when the program needs more HBM than the target has
     by its memory analysis (a program XLA accepted within rounding of the limit: its check and
     this sum need not agree to the byte)."""
     memory = getattr(compile_record, "memory", None)
     if not memory:
-        return
+        return None
     fit = verdict(target_of(cfg), needed_bytes(memory))
     if not fit["fits"]:
         raise DoesNotFit(does_not_fit_message(fit), fit)
+    return fit
 
 
 def check_resume(cfg: Any) -> None:

@@ -165,6 +165,7 @@ def test_compiles_for_v5e_with_a_fit_verdict_and_the_store(tmp_path: Path) -> No
     fit = info["fit"]
     assert fit["hbm_bytes_needed"] == need and fit["hbm_bytes_available"] == int(15.75 * GiB)
     assert fit["fits"] is True and fit["headroom_bytes"] == int(15.75 * GiB) - need
+    assert m["fit"] == fit
     metrics = m["stages"]["compile"]["metrics"]
     assert metrics["fits"] is True and metrics["hbm_bytes_needed"] == need
     cost = _json(rd, "compile/cost_analysis.json")
