@@ -74,18 +74,26 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
     devs = topology_devices(target)
     jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **_shardings(lowered, devs))
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    platform = target.generation.platform
+    if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
+        from pipeline.cuda_targets import compile_options
+
+        options = compile_options(options)
     with quiet_libtpu():
         traced = jitted.trace(*args, **kwargs)
-        return traced.lower(lowering_platforms=("tpu",)).compile(compiler_options=options or None)
+        return traced.lower(lowering_platforms=(platform,)).compile(
+            compiler_options=options or None
+        )
 
 
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
     """Like ``stages.compile.start`` for a topology: check, then return the compile to run."""
     target = target_of(cfg)
-    if "tpu" not in lowered.platforms:
+    platform = target.generation.platform
+    if platform not in lowered.platforms:
         raise BackendError(
             f"compile.topology={cfg.topology}: the program was lowered for "
-            f"{list(lowered.platforms)}; expected tpu among lower.platforms"
+            f"{list(lowered.platforms)}; expected {platform} among lower.platforms"
         )
     if lowered.exported is None:
         # Also the runner's compile-ahead, before the export exists: it leaves the compile to
@@ -267,8 +275,14 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         ctx.write("executable.bin", compile_stage.serialize(compiled))
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
+        from pipeline.cuda_targets import AUTOTUNE_NOTE
+
+        info["autotuned"] = False
+        ctx.metrics["autotuned"] = False
+        ctx.warn(AUTOTUNE_NOTE)
     ctx.write_json("compiled.json", {
-        "backend": "tpu", "device_ids": [d.id for d in devs[:n]],
+        "backend": target.generation.platform, "device_ids": [d.id for d in devs[:n]],
         "module_sha256": lowered.module_sha256, **info,
     })  # fmt: skip
     return record(compiled, cost, memory)
@@ -315,12 +329,26 @@ def check_resume(cfg: Any) -> None:
     """``start_at=execute`` of a topology compile needs a TPU host: refuse on any other."""
     if not cfg.topology:
         return
+    if target_of(cfg).generation.platform == "cuda":  # issue 16
+        from pipeline.cuda_targets import refuse_resume
+
+        refuse_resume(target_of(cfg))
+        return
     if not tpu_present():
         raise BackendError(
             f"start_at=execute: the executable was compiled for TPU topology {cfg.topology} "
             "(compile.topology), and this host has no TPU; run this command on a TPU host with "
             "that topology, or start_at=compile to compile again here"
         )
+
+
+def present(cfg: Any) -> bool:
+    """Whether this host has the hardware of ``cfg.topology`` (TPU, or NVIDIA GPUs)."""
+    if target_of(cfg).generation.platform == "cuda":
+        from pipeline.cuda_targets import gpu_present
+
+        return gpu_present(target_of(cfg))
+    return tpu_present()
 
 
 def tpu_present() -> bool:
@@ -345,6 +373,7 @@ __all__ = [
     "load",
     "metrics",
     "needed_bytes",
+    "present",
     "rejected_for_hbm",
     "roofline",
     "run",
