@@ -193,3 +193,55 @@ def test_resume_at_execute_needs_the_gpus(tmp_path: Path) -> None:
                                            r"deviceless for NVIDIA GPU target h100:1x1x1 \(1 x "
                                            r"NVIDIA H100 80GB HBM3, .*this host has no NVIDIA GPU"):  # fmt: skip
         pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+
+
+def test_resume_on_a_gpu_host_loads_the_stored_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Everything up to the load, on this CPU host: JAX is told it has one H100, and the loader
+    # must get the stored executable's bytes, for the cuda backend and that device, without a
+    # compile. (The load itself ran on a real H100: bench/gpu_results/.)
+    import jax
+    from jax.experimental import serialize_executable
+
+    r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
+    stored, _, _ = pickle.loads((r.run_dir / "compile" / "executable.bin").read_bytes())
+    gpu = type("FakeH100", (), {"id": 0, "device_kind": "NVIDIA H100 80GB HBM3",
+                                "platform": "gpu", "client": None})()  # fmt: skip
+    real_devices = jax.devices
+
+    def devices(backend: Any = None) -> Any:
+        return [gpu] if backend in ("cuda", "gpu") else real_devices(backend)
+
+    loads: list[tuple[bytes, str, list[Any]]] = []
+
+    class Loaded(Exception):
+        pass
+
+    def deserialize_and_load(payload: bytes, in_tree: Any, out_tree: Any, backend: str,
+                             execution_devices: list[Any]) -> Any:  # fmt: skip
+        loads.append((payload, backend, execution_devices))
+        raise Loaded("stop here: this host cannot run it")
+
+    monkeypatch.setattr(jax, "devices", devices)
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", deserialize_and_load)
+    cfg = pipeline.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
+    with pytest.raises(Exception):  # noqa: B017 - whatever comes after the load: no GPU here
+        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+    assert loads and loads[0][0] == stored
+    assert loads[0][1] == "cuda" and loads[0][2] == [gpu]
+
+
+def test_resume_refuses_other_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax
+
+    r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
+    a100 = type("FakeA100", (), {"id": 0, "device_kind": "NVIDIA A100-SXM4-80GB"})()
+    real_devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda backend=None: [a100] if backend == "cuda"
+                        else real_devices(backend))  # fmt: skip
+    cfg = pipeline.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
+    with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled for "
+                                           r"h100:1x1x1 .* but this host has 1 x NVIDIA "
+                                           r"A100-SXM4-80GB; expected 1 x NVIDIA H100 80GB HBM3"):  # fmt: skip
+        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
