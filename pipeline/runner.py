@@ -114,9 +114,12 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             else:
                 manifest.stages[stage] = {"status": "skipped", "seconds": 0.0, "artifacts": {}}
         if typed.compile.topology and records.get("compile") is not None:
-            from stages.topology import fit_of
+            from stages.topology import EXECUTE_NOTE, fit_of
 
-            fit_of(records["compile"], typed.compile)  # DoesNotFit: a verdict (issue 15)
+            if manifest.stages.get("execute", {}).get("status") == "skipped":
+                manifest.stages["execute"]["note"] = EXECUTE_NOTE
+            # The verdict, in the manifest; DoesNotFit (a result, exit code 3) when it is no.
+            manifest.extra["fit"] = fit_of(records["compile"], typed.compile)
         from .snapshot import after_run
 
         after_run(typed, manifest, print_output=print_summary)  # graph, snapshot write/verify

@@ -104,7 +104,8 @@ def render(manifest: dict[str, Any]) -> str:
         if be.get("topology"):  # compile.topology: libtpu's compile-only devices
             head += f" · topology {be['topology']}, compile only"
     rows = [(s, r["status"], "-" if r["status"] == "skipped" else human_seconds(r.get("seconds")),
-             _details(s, r.get("metrics", {}))) for s, r in manifest["stages"].items()]  # fmt: skip
+             _details(s, r.get("metrics", {})) or r.get("note", ""))
+            for s, r in manifest["stages"].items()]  # fmt: skip
     widths = [
         max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
     ]

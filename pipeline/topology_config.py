@@ -71,6 +71,12 @@ def check_topology(cfg: JaxaotConfig) -> None:
             f"{target.devices} ({target.describe()}); expected a mesh of {target.devices} "
             "devices (or another topology)"
         )
+    if mesh is not None and target.num_slices > 1 and mesh.shape[0] % target.num_slices:
+        raise ConfigError(
+            f"mesh.shape={list(mesh.shape)}: with compile.num_slices={target.num_slices} the "
+            f"first axis ({mesh.axes[0]}) spans the slices; expected its size to be a multiple "
+            f"of {target.num_slices}"
+        )
 
 
 __all__ = ["check_topology", "for_topology"]

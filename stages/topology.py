@@ -39,7 +39,15 @@ _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 # XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
 # temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
 _HBM_REJECT = re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)")
+# and, from its memory-space assignment: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ...
+# Ran out of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity ..."
+_HBM_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
 _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+# The execute stage of a compile.topology run: recorded as skipped, with this note.
+EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a TPU host with "
+                "resume_from=<this run> start_at=execute")  # fmt: skip
 
 
 def target_of(cfg: Any) -> Target:
@@ -47,11 +55,41 @@ def target_of(cfg: Any) -> Target:
     return resolve(cfg.topology, cfg.num_slices)
 
 
-def _shardings(lowered: Lowered, devs: list[Any]) -> dict[str, Any]:
+def _mesh(mesh: MeshSpec, devs: list[Any]) -> Any:
+    """The mesh over the topology's devices in physical order (``jax.make_mesh``), or, when no
+    axis of the physical torus matches a mesh axis (32 x 8 on a 16 x 16 torus), with physical
+    axes split between mesh axes."""
     import jax
-    from jax.sharding import SingleDeviceSharding
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
 
     from .parallel import concrete_mesh
+
+    try:
+        return concrete_mesh(mesh, devs)
+    except NotImplementedError:
+        grid = mesh_utils.create_device_mesh(mesh.shape, devs, allow_split_physical_axes=True)
+        types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+        return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
+def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
+    """A multi-slice mesh: the first axis spans the slices (over DCN), the rest stays in each
+    slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
+
+    ici = (mesh.shape[0] // num_slices, *mesh.shape[1:])
+    dcn = (num_slices,) + (1,) * (len(mesh.shape) - 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devs)
+    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+    return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
+def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, Any]:
+    import jax
+    from jax.sharding import SingleDeviceSharding
 
     exp = lowered.exported
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
@@ -60,7 +98,7 @@ def _shardings(lowered: Lowered, devs: list[Any]) -> dict[str, Any]:
         ins = jax.tree_util.tree_unflatten(exp.in_tree, [one] * len(exp.in_avals))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, [one] * len(exp.out_avals))
     else:
-        concrete = concrete_mesh(mesh, devs)
+        concrete = _mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
     return {"in_shardings": ins[0], "out_shardings": outs}
@@ -72,7 +110,11 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
 
     exp = lowered.exported
     devs = topology_devices(target)
-    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **_shardings(lowered, devs))
+    jitted = jax.jit(
+        exp.call,
+        donate_argnums=lowered.donate_argnums,
+        **_shardings(lowered, devs, target.num_slices),
+    )
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
     platform = target.generation.platform
     if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
@@ -121,7 +163,7 @@ def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
 def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
     """XLA's ``RESOURCE_EXHAUSTED ... exceeds available HBM`` as a :class:`DoesNotFit`."""
     text = " ".join(str(exc).split())
-    m = _HBM_REJECT.search(text)
+    m = _HBM_REJECT.search(text) or _HBM_OOM.search(text)
     if "RESOURCE_EXHAUSTED" not in text or m is None:
         return None
     needed = int(float(m[1]) * _UNIT[m[2]])
@@ -155,8 +197,9 @@ def does_not_fit_message(fit: dict[str, Any]) -> str:
 
 def needed_bytes(memory: dict[str, int]) -> int:
     """HBM one device holds while the step runs: arguments, outputs, temporaries and code, less
-    the outputs that alias (donated) arguments. XLA's own compile-time check counts only the
-    temporaries: arguments past the HBM would fail when the executable is loaded."""
+    the outputs that alias (donated) arguments. XLA's own compile-time check (which it words
+    "HLO temporaries", though it counts arguments too) rejects most programs past the HBM
+    first; this is the same sum from its memory analysis, to report headroom."""
     return (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
             + memory.get("temp_size_in_bytes", 0) + memory.get("generated_code_size_in_bytes", 0)
             - memory.get("alias_size_in_bytes", 0))  # fmt: skip
@@ -314,15 +357,18 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
     return record(None, cost, memory)
 
 
-def fit_of(compile_record: Any, cfg: Any) -> None:
-    """Raise :class:`DoesNotFit` when the compiled program needs more HBM than the target has
-    (XLA checks only temporaries at compile time: arguments too large fail only at load)."""
+def fit_of(compile_record: Any, cfg: Any) -> dict[str, Any] | None:
+    """The fit verdict of a compiled program (None without a memory analysis); raises
+    :class:`DoesNotFit` when the program needs more HBM than the target has
+    by its memory analysis (a program XLA accepted within rounding of the limit: its check and
+    this sum need not agree to the byte)."""
     memory = getattr(compile_record, "memory", None)
     if not memory:
-        return
+        return None
     fit = verdict(target_of(cfg), needed_bytes(memory))
     if not fit["fits"]:
         raise DoesNotFit(does_not_fit_message(fit), fit)
+    return fit
 
 
 def check_resume(cfg: Any) -> None:
@@ -364,6 +410,7 @@ def tpu_present() -> bool:
 
 __all__ = [
     "COLLECTIVES",
+    "EXECUTE_NOTE",
     "analysis",
     "check_resume",
     "collectives",
