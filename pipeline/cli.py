@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from .argspec import quote_array_types
 from .callbacks import last_sweep_failures
 from .config import name_after_target, register_configs
+from .cuda_targets import import_jax_quietly
 from .errors import JaxaotError
 from .progress import JobOutcome
 
@@ -110,6 +111,7 @@ def _one_line(exc: BaseException) -> str:
 
 def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
+    import_jax_quietly()  # jaxaot[cuda-aot] on a host without a GPU: the plugin's import lines
     register_configs()
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)

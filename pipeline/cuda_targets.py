@@ -58,6 +58,63 @@ def prepare() -> None:
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 
+def _plugin_without_driver() -> bool:
+    """The CUDA plugin is installed and this host has no NVIDIA driver to run it on."""
+    import ctypes
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+            return False
+    except ImportError:
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
+def import_jax_quietly() -> None:
+    """``import jax`` with the CUDA plugin's absl lines ("Could not find cuda drivers on your
+    machine", printed by jaxlib while it imports the plugin) kept off the terminal of a host
+    without a GPU; for the CLI, before anything imports JAX."""
+    import sys
+
+    if "jax" in sys.modules or not _plugin_without_driver():
+        return
+    from .accelerators import quiet_libtpu
+
+    with quiet_libtpu():
+        import jax  # noqa: F401
+
+
+@functools.cache
+def quiet_plugin_discovery() -> None:
+    """Register JAX's plugins once, with the CUDA plugin's noise on a host without a GPU kept
+    off the terminal; call before JAX starts its backends.
+
+    With ``jaxaot[cuda-aot]`` installed on a host without an NVIDIA driver, JAX's plugin
+    discovery prints absl lines ("Could not find cuda drivers on your machine") and logs the
+    plugin's failed CUDA version check with two tracebacks, on every run. Without a driver that
+    check can only fail, so it is skipped (:func:`prepare`: the plugin then registers, and its
+    backend fails to start quietly, as any absent backend does); the absl lines go to the DEBUG
+    log. On a host with a driver the check runs as JAX intends.
+    """
+    if not _plugin_without_driver():
+        return
+    prepare()
+    from jax._src import xla_bridge  # JAX has no public "discover plugins now"
+
+    discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
+    if discover is None:
+        return
+    from .accelerators import quiet_libtpu
+
+    with quiet_libtpu():
+        discover()
+
+
 def target_config(gen: Generation) -> str:
     """The shipped ``GpuTargetConfigProto`` text for ``gen``."""
     return resources.files("pipeline").joinpath("gpu_targets", gen.target_config).read_text()
@@ -271,10 +328,13 @@ __all__ = [
     "cuda_devices",
     "explain_missing_library",
     "gpu_present",
+    "import_jax_quietly",
     "info",
     "plugin_versions",
     "prepare",
     "ptxas_version",
+    "quiet_plugin_discovery",
+    "refuse_resume",
     "target_config",
     "target_config_sha256",
     "topology_name",

@@ -29,6 +29,9 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
     import jax
     from jax.extend import backend as jex_backend
 
+    from .cuda_targets import quiet_plugin_discovery
+
+    quiet_plugin_discovery()  # the CUDA plugin on a host without a GPU (jaxaot[cuda-aot])
     if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
         jax.config.update("jax_enable_x64", x64)
     if backend != "cpu" or num_devices is None:

@@ -245,3 +245,12 @@ def test_resume_refuses_other_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                            r"h100:1x1x1 .* but this host has 1 x NVIDIA "
                                            r"A100-SXM4-80GB; expected 1 x NVIDIA H100 80GB HBM3"):  # fmt: skip
         pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+
+
+def test_the_plugin_is_quiet_on_a_host_without_a_gpu(cli: Any) -> None:
+    # jaxaot[cuda-aot] on a CPU host: neither the plugin's import lines nor its failed CUDA
+    # check (two tracebacks) reach the terminal of an ordinary CPU run.
+    proc, _ = cli("program=axpy", "stop_after=lower")
+    assert "cudart_stub" not in proc.stderr and "Could not find cuda drivers" not in proc.stderr
+    assert "Jax plugin configuration error" not in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
