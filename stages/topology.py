@@ -46,8 +46,8 @@ _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 # The execute stage of a compile.topology run: recorded as skipped, with this note.
-EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a TPU host with "
-                "resume_from=<this run> start_at=execute")  # fmt: skip
+EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a host with that "
+                "TPU topology or those GPUs with resume_from=<this run> start_at=execute")  # fmt: skip
 
 
 def target_of(cfg: Any) -> Target:
@@ -310,6 +310,8 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         ctx.write_json("memory_analysis.json", memory)
     compile_stage._metrics(ctx, cost, memory)
     info = analysis(target, hlo, cost, memory)
+    if info["roofline"] is None and target.generation.platform == "cuda":
+        info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
     ctx.metrics.update(metrics(info))
     devs = topology_devices(target)
     mesh = lowered.meta.get("mesh")
@@ -329,6 +331,22 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         "module_sha256": lowered.module_sha256, **info,
     })  # fmt: skip
     return record(compiled, cost, memory)
+
+
+def _lowering_roofline(target: Target, lowered: Lowered) -> dict[str, Any] | None:
+    """XLA gives no cost analysis for a deviceless GPU executable: the roofline estimate then
+    comes from the lowering's (the whole program, before partitioning) split evenly over the
+    devices, and says so."""
+    from .compile import cost_of
+
+    whole = cost_of(lowered.lowered) if lowered.lowered is not None else None
+    if not whole or whole.get("flops") is None:
+        return None
+    n = target.devices
+    roof = roofline(target, {k: v / n for k, v in whole.items()})
+    if roof is not None:
+        roof["source"] = f"lowering cost analysis (whole program, pre-partitioning) / {n} devices"
+    return roof
 
 
 def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], names: tuple[str, ...],

@@ -161,6 +161,14 @@ def test_sharded_over_8_gpus_with_an_all_reduce(tmp_path: Path) -> None:
     assert r.manifest["backend"]["device_count"] == 8
     shard = _json(r.run_dir, "compile/shardings.json")
     assert shard["inputs"][0]["shard_shape"] == [32, 32]
+    # No cost analysis from a deviceless GPU executable: the roofline estimate is the lowering's
+    # (whole program) over the 8 devices, and says so.
+    whole = _json(r.run_dir, "lower/cost_analysis.json")
+    roof = info["roofline"]
+    assert roof["estimate"] is True and roof["source"].startswith("lowering cost analysis")
+    assert roof["flops"] == whole["flops"] / 8
+    assert roof["step_s"] == max(whole["flops"] / 8 / 989e12, whole["bytes accessed"] / 8 / 3350e9)
+    assert r.manifest["stages"]["compile"]["metrics"]["est_step_s"] == roof["step_s"]
 
 
 def test_ptxas_of_another_cuda_major_is_refused(tmp_path: Path) -> None:
