@@ -51,10 +51,18 @@ def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
 
 def devices(backend: str) -> list[Any]:
     """The devices of ``backend``, or a BackendError that says how to lower for it instead."""
+    import contextlib
+
     import jax
 
+    from .accelerators import quiet_libtpu
+
+    # With libtpu installed (jaxaot[tpu]) a host without TPUs gets its start-up noise on
+    # stderr when the tpu backend is tried (issue 15).
+    quiet = quiet_libtpu() if backend == "tpu" else contextlib.nullcontext()
     try:
-        return list(jax.devices(backend))
+        with quiet:
+            return list(jax.devices(backend))
     except RuntimeError as exc:
         present = sorted({d.platform for d in jax.devices()})
         raise BackendError(
