@@ -5,18 +5,20 @@ Two halves, on two machines:
 ``prepare OUT`` (the CPU host, ``jaxaot[cuda-aot]`` installed): compiles each program below for
 ``compile.topology=h100`` without a GPU and leaves the run directories in ``OUT``.
 
-``device RUNS OUT`` (a host with one H100, the same jax/jaxlib/plugin versions): for each
-program, (a) ``resume_from=<deviceless run> start_at=execute``: the stored executable is
-loaded and run, never compiled; (b) an ordinary run with ``compile.backend=cuda``: compiled on
-the GPU (with XLA's autotuning) and run. Same seed, same inputs. Writes ``compare.json`` and
-``compare.md`` (outputs equal?, max abs difference, memory analysis and median step of each).
+``device RUNS OUT`` (a host with one H100, the same jax/jaxlib/plugin versions, cuBLAS 12): for
+each program, (a) ``resume_from=<deviceless run> start_at=execute``: the stored executable is
+loaded and run, never compiled; (b) by default ``resume_from=<the same run> start_at=compile
+compile.topology=null compile.backend=cuda``: the same lowering compiled on the GPU (with XLA's
+autotuning) and run on the same inputs (GPU_COMPARE_B names other variants). Writes
+``compare.json`` and ``compare.md`` (outputs equal?, max abs difference, memory analysis and
+median step of each).
 
 Programs: the shipped transformer example (f32, 2 layers, d_model 128) and a bf16 matmul
-(4096 x 4096 x 4096: big enough for GEMM tiles to matter). Results: bench/gpu_results/.
+(4096 x 4096 x 4096: big enough for GEMM tiles to matter), on XLA's Triton GEMMs and through
+cuBLAS. Results: bench/gpu_results/ (how they were run: bench/gpu_device.sh).
 
-Caveat (a pre-existing jaxaot bug, found here): a resumed run draws the inputs of dict-shaped
-arguments in another order than a fresh run, so (a) and (b) of the transformer run on different
-inputs; bench/gpu_deviceless_check.py is the numerical check.
+Compare (a) with a *resumed* (b), not a fresh run: a resumed run draws the inputs of dict-shaped
+arguments in another order than a fresh one (a pre-existing jaxaot bug, found here).
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS: dict[str, list[str]] = {
+    # GEMMs through cuBLAS(Lt), whose own heuristics pick the kernel on the GPU at run time.
+    "matmul_bf16_4096_cublas": ["program.target=gpu_compare:matmul",
+                                "program.name=matmul_bf16_4096_cublas",
+                                "program.description='bf16 matmul 4096^3 through cuBLAS'",
+                                "program.args=[bf16[4096,4096],bf16[4096,4096]]",
+                                "+compile.compiler_options.xla_gpu_enable_triton_gemm=false"],
     "matmul_bf16_4096": ["program.target=gpu_compare:matmul", "program.name=matmul_bf16_4096",
                          "program.description='bf16 matmul 4096 x 4096 x 4096'",
                          "program.args=[bf16[4096,4096],bf16[4096,4096]]"],
@@ -115,17 +123,20 @@ def device(runs: Path, out: Path) -> None:
         rc_a, log_a, wall_a = _cli([f"resume_from={runs / name}", "start_at=execute",
                                     f"execute.repeats={REPEATS}", "execute.warmup=5",
                                     "store.enabled=false", f"hydra.run.dir={a_dir}"])  # fmt: skip
-        # (b) variants, from GPU_COMPARE_B: "label|PYTHONPATH extra|override;override" entries
-        # separated by "@@" (e.g. the image's own jax with its CUDA 13 plugin, or jax 0.10.2
-        # with autotuning off), each compiled on the GPU and run on the same inputs.
+        # (b) variants, from GPU_COMPARE_B: "label|PYTHONPATH extra|mode|override;override"
+        # entries separated by "@@". mode "resume": the deviceless run's own lowering compiled
+        # on the GPU (resume_from=<it> start_at=compile): same module, same inputs as (a);
+        # mode "fresh": an ordinary run (another JAX version may lower differently).
         ongpu: dict[str, Any] = {}
-        for spec in os.environ.get("GPU_COMPARE_B", "on the GPU||").split("@@"):
-            label, path, extra = spec.split("|")
+        for spec in os.environ.get("GPU_COMPARE_B", "on the GPU||resume|").split("@@"):
+            label, path, mode, extra = spec.split("|")
             b_dir = out / f"{name}-ongpu-{len(ongpu)}"
             env = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
             if path:
                 env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench"), path])
-            rc_b, log_b, wall_b = _cli([*overrides, "compile.backend=cuda", "lower.platforms=[cuda]",
+            how = ([f"resume_from={runs / name}", "start_at=compile", "compile.topology=null"]
+                   if mode == "resume" else [*overrides, "lower.platforms=[cuda]"])  # fmt: skip
+            rc_b, log_b, wall_b = _cli([*how, "compile.backend=cuda",
                                         f"execute.repeats={REPEATS}", "execute.warmup=5",
                                         "store.enabled=false", f"hydra.run.dir={b_dir}",
                                         *[o for o in extra.split(";") if o]], env)  # fmt: skip

@@ -321,11 +321,11 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
     if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
-        from pipeline.cuda_targets import AUTOTUNE_NOTE
+        from pipeline.cuda_targets import autotune_note
 
         info["autotuned"] = False
         ctx.metrics["autotuned"] = False
-        ctx.warn(AUTOTUNE_NOTE)
+        ctx.warn(autotune_note(dict(cfg.compiler_options)))
     ctx.write_json("compiled.json", {
         "backend": target.generation.platform, "device_ids": [d.id for d in devs[:n]],
         "module_sha256": lowered.module_sha256, **info,

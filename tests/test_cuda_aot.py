@@ -131,7 +131,8 @@ def test_matmul_for_h100_with_verdict_gap_and_store(tmp_path: Path) -> None:
         == 2 * (64 * 128 + 128 * 32)
     )
     assert info["fit"]["hbm_bytes_available"] == int(84942979072 * 0.75)
-    assert any("without autotuning" in w for w in m["warnings"])
+    assert any("without autotuning" in w and "xla_gpu_enable_triton_gemm: false" in w
+               for w in m["warnings"])  # fmt: skip
     assert m["stages"]["compile"]["metrics"]["autotuned"] is False
     payload, _, _ = pickle.loads((rd / "compile" / "executable.bin").read_bytes())
     assert len(payload) > 1000  # the serialized executable, cubins included
@@ -148,6 +149,16 @@ def test_matmul_for_h100_with_verdict_gap_and_store(tmp_path: Path) -> None:
     assert other.manifest["stages"]["compile"]["status"] == "ran"
     assert other.manifest["stages"]["compile"]["key"] != m["stages"]["compile"]["key"]
     assert other.manifest["backend"]["device_kind"] == "NVIDIA B200"
+
+
+def test_gemms_through_cublas(tmp_path: Path) -> None:
+    # The way around the autotuning gap: cuBLAS(Lt) custom calls instead of Triton GEMMs.
+    r = _run(tmp_path, *_MATMUL, "compile.topology=h100",
+             "+compile.compiler_options.xla_gpu_enable_triton_gemm=false")  # fmt: skip
+    hlo = (r.run_dir / "compile" / "optimized.hlo.txt").read_text()
+    assert '"__cublas$lt$matmul"' in hlo or '"__cublas$gemm"' in hlo
+    (note,) = [w for w in r.manifest["warnings"] if "without autotuning" in w]
+    assert "xla_gpu_enable_triton_gemm" not in note
 
 
 def test_sharded_over_8_gpus_with_an_all_reduce(tmp_path: Path) -> None:
