@@ -73,20 +73,22 @@ def devices(backend: str) -> list[Any]:
         ) from None
 
 
-def backend_info(backend: str, topology: str | None = None, num_slices: int = 1) -> dict[str, Any]:
-    """Platform, version, device kind and count: what a compiled artifact depends on.
+def target_info(topology: str, num_slices: int = 1) -> dict[str, Any]:
+    """:func:`backend_info` for ``compile.topology``: libtpu's compile-only devices of that
+    topology, with the topology name, slice count and libtpu version (issue 15)."""
+    import jax
 
-    With ``compile.topology`` the devices are libtpu's compile-only ones for that topology, and
-    the topology name, slice count and libtpu version are part of it (issue 15).
-    """
+    from .accelerators import resolve, topology_info
+
+    info = topology_info(resolve(topology, num_slices))
+    return info | {"jax": jax.__version__, "jaxlib": _jaxlib_version()}
+
+
+def backend_info(backend: str) -> dict[str, Any]:
+    """Platform, version, device kind and count: what a compiled artifact depends on."""
     import jax
     from jax.extend import backend as jex_backend
 
-    if topology:
-        from .accelerators import resolve, topology_info
-
-        info = topology_info(resolve(topology, num_slices))
-        return info | {"jax": jax.__version__, "jaxlib": _jaxlib_version()}
     devs = devices(backend)
     client = jex_backend.get_backend(backend)
     return {
@@ -123,4 +125,4 @@ def versions() -> dict[str, str]:
     }
 
 
-__all__ = ["backend_info", "configure", "devices", "platform_of", "versions"]
+__all__ = ["backend_info", "configure", "devices", "platform_of", "target_info", "versions"]

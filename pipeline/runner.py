@@ -104,8 +104,9 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
 
             check_resume(typed.compile)  # a topology's executable runs on a TPU host only
         if STAGES.index("compile") <= last:
-            manifest.backend = jaxenv.backend_info(typed.compile.backend, typed.compile.topology,
-                                                   typed.compile.num_slices)  # fmt: skip
+            comp = typed.compile
+            manifest.backend = (jaxenv.target_info(comp.topology, comp.num_slices) if comp.topology
+                                else jaxenv.backend_info(comp.backend))  # fmt: skip
         for i, stage in enumerate(STAGES):
             if i < first:
                 records[stage] = runner.resume(stage, bound)
