@@ -273,3 +273,21 @@ def test_the_plugin_is_quiet_on_a_host_without_a_gpu(cli: Any) -> None:
     assert "cudart_stub" not in proc.stderr and "Could not find cuda drivers" not in proc.stderr
     assert "Jax plugin configuration error" not in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_xla_runs_the_ptxas_it_is_given(tmp_path: Path) -> None:
+    # xla_gpu_cuda_data_dir steers XLA's choice (this machine's PATH has a CUDA 13 ptxas): a
+    # ptxas that logs its calls, then runs the package's, is the one XLA runs for sm_90a.
+    real = cuda_targets.cuda_data_dir()
+    fake, calls = tmp_path / "cuda", tmp_path / "calls.txt"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "nvvm").symlink_to(real / "nvvm")
+    (fake / "bin" / "ptxas").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\nexec {real / "bin" / "ptxas"} "$@"\n'
+    )
+    (fake / "bin" / "ptxas").chmod(0o755)
+    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[bf16[48,96],bf16[96,40]]",
+             "compile.topology=h100", "store.enabled=false",
+             f"+compile.compiler_options.xla_gpu_cuda_data_dir={fake}")  # fmt: skip
+    assert r.manifest["stages"]["compile"]["status"] == "ran"
+    assert "-arch=sm_90a" in calls.read_text()
