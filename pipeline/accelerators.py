@@ -63,6 +63,9 @@ class Generation:
     peak_int8_ops: float  # per chip, OP/s
     hbm_bandwidth: float  # per chip, bytes/s
     source: str  # the public page the published figures are from
+    # NVIDIA GPUs (platform "cuda", issue 16): XLA's target config file, peak dense FP8.
+    target_config: str = ""  # pipeline/gpu_targets/<file>
+    peak_fp8_flops: float | None = None
 
     @property
     def hbm_usable_gib(self) -> float:
@@ -109,6 +112,56 @@ GENERATIONS: dict[str, Generation] = {
         ),
     )
 }  # fmt: skip
+# NVIDIA GPUs (platform "cuda", issue 16): compiled deviceless through the CUDA plugin
+# (pipeline/cuda_targets.py). Published per-GPU figures, dense (no sparsity), from NVIDIA's
+# datasheets, written from the published documents (not re-checked against live pages: this
+# project's machines cannot browse): "NVIDIA A100 Tensor Core GPU" datasheet (SXM 80GB:
+# 312 TFLOP/s bf16, 624 TOP/s int8, no FP8, 2039 GB/s); "NVIDIA H100 Tensor Core GPU" datasheet
+# (H100 SXM: 989 TFLOP/s bf16, 1979 TFLOP/s FP8, 1979 TOP/s int8, 3.35 TB/s; the datasheet's
+# headline numbers are with sparsity, twice these); "NVIDIA H200 Tensor Core GPU" datasheet
+# (H200 SXM: 141 GB HBM3e, 4.8 TB/s, compute as H100 SXM); "NVIDIA DGX B200" / "HGX B200"
+# datasheets (per GPU: 180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s bf16, 4.5 PFLOP/s FP8 and int8 dense).
+# hbm_bytes is the memory XLA's target config gives (device_memory_size, what the driver reports);
+# hbm_usable_bytes is 75% of it: what JAX's GPU client takes by default
+# (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75), so the fit verdict is JAX's default, not the card's.
+_GPU_HOST = 8  # GPUs per host in "h100x8" (HGX/DGX boards)
+GENERATIONS.update({
+    g.name: g
+    for g in (
+        Generation(
+            name="a100", platform="cuda", device_kind="NVIDIA A100-SXM4-80GB", cores_per_chip=1,
+            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
+            hbm_bytes=85100068864, hbm_usable_bytes=int(85100068864 * 0.75),
+            peak_bf16_flops=312 * _T, peak_int8_ops=624 * _T, hbm_bandwidth=2039 * _GB_S,
+            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB)",
+            target_config="a100.txtpb", peak_fp8_flops=None,
+        ),
+        Generation(
+            name="h100", platform="cuda", device_kind="NVIDIA H100 80GB HBM3", cores_per_chip=1,
+            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
+            hbm_bytes=84942979072, hbm_usable_bytes=int(84942979072 * 0.75),
+            peak_bf16_flops=989 * _T, peak_int8_ops=1979 * _T, hbm_bandwidth=3350 * _GB_S,
+            source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
+            target_config="h100.txtpb", peak_fp8_flops=1979 * _T,
+        ),
+        Generation(
+            name="h200", platform="cuda", device_kind="NVIDIA H200 141GB HBM3e", cores_per_chip=1,
+            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
+            hbm_bytes=151397597184, hbm_usable_bytes=int(151397597184 * 0.75),
+            peak_bf16_flops=989 * _T, peak_int8_ops=1979 * _T, hbm_bandwidth=4800 * _GB_S,
+            source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
+            target_config="h200.txtpb", peak_fp8_flops=1979 * _T,
+        ),
+        Generation(
+            name="b200", platform="cuda", device_kind="NVIDIA B200", cores_per_chip=1,
+            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
+            hbm_bytes=191514411008, hbm_usable_bytes=int(191514411008 * 0.75),
+            peak_bf16_flops=2250 * _T, peak_int8_ops=4500 * _T, hbm_bandwidth=8000 * _GB_S,
+            source="NVIDIA DGX B200 / HGX B200 datasheets (per GPU)",
+            target_config="b200.txtpb", peak_fp8_flops=4500 * _T,
+        ),
+    )
+})  # fmt: skip
 # Other spellings of a generation in accelerator names ("v5litepod-16" is v5e-16).
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e"}
 
@@ -147,7 +200,31 @@ class Target:
 
 
 def _known() -> str:
-    return ", ".join(sorted(GENERATIONS))
+    return ", ".join(sorted(g for g in GENERATIONS if GENERATIONS[g].platform == "tpu"))
+
+
+_GPU_NAME = re.compile(r"^([a-z]\d+)(?:x(\d+))?$")  # h100, h100x8
+_GPU_TOPOLOGY = re.compile(r"^([a-z]\d+):(\d+)x(\d+)x(\d+)$")  # h100:2x1x8
+
+
+def _resolve_gpu(text: str, value: str, num_slices: int, key: str) -> Target | None:
+    """A GPU target (issue 16): ``h100`` (1 GPU), ``h100x8`` (one host of 8), ``h100:2x1x8``
+    (slices x hosts x GPUs per host); None when ``text`` names no GPU generation."""
+    m = _GPU_TOPOLOGY.match(text) or _GPU_NAME.match(text)
+    gen = GENERATIONS.get(m[1]) if m else None
+    if m is None or gen is None or gen.platform != "cuda":
+        return None
+    topo = m.re is _GPU_TOPOLOGY
+    shape = (int(m[2]), int(m[3]), int(m[4])) if topo else (1, 1, int(m[2] or 1))
+    if min(shape) < 1:
+        raise ConfigError(f"{key}: {value!r}: expected counts >= 1, e.g. {gen.name}:2x1x8")
+    if num_slices != 1:
+        raise ConfigError(
+            f"compile.num_slices={num_slices}: GPU targets count slices in compile.topology; "
+            f"expected e.g. compile.topology={gen.name}:{num_slices}x1x{shape[2]} and "
+            "compile.num_slices=1"
+        )
+    return Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}", shape, 1, value)
 
 
 def default_shape(chips: int, dims: int) -> tuple[int, ...]:
@@ -161,6 +238,11 @@ def default_shape(chips: int, dims: int) -> tuple[int, ...]:
 
 def _generation(name: str, value: str, key: str) -> Generation:
     gen = GENERATIONS.get(_ALIASES.get(name, name))
+    if gen is not None and gen.platform == "cuda":
+        raise ConfigError(
+            f"{key}: {value!r}: expected an NVIDIA GPU target as {name}, {name}x8 (GPUs on one "
+            f"host) or {name}:2x1x8 (slices x hosts x GPUs per host)"
+        )
     if gen is None:
         raise ConfigError(
             f"{key}: unknown TPU generation {name!r} in {value!r}; expected one of {_known()} "
@@ -175,6 +257,9 @@ def resolve(value: str, num_slices: int = 1, key: str = "compile.topology") -> T
     text = value.strip().lower()
     if num_slices < 1:
         raise ConfigError(f"compile.num_slices: expected >= 1, found {num_slices}")
+    gpu = _resolve_gpu(text, value, num_slices, key)
+    if gpu is not None:
+        return gpu
     m = _LIBTPU_NAME.match(text)
     if m:
         gen = _generation(m[1], value, key)
@@ -202,8 +287,13 @@ def resolve(value: str, num_slices: int = 1, key: str = "compile.topology") -> T
         return Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}", shape, num_slices, value)
     raise ConfigError(
         f"{key}: expected a TPU topology such as v5e:4x4 or v4:2x2x1, or an accelerator name "
-        f"such as v5e-256 or v4-32 (generations: {_known()}), found {value!r}"
+        f"such as v5e-256 or v4-32 (generations: {_known()}), or an NVIDIA GPU target such as "
+        f"h100, h100x8 or h100:2x1x8 (GPUs: {_known_gpus()}), found {value!r}"
     )
+
+
+def _known_gpus() -> str:
+    return ", ".join(sorted(g for g in GENERATIONS if GENERATIONS[g].platform == "cuda"))
 
 
 INSTALL_HINT = "pip install 'jaxaot[tpu]'"
@@ -252,6 +342,10 @@ def quiet_libtpu() -> Iterator[None]:
 
 def topology_devices(target: Target) -> list[Any]:
     """libtpu's compile-only devices for ``target``: what meshes and compiles are laid over."""
+    if target.generation.platform == "cuda":  # the CUDA plugin's (issue 16)
+        from .cuda_targets import cuda_devices
+
+        return list(cuda_devices(target))
     return list(_topology(target.topology, target.num_slices, target.generation.chip_config))
 
 
@@ -279,6 +373,10 @@ def _topology(name: str, num_slices: int, chip_config: str) -> tuple[Any, ...]:
 def topology_info(target: Target) -> dict[str, Any]:
     """What a compile for ``target`` depends on, like ``jaxenv.backend_info`` for a backend that
     is present: platform + version, device kind + count, and the topology itself."""
+    if target.generation.platform == "cuda":  # target config, plugin, ptxas (issue 16)
+        from .cuda_targets import info
+
+        return info(target)
     devs = topology_devices(target)
     client = devs[0].client
     return {

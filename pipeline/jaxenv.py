@@ -192,6 +192,9 @@ def _configure(backend: str, num_devices: int | None, x64: bool) -> None:
 
     _note_flags()
     _only_needed_platforms(backend)
+    from .cuda_targets import quiet_plugin_discovery
+
+    quiet_plugin_discovery()  # the CUDA plugin on a host without a GPU (jaxaot[cuda-aot])
 
     if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
         jax.config.update("jax_enable_x64", x64)

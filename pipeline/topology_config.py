@@ -25,24 +25,29 @@ def for_topology(cfg: JaxaotConfig) -> JaxaotConfig:
     comp = cfg.compile
     if not comp.topology:
         return cfg
-    if comp.backend not in ("cpu", "tpu"):  # cpu: the default, i.e. not chosen
+    platform = resolve(comp.topology, comp.num_slices).generation.platform  # tpu | cuda
+    if platform == "cuda":  # issue 16: the CUDA plugin registers on a host without a GPU
+        from .cuda_targets import prepare
+
+        prepare()
+    if comp.backend not in ("cpu", platform, "gpu" if platform == "cuda" else platform):
         raise ConfigError(
             f"compile.backend={comp.backend!r} contradicts compile.topology={comp.topology!r} "
-            "(a TPU topology compiles for tpu); drop compile.backend or compile.topology"
+            f"(that topology compiles for {platform}); drop compile.backend or compile.topology"
         )
     platforms = cfg.lower.platforms
-    if platforms is not None and "tpu" not in platforms:
+    if platforms is not None and platform not in platforms:
         raise ConfigError(
             f"lower.platforms={list(platforms)} contradicts compile.topology={comp.topology!r}; "
-            "expected tpu among them (or lower.platforms=null: [tpu])"
+            f"expected {platform} among them (or lower.platforms=null: [{platform}])"
         )
     stop_after = cfg.stop_after
     if stop_after == "execute" and cfg.start_at != "execute":
         stop_after = "compile"  # compile-only devices: nothing to execute on
     return dataclasses.replace(
         cfg,
-        compile=dataclasses.replace(comp, backend="tpu"),
-        lower=dataclasses.replace(cfg.lower, platforms=list(platforms or ["tpu"])),
+        compile=dataclasses.replace(comp, backend=platform),
+        lower=dataclasses.replace(cfg.lower, platforms=list(platforms or [platform])),
         stop_after=stop_after,
     )
 

@@ -292,7 +292,7 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
     if cfg.topology:  # issue 15: compile-only devices cannot load it; a TPU host can
         from . import topology
 
-        if not topology.tpu_present():
+        if not topology.present(cfg):
             return topology.load(ctx, lowered, read, ARTIFACTS, _record(lowered, cfg.backend))
     files: dict[str, bytes] = {}
     for name in ARTIFACTS:  # each read (and hash check) once

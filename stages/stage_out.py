@@ -260,6 +260,11 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         err = unbound_axis_error(exc, mesh) if isinstance(exc, NameError) else None
         if err is not None:
             raise err from None
+        from pipeline.cuda_targets import explain_missing_library
+
+        missing = explain_missing_library(exc)  # a cuDNN-only kernel on a host without cuDNN
+        if missing is not None:
+            raise StageError("stage_out", missing) from None
         raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)

@@ -46,8 +46,8 @@ _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 # The execute stage of a compile.topology run: recorded as skipped, with this note.
-EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a TPU host with "
-                "resume_from=<this run> start_at=execute")  # fmt: skip
+EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a host with that "
+                "TPU topology or those GPUs with resume_from=<this run> start_at=execute")  # fmt: skip
 
 
 def target_of(cfg: Any) -> Target:
@@ -116,18 +116,26 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
         **_shardings(lowered, devs, target.num_slices),
     )
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    platform = target.generation.platform
+    if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
+        from pipeline.cuda_targets import compile_options
+
+        options = compile_options(options)
     with quiet_libtpu():
         traced = jitted.trace(*args, **kwargs)
-        return traced.lower(lowering_platforms=("tpu",)).compile(compiler_options=options or None)
+        return traced.lower(lowering_platforms=(platform,)).compile(
+            compiler_options=options or None
+        )
 
 
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
     """Like ``stages.compile.start`` for a topology: check, then return the compile to run."""
     target = target_of(cfg)
-    if "tpu" not in lowered.platforms:
+    platform = target.generation.platform
+    if platform not in lowered.platforms:
         raise BackendError(
             f"compile.topology={cfg.topology}: the program was lowered for "
-            f"{list(lowered.platforms)}; expected tpu among lower.platforms"
+            f"{list(lowered.platforms)}; expected {platform} among lower.platforms"
         )
     if lowered.exported is None:
         # Also the runner's compile-ahead, before the export exists: it leaves the compile to
@@ -302,6 +310,8 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         ctx.write_json("memory_analysis.json", memory)
     compile_stage._metrics(ctx, cost, memory)
     info = analysis(target, hlo, cost, memory)
+    if info["roofline"] is None and target.generation.platform == "cuda":
+        info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
     ctx.metrics.update(metrics(info))
     devs = topology_devices(target)
     mesh = lowered.meta.get("mesh")
@@ -310,11 +320,33 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         ctx.write("executable.bin", compile_stage.serialize(compiled))
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
+        from pipeline.cuda_targets import autotune_note
+
+        info["autotuned"] = False
+        ctx.metrics["autotuned"] = False
+        ctx.warn(autotune_note(dict(cfg.compiler_options)))
     ctx.write_json("compiled.json", {
-        "backend": "tpu", "device_ids": [d.id for d in devs[:n]],
+        "backend": target.generation.platform, "device_ids": [d.id for d in devs[:n]],
         "module_sha256": lowered.module_sha256, **info,
     })  # fmt: skip
     return record(compiled, cost, memory)
+
+
+def _lowering_roofline(target: Target, lowered: Lowered) -> dict[str, Any] | None:
+    """XLA gives no cost analysis for a deviceless GPU executable: the roofline estimate then
+    comes from the lowering's (the whole program, before partitioning) split evenly over the
+    devices, and says so."""
+    from .compile import cost_of
+
+    whole = cost_of(lowered.lowered) if lowered.lowered is not None else None
+    if not whole or whole.get("flops") is None:
+        return None
+    n = target.devices
+    roof = roofline(target, {k: v / n for k, v in whole.items()})
+    if roof is not None:
+        roof["source"] = f"lowering cost analysis (whole program, pre-partitioning) / {n} devices"
+    return roof
 
 
 def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], names: tuple[str, ...],
@@ -361,12 +393,26 @@ def check_resume(cfg: Any) -> None:
     """``start_at=execute`` of a topology compile needs a TPU host: refuse on any other."""
     if not cfg.topology:
         return
+    if target_of(cfg).generation.platform == "cuda":  # issue 16
+        from pipeline.cuda_targets import refuse_resume
+
+        refuse_resume(target_of(cfg))
+        return
     if not tpu_present():
         raise BackendError(
             f"start_at=execute: the executable was compiled for TPU topology {cfg.topology} "
             "(compile.topology), and this host has no TPU; run this command on a TPU host with "
             "that topology, or start_at=compile to compile again here"
         )
+
+
+def present(cfg: Any) -> bool:
+    """Whether this host has the hardware of ``cfg.topology`` (TPU, or NVIDIA GPUs)."""
+    if target_of(cfg).generation.platform == "cuda":
+        from pipeline.cuda_targets import gpu_present
+
+        return gpu_present(target_of(cfg))
+    return tpu_present()
 
 
 def tpu_present() -> bool:
@@ -392,6 +438,7 @@ __all__ = [
     "load",
     "metrics",
     "needed_bytes",
+    "present",
     "rejected_for_hbm",
     "roofline",
     "run",

@@ -26,6 +26,9 @@ def test_wheel_carries_the_configs_and_runs_from_an_install(tmp_path: Path) -> N
     shipped = {str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped and shipped <= names
     assert {"pipeline/cli.py", "stages/compile.py", "jaxaot_examples/transformer.py"} <= names
+    # XLA's GPU target configs (compile.topology=h100..., issue 16) are package data.
+    targets = {str(p.relative_to(REPO)) for p in (REPO / "pipeline" / "gpu_targets").glob("*")}
+    assert "pipeline/gpu_targets/h100.txtpb" in targets and targets <= names
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(site), str(wheel)], check=True, capture_output=True)  # fmt: skip
     env = {
