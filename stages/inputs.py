@@ -1,7 +1,8 @@
 """Concrete inputs for execute: arrays built from specs with a seed, or the user's files.
 
 Host-side NumPy only. Each array leaf gets its own generator seeded from
-``(execute.seed, leaf index)`` (or the spec's own ``seed``), so adding an argument does not
+``(execute.seed, leaf index)`` (or the spec's own ``seed``), leaves numbered in JAX's
+flattening order (dict keys sorted), so adding an argument does not
 change the values of the others and two runs with the same seed get the same inputs.
 """
 
@@ -75,7 +76,11 @@ def materialize(spec: ArraySpec, rng: np.random.Generator, where: str) -> np.nda
 
 def _build(tree: Any, seed: int, counter: list[int], where: str) -> Any:
     if isinstance(tree, dict):
-        return {k: _build(tree[k], seed, counter, f"{where}.{k}") for k in tree}
+        # Leaves are numbered in JAX's flattening order (sorted keys), never in the order a
+        # config happened to list them: a resumed run reads its config back from the manifest
+        # (sorted JSON) and must draw exactly the inputs the original run drew.
+        built = {k: _build(tree[k], seed, counter, f"{where}.{k}") for k in sorted(tree)}
+        return {k: built[k] for k in tree}
     if isinstance(tree, list):
         return [_build(v, seed, counter, f"{where}[{i}]") for i, v in enumerate(tree)]
     if isinstance(tree, Literal):

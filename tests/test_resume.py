@@ -197,3 +197,28 @@ def test_a_tpu_lowering_is_the_input_for_compile_on_a_tpu_host(compose_run):
     with pytest.raises(BackendError, match=r"needs a lowering for 'cpu', but lower.platforms was "
                        r"\['tpu'\]; compile for one of those \(compile.backend=tpu\)"):  # fmt: skip
         pipeline.run(pipeline.compose(chosen), run_dir=src.parent / "chosen", overrides=chosen)
+
+
+def test_a_resumed_execute_draws_the_inputs_of_the_original_run(compose_run, monkeypatch):
+    """Dict arguments listed out of key order: the checkpoint's config comes back sorted, and
+    the inputs (one seeded draw per leaf) must still be the original run's, bit for bit."""
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # aot_programs
+    src = compose_run(
+        "program.target=aot_programs:tree_fn",
+        "program.args=[{w:f32[2,3],b:f32[2]},f32[3],2]",  # w before b: not sorted
+        "program.kwargs={scale:f32[]}",
+        "stage_out.static_argnums=[2]",
+        "store.enabled=false",
+    ).run_dir
+    resumed = compose_run(f"resume_from={src}", "start_at=execute", "store.enabled=false")
+
+    def outputs(run_dir: Path) -> dict[str, np.ndarray]:
+        with np.load(run_dir / "execute" / "outputs.npz") as z:
+            return {k: z[k] for k in z.files}
+
+    want, got = outputs(src), outputs(resumed.run_dir)
+    assert want.keys() == got.keys() and len(want) == 2
+    for k in want:
+        assert want[k].tobytes() == got[k].tobytes(), k
