@@ -318,3 +318,42 @@ def test_wait_all_ends_jobs_when_slurm_says_they_ended(tmp_path: Path,
     assert done == [("5_0", "COMPLETED", 3.0), ("5_2", "COMPLETED", 4.0),
                     ("5_1", "CANCELLED", 5.0)]  # fmt: skip
     assert [s.state if s else None for s in states] == ["COMPLETED", "CANCELLED", "COMPLETED"]
+
+
+def test_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurm_cluster
+
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 1000)
+    assert "needs root" in (slurm_cluster.unavailable() or "")
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm_cluster, "_which", lambda name: None if name == "munged" else name)
+    assert "missing (munged)" in (slurm_cluster.unavailable() or "")
+    assert "make slurm" in (slurm_cluster.unavailable() or "")
+
+
+def test_report_has_slurm_columns_only_for_slurm_jobs(tmp_path: Path) -> None:
+    from pipeline.report import SLURM_COLUMNS, collect, to_csv, to_markdown
+
+    def job(n: int, status: str, slurm: dict[str, str] | None, requeued: int = 0) -> None:
+        d = tmp_path / str(n)
+        d.mkdir()
+        record = {"num": n, "overrides": [f"execute.repeats={n + 1}"], "status": status}
+        if slurm is not None:
+            record["slurm"] = slurm
+        (d / "job.json").write_text(json.dumps(record))
+        (d / "manifest.json").write_text(json.dumps({"stages": {}, "requeued": requeued}))
+
+    job(0, "ok", None)
+    assert not collect(tmp_path).slurm
+    assert "slurm_state" not in to_csv(collect(tmp_path))
+    job(1, "ok", {"job_id": "3_1", "state": "COMPLETED", "source": "squeue"}, requeued=1)
+    job(2, "cancelled", {"job_id": "3_2", "state": "CANCELLED", "source": "sacct"})
+    table = collect(tmp_path)
+    assert table.slurm and all(c in table.columns for c in SLURM_COLUMNS)
+    rows = {r["job"]: r for r in table.rows}
+    assert (rows[1]["slurm_state"], rows[1]["slurm_state_source"], rows[1]["requeued"]) == (
+        "COMPLETED", "squeue", 1)  # fmt: skip
+    assert rows[0].get("slurm_job") is None and [r["job"] for r in table.failed] == [2]
+    md = to_markdown(table)
+    assert "| 3_1 COMPLETED, requeued 1x |" in md and "| 3_2 CANCELLED |" in md
+    assert "**cancelled**" in md and "3 jobs: 2 ok, 1 failed." in md
