@@ -88,14 +88,18 @@ def _parse(text: str | None, source: str) -> dict[str, JobState]:
 def query_states(job_ids: Iterable[str]) -> dict[str, JobState]:
     """The SLURM state of each job id (``<array>_<task>`` or plain), from squeue, else sacct.
 
-    One squeue call and at most one sacct call for all jobs; ids neither knows are missing.
+    One squeue call (one per array where one of them is no longer known) and at most one sacct
+    call; ids neither knows are missing.
     """
     wanted = set(job_ids)
     if not wanted:
         return {}
     arrays = sorted({j.split("_")[0] for j in wanted})
-    found = _parse(_run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(arrays)]),
-                   "squeue")  # fmt: skip
+    squeue = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j"]
+    text = _run([*squeue, ",".join(arrays)])
+    if text is None and len(arrays) > 1:  # one id purged already fails the whole call
+        text = "\n".join(t for a in arrays if (t := _run([*squeue, a])) is not None)
+    found = _parse(text, "squeue")
     missing = sorted({j.split("_")[0] for j in wanted if j not in found})
     if missing:
         sacct = _run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(missing)])

@@ -24,7 +24,7 @@ from conftest import REPO, cli_env, read_manifest
 
 from pipeline.config import STAGES
 from pipeline.requeue import prepare, resume_point, stamp_manifest
-from pipeline.slurm import JobState, _expand, _parse, wait_all
+from pipeline.slurm import JobState, _expand, _parse, query_states, wait_all
 
 TESTS = Path(__file__).resolve().parent
 LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug",
@@ -357,3 +357,22 @@ def test_report_has_slurm_columns_only_for_slurm_jobs(tmp_path: Path) -> None:
     md = to_markdown(table)
     assert "| 3_1 COMPLETED, requeued 1x |" in md and "| 3_2 CANCELLED |" in md
     assert "**cancelled**" in md and "3 jobs: 2 ok, 1 failed." in md
+
+
+def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    answers = {("squeue", "7,9"): None, ("squeue", "7"): "7_0|RUNNING\n7_1|PENDING\n",
+               ("squeue", "9"): None, ("sacct", "9"): "9_0|CANCELLED by 0\n9_0.batch|CANCELLED\n"}  # fmt: skip
+
+    def run(args: list[str]) -> str | None:
+        calls.append(args)
+        return answers[(args[0], args[-1])]
+
+    monkeypatch.setattr("pipeline.slurm._run", run)
+    states = query_states(["7_0", "7_1", "9_0", "9_1"])
+    assert {j: (s.state, s.source) for j, s in states.items()} == {
+        "7_0": ("RUNNING", "squeue"), "7_1": ("PENDING", "squeue"),
+        "9_0": ("CANCELLED", "sacct"),
+    }  # fmt: skip
+    assert [(c[0], c[-1]) for c in calls] == [("squeue", "7,9"), ("squeue", "7"),
+                                              ("squeue", "9"), ("sacct", "9")]  # fmt: skip
