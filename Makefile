@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.jaxaot-installed
 EXTRAS ?= dev,sweep,tpu,cuda-aot
 
-.PHONY: run test lint bench clean venv graphviz
+.PHONY: run test lint bench clean venv graphviz slurm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,10 +22,20 @@ graphviz:
 	  && (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) \
 	  || echo "note: graphviz not installed; graph rendering is skipped (DOT only)"; }
 
+# SLURM and munge for tests/test_slurm.py's throw-away cluster (root only); without them those
+# tests skip, saying why.
+slurm:
+	@if { command -v slurmctld || test -x /usr/sbin/slurmctld; } >/dev/null 2>&1 \
+	    && { command -v munged || test -x /usr/sbin/munged; } >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge \
+	   >/dev/null) || echo "note: apt-get install slurm-wlm munge failed; the SLURM tests are skipped"; \
+	else echo "note: slurm-wlm/munge not installed (needs root and apt); the SLURM tests are skipped"; fi
+
 run: $(STAMP)
 	$(BIN)/jaxaot $(ARGS)
 
-test: $(STAMP) graphviz
+test: $(STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)

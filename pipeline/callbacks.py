@@ -81,10 +81,11 @@ def plan_of(config: DictConfig) -> SweepPlan:
 def _output_hidden(config: DictConfig) -> bool:
     """Whether the launcher sends each job's output to a log instead of the user's terminal.
 
-    submitit does (local and SLURM: ``.submitit/<id>/*.out``); the basic launcher runs jobs in
-    this process and joblib's workers share its terminal.
+    submitit does (local and SLURM, also through jaxaot's SLURM launcher: ``.submitit/<id>/*.out``);
+    the basic launcher runs jobs in this process and joblib's workers share its terminal.
     """
-    return "submitit" in str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    return "submitit" in target or "slurm" in target.lower()
 
 
 def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:

@@ -58,6 +58,9 @@ TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
     f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
 }
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("status", "seconds"))
+# SLURM jobs (jaxaot's SLURM launcher): job id, state, where the state was read (squeue, sacct,
+# submitit's result file) and how often the job was requeued (resuming from its last stage).
+SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
 # Every numeric column: what an autotuning objective may name.
 NUMERIC_COLUMNS: tuple[str, ...] = (tuple(f"{s}.seconds" for s in STAGES) + tuple(METRICS)
                                     + ("compile.hbm_bytes_needed", "compile.est_step_s"))  # fmt: skip
@@ -91,11 +94,17 @@ class SweepTable:
         return any(r.get("compile.fits") is not None for r in self.rows)
 
     @property
+    def slurm(self) -> bool:
+        """Whether the jobs ran as SLURM jobs (their records carry a job id and state)."""
+        return any(r.get("slurm_job") for r in self.rows)
+
+    @property
     def columns(self) -> list[str]:
         best = ["best"] if self.autotune else []
         topo = list(TOPOLOGY_METRICS) if self.topology else []
-        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, *topo, "error",
-                "dir"]  # fmt: skip
+        slurm = list(SLURM_COLUMNS) if self.slurm else []
+        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, *topo, *slurm,
+                "error", "dir"]  # fmt: skip
 
 
 def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
@@ -163,6 +172,11 @@ def collect(sweep_dir: Path | str) -> SweepTable:
         row = {"job": num if num is not None else i, "status": status}
         row.update({override_key(o): override_value(o) for o in overrides})
         row.update(row_of(manifest))
+        slurm = (record or {}).get("slurm") or {}
+        if slurm:
+            row.update(slurm_job=slurm.get("job_id"), slurm_state=slurm.get("state"),
+                       slurm_state_source=slurm.get("source"),
+                       requeued=(manifest or {}).get("requeued", 0))  # fmt: skip
         row.update(error=error, dir=str(d.relative_to(root)))
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
@@ -238,6 +252,14 @@ def _topology_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _slurm_cell(r: dict[str, Any]) -> str:
+    """``12_3 COMPLETED, requeued 1x``: the SLURM job, its state and its requeues."""
+    if not r.get("slurm_job"):
+        return "-"
+    text = f"{r['slurm_job']} {r.get('slurm_state') or '?'}"
+    return text + (f", requeued {r['requeued']}x" if r.get("requeued") else "")
+
+
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
     n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
@@ -264,7 +286,7 @@ def to_markdown(table: SweepTable) -> str:
             "FLOPs", "bytes accessed", "arg", "out", "temp", "code", "exec median", "FLOP/s",
             *(("target", "fits", "HBM needed", "HBM available", "est. step (roofline)",
                "collectives") if table.topology else ()),
-            "error"]  # fmt: skip
+            *(["SLURM"] if table.slurm else []), "error"]  # fmt: skip
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in table.rows:
@@ -279,6 +301,7 @@ def to_markdown(table: SweepTable) -> str:
                  _metric(r, "execute.median_s", human_seconds),
                  _metric(r, "execute.flops_per_s", human_count),
                  *(_topology_cells(r) if table.topology else ()),
+                 *([_slurm_cell(r)] if table.slurm else []),
                  (r.get("error") or "")[:160]]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:
@@ -331,6 +354,7 @@ __all__ = [
     "METRICS",
     "NUMERIC_COLUMNS",
     "PLOTS_DIR",
+    "SLURM_COLUMNS",
     "STAGE_COLUMNS",
     "SweepTable",
     "collect",
