@@ -6,7 +6,19 @@ A leaf is one of
 - a ``.npy`` path (shape and dtype read from the file's header);
 - a literal (number, bool, string, or a list/dict of them at a static position).
 
-Leaves may sit in nested lists and dicts (pytrees). As in JAX, static-ness comes from
+An array type may end in ``~weak`` (``f32[]~weak``; in a mapping ``weak_type: true``): the
+argument is weakly typed, as a Python scalar is, so it takes the other operand's dtype in
+promotion.
+
+Leaves may sit in nested lists and dicts (pytrees), and in any other pytree container named by
+import path with a tagged mapping (:class:`PytreeNode`)::
+
+    {_pytree_: tuple, _args_: [f32[2], f32[3]]}        # (a, b)
+    {_pytree_: mypkg.mod:Point, x: f32[4], y: f32[4]}  # Point(x=..., y=...)
+
+The class (a NamedTuple, a dataclass registered with ``jax.tree_util``, any registered class)
+is built as ``cls(*_args_, **fields)``; its import path goes through the trust policy
+(pipeline/trust.py) like ``program.target``. As in JAX, static-ness comes from
 ``static_argnums``/``static_argnames``, never from the type: a literal at a non-static position
 is traced as a weakly typed scalar and executed with its value.
 """
@@ -50,17 +62,20 @@ _ALIASES: dict[str, str] = {short_name(d): d for d in DTYPES} | {d: d for d in D
 _ALIASES |= {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64"}
 SIXTY_FOUR_BIT = frozenset({"int64", "uint64", "float64", "complex128"})
 INITS: tuple[str, ...] = ("normal", "uniform", "zeros", "ones", "arange", "file")
-SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed"})
+SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed", "weak_type"})
+# The tagged mapping of a pytree container (PytreeNode) and its positional children.
+PYTREE_KEY = "_pytree_"
+PYTREE_ARGS = "_args_"
 
 # The largest element count and byte size XLA can represent: shapes are int64 and a larger
 # array aborts the process (SIGABRT in XLA's shape checks) instead of raising (issue 12).
 MAX_ARRAY_BYTES = 2**63 - 1
 
-_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
+_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*(~\s*weak)?\s*$")
 # Something written like an array type (``name[dims]``) inside a longer override value, for
 # quoting it before Hydra parses the line. Any name, not only known dtypes: an unknown dtype or a
 # malformed shape should reach parse_type (which names it) rather than fail Hydra's grammar.
-_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}()'\"=]*\]")
+_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}()'\"=]*\](?:~weak)?")
 # Characters after which a value (a list item, a dict value) can start in Hydra's grammar.
 _VALUE_START = frozenset("[,:{( \t")
 
@@ -87,10 +102,12 @@ class ArraySpec:
     high: float | None = None
     seed: int | None = None
     path: str | None = None
+    weak_type: bool = False
 
     @property
     def type_str(self) -> str:
-        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+        weak = "~weak" if self.weak_type else ""
+        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]{weak}"
 
     def __str__(self) -> str:
         return self.type_str
@@ -101,6 +118,97 @@ class Literal:
     """A concrete value: a static argument, or a weakly typed scalar when traced."""
 
     value: Any
+
+
+@dataclass(frozen=True)
+class PytreeNode:
+    """A pytree container other than list and dict, named by import path (``"tuple"`` for a
+    tuple): built as ``cls(*args, **fields)`` once its children are built."""
+
+    cls: str
+    args: tuple[Any, ...] = ()
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def children(self, where: str) -> list[tuple[str, Any]]:
+        """(config path, subtree) of each child, positional ones first."""
+        return [(f"{where}.{PYTREE_ARGS}[{i}]", a) for i, a in enumerate(self.args)] + [
+            (f"{where}.{k}", v) for k, v in self.fields
+        ]
+
+    def with_children(self, new: list[Any]) -> PytreeNode:
+        n = len(self.args)
+        return PytreeNode(self.cls, tuple(new[:n]),
+                          tuple((k, v) for (k, _), v in zip(self.fields, new[n:], strict=True)))  # fmt: skip
+
+
+def _parse_node(value: Mapping[str, Any], where: str) -> PytreeNode:
+    cls = value[PYTREE_KEY]
+    if not isinstance(cls, str) or not (cls == "tuple" or ":" in cls):
+        raise ArgSpecError(
+            f"{where}.{PYTREE_KEY}: expected 'tuple' or a class as 'package.module:Class', "
+            f"found {cls!r}"
+        )
+    raw_args = value.get(PYTREE_ARGS, [])
+    if isinstance(raw_args, str | bytes) or not isinstance(raw_args, Sequence):
+        raise ArgSpecError(
+            f"{where}.{PYTREE_ARGS}: expected a list of children, found {raw_args!r}"
+        )
+    fields = tuple(
+        (str(k), parse_leaf_or_tree(v, f"{where}.{k}"))
+        for k, v in value.items()
+        if k not in (PYTREE_KEY, PYTREE_ARGS)
+    )
+    if cls == "tuple" and fields:
+        raise ArgSpecError(
+            f"{where}: a tuple takes its items in {PYTREE_ARGS}: [...], found keys "
+            f"{[k for k, _ in fields]}"
+        )
+    args = tuple(
+        parse_leaf_or_tree(v, f"{where}.{PYTREE_ARGS}[{i}]") for i, v in enumerate(raw_args)
+    )
+    return PytreeNode(cls, args, fields)
+
+
+def build(tree: Any, leaf: Any, resolve: Any) -> Any:
+    """Python objects from a parsed tree: ``leaf(path, spec)`` for each leaf, and each
+    PytreeNode constructed with the class ``resolve(name, path)`` returns."""
+
+    def go(node: Any, where: str) -> Any:
+        if isinstance(node, dict):
+            return {k: go(v, f"{where}.{k}") for k, v in node.items()}
+        if isinstance(node, list):
+            return [go(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        if isinstance(node, PytreeNode):
+            args = [go(a, p) for p, a in node.children(where)[: len(node.args)]]
+            fields = {k: go(v, f"{where}.{k}") for k, v in node.fields}
+            if node.cls == "tuple":
+                return tuple(args)
+            cls = resolve(node.cls, f"{where}.{PYTREE_KEY}")
+            try:
+                return cls(*args, **fields)
+            except TypeError as exc:
+                raise ArgSpecError(
+                    f"{where}: cannot build {node.cls} from {PYTREE_ARGS}={len(args)} item(s) "
+                    f"and fields {sorted(fields)} ({exc})"
+                ) from None
+        return leaf(where, node)
+
+    return go(tree, "")
+
+
+def pytree_classes(tree: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(config path of the ``_pytree_`` key, class name) of every named container in ``tree``."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from pytree_classes(v, f"{where}.{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from pytree_classes(v, f"{where}[{i}]")
+    elif isinstance(tree, PytreeNode):
+        if tree.cls != "tuple":
+            yield f"{where}.{PYTREE_KEY}", tree.cls
+        for path, child in tree.children(where):
+            yield from pytree_classes(child, path)
 
 
 def dtype_bits(dtype: str) -> int:
@@ -164,7 +272,8 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
     if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
         raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
-    spec = ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where))
+    spec = ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where),
+                     weak_type=m.group(3) is not None)  # fmt: skip
     return _check_size(spec, where)
 
 
@@ -204,6 +313,9 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         v = spec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise ArgSpecError(f"{where}.{key}: expected a number, found {v!r}")
+    weak = spec.get("weak_type", False)
+    if not isinstance(weak, bool):
+        raise ArgSpecError(f"{where}.weak_type: expected true or false, found {weak!r}")
     seed = spec.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ArgSpecError(f"{where}.seed: expected an int >= 0, found {seed!r}")
@@ -216,6 +328,7 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         high=None if spec.get("high") is None else float(spec["high"]),
         seed=seed,
         path=path,
+        weak_type=weak,
     )
     return _check_size(array, where)
 
@@ -239,6 +352,8 @@ def is_spec_mapping(value: Mapping[str, Any]) -> bool:
 def parse_leaf_or_tree(value: Any, where: str) -> Any:
     """Parse a config value into a pytree of ArraySpec / Literal leaves."""
     if isinstance(value, Mapping):
+        if PYTREE_KEY in value:
+            return _parse_node(value, where)
         if is_spec_mapping(value):
             return _parse_mapping(value, where)
         return {str(k): parse_leaf_or_tree(v, f"{where}.{k}") for k, v in value.items()}
@@ -268,6 +383,9 @@ def leaves(tree: Any, where: str = "") -> Iterator[tuple[str, ArraySpec | Litera
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
             yield from leaves(v, f"{where}[{i}]")
+    elif isinstance(tree, PytreeNode):
+        for path, child in tree.children(where):
+            yield from leaves(child, path)
     else:
         yield where, tree
 
@@ -278,6 +396,8 @@ def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
         return {k: map_tree(fn, v, f"{where}.{k}") for k, v in tree.items()}
     if isinstance(tree, list):
         return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
+    if isinstance(tree, PytreeNode):
+        return tree.with_children([map_tree(fn, c, p) for p, c in tree.children(where)])
     return fn(where, tree)
 
 
@@ -292,6 +412,8 @@ def to_static_value(tree: Any, where: str) -> Any:
         return tree.value
     if isinstance(tree, list):
         return tuple(to_static_value(v, f"{where}[{i}]") for i, v in enumerate(tree))
+    if isinstance(tree, PytreeNode) and tree.cls == "tuple":
+        return tuple(to_static_value(v, p) for p, v in tree.children(where))
     raise ArgSpecError(
         f"{where} is marked static but is a dict; static arguments must be hashable values "
         "(numbers, strings, bools or lists of them)"
@@ -343,41 +465,58 @@ def bind(
 ) -> BoundArgs:
     """Parse specs and check static/donated positions against them.
 
-    ``names_of_positions`` (the callable's parameter names, when known) lets a name in
-    ``static_argnames``/``donate_argnames`` refer to a positional argument, as in ``jax.jit``.
+    ``names_of_positions`` (the callable's parameter names, when known) maps the four options
+    through the signature as ``jax.jit`` does: a name in ``static_argnames``/``donate_argnames``
+    may be passed by position, and a position in ``static_argnums``/``donate_argnums`` may be
+    passed by keyword. Without it (before the target is imported) what only the signature can
+    resolve is left for the bind that has it (stage_out).
     """
     parsed_args = tuple(parse_leaf_or_tree(a, f"program.args[{i}]") for i, a in enumerate(args))
     parsed_kwargs = {
         str(k): parse_leaf_or_tree(v, f"program.kwargs.{k}") for k, v in kwargs.items()
     }
     n = len(parsed_args)
-    for i in static_argnums:
-        if i >= n:
-            raise ConfigError(
-                f"stage_out.static_argnums: position {i} is out of range; program.args has "
-                f"{n} positional argument(s) (positions 0..{n - 1})"
-            )
-    for i in donate_argnums:
-        if i >= n:
-            raise ConfigError(
-                f"lower.donate_argnums: position {i} is out of range; program.args has "
-                f"{n} positional argument(s)"
-            )
     names = list(names_of_positions or ())
-    s_nums, s_names = set(static_argnums), set(static_argnames)
-    d_nums, d_names = set(donate_argnums), set(donate_argnames)
+    known = names_of_positions is not None
+    s_nums: set[int] = set()
+    s_names = set(static_argnames)
+    d_nums: set[int] = set()
+    d_names = set(donate_argnames)
+    # A position past program.args names a parameter passed by keyword (jax.jit maps it
+    # through the signature); unknown until the target's signature is.
+    unresolved = False
+    for key, nums, num_set, name_set in (
+        ("stage_out.static_argnums", static_argnums, s_nums, s_names),
+        ("lower.donate_argnums", donate_argnums, d_nums, d_names),
+    ):
+        for i in nums:
+            if i < n:
+                num_set.add(i)
+            elif i < len(names) and names[i] in parsed_kwargs:
+                name_set.add(names[i])
+            elif not known and parsed_kwargs:
+                unresolved = True
+            else:
+                by_kw = (f"; parameter {i} ({names[i]!r}) is not in program.kwargs either"
+                         if i < len(names) else "")  # fmt: skip
+                raise ConfigError(
+                    f"{key}: position {i} is out of range; program.args has "
+                    f"{n} positional argument(s) (positions 0..{n - 1}){by_kw}"
+                )
     for name in static_argnames:
         if name in names and names.index(name) < n:
             s_nums.add(names.index(name))
-        elif name not in parsed_kwargs and names_of_positions is not None and name not in names:
+        elif name not in parsed_kwargs and known and name not in names:
             raise ConfigError(
                 f"stage_out.static_argnames: {name!r} is neither a parameter of the target nor "
                 f"a key of program.kwargs (parameters: {', '.join(names) or 'none'})"
             )
+        elif name not in parsed_kwargs and not known:
+            unresolved = True
     for name in donate_argnames:
         if name in names and names.index(name) < n:
             d_nums.add(names.index(name))
-        elif name not in parsed_kwargs and names_of_positions is not None:
+        elif name not in parsed_kwargs and known:
             # Neither passed by position nor a program.kwargs key (which may reach **kwargs):
             # jax.jit would donate nothing for it, silently.
             raise ConfigError(
@@ -388,6 +527,9 @@ def bind(
     for i in sorted(s_nums):
         if names and i < len(names):
             s_names.add(names[i])
+    for i in sorted(d_nums):
+        if names and i < len(names):
+            d_names.add(names[i])
     for i in sorted(d_nums):
         if i in s_nums:
             raise ConfigError(
@@ -413,6 +555,8 @@ def bind(
         donate_argnames=tuple(sorted(d_names)),
     )
     for path, tree in bound.traced_args():
+        if unresolved:  # a value may be static by an option only the signature resolves
+            continue
         positional = path.startswith("program.args")
         _check_traced(tree, path, f"stage_out.static_argn{'ums' if positional else 'ames'}")
     needs_x64 = any(

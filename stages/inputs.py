@@ -17,6 +17,7 @@ from pipeline.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
+    build,
     canonical_dtype,
     parse_leaf_or_tree,
     short_name,
@@ -253,18 +254,38 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     )
 
 
-def spec_inputs(bound: BoundArgs, seed: int) -> tuple[list[Any], dict[str, Any]]:
-    """Host arrays for every non-static argument, from the specs (literals as given)."""
+def weakly_typed(arr: np.ndarray) -> Any:
+    """``arr`` as a weakly typed JAX array, the form a Python scalar takes (``f32[]~weak``):
+    JAX's reference run then promotes it as the traced program did. JAX has no public
+    constructor for a weakly typed array of any shape (jax 0.10)."""
+    from jax._src.lax.lax import _convert_element_type
+
+    return _convert_element_type(arr, arr.dtype, weak_type=True)
+
+
+def spec_inputs(
+    bound: BoundArgs, seed: int, resolve: Any = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """Host arrays for every non-static argument, from the specs (literals as given); named
+    pytree containers (``_pytree_``) built with the class ``resolve(name, key)`` gives."""
     counter = [0]
+
+    def leaf(where: str, spec: Any) -> Any:
+        value = _build(spec, seed, counter, where)
+        return weakly_typed(value) if isinstance(spec, ArraySpec) and spec.weak_type else value
+
+    def one(tree: Any, where: str) -> Any:
+        if resolve is None:
+            from .stage_out import class_resolver
+
+            return build(tree, lambda p, s: leaf(where + p, s), class_resolver())
+        return build(tree, lambda p, s: leaf(where + p, s), resolve)
+
     args = [
-        _build(a, seed, counter, f"program.args[{i}]")
-        for i, a in enumerate(bound.args)
-        if not bound.is_static(i)
+        one(a, f"program.args[{i}]") for i, a in enumerate(bound.args) if not bound.is_static(i)
     ]
     kwargs = {
-        k: _build(v, seed, counter, f"program.kwargs.{k}")
-        for k, v in bound.kwargs.items()
-        if not bound.is_static(k)
+        k: one(v, f"program.kwargs.{k}") for k, v in bound.kwargs.items() if not bound.is_static(k)
     }
     return args, kwargs
 

@@ -102,8 +102,18 @@ def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
     return fn, opts
 
 
-def _namedtuples(treedef: Any) -> list[type]:
-    """The NamedTuple classes in a pytree structure (outer first, each once)."""
+# Containers jax.export serializes itself.
+_BUILTIN_NODES = (tuple, list, dict, type(None))
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _node_classes(treedef: Any) -> list[type]:
+    """The NamedTuple and other user pytree classes in a structure (outer first, each once)."""
+    import collections
+
     found: list[type] = []
     stack = [treedef]
     while stack:
@@ -111,7 +121,9 @@ def _namedtuples(treedef: Any) -> list[type]:
         data = node.node_data()
         if data is not None:
             cls = data[0]
-            if issubclass(cls, tuple) and hasattr(cls, "_fields") and cls not in found:
+            builtin = cls in _BUILTIN_NODES or cls in (collections.OrderedDict,
+                                                       collections.defaultdict)  # fmt: skip
+            if not builtin and cls not in found:
                 found.append(cls)
         stack.extend(reversed(node.children()))
     return found
@@ -121,7 +133,28 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _register_namedtuple(cls: type, name: str) -> None:
+def _aux_to_bytes(aux: Any) -> bytes:
+    # A registered class's aux data (a dataclass's static fields, a user's own): stored as a
+    # Python literal, read back with ast.literal_eval, so loading runs no code.
+    import ast
+
+    text = repr(aux)
+    try:
+        same = ast.literal_eval(text) == aux
+    except (ValueError, SyntaxError):
+        same = False
+    if not same:
+        raise ValueError(f"pytree aux data {text[:80]} is not a Python literal")
+    return text.encode()
+
+
+def _aux_from_bytes(data: bytes) -> Any:
+    import ast
+
+    return ast.literal_eval(data.decode())
+
+
+def _register_class(cls: type, name: str) -> None:
     """Let jax.export (de)serialize ``cls`` under ``name``; once per process."""
     from jax._src.export import _export
 
@@ -134,28 +167,36 @@ def _register_namedtuple(cls: type, name: str) -> None:
         _export.serialization_registry.pop(stale[0], None)
     import jax
 
-    jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+    if _is_namedtuple(cls):
+        jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+    else:
+        jax.export.register_pytree_node_serialization(
+            cls, serialized_name=name, serialize_auxdata=_aux_to_bytes,
+            deserialize_auxdata=_aux_from_bytes,
+        )  # fmt: skip
 
 
 def _register_output_types(exported: Any) -> list[str]:
-    """Register the NamedTuples in the export's input and output structures (jaxlib's EighResult,
-    SVDResult, QRResult, a user's own), so that ``serialize`` accepts them; return their names.
+    """Register the NamedTuples and user pytree classes (registered dataclasses, classes of
+    ``jax.tree_util.register_pytree_node``) in the export's input and output structures
+    (jaxlib's EighResult, SVDResult, QRResult, a user's own), so that ``serialize`` accepts
+    them; return their names.
 
     A class defined inside a function cannot be imported by a later run: left unregistered, so
     the export fails as before (with jax's message) instead of writing an unloadable file.
     """
     names = []
-    for cls in _namedtuples(exported.in_tree) + _namedtuples(exported.out_tree):
+    for cls in _node_classes(exported.in_tree) + _node_classes(exported.out_tree):
         if "<locals>" in cls.__qualname__:
             continue
         name = _class_name(cls)
-        _register_namedtuple(cls, name)
+        _register_class(cls, name)
         names.append(name)
     return names
 
 
 def _import_namedtuples(names: list[str]) -> None:
-    """Import and register the NamedTuple classes a checkpointed export names (lowered.json)."""
+    """Import and register the pytree classes a checkpointed export names (lowered.json)."""
     import importlib
 
     for name in names:
@@ -166,15 +207,15 @@ def _import_namedtuples(names: list[str]) -> None:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
             raise StoreError(
-                f"resume_from: the lowering's outputs are a NamedTuple {name!r} that cannot be "
-                f"imported here ({exc}); start at stage_out instead"
+                f"resume_from: the lowering's arguments or outputs hold a pytree class {name!r} "
+                f"that cannot be imported here ({exc}); start at stage_out instead"
             ) from None
-        if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
+        if not isinstance(obj, type):
             raise StoreError(
-                f"resume_from: {name!r} named in lowered.json is not a NamedTuple class (found "
+                f"resume_from: {name!r} named in lowered.json is not a pytree class (found "
                 f"{type(obj).__name__}); start at stage_out instead"
             )
-        _register_namedtuple(obj, name)
+        _register_class(obj, name)
 
 
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
