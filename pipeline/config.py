@@ -120,6 +120,15 @@ class TrustConfig:
 
 
 @dataclass(frozen=True)
+class JaxSection:
+    """JAX configuration for this run (issue 17): ``jax.config.<jax option>=<value>`` (any
+    ``jax.config`` option, e.g. ``jax_enable_x64``, ``jax_default_matmul_precision``), set
+    before tracing and restored after the run (pipeline/jaxenv.py ``run_config``)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class JaxaotConfig:
     program: ProgramConfig = MISSING
     stage_out: StageOutConfig = field(default_factory=StageOutConfig)
@@ -130,6 +139,7 @@ class JaxaotConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     trust: TrustConfig = field(default_factory=TrustConfig)
+    jax: JaxSection = field(default_factory=JaxSection)
     stop_after: str = "execute"
     start_at: str = "stage_out"
     resume_from: str | None = None
@@ -147,6 +157,7 @@ _SCHEMAS: dict[str, tuple[str | None, type]] = {
     "base_store": ("store", StoreConfig),
     "base_snapshot": ("snapshot", SnapshotConfig),
     "base_trust": ("trust", TrustConfig),
+    "base_jax": ("jax", JaxSection),
 }
 
 
@@ -215,9 +226,18 @@ def _check(cfg: JaxaotConfig) -> None:
             f"compile.backend: expected one of {', '.join(BACKENDS)}, found {cfg.compile.backend!r}"
         )
     for p in cfg.lower.platforms or ():
-        if p not in PLATFORMS:
+        # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
+        # it by the lower stage (stages/lower.py check_platforms); here only the spelling.
+        if not isinstance(p, str) or not p.isidentifier():
             raise ConfigError(
-                f"lower.platforms: expected entries from {', '.join(PLATFORMS)}, found {p!r}"
+                f"lower.platforms: expected platform names (e.g. {', '.join(PLATFORMS)}), "
+                f"found {p!r}"
+            )
+    for name in cfg.jax.config:
+        if not str(name).startswith("jax_"):
+            raise ConfigError(
+                f"jax.config.{name}: expected a JAX config option (jax_enable_x64, "
+                "jax_default_matmul_precision, ...: the names jax.config.update takes)"
             )
     if cfg.lower.platforms is not None and not cfg.lower.platforms:
         raise ConfigError("lower.platforms: expected at least one platform or null, found []")
@@ -345,6 +365,7 @@ __all__ = [
     "STAGES",
     "CompileConfig",
     "ExecuteConfig",
+    "JaxSection",
     "JaxaotConfig",
     "LowerConfig",
     "MeshConfig",

@@ -180,3 +180,76 @@ def test_donating_a_weakly_typed_argument(compose_run: Any) -> None:
     assert result.records["execute"].timings["donated_inputs_consumed"] is True
     args, _ = _inputs(result)
     _same(result.records["execute"].outputs, jax.jit(progs.add, donate_argnums=0)(*args))
+
+
+# --- 4. JAX configuration per run ------------------------------------------------------------
+
+
+def test_x64_from_the_config_applies_to_the_run_and_is_restored(compose_run: Any) -> None:
+    # JAX: with jax_enable_x64 two Python ints add as int64 (weakly typed); without, int32.
+    assert not jax.config.jax_enable_x64
+    result = compose_run(f"{T}:add", "program.args=[3, 4]", "+jax.config.jax_enable_x64=true",
+                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    assert not jax.config.jax_enable_x64  # put back after the run
+    jax.config.update("jax_enable_x64", True)
+    try:
+        want = np.asarray(jax.jit(progs.add)(3, 4))
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    assert want.dtype == np.int64
+    _same(result.records["execute"].outputs, want)
+    manifest = result.manifest
+    assert manifest["config"]["jax"]["config"] == {"jax_enable_x64": True}
+    assert manifest["environment"]["jax_config"]["jax_enable_x64"] is True
+    plain = compose_run(f"{T}:add", "program.args=[3, 4]", "execute.repeats=1")
+    assert np.asarray(plain.records["execute"].outputs).dtype == np.int32
+
+
+def test_matmul_precision_is_lowered_and_keyed(compose_run: Any) -> None:
+    # JAX: jax_default_matmul_precision=highest puts HIGHEST precision on the dot.
+    args = ("program.args=[f32[2,2], f32[2,2]]", "stop_after=compile")
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(progs.matmul).trace(jnp.ones((2, 2)), jnp.ones((2, 2))).lower().as_text()
+    assert "HIGHEST" in want
+    high = compose_run(f"{T}:matmul", *args, "+jax.config.jax_default_matmul_precision=highest")
+    default = compose_run(f"{T}:matmul", *args)
+    text = (high.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    assert "HIGHEST" in text
+    assert "HIGHEST" not in (default.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    keys = [r.manifest["stages"]["compile"]["key"] for r in (high, default)]
+    assert keys[0] != keys[1] and default.manifest["stages"]["compile"]["status"] == "ran"
+    assert jax.config.jax_default_matmul_precision is None
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("+jax.config.jax_nope=1", r"jax\.config\.jax_nope: not a JAX config option"),
+        ("+jax.config.jax_default_matmul_precision=bogus",
+         r"jax\.config\.jax_default_matmul_precision: JAX refused 'bogus'"),
+        ("+jax.config.jax_num_cpu_devices=4", r"jax\.config\.jax_num_cpu_devices: set by jaxaot "
+         r"from compile\.num_devices"),
+        ("+jax.config.enable_x64=true", r"jax\.config\.enable_x64: expected a JAX config option"),
+    ],
+)  # fmt: skip
+def test_bad_jax_options(compose_run: Any, override: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        compose_run(f"{T}:add", "program.args=[3, 4]", override, "stop_after=stage_out")
+    assert jax.config.jax_default_matmul_precision is None
+
+
+def test_x64_off_with_a_64_bit_argument_is_an_error(compose_run: Any) -> None:
+    with pytest.raises(ConfigError, match=r"jax_enable_x64=false, but the program has 64-bit"):
+        compose_run(f"{T}:add", "program.args=[f64[2], f64[2]]",
+                    "+jax.config.jax_enable_x64=false")  # fmt: skip
+
+
+def test_jax_enable_x64_from_the_environment_is_respected(cli: Any, tmp_path: Path) -> None:
+    from conftest import REPO, cli_env, run_cli
+
+    env = cli_env(JAX_ENABLE_X64="1")
+    env["PYTHONPATH"] = f"{REPO / 'tests'}:{env['PYTHONPATH']}"
+    proc = run_cli([f"{T}:add", "program.args=[3, 4]", "execute.repeats=1",
+                    f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert load_outputs(tmp_path / "r" / "execute")[""].dtype == np.int64
