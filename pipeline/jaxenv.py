@@ -451,9 +451,9 @@ __all__ = [
     "environment",
     "jax_config",
     "key_environment",
+    "platform_of",
     "restore_config",
     "run_config",
-    "platform_of",
     "versions",
     "xla_flags",
 ]

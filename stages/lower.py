@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline import memo
 from pipeline.context import StageContext
-from pipeline.errors import StoreError
+from pipeline.errors import ConfigError, StoreError
 from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import platform_of
 from pipeline.metadata import scoped_metadata
@@ -218,11 +218,31 @@ def _import_namedtuples(names: list[str]) -> None:
         _register_class(obj, name)
 
 
+def check_platforms(platforms: tuple[str, ...]) -> None:
+    """Each of ``lower.platforms`` is one JAX lowers for: a platform with a registered backend
+    factory (jax's own, and any a plugin adds), not an alias (``gpu``). JAX's ``lower`` itself
+    takes any string (jax 0.10.2), and a typo would lower with default rules only."""
+    from jax._src import xla_bridge  # no public list of platforms in jax 0.10
+
+    aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
+    known = sorted(set(xla_bridge.known_platforms()) - set(aliases.values()))
+    for p in platforms:
+        if p in known:
+            continue
+        meant = sorted(k for k, v in aliases.items() if v == p)
+        hint = f" ({p} is an alias of {', '.join(meant)}: name one)" if meant else ""
+        raise ConfigError(
+            f"lower.platforms: JAX does not lower for {p!r}{hint}; expected one of "
+            f"{', '.join(known)} (the platforms this JAX and its plugins know)"
+        )
+
+
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     import jax
 
     cfg = ctx.cfg
     platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
+    check_platforms(platforms)
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
@@ -346,4 +366,4 @@ def _cost(lowered: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in cost.items()} if cost else None
 
 
-__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "load", "run"]
+__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "check_platforms", "load", "run"]

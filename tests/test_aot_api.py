@@ -253,3 +253,84 @@ def test_jax_enable_x64_from_the_environment_is_respected(cli: Any, tmp_path: Pa
                     f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert load_outputs(tmp_path / "r" / "execute")[""].dtype == np.int64
+
+
+# --- 5. the mesh is in context while tracing -------------------------------------------------
+
+
+def test_program_sees_the_mesh_while_traced_and_in_the_reference(compose_run: Any) -> None:
+    # JAX: under jax.set_mesh the program gets the mesh from context (get_abstract_mesh, a bare
+    # PartitionSpec, shard_map without mesh=); without one it fails.
+    x = np.arange(8, dtype=np.float32)
+    with pytest.raises(Exception, match="mesh"):
+        jax.jit(progs.with_mesh).trace(x)
+    result = compose_run(f"{T}:with_mesh", "program.args=[f32[8]]", "mesh.shape=[4]",
+                         "mesh.axes=[data]", "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    args, _ = _inputs(result)
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
+    with jax.set_mesh(mesh):
+        want = jax.jit(progs.with_mesh)(*args)
+    _same(result.records["execute"].outputs, want)
+    assert result.records["execute"].check["ok"]
+
+
+# --- 6. explicit-axes sharding in types -------------------------------------------------------
+
+
+def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None:
+    # JAX: with Explicit axes the input sharding is in the argument type; the output that keeps
+    # it is sharded the same way, the resharded one is replicated.
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Explicit,),
+                         devices=jax.devices()[:4])  # fmt: skip
+    sds = jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):
+        traced = jax.jit(progs.resharded).trace(sds)
+        want_specs = [o.sharding.spec for o in traced.out_info]
+    assert want_specs == [P("data", None), P(None, None)]
+    result = compose_run(f"{T}:resharded", "program.args=[f32[8,2]]", "mesh.shape=[4]",
+                         "mesh.axes=[data]", "mesh.axis_types=[explicit]",
+                         "lower.in_shardings=[data]", "execute.check=reference",
+                         "execute.repeats=1")  # fmt: skip
+    staged = result.records["stage_out"]
+    assert [o.sharding.spec for o in staged.traced.out_info] == want_specs
+    outs = result.records["compile"].compiled.output_shardings
+    assert [s.spec for s in outs] == [P("data"), P()]
+    args, _ = _inputs(result)
+    with jax.set_mesh(mesh):
+        want = jax.jit(progs.resharded)(jax.device_put(args[0], NamedSharding(mesh, P("data"))))
+    assert [o.sharding.spec for o in want] == [P("data", None), P(None, None)]
+    _same(result.records["execute"].outputs, want)
+
+
+def test_a_one_device_mesh_compiles(compose_run: Any) -> None:
+    result = compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "mesh.shape=[1]",
+                         "mesh.axes=[data]", "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    args, _ = _inputs(result)
+    _same(result.records["execute"].outputs, jax.jit(progs.add)(*args))
+
+
+# --- 11. any platform JAX accepts ------------------------------------------------------------
+
+
+def test_platforms_are_checked_against_jax(compose_run: Any) -> None:
+    from jax._src import xla_bridge
+
+    assert "rocm" in xla_bridge.known_platforms()
+    want = jax.jit(progs.add).trace(jnp.ones(2), jnp.ones(2)).lower(lowering_platforms=("rocm",))
+    result = compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]",
+                         "lower.platforms=[rocm]", "stop_after=lower")  # fmt: skip
+    from stages.lower import canonical_stablehlo
+
+    text = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    assert canonical_stablehlo(text) == canonical_stablehlo(want.as_text())
+    with pytest.raises(ConfigError, match=r"lower\.platforms: JAX does not lower for 'metal'"):
+        compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[metal]",
+                    "stop_after=lower")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'gpu' \(gpu is an alias of cuda, oneapi, rocm"):
+        compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[gpu]",
+                    "stop_after=lower")  # fmt: skip
