@@ -92,11 +92,12 @@ def _put(value: Any, sharding: Any) -> Any:
         if isinstance(x, np.ndarray) and s is not None:
             if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
                 return jax.device_put(x)
-            if x.dtype.name in _SUB_BYTE and s.device_set == {jax.devices()[0]}:
+            if x.dtype.name in _SUB_BYTE:
                 # jax 0.10: device_put(x, sharding) of a sub-byte array gives an unpacked layout
-                # that the executable rejects ("layouts that disagree"); the default placement
-                # is packed.
-                return jax.device_put(x)
+                # that the executable rejects ("layouts that disagree"), on one device or a mesh
+                # (so does device_put to the executable's input format); the executable's own
+                # transfer of the host array is packed, so it is left to the call (issue 17).
+                return x
             return jax.device_put(x, s)
         return x
 

@@ -334,3 +334,34 @@ def test_platforms_are_checked_against_jax(compose_run: Any) -> None:
     with pytest.raises(ConfigError, match=r"'gpu' \(gpu is an alias of cuda, oneapi, rocm"):
         compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[gpu]",
                     "stop_after=lower")  # fmt: skip
+
+
+# --- 7. every dtype round-trips on disk ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float8_e5m2", "float8_e4m3fn", "float4_e2m1fn", "int4", "uint4", "bfloat16"]
+)
+def test_every_dtype_round_trips_on_disk(compose_run: Any, dtype: str) -> None:
+    result = compose_run(f"{T}:cast", f"program.args=[f32[5], {dtype}]",
+                         "stage_out.static_argnums=[1]", "execute.repeats=1")  # fmt: skip
+    args, _ = _inputs(result)
+    want = np.asarray(jax.jit(progs.cast, static_argnums=1)(args[0], dtype))
+    assert want.dtype.name == dtype
+    saved = load_outputs(result.run_dir / "execute")[""]
+    assert saved.dtype == want.dtype
+    np.testing.assert_array_equal(saved.view(f"u{want.itemsize}"), want.view(f"u{want.itemsize}"))
+    with np.load(result.run_dir / "execute" / "outputs.npz") as z:  # plain NumPy reads numbers
+        np.testing.assert_array_equal(z["out0"], want.astype(np.float32))
+
+
+def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
+    # JAX: jit with shardings on a 2-device mesh adds int4 arrays (jaxaot's placement used to
+    # give an unpacked layout the executable refused).
+    result = compose_run(f"{T}:add", "program.args=[i4[4], i4[4]]", "mesh.shape=[2]",
+                         "mesh.axes=[data]", "lower.in_shardings=[data]",
+                         "execute.check=reference", "execute.repeats=2")  # fmt: skip
+    args, _ = _inputs(result)
+    want = jax.jit(progs.add)(*args)
+    assert want.dtype == jnp.int4
+    _same(result.records["execute"].outputs, want)
