@@ -68,6 +68,10 @@ class LowerConfig:
     out_shardings: Any = None
     xla_metadata: dict[str, Any] = field(default_factory=dict)
     scoped_metadata: list[Any] = field(default_factory=list)
+    # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).
+    debug_info: bool = False
+    # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
+    vjp_order: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,8 @@ def _check(cfg: JaxaotConfig) -> None:
             )
     if cfg.lower.platforms is not None and not cfg.lower.platforms:
         raise ConfigError("lower.platforms: expected at least one platform or null, found []")
+    if cfg.lower.vjp_order < 0:
+        raise ConfigError(f"lower.vjp_order: expected an int >= 0, found {cfg.lower.vjp_order}")
     if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:
         raise ConfigError(f"compile.num_devices: expected >= 1, found {cfg.compile.num_devices}")
     if cfg.compile.max_devices < 1:

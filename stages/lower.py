@@ -265,7 +265,10 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
         same = getattr(lowered, "_lowering", None)
-        stablehlo = memo.derived(same, "stablehlo", lowered.as_text)
+        debug = bool(cfg.lower.debug_info)  # locations kept in the texts (issue 17)
+        tag = "+debug" if debug else ""
+        stablehlo = memo.derived(same, "stablehlo" + tag,
+                                 lambda: lowered.as_text(debug_info=debug))  # fmt: skip
         module_sha = memo.derived(
             same, "module_sha256", lambda: sha256_bytes(canonical_stablehlo(stablehlo).encode())
         )
@@ -278,7 +281,10 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         ctx.write("module.stablehlo.mlir", stablehlo)
         try:
             ctx.write(
-                "module.hlo.txt", memo.derived(same, "hlo", lambda: lowered.as_text(dialect="hlo"))
+                "module.hlo.txt",
+                memo.derived(
+                    same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
+                ),  # fmt: skip
             )
         except Exception as exc:  # some multi-platform lowerings have no single HLO form
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
@@ -286,7 +292,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             with ctx.capture_warnings():
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
                 pytree_types = _register_output_types(exported)
-            ctx.write("exported.bin", bytes(exported.serialize()))
+            # vjp_order: the export carries that many orders of derivatives (issue 17).
+            ctx.write("exported.bin", bytes(exported.serialize(vjp_order=cfg.lower.vjp_order)))
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(

@@ -365,3 +365,50 @@ def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
     want = jax.jit(progs.add)(*args)
     assert want.dtype == jnp.int4
     _same(result.records["execute"].outputs, want)
+
+
+# --- 9. text with debug info on request --------------------------------------------------------
+
+
+def test_debug_info_keeps_locations_in_the_texts_only(compose_run: Any) -> None:
+    from pipeline.canonical import canonical_hlo
+    from stages.lower import canonical_stablehlo
+
+    lowered = jax.jit(progs.add).trace(jnp.ones(2), jnp.ones(2)).lower()
+    want = lowered.as_text(debug_info=True)
+    assert 'loc("x")' in want and "aot_api_programs.py" in want
+    assert "loc(" not in lowered.as_text()
+    args = (f"{T}:add", "program.args=[f32[2], f32[2]]", "stop_after=lower")
+    debug = compose_run(*args, "lower.debug_info=true")
+    plain = compose_run(*args)
+    texts = {n: (r.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+             for n, r in (("debug", debug), ("plain", plain))}  # fmt: skip
+    assert 'loc("x")' in texts["debug"] and "aot_api_programs.py" in texts["debug"]
+    assert "loc(" not in texts["plain"]
+    assert canonical_stablehlo(texts["debug"]) == canonical_stablehlo(want)
+    assert canonical_stablehlo(texts["debug"]) == canonical_stablehlo(texts["plain"])
+    hlo = [(r.run_dir / "lower" / "module.hlo.txt").read_text() for r in (debug, plain)]
+    assert "aot_api_programs.py" in hlo[0] and "aot_api_programs.py" not in hlo[1]
+    assert canonical_hlo(hlo[0]) == canonical_hlo(hlo[1])
+    assert debug.records["lower"].module_sha256 == plain.records["lower"].module_sha256
+
+
+# --- 10. differentiable exports ----------------------------------------------------------------
+
+
+def test_vjp_order_makes_the_export_differentiable(compose_run: Any) -> None:
+    x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
+    want = jax.grad(lambda v: jnp.sum(jnp.sin(v) + v))(x)  # JAX: d/dx of add(sin x, x)
+    result = compose_run(f"{T}:add", "program.args=[f32[3], f32[3]]", "lower.vjp_order=1",
+                         "stop_after=lower")  # fmt: skip
+    exp = jax.export.deserialize(
+        bytearray((result.run_dir / "lower" / "exported.bin").read_bytes())
+    )
+    got = jax.grad(lambda v: jnp.sum(exp.call(jnp.sin(v), v)))(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    plain = compose_run(f"{T}:add", "program.args=[f32[3], f32[3]]", "stop_after=lower")
+    exp0 = jax.export.deserialize(
+        bytearray((plain.run_dir / "lower" / "exported.bin").read_bytes())
+    )
+    with pytest.raises(ValueError, match="No VJP is available"):  # JAX: none was serialized
+        jax.grad(lambda v: jnp.sum(exp0.call(v, v)))(x)
