@@ -280,12 +280,10 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                                    meta=early))  # fmt: skip
         ctx.write("module.stablehlo.mlir", stablehlo)
         try:
-            ctx.write(
-                "module.hlo.txt",
-                memo.derived(
-                    same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
-                ),  # fmt: skip
+            hlo = memo.derived(
+                same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
             )
+            ctx.write("module.hlo.txt", hlo)
         except Exception as exc:  # some multi-platform lowerings have no single HLO form
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
         try:  # inside the mesh and metadata contexts: the export traces again
