@@ -30,7 +30,7 @@ import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +71,14 @@ PYTREE_ARGS = "_args_"
 # array aborts the process (SIGABRT in XLA's shape checks) instead of raising (issue 12).
 MAX_ARRAY_BYTES = 2**63 - 1
 
-_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*(~\s*weak)?\s*$")
+_TYPE_RE = re.compile(
+    r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([A-Za-z0-9_,\s*+\-]*)\]\s*(~\s*weak)?\s*$"
+)
+# A symbolic dimension (shape polymorphism, jax.export): a name or an expression of names and
+# ints as jax.export.symbolic_shape reads it (``b``, ``2*b``, ``b + 1``).
+_SYMBOLIC_DIM = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*$|^[A-Za-z0-9_\s*+\-]*[A-Za-z_][A-Za-z0-9_\s*+\-]*$"
+)
 # Something written like an array type (``name[dims]``) inside a longer override value, for
 # quoting it before Hydra parses the line. Any name, not only known dtypes: an unknown dtype or a
 # malformed shape should reach parse_type (which names it) rather than fail Hydra's grammar.
@@ -94,7 +101,7 @@ def canonical_dtype(name: str, where: str) -> str:
 class ArraySpec:
     """An abstract array argument and how execute fills it."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # ints; a str is a symbolic dimension (``b``, ``2*b``)
     dtype: str
     init: str = "normal"
     scale: float = 1.0
@@ -111,6 +118,17 @@ class ArraySpec:
 
     def __str__(self) -> str:
         return self.type_str
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(d, str) for d in self.shape)
+
+    def concrete(self, sizes: Mapping[str, int], where: str) -> ArraySpec:
+        """This spec with its symbolic dimensions evaluated with ``sizes`` (``compile.shapes``)."""
+        if not self.symbolic:
+            return self
+        return replace(self, shape=tuple(d if isinstance(d, int) else eval_dim(d, sizes, where)
+                                         for d in self.shape))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -235,8 +253,37 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+def symbols(dim: str) -> list[str]:
+    """The dimension variables of a symbolic dimension (``2*b + c`` -> ``[b, c]``)."""
+    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", dim)
+
+
+def eval_dim(dim: str, sizes: Mapping[str, int], where: str) -> int:
+    """The value of a symbolic dimension given its variables' sizes (``compile.shapes``)."""
+    missing = [v for v in symbols(dim) if v not in sizes]
+    if missing:
+        raise ConfigError(
+            f"compile.shapes: {where} has the symbolic dimension {dim!r}; expected a size for "
+            f"{', '.join(repr(m) for m in missing)} (e.g. compile.shapes={{{missing[0]}: 32}})"
+        )
+    expr = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: str(int(sizes[m.group(0)])), dim)
+    if not re.fullmatch(r"[0-9\s*+\-]+", expr) or "**" in expr:
+        raise ArgSpecError(f"{where}: cannot evaluate the symbolic dimension {dim!r}")
+    return int(eval(expr, {"__builtins__": {}}, {}))  # digits, + - * and spaces only
+
+
+def _dim(text: str, where: str) -> int | str:
+    if text.isdigit():
+        return int(text)
+    if not _SYMBOLIC_DIM.match(text):
+        raise ArgSpecError(f"{where}: cannot parse the dimension {text!r}")
+    return " ".join(text.split())
+
+
 def _check_size(spec: ArraySpec, where: str) -> ArraySpec:
     """Refuse an array whose element count or byte size overflows XLA's int64 shapes."""
+    if spec.symbolic:
+        return spec  # checked when the sizes are known (compile.shapes)
     elements = math.prod(spec.shape)
     if elements > MAX_ARRAY_BYTES or nbytes(spec.shape, spec.dtype) > MAX_ARRAY_BYTES:
         raise ArgSpecError(
@@ -272,7 +319,8 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
     if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
         raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
-    spec = ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where),
+    spec = ArraySpec(shape=tuple(_dim(d, where) for d in dims),
+                     dtype=canonical_dtype(m.group(1), where),
                      weak_type=m.group(3) is not None)  # fmt: skip
     return _check_size(spec, where)
 
@@ -292,7 +340,8 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
             f"{where}.init: expected one of {', '.join(INITS[:-1])} or a .npy path, found {init!r}"
         )
     if path is not None:
-        shape, dtype = _npy_header(path, f"{where}.init")
+        npy_shape, dtype = _npy_header(path, f"{where}.init")
+        shape: tuple[Any, ...] = npy_shape
         if "shape" in spec and tuple(spec["shape"]) != shape:
             raise ArgSpecError(
                 f"{where}.shape: {list(spec['shape'])} differs from {path!r}'s shape {list(shape)}"
@@ -305,9 +354,15 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         raw = spec["shape"]
         if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
             raise ArgSpecError(f"{where}.shape: expected a list of ints, found {raw!r}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
-            raise ArgSpecError(f"{where}.shape: expected non-negative ints, found {list(raw)}")
-        shape = tuple(raw)
+        if not all(
+            (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or isinstance(d, str)
+            for d in raw
+        ):
+            raise ArgSpecError(
+                f"{where}.shape: expected non-negative ints (or symbolic dimensions), found "
+                f"{list(raw)}"
+            )
+        shape = tuple(d if isinstance(d, int) else _dim(d, f"{where}.shape") for d in raw)
         dtype = canonical_dtype(spec.get("dtype", "float32"), f"{where}.dtype")
     for key in ("scale", "low", "high"):
         v = spec.get(key)
@@ -567,6 +622,19 @@ def bind(
     return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64})
 
 
+def concrete_bound(bound: BoundArgs, sizes: Mapping[str, int]) -> BoundArgs:
+    """``bound`` with every symbolic dimension evaluated with ``sizes`` (``compile.shapes``)."""
+    if not sizes:
+        return bound
+
+    def fix(path: str, leaf: Any) -> Any:
+        return leaf.concrete(sizes, path) if isinstance(leaf, ArraySpec) else leaf
+
+    args = tuple(map_tree(fix, a, f"program.args[{i}]") for i, a in enumerate(bound.args))
+    kwargs = {k: map_tree(fix, v, f"program.kwargs.{k}") for k, v in bound.kwargs.items()}
+    return replace(bound, args=args, kwargs=kwargs)
+
+
 def bind_config(cfg: JaxaotConfig, names_of_positions: Sequence[str] | None = None) -> BoundArgs:
     """:func:`bind` with the program, static and donation options of a typed config."""
     return bind(
@@ -604,7 +672,7 @@ def check_inputs_fit(bound: BoundArgs, memory: int | None = None) -> None:
     sizes = sorted(
         ((nbytes(leaf.shape, leaf.dtype), path)
          for top, tree in bound.traced_args() for path, leaf in leaves(tree, top)
-         if isinstance(leaf, ArraySpec)),
+         if isinstance(leaf, ArraySpec) and not leaf.symbolic),
         reverse=True,
     )  # fmt: skip
     total = sum(n for n, _ in sizes)
@@ -689,7 +757,9 @@ __all__ = [
     "bind_config",
     "canonical_dtype",
     "check_inputs_fit",
+    "concrete_bound",
     "dtype_bits",
+    "eval_dim",
     "leaves",
     "map_tree",
     "memory_bytes",
@@ -698,5 +768,6 @@ __all__ = [
     "parse_type",
     "quote_array_types",
     "short_name",
+    "symbols",
     "to_static_value",
 ]

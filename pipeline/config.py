@@ -48,6 +48,8 @@ class StageOutConfig:
     static_argnames: list[str] = field(default_factory=list)
     # [[axis_name, size], ...]: trace as a per-replica program with these named axes.
     axis_env: list[Any] | None = None
+    # Constraints on symbolic dimensions (``f32[b,512]``), as jax.export reads them: "b >= 16".
+    shape_constraints: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class CompileConfig:
     backend: str = "cpu"
     compiler_options: dict[str, Any] = field(default_factory=dict)
     num_devices: int | None = None
+    # Sizes of the symbolic dimensions of a polymorphic lowering: {b: 32} (issue 17).
+    shapes: dict[str, int] = field(default_factory=dict)
     # The most virtual CPU devices a run may start (pipeline.parallel.devices_to_start).
     max_devices: int = 512
 
@@ -245,6 +249,14 @@ def _check(cfg: JaxaotConfig) -> None:
             )
     if cfg.lower.platforms is not None and not cfg.lower.platforms:
         raise ConfigError("lower.platforms: expected at least one platform or null, found []")
+    for name, size in cfg.compile.shapes.items():
+        if not str(name).isidentifier() or isinstance(size, bool) or not isinstance(size, int):
+            raise ConfigError(
+                f"compile.shapes.{name}: expected a dimension variable and an int size, found "
+                f"{name!r}: {size!r}"
+            )
+        if size < 0:
+            raise ConfigError(f"compile.shapes.{name}: expected a size >= 0, found {size}")
     if cfg.lower.vjp_order < 0:
         raise ConfigError(f"lower.vjp_order: expected an int >= 0, found {cfg.lower.vjp_order}")
     if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:

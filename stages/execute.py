@@ -14,7 +14,7 @@ import io
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +290,10 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     cfg = ctx.cfg.execute
     if staged is None:
         raise JaxaotError("execute: no program arguments available (stage_out did not run)")
+    if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes (issue 17)
+        from pipeline.argspec import concrete_bound
+
+        staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
     if cfg.inputs is not None:
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:

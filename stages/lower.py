@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline import memo
@@ -274,7 +274,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         )
         donate = _flat_donations(staged)
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
-        if ctx.on_lowered is not None:  # lets the runner start compiling while we export
+        polymorphic = _has_symbolic(staged.args, kwargs)
+        if ctx.on_lowered is not None and not polymorphic:  # compile while we export
             ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
                                    module_sha256=module_sha, donate_argnums=donate,
                                    meta=early))  # fmt: skip
@@ -317,7 +318,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                            devices=early["nr_devices"])  # fmt: skip
     ctx.write_json("lowered.json", meta)
     ctx.metrics.update(platforms=list(platforms))
-    return Lowered(
+    record = Lowered(
         exported=exported,
         lowered=lowered,
         platforms=platforms,
@@ -325,6 +326,58 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate_argnums=donate,
         meta=meta,
     )
+    return for_compile(ctx, record) if polymorphic else record
+
+
+def _has_symbolic(*trees: Any) -> bool:
+    import jax
+
+    return any(not isinstance(d, int) for leaf in jax.tree_util.tree_leaves(trees)
+               for d in getattr(leaf, "shape", ()))  # fmt: skip
+
+
+def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
+    """A polymorphic lowering made concrete for ``compile.shapes`` (issue 17): the export
+    called at those sizes, exported again (JAX checks the shape constraints there). exported.bin
+    stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
+    or the lowering has no symbolic dimensions."""
+    import jax
+
+    from pipeline.argspec import symbols
+    from pipeline.config import STAGES
+    from pipeline.errors import one_line
+
+    exp = record.exported
+    later = STAGES.index(ctx.cfg.stop_after) >= STAGES.index("compile")
+    if exp is None or not later or not _has_symbolic(exp.in_avals):
+        return record
+    sizes = dict(ctx.cfg.compile.shapes)
+    used: dict[str, int] = {}
+    avals = []
+    for aval in exp.in_avals:
+        shape = []
+        for d in aval.shape:
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            names = symbols(str(d))
+            missing = [v for v in names if v not in sizes]
+            if missing:
+                raise ConfigError(
+                    f"compile.shapes: the lowering is polymorphic in {str(d)!r}; expected a size "
+                    f"for {', '.join(repr(m) for m in missing)} (e.g. compile.shapes="
+                    f"{{{missing[0]}: 32}}), or stop_after=lower"
+                )
+            used |= {v: sizes[v] for v in names}
+            shape.append(int(d._evaluate(sizes)))  # jax 0.10: no public evaluation of a dim
+        avals.append(jax.ShapeDtypeStruct(tuple(shape), aval.dtype, weak_type=aval.weak_type))
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, avals)
+    try:
+        concrete = jax.export.export(jax.jit(exp.call), platforms=exp.platforms)(*args, **kwargs)
+    except ValueError as exc:  # a shape constraint or a division that does not hold
+        raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
+    ctx.metrics.update(shapes=used)
+    return replace(record, exported=concrete, lowered=None, meta={**record.meta, "shapes": used})
 
 
 ARTIFACTS = ("module.stablehlo.mlir", "module.hlo.txt", "exported.bin", "cost_analysis.json",
@@ -351,14 +404,14 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         except (KeyError, FileNotFoundError):
             continue  # optional: HLO text / cost analysis are absent for some lowerings
     ctx.metrics.update(platforms=list(meta["platforms"]))
-    return Lowered(
+    return for_compile(ctx, Lowered(
         exported=exported,
         lowered=None,
         platforms=tuple(meta["platforms"]),
         module_sha256=meta["module_sha256"],
         donate_argnums=tuple(meta["donate_argnums"]),
         meta=meta,
-    )
+    ))  # fmt: skip
 
 
 def _cost(lowered: Any) -> dict[str, float] | None:

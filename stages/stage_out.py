@@ -13,7 +13,7 @@ import importlib
 import inspect
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +25,11 @@ from pipeline.argspec import (
     bind,
     bind_config,
     build,
+    leaves,
     to_static_value,
 )
 from pipeline.context import StageContext
-from pipeline.errors import JaxaotError, StageError, TargetError, one_line
+from pipeline.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
 from pipeline.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 
@@ -104,13 +105,29 @@ def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
     return [p.name for p in sig.parameters.values() if p.kind in kinds]
 
 
-def abstract_value(spec: ArraySpec | Literal) -> Any:
-    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar."""
+def abstract_value(spec: ArraySpec | Literal, scope: Any = None) -> Any:
+    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar.
+    Symbolic dimensions become jax.export's, in ``scope`` (one per run: shared variables)."""
     import jax
 
     if isinstance(spec, ArraySpec):
-        return jax.ShapeDtypeStruct(spec.shape, spec.dtype, weak_type=spec.weak_type)
+        shape: Any = spec.shape
+        if spec.symbolic:
+            shape = jax.export.symbolic_shape(",".join(map(str, spec.shape)), scope=scope)
+        return jax.ShapeDtypeStruct(shape, spec.dtype, weak_type=spec.weak_type)
     return spec.value
+
+
+def symbolic_scope(constraints: Sequence[str]) -> Any:
+    """jax.export's scope for a run's symbolic dimensions, with ``stage_out.shape_constraints``."""
+    import jax
+
+    try:
+        scope = jax.export.SymbolicScope(list(constraints))
+    except Exception as exc:
+        raise ConfigError(f"stage_out.shape_constraints: JAX refused {list(constraints)}: "
+                          f"{' '.join(str(exc).split())[:200]}") from None  # fmt: skip
+    return scope
 
 
 def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str], Any]:
@@ -128,12 +145,16 @@ def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str]
 
 
 def _as_args(
-    bound: BoundArgs, resolve: Callable[[str, str], Any] | None = None
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    bound: BoundArgs, resolve: Callable[[str, str], Any] | None = None,
+    constraints: Sequence[str] = (),
+) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
     resolve = resolve or class_resolver()
+    symbolic = any(isinstance(leaf, ArraySpec) and leaf.symbolic
+                   for _, tree in bound.traced_args() for _, leaf in leaves(tree))  # fmt: skip
+    scope = symbolic_scope(constraints) if symbolic else None
 
     def abstract(tree: Any, where: str) -> Any:
-        return build(tree, lambda _p, leaf: abstract_value(leaf),
+        return build(tree, lambda _p, leaf: abstract_value(leaf, scope),
                      lambda name, key: resolve(name, where + key))  # fmt: skip
 
     args = tuple(
@@ -176,6 +197,11 @@ def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
     from pipeline.argspec import short_name
 
     return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
+
+
+def _dims(shape: Any) -> list[int | str]:
+    """A shape as JSON: symbolic dimensions (shape polymorphism) by their text."""
+    return [d if isinstance(d, int) else str(d) for d in shape]
 
 
 def _describe(value: Any) -> str:
@@ -229,7 +255,7 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
             {
                 "path": where,
                 "type": _type_str(tuple(aval.shape), aval.dtype),
-                "shape": list(aval.shape),
+                "shape": _dims(aval.shape),
                 "dtype": str(aval.dtype),
                 "weak_type": bool(getattr(aval, "weak_type", False)),
                 "donated": donated or bool(getattr(info, "donated", False)),
@@ -239,7 +265,7 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
         {
             "path": jax.tree_util.keystr(path),
             "type": _type_str(tuple(o.shape), o.dtype),
-            "shape": list(o.shape),
+            "shape": _dims(o.shape),
             "dtype": str(o.dtype),
         }
         for path, o in jax.tree_util.tree_flatten_with_path(traced.out_info)[0]
@@ -287,7 +313,8 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
     if signature.get("parameters") is not None:  # static/donated options through the signature
         bound = _rebind(ctx.cfg, signature["parameters"])
-    args, kwargs = _as_args(bound, class_resolver(policy_of(ctx.cfg)))
+    args, kwargs = _as_args(bound, class_resolver(policy_of(ctx.cfg)),
+                            ctx.cfg.stage_out.shape_constraints)  # fmt: skip
     mesh = mesh_spec(ctx.cfg)
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
@@ -306,7 +333,8 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     fn = resolve_target(cfg.program.target, policy=policy_of(cfg))
     names = parameter_names(fn)
     bound = bind_config(cfg, names)
-    args, kwargs = _as_args(bound, class_resolver(policy_of(cfg)))
+    args, kwargs = _as_args(bound, class_resolver(policy_of(cfg)),
+                            cfg.stage_out.shape_constraints)  # fmt: skip
     jit_options = _jit_options(bound)
     mesh = mesh_spec(cfg)
     env = mesh if mesh is not None and mesh.per_replica else None

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipeline.argspec import concrete_bound
 from pipeline.errors import ConfigError, TargetError
 from stages.execute import load_outputs
 from stages.inputs import spec_inputs
@@ -31,7 +32,8 @@ def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
 def _inputs(result: Any) -> tuple[list[Any], dict[str, Any]]:
     """The inputs the run executed with (built again from its specs and seed)."""
     staged = result.records["stage_out"]
-    return spec_inputs(staged.bound, 0)
+    sizes = result.manifest["config"]["compile"]["shapes"]
+    return spec_inputs(concrete_bound(staged.bound, sizes), 0)
 
 
 def _same(got: Any, want: Any) -> None:
@@ -412,3 +414,42 @@ def test_vjp_order_makes_the_export_differentiable(compose_run: Any) -> None:
     )
     with pytest.raises(ValueError, match="No VJP is available"):  # JAX: none was serialized
         jax.grad(lambda v: jnp.sum(exp0.call(v, v)))(x)
+
+
+# --- 8. shape polymorphism ------------------------------------------------------------------
+
+POLY = (f"{T}:rows", "program.args=[f32[b,4]]", "stage_out.shape_constraints=['b >= 2']")
+
+
+def test_symbolic_dims_lower_once_and_compile_per_size(compose_run: Any) -> None:
+    # JAX: a symbolic leading dimension exports one polymorphic artifact, callable at any b >= 2.
+    scope = jax.export.SymbolicScope(["b >= 2"])
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4", scope=scope), jnp.float32)
+    want_exp = jax.export.export(jax.jit(progs.rows))(spec)
+    lowered = compose_run(*POLY, "stop_after=lower")
+    blob = (lowered.run_dir / "lower" / "exported.bin").read_bytes()
+    exp = jax.export.deserialize(bytearray(blob))
+    assert str(exp.in_avals) == str(want_exp.in_avals) == "(ShapedArray(float32[b,4]),)"
+    assert lowered.records["stage_out"].signature["inputs"][0]["shape"] == ["b", 4]
+    runs = {}
+    for b in (3, 5, 3):
+        runs[b] = compose_run(*POLY, f"+compile.shapes.b={b}", f"resume_from={lowered.run_dir}",
+                              "start_at=compile", "execute.check=reference",
+                              "execute.repeats=1")  # fmt: skip
+        assert runs[b].manifest["stages"]["lower"]["status"] == "resumed"  # lowered once
+        args, _ = _inputs(runs[b])
+        assert args[0].shape == (b, 4)
+        want = jax.jit(progs.rows)(*args)
+        _same(runs[b].records["execute"].outputs, want)
+        _same(runs[b].records["execute"].outputs, exp.call(*args))
+    assert runs[3].manifest["stages"]["compile"]["status"] == "cached"  # the second b=3
+    assert (
+        runs[5].manifest["stages"]["compile"]["key"] != runs[3].manifest["stages"]["compile"]["key"]
+    )
+
+
+def test_symbolic_sizes_are_checked(compose_run: Any) -> None:
+    with pytest.raises(ConfigError, match=r"compile\.shapes: the lowering is polymorphic in 'b'"):
+        compose_run(*POLY, "stop_after=compile")
+    with pytest.raises(ConfigError, match=r"compile\.shapes=\{'b': 1\}: .*b >= 2"):
+        compose_run(*POLY, "+compile.shapes.b=1", "stop_after=compile")
