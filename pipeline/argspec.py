@@ -358,10 +358,7 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
             (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or isinstance(d, str)
             for d in raw
         ):
-            raise ArgSpecError(
-                f"{where}.shape: expected non-negative ints (or symbolic dimensions), found "
-                f"{list(raw)}"
-            )
+            raise ArgSpecError(f"{where}.shape: expected non-negative ints, found {list(raw)}")
         shape = tuple(d if isinstance(d, int) else _dim(d, f"{where}.shape") for d in raw)
         dtype = canonical_dtype(spec.get("dtype", "float32"), f"{where}.dtype")
     for key in ("scale", "low", "high"):
