@@ -14,6 +14,7 @@ Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -169,7 +170,12 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             runner.close()
             jaxenv.restore_config(restore)  # a sweep's next job starts from the same settings
             manifest.extra["wall_seconds"] = round(time.perf_counter() - t_start, 6)
-            manifest.write()
+            try:
+                manifest.write()
+            except OSError as err:  # a full disk: keep the run's own error, if it has one
+                if sys.exc_info()[1] is None:
+                    raise
+                log.error("could not write %s: %s", manifest.path, err)
             if print_summary:
                 from .summary import render
 

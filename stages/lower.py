@@ -280,19 +280,22 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                                    module_sha256=module_sha, donate_argnums=donate,
                                    meta=early))  # fmt: skip
         ctx.write("module.stablehlo.mlir", stablehlo)
+        # Only making the texts and the export may fail softly; writing them may not (a full
+        # disk is the run's error, not a warning).
         try:
-            hlo = memo.derived(
+            hlo_text = memo.derived(
                 same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
             )
-            ctx.write("module.hlo.txt", hlo)
         except Exception as exc:  # some multi-platform lowerings have no single HLO form
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
+        else:
+            ctx.write("module.hlo.txt", hlo_text)
         try:  # inside the mesh and metadata contexts: the export traces again
             with ctx.capture_warnings():
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
                 pytree_types = _register_output_types(exported)
-            # vjp_order: the export carries that many orders of derivatives (issue 17).
-            ctx.write("exported.bin", bytes(exported.serialize(vjp_order=cfg.lower.vjp_order)))
+                # vjp_order: the export carries that many orders of derivatives (issue 17).
+                exported_bytes = bytes(exported.serialize(vjp_order=cfg.lower.vjp_order))
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(
@@ -300,6 +303,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
                 "run cannot resume from this lowering"
             )
+        else:
+            ctx.write("exported.bin", exported_bytes)
     cost = memo.derived(same, "cost_analysis", lambda: _cost(lowered))
     if cost:
         ctx.write_json("cost_analysis.json", cost)

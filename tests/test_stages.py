@@ -185,8 +185,8 @@ def test_exported_bin_and_executable_bin_load_and_compute_the_same(compose_run) 
 
 
 class _FullDisk:
-    """``os`` and ``tempfile`` for pipeline.fsutil alone: writing a file whose name contains
-    ``victim`` fails with ENOSPC, as write() does on a full disk (naming no file)."""
+    """``os`` for pipeline.fsutil alone: writing a file whose name contains ``victim`` fails
+    with ENOSPC, as write() does on a full disk (naming no file)."""
 
     def __init__(self, module: Any, victim: str, paths: dict[int, str]) -> None:
         self._module, self._victim, self._paths = module, victim, paths
@@ -194,10 +194,10 @@ class _FullDisk:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
 
-    def mkstemp(self, *args: Any, **kwargs: Any) -> tuple[int, str]:
-        fd, path = self._module.mkstemp(*args, **kwargs)
-        self._paths[fd] = path
-        return fd, path
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd: int = self._module.open(path, flags, *args, **kwargs)
+        self._paths[fd] = str(path)
+        return fd
 
     def fdopen(self, fd: int, *args: Any, **kwargs: Any) -> Any:
         real = self._module.fdopen(fd, *args, **kwargs)
@@ -217,20 +217,18 @@ class _FullDisk:
         return Full()
 
 
+@pytest.mark.parametrize("victim", ["module.stablehlo.mlir", "module.hlo.txt", "exported.bin"])
 def test_a_full_disk_names_the_file_it_could_not_write(
-    compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, victim: str
 ) -> None:
-    import tempfile
-
     from pipeline import fsutil
 
     paths: dict[int, str] = {}
-    monkeypatch.setattr(fsutil, "os", _FullDisk(os, "module.stablehlo.mlir", paths))
-    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "module.stablehlo.mlir", paths))
+    monkeypatch.setattr(fsutil, "os", _FullDisk(os, victim, paths))
     run_dir = tmp_path / "full"
     with pytest.raises(StageError) as info:
         compose_run(AXPY, run_dir=run_dir)
-    target = run_dir / "lower" / "module.stablehlo.mlir"
+    target = run_dir / "lower" / victim
     assert str(info.value) == (
         f"stage 'lower' failed: OSError: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: "
         f"{str(target)!r}"
@@ -245,13 +243,10 @@ def test_a_full_disk_names_the_file_it_could_not_write(
 def test_every_atomic_write_names_its_file_on_enospc(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import tempfile
-
     from pipeline import fsutil
 
     paths: dict[int, str] = {}
     monkeypatch.setattr(fsutil, "os", _FullDisk(os, "manifest.json", paths))
-    monkeypatch.setattr(fsutil, "tempfile", _FullDisk(tempfile, "manifest.json", paths))
     with pytest.raises(OSError) as info:
         fsutil.atomic_write_json(tmp_path / "manifest.json", {"status": "ok"})
     assert (info.value.errno, info.value.filename) == (
@@ -509,6 +504,27 @@ def test_errors_while_tracing_are_wrapped_naming_the_stage(compose_run) -> None:
     ) as info:
         compose_run("program.target=aot_programs:boom", "program.args=[f32[2]]")
     assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_manifest_that_cannot_be_written_at_the_end_keeps_the_runs_own_error(
+    compose_run, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk at the last manifest write must not hide why the run failed."""
+    from pipeline.manifest import Manifest
+
+    real, calls = Manifest.write, []
+
+    def write(self: Manifest) -> None:
+        calls.append(self.status)
+        if self.status == "failed":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        real(self)
+
+    monkeypatch.setattr(Manifest, "write", write)
+    with pytest.raises(StageError, match="boom while tracing"):
+        compose_run("program.target=aot_programs:boom", "program.args=[f32[2]]")
+    assert "failed" in calls
+    assert any("No space left" in r.getMessage() for r in caplog.records)
 
 
 def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
