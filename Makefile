@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.jaxaot-installed
-EXTRAS ?= dev,sweep
+EXTRAS ?= dev,sweep,tpu
 
 .PHONY: run test lint bench clean venv graphviz
 

@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import EXIT_DOES_NOT_FIT
 from .manifest import MANIFEST_NAME
 from .progress import (
     Heartbeat,
@@ -92,7 +93,8 @@ def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
         return "failed", 2, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     value = job_return._return_value
     if isinstance(value, JobOutcome):
-        return ("ok" if value.code == 0 else "failed"), value.code, value.error
+        status = {0: "ok", EXIT_DOES_NOT_FIT: "does_not_fit"}.get(value.code, "failed")
+        return status, value.code, value.error
     code = value if isinstance(value, int) else 0
     return ("ok" if code == 0 else "failed"), code, None
 
@@ -181,9 +183,10 @@ class SweepCallback(Callback):
             relay.stop()
         table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
         _last_failed = len(table.failed)
-        ok = len(table.rows) - _last_failed
+        ok = len(table.rows) - _last_failed - len(table.does_not_fit)
+        misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
         if self.report:
-            print(f"sweep: {len(table.rows)} jobs, {ok} ok, {_last_failed} failed; "
+            print(f"sweep: {len(table.rows)} jobs, {ok} ok{misfits}, {_last_failed} failed; "
                   f"report: {sweep_dir / MD_NAME}", flush=True)  # fmt: skip
         for r in table.failed:
             log.error("job %s failed: %s", r["job"], r.get("error") or r["status"])

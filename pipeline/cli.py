@@ -62,10 +62,11 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     except JaxaotError as exc:
         if _debug(cfg):
             traceback.print_exc()
-        print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
+        code = int(getattr(exc, "exit_code", 1))  # 3: does not fit (compile.topology)
+        print(f"jaxaot: {'error: ' if code == 1 else ''}{exc}", file=sys.stderr, flush=True)
         if _is_multirun():
-            return JobOutcome(1, str(exc))
-        sys.exit(1)
+            return JobOutcome(code, str(exc))
+        sys.exit(code)
     except Exception as exc:
         if _debug(cfg):
             traceback.print_exc()

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import ConfigError
 from .metadata import check_metadata
 from .parallel import check_parallel
+from .topology_config import check_topology, for_topology
 from .trust import check_imports
 
 STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
@@ -85,6 +86,9 @@ class CompileConfig:
     shapes: dict[str, int] = field(default_factory=dict)
     # The most virtual CPU devices a run may start (pipeline.parallel.devices_to_start).
     max_devices: int = 512
+    # A TPU topology to compile for without the hardware (pipeline/accelerators.py, issue 15).
+    topology: str | None = None
+    num_slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -279,6 +283,7 @@ def _check(cfg: JaxaotConfig) -> None:
     check_metadata(cfg)
     check_imports(cfg)
     _check_snapshot(cfg.snapshot)
+    check_topology(cfg)
 
 
 def _check_snapshot(snap: SnapshotConfig) -> None:
@@ -345,6 +350,7 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
     assert isinstance(typed, JaxaotConfig)
+    typed = for_topology(typed)
     _check(typed)
     return typed
 

@@ -42,6 +42,24 @@ class StageError(JaxaotError, RuntimeError):
         self.stage = stage
 
 
+class DoesNotFit(JaxaotError, RuntimeError):
+    """``compile.topology``: the program needs more HBM per device than the target has.
+
+    A result, not a crash (issue 15): the manifest's status is ``does_not_fit``, the CLI exits
+    with :data:`EXIT_DOES_NOT_FIT`, and ``fit`` holds the verdict (bytes needed, available).
+    """
+
+    run_status = "does_not_fit"
+    exit_code = 3
+
+    def __init__(self, message: str, fit: dict[str, object]) -> None:
+        super().__init__(message)
+        self.fit = fit
+
+
+EXIT_DOES_NOT_FIT = DoesNotFit.exit_code
+
+
 class CheckError(JaxaotError, AssertionError):
     """The execute stage's reference check exceeded its tolerance."""
 
@@ -68,10 +86,12 @@ class SnapshotMismatch(JaxaotError, AssertionError):
 
 
 __all__ = [
+    "EXIT_DOES_NOT_FIT",
     "ArgSpecError",
     "BackendError",
     "CheckError",
     "ConfigError",
+    "DoesNotFit",
     "JaxaotError",
     "SnapshotError",
     "SnapshotMismatch",

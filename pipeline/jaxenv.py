@@ -375,10 +375,18 @@ def start_backends(backend: str = "cpu") -> None:
 
 def devices(backend: str) -> list[Any]:
     """The devices of ``backend``, or a BackendError that says how to lower for it instead."""
+    import contextlib
+
     import jax
 
+    from .accelerators import quiet_libtpu
+
+    # With libtpu installed (jaxaot[tpu]) a host without TPUs gets its start-up noise on
+    # stderr when the tpu backend is tried (issue 15).
+    quiet = quiet_libtpu() if backend == "tpu" else contextlib.nullcontext()
     try:
-        return list(jax.devices(backend))
+        with quiet:
+            return list(jax.devices(backend))
     except RuntimeError as exc:
         present = sorted({d.platform for d in jax.devices()})
         raise BackendError(
@@ -387,6 +395,17 @@ def devices(backend: str) -> list[Any]:
             f"lower.platforms=[{platform_of(backend)}] stop_after=lower, then resume on the "
             f"target machine with start_at=compile ({str(exc).splitlines()[0]})"
         ) from None
+
+
+def target_info(topology: str, num_slices: int = 1) -> dict[str, Any]:
+    """:func:`backend_info` for ``compile.topology``: libtpu's compile-only devices of that
+    topology, with the topology name, slice count and libtpu version (issue 15)."""
+    import jax
+
+    from .accelerators import resolve, topology_info
+
+    info = topology_info(resolve(topology, num_slices))
+    return info | {"jax": jax.__version__, "jaxlib": _jaxlib_version()}
 
 
 def backend_info(backend: str) -> dict[str, Any]:
@@ -454,6 +473,8 @@ __all__ = [
     "platform_of",
     "restore_config",
     "run_config",
+    "start_backends",
+    "target_info",
     "versions",
     "xla_flags",
 ]

@@ -103,11 +103,30 @@ def _memory(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]]) -
             ax.bar(pos, vals, width, bottom=bottom, color=color, edgecolor="black",
                    linewidth=0.4, label=name if i == 0 else None)  # fmt: skip
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    _hbm(ax, xs, param, groups, width)
     ax.set_title("memory (stacked)", fontsize=9)
     top = ax.get_ylim()[1]
     if top > 0:  # ticks on powers of two, so they read as round KiB/MiB
         ax.yaxis.set_major_locator(MultipleLocator(2 ** math.floor(math.log2(top / 4))))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
+
+
+def _hbm(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]], width: float) -> None:
+    """compile.topology (issue 15): each bar's HBM per device as a dashed line, and what a job
+    that does not fit needed as a red outline (it has no memory analysis to stack)."""
+    labels = {"avail": "HBM per device", "need": "needed (does not fit)"}  # each shown once
+    for i, rows in enumerate(groups.values()):
+        pos = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(xs))]
+        for p, x in zip(pos, xs, strict=True):
+            avail = _value(rows, x, param, lambda r: r.get("compile.hbm_bytes_available"))
+            if avail:
+                ax.hlines(avail, p - width / 2, p + width / 2, colors="black", linestyles="--",
+                          label=labels.pop("avail", "_nolegend_"))  # fmt: skip
+            need = _value(rows, x, param, lambda r: r.get("compile.hbm_bytes_needed")
+                          if r["status"] == "does_not_fit" else None)  # fmt: skip
+            if need:
+                ax.bar(p, need, width, fill=False, edgecolor="red", hatch="xx",
+                       label=labels.pop("need", "_nolegend_"))  # fmt: skip
 
 
 def _figure(table: SweepTable, param: str) -> Figure:

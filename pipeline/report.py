@@ -51,9 +51,18 @@ METRICS: dict[str, tuple[str, str]] = {
     "execute.stddev_s": ("execute", "stddev_s"),
     "execute.flops_per_s": ("execute", "flops_per_s"),
 }
+# compile.topology's verdict (issue 15): columns only in sweeps that have a topology job.
+_TOPOLOGY_FIELDS = ("topology", "fits", "hbm_bytes_needed", "hbm_bytes_available",
+                    "headroom_bytes", "est_step_s", "collectives", "collective_bytes")  # fmt: skip
+TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
+    f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
+}
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("status", "seconds"))
 # Every numeric column: what an autotuning objective may name.
-NUMERIC_COLUMNS: tuple[str, ...] = tuple(f"{s}.seconds" for s in STAGES) + tuple(METRICS)
+NUMERIC_COLUMNS: tuple[str, ...] = (tuple(f"{s}.seconds" for s in STAGES) + tuple(METRICS)
+                                    + ("compile.hbm_bytes_needed", "compile.est_step_s"))  # fmt: skip
+# A job whose program does not fit its topology is a result, not a failure (issue 15).
+RESULT_STATUSES: tuple[str, ...] = ("ok", "does_not_fit")
 
 
 @dataclass
@@ -70,12 +79,23 @@ class SweepTable:
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["status"] != "ok"]
+        return [r for r in self.rows if r["status"] not in RESULT_STATUSES]
+
+    @property
+    def does_not_fit(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] == "does_not_fit"]
+
+    @property
+    def topology(self) -> bool:
+        """Whether any job compiled for a ``compile.topology`` (its verdict columns show)."""
+        return any(r.get("compile.fits") is not None for r in self.rows)
 
     @property
     def columns(self) -> list[str]:
         best = ["best"] if self.autotune else []
-        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, "error", "dir"]
+        topo = list(TOPOLOGY_METRICS) if self.topology else []
+        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, *topo, "error",
+                "dir"]  # fmt: skip
 
 
 def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
@@ -85,9 +105,14 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
     for s in STAGES:
         row[f"{s}.status"] = stages.get(s, {}).get("status")
         row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
-    for col, (stage, metric) in METRICS.items():
+    for col, (stage, metric) in (METRICS | TOPOLOGY_METRICS).items():
+        value = stages.get(stage, {}).get("metrics", {}).get(metric)
         # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
-        row[col] = measured(stages.get(stage, {}).get("metrics", {}).get(metric))
+        row[col] = (
+            measured(value)
+            if isinstance(value, int | float) and not isinstance(value, bool)
+            else value
+        )
     return row
 
 
@@ -116,7 +141,7 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 def _status(record: dict[str, Any] | None, manifest: dict[str, Any] | None) -> str:
     if record:
         return str(record.get("status", "failed"))
-    if manifest and manifest.get("status") in ("ok", "failed", "interrupted"):
+    if manifest and manifest.get("status") in ("ok", "failed", "interrupted", "does_not_fit"):
         return str(manifest["status"])
     return "incomplete"  # started, never finished: killed or still running
 
@@ -200,11 +225,25 @@ def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
     return str(fmt(r.get(col)))
 
 
+def _topology_cells(r: dict[str, Any]) -> list[str]:
+    fits = r.get("compile.fits")
+    coll = r.get("compile.collectives")
+    return [
+        r.get("compile.topology") or "-",
+        "-" if fits is None else ("yes" if fits else "**no**"),
+        human_bytes(r.get("compile.hbm_bytes_needed")),
+        human_bytes(r.get("compile.hbm_bytes_available")),
+        human_seconds(r.get("compile.est_step_s")),
+        "-" if coll is None else f"{coll} ({human_bytes(r.get('compile.collective_bytes'))})",
+    ]
+
+
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
-    n_ok = len(table.rows) - len(table.failed)
+    n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
     lines = [f"# Sweep report: {table.sweep_dir}", ""]
-    lines.append(f"{len(table.rows)} jobs: {n_ok} ok, {len(table.failed)} failed.")
+    misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
+    lines.append(f"{len(table.rows)} jobs: {n_ok} ok{misfits}, {len(table.failed)} failed.")
     if table.fixed:
         lines.append(f"Fixed overrides: `{' '.join(table.fixed)}`.")
     best = (table.autotune or {}).get("best")
@@ -223,6 +262,8 @@ def to_markdown(table: SweepTable) -> str:
     lines.append("")
     head = ["job", *(names[k] for k in table.varying), "status", *(s for s in STAGES),
             "FLOPs", "bytes accessed", "arg", "out", "temp", "code", "exec median", "FLOP/s",
+            *(("target", "fits", "HBM needed", "HBM available", "est. step (roofline)",
+               "collectives") if table.topology else ()),
             "error"]  # fmt: skip
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -237,6 +278,7 @@ def to_markdown(table: SweepTable) -> str:
                              "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes")),
                  _metric(r, "execute.median_s", human_seconds),
                  _metric(r, "execute.flops_per_s", human_count),
+                 *(_topology_cells(r) if table.topology else ()),
                  (r.get("error") or "")[:160]]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:

@@ -133,8 +133,14 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
                 if first <= STAGES.index("compile") <= last:
                     store.check_trusted()  # a store others can write to: one line, before work
+                comp = typed.compile
+                if comp.topology and first == STAGES.index("execute"):
+                    from stages.topology import check_resume
+
+                    check_resume(comp)  # a topology's executable runs on a TPU host only
                 if STAGES.index("compile") <= last:
-                    manifest.backend = jaxenv.backend_info(typed.compile.backend)
+                    manifest.backend = (jaxenv.target_info(comp.topology, comp.num_slices)
+                                        if comp.topology else jaxenv.backend_info(comp.backend))  # fmt: skip
                 for i, stage in enumerate(STAGES):
                     current, t_stage = stage, time.perf_counter()
                     phase = f"stage {stage!r}"
@@ -146,6 +152,13 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                         manifest.stages[stage] = {"status": "skipped", "seconds": 0.0,
                                                   "artifacts": {}}  # fmt: skip
                 current, phase = None, "the graph and snapshot step"
+                if comp.topology and records.get("compile") is not None:
+                    from stages.topology import EXECUTE_NOTE, fit_of
+
+                    if manifest.stages.get("execute", {}).get("status") == "skipped":
+                        manifest.stages["execute"]["note"] = EXECUTE_NOTE
+                    # The verdict, in the manifest; DoesNotFit (exit code 3) when it is no.
+                    manifest.extra["fit"] = fit_of(records["compile"], comp)
                 from .snapshot import after_run
 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
@@ -154,7 +167,9 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 _record_unfinished(manifest, current, "failed", t_stage)
                 raise StageError(current or "set-up", exits.describe_exit(exc)) from exc
         except Exception as exc:
-            manifest.status, manifest.error = "failed", one_line(exc)
+            manifest.status, manifest.error = getattr(exc, "run_status", "failed"), one_line(exc)
+            if getattr(exc, "fit", None) is not None:
+                manifest.extra["fit"] = exc.fit  # type: ignore[attr-defined]
             raise
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
             _record_unfinished(manifest, current, "interrupted", t_stage)
@@ -291,8 +306,13 @@ class _Runner:
                     "ran",
                     {},
                 )
-        except JaxaotError:
-            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+        except JaxaotError as exc:
+            if getattr(exc, "fit", None) is not None:  # DoesNotFit: the verdict's figures
+                from stages.topology import metrics
+
+                ctx.metrics.update(metrics({"fit": exc.fit}))  # type: ignore[attr-defined]
+            status = getattr(exc, "run_status", "failed")
+            self.manifest.record_stage(ctx, status, time.perf_counter() - t0)
             raise
         except Exception as exc:
             self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)

@@ -46,6 +46,21 @@ def human_seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
+def _topology_details(m: dict[str, Any]) -> list[str]:
+    """``compile.topology``'s fit verdict, collectives and roofline estimate (issue 15)."""
+    if m.get("fits") is None:
+        return []
+    need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
+    parts = [f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {human_bytes(need)} of "
+             f"{human_bytes(have)} HBM per device ({m.get('topology')})"]  # fmt: skip
+    if m.get("collectives") is not None:
+        parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
+    if m.get("est_step_s") is not None:
+        parts.append(f"est. step >= {human_seconds(m['est_step_s'])} ({m.get('est_bound')}-bound "
+                     "roofline estimate)")  # fmt: skip
+    return parts
+
+
 def _details(stage: str, m: dict[str, Any]) -> str:
     """One line per stage from its metrics; empty for a stage that failed before it had any."""
     if not m:
@@ -74,6 +89,7 @@ def _details(stage: str, m: dict[str, Any]) -> str:
                 f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
                 f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
             )
+        parts += _topology_details(m)
         if m.get("mesh"):
             parts.append(
                 f"mesh {m['mesh']}: sharded in {m.get('sharded_inputs')}/{m.get('inputs')}, "
@@ -100,8 +116,11 @@ def render(manifest: dict[str, Any]) -> str:
     head = f"jaxaot · {prog['name']} ({prog['target']})"
     if be:
         head += f" · {be.get('platform')} x{be.get('device_count')} ({be.get('device_kind')})"
+        if be.get("topology"):  # compile.topology: libtpu's compile-only devices
+            head += f" · topology {be['topology']}, compile only"
     rows = [(s, r["status"], "-" if r["status"] == "skipped" else human_seconds(r.get("seconds")),
-             _details(s, r.get("metrics", {}))) for s, r in manifest["stages"].items()]  # fmt: skip
+             _details(s, r.get("metrics", {})) or r.get("note", ""))
+            for s, r in manifest["stages"].items()]  # fmt: skip
     widths = [
         max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
     ]
@@ -113,7 +132,8 @@ def render(manifest: dict[str, Any]) -> str:
     for w in manifest.get("warnings", []):
         lines.append(f"warning: {w}")
     if manifest.get("error"):
-        lines.append(f"error: {manifest['error']}")
+        label = "verdict" if manifest.get("status") == "does_not_fit" else "error"
+        lines.append(f"{label}: {manifest['error']}")
     return "\n".join(lines)
 
 

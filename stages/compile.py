@@ -70,6 +70,8 @@ class Target:
     convention: Convention
     lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
     device_assignment: tuple[Any, ...] | None = None
+    # The whole compile, where it is not ``lower().compile()``: a topology's (issue 15).
+    compile_job: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,18 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     lowering when there is one for exactly this platform, else the export."""
     import jax
 
+    if cfg.topology:  # issue 15: through the export, onto libtpu's compile-only devices
+        from . import topology
+
+        job = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
+        exp = lowered.exported
+
+        def no_lowering() -> Any:
+            raise AssertionError("a topology compile is its compile_job")
+
+        return Target(form="topology", module_sha256=sha256_bytes(bytes(exp.serialize())),
+                      convention=export_conventions(lowered)[1], lower=no_lowering,
+                      compile_job=job)  # fmt: skip
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
@@ -275,6 +289,11 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
     from jax.experimental import serialize_executable
 
     cfg = ctx.cfg.compile
+    if cfg.topology:  # issue 15: compile-only devices cannot load it; a TPU host can
+        from . import topology
+
+        if not topology.tpu_present():
+            return topology.load(ctx, lowered, read, ARTIFACTS, _record(lowered, cfg.backend))
     files: dict[str, bytes] = {}
     for name in ARTIFACTS:  # each read (and hash check) once
         try:
@@ -317,6 +336,14 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
                     memory=memory)  # fmt: skip
 
 
+def _record(lowered: Lowered, backend: str) -> Callable[..., Compiled]:
+    def record(compiled: Any, cost: Any, memory: Any) -> Compiled:
+        return Compiled(compiled=compiled, lowered=lowered, backend=backend, cost=cost,
+                        memory=memory)  # fmt: skip
+
+    return record
+
+
 def _metrics(
     ctx: StageContext, cost: dict[str, float] | None, memory: dict[str, int] | None
 ) -> None:
@@ -345,6 +372,8 @@ def _mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
 def start(cfg: Any, target: Target) -> Callable[[], Any]:
     """The compile of ``target`` (from :func:`prepare`) to run, possibly on a thread: XLA
     releases the GIL while it compiles."""
+    if target.compile_job is not None:  # a topology's compile (issue 15)
+        return target.compile_job
     options = dict(cfg.compiler_options)
 
     def compile_now() -> Any:
@@ -366,6 +395,10 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
     cfg = ctx.cfg.compile
     if compiled is None:
         compiled = start(cfg, target or prepare(cfg, lowered))()
+    if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
+        from . import topology
+
+        return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")
     if lowered.meta.get("mesh"):
         shardings = describe_shardings(compiled)

@@ -1,0 +1,143 @@
+"""jaxaot vs a plain-JAX script compiling one program for a TPU topology, whole processes.
+
+Both sides compile ``experiment=decoder_8b``'s program (the rematerialized transformer step
+of ``jaxaot_examples.decoder``, bf16 parameters as ShapeDtypeStructs, FSDP x tensor-parallel
+shardings on a 2-D mesh) for the same libtpu topology, each in a fresh Python process, side by
+side, ``--repeats`` times each (alternating, store off): wall time and peak RSS per process,
+and the ratio of the medians. The plain script is what a user writes without jaxaot:
+``get_topology_desc`` -> ``make_mesh`` -> ``jit(...).lower(...).compile()``, then the memory
+analysis.
+
+    python bench/topology_compile.py                       # 8B-class, v6e:16x16, mesh 16x16
+    python bench/topology_compile.py --scale small         # 2 layers, d_model 1024: seconds
+    python bench/topology_compile.py --topology v5e:4x4 --mesh 4,4 --scale small
+
+Timings on a shared CPU are noisy: report the medians with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (layers, d_model, heads, d_head, d_ff, vocab, batch, seq)
+SCALES = {
+    "8b": (32, 4096, 32, 128, 16384, 128256, 64, 2048),
+    "small": (2, 1024, 16, 64, 4096, 32768, 64, 512),
+}
+
+_PLAIN = r"""
+import sys, json
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxaot_examples.decoder import train_step
+
+L, D, H, K, F, V, B, T = {dims}
+topo = topologies.get_topology_desc(platform="tpu", topology_name="{topology}",
+                                    chip_config_name="{chip_config}")
+mesh = topologies.make_mesh(topo, {mesh}, ("fsdp", "model"))
+def s(shape, spec, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(*spec)))
+params = {{
+    "embed": s((V, D), ("model", "fsdp")),
+    "layers": {{
+        "ln1": s((L, D), ()), "ln2": s((L, D), ()),
+        "wq": s((L, D, H, K), (None, "fsdp", "model")), "wk": s((L, D, H, K), (None, "fsdp", "model")),
+        "wv": s((L, D, H, K), (None, "fsdp", "model")), "wo": s((L, H, K, D), (None, "model", None, "fsdp")),
+        "w1": s((L, D, F), (None, "fsdp", "model")), "w2": s((L, F, D), (None, "model", "fsdp")),
+    }},
+    "ln_f": s((D,), ()),
+    "unembed": s((D, V), ("fsdp", "model")),
+}}
+tokens = s((B, T), ("fsdp", None), jnp.int32)
+out = (jax.tree.map(lambda x: x.sharding, params), NamedSharding(mesh, P()))
+lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()))
+compiled = jax.jit(train_step, out_shardings=out, donate_argnums=0).lower(
+    params, tokens, tokens, lr).compile()
+m = compiled.memory_analysis()
+print(json.dumps({{"temp": m.temp_size_in_bytes, "argument": m.argument_size_in_bytes}}))
+"""
+
+
+def _run(cmd: list[str], cwd: Path) -> tuple[float, float, int, int, str]:
+    """(wall s, CPU s, peak RSS bytes, exit code, output tail) of one whole process."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime  # less sensitive than wall to a shared CPU's load
+    return wall, cpu, usage.ru_maxrss * 1024, proc.returncode, out[-400:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--topology", default="v6e:16x16")
+    ap.add_argument("--mesh", default="16,16", help="fsdp,model sizes")
+    ap.add_argument("--scale", choices=sorted(SCALES), default="8b")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO))  # this checkout's pipeline, not an installed one
+    from pipeline.accelerators import resolve
+
+    target = resolve(args.topology)
+    mesh = tuple(int(n) for n in args.mesh.split(","))
+    dims = SCALES[args.scale]
+    L, D, H, K, F, V, B, T = dims
+    plain = _PLAIN.format(dims=dims, topology=target.topology, mesh=mesh,
+                          chip_config=target.generation.chip_config)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "plain.py").write_text(plain)
+        jaxaot = [sys.executable, "-m", "pipeline.cli", "experiment=decoder_8b",
+                  f"compile.topology={target.topology}", f"mesh.shape=[{mesh[0]},{mesh[1]}]",
+                  "store.enabled=false", f"hydra.run.dir={work / 'run'}",
+                  "hydra.job_logging.root.level=WARNING",
+                  f"program.args.0.embed.shape=[{V},{D}]", f"program.args.0.unembed.shape=[{D},{V}]",
+                  f"program.args.0.ln_f.shape=[{D}]",
+                  f"program.args.0.layers.ln1.shape=[{L},{D}]",
+                  f"program.args.0.layers.ln2.shape=[{L},{D}]",
+                  *(f"program.args.0.layers.{w}.shape=[{L},{D},{H},{K}]" for w in ("wq", "wk", "wv")),
+                  f"program.args.0.layers.wo.shape=[{L},{H},{K},{D}]",
+                  f"program.args.0.layers.w1.shape=[{L},{D},{F}]",
+                  f"program.args.0.layers.w2.shape=[{L},{F},{D}]",
+                  f"program.args.1.shape=[{B},{T}]", f"program.args.2.shape=[{B},{T}]"]  # fmt: skip
+        sides = {"plain JAX": [sys.executable, str(work / "plain.py")], "jaxaot": jaxaot}
+        results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in sides}
+        for i in range(args.repeats):
+            for name, cmd in sides.items():
+                wall, cpu, rss, rc, tail = _run(cmd, work)
+                if rc not in (0, 3):
+                    print(f"{name} failed (rc={rc}):\n{tail}", file=sys.stderr)
+                    return 1
+                results[name].append((wall, cpu, rss))
+                print(f"  run {i + 1} {name:<9} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
+                      f"peak RSS {rss / 2**20:7.0f} MiB"
+                      f"{'  (does not fit)' if rc == 3 else ''}", flush=True)  # fmt: skip
+    med = {k: (statistics.median(w for w, _, _ in v), statistics.median(c for _, c, _ in v),
+               max(r for _, _, r in v)) for k, v in results.items()}  # fmt: skip
+    print(f"\n{args.scale} decoder on {target.topology}, mesh {mesh}, {args.repeats} runs each "
+          f"(load avg {os.getloadavg()[0]:.1f})")  # fmt: skip
+    print("| side | median wall | median CPU | peak RSS |\n|---|---|---|---|")
+    for k, (w, c, r) in med.items():
+        print(f"| {k} | {w:.2f} s | {c:.2f} s | {r / 2**20:.0f} MiB |")
+    wall = med["jaxaot"][0] / med["plain JAX"][0]
+    cpu = med["jaxaot"][1] / med["plain JAX"][1]
+    print(f"\njaxaot / plain JAX: wall {wall:.3f}x, CPU {cpu:.3f}x (target <= 1.05x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""The compile stage for a described TPU topology: hardware that is not there (issue 15).
+
+With ``compile.topology`` (and libtpu installed) the program compiles on this host for libtpu's
+compile-only devices of that topology: the real TPU-optimized HLO, per-device memory and cost
+analysis, and a serializable executable. The mesh is laid over the topology's devices; the
+compile goes through the lowering's ``jax.export`` (its shardings rebound to those devices),
+since the live lowering is bound to this host's backend.
+
+On top of what any compile writes, ``compiled.json`` (and the stage's metrics) carry the
+**fit verdict** (HBM needed per device vs what XLA allows on the generation), the collectives
+of the optimized HLO, and a roofline **estimate** of the step time. XLA refusing the program
+for HBM is a verdict too (:class:`pipeline.errors.DoesNotFit`), not a crash.
+
+The executable cannot be loaded here (a compile-only client cannot deserialize): a store hit
+or a resumed compile serves the verified artifacts and the verdict, with no live executable;
+a TPU host loads it like any other (``resume_from=<run> start_at=execute``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.accelerators import GiB, Target, quiet_libtpu, resolve, topology_devices
+from pipeline.context import StageContext
+from pipeline.errors import BackendError, DoesNotFit, StageError
+from pipeline.hlo_parse import parse_hlo
+from pipeline.parallel import MeshSpec
+
+from .lower import Lowered
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
+                 "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                 "c128": 16}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+# XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
+# temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
+_HBM_REJECT = re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)")
+# and, from its memory-space assignment: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ...
+# Ran out of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity ..."
+_HBM_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
+_UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+# The execute stage of a compile.topology run: recorded as skipped, with this note.
+EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a TPU host with "
+                "resume_from=<this run> start_at=execute")  # fmt: skip
+
+
+def target_of(cfg: Any) -> Target:
+    """The run's target from the typed ``compile`` config."""
+    return resolve(cfg.topology, cfg.num_slices)
+
+
+def _mesh(mesh: MeshSpec, devs: list[Any]) -> Any:
+    """The mesh over the topology's devices in physical order (``jax.make_mesh``), or, when no
+    axis of the physical torus matches a mesh axis (32 x 8 on a 16 x 16 torus), with physical
+    axes split between mesh axes."""
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
+
+    from .parallel import concrete_mesh
+
+    try:
+        return concrete_mesh(mesh, devs)
+    except NotImplementedError:
+        grid = mesh_utils.create_device_mesh(mesh.shape, devs, allow_split_physical_axes=True)
+        types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+        return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
+def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
+    """A multi-slice mesh: the first axis spans the slices (over DCN), the rest stays in each
+    slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
+    import jax
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType
+
+    ici = (mesh.shape[0] // num_slices, *mesh.shape[1:])
+    dcn = (num_slices,) + (1,) * (len(mesh.shape) - 1)
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devs)
+    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+    return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+
+
+def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, Any]:
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    exp = lowered.exported
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    if mesh is None or mesh.size == 1:
+        one = SingleDeviceSharding(devs[0])
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, [one] * len(exp.in_avals))
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, [one] * len(exp.out_avals))
+    else:
+        concrete = _mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
+    return {"in_shardings": ins[0], "out_shardings": outs}
+
+
+def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
+    """The lowering's export compiled for ``target``'s compile-only devices."""
+    import jax
+
+    exp = lowered.exported
+    devs = topology_devices(target)
+    jitted = jax.jit(
+        exp.call,
+        donate_argnums=lowered.donate_argnums,
+        **_shardings(lowered, devs, target.num_slices),
+    )
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    with quiet_libtpu():
+        traced = jitted.trace(*args, **kwargs)
+        return traced.lower(lowering_platforms=("tpu",)).compile(compiler_options=options or None)
+
+
+def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
+    """Like ``stages.compile.start`` for a topology: check, then return the compile to run."""
+    target = target_of(cfg)
+    if "tpu" not in lowered.platforms:
+        raise BackendError(
+            f"compile.topology={cfg.topology}: the program was lowered for "
+            f"{list(lowered.platforms)}; expected tpu among lower.platforms"
+        )
+    if lowered.exported is None:
+        # Also the runner's compile-ahead, before the export exists: it leaves the compile to
+        # the compile stage, which has the export.
+        raise StageError(
+            "compile",
+            f"compile.topology={cfg.topology} compiles through the lowering's jax.export, and "
+            "there is none (see lower's warnings)",
+        )
+    topology_devices(target)  # a clear error without libtpu, before the worker thread
+    options = dict(cfg.compiler_options)
+
+    def compile_now() -> Any:
+        try:
+            return compile_for(lowered, target, options)
+        except Exception as exc:
+            verdict = rejected_for_hbm(exc, target)
+            if verdict is None:
+                raise
+            raise verdict from None
+
+    return compile_now
+
+
+def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
+    """XLA's ``RESOURCE_EXHAUSTED ... exceeds available HBM`` as a :class:`DoesNotFit`."""
+    text = " ".join(str(exc).split())
+    m = _HBM_REJECT.search(text) or _HBM_OOM.search(text)
+    if "RESOURCE_EXHAUSTED" not in text or m is None:
+        return None
+    needed = int(float(m[1]) * _UNIT[m[2]])
+    available = int(float(m[3]) * _UNIT[m[4]])
+    fit = verdict(target, needed, available, source="xla")
+    return DoesNotFit(does_not_fit_message(fit), fit)
+
+
+def verdict(target: Target, needed: int, available: int | None = None,
+            source: str = "memory_analysis") -> dict[str, Any]:  # fmt: skip
+    """The fit verdict: bytes needed and available per device, whether it fits, headroom."""
+    avail = target.generation.hbm_usable_bytes if available is None else available
+    return {
+        "topology": target.topology,
+        "generation": target.generation.name,
+        "devices": target.devices,
+        "hbm_bytes_needed": needed,
+        "hbm_bytes_available": avail,
+        "fits": needed <= avail,
+        "headroom_bytes": avail - needed,
+        "headroom_fraction": round((avail - needed) / avail, 6),
+        "source": source,  # memory_analysis (argument+output+temp+code-alias) or xla (rejected)
+    }
+
+
+def does_not_fit_message(fit: dict[str, Any]) -> str:
+    need, have = fit["hbm_bytes_needed"] / GiB, fit["hbm_bytes_available"] / GiB
+    return (f"does not fit: needs {need:.1f} GiB of {have:.2f} GiB per device "
+            f"({fit['generation']}, {fit['topology']})")  # fmt: skip
+
+
+def needed_bytes(memory: dict[str, int]) -> int:
+    """HBM one device holds while the step runs: arguments, outputs, temporaries and code, less
+    the outputs that alias (donated) arguments. XLA's own compile-time check (which it words
+    "HLO temporaries", though it counts arguments too) rejects most programs past the HBM
+    first; this is the same sum from its memory analysis, to report headroom."""
+    return (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
+            + memory.get("temp_size_in_bytes", 0) + memory.get("generated_code_size_in_bytes", 0)
+            - memory.get("alias_size_in_bytes", 0))  # fmt: skip
+
+
+def _array_bytes(shape: str) -> list[float]:
+    out = []
+    for dtype, dims in _ARRAY.findall(shape):
+        size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
+        if size is None:
+            continue
+        n = 1
+        for d in dims.split(","):
+            n *= int(d) if d else 1
+        out.append(n * size)
+    return out
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
+    """Count and result bytes per device of each collective in the optimized HLO.
+
+    Async pairs (``all-gather-start``/``-done``) count once, at the start; a start's tuple
+    shape holds its operand and result, so its largest array is taken. A variadic collective's
+    tuple result is summed.
+    """
+    found = {name: {"count": 0, "bytes": 0.0} for name in COLLECTIVES}
+    for comp in parse_hlo(hlo_text).values():
+        for ins in comp.instructions:
+            op = ins.opcode.removesuffix("-start")
+            if op not in found or ins.opcode.endswith("-done"):
+                continue
+            sizes = _array_bytes(ins.shape)
+            found[op]["count"] += 1
+            found[op]["bytes"] += (max(sizes) if ins.opcode.endswith("-start") else sum(sizes)) \
+                if sizes else 0.0  # fmt: skip
+    return found
+
+
+def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | None:
+    """An ESTIMATE of one step per device: max(FLOPs / peak bf16, bytes accessed / HBM
+    bandwidth), from XLA's cost analysis and the published peaks. No collectives, no overlap
+    model, no measured efficiency: a lower bound to compare configurations, not a prediction."""
+    if not cost or cost.get("flops") is None:
+        return None
+    gen = target.generation
+    flops, moved = float(cost["flops"]), float(cost.get("bytes accessed", 0.0))
+    compute_s, memory_s = flops / gen.peak_bf16_flops, moved / gen.hbm_bandwidth
+    return {
+        "estimate": True,
+        "flops": flops,
+        "bytes_accessed": moved,
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "step_s": max(compute_s, memory_s),
+        "bound": "compute" if compute_s >= memory_s else "memory",
+        "peak_bf16_flops": gen.peak_bf16_flops,
+        "hbm_bandwidth": gen.hbm_bandwidth,
+    }
+
+
+def analysis(target: Target, hlo: str, cost: dict[str, float] | None,
+             memory: dict[str, int] | None) -> dict[str, Any]:  # fmt: skip
+    """What a topology compile adds to ``compiled.json``."""
+    return {
+        "target": target.to_json(),
+        "fit": verdict(target, needed_bytes(memory)) if memory else None,
+        "collectives": collectives(hlo),
+        "roofline": roofline(target, cost),
+    }
+
+
+def metrics(info: dict[str, Any]) -> dict[str, Any]:
+    """Flat report/summary columns of :func:`analysis` (or of a DoesNotFit's verdict)."""
+    fit, roof, coll = info.get("fit") or {}, info.get("roofline") or {}, info.get("collectives")
+    out: dict[str, Any] = {"topology": (info.get("target") or {}).get("topology")
+                           or fit.get("topology")}  # fmt: skip
+    for k in ("fits", "hbm_bytes_needed", "hbm_bytes_available", "headroom_bytes"):
+        out[k] = fit.get(k)
+    out["est_step_s"] = roof.get("step_s")
+    out["est_bound"] = roof.get("bound")
+    if coll:
+        out["collectives"] = int(sum(c["count"] for c in coll.values()))
+        out["collective_bytes"] = float(sum(c["bytes"] for c in coll.values()))
+    return out
+
+
+def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[..., Any]) -> Any:
+    """Write what ``stages.compile.run`` writes, for compile-only devices, plus the analysis.
+
+    ``record(compiled, cost, memory)`` builds the stage's Compiled record.
+    """
+    from . import compile as compile_stage
+    from .parallel import describe_shardings
+
+    cfg = ctx.cfg.compile
+    target = target_of(cfg)
+    hlo = compiled.as_text() or ""
+    ctx.write("optimized.hlo.txt", hlo)
+    if lowered.meta.get("mesh"):
+        shardings = describe_shardings(compiled)
+        shardings |= {"mesh": lowered.meta["mesh"], "devices": target.devices}
+        ctx.write_json("shardings.json", shardings)
+        compile_stage._mesh_metrics(ctx, shardings)
+    cost, memory = compile_stage.cost_of(compiled), compile_stage.memory_of(compiled)
+    if cost:
+        ctx.write_json("cost_analysis.json", cost)
+    if memory:
+        ctx.write_json("memory_analysis.json", memory)
+    compile_stage._metrics(ctx, cost, memory)
+    info = analysis(target, hlo, cost, memory)
+    ctx.metrics.update(metrics(info))
+    devs = topology_devices(target)
+    mesh = lowered.meta.get("mesh")
+    n = MeshSpec.from_json(mesh).size if mesh else 1
+    try:
+        ctx.write("executable.bin", compile_stage.serialize(compiled))
+    except Exception as exc:
+        ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
+    ctx.write_json("compiled.json", {
+        "backend": "tpu", "device_ids": [d.id for d in devs[:n]],
+        "module_sha256": lowered.module_sha256, **info,
+    })  # fmt: skip
+    return record(compiled, cost, memory)
+
+
+def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], names: tuple[str, ...],
+         record: Callable[..., Any]) -> Any:  # fmt: skip
+    """A stored topology compile (hash-verified by ``read``): its artifacts and verdict, with
+    no live executable (a compile-only client cannot load one)."""
+    from . import compile as compile_stage
+
+    files: dict[str, bytes] = {}
+    for name in names:
+        try:
+            files[name] = read(name)
+        except (KeyError, FileNotFoundError):
+            continue
+    meta = json.loads(files["compiled.json"])
+    if meta.get("module_sha256") != lowered.module_sha256:
+        raise StageError("compile", "stored executable is for another module")
+    for name, data in files.items():
+        ctx.write(name, data)
+    cost = json.loads(files["cost_analysis.json"]) if "cost_analysis.json" in files else None
+    memory = json.loads(files["memory_analysis.json"]) if "memory_analysis.json" in files else None
+    compile_stage._metrics(ctx, cost, memory)
+    if "shardings.json" in files:
+        compile_stage._mesh_metrics(ctx, json.loads(files["shardings.json"]))
+    ctx.metrics.update(metrics(meta))
+    return record(None, cost, memory)
+
+
+def fit_of(compile_record: Any, cfg: Any) -> dict[str, Any] | None:
+    """The fit verdict of a compiled program (None without a memory analysis); raises
+    :class:`DoesNotFit` when the program needs more HBM than the target has
+    by its memory analysis (a program XLA accepted within rounding of the limit: its check and
+    this sum need not agree to the byte)."""
+    memory = getattr(compile_record, "memory", None)
+    if not memory:
+        return None
+    fit = verdict(target_of(cfg), needed_bytes(memory))
+    if not fit["fits"]:
+        raise DoesNotFit(does_not_fit_message(fit), fit)
+    return fit
+
+
+def check_resume(cfg: Any) -> None:
+    """``start_at=execute`` of a topology compile needs a TPU host: refuse on any other."""
+    if not cfg.topology:
+        return
+    if not tpu_present():
+        raise BackendError(
+            f"start_at=execute: the executable was compiled for TPU topology {cfg.topology} "
+            "(compile.topology), and this host has no TPU; run this command on a TPU host with "
+            "that topology, or start_at=compile to compile again here"
+        )
+
+
+def tpu_present() -> bool:
+    """Whether this host has real TPU devices (libtpu's start-up noise hidden)."""
+    import jax
+
+    try:
+        with quiet_libtpu():
+            return bool(jax.devices("tpu"))
+    except RuntimeError:
+        return False
+
+
+__all__ = [
+    "COLLECTIVES",
+    "EXECUTE_NOTE",
+    "analysis",
+    "check_resume",
+    "collectives",
+    "compile_for",
+    "does_not_fit_message",
+    "fit_of",
+    "load",
+    "metrics",
+    "needed_bytes",
+    "rejected_for_hbm",
+    "roofline",
+    "run",
+    "start",
+    "tpu_present",
+    "verdict",
+]
