@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .argspec import ArraySpec, BoundArgs, Literal, bind_config
+from .argspec import ArraySpec, BoundArgs, Literal, PytreeNode, bind_config
 from .errors import ConfigError
 from .sharding import Leaf, check_axis_names, match_specs
 
@@ -199,6 +199,10 @@ def _leaf_tree(tree: Any) -> Any:
         return [_leaf_tree(v) for v in tree]
     if isinstance(tree, ArraySpec):
         return Leaf(tree.shape, tree.type_str)
+    if isinstance(tree, PytreeNode):
+        # A named container takes one sharding for all its arrays (a pytree prefix, as
+        # jax.jit's in_shardings allows): replicated unless a rank-0 spec is given.
+        return Leaf((), f"{tree.cls} container (one spec for all its arrays)")
     assert isinstance(tree, Literal)
     return Leaf((), f"scalar {tree.value!r}")
 

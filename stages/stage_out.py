@@ -189,7 +189,11 @@ def _typed_shardings(
         return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sharding,
                                     weak_type=sds.weak_type)  # fmt: skip
 
-    return tuple(a if bound.is_static(i) else jax.tree.map(typed, a, next(specs))
+    def prefix(spec_tree: Any, arg: Any) -> Any:  # a sharding may stand for a whole subtree
+        return jax.tree.map(lambda sh, sub: jax.tree.map(lambda s: typed(s, sh), sub),
+                            spec_tree, arg)  # fmt: skip
+
+    return tuple(a if bound.is_static(i) else prefix(next(specs), a)
                  for i, a in enumerate(args))  # fmt: skip
 
 

@@ -453,3 +453,11 @@ def test_symbolic_sizes_are_checked(compose_run: Any) -> None:
         compose_run(*POLY, "stop_after=compile")
     with pytest.raises(ConfigError, match=r"compile\.shapes=\{'b': 1\}: .*b >= 2"):
         compose_run(*POLY, "+compile.shapes.b=1", "stop_after=compile")
+
+
+def test_pytree_containers_on_a_mesh(compose_run: Any) -> None:
+    # JAX: a container argument takes one sharding for all its leaves (a pytree prefix).
+    result = compose_run(f"{T}:norms", PYTREE_ARGS, "mesh.shape=[2]", "mesh.axes=[data]",
+                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    args, _ = _inputs(result)
+    _same(result.records["execute"].outputs, jax.jit(progs.norms)(*args))
