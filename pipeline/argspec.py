@@ -6,6 +6,11 @@ A leaf is one of
 - a ``.npy`` path (shape and dtype read from the file's header);
 - a literal (number, bool, string, or a list/dict of them at a static position).
 
+A dimension may be symbolic (shape polymorphism): ``f32[b,512]``, ``f32[2*b,c]``, constrained
+by ``stage_out.shape_constraints`` (``["b >= 16"]``); the program lowers to one polymorphic
+``jax.export`` artifact, and ``compile.shapes`` (``{b: 32}``) gives the sizes it is compiled and
+executed at.
+
 An array type may end in ``~weak`` (``f32[]~weak``; in a mapping ``weak_type: true``): the
 argument is weakly typed, as a Python scalar is, so it takes the other operand's dtype in
 promotion.
