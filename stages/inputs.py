@@ -249,9 +249,23 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
         _check_leaves(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
     counter = [0]
     return (
-        [_build(p, 0, counter, f"execute.inputs[{i}]") for i, p in enumerate(parsed_pos)],
-        {k: _build(v, 0, counter, f"execute.inputs.kwargs.{k}") for k, v in parsed_kw.items()},
-    )
+        [_weaken(s, _build(p, 0, counter, f"execute.inputs[{i}]"))
+         for i, (s, p) in enumerate(zip(traced_pos, parsed_pos, strict=True))],
+        {k: _weaken(traced_kw[k], _build(v, 0, counter, f"execute.inputs.kwargs.{k}"))
+         for k, v in parsed_kw.items()},
+    )  # fmt: skip
+
+
+def _weaken(spec: Any, value: Any) -> Any:
+    """Given arrays where the spec is weakly typed (``~weak``) become weakly typed, as built
+    ones are (:func:`spec_inputs`)."""
+    if isinstance(spec, dict) and isinstance(value, dict):
+        return {k: _weaken(spec[k], v) for k, v in value.items()}
+    if isinstance(spec, list) and isinstance(value, list):
+        return [_weaken(s, v) for s, v in zip(spec, value, strict=True)]
+    if isinstance(spec, ArraySpec) and spec.weak_type and isinstance(value, np.ndarray):
+        return weakly_typed(value)
+    return value
 
 
 def weakly_typed(arr: np.ndarray) -> Any:

@@ -461,3 +461,18 @@ def test_pytree_containers_on_a_mesh(compose_run: Any) -> None:
                          "execute.check=reference", "execute.repeats=1")  # fmt: skip
     args, _ = _inputs(result)
     _same(result.records["execute"].outputs, jax.jit(progs.norms)(*args))
+
+
+def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
+    # 0.1 rounds differently in f16 and f32: a strongly typed reference (f32) fails the check.
+    x, y = np.arange(3, dtype=np.float32) + 0.1, np.ones(3, dtype=np.float16)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    result = compose_run(f"{T}:add", "program.args=[f32[3]~weak, f16[3]]",
+                         f"execute.inputs=[{tmp_path / 'x.npy'}, {tmp_path / 'y.npy'}]",
+                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    from stages.inputs import weakly_typed
+
+    want = jax.jit(progs.add)(weakly_typed(x), y)  # JAX: weak f32 + f16 is f16
+    assert want.dtype == jnp.float16
+    _same(result.records["execute"].outputs, want)
