@@ -476,3 +476,31 @@ def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
     want = jax.jit(progs.add)(weakly_typed(x), y)  # JAX: weak f32 + f16 is f16
     assert want.dtype == jnp.float16
     _same(result.records["execute"].outputs, want)
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        ("mesh.shape=[1]", "mesh.axes=[data]"),
+        ("mesh.shape=[4]", "mesh.axes=[data]", "mesh.axis_types=[explicit]",
+         "lower.in_shardings=[data]"),
+    ],
+)  # fmt: skip
+def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...]) -> None:
+    args = (f"{T}:resharded", "program.args=[f32[8,2]]", *mesh)
+    first = compose_run(*args, "stop_after=lower")
+    again = compose_run(*args, f"resume_from={first.run_dir}", "start_at=compile",
+                        "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    inputs, _ = _inputs(again)
+    from jax.sharding import AxisType
+
+    n, kind = (4, AxisType.Explicit) if len(mesh) > 2 else (1, AxisType.Auto)
+    with jax.set_mesh(jax.make_mesh((n,), ("data",), axis_types=(kind,),
+                                    devices=jax.devices()[:n])):  # fmt: skip
+        want = jax.jit(progs.resharded)(*inputs)
+    _same(again.records["execute"].outputs, want)
+    if len(mesh) > 2:  # explicit axes: the export keeps the output shardings JAX gave
+        from jax.sharding import PartitionSpec as P
+
+        outs = again.records["compile"].compiled.output_shardings
+        assert [s.spec for s in outs] == [P("data"), P()]
