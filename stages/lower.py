@@ -377,8 +377,18 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
             shape.append(int(d._evaluate(sizes)))  # jax 0.10: no public evaluation of a dim
         avals.append(jax.ShapeDtypeStruct(tuple(shape), aval.dtype, weak_type=aval.weak_type))
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, avals)
+    jit_opts: dict[str, Any] = {}
+    mesh_context: Any = contextlib.nullcontext()
+    if record.meta.get("mesh") and exp.nr_devices > 1:  # called on the lowering's own mesh
+        amesh = abstract_mesh(MeshSpec.from_json(record.meta["mesh"]))
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(amesh))
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
+        jit_opts = {"in_shardings": ins[0], "out_shardings": outs}
+        mesh_context = jax.sharding.use_abstract_mesh(amesh)
     try:
-        concrete = jax.export.export(jax.jit(exp.call), platforms=exp.platforms)(*args, **kwargs)
+        with mesh_context:
+            concrete = jax.export.export(jax.jit(exp.call, **jit_opts),
+                                         platforms=exp.platforms)(*args, **kwargs)  # fmt: skip
     except ValueError as exc:  # a shape constraint or a division that does not hold
         raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
     ctx.metrics.update(shapes=used)

@@ -504,3 +504,13 @@ def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...
 
         outs = again.records["compile"].compiled.output_shardings
         assert [s.spec for s in outs] == [P("data"), P()]
+
+
+def test_symbolic_dims_on_a_mesh(compose_run: Any) -> None:
+    result = compose_run(*POLY, "+compile.shapes.b=4", "mesh.shape=[2]", "mesh.axes=[data]",
+                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    args, _ = _inputs(result)
+    _same(result.records["execute"].outputs, jax.jit(progs.rows)(*args))
+    assert result.records["compile"].lowered.exported.nr_devices == 2
+    with pytest.raises(ConfigError, match=r"program\.args\[0\]: f32\[b,4\] has symbolic dim"):
+        compose_run(*POLY, "+compile.shapes.b=4", "stage_out.axis_env=[[i,2]]")
