@@ -219,21 +219,6 @@ def build(tree: Any, leaf: Any, resolve: Any) -> Any:
     return go(tree, "")
 
 
-def pytree_classes(tree: Any, where: str) -> Iterator[tuple[str, str]]:
-    """(config path of the ``_pytree_`` key, class name) of every named container in ``tree``."""
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from pytree_classes(v, f"{where}.{k}")
-    elif isinstance(tree, list):
-        for i, v in enumerate(tree):
-            yield from pytree_classes(v, f"{where}[{i}]")
-    elif isinstance(tree, PytreeNode):
-        if tree.cls != "tuple":
-            yield f"{where}.{PYTREE_KEY}", tree.cls
-        for path, child in tree.children(where):
-            yield from pytree_classes(child, path)
-
-
 def dtype_bits(dtype: str) -> int:
     """Bits per element of a canonical dtype name (``bool`` and ``float8_*`` take 8)."""
     if dtype == "bool" or dtype.startswith("float8"):

@@ -17,6 +17,7 @@ from pipeline.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
+    PytreeNode,
     build,
     canonical_dtype,
     parse_leaf_or_tree,
@@ -194,7 +195,8 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
             if isinstance(spec, ArraySpec):
                 _same_type(spec, tuple(arr.shape), canonical_dtype(arr.dtype.name, where),
                            f"{where}[{key!r}]", decl)  # fmt: skip
-            leaves.append(arr)
+            weak = isinstance(spec, ArraySpec) and spec.weak_type
+            leaves.append(weakly_typed(arr) if weak else arr)
         built.append(_replace_leaves(tree, iter(leaves)))
     extra = sorted(set(arrays) - set(expected))
     if extra:
@@ -215,11 +217,36 @@ def expected_keys(bound: BoundArgs) -> list[str]:
     return keys
 
 
+def pytree_classes_of(bound: BoundArgs) -> list[tuple[str, str]]:
+    """(config key, class) of the named containers among the traced arguments (tuples too)."""
+    found: list[tuple[str, str]] = []
+
+    def walk(tree: Any, where: str) -> None:
+        if isinstance(tree, PytreeNode):
+            found.append((f"{where}._pytree_", tree.cls))
+        elif isinstance(tree, dict):
+            for k, v in tree.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(tree, list):
+            for i, v in enumerate(tree):
+                walk(v, f"{where}[{i}]")
+
+    for path, tree in bound.traced_args():
+        walk(tree, path)
+    return found
+
+
 def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Parse ``execute.inputs``: a list for the non-static positional arguments, or
     ``{args: [...], kwargs: {...}}``, each leaf a ``.npy`` path or a literal; or one ``.npz``
     archive keyed by argument path (:func:`npz_inputs`). Every array must have the type its
     spec declares."""
+    for key, _ in pytree_classes_of(bound):
+        raise ConfigError(
+            f"execute.inputs: {key.rsplit('.', 1)[0]} is a named pytree container (_pytree_), "
+            "which execute.inputs cannot fill (yet); expected execute.inputs=null (inputs built "
+            "from the specs and execute.seed)"
+        )
     if isinstance(inputs, str) and inputs.endswith(".npz"):
         return npz_inputs(bound, inputs)
     positions = [i for i in range(len(bound.args)) if not bound.is_static(i)]

@@ -514,3 +514,9 @@ def test_symbolic_dims_on_a_mesh(compose_run: Any) -> None:
     assert result.records["compile"].lowered.exported.nr_devices == 2
     with pytest.raises(ConfigError, match=r"program\.args\[0\]: f32\[b,4\] has symbolic dim"):
         compose_run(*POLY, "+compile.shapes.b=4", "stage_out.axis_env=[[i,2]]")
+
+
+def test_given_inputs_for_named_containers_are_refused(compose_run: Any, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.ones(3, np.float32))
+    with pytest.raises(ConfigError, match=r"execute\.inputs: program\.args\[0\] is a named pytree"):
+        compose_run(f"{T}:norms", PYTREE_ARGS, f"execute.inputs=[{tmp_path / 'x.npy'}]")
