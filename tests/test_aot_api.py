@@ -520,3 +520,19 @@ def test_given_inputs_for_named_containers_are_refused(compose_run: Any, tmp_pat
     np.save(tmp_path / "x.npy", np.ones(3, np.float32))
     with pytest.raises(ConfigError, match=r"execute\.inputs: program\.args\[0\] is a named pytree"):
         compose_run(f"{T}:norms", PYTREE_ARGS, f"execute.inputs=[{tmp_path / 'x.npy'}]")
+
+
+def test_jax_options_come_with_a_resumed_lowering(compose_run: Any) -> None:
+    args = (f"{T}:add", "program.args=[3, 4]")
+    first = compose_run(*args, "jax.config.jax_enable_x64=true", "stop_after=lower")
+    again = compose_run(*args, f"resume_from={first.run_dir}", "start_at=compile",
+                        "execute.repeats=1")  # fmt: skip
+    assert again.manifest["config"]["jax"]["config"] == {"jax_enable_x64": True}
+    assert np.asarray(again.records["execute"].outputs).dtype == np.int64
+    import pipeline
+
+    conflict = [*args, "jax.config.jax_enable_x64=false", f"resume_from={first.run_dir}",
+                "start_at=compile"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"jax\.config\.jax_enable_x64: overridden to False"):
+        pipeline.run(pipeline.compose(conflict), run_dir=first.run_dir.parent / "c",
+                     overrides=conflict)  # fmt: skip
