@@ -6,7 +6,24 @@ A leaf is one of
 - a ``.npy`` path (shape and dtype read from the file's header);
 - a literal (number, bool, string, or a list/dict of them at a static position).
 
-Leaves may sit in nested lists and dicts (pytrees). As in JAX, static-ness comes from
+A dimension may be symbolic (shape polymorphism): ``f32[b,512]``, ``f32[2*b,c]``, constrained
+by ``stage_out.shape_constraints`` (``["b >= 16"]``); the program lowers to one polymorphic
+``jax.export`` artifact, and ``compile.shapes`` (``{b: 32}``) gives the sizes it is compiled and
+executed at.
+
+An array type may end in ``~weak`` (``f32[]~weak``; in a mapping ``weak_type: true``): the
+argument is weakly typed, as a Python scalar is, so it takes the other operand's dtype in
+promotion.
+
+Leaves may sit in nested lists and dicts (pytrees), and in any other pytree container named by
+import path with a tagged mapping (:class:`PytreeNode`)::
+
+    {_pytree_: tuple, _args_: [f32[2], f32[3]]}        # (a, b)
+    {_pytree_: mypkg.mod:Point, x: f32[4], y: f32[4]}  # Point(x=..., y=...)
+
+The class (a NamedTuple, a dataclass registered with ``jax.tree_util``, any registered class)
+is built as ``cls(*_args_, **fields)``; its import path goes through the trust policy
+(pipeline/trust.py) like ``program.target``. As in JAX, static-ness comes from
 ``static_argnums``/``static_argnames``, never from the type: a literal at a non-static position
 is traced as a weakly typed scalar and executed with its value.
 """
@@ -18,7 +35,7 @@ import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,17 +67,27 @@ _ALIASES: dict[str, str] = {short_name(d): d for d in DTYPES} | {d: d for d in D
 _ALIASES |= {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64"}
 SIXTY_FOUR_BIT = frozenset({"int64", "uint64", "float64", "complex128"})
 INITS: tuple[str, ...] = ("normal", "uniform", "zeros", "ones", "arange", "file")
-SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed"})
+SPEC_KEYS = frozenset({"shape", "dtype", "init", "scale", "low", "high", "seed", "weak_type"})
+# The tagged mapping of a pytree container (PytreeNode) and its positional children.
+PYTREE_KEY = "_pytree_"
+PYTREE_ARGS = "_args_"
 
 # The largest element count and byte size XLA can represent: shapes are int64 and a larger
 # array aborts the process (SIGABRT in XLA's shape checks) instead of raising (issue 12).
 MAX_ARRAY_BYTES = 2**63 - 1
 
-_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
+_TYPE_RE = re.compile(
+    r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([A-Za-z0-9_,\s*+\-]*)\]\s*(~\s*weak)?\s*$"
+)
+# A symbolic dimension (shape polymorphism, jax.export): a name or an expression of names and
+# ints as jax.export.symbolic_shape reads it (``b``, ``2*b``, ``b + 1``).
+_SYMBOLIC_DIM = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*$|^[A-Za-z0-9_\s*+\-]*[A-Za-z_][A-Za-z0-9_\s*+\-]*$"
+)
 # Something written like an array type (``name[dims]``) inside a longer override value, for
 # quoting it before Hydra parses the line. Any name, not only known dtypes: an unknown dtype or a
 # malformed shape should reach parse_type (which names it) rather than fail Hydra's grammar.
-_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}()'\"=]*\]")
+_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}()'\"=]*\](?:~weak)?")
 # Characters after which a value (a list item, a dict value) can start in Hydra's grammar.
 _VALUE_START = frozenset("[,:{( \t")
 
@@ -79,7 +106,7 @@ def canonical_dtype(name: str, where: str) -> str:
 class ArraySpec:
     """An abstract array argument and how execute fills it."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # ints; a str is a symbolic dimension (``b``, ``2*b``)
     dtype: str
     init: str = "normal"
     scale: float = 1.0
@@ -87,13 +114,26 @@ class ArraySpec:
     high: float | None = None
     seed: int | None = None
     path: str | None = None
+    weak_type: bool = False
 
     @property
     def type_str(self) -> str:
-        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+        weak = "~weak" if self.weak_type else ""
+        return f"{short_name(self.dtype)}[{','.join(map(str, self.shape))}]{weak}"
 
     def __str__(self) -> str:
         return self.type_str
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(d, str) for d in self.shape)
+
+    def concrete(self, sizes: Mapping[str, int], where: str) -> ArraySpec:
+        """This spec with its symbolic dimensions evaluated with ``sizes`` (``compile.shapes``)."""
+        if not self.symbolic:
+            return self
+        return replace(self, shape=tuple(d if isinstance(d, int) else eval_dim(d, sizes, where)
+                                         for d in self.shape))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,6 +141,82 @@ class Literal:
     """A concrete value: a static argument, or a weakly typed scalar when traced."""
 
     value: Any
+
+
+@dataclass(frozen=True)
+class PytreeNode:
+    """A pytree container other than list and dict, named by import path (``"tuple"`` for a
+    tuple): built as ``cls(*args, **fields)`` once its children are built."""
+
+    cls: str
+    args: tuple[Any, ...] = ()
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def children(self, where: str) -> list[tuple[str, Any]]:
+        """(config path, subtree) of each child, positional ones first."""
+        return [(f"{where}.{PYTREE_ARGS}[{i}]", a) for i, a in enumerate(self.args)] + [
+            (f"{where}.{k}", v) for k, v in self.fields
+        ]
+
+    def with_children(self, new: list[Any]) -> PytreeNode:
+        n = len(self.args)
+        return PytreeNode(self.cls, tuple(new[:n]),
+                          tuple((k, v) for (k, _), v in zip(self.fields, new[n:], strict=True)))  # fmt: skip
+
+
+def _parse_node(value: Mapping[str, Any], where: str) -> PytreeNode:
+    cls = value[PYTREE_KEY]
+    if not isinstance(cls, str) or not (cls == "tuple" or ":" in cls):
+        raise ArgSpecError(
+            f"{where}.{PYTREE_KEY}: expected 'tuple' or a class as 'package.module:Class', "
+            f"found {cls!r}"
+        )
+    raw_args = value.get(PYTREE_ARGS, [])
+    if isinstance(raw_args, str | bytes) or not isinstance(raw_args, Sequence):
+        raise ArgSpecError(
+            f"{where}.{PYTREE_ARGS}: expected a list of children, found {raw_args!r}"
+        )
+    fields = tuple(
+        (str(k), parse_leaf_or_tree(v, f"{where}.{k}"))
+        for k, v in value.items()
+        if k not in (PYTREE_KEY, PYTREE_ARGS)
+    )
+    if cls == "tuple" and fields:
+        raise ArgSpecError(
+            f"{where}: a tuple takes its items in {PYTREE_ARGS}: [...], found keys "
+            f"{[k for k, _ in fields]}"
+        )
+    args = tuple(
+        parse_leaf_or_tree(v, f"{where}.{PYTREE_ARGS}[{i}]") for i, v in enumerate(raw_args)
+    )
+    return PytreeNode(cls, args, fields)
+
+
+def build(tree: Any, leaf: Any, resolve: Any) -> Any:
+    """Python objects from a parsed tree: ``leaf(path, spec)`` for each leaf, and each
+    PytreeNode constructed with the class ``resolve(name, path)`` returns."""
+
+    def go(node: Any, where: str) -> Any:
+        if isinstance(node, dict):
+            return {k: go(v, f"{where}.{k}") for k, v in node.items()}
+        if isinstance(node, list):
+            return [go(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        if isinstance(node, PytreeNode):
+            args = [go(a, p) for p, a in node.children(where)[: len(node.args)]]
+            fields = {k: go(v, f"{where}.{k}") for k, v in node.fields}
+            if node.cls == "tuple":
+                return tuple(args)
+            cls = resolve(node.cls, f"{where}.{PYTREE_KEY}")
+            try:
+                return cls(*args, **fields)
+            except TypeError as exc:
+                raise ArgSpecError(
+                    f"{where}: cannot build {node.cls} from {PYTREE_ARGS}={len(args)} item(s) "
+                    f"and fields {sorted(fields)} ({exc})"
+                ) from None
+        return leaf(where, node)
+
+    return go(tree, "")
 
 
 def dtype_bits(dtype: str) -> int:
@@ -127,8 +243,37 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+def symbols(dim: str) -> list[str]:
+    """The dimension variables of a symbolic dimension (``2*b + c`` -> ``[b, c]``)."""
+    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", dim)
+
+
+def eval_dim(dim: str, sizes: Mapping[str, int], where: str) -> int:
+    """The value of a symbolic dimension given its variables' sizes (``compile.shapes``)."""
+    missing = [v for v in symbols(dim) if v not in sizes]
+    if missing:
+        raise ConfigError(
+            f"compile.shapes: {where} has the symbolic dimension {dim!r}; expected a size for "
+            f"{', '.join(repr(m) for m in missing)} (e.g. compile.shapes={{{missing[0]}: 32}})"
+        )
+    expr = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: str(int(sizes[m.group(0)])), dim)
+    if not re.fullmatch(r"[0-9\s*+\-]+", expr) or "**" in expr:
+        raise ArgSpecError(f"{where}: cannot evaluate the symbolic dimension {dim!r}")
+    return int(eval(expr, {"__builtins__": {}}, {}))  # digits, + - * and spaces only
+
+
+def _dim(text: str, where: str) -> int | str:
+    if text.isdigit():
+        return int(text)
+    if not _SYMBOLIC_DIM.match(text):
+        raise ArgSpecError(f"{where}: cannot parse the dimension {text!r}")
+    return " ".join(text.split())
+
+
 def _check_size(spec: ArraySpec, where: str) -> ArraySpec:
     """Refuse an array whose element count or byte size overflows XLA's int64 shapes."""
+    if spec.symbolic:
+        return spec  # checked when the sizes are known (compile.shapes)
     elements = math.prod(spec.shape)
     if elements > MAX_ARRAY_BYTES or nbytes(spec.shape, spec.dtype) > MAX_ARRAY_BYTES:
         raise ArgSpecError(
@@ -164,7 +309,9 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
     if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
         raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
-    spec = ArraySpec(shape=tuple(int(d) for d in dims), dtype=canonical_dtype(m.group(1), where))
+    spec = ArraySpec(shape=tuple(_dim(d, where) for d in dims),
+                     dtype=canonical_dtype(m.group(1), where),
+                     weak_type=m.group(3) is not None)  # fmt: skip
     return _check_size(spec, where)
 
 
@@ -183,7 +330,8 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
             f"{where}.init: expected one of {', '.join(INITS[:-1])} or a .npy path, found {init!r}"
         )
     if path is not None:
-        shape, dtype = _npy_header(path, f"{where}.init")
+        npy_shape, dtype = _npy_header(path, f"{where}.init")
+        shape: tuple[Any, ...] = npy_shape
         if "shape" in spec and tuple(spec["shape"]) != shape:
             raise ArgSpecError(
                 f"{where}.shape: {list(spec['shape'])} differs from {path!r}'s shape {list(shape)}"
@@ -196,14 +344,20 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         raw = spec["shape"]
         if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
             raise ArgSpecError(f"{where}.shape: expected a list of ints, found {raw!r}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+        if not all(
+            (isinstance(d, int) and not isinstance(d, bool) and d >= 0) or isinstance(d, str)
+            for d in raw
+        ):
             raise ArgSpecError(f"{where}.shape: expected non-negative ints, found {list(raw)}")
-        shape = tuple(raw)
+        shape = tuple(d if isinstance(d, int) else _dim(d, f"{where}.shape") for d in raw)
         dtype = canonical_dtype(spec.get("dtype", "float32"), f"{where}.dtype")
     for key in ("scale", "low", "high"):
         v = spec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise ArgSpecError(f"{where}.{key}: expected a number, found {v!r}")
+    weak = spec.get("weak_type", False)
+    if not isinstance(weak, bool):
+        raise ArgSpecError(f"{where}.weak_type: expected true or false, found {weak!r}")
     seed = spec.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ArgSpecError(f"{where}.seed: expected an int >= 0, found {seed!r}")
@@ -216,6 +370,7 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
         high=None if spec.get("high") is None else float(spec["high"]),
         seed=seed,
         path=path,
+        weak_type=weak,
     )
     return _check_size(array, where)
 
@@ -239,6 +394,8 @@ def is_spec_mapping(value: Mapping[str, Any]) -> bool:
 def parse_leaf_or_tree(value: Any, where: str) -> Any:
     """Parse a config value into a pytree of ArraySpec / Literal leaves."""
     if isinstance(value, Mapping):
+        if PYTREE_KEY in value:
+            return _parse_node(value, where)
         if is_spec_mapping(value):
             return _parse_mapping(value, where)
         return {str(k): parse_leaf_or_tree(v, f"{where}.{k}") for k, v in value.items()}
@@ -268,6 +425,9 @@ def leaves(tree: Any, where: str = "") -> Iterator[tuple[str, ArraySpec | Litera
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
             yield from leaves(v, f"{where}[{i}]")
+    elif isinstance(tree, PytreeNode):
+        for path, child in tree.children(where):
+            yield from leaves(child, path)
     else:
         yield where, tree
 
@@ -278,6 +438,8 @@ def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
         return {k: map_tree(fn, v, f"{where}.{k}") for k, v in tree.items()}
     if isinstance(tree, list):
         return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
+    if isinstance(tree, PytreeNode):
+        return tree.with_children([map_tree(fn, c, p) for p, c in tree.children(where)])
     return fn(where, tree)
 
 
@@ -292,6 +454,8 @@ def to_static_value(tree: Any, where: str) -> Any:
         return tree.value
     if isinstance(tree, list):
         return tuple(to_static_value(v, f"{where}[{i}]") for i, v in enumerate(tree))
+    if isinstance(tree, PytreeNode) and tree.cls == "tuple":
+        return tuple(to_static_value(v, p) for p, v in tree.children(where))
     raise ArgSpecError(
         f"{where} is marked static but is a dict; static arguments must be hashable values "
         "(numbers, strings, bools or lists of them)"
@@ -343,41 +507,58 @@ def bind(
 ) -> BoundArgs:
     """Parse specs and check static/donated positions against them.
 
-    ``names_of_positions`` (the callable's parameter names, when known) lets a name in
-    ``static_argnames``/``donate_argnames`` refer to a positional argument, as in ``jax.jit``.
+    ``names_of_positions`` (the callable's parameter names, when known) maps the four options
+    through the signature as ``jax.jit`` does: a name in ``static_argnames``/``donate_argnames``
+    may be passed by position, and a position in ``static_argnums``/``donate_argnums`` may be
+    passed by keyword. Without it (before the target is imported) what only the signature can
+    resolve is left for the bind that has it (stage_out).
     """
     parsed_args = tuple(parse_leaf_or_tree(a, f"program.args[{i}]") for i, a in enumerate(args))
     parsed_kwargs = {
         str(k): parse_leaf_or_tree(v, f"program.kwargs.{k}") for k, v in kwargs.items()
     }
     n = len(parsed_args)
-    for i in static_argnums:
-        if i >= n:
-            raise ConfigError(
-                f"stage_out.static_argnums: position {i} is out of range; program.args has "
-                f"{n} positional argument(s) (positions 0..{n - 1})"
-            )
-    for i in donate_argnums:
-        if i >= n:
-            raise ConfigError(
-                f"lower.donate_argnums: position {i} is out of range; program.args has "
-                f"{n} positional argument(s)"
-            )
     names = list(names_of_positions or ())
-    s_nums, s_names = set(static_argnums), set(static_argnames)
-    d_nums, d_names = set(donate_argnums), set(donate_argnames)
+    known = names_of_positions is not None
+    s_nums: set[int] = set()
+    s_names = set(static_argnames)
+    d_nums: set[int] = set()
+    d_names = set(donate_argnames)
+    # A position past program.args names a parameter passed by keyword (jax.jit maps it
+    # through the signature); unknown until the target's signature is.
+    unresolved = False
+    for key, nums, num_set, name_set in (
+        ("stage_out.static_argnums", static_argnums, s_nums, s_names),
+        ("lower.donate_argnums", donate_argnums, d_nums, d_names),
+    ):
+        for i in nums:
+            if i < n:
+                num_set.add(i)
+            elif i < len(names) and names[i] in parsed_kwargs:
+                name_set.add(names[i])
+            elif not known and parsed_kwargs:
+                unresolved = True
+            else:
+                by_kw = (f"; parameter {i} ({names[i]!r}) is not in program.kwargs either"
+                         if i < len(names) else "")  # fmt: skip
+                raise ConfigError(
+                    f"{key}: position {i} is out of range; program.args has "
+                    f"{n} positional argument(s) (positions 0..{n - 1}){by_kw}"
+                )
     for name in static_argnames:
         if name in names and names.index(name) < n:
             s_nums.add(names.index(name))
-        elif name not in parsed_kwargs and names_of_positions is not None and name not in names:
+        elif name not in parsed_kwargs and known and name not in names:
             raise ConfigError(
                 f"stage_out.static_argnames: {name!r} is neither a parameter of the target nor "
                 f"a key of program.kwargs (parameters: {', '.join(names) or 'none'})"
             )
+        elif name not in parsed_kwargs and not known:
+            unresolved = True
     for name in donate_argnames:
         if name in names and names.index(name) < n:
             d_nums.add(names.index(name))
-        elif name not in parsed_kwargs and names_of_positions is not None:
+        elif name not in parsed_kwargs and known:
             # Neither passed by position nor a program.kwargs key (which may reach **kwargs):
             # jax.jit would donate nothing for it, silently.
             raise ConfigError(
@@ -388,6 +569,9 @@ def bind(
     for i in sorted(s_nums):
         if names and i < len(names):
             s_names.add(names[i])
+    for i in sorted(d_nums):
+        if names and i < len(names):
+            d_names.add(names[i])
     for i in sorted(d_nums):
         if i in s_nums:
             raise ConfigError(
@@ -413,6 +597,8 @@ def bind(
         donate_argnames=tuple(sorted(d_names)),
     )
     for path, tree in bound.traced_args():
+        if unresolved:  # a value may be static by an option only the signature resolves
+            continue
         positional = path.startswith("program.args")
         _check_traced(tree, path, f"stage_out.static_argn{'ums' if positional else 'ames'}")
     needs_x64 = any(
@@ -421,6 +607,19 @@ def bind(
         for _, leaf in leaves(tree)
     )
     return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64})
+
+
+def concrete_bound(bound: BoundArgs, sizes: Mapping[str, int]) -> BoundArgs:
+    """``bound`` with every symbolic dimension evaluated with ``sizes`` (``compile.shapes``)."""
+    if not sizes:
+        return bound
+
+    def fix(path: str, leaf: Any) -> Any:
+        return leaf.concrete(sizes, path) if isinstance(leaf, ArraySpec) else leaf
+
+    args = tuple(map_tree(fix, a, f"program.args[{i}]") for i, a in enumerate(bound.args))
+    kwargs = {k: map_tree(fix, v, f"program.kwargs.{k}") for k, v in bound.kwargs.items()}
+    return replace(bound, args=args, kwargs=kwargs)
 
 
 def bind_config(cfg: JaxaotConfig, names_of_positions: Sequence[str] | None = None) -> BoundArgs:
@@ -460,7 +659,7 @@ def check_inputs_fit(bound: BoundArgs, memory: int | None = None) -> None:
     sizes = sorted(
         ((nbytes(leaf.shape, leaf.dtype), path)
          for top, tree in bound.traced_args() for path, leaf in leaves(tree, top)
-         if isinstance(leaf, ArraySpec)),
+         if isinstance(leaf, ArraySpec) and not leaf.symbolic),
         reverse=True,
     )  # fmt: skip
     total = sum(n for n, _ in sizes)
@@ -541,11 +740,15 @@ __all__ = [
     "ArraySpec",
     "BoundArgs",
     "Literal",
+    "PytreeNode",
     "bind",
     "bind_config",
+    "build",
     "canonical_dtype",
     "check_inputs_fit",
+    "concrete_bound",
     "dtype_bits",
+    "eval_dim",
     "leaves",
     "map_tree",
     "memory_bytes",
@@ -554,5 +757,6 @@ __all__ = [
     "parse_type",
     "quote_array_types",
     "short_name",
+    "symbols",
     "to_static_value",
 ]

@@ -28,7 +28,7 @@ PICKLED = frozenset({"executable.bin"})
 # Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
 # change the result).
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "stage_out": ("program", "stage_out"),
+    "stage_out": ("program", "stage_out", "jax"),  # JAX's config changes what is traced
     "lower": ("lower", "mesh"),
     "compile": ("compile",),
     "execute": ("execute",),

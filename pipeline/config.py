@@ -49,6 +49,8 @@ class StageOutConfig:
     static_argnames: list[str] = field(default_factory=list)
     # [[axis_name, size], ...]: trace as a per-replica program with these named axes.
     axis_env: list[Any] | None = None
+    # Constraints on symbolic dimensions (``f32[b,512]``), as jax.export reads them: "b >= 16".
+    shape_constraints: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class LowerConfig:
     out_shardings: Any = None
     xla_metadata: dict[str, Any] = field(default_factory=dict)
     scoped_metadata: list[Any] = field(default_factory=list)
+    # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).
+    debug_info: bool = False
+    # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
+    vjp_order: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,8 @@ class CompileConfig:
     backend: str = "cpu"
     compiler_options: dict[str, Any] = field(default_factory=dict)
     num_devices: int | None = None
+    # Sizes of the symbolic dimensions of a polymorphic lowering: {b: 32} (issue 17).
+    shapes: dict[str, int] = field(default_factory=dict)
     # The most virtual CPU devices a run may start (pipeline.parallel.devices_to_start).
     max_devices: int = 512
     # A TPU topology to compile for without the hardware (pipeline/accelerators.py, issue 15).
@@ -124,6 +132,15 @@ class TrustConfig:
 
 
 @dataclass(frozen=True)
+class JaxSection:
+    """JAX configuration for this run (issue 17): ``jax.config.<jax option>=<value>`` (any
+    ``jax.config`` option, e.g. ``jax_enable_x64``, ``jax_default_matmul_precision``), set
+    before tracing and restored after the run (pipeline/jaxenv.py ``run_config``)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class JaxaotConfig:
     program: ProgramConfig = MISSING
     stage_out: StageOutConfig = field(default_factory=StageOutConfig)
@@ -134,6 +151,7 @@ class JaxaotConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     trust: TrustConfig = field(default_factory=TrustConfig)
+    jax: JaxSection = field(default_factory=JaxSection)
     stop_after: str = "execute"
     start_at: str = "stage_out"
     resume_from: str | None = None
@@ -151,6 +169,7 @@ _SCHEMAS: dict[str, tuple[str | None, type]] = {
     "base_store": ("store", StoreConfig),
     "base_snapshot": ("snapshot", SnapshotConfig),
     "base_trust": ("trust", TrustConfig),
+    "base_jax": ("jax", JaxSection),
 }
 
 
@@ -219,12 +238,31 @@ def _check(cfg: JaxaotConfig) -> None:
             f"compile.backend: expected one of {', '.join(BACKENDS)}, found {cfg.compile.backend!r}"
         )
     for p in cfg.lower.platforms or ():
-        if p not in PLATFORMS:
+        # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
+        # it by the lower stage (stages/lower.py check_platforms); here only the spelling.
+        if not isinstance(p, str) or not p.isidentifier():
             raise ConfigError(
-                f"lower.platforms: expected entries from {', '.join(PLATFORMS)}, found {p!r}"
+                f"lower.platforms: expected platform names (e.g. {', '.join(PLATFORMS)}), "
+                f"found {p!r}"
+            )
+    for name in cfg.jax.config:
+        if not str(name).startswith("jax_"):
+            raise ConfigError(
+                f"jax.config.{name}: expected a JAX config option (jax_enable_x64, "
+                "jax_default_matmul_precision, ...: the names jax.config.update takes)"
             )
     if cfg.lower.platforms is not None and not cfg.lower.platforms:
         raise ConfigError("lower.platforms: expected at least one platform or null, found []")
+    for name, size in cfg.compile.shapes.items():
+        if not str(name).isidentifier() or isinstance(size, bool) or not isinstance(size, int):
+            raise ConfigError(
+                f"compile.shapes.{name}: expected a dimension variable and an int size, found "
+                f"{name!r}: {size!r}"
+            )
+        if size < 0:
+            raise ConfigError(f"compile.shapes.{name}: expected a size >= 0, found {size}")
+    if cfg.lower.vjp_order < 0:
+        raise ConfigError(f"lower.vjp_order: expected an int >= 0, found {cfg.lower.vjp_order}")
     if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:
         raise ConfigError(f"compile.num_devices: expected >= 1, found {cfg.compile.num_devices}")
     if cfg.compile.max_devices < 1:
@@ -351,6 +389,7 @@ __all__ = [
     "STAGES",
     "CompileConfig",
     "ExecuteConfig",
+    "JaxSection",
     "JaxaotConfig",
     "LowerConfig",
     "MeshConfig",

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import memo
@@ -176,17 +176,89 @@ def environment() -> dict[str, Any]:
     }
 
 
-def configure(*, backend: str, num_devices: int | None, x64: bool) -> None:
+def configure(*, backend: str, num_devices: int | None, x64: bool,
+              jax_config: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Apply process-wide JAX settings for one run (call before any JAX computation), then
-    start the backends."""
+    start the backends. Returns the previous values of the JAX options the run changed, for
+    :func:`restore_config` after it (a sweep's next job starts from the same settings)."""
     if "jax" not in sys.modules:
         with _without_plugin_noise():
             import jax  # noqa: F401  (jaxlib's GPU modules print at import)
-    _configure(backend, num_devices, x64)
+    _configure(backend, num_devices)
+    previous = run_config(jax_config or {}, needs_x64=x64)
     start_backends(backend)
+    return previous
 
 
-def _configure(backend: str, num_devices: int | None, x64: bool) -> None:
+# JAX options jaxaot sets from other keys; ``jax.config`` may not set them.
+MANAGED_OPTIONS = {
+    "jax_num_cpu_devices": "compile.num_devices",
+    "jax_platforms": "compile.backend (or JAX_PLATFORMS in the environment)",
+    "jax_platform_name": "compile.backend",
+}
+
+
+def run_config(values: Mapping[str, Any], *, needs_x64: bool) -> dict[str, Any]:
+    """Set the run's ``jax.config`` options (issue 17) and x64; return what they were.
+
+    x64 is ``jax.config.jax_enable_x64`` when given, else on when an argument is 64-bit, else
+    what the process has (JAX's default, or ``JAX_ENABLE_X64`` from the environment).
+    """
+    import jax
+
+    from .errors import ConfigError
+
+    known = jax.config.values
+    wanted = dict(values)
+    for name in wanted:
+        if name in MANAGED_OPTIONS:
+            raise ConfigError(
+                f"jax.config.{name}: set by jaxaot from {MANAGED_OPTIONS[name]}; expected it there"
+            )
+        if name not in known:
+            close = sorted(k for k in known if k.startswith(name[:10]))[:5]
+            raise ConfigError(
+                f"jax.config.{name}: not a JAX config option in jax {jax.__version__}"
+                + (f" (similar: {', '.join(close)})" if close else "")
+            )
+    x64 = wanted.get("jax_enable_x64")
+    if x64 is None and needs_x64:
+        wanted["jax_enable_x64"] = True
+    elif x64 is not None and not x64 and needs_x64:
+        raise ConfigError(
+            "jax.config.jax_enable_x64=false, but the program has 64-bit array arguments; "
+            "expected jax_enable_x64=true (or null), or 32-bit argument types"
+        )
+    previous: dict[str, Any] = {}
+    try:
+        for name, value in wanted.items():
+            before = known[name]
+            if before == value:
+                continue
+            try:
+                jax.config.update(name, value)
+            except Exception as exc:
+                raise ConfigError(
+                    f"jax.config.{name}: JAX refused {value!r} ({' '.join(str(exc).split())[:200]})"
+                ) from None
+            previous[name] = before
+    except ConfigError:
+        restore_config(previous)
+        raise
+    if previous:
+        log.debug("jax.config for this run: %s", {k: wanted[k] for k in previous})
+    return previous
+
+
+def restore_config(previous: Mapping[str, Any]) -> None:
+    """Put back the JAX options a run changed (the values :func:`configure` returned)."""
+    import jax
+
+    for name, value in previous.items():
+        jax.config.update(name, value)
+
+
+def _configure(backend: str, num_devices: int | None) -> None:
     import jax
     from jax.extend import backend as jex_backend
 
@@ -196,8 +268,6 @@ def _configure(backend: str, num_devices: int | None, x64: bool) -> None:
 
     quiet_plugin_discovery()  # the CUDA plugin on a host without a GPU (jaxaot[cuda-aot])
 
-    if bool(jax.config.jax_enable_x64) != x64:  # type: ignore[attr-defined]
-        jax.config.update("jax_enable_x64", x64)
     if backend != "cpu" or num_devices is None:
         return
     current = jax.config.jax_num_cpu_devices  # type: ignore[attr-defined]
@@ -404,6 +474,8 @@ __all__ = [
     "jax_config",
     "key_environment",
     "platform_of",
+    "restore_config",
+    "run_config",
     "start_backends",
     "target_info",
     "versions",

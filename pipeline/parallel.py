@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .argspec import ArraySpec, BoundArgs, Literal, bind_config
+from .argspec import ArraySpec, BoundArgs, Literal, PytreeNode, bind_config, leaves
 from .errors import ConfigError
 from .sharding import Leaf, check_axis_names, match_specs
 
@@ -199,6 +199,10 @@ def _leaf_tree(tree: Any) -> Any:
         return [_leaf_tree(v) for v in tree]
     if isinstance(tree, ArraySpec):
         return Leaf(tree.shape, tree.type_str)
+    if isinstance(tree, PytreeNode):
+        # A named container takes one sharding for all its arrays (a pytree prefix, as
+        # jax.jit's in_shardings allows): replicated unless a rank-0 spec is given.
+        return Leaf((), f"{tree.cls} container (one spec for all its arrays)")
     assert isinstance(tree, Literal)
     return Leaf((), f"scalar {tree.value!r}")
 
@@ -260,6 +264,17 @@ def check_parallel(cfg: JaxaotConfig) -> None:
         )
     devices_to_start(cfg)  # the device limits, before any device starts
     bound = bound_args(cfg)
+    if mesh.per_replica:
+        symbolic = [(p, leaf) for top, tree in bound.traced_args() for p, leaf in leaves(tree, top)
+                    if isinstance(leaf, ArraySpec) and leaf.symbolic]  # fmt: skip
+        if symbolic:
+            # Measured on jax 0.10.2: the per-replica shard_map of a polymorphic program lowers
+            # to stablehlo.dynamic_gather, and compiling it crashes the process (SIGSEGV).
+            raise ConfigError(
+                f"{symbolic[0][0]}: {symbolic[0][1].type_str} has symbolic dimensions, which "
+                "stage_out.axis_env programs cannot have (XLA crashes compiling them, jax "
+                "0.10.2); expected concrete sizes, or a mesh (mesh.*) instead of axis_env"
+            )
     kw = traced_kwargs(bound)
     if kw:
         raise ConfigError(

@@ -121,12 +121,14 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
     t_start = time.perf_counter()
     current: str | None = None  # the stage in progress, for an exit or interrupt
+    restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
     phase, t_stage = "set-up", t_start
     with exits.signals_raise(), exits.guard_os_exit():
         try:
             try:
-                jaxenv.configure(backend=typed.compile.backend,
-                                 num_devices=devices_to_start(typed), x64=bound.needs_x64)  # fmt: skip
+                restore = jaxenv.configure(backend=typed.compile.backend,
+                                           num_devices=devices_to_start(typed),
+                                           x64=bound.needs_x64, jax_config=typed.jax.config)  # fmt: skip
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
                 if first <= STAGES.index("compile") <= last:
@@ -181,6 +183,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             raise
         finally:
             runner.close()
+            jaxenv.restore_config(restore)  # a sweep's next job starts from the same settings
             manifest.extra["wall_seconds"] = round(time.perf_counter() - t_start, 6)
             try:
                 manifest.write()

@@ -184,6 +184,24 @@ def check_imports(cfg: JaxaotConfig) -> None:
     check_name(cfg.program.target, "program.target", policy)
     for i, scoped in enumerate(scoped_metadata(cfg)):
         check_name(scoped.target, f"lower.scoped_metadata[{i}].target", policy)
+    for key, name in _pytree_tags(cfg.program.args, "program.args"):
+        check_name(name, key, policy)
+    for key, name in _pytree_tags(cfg.program.kwargs, "program.kwargs"):
+        check_name(name, key, policy)
+
+
+def _pytree_tags(tree: Any, where: str) -> Iterable[tuple[str, str]]:
+    """(key, class) of every ``_pytree_: pkg.mod:Class`` tag in an argument tree
+    (pipeline/argspec.py: pytree containers named by import path)."""
+    if isinstance(tree, dict):
+        tag = tree.get("_pytree_")
+        if isinstance(tag, str) and tag != "tuple":
+            yield f"{where}._pytree_", tag
+        for k, v in tree.items():
+            yield from _pytree_tags(v, f"{where}.{k}")
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            yield from _pytree_tags(v, f"{where}[{i}]")
 
 
 def check_hydra_callbacks(config: Any) -> None:

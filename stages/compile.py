@@ -128,7 +128,7 @@ def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
     exp = lowered.exported
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     shardings: dict[str, Any] = {}
-    if mesh is not None and len(devs) == mesh.size > 1:
+    if mesh is not None and len(devs) == mesh.size:
         concrete = concrete_mesh(mesh, devs)
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
@@ -160,7 +160,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
     if lowered.lowered is not None and lowered.platforms == (platform,):
         mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
-        sharded = mesh is not None and len(devs) == mesh.size > 1
+        sharded = mesh is not None and len(devs) == mesh.size
         live = lowered.lowered
         return Target(form="lowered", module_sha256=lowered.module_sha256,
                       convention=convention_of(live), lower=lambda: live,

@@ -11,9 +11,11 @@ by more than the tolerance.
 from __future__ import annotations
 
 import io
+import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,14 @@ def _place(
         return [jax.tree_util.tree_map(_as_device, a) for a in args], dict(kwargs)
 
 
+def _fresh(tree: Any) -> Any:
+    """A copy of the JAX arrays in ``tree`` (a donated call consumes them; NumPy leaves are
+    put on the device afresh anyway)."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: a.copy() if isinstance(a, jax.Array) else a, tree)
+
+
 def _as_device(x: Any) -> Any:
     import jax
 
@@ -82,11 +92,12 @@ def _put(value: Any, sharding: Any) -> Any:
         if isinstance(x, np.ndarray) and s is not None:
             if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
                 return jax.device_put(x)
-            if x.dtype.name in _SUB_BYTE and s.device_set == {jax.devices()[0]}:
+            if x.dtype.name in _SUB_BYTE:
                 # jax 0.10: device_put(x, sharding) of a sub-byte array gives an unpacked layout
-                # that the executable rejects ("layouts that disagree"); the default placement
-                # is packed.
-                return jax.device_put(x)
+                # that the executable rejects ("layouts that disagree"), on one device or a mesh
+                # (so does device_put to the executable's input format); the executable's own
+                # transfer of the host array is packed, so it is left to the call (issue 17).
+                return x
             return jax.device_put(x, s)
         return x
 
@@ -125,27 +136,72 @@ def _all_finite(arr: np.ndarray) -> bool:
     return True
 
 
+def _is_numpy_dtype(dtype: np.dtype[Any]) -> bool:
+    """A dtype NumPy itself defines (``.npz`` keeps it); ml_dtypes' (bfloat16, float8_*, int4,
+    ...) are not, whatever their kind (float8_e5m2 says 'f', with a descriptor '<f1' that
+    ``np.load`` refuses)."""
+    return dtype.type.__module__ == "numpy" and dtype.kind in "biufc"
+
+
 def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
+    """``outputs.npz`` and ``outputs.json`` (the on-disk format, issue 17):
+
+    - ``out<i>``: output leaf ``i`` (pytree order), as NumPy numbers. A leaf of an ml_dtypes
+      type is stored converted to float32 (exact: every such type is a subset of float32, NaN
+      payloads aside), readable with plain ``np.load``;
+    - ``outputs.bits.npz`` (only when there are such leaves): ``out<i>``, their very bits as
+      unsigned integers of the dtype's width (``view``), so that :func:`load_outputs` gives
+      back the original array bit for bit;
+    - ``outputs.json``: per leaf ``key``, pytree ``path``, ``dtype`` (the original name),
+      ``stored_dtype`` (of ``out<i>``), ``bits`` (true when ``outputs.bits.npz`` holds it),
+      ``shape``, ``finite``.
+    """
     import jax
 
     arrays: dict[str, Any] = {}
+    bits: dict[str, Any] = {}
     described: list[dict[str, Any]] = []
     for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(outputs)[0]):
         arr = np.asarray(leaf)
-        # .npz keeps only NumPy's own dtypes; ml_dtypes arrays would load back as raw bytes.
-        stored = arr if arr.dtype.kind in "biufc" else arr.astype(np.float32)
+        native = _is_numpy_dtype(arr.dtype)
+        stored = arr if native else arr.astype(np.float32)
         arrays[f"out{i}"] = stored
+        if not native:
+            bits[f"out{i}"] = arr.view(f"u{arr.dtype.itemsize}")
         described.append(
             {"key": f"out{i}", "path": jax.tree_util.keystr(path), "dtype": str(arr.dtype),
-             "stored_dtype": str(stored.dtype), "shape": list(arr.shape),
-             "finite": _all_finite(arr)}
+             "stored_dtype": str(stored.dtype), "bits": not native,
+             "shape": list(arr.shape), "finite": _all_finite(arr)}
         )  # fmt: skip
     if ctx.cfg.execute.save_outputs:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         ctx.write("outputs.npz", buf.getvalue())
+        if bits:
+            buf = io.BytesIO()
+            np.savez(buf, **bits)
+            ctx.write("outputs.bits.npz", buf.getvalue())
         ctx.write_json("outputs.json", described)
     return described
+
+
+def load_outputs(execute_dir: str | Path) -> dict[str, np.ndarray]:
+    """A run's saved outputs by pytree path, each with its original dtype, bit for bit
+    (``<run>/execute``: outputs.npz + outputs.json, see :func:`_savez`)."""
+    from .inputs import np_dtype
+
+    folder = Path(execute_dir)
+    described = json.loads((folder / "outputs.json").read_text())
+    out: dict[str, np.ndarray] = {}
+    raw: dict[str, np.ndarray] = {}
+    if any(d.get("bits") for d in described):
+        with np.load(folder / "outputs.bits.npz", allow_pickle=False) as z:
+            raw = {k: z[k] for k in z.files}
+    with np.load(folder / "outputs.npz", allow_pickle=False) as z:
+        for d in described:
+            key = d["key"]
+            out[d["path"]] = raw[key].view(np_dtype(d["dtype"])) if d.get("bits") else z[key]
+    return out
 
 
 def _reference(
@@ -170,7 +226,17 @@ def _reference(
         ref = staged.reference_fn or replica_reference(fn, staged)  # fn: resolved when resumed
         static = {k: v for k, v in staged.jit_options.items() if k.startswith("static_")}
         return jax.jit(ref, **static)(*full)
-    return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
+    from pipeline.parallel import mesh_spec
+
+    from .parallel import concrete_mesh
+
+    mesh = mesh_spec(ctx.cfg)
+    if mesh is None:
+        return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
+    # The program sees the run's mesh, as it did when traced (issue 17): on the backend's first
+    # devices, as the executable runs.
+    with jax.set_mesh(concrete_mesh(mesh, jax.devices(ctx.cfg.compile.backend))):
+        return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 
 def _errors(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,10 +290,19 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     cfg = ctx.cfg.execute
     if staged is None:
         raise JaxaotError("execute: no program arguments available (stage_out did not run)")
+    if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes (issue 17)
+        from pipeline.argspec import concrete_bound
+
+        staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
     if cfg.inputs is not None:
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:
-        host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed)
+        from pipeline.trust import policy_of
+
+        from .stage_out import class_resolver
+
+        host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed,
+                                             class_resolver(policy_of(ctx.cfg)))  # fmt: skip
     exe = compiled.compiled
     donated = set(compiled.lowered.donate_argnums)
     # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
@@ -236,10 +311,10 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
 
     def call() -> tuple[Any, float, list[Any]]:
         # A donated buffer is gone after a call: put a fresh copy before each one (untimed).
-        args = [_put(host_args[i], exe.input_shardings[0][i]) if i in donated else a
+        args = [_put(_fresh(host_args[i]), exe.input_shardings[0][i]) if i in donated else a
                 for i, a in enumerate(dev_args)]  # fmt: skip
-        kwargs = {k: _put(host_kwargs[k], exe.input_shardings[1][k]) if k in donated_kw else v
-                  for k, v in dev_kwargs.items()}  # fmt: skip
+        kwargs = {k: _put(_fresh(host_kwargs[k]), exe.input_shardings[1][k])
+                  if k in donated_kw else v for k, v in dev_kwargs.items()}  # fmt: skip
         t0 = time.perf_counter()
         try:
             out = exe(*args, **kwargs)
@@ -299,4 +374,4 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     return Executed(outputs=outputs, timings=timings, check=check)
 
 
-__all__ = ["Executed", "InputTypeError", "run"]
+__all__ = ["Executed", "InputTypeError", "load_outputs", "run"]

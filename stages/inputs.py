@@ -18,6 +18,8 @@ from pipeline.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
+    PytreeNode,
+    build,
     canonical_dtype,
     parse_leaf_or_tree,
     short_name,
@@ -198,7 +200,8 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
             if isinstance(spec, ArraySpec):
                 _same_type(spec, tuple(arr.shape), canonical_dtype(arr.dtype.name, where),
                            f"{where}[{key!r}]", decl)  # fmt: skip
-            leaves.append(arr)
+            weak = isinstance(spec, ArraySpec) and spec.weak_type
+            leaves.append(weakly_typed(arr) if weak else arr)
         built.append(_replace_leaves(tree, iter(leaves)))
     extra = sorted(set(arrays) - set(expected))
     if extra:
@@ -219,11 +222,36 @@ def expected_keys(bound: BoundArgs) -> list[str]:
     return keys
 
 
+def pytree_classes_of(bound: BoundArgs) -> list[tuple[str, str]]:
+    """(config key, class) of the named containers among the traced arguments (tuples too)."""
+    found: list[tuple[str, str]] = []
+
+    def walk(tree: Any, where: str) -> None:
+        if isinstance(tree, PytreeNode):
+            found.append((f"{where}._pytree_", tree.cls))
+        elif isinstance(tree, dict):
+            for k, v in tree.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(tree, list):
+            for i, v in enumerate(tree):
+                walk(v, f"{where}[{i}]")
+
+    for path, tree in bound.traced_args():
+        walk(tree, path)
+    return found
+
+
 def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Parse ``execute.inputs``: a list for the non-static positional arguments, or
     ``{args: [...], kwargs: {...}}``, each leaf a ``.npy`` path or a literal; or one ``.npz``
     archive keyed by argument path (:func:`npz_inputs`). Every array must have the type its
     spec declares."""
+    for key, _ in pytree_classes_of(bound):
+        raise ConfigError(
+            f"execute.inputs: {key.rsplit('.', 1)[0]} is a named pytree container (_pytree_), "
+            "which execute.inputs cannot fill (yet); expected execute.inputs=null (inputs built "
+            "from the specs and execute.seed)"
+        )
     if isinstance(inputs, str) and inputs.endswith(".npz"):
         return npz_inputs(bound, inputs)
     positions = [i for i in range(len(bound.args)) if not bound.is_static(i)]
@@ -253,23 +281,57 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
         _check_leaves(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
     counter = [0]
     return (
-        [_build(p, 0, counter, f"execute.inputs[{i}]") for i, p in enumerate(parsed_pos)],
-        {k: _build(v, 0, counter, f"execute.inputs.kwargs.{k}") for k, v in parsed_kw.items()},
-    )
+        [_weaken(s, _build(p, 0, counter, f"execute.inputs[{i}]"))
+         for i, (s, p) in enumerate(zip(traced_pos, parsed_pos, strict=True))],
+        {k: _weaken(traced_kw[k], _build(v, 0, counter, f"execute.inputs.kwargs.{k}"))
+         for k, v in parsed_kw.items()},
+    )  # fmt: skip
 
 
-def spec_inputs(bound: BoundArgs, seed: int) -> tuple[list[Any], dict[str, Any]]:
-    """Host arrays for every non-static argument, from the specs (literals as given)."""
+def _weaken(spec: Any, value: Any) -> Any:
+    """Given arrays where the spec is weakly typed (``~weak``) become weakly typed, as built
+    ones are (:func:`spec_inputs`)."""
+    if isinstance(spec, dict) and isinstance(value, dict):
+        return {k: _weaken(spec[k], v) for k, v in value.items()}
+    if isinstance(spec, list) and isinstance(value, list):
+        return [_weaken(s, v) for s, v in zip(spec, value, strict=True)]
+    if isinstance(spec, ArraySpec) and spec.weak_type and isinstance(value, np.ndarray):
+        return weakly_typed(value)
+    return value
+
+
+def weakly_typed(arr: np.ndarray) -> Any:
+    """``arr`` as a weakly typed JAX array, the form a Python scalar takes (``f32[]~weak``):
+    JAX's reference run then promotes it as the traced program did. JAX has no public
+    constructor for a weakly typed array of any shape (jax 0.10)."""
+    from jax._src.lax.lax import _convert_element_type
+
+    return _convert_element_type(arr, arr.dtype, weak_type=True)
+
+
+def spec_inputs(
+    bound: BoundArgs, seed: int, resolve: Any = None
+) -> tuple[list[Any], dict[str, Any]]:
+    """Host arrays for every non-static argument, from the specs (literals as given); named
+    pytree containers (``_pytree_``) built with the class ``resolve(name, key)`` gives."""
     counter = [0]
+
+    def leaf(where: str, spec: Any) -> Any:
+        value = _build(spec, seed, counter, where)
+        return weakly_typed(value) if isinstance(spec, ArraySpec) and spec.weak_type else value
+
+    def one(tree: Any, where: str) -> Any:
+        if resolve is None:
+            from .stage_out import class_resolver
+
+            return build(tree, lambda p, s: leaf(where + p, s), class_resolver())
+        return build(tree, lambda p, s: leaf(where + p, s), resolve)
+
     args = [
-        _build(a, seed, counter, f"program.args[{i}]")
-        for i, a in enumerate(bound.args)
-        if not bound.is_static(i)
+        one(a, f"program.args[{i}]") for i, a in enumerate(bound.args) if not bound.is_static(i)
     ]
     kwargs = {
-        k: _build(v, seed, counter, f"program.kwargs.{k}")
-        for k, v in bound.kwargs.items()
-        if not bound.is_static(k)
+        k: one(v, f"program.kwargs.{k}") for k, v in bound.kwargs.items() if not bound.is_static(k)
     }
     return args, kwargs
 

@@ -13,12 +13,12 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline import memo
 from pipeline.context import StageContext
-from pipeline.errors import StoreError
+from pipeline.errors import ConfigError, StoreError
 from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import platform_of
 from pipeline.metadata import scoped_metadata
@@ -102,8 +102,18 @@ def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
     return fn, opts
 
 
-def _namedtuples(treedef: Any) -> list[type]:
-    """The NamedTuple classes in a pytree structure (outer first, each once)."""
+# Containers jax.export serializes itself.
+_BUILTIN_NODES = (tuple, list, dict, type(None))
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _node_classes(treedef: Any) -> list[type]:
+    """The NamedTuple and other user pytree classes in a structure (outer first, each once)."""
+    import collections
+
     found: list[type] = []
     stack = [treedef]
     while stack:
@@ -111,7 +121,9 @@ def _namedtuples(treedef: Any) -> list[type]:
         data = node.node_data()
         if data is not None:
             cls = data[0]
-            if issubclass(cls, tuple) and hasattr(cls, "_fields") and cls not in found:
+            builtin = cls in _BUILTIN_NODES or cls in (collections.OrderedDict,
+                                                       collections.defaultdict)  # fmt: skip
+            if not builtin and cls not in found:
                 found.append(cls)
         stack.extend(reversed(node.children()))
     return found
@@ -121,7 +133,28 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _register_namedtuple(cls: type, name: str) -> None:
+def _aux_to_bytes(aux: Any) -> bytes:
+    # A registered class's aux data (a dataclass's static fields, a user's own): stored as a
+    # Python literal, read back with ast.literal_eval, so loading runs no code.
+    import ast
+
+    text = repr(aux)
+    try:
+        same = ast.literal_eval(text) == aux
+    except (ValueError, SyntaxError):
+        same = False
+    if not same:
+        raise ValueError(f"pytree aux data {text[:80]} is not a Python literal")
+    return text.encode()
+
+
+def _aux_from_bytes(data: bytes) -> Any:
+    import ast
+
+    return ast.literal_eval(data.decode())
+
+
+def _register_class(cls: type, name: str) -> None:
     """Let jax.export (de)serialize ``cls`` under ``name``; once per process."""
     from jax._src.export import _export
 
@@ -134,28 +167,36 @@ def _register_namedtuple(cls: type, name: str) -> None:
         _export.serialization_registry.pop(stale[0], None)
     import jax
 
-    jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+    if _is_namedtuple(cls):
+        jax.export.register_namedtuple_serialization(cls, serialized_name=name)
+    else:
+        jax.export.register_pytree_node_serialization(
+            cls, serialized_name=name, serialize_auxdata=_aux_to_bytes,
+            deserialize_auxdata=_aux_from_bytes,
+        )  # fmt: skip
 
 
 def _register_output_types(exported: Any) -> list[str]:
-    """Register the NamedTuples in the export's input and output structures (jaxlib's EighResult,
-    SVDResult, QRResult, a user's own), so that ``serialize`` accepts them; return their names.
+    """Register the NamedTuples and user pytree classes (registered dataclasses, classes of
+    ``jax.tree_util.register_pytree_node``) in the export's input and output structures
+    (jaxlib's EighResult, SVDResult, QRResult, a user's own), so that ``serialize`` accepts
+    them; return their names.
 
     A class defined inside a function cannot be imported by a later run: left unregistered, so
     the export fails as before (with jax's message) instead of writing an unloadable file.
     """
     names = []
-    for cls in _namedtuples(exported.in_tree) + _namedtuples(exported.out_tree):
+    for cls in _node_classes(exported.in_tree) + _node_classes(exported.out_tree):
         if "<locals>" in cls.__qualname__:
             continue
         name = _class_name(cls)
-        _register_namedtuple(cls, name)
+        _register_class(cls, name)
         names.append(name)
     return names
 
 
 def _import_namedtuples(names: list[str]) -> None:
-    """Import and register the NamedTuple classes a checkpointed export names (lowered.json)."""
+    """Import and register the pytree classes a checkpointed export names (lowered.json)."""
     import importlib
 
     for name in names:
@@ -166,15 +207,34 @@ def _import_namedtuples(names: list[str]) -> None:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
             raise StoreError(
-                f"resume_from: the lowering's outputs are a NamedTuple {name!r} that cannot be "
-                f"imported here ({exc}); start at stage_out instead"
+                f"resume_from: the lowering's arguments or outputs hold a pytree class {name!r} "
+                f"that cannot be imported here ({exc}); start at stage_out instead"
             ) from None
-        if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
+        if not isinstance(obj, type):
             raise StoreError(
-                f"resume_from: {name!r} named in lowered.json is not a NamedTuple class (found "
+                f"resume_from: {name!r} named in lowered.json is not a pytree class (found "
                 f"{type(obj).__name__}); start at stage_out instead"
             )
-        _register_namedtuple(obj, name)
+        _register_class(obj, name)
+
+
+def check_platforms(platforms: tuple[str, ...]) -> None:
+    """Each of ``lower.platforms`` is one JAX lowers for: a platform with a registered backend
+    factory (jax's own, and any a plugin adds), not an alias (``gpu``). JAX's ``lower`` itself
+    takes any string (jax 0.10.2), and a typo would lower with default rules only."""
+    from jax._src import xla_bridge  # no public list of platforms in jax 0.10
+
+    aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
+    known = sorted(set(xla_bridge.known_platforms()) - set(aliases.values()))
+    for p in platforms:
+        if p in known:
+            continue
+        meant = sorted(k for k, v in aliases.items() if v == p)
+        hint = f" ({p} is an alias of {', '.join(meant)}: name one)" if meant else ""
+        raise ConfigError(
+            f"lower.platforms: JAX does not lower for {p!r}{hint}; expected one of "
+            f"{', '.join(known)} (the platforms this JAX and its plugins know)"
+        )
 
 
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
@@ -182,6 +242,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
 
     cfg = ctx.cfg
     platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
+    check_platforms(platforms)
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
@@ -204,13 +265,17 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
         same = getattr(lowered, "_lowering", None)
-        stablehlo = memo.derived(same, "stablehlo", lowered.as_text)
+        debug = bool(cfg.lower.debug_info)  # locations kept in the texts (issue 17)
+        tag = "+debug" if debug else ""
+        stablehlo = memo.derived(same, "stablehlo" + tag,
+                                 lambda: lowered.as_text(debug_info=debug))  # fmt: skip
         module_sha = memo.derived(
             same, "module_sha256", lambda: sha256_bytes(canonical_stablehlo(stablehlo).encode())
         )
         donate = _flat_donations(staged)
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
-        if ctx.on_lowered is not None:  # lets the runner start compiling while we export
+        polymorphic = _has_symbolic(staged.args, kwargs)
+        if ctx.on_lowered is not None and not polymorphic:  # compile while we export
             ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
                                    module_sha256=module_sha, donate_argnums=donate,
                                    meta=early))  # fmt: skip
@@ -218,7 +283,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # Only making the texts and the export may fail softly; writing them may not (a full
         # disk is the run's error, not a warning).
         try:
-            hlo_text = memo.derived(same, "hlo", lambda: lowered.as_text(dialect="hlo"))
+            hlo_text = memo.derived(
+                same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
+            )
         except Exception as exc:  # some multi-platform lowerings have no single HLO form
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
         else:
@@ -227,7 +294,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             with ctx.capture_warnings():
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
                 pytree_types = _register_output_types(exported)
-                exported_bytes = bytes(exported.serialize())
+                # vjp_order: the export carries that many orders of derivatives (issue 17).
+                exported_bytes = bytes(exported.serialize(vjp_order=cfg.lower.vjp_order))
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(
@@ -255,7 +323,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                            devices=early["nr_devices"])  # fmt: skip
     ctx.write_json("lowered.json", meta)
     ctx.metrics.update(platforms=list(platforms))
-    return Lowered(
+    record = Lowered(
         exported=exported,
         lowered=lowered,
         platforms=platforms,
@@ -263,6 +331,68 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate_argnums=donate,
         meta=meta,
     )
+    return for_compile(ctx, record) if polymorphic else record
+
+
+def _has_symbolic(*trees: Any) -> bool:
+    import jax
+
+    return any(not isinstance(d, int) for leaf in jax.tree_util.tree_leaves(trees)
+               for d in getattr(leaf, "shape", ()))  # fmt: skip
+
+
+def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
+    """A polymorphic lowering made concrete for ``compile.shapes`` (issue 17): the export
+    called at those sizes, exported again (JAX checks the shape constraints there). exported.bin
+    stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
+    or the lowering has no symbolic dimensions."""
+    import jax
+
+    from pipeline.argspec import symbols
+    from pipeline.config import STAGES
+    from pipeline.errors import one_line
+
+    exp = record.exported
+    later = STAGES.index(ctx.cfg.stop_after) >= STAGES.index("compile")
+    if exp is None or not later or not _has_symbolic(exp.in_avals):
+        return record
+    sizes = dict(ctx.cfg.compile.shapes)
+    used: dict[str, int] = {}
+    avals = []
+    for aval in exp.in_avals:
+        shape = []
+        for d in aval.shape:
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            names = symbols(str(d))
+            missing = [v for v in names if v not in sizes]
+            if missing:
+                raise ConfigError(
+                    f"compile.shapes: the lowering is polymorphic in {str(d)!r}; expected a size "
+                    f"for {', '.join(repr(m) for m in missing)} (e.g. compile.shapes="
+                    f"{{{missing[0]}: 32}}), or stop_after=lower"
+                )
+            used |= {v: sizes[v] for v in names}
+            shape.append(int(d._evaluate(sizes)))  # jax 0.10: no public evaluation of a dim
+        avals.append(jax.ShapeDtypeStruct(tuple(shape), aval.dtype, weak_type=aval.weak_type))
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, avals)
+    jit_opts: dict[str, Any] = {}
+    mesh_context: Any = contextlib.nullcontext()
+    if record.meta.get("mesh") and exp.nr_devices > 1:  # called on the lowering's own mesh
+        amesh = abstract_mesh(MeshSpec.from_json(record.meta["mesh"]))
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(amesh))
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
+        jit_opts = {"in_shardings": ins[0], "out_shardings": outs}
+        mesh_context = jax.sharding.use_abstract_mesh(amesh)
+    try:
+        with mesh_context:
+            concrete = jax.export.export(jax.jit(exp.call, **jit_opts),
+                                         platforms=exp.platforms)(*args, **kwargs)  # fmt: skip
+    except ValueError as exc:  # a shape constraint or a division that does not hold
+        raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
+    ctx.metrics.update(shapes=used)
+    return replace(record, exported=concrete, lowered=None, meta={**record.meta, "shapes": used})
 
 
 ARTIFACTS = ("module.stablehlo.mlir", "module.hlo.txt", "exported.bin", "cost_analysis.json",
@@ -289,14 +419,14 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         except (KeyError, FileNotFoundError):
             continue  # optional: HLO text / cost analysis are absent for some lowerings
     ctx.metrics.update(platforms=list(meta["platforms"]))
-    return Lowered(
+    return for_compile(ctx, Lowered(
         exported=exported,
         lowered=None,
         platforms=tuple(meta["platforms"]),
         module_sha256=meta["module_sha256"],
         donate_argnums=tuple(meta["donate_argnums"]),
         meta=meta,
-    )
+    ))  # fmt: skip
 
 
 def _cost(lowered: Any) -> dict[str, float] | None:
@@ -309,4 +439,4 @@ def _cost(lowered: Any) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in cost.items()} if cost else None
 
 
-__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "load", "run"]
+__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "check_platforms", "load", "run"]

@@ -7,18 +7,29 @@ Reads ``program`` and ``stage_out`` options; writes ``jaxpr.txt`` and ``signatur
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import inspect
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import memo
-from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
+from pipeline.argspec import (
+    ArraySpec,
+    BoundArgs,
+    Literal,
+    bind,
+    bind_config,
+    build,
+    leaves,
+    to_static_value,
+)
 from pipeline.context import StageContext
-from pipeline.errors import JaxaotError, StageError, TargetError, one_line
+from pipeline.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
 from pipeline.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 
@@ -94,35 +105,107 @@ def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
     return [p.name for p in sig.parameters.values() if p.kind in kinds]
 
 
-def abstract_value(spec: ArraySpec | Literal) -> Any:
-    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar."""
+def abstract_value(spec: ArraySpec | Literal, scope: Any = None) -> Any:
+    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar.
+    Symbolic dimensions become jax.export's, in ``scope`` (one per run: shared variables)."""
     import jax
 
     if isinstance(spec, ArraySpec):
-        return jax.ShapeDtypeStruct(spec.shape, spec.dtype)
+        shape: Any = spec.shape
+        if spec.symbolic:
+            shape = jax.export.symbolic_shape(",".join(map(str, spec.shape)), scope=scope)
+        return jax.ShapeDtypeStruct(shape, spec.dtype, weak_type=spec.weak_type)
     return spec.value
 
 
-def _as_args(bound: BoundArgs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def symbolic_scope(constraints: Sequence[str]) -> Any:
+    """jax.export's scope for a run's symbolic dimensions, with ``stage_out.shape_constraints``."""
+    import jax
+
+    try:
+        scope = jax.export.SymbolicScope(list(constraints))
+    except Exception as exc:
+        raise ConfigError(f"stage_out.shape_constraints: JAX refused {list(constraints)}: "
+                          f"{' '.join(str(exc).split())[:200]}") from None  # fmt: skip
+    return scope
+
+
+def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str], Any]:
+    """``resolve(name, key)``: the class a ``_pytree_`` tag names, imported through the trust
+    policy (pipeline/trust.py) as ``program.target`` is."""
+
+    @functools.cache
+    def resolve(name: str, key: str) -> Any:
+        cls = resolve_target(name, key, policy)
+        if not isinstance(cls, type):
+            raise TargetError(f"{key}={name!r}: expected a class, found a {type(cls).__name__}")
+        return cls
+
+    return resolve
+
+
+def _as_args(
+    bound: BoundArgs, resolve: Callable[[str, str], Any] | None = None,
+    constraints: Sequence[str] = (),
+) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
+    resolve = resolve or class_resolver()
+    symbolic = any(isinstance(leaf, ArraySpec) and leaf.symbolic
+                   for _, tree in bound.traced_args() for _, leaf in leaves(tree))  # fmt: skip
+    scope = symbolic_scope(constraints) if symbolic else None
+
+    def abstract(tree: Any, where: str) -> Any:
+        return build(tree, lambda _p, leaf: abstract_value(leaf, scope),
+                     lambda name, key: resolve(name, where + key))  # fmt: skip
+
     args = tuple(
         to_static_value(a, f"program.args[{i}]")
         if bound.is_static(i)
-        else map_tree(lambda _p, leaf: abstract_value(leaf), a)
+        else abstract(a, f"program.args[{i}]")
         for i, a in enumerate(bound.args)
     )
     kwargs = {
         k: to_static_value(v, f"program.kwargs.{k}")
         if bound.is_static(k)
-        else map_tree(lambda _p, leaf: abstract_value(leaf), v)
+        else abstract(v, f"program.kwargs.{k}")
         for k, v in bound.kwargs.items()
     }
     return args, kwargs
+
+
+def _typed_shardings(
+    cfg: Any, bound: BoundArgs, args: tuple[Any, ...], mesh: Any
+) -> tuple[Any, ...]:
+    """With explicit mesh axes the input shardings are part of the argument types (issue 17):
+    each traced positional ShapeDtypeStruct carries its ``lower.in_shardings`` entry."""
+    import jax
+
+    from pipeline.parallel import check_in_shardings
+
+    from .parallel import abstract_mesh, named
+
+    specs = iter(named(check_in_shardings(cfg, bound, mesh), abstract_mesh(mesh)))
+
+    def typed(sds: Any, sharding: Any) -> Any:
+        return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sharding,
+                                    weak_type=sds.weak_type)  # fmt: skip
+
+    def prefix(spec_tree: Any, arg: Any) -> Any:  # a sharding may stand for a whole subtree
+        return jax.tree.map(lambda sh, sub: jax.tree.map(lambda s: typed(s, sh), sub),
+                            spec_tree, arg)  # fmt: skip
+
+    return tuple(a if bound.is_static(i) else prefix(next(specs), a)
+                 for i, a in enumerate(args))  # fmt: skip
 
 
 def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
     from pipeline.argspec import short_name
 
     return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
+
+
+def _dims(shape: Any) -> list[int | str]:
+    """A shape as JSON: symbolic dimensions (shape polymorphism) by their text."""
+    return [d if isinstance(d, int) else str(d) for d in shape]
 
 
 def _describe(value: Any) -> str:
@@ -176,7 +259,7 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
             {
                 "path": where,
                 "type": _type_str(tuple(aval.shape), aval.dtype),
-                "shape": list(aval.shape),
+                "shape": _dims(aval.shape),
                 "dtype": str(aval.dtype),
                 "weak_type": bool(getattr(aval, "weak_type", False)),
                 "donated": donated or bool(getattr(info, "donated", False)),
@@ -186,7 +269,7 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
         {
             "path": jax.tree_util.keystr(path),
             "type": _type_str(tuple(o.shape), o.dtype),
-            "shape": list(o.shape),
+            "shape": _dims(o.shape),
             "dtype": str(o.dtype),
         }
         for path, o in jax.tree_util.tree_flatten_with_path(traced.out_info)[0]
@@ -219,12 +302,23 @@ def _jit_options(bound: BoundArgs) -> dict[str, Any]:
     return opts
 
 
+def _rebind(cfg: Any, names: list[str]) -> BoundArgs:
+    return bind(cfg.program.args, cfg.program.kwargs,
+                static_argnums=cfg.stage_out.static_argnums,
+                static_argnames=cfg.stage_out.static_argnames,
+                donate_argnums=cfg.lower.donate_argnums,
+                donate_argnames=cfg.lower.donate_argnames, names_of_positions=names)  # fmt: skip
+
+
 def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -> StagedOut:
     """The record of a checkpointed stage_out, without importing the program."""
     for name in ("jaxpr.txt", "signature.json"):
         ctx.write(name, read(name))
-    args, kwargs = _as_args(bound)
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
+    if signature.get("parameters") is not None:  # static/donated options through the signature
+        bound = _rebind(ctx.cfg, signature["parameters"])
+    args, kwargs = _as_args(bound, class_resolver(policy_of(ctx.cfg)),
+                            ctx.cfg.stage_out.shape_constraints)  # fmt: skip
     mesh = mesh_spec(ctx.cfg)
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
@@ -241,11 +335,22 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
 
     cfg = ctx.cfg
     fn = resolve_target(cfg.program.target, policy=policy_of(cfg))
-    bound = bind_config(cfg, parameter_names(fn))
-    args, kwargs = _as_args(bound)
+    names = parameter_names(fn)
+    bound = bind_config(cfg, names)
+    args, kwargs = _as_args(bound, class_resolver(policy_of(cfg)),
+                            cfg.stage_out.shape_constraints)  # fmt: skip
     jit_options = _jit_options(bound)
     mesh = mesh_spec(cfg)
     env = mesh if mesh is not None and mesh.per_replica else None
+    mesh_context: Any = contextlib.nullcontext()
+    if mesh is not None and env is None:
+        from .parallel import abstract_mesh
+
+        # The program sees the configured mesh while it is traced (issue 17): get_abstract_mesh,
+        # bare PartitionSpecs, reshard and shard_map without a mesh argument.
+        mesh_context = jax.sharding.use_abstract_mesh(abstract_mesh(mesh))
+        if "explicit" in mesh.axis_types:
+            args = _typed_shardings(cfg, bound, args, mesh)
     reference_fn = None
     if env is not None:
         # Keyword arguments are all static here (pipeline.parallel refuses traced ones).
@@ -253,7 +358,8 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         fn, bound, reference_fn, jit_options = rep.fn, rep.bound, rep.reference, rep.jit_options
         args, kwargs = _as_args(bound)[0], {}
     try:
-        traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
+        with mesh_context:
+            traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
     except JaxaotError:
         raise
     except Exception as exc:  # the program's own error: say what it was traced with
@@ -268,6 +374,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
+    signature["parameters"] = names
     if env is not None:
         signature["axis_env"] = {
             "axes": [[a, n] for a, n in zip(env.axes, env.shape, strict=True)],

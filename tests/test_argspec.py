@@ -90,13 +90,22 @@ def test_parse_type_returns_none_for_text_that_is_not_a_type() -> None:
     assert parse_type("f32", "x") is None
 
 
+def test_symbolic_dimensions_and_weak_types_parse() -> None:
+    spec = parse_type("f32[b, 2*b + 1, 4]~weak", "x")
+    assert spec is not None and spec.shape == ("b", "2*b + 1", 4) and spec.weak_type
+    assert spec.type_str == "f32[b,2*b + 1,4]~weak"
+    assert spec.concrete({"b": 3}, "x").shape == (3, 7, 4)
+    with pytest.raises(ConfigError, match=r"compile\.shapes: x has the symbolic dimension 'b'"):
+        spec.concrete({}, "x")
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
         ("x32[3]", r"program\.args\[0\]: unknown dtype 'x32'"),
         ("f32[3,]", r"program\.args\[0\]: cannot parse array type 'f32\[3,\]': empty dimension"),
         ("f32[,]", r"cannot parse array type 'f32\[,\]'"),
-        ("f32[a,b]", r"program\.args\[0\]: cannot parse array type 'f32\[a,b\]'"),
+        ("f32[a/b]", r"program\.args\[0\]: cannot parse array type 'f32\[a/b\]'"),
         ("f32[3", r"cannot parse array type 'f32\[3'"),
         ("notatype[2]", r"unknown dtype 'notatype'"),
     ],
