@@ -73,7 +73,8 @@ def test_linalg_executable_loads_cold_from_the_store(tmp_path: Path, op: str, co
         assert lowered["namedtuples"] == [f"jax._src.numpy.linalg:{results[op]}"]
     # A resumed compile is keyed by its export (issue 12): the first resume here stores the
     # executable it compiles from exported.bin, the cold process below is served that entry.
-    warm = compose_run(f"resume_from={first}", "start_at=compile").run_dir
+    # (in a fresh process too: this test process may run more devices, which the key covers)
+    warm = _run(tmp_path, "warm", f"resume_from={first}", "start_at=compile")
     assert _statuses(warm)["compile"] == "ran"
     cold = _run(tmp_path, "cold", f"resume_from={first}", "start_at=compile")
     assert _statuses(cold)["compile"] == "cached"
