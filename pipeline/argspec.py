@@ -196,14 +196,19 @@ def build(tree: Any, leaf: Any, resolve: Any) -> Any:
     """Python objects from a parsed tree: ``leaf(path, spec)`` for each leaf, and each
     PytreeNode constructed with the class ``resolve(name, path)`` returns."""
 
+    # Leaves are visited with dict keys and container fields sorted, whatever order the config
+    # listed them in: a resumed run reads its config back from the manifest (sorted JSON), and
+    # seeded inputs are drawn in visiting order, so both runs must visit alike.
     def go(node: Any, where: str) -> Any:
         if isinstance(node, dict):
-            return {k: go(v, f"{where}.{k}") for k, v in node.items()}
+            done = {k: go(node[k], f"{where}.{k}") for k in sorted(node)}
+            return {k: done[k] for k in node}
         if isinstance(node, list):
             return [go(v, f"{where}[{i}]") for i, v in enumerate(node)]
         if isinstance(node, PytreeNode):
             args = [go(a, p) for p, a in node.children(where)[: len(node.args)]]
-            fields = {k: go(v, f"{where}.{k}") for k, v in node.fields}
+            made = {k: go(v, f"{where}.{k}") for k, v in sorted(node.fields, key=lambda f: f[0])}
+            fields = {k: made[k] for k, _ in node.fields}
             if node.cls == "tuple":
                 return tuple(args)
             cls = resolve(node.cls, f"{where}.{PYTREE_KEY}")

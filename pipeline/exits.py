@@ -60,6 +60,23 @@ def describe_exit(exc: SystemExit) -> str:
     )
 
 
+# Why the process is being ended on purpose by its job system (set by the SLURM launcher's
+# checkpoint hook, which submitit calls from its signal handler before it exits): the
+# SystemExit that follows is a preemption, not the program's own exit.
+_preempted: str | None = None
+
+
+def note_preempted(why: str) -> None:
+    """Say that the coming SystemExit is the job system preempting this run (see runner)."""
+    global _preempted
+    _preempted = why
+
+
+def preempted() -> str | None:
+    """Why the job system is ending this run, or None when it is not."""
+    return _preempted
+
+
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
     """A signal handler: raise :class:`Terminated` where the main thread is."""
     raise Terminated(signum)

@@ -164,6 +164,10 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
                 manifest.status = "ok"
             except SystemExit as exc:  # sys.exit / os._exit in user code: a failed stage
+                if (why := exits.preempted()) is not None:  # the job system's exit, not ours
+                    _record_unfinished(manifest, current, "interrupted", t_stage)
+                    manifest.status, manifest.error = "interrupted", f"{why} during {phase}"
+                    raise
                 _record_unfinished(manifest, current, "failed", t_stage)
                 raise StageError(current or "set-up", exits.describe_exit(exc)) from exc
         except Exception as exc:

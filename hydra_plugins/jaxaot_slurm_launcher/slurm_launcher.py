@@ -132,6 +132,10 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         job again, one attempt later (what to resume is read from disk when it starts)."""
         import submitit
 
+        from pipeline import exits
+
+        # submitit exits (SystemExit) right after this: the run records it as interrupted.
+        exits.note_preempted("preempted by SLURM (submitit checkpointed and requeued the job)")
         attempt = int(kwargs.pop("attempt", 0)) + 1
         log.warning("checkpoint: job requeued (attempt %d); it resumes from its last finished "
                     "stage", attempt + 1)  # fmt: skip
