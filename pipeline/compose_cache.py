@@ -31,9 +31,11 @@ from typing import Any
 
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.types import Override
+from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException
 from hydra.plugins.config_source import ConfigSource
-from hydra.types import HydraContext, RunMode
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -206,4 +208,25 @@ def clear() -> None:
     _STATS.update(composed=0, reused=0)
 
 
-__all__ = ["SweepConfigLoader", "clear", "stats", "with_sweep_loader"]
+class LaunchingSweeper(Sweeper):
+    """What jaxaot's own sweepers (Optuna, fit search) share: jobs launched with the configured
+    launcher, each job's config composed once (:func:`with_sweep_loader`)."""
+
+    config: DictConfig | None = None
+    hydra_context: HydraContext | None = None
+    launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:  # fmt: skip
+        hydra_context = with_sweep_loader(hydra_context)
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        assert self.config is not None and self.hydra_context is not None
+        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
+
+
+__all__ = ["LaunchingSweeper", "SweepConfigLoader", "clear", "stats", "with_sweep_loader"]

@@ -52,6 +52,18 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+def read_json(run_dir: Path, name: str) -> Any:
+    return json.loads((run_dir / name).read_text())
+
+
+def run_numbered(tmp_path: Path, *overrides: str, name: str = "run") -> Any:
+    """``pipeline.run`` in-process into a fresh ``tmp_path/<name><n>``; the RunResult."""
+    import pipeline
+
+    rd = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
+    return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
+
+
 @pytest.fixture
 def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
     """``cli(*overrides, run_dir=None)`` -> (CompletedProcess, run_dir) with hydra.run.dir set."""

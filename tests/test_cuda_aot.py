@@ -8,12 +8,12 @@ the ptxas guard, the cuDNN refusal and the refusal to resume at execute without 
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import read_json, run_numbered
 
 import pipeline
 from pipeline import cuda_targets
@@ -42,13 +42,8 @@ def _on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
-def _run(tmp_path: Path, *overrides: str, name: str = "run") -> pipeline.RunResult:
-    rd = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
-    return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
-
-
-def _json(run_dir: Path, name: str) -> Any:
-    return json.loads((run_dir / name).read_text())
+_run = run_numbered
+_json = read_json
 
 
 _MATMUL = (f"program.target={HERE}:matmul", "program.args=[bf16[64,128],bf16[128,32]]")

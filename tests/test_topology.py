@@ -46,6 +46,8 @@ def _on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(tmp_path: Path, *overrides: str, name: str = "run") -> pipeline.RunResult:
+    # (conftest.run_numbered; this module is also imported as a program target, without
+    # pytest's conftest on the path)
     rd = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
     return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
 

@@ -16,13 +16,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from pipeline.compose_cache import with_sweep_loader
+from pipeline.compose_cache import LaunchingSweeper
 from pipeline.errors import EXIT_DOES_NOT_FIT
 from pipeline.fit_search import FIT_NAME, FitOptions, Search, bisect, combinations, summary_line
 from pipeline.fsutil import atomic_write_json
@@ -62,7 +59,7 @@ def _verdict(job: JobReturn) -> tuple[bool | None, str | None, dict[str, Any]]:
     return None, (value.error if isinstance(value, JobOutcome) else f"exit code {code}"), metrics
 
 
-class JaxaotFitSweeper(Sweeper):
+class JaxaotFitSweeper(LaunchingSweeper):
     """Bisects ``overrides``' ``{n}`` over [low, high] (multiples of ``multiple``)."""
 
     def __init__(self, **options: Any) -> None:
@@ -70,21 +67,6 @@ class JaxaotFitSweeper(Sweeper):
         if OmegaConf.is_config(overrides):
             overrides = OmegaConf.to_container(overrides, resolve=True)
         self.opts = FitOptions(overrides=[str(o) for o in overrides], **options)
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:  # fmt: skip
-        hydra_context = with_sweep_loader(hydra_context)
-        self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
-
-    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        assert self.config is not None and self.hydra_context is not None
-        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
 
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None

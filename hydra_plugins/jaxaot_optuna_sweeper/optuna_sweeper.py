@@ -14,13 +14,10 @@ from dataclasses import field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.plugins import Plugins
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from pipeline.autotune import AutotuneOptions, optimize
-from pipeline.compose_cache import with_sweep_loader
+from pipeline.compose_cache import LaunchingSweeper
 
 
 def _schema() -> type:
@@ -47,7 +44,7 @@ ConfigStore.instance().store(
 )
 
 
-class JaxaotOptunaSweeper(Sweeper):
+class JaxaotOptunaSweeper(LaunchingSweeper):
     """Asks Optuna for trials, launches them with the configured launcher, tells the results."""
 
     def __init__(self, **options: Any) -> None:
@@ -55,21 +52,6 @@ class JaxaotOptunaSweeper(Sweeper):
         if OmegaConf.is_config(params):
             params = OmegaConf.to_container(params, resolve=True)
         self.opts = AutotuneOptions(params={str(k): str(v) for k, v in params.items()}, **options)
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:  # fmt: skip
-        hydra_context = with_sweep_loader(hydra_context)
-        self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
-
-    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        assert self.config is not None and self.hydra_context is not None
-        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
 
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None
