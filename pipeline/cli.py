@@ -46,6 +46,14 @@ def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _progress_lines() -> bool:
+    """Whether this sweep prints a progress line per job (pipeline.callbacks), with its error."""
+    from hydra.core.hydra_config import HydraConfig
+
+    sweep = OmegaConf.select(HydraConfig.get(), "callbacks.sweep") or {}
+    return bool(sweep.get("progress", False) and "_target_" in sweep)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from hydra.core.hydra_config import HydraConfig
@@ -62,7 +70,9 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     except JaxaotError as exc:
         if _debug(cfg):
             traceback.print_exc()
-        print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
+        # In a sweep the job's progress line shows the error: printed once.
+        if not _is_multirun() or not _progress_lines():
+            print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
         if _is_multirun():
             return JobOutcome(1, str(exc))
         sys.exit(1)
@@ -125,8 +135,15 @@ def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
     # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
     signal.signal(signal.SIGTERM, raise_terminated)
+    from .console import quiet_broken_pipe, version_text
+
+    if "--version" in sys.argv[1:]:  # jaxaot's, not Hydra's: no config is composed
+        with quiet_broken_pipe():
+            print(version_text(), flush=True)
+        return
     try:
-        _main()
+        with quiet_broken_pipe():  # `jaxaot ... | head`: the run goes on, its output dropped
+            _main()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point
         notes = getattr(exc, "__notes__", None)
         print(f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}", file=sys.stderr,

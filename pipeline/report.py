@@ -142,8 +142,8 @@ def collect(sweep_dir: Path | str) -> SweepTable:
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
     varying = _varying(all_overrides, plan.varying)
-    fixed = list(dict.fromkeys(o for ovs in all_overrides for o in ovs
-                               if override_key(o) not in varying))  # fmt: skip
+    fixed = list(dict.fromkeys(f"{override_key(o)}={override_value(o)}" for ovs in all_overrides
+                               for o in ovs if override_key(o) not in varying))  # fmt: skip
     autotune = read_json(root / AUTOTUNE_NAME)
     if autotune:
         best = (autotune.get("best") or {}).get("job")

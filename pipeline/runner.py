@@ -177,7 +177,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             if print_summary:
                 from .summary import render
 
-                print(render(manifest.to_json()), flush=True)
+                # The error itself is raised to the caller, which prints it (once).
+                print(render(manifest.to_json(), show_error=False), flush=True)
     return RunResult(run_dir=out, manifest=manifest.to_json(), records=records)
 
 

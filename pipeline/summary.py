@@ -135,7 +135,9 @@ def output_lines(outputs: list[dict[str, Any]]) -> list[str]:
     return [f"{a:<{width}}  {b}{c}" for a, b, c in rows]
 
 
-def render(manifest: dict[str, Any]) -> str:
+def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
+    """The summary table. ``show_error=False`` leaves out the run's error line, for callers that
+    print the error themselves (the CLI's one stderr line): an error is printed once."""
     cfg, be = manifest["config"], manifest.get("backend") or {}
     prog = cfg["program"]
     head = f"jaxaot · {prog['name']} ({prog['target']})"
@@ -155,7 +157,7 @@ def render(manifest: dict[str, Any]) -> str:
     lines += output_lines(outputs or [])
     for w in manifest.get("warnings", []):
         lines.append(f"warning: {w}")
-    if manifest.get("error"):
+    if show_error and manifest.get("error"):
         lines.append(f"error: {manifest['error']}")
     return "\n".join(lines)
 

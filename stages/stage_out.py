@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline import memo
 from pipeline.argspec import ArraySpec, BoundArgs, Literal, bind_config, map_tree, to_static_value
+from pipeline.console import cwd_importable
 from pipeline.context import StageContext
 from pipeline.errors import JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
@@ -55,12 +56,13 @@ def resolve_target(
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
     check_name(target, key, policy)
+    cwd_importable()  # ./mypkg resolves as under `python -m` (issue 14)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise TargetError(
-            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed "
-            "or on PYTHONPATH?"
+            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed, "
+            "on PYTHONPATH or in the current directory?"
         ) from None
     except Exception as exc:
         raise TargetError(

@@ -198,11 +198,12 @@ def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
     assert proc.returncode == 1
     assert _error_lines(proc.stderr) == [
         "jaxaot: error: program.target='no_such_module_xyz:f': cannot import module "
-        "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed "
-        "or on PYTHONPATH?"
+        "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed, "
+        "on PYTHONPATH or in the current directory?"
     ]
     assert read_manifest(run_dir)["status"] == "failed"
-    assert "error: program.target=" in proc.stdout  # the summary says it too
+    assert "program.target=" not in proc.stdout  # printed once: on stderr, not in the summary
+    assert "failed" in proc.stdout.splitlines()[3]  # the summary's stage_out row
 
     debug, _ = cli(
         "program=axpy", "program.target=no_such_module_xyz:f", "debug=true", expect_ok=False
