@@ -270,7 +270,11 @@ def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``jaxaot-report SWEEP_DIR``: (re)build a sweep's report; exit 1 if any job failed."""
-    parser = argparse.ArgumentParser(prog="jaxaot-report", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="jaxaot-report",
+        description="(Re)build a sweep's report (sweep.csv, sweep.md, plots/). "
+        "Exit status: 0 all jobs ok, 1 a job failed, 2 not a sweep directory.",
+    )
     parser.add_argument("sweep_dir", type=Path, help="a multirun folder (hydra.sweep.dir)")
     parser.add_argument("--no-plots", action="store_true", help="write only the CSV and Markdown")
     args = parser.parse_args(argv)

@@ -47,7 +47,7 @@ def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
     assert "compile: " in proc.stdout and "execute: " in proc.stdout
     assert proc.stdout.startswith("jaxaot: JAX's four AOT stages")
     usage = proc.stdout.split("== Usage ==\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [u.split()[0] for u in usage] == ["jaxaot"] * 6 + ["jaxaot-store"]
+    assert [u.split()[0] for u in usage] == ["jaxaot"] * 7 + ["jaxaot-store"]
     assert "--hydra-help" in proc.stdout.splitlines()[-1]
     assert not list(tmp_path.iterdir())  # nothing ran
 
