@@ -91,7 +91,8 @@ def _details(stage: str, m: dict[str, Any]) -> str:
         if m.get("check") == "ok":
             # Which tolerance passed: "max rel err 1.4" alone reads as a failure when the
             # absolute bound is what held (an error next to a zero).
-            parts.append(f"check ok ({m.get('check_passed_by') or 'exact'})")
+            passed = m.get("check_passed_by") or f"max rel err {m.get('max_rel_err', 0):.2g}"
+            parts.append(f"check ok ({passed})")  # manifests before issue 14: the rel err
         elif m.get("check"):
             parts.append(
                 f"check {m['check']} (max abs err {m.get('max_abs_err', 0):.2g}, "
