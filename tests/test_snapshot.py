@@ -256,3 +256,23 @@ def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -
     assert (golden / "snapshot.json").is_file()
     again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout
+
+
+def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
+    compose_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.hlo_graph import main as graph_main
+
+    golden = tmp_path / "golden" / "axpy"
+    compose_run(*AXPY8, f"snapshot.write={golden}")
+    before = _files(golden)
+    listing = sorted(p.relative_to(golden) for p in golden.rglob("*"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert graph_main([str(golden)]) == 0
+    assert graph_main([str(golden / "compile" / "optimized.hlo.txt")]) == 0
+    assert sorted(p.relative_to(golden) for p in golden.rglob("*")) == listing
+    assert _files(golden) == before
+    assert (work / "axpy.graph" / "optimized.hlo.dot").read_text().startswith("digraph")
+    assert (work / "optimized.hlo.dot").is_file()
