@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import traceback
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -50,7 +51,8 @@ def _progress_lines() -> bool:
     """Whether this sweep prints a progress line per job (pipeline.callbacks), with its error."""
     from hydra.core.hydra_config import HydraConfig
 
-    sweep = OmegaConf.select(HydraConfig.get(), "callbacks.sweep") or {}
+    hydra_cfg: Any = HydraConfig.get()
+    sweep = OmegaConf.select(hydra_cfg, "callbacks.sweep") or {}
     return bool(sweep.get("progress", False) and "_target_" in sweep)
 
 

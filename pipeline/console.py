@@ -59,7 +59,7 @@ def quiet_broken_pipe() -> Iterator[None]:
     """Within: writes to a stdout whose reader has gone are dropped (see the module doc)."""
     saved = sys.stdout
     safe = _PipeSafe(saved)
-    sys.stdout = safe  # type: ignore[assignment]
+    sys.stdout = safe
     try:
         yield
     except BrokenPipeError:  # a write that bypassed sys.stdout (e.g. a saved reference)
