@@ -92,7 +92,7 @@ class AutotuneOptions:
 def unescape(value: str) -> str:
     """An override value as the user wrote it: Hydra's sweep values come back escaped for its
     grammar (``f32\\[8\\,256\\]``); logs and reports show ``f32[8,256]``."""
-    return re.sub(r"\\(.)", r"\1", value)
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
 
 
 def shown(override: str) -> str:

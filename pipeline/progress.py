@@ -80,7 +80,7 @@ def override_value(override: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1].replace("\\" + value[0], value[0])
     # A sweep's values come back escaped for Hydra's grammar: f32\[8\,256\] -> f32[8,256].
-    return re.sub(r"\\(.)", r"\1", value)
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
 
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:

@@ -194,3 +194,7 @@ def test_same_failure_masks_each_trials_own_values() -> None:
     assert _same_failure([*same, trial("1", "another error")]) is None
     assert _same_failure([*same, trial("1", None)]) is None  # one trial succeeded
     assert shown("program.args.1=f32\\[8\\,256\\]") == "program.args.1=f32[8,256]"
+    from pipeline.progress import override_value
+
+    assert override_value("program.args.1=f32\\[8\\,256\\]") == "f32[8,256]"  # progress, report
+    assert override_value("x=it\\'s") == "it\\'s"  # only Hydra's own escapes are undone
