@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -98,6 +100,31 @@ def version_text() -> str:
     return "\n".join(lines)
 
 
+# Hydra's launchers log each job as "\t#3 : key=value ...", with the values escaped for its
+# grammar (f32\[8\,256\]); jaxaot's sweepers show them as written (issue 14).
+_LAUNCHER_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+)
+_HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t])")
+
+
+class _Unescaped(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg.lstrip().startswith("#") and "\\" in msg:
+            record.msg, record.args = _HYDRA_ESCAPE.sub(r"\1", msg), None
+        return True
+
+
+def unescape_launch_lines() -> None:
+    """Show the launchers' per-job lines with values as the user wrote them (idempotent)."""
+    for name in _LAUNCHER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Unescaped) for f in logger.filters):
+            logger.addFilter(_Unescaped())
+
+
 def cwd_importable() -> None:
     """Put the current directory first on ``sys.path``, as ``python -m`` does, so that
     ``program.target=mypkg.model:loss`` finds ``./mypkg`` without ``PYTHONPATH=.``."""
@@ -106,4 +133,4 @@ def cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-__all__ = ["cwd_importable", "quiet_broken_pipe", "version_text"]
+__all__ = ["cwd_importable", "quiet_broken_pipe", "unescape_launch_lines", "version_text"]

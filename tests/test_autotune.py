@@ -154,6 +154,7 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     md = (sweep_dir / "sweep.md").read_text()
     progress = [ln for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)]
     assert len(progress) == 3
+    assert "\\[" not in stdout and "\t#0 : " in stdout  # the launcher's job lines too
     for text in (md, *progress, stdout.split("autotune: best", 1)[1].splitlines()[0]):
         assert "\\" not in text and "f32[" in text, text
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.autotune import AutotuneOptions, optimize
 from pipeline.compose_cache import with_sweep_loader
+from pipeline.console import unescape_launch_lines
 
 
 def _schema() -> type:
@@ -61,6 +62,7 @@ class JaxaotOptunaSweeper(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:  # fmt: skip
+        unescape_launch_lines()  # "#0 : program.args.1=f32[8,256]", as written
         hydra_context = with_sweep_loader(hydra_context)
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
