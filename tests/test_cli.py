@@ -71,6 +71,12 @@ def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing
 
 
+def test_python_dash_m_pipeline_is_the_command(tmp_path: Path) -> None:
+    proc = run_cli(["--version"], cwd=tmp_path, module="pipeline")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("jaxaot ")
+
+
 def test_python_and_the_cli_write_one_run_layout(tmp_path: Path) -> None:
     import re
     import sys
