@@ -181,6 +181,9 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
     assert "stopped after 3 of 20 trials: the first 3 all failed with: stage 'stage_out'" in stop[0]
     assert "hydra.sweeper.stop_after_failures=0 runs every trial" in stop[0]
     assert "jaxaot: error:" not in proc.stderr  # each job's error is in its progress line only
+    out = proc.stdout + proc.stderr
+    assert out.count("indices must have an integer type") == 4  # 3 progress lines + the stop
+    assert "failed jobs: 0, 1, 2 (errors above and in sweep.md)" in out
 
 
 def test_same_failure_masks_each_trials_own_values() -> None:
