@@ -56,6 +56,9 @@ def measure(program: str, rounds: int) -> tuple[float, float, float]:
                     Path(tmp),
                 )
             )
+            print(f"  {program}: round {i + 1}/{rounds}: hand-written jit {base[-1]:.2f} s, "
+                  f"jaxaot {pipe[-1]:.2f} s, Hydra floor {floor[-1]:.2f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
     return statistics.median(base), statistics.median(pipe), statistics.median(floor)
 
 

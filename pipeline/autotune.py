@@ -15,6 +15,7 @@ instantiates sweepers from that namespace); this module holds everything it does
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,9 @@ class AutotuneOptions:
     study_name: str | None = None
     storage: str | None = None
     params: dict[str, str] = field(default_factory=dict)
+    # Stop when the first this-many trials all fail with the same error (0: never stop early):
+    # a fixed override that breaks every point wastes no more trials.
+    stop_after_failures: int = 3
 
     def check(self, stop_after: str) -> None:
         """Refuse a search that cannot produce its objective, naming the key."""
@@ -80,6 +84,37 @@ class AutotuneOptions:
         for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
             if value < 1:
                 raise ConfigError(f"hydra.sweeper.{key}: expected >= 1, found {value}")
+        if self.stop_after_failures < 0:
+            raise ConfigError(f"hydra.sweeper.stop_after_failures: expected >= 0 (0: never "
+                              f"stop early), found {self.stop_after_failures}")  # fmt: skip
+
+
+def unescape(value: str) -> str:
+    """An override value as the user wrote it: Hydra's sweep values come back escaped for its
+    grammar (``f32\\[8\\,256\\]``); logs and reports show ``f32[8,256]``."""
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
+
+
+def shown(override: str) -> str:
+    """``key=value`` with the value unescaped (see :func:`unescape`)."""
+    key, sep, value = override.partition("=")
+    return key + sep + unescape(value)
+
+
+def _same_failure(trials: list[dict[str, Any]]) -> str | None:
+    """The error every one of ``trials`` failed with, or None. A trial's own parameter values
+    are masked first: "f32[8,256] does not fit" and "f32[64,256] does not fit" are one error."""
+    if not trials or any(t["value"] is not None or not t["error"] for t in trials):
+        return None
+    masked = set()
+    for t in trials:
+        text = str(t["error"])
+        for v in sorted(t["params"].values(), key=len, reverse=True):
+            for form in {v, unescape(v)}:
+                if form:
+                    text = text.replace(form, "<value>")
+        masked.add(text)
+    return str(trials[0]["error"]) if len(masked) == 1 else None
 
 
 def _optuna() -> Any:
@@ -200,10 +235,18 @@ def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictCon
             trials.append({
                 "number": trial.number, "job": len(trials), "value": value, "error": why,
                 "params": {k: str(v) for k, v in trial.params.items()},
-                "overrides": overrides[len(fixed):],
+                "overrides": [shown(o) for o in overrides[len(fixed):]],
             })  # fmt: skip
         returns.append(results)
         _write(sweep_dir, opts, study, trials, fixed)
+        first = trials[: opts.stop_after_failures]
+        if len(first) == opts.stop_after_failures and len(trials) < opts.n_trials:
+            error = _same_failure(first)
+            if error is not None:
+                log.error("autotune: stopped after %d of %d trials: the first %d all failed "
+                          "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
+                          len(trials), opts.n_trials, len(first), error)  # fmt: skip
+                return returns
     best = _best(study, trials)
     if best:
         log.info("autotune: best %s = %.6g (job %s): %s", opts.objective, best["value"],
@@ -224,7 +267,7 @@ def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
     # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
     params = {k: str(v) for k, v in best.params.items()}
     return {"number": best.number, "job": None, "value": best.value, "error": None,
-            "params": params, "overrides": [f"{k}={v}" for k, v in params.items()]}  # fmt: skip
+            "params": params, "overrides": [shown(f"{k}={v}") for k, v in params.items()]}  # fmt: skip
 
 
 def _write(sweep_dir: Path, opts: AutotuneOptions, study: Any, trials: list[dict[str, Any]],
@@ -232,7 +275,7 @@ def _write(sweep_dir: Path, opts: AutotuneOptions, study: Any, trials: list[dict
     atomic_write_json(sweep_dir / AUTOTUNE_NAME, {
         "objective": opts.objective, "direction": opts.direction, "sampler": opts.sampler,
         "seed": opts.seed, "study_name": study.study_name, "n_trials": opts.n_trials,
-        "fixed": fixed, "best": _best(study, trials), "trials": trials,
+        "fixed": [shown(o) for o in fixed], "best": _best(study, trials), "trials": trials,
     })  # fmt: skip
 
 

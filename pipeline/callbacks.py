@@ -189,6 +189,10 @@ class SweepCallback(Callback):
         if self.report:
             print(f"sweep: {len(table.rows)} jobs, {ok} ok{misfits}, {_last_failed} failed; "
                   f"report: {sweep_dir / MD_NAME}", flush=True)  # fmt: skip
+        if self.progress and table.failed:  # each error is in its job's progress line: once
+            log.error("failed jobs: %s (errors above and in %s)",
+                      ", ".join(str(r["job"]) for r in table.failed), MD_NAME)  # fmt: skip
+            return
         for r in table.failed:
             log.error("job %s failed: %s", r["job"], r.get("error") or r["status"])
 

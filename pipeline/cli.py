@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import traceback
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -46,6 +47,15 @@ def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _progress_lines() -> bool:
+    """Whether this sweep prints a progress line per job (pipeline.callbacks), with its error."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg: Any = HydraConfig.get()
+    sweep = OmegaConf.select(hydra_cfg, "callbacks.sweep") or {}
+    return bool(sweep.get("progress", False) and "_target_" in sweep)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from hydra.core.hydra_config import HydraConfig
@@ -63,7 +73,9 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
         if _debug(cfg):
             traceback.print_exc()
         code = int(getattr(exc, "exit_code", 1))  # 3: does not fit (compile.topology)
-        print(f"jaxaot: {'error: ' if code == 1 else ''}{exc}", file=sys.stderr, flush=True)
+        # In a sweep the job's progress line shows the error: printed once.
+        if not _is_multirun() or not _progress_lines():
+            print(f"jaxaot: {'error: ' if code == 1 else ''}{exc}", file=sys.stderr, flush=True)
         if _is_multirun():
             return JobOutcome(code, str(exc))
         sys.exit(code)
@@ -126,8 +138,15 @@ def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
     # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
     signal.signal(signal.SIGTERM, raise_terminated)
+    from .console import quiet_broken_pipe, version_text
+
+    if "--version" in sys.argv[1:]:  # jaxaot's, not Hydra's: no config is composed
+        with quiet_broken_pipe():
+            print(version_text(), flush=True)
+        return
     try:
-        _main()
+        with quiet_broken_pipe():  # `jaxaot ... | head`: the run goes on, its output dropped
+            _main()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point
         notes = getattr(exc, "__notes__", None)
         print(f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}", file=sys.stderr,

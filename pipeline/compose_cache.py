@@ -218,6 +218,9 @@ class LaunchingSweeper(Sweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:  # fmt: skip
+        from .console import unescape_launch_lines
+
+        unescape_launch_lines()  # "#0 : program.args.1=f32[8,256]", as written
         hydra_context = with_sweep_loader(hydra_context)
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(

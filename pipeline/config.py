@@ -40,6 +40,8 @@ class ProgramConfig:
     # The program's own static arguments; stage_out's defaults interpolate these.
     static_argnums: list[int] = field(default_factory=list)
     static_argnames: list[str] = field(default_factory=list)
+    # The named axes a per-replica program needs: stage_out.axis_env when that is null.
+    axis_env: list[Any] | None = None
     description: str = ""
 
 
@@ -350,6 +352,12 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
         except OmegaConfBaseException as exc:
             raise ConfigError(_one_line(exc)) from exc
     assert isinstance(typed, JaxaotConfig)
+    if typed.stage_out.axis_env is None and typed.program.axis_env is not None:
+        # A program's own named axes (a shipped collectives program runs as shipped, issue 14).
+        # Not a ${program.axis_env} interpolation: OmegaConf resolves those into a None list
+        # node while merging, before the program is there.
+        stage_out = dataclasses.replace(typed.stage_out, axis_env=typed.program.axis_env)
+        typed = dataclasses.replace(typed, stage_out=stage_out)
     typed = for_topology(typed)
     _check(typed)
     return typed

@@ -206,8 +206,22 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``jaxaot-diff A B``: compare two runs or snapshots stage by stage."""
-    ap = argparse.ArgumentParser(prog="jaxaot-diff", description=main.__doc__)
+    """``jaxaot-diff A B``: compare two runs or snapshots stage by stage.
+
+    Exit 0 same, 1 different, 2 unreadable; the same when stdout is closed early (``| head``).
+    """
+    from .console import quiet_broken_pipe
+
+    with quiet_broken_pipe():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="jaxaot-diff",
+        description="Compare two runs or snapshots stage by stage. "
+        "Exit status: 0 same, 1 different, 2 unreadable.",
+    )
     ap.add_argument("a", type=Path, help="run directory or snapshot folder")
     ap.add_argument("b", type=Path, help="run directory or snapshot folder")
     ap.add_argument("--diff-lines", type=int, default=40,

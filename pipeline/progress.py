@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -78,7 +79,8 @@ def override_value(override: str) -> str:
     value = override.split("=", 1)[1] if "=" in override else ""
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1].replace("\\" + value[0], value[0])
-    return value
+    # A sweep's values come back escaped for Hydra's grammar: f32\[8\,256\] -> f32[8,256].
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
 
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:

@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def jaxaot_snapshot(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
     """``jaxaot_snapshot(golden_dir, overrides)`` -> the RunResult; AssertionError on a diff."""
-    from .snapshot import verify_snapshot
+    from .snapshot import INDEX_NAME, verify_snapshot
 
     update = bool(request.config.getoption("--jaxaot-update"))
     calls = [0]
@@ -43,6 +43,11 @@ def jaxaot_snapshot(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[
             golden = Path(request.path).parent / golden
         calls[0] += 1
         run_dir = tmp_path / f"jaxaot-run{calls[0]}"
+        if not update and not (golden / INDEX_NAME).is_file():
+            # A first run: one line that says what to do, not a traceback through the pipeline.
+            pytest.fail(
+                f"no golden yet: run `pytest --jaxaot-update` to write {golden}", pytrace=False
+            )
         return verify_snapshot(golden, overrides, update=update, run_dir=run_dir)
 
     return check

@@ -181,8 +181,8 @@ def collect(sweep_dir: Path | str) -> SweepTable:
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
     varying = _varying(all_overrides, plan.varying)
-    fixed = list(dict.fromkeys(o for ovs in all_overrides for o in ovs
-                               if override_key(o) not in varying))  # fmt: skip
+    fixed = list(dict.fromkeys(f"{override_key(o)}={override_value(o)}" for ovs in all_overrides
+                               for o in ovs if override_key(o) not in varying))  # fmt: skip
     autotune = read_json(root / AUTOTUNE_NAME)
     if autotune:
         best = (autotune.get("best") or {}).get("job")
@@ -335,7 +335,18 @@ def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``jaxaot-report SWEEP_DIR``: (re)build a sweep's report; exit 1 if any job failed."""
-    parser = argparse.ArgumentParser(prog="jaxaot-report", description=main.__doc__)
+    from .console import quiet_broken_pipe
+
+    with quiet_broken_pipe():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxaot-report",
+        description="(Re)build a sweep's report (sweep.csv, sweep.md, plots/). "
+        "Exit status: 0 all jobs ok, 1 a job failed, 2 not a sweep directory.",
+    )
     parser.add_argument("sweep_dir", type=Path, help="a multirun folder (hydra.sweep.dir)")
     parser.add_argument("--no-plots", action="store_true", help="write only the CSV and Markdown")
     args = parser.parse_args(argv)

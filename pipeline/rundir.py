@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,16 @@ def unique_dir(path: str) -> str:
     raise ConfigError(f"hydra.run.dir: no free name next to {str(base)!r} (tried 100000)")
 
 
+# The CLI's run-dir pattern (conf/config.yaml hydra.run.dir); pipeline.run from Python uses it too.
+RUN_DIR_PATTERN = "outputs/%Y-%m-%d/%H-%M-%S"
+
+
+def default_run_dir() -> Path:
+    """A fresh ``outputs/<date>/<time>`` (or ``-1``, ``-2``, ...), created now: the layout and
+    root ``jaxaot`` gives a run, for runs started from Python (issue 14)."""
+    return Path(unique_dir(time.strftime(RUN_DIR_PATTERN)))
+
+
 _create = [True]  # False: resolve ${unique_dir:p} to p, creating nothing (see print_only)
 
 
@@ -64,6 +75,9 @@ def register_resolver() -> None:
 
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=True)
+    from .help import register_resolver as register_help
+
+    register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/help.py)
 
 
 def print_only() -> None:
@@ -85,7 +99,7 @@ def _refusal(run_dir: Path, key: str, why: str) -> ConfigError:
         if key == "hydra.run.dir"
         else "leave hydra.sweep.dir unset for a fresh outputs/multirun/<date>/<time>/"
         if key == "hydra.sweep.dir"
-        else "pass a new run_dir (or none, for a fresh outputs/runs/...)"
+        else "pass a new run_dir (or none, for a fresh outputs/<date>/<time>/)"
     )
     return ConfigError(
         f"{key}={str(run_dir)!r} {why}; a run never reuses another run's directory: "

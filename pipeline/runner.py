@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,17 +56,19 @@ class RunResult:
 
 
 def default_run_dir() -> Path:
-    """Hydra's run directory when called from a Hydra app, else a fresh ``outputs/runs/...``.
+    """Hydra's run directory when called from a Hydra app, else the CLI's default layout.
 
-    Either is new for this run: Hydra's time-stamped default is made unique by the
-    ``unique_dir`` resolver (pipeline.rundir), and the run claims it by writing its manifest.
+    From Python (``pipeline.run`` outside Hydra) this is the folder the command line would make,
+    ``outputs/<date>/<time>`` (``-1``, ``-2``, ... when taken; pipeline.rundir.default_run_dir),
+    so scripts and the CLI share one layout and one root. Either is new for this run.
     """
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
-    stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
-    return Path("outputs/runs") / f"{stamp}-{uuid.uuid4().hex[:6]}"
+    from .rundir import default_run_dir as fresh
+
+    return fresh()
 
 
 def _run_dir_key(run_dir: Path | str | None) -> str:
@@ -198,7 +199,8 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             if print_summary:
                 from .summary import render
 
-                print(render(manifest.to_json()), flush=True)
+                # The error itself is raised to the caller, which prints it (once).
+                print(render(manifest.to_json(), show_error=False), flush=True)
     return RunResult(run_dir=out, manifest=manifest.to_json(), records=records)
 
 

@@ -339,7 +339,9 @@ class Store:
             # Shared with other appenders; `gc` takes it alone while it folds the log.
             with file_lock(self.root / LOCKS_DIR / STATS_LOCK, exclusive=False):
                 fd = os.open(
-                    self.data_dir / STATS_LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE
+                    self.data_dir / STATS_LOG_NAME,
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                    FILE_MODE,
                 )
                 try:
                     os.write(fd, (line + "\n").encode())

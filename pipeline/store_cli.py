@@ -205,6 +205,13 @@ _COMMANDS = {"stats": _cmd_stats, "verify": _cmd_verify, "gc": _cmd_gc, "ls": _c
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .console import quiet_broken_pipe
+
+    with quiet_broken_pipe():  # `jaxaot-store ls | head` ends quietly, with the real status
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         try:
             args = _build_parser().parse_args(argv)

@@ -104,13 +104,57 @@ def _details(stage: str, m: dict[str, Any]) -> str:
             )
         if m.get("flops_per_s"):
             parts.append(human_count(m["flops_per_s"], "FLOP/s"))
-        if m.get("check"):
-            parts.append(f"check {m['check']} (max rel err {m.get('max_rel_err', 0):.2g})")
+        if m.get("check") == "ok":
+            # Which tolerance passed: "max rel err 1.4" alone reads as a failure when the
+            # absolute bound is what held (an error next to a zero).
+            passed = m.get("check_passed_by") or f"max rel err {m.get('max_rel_err', 0):.2g}"
+            parts.append(f"check ok ({passed})")  # manifests before issue 14: the rel err
+        elif m.get("check"):
+            parts.append(
+                f"check {m['check']} (max abs err {m.get('max_abs_err', 0):.2g}, "
+                f"max rel err {m.get('max_rel_err', 0):.2g})"
+            )
         return "; ".join(parts)
     return ""
 
 
-def render(manifest: dict[str, Any]) -> str:
+_SHORT_KINDS = {"float": "f", "int": "i", "uint": "u", "complex": "c"}
+
+
+def short_dtype(name: str) -> str:
+    """NumPy's dtype name the way JAX prints types: float32 -> f32, bfloat16 -> bf16."""
+    if name == "bfloat16":
+        return "bf16"
+    for long, short in _SHORT_KINDS.items():
+        rest = name[len(long) :]
+        if name.startswith(long) and rest[:1].isdigit():
+            return short + rest
+    return name
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def output_lines(outputs: list[dict[str, Any]]) -> list[str]:
+    """``output['y']  f32[8,256]`` per output, with ``= 10`` when its values are small."""
+    rows = [
+        (f"output{o.get('path') or ''}",
+         f"{short_dtype(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
+         f" = {_value_text(o['value'])}" if "value" in o else "")
+        for o in outputs
+    ]  # fmt: skip
+    width = max((len(r[0]) for r in rows), default=0)
+    return [f"{a:<{width}}  {b}{c}" for a, b, c in rows]
+
+
+def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
+    """The summary table. ``show_error=False`` leaves out the run's error line, for callers that
+    print the error themselves (the CLI's one stderr line): an error is printed once."""
     cfg, be = manifest["config"], manifest.get("backend") or {}
     prog = cfg["program"]
     head = f"jaxaot · {prog['name']} ({prog['target']})"
@@ -129,12 +173,23 @@ def render(manifest: dict[str, Any]) -> str:
     lines += [
         f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
     ]
+    outputs = manifest["stages"].get("execute", {}).get("metrics", {}).get("outputs")
+    lines += output_lines(outputs or [])
     for w in manifest.get("warnings", []):
         lines.append(f"warning: {w}")
-    if manifest.get("error"):
+    if show_error and manifest.get("error"):
         label = "verdict" if manifest.get("status") == "does_not_fit" else "error"
         lines.append(f"{label}: {manifest['error']}")
     return "\n".join(lines)
 
 
-__all__ = ["NOT_AVAILABLE", "human_bytes", "human_count", "human_seconds", "measured", "render"]
+__all__ = [
+    "NOT_AVAILABLE",
+    "human_bytes",
+    "human_count",
+    "human_seconds",
+    "measured",
+    "output_lines",
+    "render",
+    "short_dtype",
+]

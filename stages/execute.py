@@ -143,6 +143,26 @@ def _is_numpy_dtype(dtype: np.dtype[Any]) -> bool:
     return dtype.type.__module__ == "numpy" and dtype.kind in "biufc"
 
 
+# The summary lists at most this many outputs (outputs.json has them all).
+SHOWN_OUTPUTS = 8
+# Outputs with at most this many elements have their values in outputs.json and the summary.
+SHOWN_ELEMENTS = 8
+
+
+def _shown_value(arr: np.ndarray) -> Any:
+    """A small output's values as JSON-ready Python (nan/inf as strings), else None."""
+    if arr.size > SHOWN_ELEMENTS:
+        return None
+    host = arr if arr.dtype.kind in "biufc" else arr.astype(np.float32)  # ml_dtypes -> float
+    if host.dtype.kind == "c":
+        return np.vectorize(lambda z: str(complex(z)), otypes=[object])(host).tolist()
+    if host.dtype.kind == "f":
+        return np.vectorize(
+            lambda x: float(x) if np.isfinite(x) else str(float(x)), otypes=[object]
+        )(host).tolist()
+    return host.tolist()
+
+
 def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
     """``outputs.npz`` and ``outputs.json`` (the on-disk format, issue 17):
 
@@ -173,6 +193,9 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
              "stored_dtype": str(stored.dtype), "bits": not native,
              "shape": list(arr.shape), "finite": _all_finite(arr)}
         )  # fmt: skip
+        value = _shown_value(arr)
+        if value is not None:
+            described[-1]["value"] = value
     if ctx.cfg.execute.save_outputs:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -262,7 +285,9 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
 
     cfg = ctx.cfg.execute
     g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
-    worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True, "failures": []}
+    worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True, "failures": [],
+                             "passed_by": "exact"}  # fmt: skip
+    bounds: list[str] = []
     for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
         rtol, atol = _TOLERANCES.get(str(np.asarray(w).dtype), (0.0, 0.0))
         rtol = cfg.rtol if cfg.rtol is not None else rtol
@@ -275,12 +300,24 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
         worst["max_abs_err"] = max(worst["max_abs_err"], abs_err)
         worst["max_rel_err"] = max(worst["max_rel_err"], rel_err)
         # An infinite error never passes, even against an infinite tolerance (rtol * |inf|).
-        if not np.all(equal | (np.isfinite(diff) & (diff <= atol + rtol * scale))):
+        passed = equal | (np.isfinite(diff) & (diff <= atol + rtol * scale))
+        if np.all(passed) and abs_err > 0:
+            # Which bound let it pass: every element within rtol * |want| alone is a relative
+            # pass; otherwise the absolute term was needed (e.g. an error near a zero).
+            by_rel = bool(np.all(equal | (np.isfinite(diff) & (diff <= rtol * scale))))
+            bounds.append(
+                f"rel err {rel_err:.2g} <= rtol {rtol:g}"
+                if by_rel
+                else f"abs err {abs_err:.2g} <= atol {atol:g} + rtol {rtol:g} x |ref|"
+            )
+        if not np.all(passed):
             worst["ok"] = False
             worst["failures"].append(
                 f"output {i}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
                 f"(rtol={rtol:g}, atol={atol:g})"
             )
+    if bounds:  # the loosest-looking bound shown: an absolute pass if any output needed one
+        worst["passed_by"] = next((b for b in bounds if b.startswith("abs")), bounds[0])
     return worst
 
 
@@ -353,6 +390,11 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     if nonfinite:
         ctx.warn(f"non-finite values (nan/inf) in output(s) {', '.join(nonfinite)}")
     ctx.metrics.update(
+        # shape, dtype and (when small) values of each output: the summary shows them
+        outputs=[
+            {k: d[k] for k in ("path", "dtype", "shape", "value") if k in d}
+            for d in described[:SHOWN_OUTPUTS]
+        ],
         median_s=timings["median_s"],
         stddev_s=timings["stddev_s"],
         flops_per_s=timings.get("flops_per_s"),
@@ -364,7 +406,8 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         check = _compare(ctx, outputs, ref)
         ctx.write_json("check.json", check)
         ctx.metrics.update(check="ok" if check["ok"] else "failed",
-                           max_abs_err=check["max_abs_err"], max_rel_err=check["max_rel_err"])  # fmt: skip
+                           max_abs_err=check["max_abs_err"], max_rel_err=check["max_rel_err"],
+                           check_passed_by=check["passed_by"])  # fmt: skip
         if not check["ok"]:
             raise CheckError(
                 "execute.check=reference: outputs differ from plain jax.jit beyond tolerance: "

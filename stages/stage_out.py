@@ -28,6 +28,7 @@ from pipeline.argspec import (
     leaves,
     to_static_value,
 )
+from pipeline.console import cwd_importable
 from pipeline.context import StageContext
 from pipeline.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
 from pipeline.parallel import mesh_spec
@@ -66,12 +67,13 @@ def resolve_target(
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
     check_name(target, key, policy)
+    cwd_importable()  # ./mypkg resolves as under `python -m` (issue 14)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise TargetError(
-            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed "
-            "or on PYTHONPATH?"
+            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed, "
+            "on PYTHONPATH or in the current directory?"
         ) from None
     except Exception as exc:
         raise TargetError(

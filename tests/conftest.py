@@ -11,13 +11,36 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Hypothesis keeps its caches in ./.hypothesis by default: the tests leave nothing where pytest
+# runs (issue 14), so they go to the temp dir.
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "jaxaot-tests-hypothesis")
+)
+
+
+def _listing(where: Path) -> set[str]:
+    names = {p.name for p in where.iterdir()} if where.is_dir() else set()
+    out = where / "outputs"
+    return names | ({f"outputs/{p.name}" for p in out.iterdir()} if out.is_dir() else set())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def nothing_left_where_pytest_runs() -> Iterator[None]:
+    """Fail the session's last test if the tests left files in the directory pytest runs from
+    (a run dir, a golden, a graph, a cache): every test writes under its own tmp_path."""
+    cwd = Path.cwd()
+    before = _listing(cwd)
+    yield
+    left = sorted(_listing(cwd) - before - {".pytest_cache"})
+    assert not left, f"the tests left {left} in {cwd}"
 
 
 @pytest.fixture(autouse=True)

@@ -53,6 +53,8 @@ def test_search_space_from_params_and_command_line() -> None:
         (AutotuneOptions(direction="down"), "execute", r"hydra.sweeper.direction: expected"),
         (AutotuneOptions(sampler="grid"), "execute", r"hydra.sweeper.sampler: expected one of"),
         (AutotuneOptions(n_trials=0), "execute", r"hydra.sweeper.n_trials: expected >= 1, found 0"),
+        (AutotuneOptions(stop_after_failures=-1), "execute",
+         r"hydra.sweeper.stop_after_failures: expected >= 0 \(0: never stop early\), found -1"),
     ],
 )  # fmt: skip
 def test_options_are_checked_naming_the_key(opts: AutotuneOptions, stop_after: str,
@@ -136,7 +138,7 @@ def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
 
 
 def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
-    _, _, sweep_dir = _search(
+    _, stdout, sweep_dir = _search(
         tmp_path, "hydra/sweeper=jaxaot_optuna", "program=mlp", "stop_after=compile",
         "hydra.sweeper.objective=compile.temp_bytes", "hydra.sweeper.n_trials=3",
         "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1",
@@ -146,3 +148,57 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}
     assert result["best"]["value"] == min(temps.values())
     assert all(v > 0 for v in temps.values())
+    # values as the user wrote them, not Hydra's escaped f32\[8\,256\] (issue 14)
+    assert all(re.fullmatch(r"program\.args\.1=f32\[\d+,256\]", o)
+               for t in result["trials"] for o in t["overrides"])  # fmt: skip
+    md = (sweep_dir / "sweep.md").read_text()
+    progress = [ln for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)]
+    assert len(progress) == 3
+    assert "\\[" not in stdout and "\t#0 : " in stdout  # the launcher's job lines too
+    for text in (md, *progress, stdout.split("autotune: best", 1)[1].splitlines()[0]):
+        assert "\\" not in text and "f32[" in text, text
+
+
+def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
+    tmp_path: Path,
+) -> None:
+    # The README's compile-only search without program=mlp: every point fails on the default
+    # transformer (its args.1 is the token ids), so 20 trials would all fail the same way.
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        ["-m", "hydra/sweeper=jaxaot_optuna", "stop_after=compile",
+         "hydra.sweeper.objective=compile.temp_bytes",
+         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    trials = json.loads((sweep_dir / "autotune.json").read_text())["trials"]
+    assert len(trials) == 3 and all(t["value"] is None for t in trials)  # not 20
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+    stop = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "autotune: stopped" in ln]
+    assert len(stop) == 1
+    assert "stopped after 3 of 20 trials: the first 3 all failed with: stage 'stage_out'" in stop[0]
+    assert "hydra.sweeper.stop_after_failures=0 runs every trial" in stop[0]
+    assert "jaxaot: error:" not in proc.stderr  # each job's error is in its progress line only
+    out = proc.stdout + proc.stderr
+    assert out.count("indices must have an integer type") == 4  # 3 progress lines + the stop
+    assert "failed jobs: 0, 1, 2 (errors above and in sweep.md)" in out
+
+
+def test_same_failure_masks_each_trials_own_values() -> None:
+    from pipeline.autotune import _same_failure, shown
+
+    def trial(value: str, error: str | None) -> dict[str, object]:
+        return {"value": None if error else 1.0, "error": error, "params": {"a.b": value}}
+
+    same = [trial("f32\\[8\\,256\\]", "x=f32[8,256] does not fit"),
+            trial("f32\\[64\\,256\\]", "x=f32[64,256] does not fit")]  # fmt: skip
+    assert _same_failure(same) == "x=f32[8,256] does not fit"
+    assert _same_failure([*same, trial("1", "another error")]) is None
+    assert _same_failure([*same, trial("1", None)]) is None  # one trial succeeded
+    assert shown("program.args.1=f32\\[8\\,256\\]") == "program.args.1=f32[8,256]"
+    from pipeline.progress import override_value
+
+    assert override_value("program.args.1=f32\\[8\\,256\\]") == "f32[8,256]"  # progress, report
+    assert override_value("x=it\\'s") == "it\\'s"  # only Hydra's own escapes are undone

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -37,17 +38,104 @@ def _error_lines(stderr: str) -> list[str]:
 # --- Hydra's own introspection ---------------------------------------------------------------
 
 
+def test_help_is_one_screen_with_groups_options_and_no_schemas(tmp_path: Path) -> None:
+    proc = run_cli(["--help"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 60 and max(len(line) for line in lines) <= 100
+    assert "base_" not in proc.stdout  # schemas are not choices
+    assert "layers:" not in proc.stdout and "== Config ==" not in proc.stdout  # no config dump
+    groups = proc.stdout.split("== Config groups", 1)[1].split("\n\n", 1)[0]
+    # every group of conf/config.yaml's defaults list, each with its one-line description
+    for group, words in (("program", "what to compile"), ("lower", "lowering options"),
+                         ("mesh", "device mesh"), ("store", "checkpoint store"),
+                         ("experiment", "whole-run preset")):  # fmt: skip
+        assert any(ln.startswith(group + " ") and words in ln for ln in groups.splitlines())
+    assert "transformer*" in groups and "none*" in groups  # defaults marked
+    assert "stop_after=execute" in proc.stdout and "jaxaot --version" in proc.stdout
+    assert "$" not in proc.stdout  # no unexpanded Hydra template variable
+
+
+def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None:
+    import jax
+
+    import pipeline
+
+    proc = run_cli(["--version"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:3] == [f"jaxaot {pipeline.__version__}", f"jax {jax.__version__}",
+                         f"jaxlib {jax.__version__}"]  # fmt: skip
+    assert lines[3].startswith("backend cpu (compile.backend default): ")
+    assert "Hydra" not in proc.stdout and not list(tmp_path.iterdir())
+    assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing
+
+
+def test_python_dash_m_pipeline_is_the_command(tmp_path: Path) -> None:
+    proc = run_cli(["--version"], cwd=tmp_path, module="pipeline")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("jaxaot ")
+
+
+def test_python_and_the_cli_write_one_run_layout(tmp_path: Path) -> None:
+    import re
+    import sys
+
+    py = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.run(pipeline."
+                         "compose(['program=axpy', 'stop_after=stage_out'])).run_dir)"],
+                        cwd=tmp_path, env=cli_env(), capture_output=True, text=True)  # fmt: skip
+    assert py.returncode == 0, py.stderr
+    cli_run = run_cli(["program=axpy", "stop_after=stage_out"], cwd=tmp_path)
+    assert cli_run.returncode == 0, cli_run.stderr
+    runs = sorted(p.parent.relative_to(tmp_path) for p in tmp_path.rglob("manifest.json"))
+    assert len(runs) == 2
+    for run in runs:  # outputs/<date>/<time>[-n], both
+        assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d(-\d+)?", str(run)), run
+    assert py.stdout.strip() in {str(r) for r in runs}
+
+
+def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run with stdout a pipe whose reader is already gone (``| head`` after its lines)."""
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, *args], cwd=cwd, env=cli_env(), stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -> None:
+    ok = _closed_stdout(["-m", "pipeline.cli", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"],
+                        tmp_path)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "BrokenPipe" not in ok.stderr and "Traceback" not in ok.stderr
+    assert read_manifest(tmp_path / "a")["status"] == "ok"  # the run went on to the end
+    bad = _closed_stdout(["-m", "pipeline.cli", "program=axpy", "program.args=[f32[3],f32[4]]",
+                          f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)  # fmt: skip
+    assert bad.returncode == 1
+    assert bad.stderr.count("incompatible shapes for broadcasting") == 1  # printed once
+    assert "jaxaot: error: stage 'stage_out' failed: TypeError: add got" in bad.stderr
+    diff = _closed_stdout(["-m", "pipeline.diff", str(tmp_path / "a"), str(tmp_path / "b")],
+                          tmp_path)  # fmt: skip
+    assert diff.returncode == 1, diff.stderr  # "different", as documented, though unread
+    assert diff.stderr == ""
+
+
 def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
     proc = run_cli(["--help"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "== Configuration groups ==" in proc.stdout
-    programs = next(line for line in proc.stdout.splitlines() if line.startswith("program:"))
-    for name in ("attention", "axpy", "mlp", "transformer", "transformer_train"):
+    assert "== Config groups (group=option; * = default) ==" in proc.stdout
+    start = next(i for i, ln in enumerate(proc.stdout.splitlines()) if ln.startswith("program "))
+    programs = " ".join(proc.stdout.splitlines()[start : start + 2])  # wrapped onto two lines
+    for name in ("attention", "axpy", "collectives", "mlp", "transformer*", "transformer_train"):
         assert name in programs
-    assert "compile: " in proc.stdout and "execute: " in proc.stdout
+    assert "\ncompile " in proc.stdout and "\nexecute " in proc.stdout
     assert proc.stdout.startswith("jaxaot: JAX's four AOT stages")
     usage = proc.stdout.split("== Usage ==\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [u.split()[0] for u in usage] == ["jaxaot"] * 6 + ["jaxaot-store"]
+    assert [u.split()[0] for u in usage] == ["jaxaot"] * 7 + ["jaxaot-store"]
     assert "--hydra-help" in proc.stdout.splitlines()[-1]
     assert not list(tmp_path.iterdir())  # nothing ran
 
@@ -90,8 +178,7 @@ def test_the_issues_example_with_a_user_module(tmp_path: Path) -> None:
             "stop_after=compile",
             f"hydra.run.dir={run_dir}",
         ],
-        cwd=tmp_path,
-        env=_env_with(tmp_path / "user"),
+        cwd=tmp_path / "user",  # ./mypkg importable as under `python -m`: no PYTHONPATH=.
     )
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(run_dir)
@@ -198,11 +285,12 @@ def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
     assert proc.returncode == 1
     assert _error_lines(proc.stderr) == [
         "jaxaot: error: program.target='no_such_module_xyz:f': cannot import module "
-        "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed "
-        "or on PYTHONPATH?"
+        "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed, "
+        "on PYTHONPATH or in the current directory?"
     ]
     assert read_manifest(run_dir)["status"] == "failed"
-    assert "error: program.target=" in proc.stdout  # the summary says it too
+    assert "program.target=" not in proc.stdout  # printed once: on stderr, not in the summary
+    assert "failed" in proc.stdout.splitlines()[3]  # the summary's stage_out row
 
     debug, _ = cli(
         "program=axpy", "program.target=no_such_module_xyz:f", "debug=true", expect_ok=False

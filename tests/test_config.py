@@ -108,8 +108,8 @@ def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
     [
         ("+foo=bar", "foo: unknown key; the top level has compile, debug, execute, jax, lower, mesh, "
          "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"),
-        ("+program.zz=1", "program.zz: unknown key; program has args, description, kwargs, name, "
-         "static_argnames, static_argnums, target"),
+        ("+program.zz=1", "program.zz: unknown key; program has args, axis_env, description, kwargs, "
+         "name, static_argnames, static_argnums, target"),
         ("+trust.allow=[os]", "trust.allow: unknown key; trust has allow_imports, deny_imports"),
     ],
 )  # fmt: skip

@@ -161,7 +161,7 @@ def test_python_run_refuses_a_run_dir_that_holds_a_run(tmp_path: Path) -> None:
     assert first.ok
     before = (tmp_path / "r" / "manifest.json").read_bytes()
     with pytest.raises(ConfigError, match=r"^run_dir='.*/r' holds an earlier run .* pass a new "
-                       r"run_dir \(or none, for a fresh outputs/runs/\.\.\.\)$"):  # fmt: skip
+                       r"run_dir \(or none, for a fresh outputs/<date>/<time>/\)$"):  # fmt: skip
         pipeline.run(cfg, run_dir=tmp_path / "r")
     assert (tmp_path / "r" / "manifest.json").read_bytes() == before
 

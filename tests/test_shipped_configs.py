@@ -1,8 +1,5 @@
-"""Every shipped ``conf/program/*.yaml`` composed, validated and run through all four stages.
-
-The collective programs need ``stage_out.axis_env`` and a mesh; they are run in their own
-tests. Here they are composed and validated only.
-"""
+"""Every shipped ``conf/program/*.yaml`` composed, validated and run through all four stages,
+as shipped: the collective programs carry their own ``axis_env`` (issue 14)."""
 
 from __future__ import annotations
 
@@ -15,12 +12,21 @@ from pipeline.argspec import bind
 from pipeline.config import STAGES
 
 PROGRAMS = sorted(p.stem for p in (conf_dir() / "program").glob("*.yaml"))
-NEEDS_AXIS_ENV = {p for p in PROGRAMS if p.startswith("collectives")}
-RUNNABLE = [p for p in PROGRAMS if p not in NEEDS_AXIS_ENV]
+RUNNABLE = PROGRAMS
 
 
 def test_the_issues_examples_are_shipped() -> None:
     assert {"axpy", "mlp", "transformer", "transformer_train", "attention"} <= set(RUNNABLE)
+
+
+def test_a_collectives_program_brings_its_axis_env_and_an_override_wins() -> None:
+    shipped = pipeline.validate(pipeline.compose(["program=collectives"]))
+    assert shipped.stage_out.axis_env == [["i", 4], ["j", 2]]
+    given = pipeline.validate(
+        pipeline.compose(["program=collectives", "stage_out.axis_env=[[i,2],[j,2]]"])
+    )
+    assert given.stage_out.axis_env == [["i", 2], ["j", 2]]
+    assert pipeline.validate(pipeline.compose(["program=axpy"])).stage_out.axis_env is None
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

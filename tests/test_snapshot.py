@@ -232,3 +232,47 @@ def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
+
+
+def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_user.py").write_text(textwrap.dedent(f"""
+        def test_first(jaxaot_snapshot):
+            jaxaot_snapshot("golden/axpy", {list(AXPY8)!r})
+    """))  # fmt: skip
+    env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "jaxaot", "-p", "no:cacheprovider",
+            "tests/test_user.py"]  # fmt: skip
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    golden = tmp_path / "tests" / "golden" / "axpy"
+    line = f"no golden yet: run `pytest --jaxaot-update` to write {golden}"
+    assert line in proc.stdout
+    assert "Traceback" not in proc.stdout and "snapshot.py" not in proc.stdout  # one line
+    assert not golden.exists()
+    update = subprocess.run([*args, "--jaxaot-update"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert update.returncode == 0, update.stdout
+    assert (golden / "snapshot.json").is_file()
+    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout
+
+
+def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
+    compose_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.hlo_graph import main as graph_main
+
+    golden = tmp_path / "golden" / "axpy"
+    compose_run(*AXPY8, f"snapshot.write={golden}")
+    before = _files(golden)
+    listing = sorted(p.relative_to(golden) for p in golden.rglob("*"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert graph_main([str(golden)]) == 0
+    assert graph_main([str(golden / "compile" / "optimized.hlo.txt")]) == 0
+    assert sorted(p.relative_to(golden) for p in golden.rglob("*")) == listing
+    assert _files(golden) == before
+    assert (work / "axpy.graph" / "optimized.hlo.dot").read_text().startswith("digraph")
+    assert (work / "optimized.hlo.dot").is_file()

@@ -160,3 +160,81 @@ def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
         result.manifest["stages"]["execute"]["metrics"]["flops_per_s"] is None
     )
     assert "FLOP/s" not in _row(text, "execute")
+
+
+# --- results on screen (issue 14) ------------------------------------------------------------
+
+
+def test_the_summary_shows_small_outputs_with_values_and_large_ones_by_type(compose_run) -> None:
+    import json
+
+    from pipeline.summary import output_lines
+
+    result = compose_run("program=axpy", "program.args=[3,4]")
+    text = render(result.manifest)
+    assert text.splitlines()[-1] == "output  i32[] = 10"  # "runs to 10", on screen
+    saved = json.loads((result.run_dir / "execute" / "outputs.json").read_text())
+    assert [(o["dtype"], o["shape"], o["value"]) for o in saved] == [("int32", [], 10)]
+
+    lines = output_lines([
+        {"path": "['loss']", "dtype": "float32", "shape": [], "value": 0.25},
+        {"path": "['y']", "dtype": "bfloat16", "shape": [8, 256]},
+        {"path": "['v']", "dtype": "float32", "shape": [3], "value": [1.0, "nan", -0.5]},
+        {"path": "['m']", "dtype": "bool", "shape": [2], "value": [True, False]},
+    ])  # fmt: skip
+    assert lines == [
+        "output['loss']  f32[] = 0.25",
+        "output['y']     bf16[8,256]",
+        "output['v']     f32[3] = [1, nan, -0.5]",
+        "output['m']     bool[2] = [True, False]",
+    ]
+
+
+def test_outputs_json_holds_values_up_to_eight_elements(compose_run) -> None:
+    import json
+
+    ones = "{shape: [8], dtype: f32, init: ones}"
+    small = compose_run("program=axpy", f"program.args=[{ones},{ones}]")  # 2 * 1 + 1
+    (out,) = json.loads((small.run_dir / "execute" / "outputs.json").read_text())
+    assert out["shape"] == [8] and out["value"] == [3.0] * 8
+    assert "f32[8] = [3, 3, 3, 3, 3, 3, 3, 3]" in render(small.manifest)
+    large = compose_run("program=axpy", "program.args=[f32[9],f32[9]]")
+    (out,) = json.loads((large.run_dir / "execute" / "outputs.json").read_text())
+    assert out["shape"] == [9] and "value" not in out
+    assert render(large.manifest).splitlines()[-1] == "output  f32[9]"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "shown"),
+    [
+        ({"check": "ok", "max_rel_err": 0.0, "check_passed_by": "exact"}, "check ok (exact)"),
+        ({"check": "ok", "max_rel_err": 1.4, "max_abs_err": 2e-7,
+          "check_passed_by": "abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|"},
+         "check ok (abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|)"),
+        ({"check": "ok", "max_rel_err": 3e-6, "check_passed_by": "rel err 3e-06 <= rtol 0.0001"},
+         "check ok (rel err 3e-06 <= rtol 0.0001)"),
+    ],
+)  # fmt: skip
+def test_check_ok_names_the_tolerance_that_passed(metrics: dict[str, Any], shown: str) -> None:
+    manifest = _manifest()
+    manifest["stages"]["execute"]["metrics"] = {"median_s": 1e-3, **metrics}
+    assert _row(render(manifest), "execute").endswith(shown)
+
+
+def test_an_error_near_zero_passes_by_the_absolute_tolerance() -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stages.execute import _compare
+
+    ctx = SimpleNamespace(cfg=SimpleNamespace(execute=SimpleNamespace(rtol=None, atol=None)))
+    want = np.array([1e-7, 1.0], np.float32)
+    got = np.array([2.4e-7, 1.0], np.float32)  # rel err 1.4 next to a zero, abs err 1.4e-7
+    check = _compare(ctx, [got], [want])  # type: ignore[arg-type]
+    assert check["ok"] and check["max_rel_err"] > 1
+    assert check["passed_by"].startswith("abs err 1.4e-07 <= atol 1e-05")
+    close = _compare(ctx, [np.float32(1.00001)], [np.float32(1.0)])  # type: ignore[arg-type]
+    assert close["passed_by"].startswith("rel err 1e-05 <= rtol 0.0001")
+    same = _compare(ctx, [want], [want])  # type: ignore[arg-type]
+    assert same["passed_by"] == "exact"

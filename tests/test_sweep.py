@@ -108,7 +108,7 @@ def test_report_columns_are_the_varying_overrides(basic_sweep: tuple[Any, Path])
                           "execute.seed", "status"]  # fmt: skip
     assert "program" not in header  # fixed overrides are named once, above the table
     md = (sweep_dir / "sweep.md").read_text()
-    assert "Fixed overrides: `program=mlp program.args.1='f32[8,256]' execute.repeats=2`" in md
+    assert "Fixed overrides: `program=mlp program.args.1=f32[8,256] execute.repeats=2`" in md
     names = {p.name for p in (sweep_dir / "plots").glob("*.png")}
     assert names == {"compile.compiler_options.xla_cpu_enable_fast_math.png", "execute.seed.png"}
 

@@ -15,6 +15,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from pipeline.compose_cache import with_sweep_loader
+from pipeline.console import unescape_launch_lines
 
 
 @dataclass
@@ -32,6 +33,7 @@ class JaxaotBasicSweeper(BasicSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:  # fmt: skip
+        unescape_launch_lines()  # "#0 : program.args.1=f32[8,256]", as written
         super().setup(hydra_context=with_sweep_loader(hydra_context), task_function=task_function,
                       config=config)  # fmt: skip
 
