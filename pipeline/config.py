@@ -68,6 +68,8 @@ class LowerConfig:
     out_shardings: Any = None
     xla_metadata: dict[str, Any] = field(default_factory=dict)
     scoped_metadata: list[Any] = field(default_factory=list)
+    # Text artifacts print constants of more elements elided; None keeps them all (issue 19).
+    elide_constants_over: int | None = 1024
 
 
 @dataclass(frozen=True)
