@@ -7,11 +7,18 @@ Errors that jaxaot raises on purpose are printed as one line on stderr with a no
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # `python -m pipeline.cli`: try the server before importing Hydra
+    from pipeline.server import entry
+
+    entry()
+    sys.exit(0)
+
 import logging
 import os
 import re
 import signal
-import sys
 import traceback
 
 import hydra
