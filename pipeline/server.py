@@ -112,7 +112,8 @@ def _connect() -> socket.socket | None:
 
 
 def wanted() -> bool:
-    """Whether this ``jaxaot`` should try the server: ``JAXAOT_SERVER=0`` turns it off."""
+    """Whether this ``jaxaot`` should try the server: ``JAXAOT_SERVER=0`` turns it off;
+    ``JAXAOT_SERVER=1`` also starts one when none runs (for the runs after this one)."""
     return os.environ.get("JAXAOT_SERVER", "") not in ("0", "false", "no")
 
 
@@ -357,28 +358,45 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _preimport() -> None:
-    """What every run imports: JAX (no backend started), Hydra, the pipeline and its stages."""
-    import hydra  # noqa: F401
+    """What every run imports and warms up, short of starting a JAX backend: JAX, Hydra, the
+    pipeline and its stages, one composition (Hydra's first costs ~0.5 s more than later
+    ones: lazy imports, plugin discovery, OmegaConf's grammar) and one trace."""
+    import importlib
+
     import jax
-    import jax.numpy  # noqa: F401
+    import jax.numpy as jnp
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
 
-    import pipeline.cli
-    import pipeline.config
-    import pipeline.runner
-    import stages.compile
-    import stages.execute
-    import stages.lower
-    import stages.stage_out  # noqa: F401
+    import pipeline
 
-    pipeline.config.register_configs()
+    for name in ("jax.export", "jax.experimental.serialize_executable", "jax.extend",
+                 "jax.experimental.shard_map", "pipeline.cli", "pipeline.runner",
+                 "pipeline.summary", "pipeline.callbacks", "stages.stage_out", "stages.lower",
+                 "stages.compile", "stages.execute", "stages.inputs"):  # fmt: skip
+        importlib.import_module(name)
     Plugins.instance()  # discovers Hydra's plugins (search path, launchers, sweepers) once
+    pipeline.compose(["program=axpy"])
+    GlobalHydra.instance().clear()  # each run initializes its own
+    spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_backends", None):  # forked children must start their own
+        raise RuntimeError("jaxaot server: a JAX backend started while warming up")
 
 
 def serve_forever() -> None:
     """The server process: daemonized by :func:`start`, or run in the foreground (tests)."""
+    import fcntl
+
     path = socket_path()
     _private_dir(path.parent)
+    lock = path.with_suffix(".lock").open("a")
+    try:  # one server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
     env_before = dict(os.environ)
     _preimport()
     path.with_suffix(".pid").write_text(f"{os.getpid()}\n")
@@ -400,16 +418,21 @@ def _ask(op: str) -> dict[str, Any] | None:
             return None
 
 
+def _spawn() -> subprocess.Popen[bytes]:
+    path = socket_path()
+    _private_dir(path.parent)
+    with path.with_suffix(".log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "pipeline.server", "--serve"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)  # fmt: skip
+
+
 def start(wait: float = 60.0) -> int:
     if (info := _ask("status")) is not None:
         print(f"jaxaot server: already running (pid {info['pid']}, {socket_path()})")
         return 0
     path = socket_path()
-    _private_dir(path.parent)
-    log = path.with_suffix(".log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.server", "--serve"],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True)  # fmt: skip
+    proc = _spawn()
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if (info := _ask("status")) is not None:
@@ -478,6 +501,9 @@ def entry() -> None:
         code = run_via_server(argv)
         if code is not None:
             sys.exit(code)
+        if os.environ.get("JAXAOT_SERVER") == "1" and not socket_path().exists():
+            with contextlib.suppress(OSError):
+                _spawn()  # serves the next run; this one runs in-process, as it would have
     from pipeline.cli import main
 
     main()

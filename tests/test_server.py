@@ -141,3 +141,19 @@ def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> No
     assert bad.stderr.strip() == (
         "jaxaot: error: jaxaot server: expected start, stop, status or restart; found 'bogus'"
     )
+
+
+def test_jaxaot_server_1_starts_one_for_the_next_runs(tmp_path: Path) -> None:
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "auto" / "server.sock"), JAXAOT_SERVER="1")
+    try:
+        first = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)  # in-process
+        assert first.returncode == 0 and "program:" in first.stdout
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _served(env) < 0:
+            time.sleep(0.1)
+        second = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)
+        assert (second.returncode, second.stdout) == (0, first.stdout)
+        assert _served(env) == 1
+    finally:
+        subprocess.run([sys.executable, "-m", "pipeline.cli", "server", "stop"], env=env,
+                       capture_output=True, timeout=60)  # fmt: skip
