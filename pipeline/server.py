@@ -157,8 +157,9 @@ def run_via_server(argv: list[str]) -> int | None:
 
 
 class _Server:
-    def __init__(self, path: Path, env_before: dict[str, str]) -> None:
+    def __init__(self, path: Path, env_before: dict[str, str], warned: list[Any]) -> None:
         self.path = path
+        self.warned = warned  # warnings the warm-up raised: an in-process run prints them too
         self.env_before = env_before
         self.env = _import_env(env_before)
         # What the imports themselves set (JAX and jaxaot quiet C++ logging this way): an
@@ -232,6 +233,10 @@ class _Server:
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            import warnings
+
+            for w in self.warned:  # e.g. Hydra's "Error importing plugin ...", as in-process
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
             from pipeline.cli import main
 
             try:
@@ -398,9 +403,13 @@ def serve_forever() -> None:
     except BlockingIOError:
         return
     env_before = dict(os.environ)
-    _preimport()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("default")  # what an in-process run shows, once each
+        _preimport()
     path.with_suffix(".pid").write_text(f"{os.getpid()}\n")
-    _Server(path, env_before).serve()
+    _Server(path, env_before, list(warned)).serve()
 
 
 # -------------------------------------------------------------------------------- commands
