@@ -68,6 +68,20 @@ def measure(program: str, rounds: int, tmp: Path) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _help_times(rounds: int, tmp: Path, env: dict[str, str]) -> dict[str, float]:
+    """``jaxaot --help``: in-process, through the server, and a bare ``python -c pass``."""
+    cmds = {
+        "python -c pass": ([PY, "-c", "pass"], env),
+        "in-process": ([PY, "-m", "pipeline.cli", "--help"], {**env, "JAXAOT_SERVER": "0"}),
+        "server": ([PY, "-m", "pipeline.cli", "--help"], env),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(rounds):
+        for k, (cmd, e) in cmds.items():
+            times[k].append(_wall(cmd, tmp, e))
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -81,6 +95,7 @@ def main() -> None:
                        capture_output=True)  # fmt: skip
         try:
             rows = {p: measure(p, opts.rounds, tmp) for p in opts.programs.split(",")}
+            helps = _help_times(opts.rounds, tmp, env)
         finally:
             subprocess.run([PY, "-m", "pipeline.cli", "server", "stop"], env=env,
                            capture_output=True)  # fmt: skip
@@ -103,6 +118,9 @@ def main() -> None:
         print(f"| {p} | {peer:.2f} s | {m['jaxaot cold']:.2f} s | {m['jaxaot cold'] - peer:+.2f} s "
               f"| {m['jaxaot cold, server']:.2f} s | {m['jaxaot cold, server'] - peer:+.2f} s "
               f"| <= +0.2 s |")  # fmt: skip
+    print()
+    print(f"`jaxaot --help`: {helps['in-process']:.2f} s in-process, {helps['server']:.2f} s "
+          f"through the server (`python -c pass`: {helps['python -c pass']:.2f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -158,3 +158,37 @@ def test_jaxaot_server_1_starts_one_for_the_next_runs(tmp_path: Path) -> None:
     finally:
         subprocess.run([sys.executable, "-m", "pipeline.cli", "server", "stop"], env=env,
                        capture_output=True, timeout=60)  # fmt: skip
+
+
+_HELP = """
+import sys
+sys.argv = ["jaxaot", *sys.argv[1:]]
+import pipeline.cli as cli
+if sys.argv[1] == "--unshared":
+    del sys.argv[1]
+    cli._share_help_repository = lambda argv: None
+try:
+    cli.main()
+finally:
+    print("JAX IMPORTED" if "jax" in sys.modules else "no jax", file=sys.stderr)
+"""
+
+
+def test_help_is_hydras_help_without_its_repository_copies(tmp_path: Path) -> None:
+    env = cli_env(JAXAOT_SERVER="0")
+    for args in (["--help"], ["program=mlp", "--help"]):
+        fast, slow = (
+            subprocess.run(
+                [sys.executable, "-c", _HELP, *pre, *args],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for pre in ([], ["--unshared"])
+        )
+        assert fast.returncode == slow.returncode == 0, fast.stderr
+        assert fast.stdout == slow.stdout and "== Configuration groups ==" in fast.stdout
+        assert "program: attention, axpy" in fast.stdout
+        assert fast.stderr.splitlines()[-1] == "no jax"
