@@ -40,9 +40,11 @@ from typing import Any
 PROTOCOL = 1
 # Packages imported in the server, whose origin a client's sys.path must agree with.
 _PREIMPORT = ("jax", "jax.numpy", "numpy", "hydra", "omegaconf", "pipeline", "stages")
-# Variables read at import time (JAX's config defaults, XLA/TF logging, Python's own): a run
+# Variables read at import time (JAX's config defaults, XLA/TF logging, BLAS threads, Python's own): a run
 # whose values differ cannot use the server's imports.
-_IMPORT_ENV = re.compile(r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC)")
+_IMPORT_ENV = re.compile(
+    r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO)"
+)
 _HEADER = struct.Struct("!I")
 
 
