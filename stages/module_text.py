@@ -34,7 +34,7 @@ class LargeConstant:
     where: str  # "captured.py:31 (project)" or "" when the location says nothing useful
 
     def describe(self) -> str:
-        at = f" at {self.where}" if self.where else ""
+        at = f" used at {self.where}" if self.where else ""
         return f"{self.type} ({self.nbytes / 1e6:.1f} MB){at}"
 
 
@@ -85,6 +85,19 @@ def _where(location: Any) -> str:
     return f"{path.rsplit('/', 1)[-1]}:{line}"
 
 
+def _used_at(op: Any) -> str:
+    """Where the program first uses a constant: the constant op's own location is wherever the
+    lowering was called from (a closed-over value has no line of its own)."""
+    try:
+        for use in op.result.uses:
+            where = _where(use.owner.location)
+            if where:
+                return where
+    except Exception:  # an MLIR binding without use lists
+        pass
+    return ""
+
+
 def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
     """The constant ops with more than ``over_elements`` elements (splats excluded), in order."""
     from jax._src.lib.mlir import ir
@@ -104,7 +117,7 @@ def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
             if count > over_elements and not splat:
                 width = getattr(shaped.element_type, "width", 32)  # int and float types have one
                 nbytes = count * max(1, int(width) // 8)
-                found.append(LargeConstant(str(attr.type), nbytes, _where(op.location)))
+                found.append(LargeConstant(str(attr.type), nbytes, _used_at(op)))
         return ir.WalkResult.ADVANCE
 
     try:
