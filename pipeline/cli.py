@@ -10,10 +10,9 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # `python -m pipeline.cli`: try the server before importing Hydra
-    from pipeline.server import entry
+    from pipeline.server import try_server
 
-    entry()
-    sys.exit(0)
+    try_server(sys.argv[1:], as_main=True)  # exits when a server ran it; else run it here
 
 import logging
 import os

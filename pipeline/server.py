@@ -119,15 +119,16 @@ def wanted() -> bool:
     return os.environ.get("JAXAOT_SERVER", "") not in ("0", "false", "no")
 
 
-def run_via_server(argv: list[str]) -> int | None:
+def run_via_server(argv: list[str], as_main: bool = False) -> int | None:
     """Run ``jaxaot argv`` in a child of the server; its exit status, or None when there is
     no server or it declined (then the caller runs in-process, nothing having happened)."""
     sock = _connect()
     if sock is None:
         return None
     with sock:
-        request = {"v": PROTOCOL, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ),
-                   "path": sys.path, "isatty": [os.isatty(fd) for fd in (0, 1, 2)]}  # fmt: skip
+        request = {"v": PROTOCOL, "argv": argv, "argv0": sys.argv[0], "as_main": as_main,
+                   "cwd": os.getcwd(), "env": dict(os.environ), "path": sys.path,
+                   "isatty": [os.isatty(fd) for fd in (0, 1, 2)]}  # fmt: skip
         try:
             _send(sock, request, [0, 1, 2])
             reply, _ = _recv(sock)
@@ -227,7 +228,7 @@ class _Server:
             os.environ.clear()
             os.environ.update({**req["env"], **self.added})
             sys.path[:] = req["path"]
-            sys.argv = ["jaxaot", *req["argv"]]
+            sys.argv = [req.get("argv0") or "jaxaot", *req["argv"]]
             tty = req.get("isatty", [False] * 3)
             sys.stdin = open(0, closefd=False)  # noqa: SIM115
             sys.stdout = open(1, "w", buffering=1 if tty[1] else -1, closefd=False)  # noqa: SIM115
@@ -239,10 +240,18 @@ class _Server:
 
             for w in self.warned:  # e.g. Hydra's "Error importing plugin ...", as in-process
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-            from pipeline.cli import main
-
+            global _IN_CHILD
+            _IN_CHILD = True
             try:
-                main()
+                if req.get("as_main"):  # `python -m pipeline.cli`: Hydra sees a __main__ app
+                    import runpy
+
+                    sys.modules.pop("pipeline.cli", None)  # as in `python -m`: not imported yet
+                    runpy.run_module("pipeline.cli", run_name="__main__", alter_sys=True)
+                else:
+                    from pipeline.cli import main
+
+                    main()
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -503,18 +512,28 @@ def command(args: list[str]) -> int:
     return 2
 
 
-def entry() -> None:
-    """The ``jaxaot`` console script: the server when one is running, else in-process."""
-    argv = sys.argv[1:]
+_IN_CHILD = False  # set in a forked child: its `jaxaot` runs here, never through a server
+
+
+def try_server(argv: list[str], as_main: bool = False) -> None:
+    """Handle ``jaxaot server ...``, or run ``jaxaot argv`` through a running server and exit
+    with its status; return (having done nothing) when the run belongs in this process."""
+    if _IN_CHILD:
+        return
     if argv[:1] == ["server"]:
         sys.exit(command(argv[1:]))
     if wanted():
-        code = run_via_server(argv)
+        code = run_via_server(argv, as_main)
         if code is not None:
             sys.exit(code)
         if os.environ.get("JAXAOT_SERVER") == "1" and not socket_path().exists():
             with contextlib.suppress(OSError):
                 _spawn()  # serves the next run; this one runs in-process, as it would have
+
+
+def entry() -> None:
+    """The ``jaxaot`` console script: the server when one is running, else in-process."""
+    try_server(sys.argv[1:])
     from pipeline.cli import main
 
     main()

@@ -62,6 +62,7 @@ def test_runs_through_the_server_match_runs_without_it(server, tmp_path: Path) -
     alone = {**server, "JAXAOT_SERVER": "0"}
     cases = [
         [*AXPY, "--cfg", "job"],  # printed config
+        ["--info"],  # Hydra's view of the app: the config dir as `python -m pipeline.cli` has it
         ["program=axpy", "execute.nope=1"],  # a one-line error, exit 1
         ["program=axpy", "program.args=[3]"],  # an error from the run itself
     ]
