@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-
-from stages.lower import canonical_stablehlo
 
 # Python object reprs carry their address. JAX masks the ones it prints in jaxprs
 # (`0xXXXXXXXXXXXX`), but a user's static argument or callback object may not.
@@ -33,14 +31,82 @@ _METADATA = re.compile(r',\s*metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
 _HLO_MODULE = re.compile(r"^HloModule [^\s,]+", re.MULTILINE)
 
 
+# Canonicalizing is one pass over the lines, each touched only where it holds what is dropped:
+# linear in the text's size (a module with a captured constant printed in full is 100 MB on
+# one line; issue 19), and usable on a stream of lines (:func:`iter_canonical_stablehlo`).
+
+# MLIR location info (`loc(...)` suffixes and `#locN = loc(...)` aliases) varies with source
+# paths and line numbers; it is stripped so a moved file or a renamed local changes nothing.
+_LOC_ALIAS = re.compile(r"#loc[0-9]*\s*=")
+# A quoted string (skipped whole: it may hold "loc(" or parentheses) or the start of a `loc(`.
+_STRING_OR_LOC = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\s*\bloc\(')
+_STRING_OR_PAREN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[()]')
+_MODULE_NAME = re.compile(r"^module @[\w.$-]+")
+
+
+def _strip_locs(line: str) -> str:
+    """``line`` without its ``loc(...)`` parts (balanced parentheses, strings respected)."""
+    if "loc(" not in line:
+        return line
+    out: list[str] = []
+    pos = 0
+    while (m := _STRING_OR_LOC.search(line, pos)) is not None:
+        if m[0].startswith('"'):
+            out.append(line[pos : m.end()])
+            pos = m.end()
+            continue
+        out.append(line[pos : m.start()])
+        depth, end = 1, m.end()
+        while depth and (p := _STRING_OR_PAREN.search(line, end)) is not None:
+            depth += {"(": 1, ")": -1}.get(p[0], 0)
+            end = p.end()
+        pos = end if not depth else len(line)
+    out.append(line[pos:])
+    return "".join(out)
+
+
+def _tidy_lines(lines: Iterable[str], squeeze: bool = True) -> Iterator[str]:
+    """Trailing spaces stripped, leading and trailing blank lines dropped, blank-line runs
+    squeezed to one (``squeeze``); each yielded line ends with a newline."""
+    started, blanks = False, 0
+    for raw in lines:
+        line = raw.rstrip()
+        if not line:
+            blanks += started
+            continue
+        yield from ("\n" for _ in range(min(blanks, 1) if squeeze else blanks))
+        blanks = 0
+        yield (line if started else line.lstrip()) + "\n"
+        started = True
+    if not started:
+        yield "\n"
+
+
 def _tidy(text: str) -> str:
     """Strip trailing spaces, squeeze blank-line runs, end with exactly one newline."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    out: list[str] = []
-    for line in lines:
-        if line or (out and out[-1]):
-            out.append(line)
-    return "\n".join(out).strip("\n") + "\n"
+    return "".join(_tidy_lines(text.splitlines()))
+
+
+def iter_canonical_stablehlo(lines: Iterable[str]) -> Iterator[str]:
+    """:func:`canonical_stablehlo`, one line in, at most one line out (lines may end in \\n)."""
+
+    def strip() -> Iterator[str]:
+        renamed = False
+        for raw in lines:
+            line = raw.rstrip("\n")
+            if line.startswith("#loc") and _LOC_ALIAS.match(line):
+                continue
+            line = _strip_locs(line)
+            if not renamed and line.startswith("module @"):
+                line, renamed = _MODULE_NAME.sub("module @main_module", line, count=1), True
+            yield line
+
+    yield from _tidy_lines(strip(), squeeze=False)
+
+
+def canonical_stablehlo(text: str) -> str:
+    """StableHLO text without location/debug info or the module's (counter-suffixed) name."""
+    return "".join(iter_canonical_stablehlo(text.splitlines()))
 
 
 def canonical_jaxpr(text: str) -> str:
@@ -48,27 +114,31 @@ def canonical_jaxpr(text: str) -> str:
     return _tidy(_ADDRESS.sub(" at 0x?", text))
 
 
-def _drop_debug_tables(text: str) -> str:
-    out: list[str] = []
-    skipping = False
-    for line in text.splitlines():
-        if line.strip() in _DEBUG_TABLES and not line.startswith(" "):
-            skipping = True
-            continue
-        if skipping:
-            if not line.strip():
-                skipping = False
-            continue
-        out.append(line)
-    return "\n".join(out)
+def iter_canonical_hlo(lines: Iterable[str]) -> Iterator[str]:
+    """:func:`canonical_hlo`, one line in, at most one line out (lines may end in \\n)."""
+
+    def strip() -> Iterator[str]:
+        skipping, renamed = False, False
+        for raw in lines:
+            line = raw.rstrip("\n")
+            if line.strip() in _DEBUG_TABLES and not line.startswith(" "):
+                skipping = True
+                continue
+            if skipping:
+                skipping = bool(line.strip())
+                continue
+            if "metadata={" in line:
+                line = _METADATA.sub("", line)
+            if not renamed and line.startswith("HloModule "):
+                line, renamed = _HLO_MODULE.sub("HloModule main_module", line, count=1), True
+            yield line
+
+    yield from _tidy_lines(strip())
 
 
 def canonical_hlo(text: str) -> str:
     """HLO text (as lowered or as optimized) without debug tables, metadata or module name."""
-    text = _drop_debug_tables(text)
-    text = _METADATA.sub("", text)
-    text = _HLO_MODULE.sub("HloModule main_module", text, count=1)
-    return _tidy(text)
+    return "".join(iter_canonical_hlo(text.splitlines()))
 
 
 def canonical_json(text: str) -> str:
@@ -121,4 +191,6 @@ __all__ = [
     "canonical_json",
     "canonical_stablehlo",
     "dump_json",
+    "iter_canonical_hlo",
+    "iter_canonical_stablehlo",
 ]

@@ -7,15 +7,22 @@ Errors that jaxaot raises on purpose are printed as one line on stderr with a no
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # `python -m pipeline.cli`: try the server before importing Hydra
+    from pipeline.server import try_server
+
+    try_server(sys.argv[1:], as_main=True)  # exits when a server ran it; else run it here
+
 import logging
 import os
 import re
 import signal
-import sys
 import traceback
 from typing import Any
 
 import hydra
+from hydra.core.object_type import ObjectType
 from omegaconf import DictConfig, OmegaConf
 
 from .argspec import quote_array_types
@@ -112,6 +119,33 @@ def _skip_mode_probe(argv: list[str]) -> None:
     Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
 
 
+def _share_help_repository(argv: list[str]) -> None:
+    """Let ``--help`` build Hydra's config repository once instead of once per config group.
+
+    Hydra's help lists every group's options through ``ConfigLoaderImpl.get_group_options``,
+    and each call deep-copies the whole repository (the ConfigStore's schemas included) for the
+    same config name and overrides: ~100 copies, 2-3 s of ``jaxaot --help`` (issue 19). One
+    help process reads one unchanging repository, so one copy per (config, overrides) serves
+    every call with the same answers.
+    """
+    if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
+        return
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    real = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
+    made: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
+
+    def get_group_options(self: Any, group_name: str, results_filter: Any = ObjectType.CONFIG,
+                          config_name: str | None = None,
+                          overrides: list[str] | None = None) -> list[str]:  # fmt: skip
+        key = (id(self), config_name, tuple(overrides or ()))
+        if key not in made:
+            made[key] = real(self, config_name, list(overrides or ()))[1]
+        return list(made[key].get_group_options(group_name, results_filter))
+
+    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+
+
 _NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable")
 
 
@@ -163,6 +197,7 @@ def _main() -> None:
     guard_hydra_callbacks()  # hydra.callbacks._target_ under trust.* before Hydra imports it
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
+    _share_help_repository(args)
     if any(a in ("--cfg", "-c") for a in args):  # prints the config, runs nothing: no new dirs
         print_only()
     sys.argv = [sys.argv[0], *args]

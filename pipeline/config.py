@@ -77,6 +77,8 @@ class LowerConfig:
     debug_info: bool = False
     # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
     vjp_order: int = 0
+    # Text artifacts print constants of more elements elided; None keeps them all (issue 19).
+    elide_constants_over: int | None = 1024
 
 
 @dataclass(frozen=True)

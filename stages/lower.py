@@ -17,33 +17,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline import memo
+from pipeline.canonical import canonical_stablehlo
 from pipeline.context import StageContext
 from pipeline.errors import ConfigError, StoreError
-from pipeline.fsutil import sha256_bytes
 from pipeline.jaxenv import platform_of
 from pipeline.metadata import scoped_metadata
 from pipeline.parallel import MeshSpec, check_in_shardings, mesh_spec
 
+from . import module_text
 from .metadata import with_metadata
 from .parallel import abstract_mesh, named, output_shardings
 from .stage_out import StagedOut
 
-# MLIR location info (`loc(...)` suffixes and `#locN = loc(...)` aliases) varies with source
-# paths and line numbers; it is stripped before hashing so a moved file or a renamed local does
-# not change the compile key.
-_LOC_ALIAS = re.compile(r"^#loc[0-9]*\s*=.*$\n?", re.MULTILINE)
-_LOC_USE = re.compile(r"\s*loc\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)")
-_MODULE_NAME = re.compile(r"^module @[\w.$-]+", re.MULTILINE)
 _PARTITIONS = re.compile(r"mhlo\.num_partitions = (\d+)")
 _REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
-
-
-def canonical_stablehlo(text: str) -> str:
-    """StableHLO text without location/debug info or the module's (counter-suffixed) name."""
-    text = _LOC_ALIAS.sub("", text)
-    text = _LOC_USE.sub("", text)
-    text = _MODULE_NAME.sub("module @main_module", text, count=1)
-    return "\n".join(line.rstrip() for line in text.splitlines()).strip() + "\n"
 
 
 def _module_devices(stablehlo: str) -> int:
@@ -59,7 +46,7 @@ class Lowered:
     exported: Any  # jax.export.Exported
     lowered: Any | None  # jax.stages.Lowered, None when loaded from a checkpoint
     platforms: tuple[str, ...]
-    module_sha256: str  # canonical StableHLO (no locations): the compile key's program part
+    module_sha256: str  # the module's bytecode without locations: the compile key's program part
     donate_argnums: tuple[int, ...]  # positions among the exported function's arguments
     meta: dict[str, Any]
 
@@ -237,6 +224,63 @@ def check_platforms(platforms: tuple[str, ...]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Texts:
+    """What the lower stage derives from one lowering: texts, module digest, cost analysis."""
+
+    stablehlo: str
+    module_sha256: str
+    hlo: str | None
+    hlo_error: str
+    cost: dict[str, float] | None
+    warning: str | None
+
+
+def _elide_over(ctx: StageContext) -> int | None:
+    value = getattr(ctx.cfg.lower, "elide_constants_over", 1024)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(
+            f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
+            f"every constant in the texts; found {value!r}"
+        )
+    return value
+
+
+def _derive_texts(lowered: Any, elide_over: int | None, debug: bool) -> _Texts:
+    stablehlo = module_text.stablehlo_text(lowered, elide_over, debug)
+    module_sha = module_text.module_digest(lowered)
+    elided = elide_over is not None and module_text.ELIDED in stablehlo
+    warning = None
+    if elided or elide_over is None:
+        found = module_text.large_constants(lowered, elide_over or 1024)
+        warning = module_text.warning(found)
+    if elided:
+        assert elide_over is not None
+        stablehlo += module_text.trailer(module_sha, elide_over, "//")
+    hlo, hlo_module, error = None, None, ""
+    try:
+        hlo, hlo_module = module_text.hlo_text(lowered, keep_large=not elided, debug=debug)
+        if elided:
+            assert elide_over is not None
+            hlo += module_text.trailer(module_sha, elide_over, "//")
+    except Exception as exc:
+        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    cost = module_text.cost_analysis(lowered, hlo_module)
+    return _Texts(stablehlo, module_sha, hlo, error, cost, warning)
+
+
+def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
+    """The texts and digest of ``lowered``, computed once per JAX lowering object (a sweep's
+    later jobs reuse them); large constants elided per ``lower.elide_constants_over``."""
+    elide_over = _elide_over(ctx)
+    debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts (issue 17)
+    texts = memo.derived(same, f"texts:{elide_over}:{debug}",
+                         lambda: _derive_texts(lowered, elide_over, debug))  # fmt: skip
+    if texts.warning:
+        ctx.warn(texts.warning)
+    return texts
+
+
 def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     import jax
 
@@ -265,13 +309,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
         same = getattr(lowered, "_lowering", None)
-        debug = bool(cfg.lower.debug_info)  # locations kept in the texts (issue 17)
-        tag = "+debug" if debug else ""
-        stablehlo = memo.derived(same, "stablehlo" + tag,
-                                 lambda: lowered.as_text(debug_info=debug))  # fmt: skip
-        module_sha = memo.derived(
-            same, "module_sha256", lambda: sha256_bytes(canonical_stablehlo(stablehlo).encode())
-        )
+        texts = _texts(ctx, lowered, same)
+        stablehlo, module_sha = texts.stablehlo, texts.module_sha256
         donate = _flat_donations(staged)
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         polymorphic = _has_symbolic(staged.args, kwargs)
@@ -282,14 +321,10 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         ctx.write("module.stablehlo.mlir", stablehlo)
         # Only making the texts and the export may fail softly; writing them may not (a full
         # disk is the run's error, not a warning).
-        try:
-            hlo_text = memo.derived(
-                same, "hlo" + tag, lambda: lowered.as_text(dialect="hlo", debug_info=debug)
-            )
-        except Exception as exc:  # some multi-platform lowerings have no single HLO form
-            ctx.warn(f"no HLO text for platforms {list(platforms)}: {str(exc).splitlines()[0]}")
-        else:
-            ctx.write("module.hlo.txt", hlo_text)
+        if texts.hlo is not None:
+            ctx.write("module.hlo.txt", texts.hlo)
+        else:  # some multi-platform lowerings have no single HLO form
+            ctx.warn(f"no HLO text for platforms {list(platforms)}: {texts.hlo_error}")
         try:  # inside the mesh and metadata contexts: the export traces again
             with ctx.capture_warnings():
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
@@ -305,7 +340,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             )
         else:
             ctx.write("exported.bin", exported_bytes)
-    cost = memo.derived(same, "cost_analysis", lambda: _cost(lowered))
+    cost = texts.cost
     if cost:
         ctx.write_json("cost_analysis.json", cost)
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
@@ -427,16 +462,6 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         donate_argnums=tuple(meta["donate_argnums"]),
         meta=meta,
     ))  # fmt: skip
-
-
-def _cost(lowered: Any) -> dict[str, float] | None:
-    try:
-        cost = lowered.cost_analysis()
-    except Exception:
-        return None
-    if isinstance(cost, list | tuple):  # older JAX returned one dict per device
-        cost = cost[0] if cost else None
-    return {str(k): float(v) for k, v in cost.items()} if cost else None
 
 
 __all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "check_platforms", "load", "run"]

@@ -1,0 +1,205 @@
+"""The lowered module's texts, its identity hash and its large constants (issue 19).
+
+A program that closes over a big array (weights in a global, a table built with numpy) gets
+it embedded as a dense literal: printed in full, a 51 MB constant is 100 MB of StableHLO and
+170 MB of HLO text, and hashing that text costs seconds. So the texts are printed the way
+MLIR's and XLA's printers can, with large constants elided (``dense_resource<__elided__>``,
+``constant({...})``), and the module's identity is not taken from any text: it is the sha256
+of the module's MLIR bytecode with locations stripped and the module renamed, which holds
+every constant's every byte. Two programs that differ only in a captured constant's values
+therefore never share a compile key, however the texts print.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.canonical import canonical_stablehlo
+from pipeline.fsutil import sha256_bytes
+
+# Constants at least this big are named in the one-line warning (1 MiB).
+WARN_BYTES = 1 << 20
+ELIDED = "__elided__"
+
+
+@dataclass(frozen=True)
+class LargeConstant:
+    """A constant literal the lowering embedded: its type and where the program used it."""
+
+    type: str  # "tensor<3584x3584xf32>"
+    nbytes: int
+    where: str  # "captured.py:31 (project)" or "" when the location says nothing useful
+
+    def describe(self) -> str:
+        at = f" used at {self.where}" if self.where else ""
+        return f"{self.type} ({self.nbytes / 1e6:.1f} MB){at}"
+
+
+def stablehlo_text(lowered: Any, elide_over: int | None, debug: bool = False) -> str:
+    """The StableHLO text, constants of more than ``elide_over`` elements elided (None: all
+    kept), as ``Lowered.as_text(debug_info=debug)`` prints it."""
+    if elide_over is None:
+        return str(lowered.as_text(debug_info=debug))
+    module = lowered.compiler_ir("stablehlo")
+    return str(
+        module.operation.get_asm(large_elements_limit=int(elide_over), enable_debug_info=debug)
+    )
+
+
+def module_digest(lowered: Any) -> str:
+    """sha256 of the module's bytecode without locations or module name: what is compiled.
+
+    Location info varies with source paths and line numbers and the module name carries a
+    per-process counter; neither changes the program, so neither changes the digest (the
+    same rule as the canonical text). Falls back to the canonical full text.
+    """
+    from jax._src.lib.mlir import ir, passmanager
+
+    module = lowered.compiler_ir("stablehlo")
+    try:
+        with module.context:
+            # A clone shares the (uniqued) constant storage: cheap however big the constants.
+            op = module.operation.clone()
+            try:
+                passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
+                op.attributes["sym_name"] = ir.StringAttr.get("main_module")
+                buf = io.BytesIO()
+                op.write_bytecode(buf)
+            finally:
+                op.erase()
+        return sha256_bytes(buf.getvalue())
+    except Exception:  # an MLIR binding without these APIs: hash the whole canonical text
+        return sha256_bytes(canonical_stablehlo(str(lowered.as_text())).encode())
+
+
+def _where(location: Any) -> str:
+    """``file.py:LINE (function)`` from an MLIR location's text, best effort."""
+    import re
+
+    text = str(location)
+    found = re.findall(r'"([^"]+\.py)":(\d+)', text)
+    if not found:
+        return ""
+    path, line = found[0]  # innermost frame first: the user's line, not the caller's
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def _used_at(op: Any) -> str:
+    """Where the program first uses a constant: the constant op's own location is wherever the
+    lowering was called from (a closed-over value has no line of its own)."""
+    try:
+        for use in op.result.uses:
+            where = _where(use.owner.location)
+            if where:
+                return where
+    except Exception:  # an MLIR binding without use lists
+        pass
+    return ""
+
+
+def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
+    """The constant ops with more than ``over_elements`` elements (splats excluded), in order."""
+    from jax._src.lib.mlir import ir
+
+    module = lowered.compiler_ir("stablehlo")
+    found: list[LargeConstant] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "stablehlo.constant":
+            attr = op.attributes["value"]
+            shaped = ir.ShapedType(attr.type)
+            count = math.prod(shaped.shape) if shaped.has_static_shape else 0
+            try:
+                splat = ir.DenseElementsAttr(attr).is_splat
+            except (ValueError, TypeError):
+                splat = False  # resource-backed: never a splat
+            if count > over_elements and not splat:
+                width = getattr(shaped.element_type, "width", 32)  # int and float types have one
+                nbytes = count * max(1, int(width) // 8)
+                found.append(LargeConstant(str(attr.type), nbytes, _used_at(op)))
+        return ir.WalkResult.ADVANCE
+
+    try:
+        with module.context:
+            module.operation.walk(visit)
+    except Exception:  # the warning is advice: an MLIR binding without these APIs gives none
+        return []
+    return found
+
+
+def warning(constants: list[LargeConstant]) -> str | None:
+    """One line naming the captured constants of at least :data:`WARN_BYTES`, or None."""
+    big = [c for c in constants if c.nbytes >= WARN_BYTES]
+    if not big:
+        return None
+    total = sum(c.nbytes for c in big)
+    shown = "; ".join(c.describe() for c in big[:3]) + ("; ..." if len(big) > 3 else "")
+    return (
+        f"the program captures {len(big)} large constant(s), {total / 1e6:.1f} MB in all: "
+        f"{shown}; they are embedded in the module, the export and the executable (texts elide "
+        "them): pass large arrays as arguments instead of closing over them"
+    )
+
+
+def hlo_text(lowered: Any, keep_large: bool, debug: bool = False) -> tuple[str, Any]:
+    """The HLO text (as ``as_text(dialect="hlo")`` prints it) and the HLO module, built once.
+
+    ``keep_large=False`` prints constants of more than a few elements as ``{...}`` (XLA's
+    printer has one fixed threshold), so callers pass it only when StableHLO elided some.
+    """
+    from jax._src.lib import hlo
+
+    module = lowered._lowering.hlo().as_hlo_module()
+    opts = hlo.HloPrintOptions.short_parsable()
+    opts.print_metadata = debug  # op names and source locations, as as_text(debug_info=True)
+    opts.print_large_constants = keep_large
+    return str(module.to_string(opts)), module
+
+
+def cost_analysis(lowered: Any, hlo_module: Any | None) -> dict[str, float] | None:
+    """``Lowered.cost_analysis()``, from an HLO module already built when there is one (the
+    public call converts the module to HLO again: a second copy of every constant)."""
+    cost: Any = None
+    try:
+        if hlo_module is not None:
+            from jax._src.lib import _jax
+
+            cost = _jax.hlo_module_cost_analysis(
+                lowered._lowering.compile_args["backend"], hlo_module
+            )
+    except Exception:
+        cost = None
+    if cost is None:
+        try:
+            cost = lowered.cost_analysis()
+        except Exception:
+            return None
+    if isinstance(cost, list | tuple):  # older JAX returned one dict per device
+        cost = cost[0] if cost else None
+    return {str(k): float(v) for k, v in cost.items()} if cost else None
+
+
+def trailer(module_sha256: str, elide_over: int, comment: str) -> str:
+    """The last line of a text whose constants were elided: the module's digest, so a text
+    diff (snapshot verify) still sees a change in an elided constant's values."""
+    return (
+        f"{comment} jaxaot: constants over {elide_over} elements elided "
+        f"(lower.elide_constants_over=null keeps them); module {module_sha256}\n"
+    )
+
+
+__all__ = [
+    "ELIDED",
+    "WARN_BYTES",
+    "LargeConstant",
+    "cost_analysis",
+    "hlo_text",
+    "large_constants",
+    "module_digest",
+    "stablehlo_text",
+    "trailer",
+    "warning",
+]

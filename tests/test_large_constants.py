@@ -1,0 +1,124 @@
+"""Captured constants (issue 19): texts elide them, the compile key never does."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pipeline.canonical import canonical_stablehlo
+from pipeline.errors import ConfigError
+from stages import module_text
+
+# 64x64 = 4096 elements: over the default limit (1024). B differs from A in one value.
+_A = (np.arange(4096, dtype=np.float32).reshape(64, 64) / 4096).astype(np.float32)
+_B = _A.copy()
+_B[37, 5] += np.float32(0.5)
+
+
+def project_a(x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ jnp.asarray(_A))
+
+
+def project_b(x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ jnp.asarray(_B))
+
+
+_X = "program.args=[{shape: [4, 64], dtype: f32, init: normal}]"
+
+
+def _run(compose_run: Any, name: str, *extra: str) -> Any:
+    return compose_run(f"program.target=test_large_constants:{name}", _X, "execute.repeats=1",
+                       *extra)  # fmt: skip
+
+
+def _out(result: Any) -> np.ndarray:
+    return np.load(Path(result.run_dir) / "execute" / "outputs.npz")["out0"]
+
+
+def _lowered_text(run: Any, name: str) -> str:
+    return (Path(run.run_dir) / "lower" / name).read_text()
+
+
+def test_programs_differing_only_in_a_large_constant_never_share_a_store_entry(compose_run):
+    a = _run(compose_run, "project_a")
+    b = _run(compose_run, "project_b")
+    # The texts cannot tell them apart (the constant is elided) ...
+    text_a, text_b = (
+        canonical_stablehlo(_lowered_text(r, "module.stablehlo.mlir")) for r in (a, b)
+    )
+    assert module_text.ELIDED in text_a
+    strip = lambda t: "\n".join(ln for ln in t.splitlines() if "jaxaot: constants" not in ln)  # noqa: E731
+    assert strip(text_a) == strip(text_b)
+    # ... but the compile key does: B compiled (a miss), never loaded A's executable.
+    ka, kb = (r.manifest["stages"]["compile"]["key"] for r in (a, b))
+    assert ka != kb
+    assert [r.manifest["stages"]["compile"]["status"] for r in (a, b)] == ["ran", "ran"]
+    assert not np.array_equal(_out(a), _out(b))
+    # Warm runs hit their own entries, and every output equals a store-off run bit for bit.
+    warm_b = _run(compose_run, "project_b")
+    assert warm_b.manifest["stages"]["compile"]["status"] == "cached"
+    for name, got in (("project_a", _out(a)), ("project_b", _out(b)), ("project_b", _out(warm_b))):
+        off = _run(compose_run, name, "store.enabled=false")
+        assert np.array_equal(got, _out(off)) and got.tobytes() == _out(off).tobytes()
+
+
+def test_texts_elide_large_constants_and_keep_them_on_request(compose_run, caplog):
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        elided = _run(compose_run, "project_a", "stop_after=lower")
+    stablehlo = _lowered_text(elided, "module.stablehlo.mlir")
+    hlo = _lowered_text(elided, "module.hlo.txt")
+    assert "dense_resource<__elided__> : tensor<64x64xf32>" in stablehlo
+    assert "constant({...})" in hlo
+    digest = json.loads(_lowered_text(elided, "lowered.json"))["module_sha256"]
+    assert stablehlo.rstrip().endswith(digest) and hlo.rstrip().endswith(digest)
+    kept = _run(compose_run, "project_a", "stop_after=lower", "lower.elide_constants_over=null")
+    full = _lowered_text(kept, "module.stablehlo.mlir")
+    assert module_text.ELIDED not in full and "dense<" in full
+    assert "{...}" not in _lowered_text(kept, "module.hlo.txt")
+    # 16 KiB is below the warning's 1 MiB: no advice for a small table.
+    assert not [r for r in caplog.records if "large constant" in r.getMessage()]
+
+
+def test_bad_elide_option_is_one_line_naming_the_key(compose_run):
+    with pytest.raises(ConfigError, match=r"lower\.elide_constants_over: expected .* found -1"):
+        _run(compose_run, "project_a", "stop_after=lower", "lower.elide_constants_over=-1")
+
+
+def test_warning_names_large_captured_constants() -> None:
+    big = np.ones((600, 600), np.float32)
+    big[0, 0] = 2.0  # not a splat
+
+    def f(x: jax.Array) -> jax.Array:
+        return x @ jnp.asarray(big)
+
+    lowered = jax.jit(f).lower(jax.ShapeDtypeStruct((2, 600), jnp.float32))
+    found = module_text.large_constants(lowered, 1024)
+    assert [(c.type, c.nbytes) for c in found] == [("tensor<600x600xf32>", 600 * 600 * 4)]
+    assert found[0].where.startswith("test_large_constants.py:")
+    line = module_text.warning(found)
+    assert line is not None and "\n" not in line
+    assert "tensor<600x600xf32> (1.4 MB)" in line and "pass large arrays as arguments" in line
+    # A splat (jnp.zeros) is no captured data: nothing is named.
+    zeros = jax.jit(lambda x: x + jnp.zeros((600, 600))).lower(
+        jax.ShapeDtypeStruct((600, 600), jnp.float32)
+    )
+    assert module_text.large_constants(zeros, 1024) == []
+
+
+def test_module_digest_ignores_locations_and_names_but_not_values() -> None:
+    def g(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ jnp.asarray(_A))
+
+    spec = jax.ShapeDtypeStruct((4, 64), jnp.float32)
+    da, db, dg = (
+        module_text.module_digest(jax.jit(f).lower(spec)) for f in (project_a, project_b, g)
+    )
+    assert dg == da  # another name, another source line: the same program
+    assert db != da  # one value of the captured constant differs
