@@ -48,7 +48,9 @@ def test_every_program_config_runs_through_all_stages(compose_run, name: str) ->
     # captured_constant exists to draw the advice to pass big constants as arguments (issue 19).
     advice = ["large constant"] if name == "captured_constant" else []
     assert [w for w in result.manifest["warnings"] if "large constant" not in w] == []
-    assert ["large constant" for w in result.manifest["warnings"] if "large constant" in w] == advice
+    assert [
+        "large constant" for w in result.manifest["warnings"] if "large constant" in w
+    ] == advice
     assert result["compile"].cost and result["compile"].cost["flops"] > 0
     with np.load(result.run_dir / "execute" / "outputs.npz") as z:
         assert z.files and all(np.isfinite(z[k]).all() for k in z.files)
