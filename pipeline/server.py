@@ -37,6 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The real os._exit, taken before anything can wrap it (a run guards os._exit while user code
+# runs, pipeline.exits): a forked child must end here, whatever happened, and never return
+# into the server's accept loop (it would become a second server on the same socket).
+_exit_now = os._exit
+
 PROTOCOL = 1
 # Packages imported in the server, whose origin a client's sys.path must agree with.
 _PREIMPORT = ("jax", "jax.numpy", "numpy", "hydra", "omegaconf", "pipeline", "stages")
@@ -263,10 +268,10 @@ class _Server:
             traceback.print_exc()
             code = 2
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(BaseException):
                 sys.stdout.flush()
                 sys.stderr.flush()
-            os._exit(code)
+            _exit_now(code if isinstance(code, int) else 1)
 
     def serve(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -356,7 +361,10 @@ class _Server:
             return
         pid = os.fork()
         if pid == 0:
-            self.child(req, fds, listener, conn)
+            try:
+                self.child(req, fds, listener, conn)
+            finally:
+                _exit_now(70)  # child() always exits; this is the line it cannot get past
         for fd in fds:
             os.close(fd)
         self.served += 1
