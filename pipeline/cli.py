@@ -7,17 +7,11 @@ Errors that jaxaot raises on purpose are printed as one line on stderr with a no
 
 from __future__ import annotations
 
-import sys
-
-if __name__ == "__main__":  # `python -m pipeline.cli`: try the server before importing Hydra
-    from pipeline.server import try_server
-
-    try_server(sys.argv[1:], as_main=True)  # exits when a server ran it; else run it here
-
 import logging
 import os
 import re
 import signal
+import sys
 import traceback
 from typing import Any
 

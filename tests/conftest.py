@@ -47,10 +47,6 @@ def nothing_left_where_pytest_runs() -> Iterator[None]:
 def isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     store = tmp_path / "store"
     monkeypatch.setenv("JAXAOT_STORE_DIR", str(store))
-    # No test's `jaxaot` reaches a resident server (a developer's, or one another test left):
-    # tests/test_server.py opts in with a private socket per test.
-    monkeypatch.setenv("JAXAOT_SERVER", "0")
-    monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(tmp_path / "no-server" / "server.sock"))
     return store
 
 

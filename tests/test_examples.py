@@ -251,6 +251,7 @@ _EXPECTED_OUTPUTS: dict[str, Any] = {
     "attention": jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16),
     "collectives": (jax.ShapeDtypeStruct((), jnp.float32),) * 3,
     "collectives_psum": jax.ShapeDtypeStruct((), jnp.int32),
+    "captured_constant": jax.ShapeDtypeStruct((8, 3584), jnp.float32),
 }
 
 
