@@ -19,6 +19,7 @@ softmax, norms and the loss run in float32 and cast back, so bfloat16 parameters
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -58,24 +59,36 @@ def _block(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
     return x + h @ layer["w2"], None
 
 
-def forward(params: Params, tokens: jax.Array) -> jax.Array:
-    """Logits ``[B, T, vocab]`` (in the parameter dtype) for int32 ``tokens`` ``[B, T]``."""
+def forward(params: Params, tokens: jax.Array, *, remat: bool = False) -> jax.Array:
+    """Logits ``[B, T, vocab]`` (in the parameter dtype) for int32 ``tokens`` ``[B, T]``;
+    ``remat`` recomputes each block in the backward pass (:mod:`jaxaot_examples.decoder`)."""
     x = jnp.take(params["embed"], tokens, axis=0)
-    x, _ = jax.lax.scan(_block, x, params["layers"])
+    block = (
+        jax.checkpoint(_block, policy=jax.checkpoint_policies.nothing_saveable) if remat else _block
+    )
+    x, _ = jax.lax.scan(block, x, params["layers"])
     return _rms_norm(x, params["ln_f"]) @ params["unembed"]
 
 
-def loss(params: Params, tokens: jax.Array, targets: jax.Array) -> jax.Array:
+def loss(
+    params: Params, tokens: jax.Array, targets: jax.Array, *, remat: bool = False
+) -> jax.Array:
     """Mean next-token cross-entropy in float32; ``targets`` are int32 ``[B, T]``."""
-    logp = jax.nn.log_softmax(forward(params, tokens).astype(jnp.float32), axis=-1)
+    logits = forward(params, tokens, remat=remat)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)
     return -jnp.mean(picked)
 
 
 def train_step(
-    params: Params, tokens: jax.Array, targets: jax.Array, lr: float | jax.Array = 1e-2
+    params: Params,
+    tokens: jax.Array,
+    targets: jax.Array,
+    lr: float | jax.Array = 1e-2,
+    *,
+    remat: bool = False,
 ) -> tuple[Params, jax.Array]:
     """One plain SGD step; returns ``(new_params, loss)`` with every leaf's dtype kept."""
-    value, grads = jax.value_and_grad(loss)(params, tokens, targets)
+    value, grads = jax.value_and_grad(functools.partial(loss, remat=remat))(params, tokens, targets)
     new_params = jax.tree.map(lambda p, g: (p - lr * g).astype(p.dtype), params, grads)
     return new_params, value

@@ -39,3 +39,12 @@ def noisy(x: jax.Array) -> jax.Array:
 def var_keywords(x: jax.Array, **extra: jax.Array) -> jax.Array:
     """Keyword arguments through ``**kwargs``: donate_argnames may still name them."""
     return 2 * x + sum(extra.values())
+
+
+def preempted(x: jax.Array) -> jax.Array:
+    """What a job system's preemption looks like from inside a run (the SLURM launcher's
+    checkpoint hook, then submitit's SystemExit)."""
+    from pipeline import exits
+
+    exits.note_preempted("preempted by a test")
+    raise SystemExit(-1)

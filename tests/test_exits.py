@@ -202,3 +202,25 @@ def test_python_run_turns_sys_exit_into_a_stage_error(tmp_path: Path,
         sys.path.remove(str(tmp_path))
         sys.modules.pop("exit_targets", None)
     assert read_manifest(tmp_path / "r")["status"] == "failed"
+
+
+def test_a_job_systems_preemption_is_interrupted_not_the_programs_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SLURM launcher says a preemption is coming; submitit's SystemExit then ends the run
+    as interrupted (and still exits), not as a stage failure of the program's."""
+    from pipeline import exits
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # aot_programs
+    monkeypatch.setattr(exits, "_preempted", None)
+    run_dir = tmp_path / "pre"
+    with pytest.raises(SystemExit) as info:
+        pipeline.run(
+            pipeline.compose(["program.target=aot_programs:preempted", "program.args=[f32[2]]"]),
+            run_dir=run_dir,
+        )
+    assert info.value.code == -1 and not isinstance(info.value, ProgramExit)
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"] == "preempted by a test during stage 'stage_out'"
+    assert manifest["stages"]["stage_out"]["status"] == "interrupted"
