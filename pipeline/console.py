@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 DEFAULT_BACKEND = "cpu"  # conf/compile/default.yaml compile.backend
@@ -54,6 +55,18 @@ class _PipeSafe:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def pipe_safe(main: Callable[..., int]) -> Callable[..., int]:
+    """A console script's ``main`` run under :func:`quiet_broken_pipe` (``jaxaot-diff | head``
+    ends quietly, with the command's own exit status)."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> int:
+        with quiet_broken_pipe():
+            return main(*args, **kwargs)
+
+    return wrapped
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from typing import Any
 
 from .canonical import ARTIFACT_BY_PATH, CANONICAL_ARTIFACTS
 from .config import STAGES
+from .console import pipe_safe
 from .errors import JaxaotError, SnapshotError
 from .manifest import MANIFEST_NAME, load_manifest
 from .snapshot import INDEX_NAME, Snapshot, compare, diff_lines, from_run, load_snapshot
@@ -205,18 +206,12 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
     return "\n".join(out)
 
 
+@pipe_safe
 def main(argv: Sequence[str] | None = None) -> int:
     """``jaxaot-diff A B``: compare two runs or snapshots stage by stage.
 
     Exit 0 same, 1 different, 2 unreadable; the same when stdout is closed early (``| head``).
     """
-    from .console import quiet_broken_pipe
-
-    with quiet_broken_pipe():
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
     ap = argparse.ArgumentParser(
         prog="jaxaot-diff",
         description="Compare two runs or snapshots stage by stage. "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .console import pipe_safe
 from .fsutil import atomic_write_text, sha256_file
 from .hlo_parse import Computation, Instruction, module_name, parse_hlo
 
@@ -268,15 +269,9 @@ def _is_snapshot(folder: Path) -> bool:
     return (folder / "snapshot.json").is_file()
 
 
+@pipe_safe
 def main(argv: Sequence[str] | None = None) -> int:
     """``jaxaot-graph SOURCE``: draw a run's, a snapshot's or an HLO text file's graph."""
-    from .console import quiet_broken_pipe
-
-    with quiet_broken_pipe():
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
     ap = argparse.ArgumentParser(
         prog="jaxaot-graph",
         description="Draw the optimized HLO of a run directory, a snapshot folder or an HLO text "

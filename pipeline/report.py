@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import STAGES
+from .console import pipe_safe
 from .fsutil import atomic_write_text
 from .manifest import MANIFEST_NAME
 from .progress import (
@@ -333,15 +334,9 @@ def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
     return table
 
 
+@pipe_safe
 def main(argv: Sequence[str] | None = None) -> int:
     """``jaxaot-report SWEEP_DIR``: (re)build a sweep's report; exit 1 if any job failed."""
-    from .console import quiet_broken_pipe
-
-    with quiet_broken_pipe():
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="jaxaot-report",
         description="(Re)build a sweep's report (sweep.csv, sweep.md, plots/). "

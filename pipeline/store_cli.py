@@ -23,6 +23,8 @@ from pipeline.store import (
 )
 from pipeline.store_maintenance import TempInfo
 
+from .console import pipe_safe
+
 PROG = "jaxaot-store"
 
 
@@ -204,14 +206,8 @@ def _cmd_ls(store: Store, args: argparse.Namespace) -> int:
 _COMMANDS = {"stats": _cmd_stats, "verify": _cmd_verify, "gc": _cmd_gc, "ls": _cmd_ls}
 
 
+@pipe_safe
 def main(argv: Sequence[str] | None = None) -> int:
-    from .console import quiet_broken_pipe
-
-    with quiet_broken_pipe():  # `jaxaot-store ls | head` ends quietly, with the real status
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
     try:
         try:
             args = _build_parser().parse_args(argv)
