@@ -182,14 +182,20 @@ def _register_output_types(exported: Any) -> list[str]:
     return names
 
 
-def _import_namedtuples(names: list[str]) -> None:
-    """Import and register the pytree classes a checkpointed export names (lowered.json)."""
+def _import_pytree_classes(names: list[str], policy: Any) -> None:
+    """Import and register the pytree classes a checkpointed export names (lowered.json),
+    each under the run's import policy (``trust.*``) like any name a config gives."""
     import importlib
 
+    from pipeline.trust import check_name, check_resolved
+
+    key = "resume_from: lowered.json pytree class"
     for name in names:
         module, _, qualname = name.partition(":")
+        check_name(name, key, policy)  # before anything is imported
         try:
             obj: Any = importlib.import_module(module)
+            modules = [obj]
             for part in qualname.split("."):
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
@@ -197,6 +203,7 @@ def _import_namedtuples(names: list[str]) -> None:
                 f"resume_from: the lowering's arguments or outputs hold a pytree class {name!r} "
                 f"that cannot be imported here ({exc}); start at stage_out instead"
             ) from None
+        check_resolved(name, key, policy, modules, obj)
         if not isinstance(obj, type):
             raise StoreError(
                 f"resume_from: {name!r} named in lowered.json is not a pytree class (found "
@@ -446,7 +453,9 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             "resume_from: that run's lowering has no exported.bin (jax.export could not "
             "serialize the program; see its lower warnings); start at lower instead"
         ) from None
-    _import_namedtuples(list(meta.get("namedtuples", [])))
+    from pipeline.trust import policy_of
+
+    _import_pytree_classes(list(meta.get("namedtuples", [])), policy_of(ctx.cfg))
     exported = jax.export.deserialize(bytearray(blob))
     for name in ARTIFACTS:
         try:

@@ -95,11 +95,16 @@ def test_every_load_route_gives_the_first_runs_outputs(tmp_path: Path, op: str) 
         assert _outputs(run) == _outputs(first), run.name
 
 
-def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
+def _user_module(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """``cold_pairs.py`` (a NamedTuple output) in a folder of its own, and an env that finds it."""
     mods = tmp_path / "usermods"
     mods.mkdir()
     (mods / "cold_pairs.py").write_text(USER_MODULE)
-    env = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+    return mods, cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+
+
+def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
+    _, env = _user_module(tmp_path)
     first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
                  env=env)  # fmt: skip
     assert json.loads((first / "lower" / "lowered.json").read_text())["namedtuples"] == [
@@ -116,10 +121,7 @@ def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
 
 
 def test_user_namedtuple_that_is_gone_is_a_one_line_error(tmp_path: Path) -> None:
-    mods = tmp_path / "usermods"
-    mods.mkdir()
-    (mods / "cold_pairs.py").write_text(USER_MODULE)
-    env = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+    mods, env = _user_module(tmp_path)
     first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
                  "stop_after=lower", env=env)  # fmt: skip
     (mods / "cold_pairs.py").write_text(USER_MODULE.replace("class Pair", "class Renamed"))
@@ -178,3 +180,18 @@ def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     with pytest.raises(custom_calls.ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):
         custom_calls.prepare(odd, "cpu", cold, "here")
     custom_calls.prepare(odd, "cpu", warm, "here")  # lowered here: its code registered my_ffi
+
+
+def test_a_checkpoints_pytree_classes_go_through_the_import_policy(tmp_path: Path) -> None:
+    """lowered.json names classes a resume imports: the resuming run's trust.* rules decide."""
+    _, env = _user_module(tmp_path)
+    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
+                 "stop_after=lower", env=env)  # fmt: skip
+    proc = run_cli([f"resume_from={first}", "start_at=compile", "trust.deny_imports=[cold_pairs.Pair]",
+                    f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "jaxaot: error: resume_from: lowered.json pytree class='cold_pairs:Pair'"
+    )
+    assert "trust.deny_imports refuses (rule 'cold_pairs.Pair')" in last
