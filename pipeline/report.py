@@ -115,14 +115,14 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
     for s in STAGES:
         row[f"{s}.status"] = stages.get(s, {}).get("status")
         row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
-    for col, (stage, metric) in (METRICS | TOPOLOGY_METRICS).items():
-        value = stages.get(stage, {}).get("metrics", {}).get(metric)
+    def metric(stage: str, name: str) -> Any:
+        return stages.get(stage, {}).get("metrics", {}).get(name)
+
+    for col, (stage, name) in METRICS.items():
         # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
-        row[col] = (
-            measured(value)
-            if isinstance(value, int | float) and not isinstance(value, bool)
-            else value
-        )
+        row[col] = measured(metric(stage, name))
+    for col, (stage, name) in TOPOLOGY_METRICS.items():
+        row[col] = metric(stage, name)  # a verdict's headroom is negative when it does not fit
     return row
 
 

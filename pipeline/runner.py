@@ -14,7 +14,6 @@ Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -193,7 +192,7 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
             try:
                 manifest.write()
             except OSError as err:  # a full disk: keep the run's own error, if it has one
-                if sys.exc_info()[1] is None:
+                if manifest.status == "ok":
                     raise
                 log.error("could not write %s: %s", manifest.path, err)
             if print_summary:

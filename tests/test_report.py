@@ -205,3 +205,17 @@ def test_override_formatting() -> None:
         "program.args.1": "args.1", "execute.seed": "execute.seed", "seed": "seed"}  # fmt: skip
     line = progress_line(2, None, ["execute.seed=1"], "failed", None, "boom")
     assert line == "[2/?] seed=1 | failed | boom"
+
+
+def test_a_negative_headroom_survives_into_the_report(tmp_path: Path) -> None:
+    """A verdict's headroom is negative when the program does not fit; it is no sentinel."""
+    raw = _manifest("does_not_fit", {
+        "compile": _stage("failed", 0.3, topology="v5e:2x2", fits=False,
+                          hbm_bytes_needed=20 * 2**30, hbm_bytes_available=16 * 2**30,
+                          headroom_bytes=-4 * 2**30, flops=-2.0),
+    }, error="does not fit")  # fmt: skip
+    _job(tmp_path / "multirun", 0, ["compile.topology=v5e:2x2"], raw)
+    (row,) = report.collect(tmp_path / "multirun").rows
+    assert row["compile.headroom_bytes"] == -4 * 2**30
+    assert row["compile.fits"] is False
+    assert row["compile.flops"] is None  # while XLA's sentinel is still no figure

@@ -527,6 +527,24 @@ def test_a_manifest_that_cannot_be_written_at_the_end_keeps_the_runs_own_error(
     assert any("No space left" in r.getMessage() for r in caplog.records)
 
 
+def test_a_manifest_that_cannot_be_written_fails_a_run_that_went_well(
+    compose_run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a run's own error may take precedence: an ok run with no manifest is an error."""
+    from pipeline.manifest import Manifest
+
+    real = Manifest.write
+
+    def write(self: Manifest) -> None:
+        if self.status == "ok":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        real(self)
+
+    monkeypatch.setattr(Manifest, "write", write)
+    with pytest.raises(OSError, match="No space left"):
+        compose_run(AXPY, "stop_after=stage_out")
+
+
 def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
     """The issue's sweep example puts a batch where the mlp takes its parameters."""
     with pytest.raises(StageError) as info:
