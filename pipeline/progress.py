@@ -257,9 +257,14 @@ def print_line(line: str) -> None:
 
 
 def planned_stages(config: Any) -> list[str]:
-    """The stages a job's config runs, from ``start_at`` to ``stop_after``."""
+    """The stages a job's config runs, from ``start_at`` to ``stop_after`` (compile at the
+    latest for ``compile.topology``: there is nothing here to execute on, see
+    pipeline.topology_config)."""
     first = STAGES.index(str(config.get("start_at", STAGES[0])))
     last = STAGES.index(str(config.get("stop_after", STAGES[-1])))
+    compile_ = config.get("compile")
+    if compile_ is not None and compile_.get("topology"):
+        last = min(last, STAGES.index("compile"))
     return list(STAGES[first : last + 1])
 
 

@@ -371,7 +371,12 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
     compile_stage._metrics(ctx, cost, memory)
     if "shardings.json" in files:
         compile_stage._mesh_metrics(ctx, json.loads(files["shardings.json"]))
-    ctx.metrics.update(metrics(meta))
+    # The verdict and estimate from the stored analyses and today's accelerator table, as a
+    # fresh compile would give them (the table is not part of the store key).
+    target = target_of(ctx.cfg.compile)
+    fresh = {"fit": verdict(target, needed_bytes(memory)) if memory else meta.get("fit"),
+             "roofline": roofline(target, cost) or meta.get("roofline")}  # fmt: skip
+    ctx.metrics.update(metrics(meta | fresh))
     return record(None, cost, memory)
 
 

@@ -58,6 +58,7 @@ def test_help_is_one_screen_with_groups_options_and_no_schemas(tmp_path: Path) -
 
 def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None:
     import jax
+    import jaxlib
 
     import pipeline
 
@@ -65,7 +66,7 @@ def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[:3] == [f"jaxaot {pipeline.__version__}", f"jax {jax.__version__}",
-                         f"jaxlib {jax.__version__}"]  # fmt: skip
+                         f"jaxlib {jaxlib.__version__}"]  # fmt: skip
     assert lines[3].startswith("backend cpu (compile.backend default): ")
     assert "Hydra" not in proc.stdout and not list(tmp_path.iterdir())
     assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing

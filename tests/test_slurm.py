@@ -379,3 +379,17 @@ def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) ->
     }  # fmt: skip
     assert [(c[0], c[-1]) for c in calls] == [("squeue", "7,9"), ("squeue", "7"),
                                               ("squeue", "9"), ("sacct", "9")]  # fmt: skip
+
+
+def test_a_topology_job_plans_no_execute() -> None:
+    """A requeued topology job resumes at most at compile: there is nothing to execute on."""
+    from omegaconf import OmegaConf
+
+    from pipeline.progress import planned_stages
+
+    plain = OmegaConf.create({"stop_after": "execute", "compile": {"topology": None}})
+    topo = OmegaConf.create({"stop_after": "execute", "compile": {"topology": "v5e:2x2"}})
+    assert planned_stages(plain)[-1] == "execute"
+    assert planned_stages(topo) == ["stage_out", "lower", "compile"]
+    done = {s: {"status": "ran"} for s in ("stage_out", "lower", "compile")}
+    assert resume_point({"stages": done}, planned_stages(topo)) == "compile"

@@ -440,3 +440,24 @@ def test_a_mesh_that_splits_physical_axes(tmp_path: Path) -> None:
              "mesh.shape=[16,4]", "mesh.axes=[data,model]", "compile.topology=v6e:8x8",
              "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
     assert r.ok and r.manifest["stages"]["compile"]["metrics"]["devices"] == 64
+
+
+def test_a_store_hit_gives_the_verdict_a_fresh_compile_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The accelerator table is not in the store key: a hit recomputes the verdict and the
+    estimate from the stored analyses with today's table, equal to a fresh compile's."""
+    import dataclasses
+
+    _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
+    v5e = accelerators.GENERATIONS["v5e"]
+    monkeypatch.setitem(accelerators.GENERATIONS, "v5e",
+                        dataclasses.replace(v5e, hbm_usable_bytes=v5e.hbm_usable_bytes // 2))  # fmt: skip
+    hit = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2", name="hit")
+    fresh = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2", "store.enabled=false",
+                 name="fresh")  # fmt: skip
+    assert hit.manifest["stages"]["compile"]["status"] == "cached"
+    metrics = [r.manifest["stages"]["compile"]["metrics"] for r in (hit, fresh)]
+    for k in ("fits", "hbm_bytes_needed", "hbm_bytes_available", "headroom_bytes", "est_step_s"):
+        assert metrics[0][k] == metrics[1][k], k
+    assert metrics[0]["hbm_bytes_available"] == v5e.hbm_usable_bytes // 2
