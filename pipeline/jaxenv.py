@@ -290,10 +290,28 @@ def _only_needed_platforms(backend: str) -> None:
     start ("Unable to load CUDA"). Deviceless topology compiles do not need the plugin's
     backend, only its compiler."""
     import jax
+    from jax.extend import backend as jex_backend
 
-    if backend != "cpu" or os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:  # type: ignore[attr-defined]
-        return  # on an accelerator host JAX finds its platform; an absent one is our error
-    jax.config.update("jax_platforms", "cpu")
+    global _platforms_restricted, _started
+    if os.environ.get("JAX_PLATFORMS"):
+        return
+    current = jax.config.jax_platforms  # type: ignore[attr-defined]
+    if backend == "cpu":
+        if not current:
+            jax.config.update("jax_platforms", "cpu")
+            _platforms_restricted = True
+        return
+    if _platforms_restricted and current == "cpu":
+        # An earlier CPU run in this process restricted JAX to the CPU; this run needs its own
+        # backend (on an accelerator host JAX finds it; an absent one is devices()'s error).
+        jax.config.update("jax_platforms", None)
+        _platforms_restricted, _started = False, False
+        jex_backend.clear_backends()
+        memo.clear()
+
+
+# Whether jaxaot (not the user) set ``jax_platforms`` to "cpu" in this process.
+_platforms_restricted = False
 
 
 # What installed-but-unused PJRT plugins print from C++ on a machine without their hardware,

@@ -723,3 +723,25 @@ def test_outputs_of_every_kind_of_dtype(compose_run, arg: str, dtype: str, store
     got = outputs(result.run_dir)[0]
     assert got.dtype == np.dtype(stored)  # .npz holds numbers, not raw ml_dtypes bytes
     assert all(math.isfinite(abs(v)) for v in got.tolist())
+
+
+def test_a_cpu_run_does_not_keep_jax_to_the_cpu_for_a_later_run(
+    compose_run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU run restricts JAX to the CPU platform (quiet plugins); a later run in the same
+    process (a sweep over backends, a notebook) that needs another backend gets it back."""
+    import jax
+
+    from pipeline import jaxenv
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    compose_run(AXPY, "stop_after=stage_out")
+    if not jaxenv._platforms_restricted:
+        pytest.skip("this process's JAX platforms were set by someone else")
+    assert jax.config.jax_platforms == "cpu"
+    try:
+        jaxenv._only_needed_platforms("tpu")
+        assert jax.config.jax_platforms is None and not jaxenv._platforms_restricted
+    finally:
+        jaxenv._only_needed_platforms("cpu")
+    assert jax.config.jax_platforms == "cpu"
