@@ -320,11 +320,12 @@ def spec_inputs(
         value = _build(spec, seed, counter, where)
         return weakly_typed(value) if isinstance(spec, ArraySpec) and spec.weak_type else value
 
-    def one(tree: Any, where: str) -> Any:
-        if resolve is None:
-            from .stage_out import class_resolver
+    if resolve is None:  # the default policy (execute passes the run's)
+        from .stage_out import class_resolver
 
-            return build(tree, lambda p, s: leaf(where + p, s), class_resolver())
+        resolve = class_resolver()
+
+    def one(tree: Any, where: str) -> Any:
         return build(tree, lambda p, s: leaf(where + p, s), resolve)
 
     args = [

@@ -22,7 +22,6 @@ from pipeline.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
-    bind,
     bind_config,
     build,
     leaves,
@@ -147,10 +146,10 @@ def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str]
 
 
 def _as_args(
-    bound: BoundArgs, resolve: Callable[[str, str], Any] | None = None,
-    constraints: Sequence[str] = (),
-) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
-    resolve = resolve or class_resolver()
+    bound: BoundArgs, resolve: Callable[[str, str], Any], constraints: Sequence[str] = ()
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Abstract values for the traced arguments; ``resolve`` (:func:`class_resolver` of the
+    run's policy) builds the named pytree containers."""
     symbolic = any(isinstance(leaf, ArraySpec) and leaf.symbolic
                    for _, tree in bound.traced_args() for _, leaf in leaves(tree))  # fmt: skip
     scope = symbolic_scope(constraints) if symbolic else None
@@ -304,30 +303,22 @@ def _jit_options(bound: BoundArgs) -> dict[str, Any]:
     return opts
 
 
-def _rebind(cfg: Any, names: list[str]) -> BoundArgs:
-    return bind(cfg.program.args, cfg.program.kwargs,
-                static_argnums=cfg.stage_out.static_argnums,
-                static_argnames=cfg.stage_out.static_argnames,
-                donate_argnums=cfg.lower.donate_argnums,
-                donate_argnames=cfg.lower.donate_argnames, names_of_positions=names)  # fmt: skip
-
-
 def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -> StagedOut:
     """The record of a checkpointed stage_out, without importing the program."""
     for name in ("jaxpr.txt", "signature.json"):
         ctx.write(name, read(name))
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
     if signature.get("parameters") is not None:  # static/donated options through the signature
-        bound = _rebind(ctx.cfg, signature["parameters"])
-    args, kwargs = _as_args(bound, class_resolver(policy_of(ctx.cfg)),
-                            ctx.cfg.stage_out.shape_constraints)  # fmt: skip
+        bound = bind_config(ctx.cfg, signature["parameters"])
+    resolve = class_resolver(policy_of(ctx.cfg))
     mesh = mesh_spec(ctx.cfg)
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
-        return StagedOut(fn=None, bound=bound, args=_as_args(bound)[0], kwargs={},
+        return StagedOut(fn=None, bound=bound, args=_as_args(bound, resolve)[0], kwargs={},
                          jit_options={k: v for k, v in _jit_options(bound).items()
                                       if k == "static_argnums"},
                          traced=None, signature=signature, replicas=mesh.to_json())  # fmt: skip
+    args, kwargs = _as_args(bound, resolve, ctx.cfg.stage_out.shape_constraints)
     return StagedOut(fn=None, bound=bound, args=args, kwargs=kwargs,
                      jit_options=_jit_options(bound), traced=None, signature=signature)  # fmt: skip
 
@@ -336,11 +327,12 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     import jax
 
     cfg = ctx.cfg
-    fn = resolve_target(cfg.program.target, policy=policy_of(cfg))
+    policy = policy_of(cfg)
+    fn = resolve_target(cfg.program.target, policy=policy)
     names = parameter_names(fn)
     bound = bind_config(cfg, names)
-    args, kwargs = _as_args(bound, class_resolver(policy_of(cfg)),
-                            cfg.stage_out.shape_constraints)  # fmt: skip
+    resolve = class_resolver(policy)
+    args, kwargs = _as_args(bound, resolve, cfg.stage_out.shape_constraints)
     jit_options = _jit_options(bound)
     mesh = mesh_spec(cfg)
     env = mesh if mesh is not None and mesh.per_replica else None
@@ -358,7 +350,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         # Keyword arguments are all static here (pipeline.parallel refuses traced ones).
         rep = per_replica(fn, env, bound, kwargs)
         fn, bound, reference_fn, jit_options = rep.fn, rep.bound, rep.reference, rep.jit_options
-        args, kwargs = _as_args(bound)[0], {}
+        args, kwargs = _as_args(bound, resolve)[0], {}
     try:
         with mesh_context:
             traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
