@@ -267,6 +267,12 @@ def _check(cfg: JaxaotConfig) -> None:
             raise ConfigError(f"compile.shapes.{name}: expected a size >= 0, found {size}")
     if cfg.lower.vjp_order < 0:
         raise ConfigError(f"lower.vjp_order: expected an int >= 0, found {cfg.lower.vjp_order}")
+    elide = cfg.lower.elide_constants_over
+    if elide is not None and (isinstance(elide, bool) or elide < 0):
+        raise ConfigError(
+            f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
+            f"every constant in the texts; found {elide!r}"
+        )
     if cfg.compile.num_devices is not None and cfg.compile.num_devices < 1:
         raise ConfigError(f"compile.num_devices: expected >= 1, found {cfg.compile.num_devices}")
     if cfg.compile.max_devices < 1:

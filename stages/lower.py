@@ -243,16 +243,6 @@ class _Texts:
     warning: str | None
 
 
-def _elide_over(ctx: StageContext) -> int | None:
-    value = getattr(ctx.cfg.lower, "elide_constants_over", 1024)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ConfigError(
-            f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
-            f"every constant in the texts; found {value!r}"
-        )
-    return value
-
-
 def _derive_texts(lowered: Any, elide_over: int | None, debug: bool) -> _Texts:
     stablehlo = module_text.stablehlo_text(lowered, elide_over, debug)
     module_sha = module_text.module_digest(lowered)
@@ -279,7 +269,7 @@ def _derive_texts(lowered: Any, elide_over: int | None, debug: bool) -> _Texts:
 def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
     """The texts and digest of ``lowered``, computed once per JAX lowering object (a sweep's
     later jobs reuse them); large constants elided per ``lower.elide_constants_over``."""
-    elide_over = _elide_over(ctx)
+    elide_over = ctx.cfg.lower.elide_constants_over  # checked by config.validate
     debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts (issue 17)
     texts = memo.derived(same, f"texts:{elide_over}:{debug}",
                          lambda: _derive_texts(lowered, elide_over, debug))  # fmt: skip
