@@ -139,6 +139,7 @@ def plugin_versions() -> dict[str, str]:
     return out
 
 
+@functools.cache
 def cuda_data_dir() -> Path:
     """The ``nvidia-cuda-nvcc-cu12`` package's root: ``bin/ptxas`` and ``nvvm/libdevice``."""
     try:

@@ -115,6 +115,7 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
     for s in STAGES:
         row[f"{s}.status"] = stages.get(s, {}).get("status")
         row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
+
     def metric(stage: str, name: str) -> Any:
         return stages.get(stage, {}).get("metrics", {}).get(name)
 
@@ -263,6 +264,7 @@ def _slurm_cell(r: dict[str, Any]) -> str:
 
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
+    topology, slurm = table.topology, table.slurm  # each scans every row: once, not per row
     n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
     lines = [f"# Sweep report: {table.sweep_dir}", ""]
     misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
@@ -286,8 +288,8 @@ def to_markdown(table: SweepTable) -> str:
     head = ["job", *(names[k] for k in table.varying), "status", *(s for s in STAGES),
             "FLOPs", "bytes accessed", "arg", "out", "temp", "code", "exec median", "FLOP/s",
             *(("target", "fits", "HBM needed", "HBM available", "est. step (roofline)",
-               "collectives") if table.topology else ()),
-            *(["SLURM"] if table.slurm else []), "error"]  # fmt: skip
+               "collectives") if topology else ()),
+            *(["SLURM"] if slurm else []), "error"]  # fmt: skip
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in table.rows:
@@ -301,8 +303,8 @@ def to_markdown(table: SweepTable) -> str:
                              "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes")),
                  _metric(r, "execute.median_s", human_seconds),
                  _metric(r, "execute.flops_per_s", human_count),
-                 *(_topology_cells(r) if table.topology else ()),
-                 *([_slurm_cell(r)] if table.slurm else []),
+                 *(_topology_cells(r) if topology else ()),
+                 *([_slurm_cell(r)] if slurm else []),
                  (r.get("error") or "")[:160]]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .argspec import short_name
+
 NOT_AVAILABLE = "n/a"
 
 
@@ -118,20 +120,6 @@ def _details(stage: str, m: dict[str, Any]) -> str:
     return ""
 
 
-_SHORT_KINDS = {"float": "f", "int": "i", "uint": "u", "complex": "c"}
-
-
-def short_dtype(name: str) -> str:
-    """NumPy's dtype name the way JAX prints types: float32 -> f32, bfloat16 -> bf16."""
-    if name == "bfloat16":
-        return "bf16"
-    for long, short in _SHORT_KINDS.items():
-        rest = name[len(long) :]
-        if name.startswith(long) and rest[:1].isdigit():
-            return short + rest
-    return name
-
-
 def _value_text(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_value_text(v) for v in value) + "]"
@@ -144,7 +132,7 @@ def output_lines(outputs: list[dict[str, Any]]) -> list[str]:
     """``output['y']  f32[8,256]`` per output, with ``= 10`` when its values are small."""
     rows = [
         (f"output{o.get('path') or ''}",
-         f"{short_dtype(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
+         f"{short_name(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
          f" = {_value_text(o['value'])}" if "value" in o else "")
         for o in outputs
     ]  # fmt: skip
@@ -191,5 +179,4 @@ __all__ = [
     "measured",
     "output_lines",
     "render",
-    "short_dtype",
 ]
