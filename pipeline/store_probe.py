@@ -55,10 +55,12 @@ def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
     env["JAXAOT_PROBE_DEVICES"] = str(_device_count(entry_dirs))
     if trust:
         env["JAXAOT_TRUST_STORE"] = "1"
+    solo = False  # after a batch timed out: the next entry gets a child (and a timeout) alone
     while pending:
+        batch = pending[:1] if solo else pending
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "pipeline.store_probe", *map(str, pending)],
+                [sys.executable, "-m", "pipeline.store_probe", *map(str, batch)],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -77,10 +79,17 @@ def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
                 continue
             reason = str(rec.get("reason", ""))
             results[d] = ProbeResult(d, not reason or reason.startswith(NOT_CHECKED), reason)
-        done = [d for d in pending if d in results]
+        done = [d for d in batch if d in results]
         pending = [d for d in pending if d not in results]
-        if not pending:
-            break
+        if len(done) == len(batch):  # the batch finished (all of it, or a solo re-probe)
+            solo = False
+            continue
+        if rc is None and len(batch) > 1:
+            # The timeout was the whole batch's: slow entries before it say nothing about
+            # pending[0]. Probe it alone before calling it unusable (--remove deletes those).
+            solo = True
+            continue
+        solo = False
         # The child died on pending[0] (or before any entry): that one is unusable.
         if rc is not None and rc < 0:
             why = f"loading it killed the process ({signal.Signals(-rc).name})"

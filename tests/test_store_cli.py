@@ -258,6 +258,32 @@ def test_verify_deep_survives_a_loader_that_crashes(
     assert results[1].reason == "loading it killed the process (SIGSEGV)"
 
 
+def test_verify_deep_blames_a_timeout_only_on_the_entry_that_hangs_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's timeout says nothing about the entry it was on: that one is probed alone
+    before it is called unusable (--remove would delete it)."""
+    from pipeline import store_probe
+
+    dirs = [tmp_path / f"e{i}" for i in range(3)]
+    fake = tmp_path / "fake_python"
+    # A batch reports its first entry, then hangs; alone, e1 is fine and e2 hangs.
+    fake.write_text(
+        "#!/bin/sh\nshift 2\n"
+        'if [ $# -eq 1 ]; then case "$1" in *e2) exec sleep 30;; esac; fi\n'
+        'echo "{\\"dir\\": \\"$1\\", \\"reason\\": \\"\\"}"\n'
+        "[ $# -eq 1 ] || exec sleep 30\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(store_probe.sys, "executable", str(fake))
+    monkeypatch.setattr(store_probe, "_PROBE_TIMEOUT_S", 1.0)
+    results = store_probe.probe_entries(dirs, trust=False)
+    assert [(r.dir, r.usable) for r in results] == [
+        (dirs[0], True), (dirs[1], True), (dirs[2], False)
+    ]  # fmt: skip
+    assert results[2].reason.startswith("loading it did not finish (timed out after 1 s")
+
+
 def test_verify_and_stats_report_orphan_temp_folders(store: Store) -> None:
     dead = store.root / ".tmp-put-compile-0123456789ab-dead"
     dead.mkdir()
