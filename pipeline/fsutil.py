@@ -201,30 +201,41 @@ def untrusted_path(path: Path, root: Path) -> str | None:
     return None
 
 
+def find_temps(root: Path) -> list[tuple[Path, float]]:
+    """``(path, age in seconds)`` of every ``.tmp-*`` file or folder under ``root`` (not those
+    inside another): what interrupted writes leave."""
+    found: list[tuple[Path, float]] = []
+    now = time.time()
+    if not Path(root).is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*filenames, *dirnames]:
+            if name.startswith(TEMP_PREFIX):
+                p = Path(dirpath) / name
+                try:
+                    found.append((p, max(now - p.lstat().st_mtime, 0.0)))
+                except OSError:
+                    continue
+        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    return found
+
+
 def remove_stale_temps(root: Path, older_than_s: float = 3600.0) -> int:
     """Remove ``.tmp-*`` files and folders under ``root`` left by interrupted writes."""
     import shutil
 
     removed = 0
-    now = time.time()
-    if not Path(root).is_dir():
-        return 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in list(filenames) + list(dirnames):
-            if not name.startswith(TEMP_PREFIX):
-                continue
-            p = Path(dirpath) / name
-            try:
-                if now - p.lstat().st_mtime < older_than_s:
-                    continue
-                if p.is_dir():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink()
-                removed += 1
-            except FileNotFoundError:
-                continue
-        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    for p, age in find_temps(root):
+        if age < older_than_s:
+            continue
+        try:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
+            removed += 1
+        except FileNotFoundError:
+            continue
     return removed
 
 

@@ -7,7 +7,6 @@ These are what ``jaxaot-store`` runs; :class:`~pipeline.store.Store` exposes the
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -16,7 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError
-from pipeline.fsutil import TEMP_PREFIX, atomic_write_bytes, canonical_json, remove_stale_temps
+from pipeline.fsutil import (
+    TEMP_PREFIX,
+    atomic_write_bytes,
+    canonical_json,
+    find_temps,
+    remove_stale_temps,
+)
 from pipeline.keylock import LOCKS_DIR, STATS_LOCK, file_lock, remove_idle_locks
 from pipeline.store_entries import (
     _KEY_RE,
@@ -265,19 +270,7 @@ def stats(store: Store) -> StoreStats:
 
 def temps(store: Store) -> tuple[TempInfo, ...]:
     """Every ``.tmp-*`` file or folder in the store (not inside another), oldest first."""
-    found = []
-    now = time.time()
-    if not store.root.is_dir():
-        return ()
-    for dirpath, dirnames, filenames in os.walk(store.root):
-        for name in [*dirnames, *filenames]:
-            if name.startswith(TEMP_PREFIX):
-                p = Path(dirpath) / name
-                try:
-                    found.append(TempInfo(p, max(now - p.lstat().st_mtime, 0.0)))
-                except OSError:
-                    continue
-        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    found = (TempInfo(p, age) for p, age in find_temps(store.root))
     return tuple(sorted(found, key=lambda t: -t.age_s))
 
 
@@ -355,7 +348,7 @@ def gc(
     """Remove temp folders and idle key locks older than ``temp_grace_s``, entries unused
     for more than ``older_than_s``, then least recently used entries until the store holds
     at most ``max_bytes``; fold the hit/miss log into per-stage totals (``stats`` is unchanged)."""
-    temps = remove_stale_temps(store.root, older_than_s=temp_grace_s)
+    n_temps = remove_stale_temps(store.root, older_than_s=temp_grace_s)
     locks = remove_idle_locks(store.root, older_than_s=temp_grace_s)
     folded = fold_log(store)
     infos = sorted(store.ls(), key=lambda i: i.last_used)
@@ -371,7 +364,7 @@ def gc(
             removed += 1
             freed += info.size_bytes
             total -= info.size_bytes
-    return GcReport(temps, removed, freed, total, locks, folded)
+    return GcReport(n_temps, removed, freed, total, locks, folded)
 
 
 __all__ = [
