@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -319,25 +318,20 @@ def quiet_libtpu() -> Iterator[None]:
     Only for the topology path: fd 2 goes to a temporary file for the call, and what was
     written there is logged at DEBUG level (``hydra.verbose=jaxaot`` shows it).
     """
-    import sys
-
     # libtpu takes /tmp/libtpu_lockfile for the process's lifetime, as if it owned the chips;
     # compile-only devices own nothing, and sweep jobs, tests and other JAX processes would
     # otherwise fail with "Internal error when accessing libtpu multi-process lockfile".
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
+    from .console import capture_fd2
+
+    fd2 = None
+    try:
+        with capture_fd2() as fd2:
             yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            noise = sink.read().decode(errors="replace").strip()
-            if noise:
-                log.debug("libtpu said, while starting (hidden): %s", noise)
+    finally:
+        noise = fd2.text.strip() if fd2 is not None else ""
+        if noise:
+            log.debug("libtpu said, while starting (hidden): %s", noise)
 
 
 def topology_devices(target: Target) -> list[Any]:

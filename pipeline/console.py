@@ -57,6 +57,33 @@ class _PipeSafe:
         return getattr(self._stream, name)
 
 
+class Captured:
+    """What a :func:`capture_fd2` block wrote to file descriptor 2 (set as the block ends)."""
+
+    text = ""
+
+
+@contextlib.contextmanager
+def capture_fd2() -> Iterator[Captured]:
+    """Within: file descriptor 2 goes to a temporary file. C++ libraries (libtpu, the CUDA
+    plugin) write their start-up lines there directly, past ``sys.stderr``."""
+    import tempfile
+
+    caught = Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield caught
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            caught.text = buf.read().decode(errors="replace")
+
+
 def pipe_safe(main: Callable[..., int]) -> Callable[..., int]:
     """A console script's ``main`` run under :func:`quiet_broken_pipe` (``jaxaot-diff | head``
     ends quietly, with the command's own exit status)."""

@@ -18,7 +18,6 @@ import enum
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -331,26 +330,22 @@ class _Caught:
 def _without_plugin_noise() -> Iterator[_Caught]:
     """Catch what C++ writes to file descriptor 2 meanwhile, drop the plugins' start-up lines
     and pass everything else on (``JAXAOT_DEBUG=1`` passes all of it)."""
+    from .console import capture_fd2
+
     caught = _Caught()
     if os.environ.get("JAXAOT_DEBUG", "") not in ("", "0"):
         yield caught
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as buf:
-        os.dup2(buf.fileno(), 2)
-        try:
+    fd2 = None
+    try:
+        with capture_fd2() as fd2:
             yield caught
-        finally:
+    finally:
+        lines = fd2.text.splitlines(keepends=True) if fd2 is not None else []
+        kept = [ln for ln in lines if not any(n in ln for n in _PLUGIN_NOISE)]
+        if kept and not caught.drop_all:
+            sys.stderr.write("".join(kept))
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            buf.seek(0)
-            lines = buf.read().decode(errors="replace").splitlines(keepends=True)
-            kept = [ln for ln in lines if not any(n in ln for n in _PLUGIN_NOISE)]
-            if kept and not caught.drop_all:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
 
 
 class _DropPluginErrors(logging.Filter):
