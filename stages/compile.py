@@ -121,21 +121,33 @@ def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
     return present[:needed]
 
 
-def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
-    """``jax.jit(exported.call)`` lowered for ``backend``'s platform, on the program's mesh."""
+def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: Any = None) -> Any:
+    """``jax.jit(exported.call)`` lowered for ``platform``: with the export's shardings laid
+    over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained."""
     import jax
+    from jax.sharding import SingleDeviceSharding
 
     exp = lowered.exported
-    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     shardings: dict[str, Any] = {}
-    if mesh is not None and len(devs) == mesh.size:
-        concrete = concrete_mesh(mesh, devs)
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
+    if mesh is not None or device is not None:
+        if mesh is not None:
+            ins_flat, outs_flat = exp.in_shardings_jax(mesh), exp.out_shardings_jax(mesh)
+        else:
+            one = SingleDeviceSharding(device)
+            ins_flat, outs_flat = [one] * len(exp.in_avals), [one] * len(exp.out_avals)
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, ins_flat)
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
         shardings = {"in_shardings": ins[0], "out_shardings": outs}
     jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
-    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform_of(backend),))
+    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+
+
+def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
+    """The export lowered for ``backend``'s platform, on the program's mesh."""
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    concrete = concrete_mesh(mesh, devs) if mesh is not None and len(devs) == mesh.size else None
+    return export_lowering(lowered, platform_of(backend), concrete)
 
 
 def prepare(cfg: Any, lowered: Lowered) -> Target:
@@ -443,6 +455,7 @@ __all__ = [
     "cost_of",
     "execution_devices",
     "export_conventions",
+    "export_lowering",
     "kept_inputs",
     "load",
     "memory_of",

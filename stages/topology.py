@@ -87,45 +87,26 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
     return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
 
 
-def _shardings(lowered: Lowered, devs: list[Any], num_slices: int) -> dict[str, Any]:
-    import jax
-    from jax.sharding import SingleDeviceSharding
-
-    exp = lowered.exported
-    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
-    if mesh is None or mesh.size == 1:
-        one = SingleDeviceSharding(devs[0])
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, [one] * len(exp.in_avals))
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, [one] * len(exp.out_avals))
-    else:
-        concrete = _mesh(mesh, devs) if num_slices == 1 else _hybrid(mesh, devs, num_slices)
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(concrete))
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(concrete))
-    return {"in_shardings": ins[0], "out_shardings": outs}
-
-
 def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
     """The lowering's export compiled for ``target``'s compile-only devices."""
-    import jax
+    from .compile import export_lowering
 
-    exp = lowered.exported
     devs = topology_devices(target)
-    jitted = jax.jit(
-        exp.call,
-        donate_argnums=lowered.donate_argnums,
-        **_shardings(lowered, devs, target.num_slices),
-    )
-    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    on_mesh = None
+    if mesh is not None and mesh.size > 1:
+        on_mesh = (
+            _mesh(mesh, devs) if target.num_slices == 1 else _hybrid(mesh, devs, target.num_slices)
+        )
     platform = target.generation.platform
     if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
         from pipeline.cuda_targets import compile_options
 
         options = compile_options(options)
     with quiet_libtpu():
-        traced = jitted.trace(*args, **kwargs)
-        return traced.lower(lowering_platforms=(platform,)).compile(
-            compiler_options=options or None
-        )
+        export = export_lowering(lowered, platform, mesh=on_mesh,
+                                 device=devs[0] if on_mesh is None else None)  # fmt: skip
+        return export.compile(compiler_options=options or None)
 
 
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
