@@ -20,7 +20,6 @@ fresh directory, still counted).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -132,9 +131,8 @@ def prepare(job_dir: Path, sweep_dir: Path, job_num: int, planned: list[str],
 def stamp_manifest(run_dir: Path, attempt: Attempt) -> None:
     """Add the attempt's ``requeued`` count and earlier attempts to the run's manifest."""
     path = Path(run_dir) / MANIFEST_NAME
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    data = read_json(path)
+    if data is None:
         return  # the run failed before writing one: job.json carries the error
     data.update(attempt.stamp())
     atomic_write_json(path, data)

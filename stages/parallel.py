@@ -28,21 +28,25 @@ from pipeline.sharding import Leaf, match_specs
 _UNBOUND = re.compile(r"unbound axis name:\s*([^\s.]+)")
 
 
+def axis_types(mesh: MeshSpec) -> tuple[Any, ...]:
+    """``mesh.axis_types`` (``explicit``, ``auto``, ...) as JAX's ``AxisType`` values."""
+    from jax.sharding import AxisType
+
+    return tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+
+
 def abstract_mesh(mesh: MeshSpec) -> Any:
     """An ``AbstractMesh``: enough to trace and lower, with no devices behind it."""
-    from jax.sharding import AbstractMesh, AxisType
+    from jax.sharding import AbstractMesh
 
-    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
-    return AbstractMesh(mesh.shape, mesh.axes, axis_types=types)
+    return AbstractMesh(mesh.shape, mesh.axes, axis_types=axis_types(mesh))
 
 
 def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
     """The same mesh over ``devices`` (the first ``mesh.size`` of them, row-major)."""
     import jax
-    from jax.sharding import AxisType
 
-    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
-    return jax.make_mesh(mesh.shape, mesh.axes, axis_types=types,
+    return jax.make_mesh(mesh.shape, mesh.axes, axis_types=axis_types(mesh),
                          devices=list(devices)[: mesh.size])  # fmt: skip
 
 

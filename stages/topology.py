@@ -61,16 +61,14 @@ def _mesh(mesh: MeshSpec, devs: list[Any]) -> Any:
     axes split between mesh axes."""
     import jax
     from jax.experimental import mesh_utils
-    from jax.sharding import AxisType
 
-    from .parallel import concrete_mesh
+    from .parallel import axis_types, concrete_mesh
 
     try:
         return concrete_mesh(mesh, devs)
     except NotImplementedError:
         grid = mesh_utils.create_device_mesh(mesh.shape, devs, allow_split_physical_axes=True)
-        types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
-        return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+        return jax.sharding.Mesh(grid, mesh.axes, axis_types=axis_types(mesh))
 
 
 def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
@@ -78,13 +76,13 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
     slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
     import jax
     from jax.experimental import mesh_utils
-    from jax.sharding import AxisType
+
+    from .parallel import axis_types
 
     ici = (mesh.shape[0] // num_slices, *mesh.shape[1:])
     dcn = (num_slices,) + (1,) * (len(mesh.shape) - 1)
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devs)
-    types = tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
-    return jax.sharding.Mesh(grid, mesh.axes, axis_types=types)
+    return jax.sharding.Mesh(grid, mesh.axes, axis_types=axis_types(mesh))
 
 
 def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
