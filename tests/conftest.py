@@ -75,6 +75,31 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+# A user module whose program returns a NamedTuple (resume, cold loads, verify --deep).
+PAIRS_MODULE = """
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+
+class Pair(NamedTuple):
+    total: object
+    scaled: object
+
+
+def pair(x):
+    return Pair(total=jnp.sum(x), scaled=x * 3)
+"""
+
+
+def write_pairs_module(folder: Path, name: str) -> Path:
+    """:data:`PAIRS_MODULE` as ``folder/<name>.py`` (the folder made); the file's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    path.write_text(PAIRS_MODULE)
+    return path
+
+
 def read_json(run_dir: Path, name: str) -> Any:
     return json.loads((run_dir / name).read_text())
 

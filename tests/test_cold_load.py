@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_env, read_manifest, run_cli
+from conftest import PAIRS_MODULE, cli_env, read_manifest, run_cli, write_pairs_module
 
 from pipeline.fsutil import sha256_bytes
 
@@ -26,21 +26,6 @@ OPS = {
     "cholesky": "[f32[6,6]]",
     "det": "[f32[6,6]]",
 }
-
-USER_MODULE = """
-from typing import NamedTuple
-
-import jax.numpy as jnp
-
-
-class Pair(NamedTuple):
-    total: object
-    scaled: object
-
-
-def pair(x):
-    return Pair(total=jnp.sum(x), scaled=x * 3)
-"""
 
 
 def _outputs(run_dir: Path) -> dict[str, bytes]:
@@ -97,9 +82,7 @@ def test_every_load_route_gives_the_first_runs_outputs(tmp_path: Path, op: str) 
 
 def _user_module(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """``cold_pairs.py`` (a NamedTuple output) in a folder of its own, and an env that finds it."""
-    mods = tmp_path / "usermods"
-    mods.mkdir()
-    (mods / "cold_pairs.py").write_text(USER_MODULE)
+    mods = write_pairs_module(tmp_path / "usermods", "cold_pairs").parent
     return mods, cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
 
 
@@ -124,7 +107,7 @@ def test_user_namedtuple_that_is_gone_is_a_one_line_error(tmp_path: Path) -> Non
     mods, env = _user_module(tmp_path)
     first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
                  "stop_after=lower", env=env)  # fmt: skip
-    (mods / "cold_pairs.py").write_text(USER_MODULE.replace("class Pair", "class Renamed"))
+    (mods / "cold_pairs.py").write_text(PAIRS_MODULE.replace("class Pair", "class Renamed"))
     proc = run_cli([f"resume_from={first}", "start_at=compile", f"hydra.run.dir={tmp_path / 'r'}"],
                    cwd=tmp_path, env=env)  # fmt: skip
     assert proc.returncode != 0

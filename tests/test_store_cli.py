@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import PAIRS_MODULE, write_pairs_module
 
 from pipeline.fsutil import key_of
 from pipeline.store import ENV_STORE_DIR, MANIFEST_NAME, Store
@@ -186,21 +187,6 @@ def test_main_returns_exit_codes_in_process(
 
 # -- verify --deep, temp folders, read-only stores (issue 12, items 2 and 10) ----------------
 
-PAIRS = """
-from typing import NamedTuple
-
-import jax.numpy as jnp
-
-
-class Pair(NamedTuple):
-    total: object
-    scaled: object
-
-
-def pair(x):
-    return Pair(total=jnp.sum(x), scaled=x * 3)
-"""
-
 
 def test_verify_deep_reports_and_removes_an_entry_that_cannot_be_loaded(
     tmp_path: Path,
@@ -209,9 +195,7 @@ def test_verify_deep_reports_and_removes_an_entry_that_cannot_be_loaded(
 ) -> None:
     """An entry whose pickle names a NamedTuple class that was renamed since verifies (its bytes
     are intact) but is unusable; a LAPACK executable beside it loads and runs cold."""
-    mods = tmp_path / "mods"
-    mods.mkdir()
-    (mods / "deep_pairs.py").write_text(PAIRS)
+    mods = write_pairs_module(tmp_path / "mods", "deep_pairs").parent
     monkeypatch.syspath_prepend(str(mods))
     compose_run("program.target=deep_pairs:pair", "program.args=[f32[3]]")
     compose_run("program.target=jax.numpy.linalg:inv", "program.args=[f32[4,4]]")
@@ -221,7 +205,7 @@ def test_verify_deep_reports_and_removes_an_entry_that_cannot_be_loaded(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "2 entries: 2 ok, 0 corrupt, 0 unusable"
 
-    (mods / "deep_pairs.py").write_text(PAIRS.replace("Pair", "Renamed"))
+    (mods / "deep_pairs.py").write_text(PAIRS_MODULE.replace("Pair", "Renamed"))
     assert cli("verify", "--store", str(root), env=env).returncode == 0  # the bytes are fine
     proc = cli("verify", "--deep", "--store", str(root), env=env)
     assert proc.returncode == 1
