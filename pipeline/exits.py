@@ -132,6 +132,8 @@ __all__ = [
     "describe_interrupt",
     "exit_code",
     "guard_os_exit",
+    "note_preempted",
+    "preempted",
     "raise_terminated",
     "signals_raise",
 ]
