@@ -46,8 +46,8 @@ test: $(STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline stages jaxaot_examples tests bench hydra_plugins
-	$(BIN)/ruff format --check pipeline stages jaxaot_examples tests bench hydra_plugins
+	$(BIN)/ruff check pipeline stages jaxaot.examples tests bench hydra_plugins
+	$(BIN)/ruff format --check pipeline stages jaxaot.examples tests bench hydra_plugins
 	$(BIN)/mypy pipeline stages hydra_plugins
 
 bench: $(STAMP)

@@ -16,7 +16,7 @@ import numpy as np
 
 
 def _transformer() -> tuple[object, tuple[object, ...]]:
-    from jaxaot_examples.transformer import forward
+    from jaxaot.examples.transformer import forward
 
     f32 = jnp.float32
     L, D, H, Dh, F, V = 2, 128, 4, 32, 512, 256
@@ -40,14 +40,14 @@ def _transformer() -> tuple[object, tuple[object, ...]]:
 
 
 def _transformer_train() -> tuple[object, tuple[object, ...]]:
-    from jaxaot_examples.transformer import train_step
+    from jaxaot.examples.transformer import train_step
 
     _, (params, tokens) = _transformer()
     return train_step, (params, tokens, tokens, 0.01)
 
 
 def _axpy() -> tuple[object, tuple[object, ...]]:
-    from jaxaot_examples.axpy import axpy
+    from jaxaot.examples.axpy import axpy
 
     return axpy, (3, 4)
 

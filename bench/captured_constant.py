@@ -27,7 +27,7 @@ CONSTANT_BYTES = 3584 * 3584 * 4
 
 _PLAIN = """
 import time, jax, jax.numpy as jnp
-from jaxaot_examples.captured import project, weight
+from jaxaot.examples.captured import project, weight
 weight()  # built before timing, as jaxaot's stage_out does
 t0 = time.perf_counter()
 lowered = jax.jit(project).lower(jax.ShapeDtypeStruct((8, 3584), jnp.float32))
@@ -61,7 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         env["JAXAOT_STORE_DIR"] = str(tmp / "store")
-        jaxaot = [PY, "-m", "pipeline.cli", "program=captured_constant"]
+        jaxaot = [PY, "-m", "jaxaot.cli.main", "program=captured_constant"]
         for i in range(opts.rounds):
             out, rss = _rss([PY, "-c", _PLAIN], ROOT, env)
             plain_t.append(float(out.split()[-1]))

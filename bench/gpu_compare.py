@@ -58,7 +58,7 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None) -> tuple[int,
     ).rstrip(os.pathsep)
     env.update(env_extra or {})
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], env=env,
                           capture_output=True, text=True, timeout=500)  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - t0
 

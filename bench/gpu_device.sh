@@ -18,6 +18,6 @@ export PYTHONPATH=/tmp/site
 cd .devcarry/code
 GPU_COMPARE_B="jax 0.10.2, compiled on the GPU from the same lowering, autotuned||resume|" PYTHONUNBUFFERED=1 timeout 420 python3 bench/gpu_compare.py device ../runs $OUT/cmp 2>&1 | grep "^|"
 if grep -q "rc -11" $OUT/cmp/compare.md; then
-  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=gpu_compiler=1,autotuner_util=1,dso_loader=2 PYTHONPATH=.:bench:/tmp/site timeout 120 python3 -m pipeline.cli resume_from=../runs/matmul_bf16_4096 start_at=compile compile.topology=null compile.backend=cuda hydra.run.dir=/tmp/dbg 2>&1 | grep -v "^I0000" | tail -25 | cut -c1-300
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=gpu_compiler=1,autotuner_util=1,dso_loader=2 PYTHONPATH=.:bench:/tmp/site timeout 120 python3 -m jaxaot.cli.main resume_from=../runs/matmul_bf16_4096 start_at=compile compile.topology=null compile.backend=cuda hydra.run.dir=/tmp/dbg 2>&1 | grep -v "^I0000" | tail -25 | cut -c1-300
 fi
 for f in $OUT/cmp/transformer*/execute/outputs.npz; do d=$(basename $(dirname $(dirname $f))); cp $f $OUT/$d.npz; done; rm -rf $OUT/cmp/*/; ls $OUT

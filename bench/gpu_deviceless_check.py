@@ -24,9 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 def programs() -> dict[str, tuple[Any, list[Any]]]:
     import numpy as np
-
-    from jaxaot_examples.mlp import mlp
-    from jaxaot_examples.transformer import forward
+    from jaxaot.examples.mlp import mlp
+    from jaxaot.examples.transformer import forward
 
     rng = np.random.default_rng(0)
 
@@ -64,7 +63,7 @@ def main(out: Path) -> None:
     gpu = jax.devices("cuda")[0]
     real_config = str(xla_client.get_topology_for_devices([gpu]).target_config)
     (out / "device_target_config.txtpb").write_text(real_config)
-    shipped = (ROOT / "pipeline" / "gpu_targets" / "h100.txtpb").read_text()
+    shipped = (ROOT / "pipeline" / "targets" / "gpu_targets" / "h100.txtpb").read_text()
     variants: dict[str, tuple[str, dict[str, Any]]] = {
         "shipped h100.txtpb": (shipped, {}),
         "the GPU's own config": (real_config, {}),

@@ -1,11 +1,11 @@
 """Lowering a 70B-class decoder for a 256-device mesh: no devices, no parameter bytes.
 
-The model is ``jaxaot_examples.transformer`` (layers stacked under ``lax.scan``) with bf16
+The model is ``jaxaot.examples.transformer`` (layers stacked under ``lax.scan``) with bf16
 parameters given as abstract specs; the mesh is ``conf/mesh/pod16x16.yaml`` (data=16 x model=16,
 ``mesh.abstract=true``) with 2-D shardings: every weight split over both axes (FSDP x tensor
 parallel), tokens over ``data``. Each measurement is a fresh process:
 
-- ``jaxaot``: ``pipeline.run`` of the composed config with ``stop_after=lower`` (stage_out, then
+- ``jaxaot``: ``jaxaot.run`` of the composed config with ``stop_after=lower`` (stage_out, then
   lower: StableHLO, HLO text, ``jax.export`` bytes, cost analysis, manifest);
 - ``plain``: the same lowering written by hand (jit with NamedShardings on an AbstractMesh,
   trace, lower, StableHLO + HLO text, export + serialize).
@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import jaxaot
 
 ROOT = Path(__file__).resolve().parent.parent
 # layers, d_model, heads, d_head, d_ff, vocab (batch 256 x seq 4096 tokens)
@@ -81,9 +83,7 @@ def _map(fn: Any, tree: Any) -> Any:
 def run_jaxaot(model: str, platform: str, out: Path) -> None:
     from omegaconf import OmegaConf
 
-    import pipeline
-
-    cfg = pipeline.compose(["program=transformer", "mesh=pod16x16", f"lower.platforms=[{platform}]",
+    cfg = jaxaot.compose(["program=transformer", "mesh=pod16x16", f"lower.platforms=[{platform}]",
                             "stop_after=lower", "store.enabled=false"])  # fmt: skip
     spec = {"dtype": "bf16", "init": "zeros"}
     params = _map(lambda s: {"shape": list(s), **spec}, param_shapes(model))
@@ -91,7 +91,7 @@ def run_jaxaot(model: str, platform: str, out: Path) -> None:
     OmegaConf.update(cfg, "program.args", [params, tokens], merge=False)
     OmegaConf.update(cfg, "lower.in_shardings", [SHARDINGS, ["data", None]], merge=False)
     OmegaConf.update(cfg, "lower.out_shardings", ["data", None, "model"], merge=False)
-    result = pipeline.run(cfg, run_dir=out)
+    result = jaxaot.run(cfg, run_dir=out)
     assert result.ok and result["lower"].exported.nr_devices == 256
 
 
@@ -100,8 +100,7 @@ def run_plain(model: str, platform: str, out: Path) -> None:
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh, NamedSharding
     from jax.sharding import PartitionSpec as P
-
-    from jaxaot_examples.transformer import forward
+    from jaxaot.examples.transformer import forward
 
     mesh = AbstractMesh((16, 16), ("data", "model"))
     params = _map(lambda s: jax.ShapeDtypeStruct(s, jnp.bfloat16), param_shapes(model))

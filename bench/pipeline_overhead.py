@@ -39,7 +39,7 @@ def measure(program: str, rounds: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             bare = _wall([sys.executable, "-c", "pass"], ROOT)
-            cfg = _wall([sys.executable, "-m", "pipeline.cli", f"program={program}", "--cfg", "job"],
+            cfg = _wall([sys.executable, "-m", "jaxaot.cli.main", f"program={program}", "--cfg", "job"],
                         Path(tmp))  # fmt: skip
             floor.append(cfg - bare)
             base.append(_wall([sys.executable, str(ROOT / "bench/baseline_jit.py"), program], ROOT))
@@ -48,7 +48,7 @@ def measure(program: str, rounds: int) -> tuple[float, float, float]:
                     [
                         sys.executable,
                         "-m",
-                        "pipeline.cli",
+                        "jaxaot.cli.main",
                         f"program={program}",
                         "store.enabled=false",
                         f"hydra.run.dir={tmp}/run{i}",

@@ -32,13 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import jaxaot
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _jaxaot(args: list[str], cwd: Path, store: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXAOT_STORE_DIR": str(store)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, check=True,
+    subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=env, check=True,
                    capture_output=True)  # fmt: skip
     return time.perf_counter() - t0
 
@@ -54,7 +56,7 @@ def _floor(prog: str, cwd: Path) -> float:
     """Wall time no warm run can beat: Python + JAX start-up + Hydra's import and composition."""
     bare = _wall([sys.executable, "-c", "pass"], cwd)
     jax_up = _wall([sys.executable, "-c", "import jax; jax.devices()"], cwd)
-    hydra = _wall([sys.executable, "-m", "pipeline.cli", prog, "--cfg", "job"], cwd)
+    hydra = _wall([sys.executable, "-m", "jaxaot.cli.main", prog, "--cfg", "job"], cwd)
     return jax_up + (hydra - bare)
 
 
@@ -68,21 +70,20 @@ def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, f
     key, and the loaded executable's convention checked against the expected one. Kinds: a hit
     of a live lowering, and of a resumed one (start_at=compile: the export form)."""
     sys.path.insert(0, str(ROOT))
-    import pipeline
-    from pipeline import jaxenv
-    from pipeline.config import validate
-    from pipeline.fsutil import key_of
-    from stages import compile as compile_stage
+    from jaxaot.config.schema import validate
+    from jaxaot.stages import compile as compile_stage
+    from jaxaot.stages import jaxenv
+    from jaxaot.util.fsio import key_of
 
     os.environ["JAXAOT_STORE_DIR"] = str(tmp / "checks_store")
-    live = pipeline.compose([prog, "execute.repeats=1"])
-    src = pipeline.run(pipeline.compose([prog, "stop_after=lower"]), run_dir=tmp / "lowered")
-    resumed = pipeline.compose([f"resume_from={src.run_dir}", "start_at=compile",
+    live = jaxaot.compose([prog, "execute.repeats=1"])
+    src = jaxaot.run(jaxaot.compose([prog, "stop_after=lower"]), run_dir=tmp / "lowered")
+    resumed = jaxaot.compose([f"resume_from={src.run_dir}", "start_at=compile",
                                 "execute.repeats=1"])  # fmt: skip
     out = []
     for label, cfg in (("live lowering", live), ("resumed, start_at=compile", resumed)):
-        pipeline.run(cfg, run_dir=tmp / f"cold-{len(out)}", overrides=[])
-        hit = pipeline.run(cfg, run_dir=tmp / f"warm-{len(out)}", overrides=[])
+        jaxaot.run(cfg, run_dir=tmp / f"cold-{len(out)}", overrides=[])
+        hit = jaxaot.run(cfg, run_dir=tmp / f"warm-{len(out)}", overrides=[])
         assert hit.manifest["stages"]["compile"]["status"] == "cached"
         lowered, loaded = hit["lower"], hit["compile"].compiled
         typed, backend = validate(hit.manifest["config"]), hit.manifest["backend"]

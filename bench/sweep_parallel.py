@@ -45,7 +45,7 @@ def _jaxaot(args: list[str], cwd: Path, store: Path, cpu: list[float] | None = N
     """Wall seconds of one `jaxaot` process; its CPU seconds are appended to ``cpu``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXAOT_STORE_DIR": str(store)}
     t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=env, check=True,
+    subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=env, check=True,
                    capture_output=True)  # fmt: skip
     if cpu is not None:
         cpu.append(_cpu() - c0)

@@ -1,7 +1,7 @@
 """jaxaot vs a plain-JAX script compiling one program for a TPU topology, whole processes.
 
 Both sides compile ``experiment=decoder_8b``'s program (the rematerialized transformer step
-of ``jaxaot_examples.decoder``, bf16 parameters as ShapeDtypeStructs, FSDP x tensor-parallel
+of ``jaxaot.examples.decoder``, bf16 parameters as ShapeDtypeStructs, FSDP x tensor-parallel
 shardings on a 2-D mesh) for the same libtpu topology, each in a fresh Python process, side by
 side, ``--repeats`` times each (alternating, store off): wall time and peak RSS per process,
 and the ratio of the medians. The plain script is what a user writes without jaxaot:
@@ -39,7 +39,7 @@ import sys, json
 import jax, jax.numpy as jnp
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jaxaot_examples.decoder import train_step
+from jaxaot.examples.decoder import train_step
 
 L, D, H, K, F, V, B, T = {dims}
 topo = topologies.get_topology_desc(platform="tpu", topology_name="{topology}",
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))  # this checkout's pipeline, not an installed one
-    from pipeline.accelerators import resolve
+    from jaxaot.targets.tpu import resolve
 
     target = resolve(args.topology)
     mesh = tuple(int(n) for n in args.mesh.split(","))
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "plain.py").write_text(plain)
-        jaxaot = [sys.executable, "-m", "pipeline.cli", "experiment=decoder_8b",
+        jaxaot = [sys.executable, "-m", "jaxaot.cli.main", "experiment=decoder_8b",
                   f"compile.topology={target.topology}", f"mesh.shape=[{mesh[0]},{mesh[1]}]",
                   "store.enabled=false", f"hydra.run.dir={work / 'run'}",
                   "hydra.job_logging.root.level=WARNING",

@@ -1,4 +1,4 @@
-"""The transformer of :mod:`jaxaot_examples.transformer` as a large model is trained: each
+"""The transformer of :mod:`jaxaot.examples.transformer` as a large model is trained: each
 block rematerialized (``jax.checkpoint``) in the backward pass.
 
 Same parameters, same loss, same SGD step; only what the step keeps alive differs. Without
@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-
-from . import transformer
-from .transformer import Params
+from jaxaot.examples import transformer
+from jaxaot.examples.transformer import Params
 
 
 def forward(params: Params, tokens: jax.Array) -> jax.Array:

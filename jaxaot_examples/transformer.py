@@ -61,7 +61,7 @@ def _block(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
 
 def forward(params: Params, tokens: jax.Array, *, remat: bool = False) -> jax.Array:
     """Logits ``[B, T, vocab]`` (in the parameter dtype) for int32 ``tokens`` ``[B, T]``;
-    ``remat`` recomputes each block in the backward pass (:mod:`jaxaot_examples.decoder`)."""
+    ``remat`` recomputes each block in the backward pass (:mod:`jaxaot.examples.decoder`)."""
     x = jnp.take(params["embed"], tokens, axis=0)
     block = (
         jax.checkpoint(_block, policy=jax.checkpoint_policies.nothing_saveable) if remat else _block

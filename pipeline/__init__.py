@@ -4,9 +4,13 @@ pipeline with checkpoints.
 Importing this package does not import JAX; the runner imports it only after the config
 has been validated.
 
-    >>> import pipeline
-    >>> cfg = pipeline.compose(["program=axpy", "stop_after=compile"])
-    >>> result = pipeline.run(cfg)                      # doctest: +SKIP
+The import name is ``jaxaot``; in the repository this package is the ``pipeline/`` folder
+(``stages/``, ``conf/`` and ``jaxaot_examples/`` are ``jaxaot.stages``, ``jaxaot.conf`` and
+``jaxaot.examples``): see pyproject.toml's ``package-dir`` and the README's layout section.
+
+    >>> import jaxaot
+    >>> cfg = jaxaot.compose(["program=axpy", "stop_after=compile"])
+    >>> result = jaxaot.run(cfg)                        # doctest: +SKIP
     >>> result["compile"].cost["flops"]                 # doctest: +SKIP
     2.0
 """
@@ -15,7 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+if __name__ != "jaxaot":  # the repository root on sys.path: a second copy of every module
+    raise ImportError(
+        f"jaxaot's source folder was imported as {__name__!r}; import it as 'jaxaot' "
+        "(pip install -e . installs that name)"
+    )
+
+from jaxaot.errors import (
     ArgSpecError,
     BackendError,
     CheckError,
@@ -27,17 +37,17 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import compose
-    from .config import JaxaotConfig, validate
-    from .runner import RunResult, run
+    from jaxaot.api import compose
+    from jaxaot.config.schema import JaxaotConfig, validate
+    from jaxaot.engine.runner import RunResult, run
 
 # Hydra and OmegaConf load on first use, so tools that need neither (jaxaot-store) start fast.
 _LAZY = {
     "compose": "api",
-    "JaxaotConfig": "config",
-    "validate": "config",
-    "RunResult": "runner",
-    "run": "runner",
+    "JaxaotConfig": "config.schema",
+    "validate": "config.schema",
+    "RunResult": "engine.runner",
+    "run": "engine.runner",
 }
 
 
@@ -46,7 +56,7 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
 
 
 __version__ = "0.1.0"

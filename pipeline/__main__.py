@@ -3,7 +3,7 @@ import name ``jaxaot``, issue 13)."""
 
 from __future__ import annotations
 
-from .cli import main
+from jaxaot.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import jaxaot.conf as _conf
+from jaxaot.config.argspec import quote_array_types
+from jaxaot.config.schema import name_after_target, register_configs
 from omegaconf import DictConfig
 
-from .argspec import quote_array_types
-from .config import name_after_target, register_configs
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# conf/ in the source tree; jaxaot/conf in a wheel: the package knows where it is.
+CONF_DIR = Path(_conf.__file__).resolve().parent
 
 
 def conf_dir() -> Path:

@@ -1,7 +1,7 @@
 """The four stages, one module each, in pipeline order.
 
 Each stage's ``run(ctx, *upstream)`` takes the typed config (through the
-:class:`pipeline.context.StageContext`) and the upstream record, writes its artifacts and
+:class:`jaxaot.stages.node.StageContext`) and the upstream record, writes its artifacts and
 returns a small frozen record that leads to the next stage, the way ``jax.stages`` goes
 Traced -> Lowered -> Compiled.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import compile, execute, lower, stage_out
-from .compile import Compiled
-from .execute import Executed
-from .lower import Lowered
-from .stage_out import StagedOut
+from jaxaot.stages import compile, execute, lower, stage_out
+from jaxaot.stages.compile import Compiled
+from jaxaot.stages.execute import Executed
+from jaxaot.stages.lower import Lowered
+from jaxaot.stages.stage_out import StagedOut
 
 STAGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "stage_out": stage_out.run,

@@ -8,7 +8,7 @@ for a mesh runs on the backend's first N devices. Writes ``optimized.hlo.txt``,
 
 The compile key covers the calling convention of what is compiled, and every executable
 loaded from the store or a checkpoint is checked against the convention the run expects before
-it is called (:mod:`stages.convention`, issue 12).
+it is called (:mod:`jaxaot.stages.convention`, issue 12).
 """
 
 from __future__ import annotations
@@ -20,15 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeline import memo
-from pipeline.context import StageContext
-from pipeline.errors import BackendError, ConfigError, StageError, one_line
-from pipeline.fsutil import sha256_bytes
-from pipeline.jaxenv import devices, platform_of
-from pipeline.parallel import MeshSpec
-
-from . import custom_calls
-from .convention import (
+from jaxaot.config.mesh import MeshSpec
+from jaxaot.errors import BackendError, ConfigError, StageError, one_line
+from jaxaot.stages import custom_calls
+from jaxaot.stages.convention import (
     Convention,
     UnusableExecutable,
     convention_of,
@@ -36,8 +31,12 @@ from .convention import (
     kept_inputs,
     mismatch,
 )
-from .lower import Lowered
-from .parallel import concrete_mesh, describe_shardings
+from jaxaot.stages.jax_mesh import concrete_mesh, describe_shardings
+from jaxaot.stages.jaxenv import devices, platform_of
+from jaxaot.stages.lower import Lowered
+from jaxaot.stages.node import StageContext
+from jaxaot.util import memo
+from jaxaot.util.fsio import sha256_bytes
 
 _MEMORY_FIELDS = (
     "argument_size_in_bytes",
@@ -156,7 +155,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     import jax
 
     if cfg.topology:  # issue 15: through the export, onto libtpu's compile-only devices
-        from . import topology
+        from jaxaot.stages import topology
 
         job = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
         exp = lowered.exported
@@ -260,7 +259,7 @@ ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
 def cache_key(cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any],
               environment: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Everything the executable and its calling convention depend on, and nothing else (no
-    paths, no times). ``environment`` is :func:`pipeline.jaxenv.key_environment`."""
+    paths, no times). ``environment`` is :func:`jaxaot.stages.jaxenv.key_environment`."""
     return {
         "stage": "compile",
         "key_version": _KEY_VERSION,
@@ -302,7 +301,7 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
 
     cfg = ctx.cfg.compile
     if cfg.topology:  # issue 15: compile-only devices cannot load it; a TPU host can
-        from . import topology
+        from jaxaot.stages import topology
 
         if not topology.present(cfg):
             return topology.load(ctx, lowered, read, ARTIFACTS, _record(lowered, cfg.backend))
@@ -408,7 +407,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
     if compiled is None:
         compiled = start(cfg, target or prepare(cfg, lowered))()
     if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
-        from . import topology
+        from jaxaot.stages import topology
 
         return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
     ctx.write("optimized.hlo.txt", compiled.as_text() or "")

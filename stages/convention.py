@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pipeline.errors import StoreError
-
-from .lower import Lowered
+from jaxaot.errors import StoreError
+from jaxaot.stages.lower import Lowered
 
 
 class UnusableExecutable(StoreError):

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.errors import JaxaotError
-from pipeline.jaxenv import platform_of
+from jaxaot.errors import JaxaotError
+from jaxaot.stages.jaxenv import platform_of
 
 _TARGET = re.compile(rb'custom_call_target="([^"]+)"')
 

@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from pipeline.context import StageContext
-from pipeline.errors import CheckError, JaxaotError
-
-from .compile import Compiled
-from .inputs import spec_inputs, user_inputs
-from .parallel import replica_reference
-from .stage_out import StagedOut
+from jaxaot.errors import CheckError, JaxaotError
+from jaxaot.stages.compile import Compiled
+from jaxaot.stages.inputs import spec_inputs, user_inputs
+from jaxaot.stages.jax_mesh import replica_reference
+from jaxaot.stages.node import StageContext
+from jaxaot.stages.stage_out import StagedOut
 
 # Default (rtol, atol) by the output's dtype when execute.rtol/atol are null.
 _TOLERANCES: dict[str, tuple[float, float]] = {
@@ -211,7 +209,7 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
 def load_outputs(execute_dir: str | Path) -> dict[str, np.ndarray]:
     """A run's saved outputs by pytree path, each with its original dtype, bit for bit
     (``<run>/execute``: outputs.npz + outputs.json, see :func:`_savez`)."""
-    from .inputs import np_dtype
+    from jaxaot.stages.inputs import np_dtype
 
     folder = Path(execute_dir)
     described = json.loads((folder / "outputs.json").read_text())
@@ -231,10 +229,8 @@ def _reference(
     ctx: StageContext, staged: StagedOut, args: list[Any], kwargs: dict[str, Any]
 ) -> Any:
     import jax
-
-    from pipeline.trust import policy_of
-
-    from .stage_out import resolve_target
+    from jaxaot.config.trust import policy_of
+    from jaxaot.stages.stage_out import resolve_target
 
     fn = (
         staged.fn
@@ -249,9 +245,8 @@ def _reference(
         ref = staged.reference_fn or replica_reference(fn, staged)  # fn: resolved when resumed
         static = {k: v for k, v in staged.jit_options.items() if k.startswith("static_")}
         return jax.jit(ref, **static)(*full)
-    from pipeline.parallel import mesh_spec
-
-    from .parallel import concrete_mesh
+    from jaxaot.config.mesh import mesh_spec
+    from jaxaot.stages.jax_mesh import concrete_mesh
 
     mesh = mesh_spec(ctx.cfg)
     if mesh is None:
@@ -328,15 +323,14 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     if staged is None:
         raise JaxaotError("execute: no program arguments available (stage_out did not run)")
     if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes (issue 17)
-        from pipeline.argspec import concrete_bound
+        from jaxaot.config.argspec import concrete_bound
 
         staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
     if cfg.inputs is not None:
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:
-        from pipeline.trust import policy_of
-
-        from .stage_out import class_resolver
+        from jaxaot.config.trust import policy_of
+        from jaxaot.stages.stage_out import class_resolver
 
         host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed,
                                              class_resolver(policy_of(ctx.cfg)))  # fmt: skip

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-
-from pipeline.argspec import (
+from jaxaot.config.argspec import (
     SIXTY_FOUR_BIT,
     ArraySpec,
     BoundArgs,
@@ -24,7 +23,7 @@ from pipeline.argspec import (
     parse_leaf_or_tree,
     short_name,
 )
-from pipeline.errors import ArgSpecError, ConfigError
+from jaxaot.errors import ArgSpecError, ConfigError
 
 
 def np_dtype(name: str) -> np.dtype[Any]:
@@ -321,7 +320,7 @@ def spec_inputs(
         return weakly_typed(value) if isinstance(spec, ArraySpec) and spec.weak_type else value
 
     if resolve is None:  # the default policy (execute passes the run's)
-        from .stage_out import class_resolver
+        from jaxaot.stages.stage_out import class_resolver
 
         resolve = class_resolver()
 

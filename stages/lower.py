@@ -16,18 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeline import memo
-from pipeline.canonical import canonical_stablehlo
-from pipeline.context import StageContext
-from pipeline.errors import ConfigError, StoreError
-from pipeline.jaxenv import platform_of
-from pipeline.metadata import scoped_metadata
-from pipeline.parallel import MeshSpec, check_in_shardings, mesh_spec
-
-from . import module_text
-from .metadata import with_metadata
-from .parallel import abstract_mesh, named, output_shardings
-from .stage_out import StagedOut
+from jaxaot.config.mesh import MeshSpec, check_in_shardings, mesh_spec
+from jaxaot.config.xla_metadata import scoped_metadata
+from jaxaot.errors import ConfigError, StoreError
+from jaxaot.stages import module_text
+from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings
+from jaxaot.stages.jax_metadata import with_metadata
+from jaxaot.stages.jaxenv import platform_of
+from jaxaot.stages.node import StageContext
+from jaxaot.stages.stage_out import StagedOut
+from jaxaot.util import memo
+from jaxaot.util.canonical import canonical_stablehlo
 
 _PARTITIONS = re.compile(r"mhlo\.num_partitions = (\d+)")
 _REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
@@ -187,7 +186,7 @@ def _import_pytree_classes(names: list[str], policy: Any) -> None:
     each under the run's import policy (``trust.*``) like any name a config gives."""
     import importlib
 
-    from pipeline.trust import check_name, check_resolved
+    from jaxaot.config.trust import check_name, check_resolved
 
     key = "resume_from: lowered.json pytree class"
     for name in names:
@@ -379,10 +378,9 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
     stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
     or the lowering has no symbolic dimensions."""
     import jax
-
-    from pipeline.argspec import symbols
-    from pipeline.config import STAGES
-    from pipeline.errors import one_line
+    from jaxaot.config.argspec import symbols
+    from jaxaot.config.schema import STAGES
+    from jaxaot.errors import one_line
 
     exp = record.exported
     later = STAGES.index(ctx.cfg.stop_after) >= STAGES.index("compile")
@@ -443,7 +441,7 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             "resume_from: that run's lowering has no exported.bin (jax.export could not "
             "serialize the program; see its lower warnings); start at lower instead"
         ) from None
-    from pipeline.trust import policy_of
+    from jaxaot.config.trust import policy_of
 
     _import_pytree_classes(list(meta.get("namedtuples", [])), policy_of(ctx.cfg))
     exported = jax.export.deserialize(bytearray(blob))

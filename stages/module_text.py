@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.canonical import canonical_stablehlo
-from pipeline.fsutil import sha256_bytes
+from jaxaot.util.canonical import canonical_stablehlo
+from jaxaot.util.fsio import sha256_bytes
 
 # Constants at least this big are named in the one-line warning (1 MiB).
 WARN_BYTES = 1 << 20

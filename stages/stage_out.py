@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import memo
-from pipeline.argspec import (
+from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
@@ -27,13 +26,13 @@ from pipeline.argspec import (
     leaves,
     to_static_value,
 )
-from pipeline.console import cwd_importable
-from pipeline.context import StageContext
-from pipeline.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
-from pipeline.parallel import mesh_spec
-from pipeline.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
-
-from .parallel import per_replica, stacked, unbound_axis_error
+from jaxaot.config.mesh import mesh_spec
+from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
+from jaxaot.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
+from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
+from jaxaot.stages.node import StageContext
+from jaxaot.util import memo
+from jaxaot.util.console import cwd_importable
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def resolve_target(
 ) -> Callable[..., Any]:
     """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing.
 
-    ``policy`` (pipeline/trust.py) is checked on the string before anything is imported, and
+    ``policy`` (pipeline/config/trust.py) is checked on the string before anything is imported, and
     on every module the path goes through and the callable it ends at.
     """
     module_name, _, attr_path = target.partition(":")
@@ -133,7 +132,7 @@ def symbolic_scope(constraints: Sequence[str]) -> Any:
 
 def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str], Any]:
     """``resolve(name, key)``: the class a ``_pytree_`` tag names, imported through the trust
-    policy (pipeline/trust.py) as ``program.target`` is."""
+    policy (pipeline/config/trust.py) as ``program.target`` is."""
 
     @functools.cache
     def resolve(name: str, key: str) -> Any:
@@ -179,10 +178,8 @@ def _typed_shardings(
     """With explicit mesh axes the input shardings are part of the argument types (issue 17):
     each traced positional ShapeDtypeStruct carries its ``lower.in_shardings`` entry."""
     import jax
-
-    from pipeline.parallel import check_in_shardings
-
-    from .parallel import abstract_mesh, named
+    from jaxaot.config.mesh import check_in_shardings
+    from jaxaot.stages.jax_mesh import abstract_mesh, named
 
     specs = iter(named(check_in_shardings(cfg, bound, mesh), abstract_mesh(mesh)))
 
@@ -199,7 +196,7 @@ def _typed_shardings(
 
 
 def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
-    from pipeline.argspec import short_name
+    from jaxaot.config.argspec import short_name
 
     return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
 
@@ -338,7 +335,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     env = mesh if mesh is not None and mesh.per_replica else None
     mesh_context: Any = contextlib.nullcontext()
     if mesh is not None and env is None:
-        from .parallel import abstract_mesh
+        from jaxaot.stages.jax_mesh import abstract_mesh
 
         # The program sees the configured mesh while it is traced (issue 17): get_abstract_mesh,
         # bare PartitionSpecs, reshard and shard_map without a mesh argument.
@@ -347,7 +344,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
             args = _typed_shardings(cfg, bound, args, mesh)
     reference_fn = None
     if env is not None:
-        # Keyword arguments are all static here (pipeline.parallel refuses traced ones).
+        # Keyword arguments are all static here (jaxaot.config.mesh refuses traced ones).
         rep = per_replica(fn, env, bound, kwargs)
         fn, bound, reference_fn, jit_options = rep.fn, rep.bound, rep.reference, rep.jit_options
         args, kwargs = _as_args(bound, resolve)[0], {}
@@ -360,7 +357,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         err = unbound_axis_error(exc, mesh) if isinstance(exc, NameError) else None
         if err is not None:
             raise err from None
-        from pipeline.cuda_targets import explain_missing_library
+        from jaxaot.targets.cuda import explain_missing_library
 
         missing = explain_missing_library(exc)  # a cuDNN-only kernel on a host without cuDNN
         if missing is not None:

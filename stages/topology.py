@@ -9,7 +9,7 @@ since the live lowering is bound to this host's backend.
 On top of what any compile writes, ``compiled.json`` (and the stage's metrics) carry the
 **fit verdict** (HBM needed per device vs what XLA allows on the generation), the collectives
 of the optimized HLO, and a roofline **estimate** of the step time. XLA refusing the program
-for HBM is a verdict too (:class:`pipeline.errors.DoesNotFit`), not a crash.
+for HBM is a verdict too (:class:`jaxaot.errors.DoesNotFit`), not a crash.
 
 The executable cannot be loaded here (a compile-only client cannot deserialize): a store hit
 or a resumed compile serves the verified artifacts and the verdict, with no live executable;
@@ -23,13 +23,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.accelerators import GiB, Target, quiet_libtpu, resolve, topology_devices
-from pipeline.context import StageContext
-from pipeline.errors import BackendError, DoesNotFit, StageError
-from pipeline.hlo_parse import parse_hlo
-from pipeline.parallel import MeshSpec
-
-from .lower import Lowered
+from jaxaot.config.mesh import MeshSpec
+from jaxaot.errors import BackendError, DoesNotFit, StageError
+from jaxaot.stages.lower import Lowered
+from jaxaot.stages.node import StageContext
+from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
+from jaxaot.util.hlo_parse import parse_hlo
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
@@ -61,8 +60,7 @@ def _mesh(mesh: MeshSpec, devs: list[Any]) -> Any:
     axes split between mesh axes."""
     import jax
     from jax.experimental import mesh_utils
-
-    from .parallel import axis_types, concrete_mesh
+    from jaxaot.stages.jax_mesh import axis_types, concrete_mesh
 
     try:
         return concrete_mesh(mesh, devs)
@@ -76,8 +74,7 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
     slice (ICI); ``jax.make_mesh`` refuses multi-slice devices."""
     import jax
     from jax.experimental import mesh_utils
-
-    from .parallel import axis_types
+    from jaxaot.stages.jax_mesh import axis_types
 
     ici = (mesh.shape[0] // num_slices, *mesh.shape[1:])
     dcn = (num_slices,) + (1,) * (len(mesh.shape) - 1)
@@ -87,7 +84,7 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
 
 def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
     """The lowering's export compiled for ``target``'s compile-only devices."""
-    from .compile import export_lowering
+    from jaxaot.stages.compile import export_lowering
 
     devs = topology_devices(target)
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
@@ -98,7 +95,7 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
         )
     platform = target.generation.platform
     if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
-        from pipeline.cuda_targets import compile_options
+        from jaxaot.targets.cuda import compile_options
 
         options = compile_options(options)
     with quiet_libtpu():
@@ -108,7 +105,7 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
 
 
 def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
-    """Like ``stages.compile.start`` for a topology: check, then return the compile to run."""
+    """Like ``jaxaot.stages.compile.start`` for a topology: check, then return the compile to run."""
     target = target_of(cfg)
     platform = target.generation.platform
     if platform not in lowered.platforms:
@@ -266,12 +263,12 @@ def metrics(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[..., Any]) -> Any:
-    """Write what ``stages.compile.run`` writes, for compile-only devices, plus the analysis.
+    """Write what ``jaxaot.stages.compile.run`` writes, for compile-only devices, plus the analysis.
 
     ``record(compiled, cost, memory)`` builds the stage's Compiled record.
     """
-    from . import compile as compile_stage
-    from .parallel import describe_shardings
+    from jaxaot.stages import compile as compile_stage
+    from jaxaot.stages.jax_mesh import describe_shardings
 
     cfg = ctx.cfg.compile
     target = target_of(cfg)
@@ -300,7 +297,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
     if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
-        from pipeline.cuda_targets import autotune_note
+        from jaxaot.targets.cuda import autotune_note
 
         info["autotuned"] = False
         ctx.metrics["autotuned"] = False
@@ -316,7 +313,7 @@ def _lowering_roofline(target: Target, lowered: Lowered) -> dict[str, Any] | Non
     """XLA gives no cost analysis for a deviceless GPU executable: the roofline estimate then
     comes from the lowering's (the whole program, before partitioning) split evenly over the
     devices, and says so."""
-    from .compile import cost_of
+    from jaxaot.stages.compile import cost_of
 
     whole = cost_of(lowered.lowered) if lowered.lowered is not None else None
     if not whole or whole.get("flops") is None:
@@ -332,7 +329,7 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
          record: Callable[..., Any]) -> Any:  # fmt: skip
     """A stored topology compile (hash-verified by ``read``): its artifacts and verdict, with
     no live executable (a compile-only client cannot load one)."""
-    from . import compile as compile_stage
+    from jaxaot.stages import compile as compile_stage
 
     files: dict[str, bytes] = {}
     for name in names:
@@ -378,7 +375,7 @@ def check_resume(cfg: Any) -> None:
     if not cfg.topology:
         return
     if target_of(cfg).generation.platform == "cuda":  # issue 16
-        from pipeline.cuda_targets import refuse_resume
+        from jaxaot.targets.cuda import refuse_resume
 
         refuse_resume(target_of(cfg))
         return
@@ -393,7 +390,7 @@ def check_resume(cfg: Any) -> None:
 def present(cfg: Any) -> bool:
     """Whether this host has the hardware of ``cfg.topology`` (TPU, or NVIDIA GPUs)."""
     if target_of(cfg).generation.platform == "cuda":
-        from pipeline.cuda_targets import gpu_present
+        from jaxaot.targets.cuda import gpu_present
 
         return gpu_present(target_of(cfg))
     return tpu_present()

@@ -44,7 +44,7 @@ def var_keywords(x: jax.Array, **extra: jax.Array) -> jax.Array:
 def preempted(x: jax.Array) -> jax.Array:
     """What a job system's preemption looks like from inside a run (the SLURM launcher's
     checkpoint hook, then submitit's SystemExit)."""
-    from pipeline import exits
+    from jaxaot.util import exits
 
     exits.note_preempted("preempted by a test")
     raise SystemExit(-1)

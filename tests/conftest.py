@@ -1,7 +1,7 @@
 """Shared fixtures: an isolated store per test, the CLI in a subprocess, configs composed in-process.
 
 Every test gets its own ``JAXAOT_STORE_DIR`` so runs never share cache entries by accident.
-CLI tests run ``python -m pipeline.cli`` with this checkout first on PYTHONPATH, so they test
+CLI tests run ``python -m jaxaot.cli.main`` with this checkout first on PYTHONPATH, so they test
 the code in the tree (also from a git worktree), not whatever is installed.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,9 +59,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: Sequence[str], *, cwd: Path, module: str = "pipeline.cli", timeout: float = 300,
+def run_cli(args: Sequence[str], *, cwd: Path, module: str = "jaxaot.cli.main", timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """Run ``jaxaot <args>`` (as ``python -m pipeline.cli``) in ``cwd``; never raises on rc."""
+    """Run ``jaxaot <args>`` (as ``python -m jaxaot.cli.main``) in ``cwd``; never raises on rc."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
@@ -105,11 +106,10 @@ def read_json(run_dir: Path, name: str) -> Any:
 
 
 def run_numbered(tmp_path: Path, *overrides: str, name: str = "run") -> Any:
-    """``pipeline.run`` in-process into a fresh ``tmp_path/<name><n>``; the RunResult."""
-    import pipeline
+    """``jaxaot.run`` in-process into a fresh ``tmp_path/<name><n>``; the RunResult."""
 
     rd = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
-    return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
+    return jaxaot.run(jaxaot.compose(list(overrides)), run_dir=rd)
 
 
 @pytest.fixture
@@ -129,10 +129,9 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def compose_run(tmp_path: Path):  # type: ignore[no-untyped-def]
     """``compose_run(*overrides)`` -> RunResult, run in-process in a fresh run dir."""
-    import pipeline
 
     def call(*overrides: str, run_dir: Path | None = None):  # type: ignore[no-untyped-def]
         rd = run_dir or tmp_path / f"api{len(list(tmp_path.glob('api*')))}"
-        return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
+        return jaxaot.run(jaxaot.compose(list(overrides)), run_dir=rd)
 
     return call

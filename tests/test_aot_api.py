@@ -13,13 +13,13 @@ from typing import Any
 import aot_api_programs as progs
 import jax
 import jax.numpy as jnp
+import jaxaot
 import numpy as np
 import pytest
-
-from pipeline.argspec import concrete_bound
-from pipeline.errors import ConfigError, TargetError
-from stages.execute import load_outputs
-from stages.inputs import spec_inputs
+from jaxaot.config.argspec import concrete_bound
+from jaxaot.errors import ConfigError, TargetError
+from jaxaot.stages.execute import load_outputs
+from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_api_programs"
 
@@ -323,7 +323,7 @@ def test_platforms_are_checked_against_jax(compose_run: Any) -> None:
     want = jax.jit(progs.add).trace(jnp.ones(2), jnp.ones(2)).lower(lowering_platforms=("rocm",))
     result = compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]",
                          "lower.platforms=[rocm]", "stop_after=lower")  # fmt: skip
-    from stages.lower import canonical_stablehlo
+    from jaxaot.stages.lower import canonical_stablehlo
 
     text = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
     assert canonical_stablehlo(text) == canonical_stablehlo(want.as_text())
@@ -370,8 +370,8 @@ def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
 
 
 def test_debug_info_keeps_locations_in_the_texts_only(compose_run: Any) -> None:
-    from pipeline.canonical import canonical_hlo
-    from stages.lower import canonical_stablehlo
+    from jaxaot.stages.lower import canonical_stablehlo
+    from jaxaot.util.canonical import canonical_hlo
 
     lowered = jax.jit(progs.add).trace(jnp.ones(2), jnp.ones(2)).lower()
     want = lowered.as_text(debug_info=True)
@@ -468,7 +468,7 @@ def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
     result = compose_run(f"{T}:add", "program.args=[f32[3]~weak, f16[3]]",
                          f"execute.inputs=[{tmp_path / 'x.npy'}, {tmp_path / 'y.npy'}]",
                          "execute.check=reference", "execute.repeats=1")  # fmt: skip
-    from stages.inputs import weakly_typed
+    from jaxaot.stages.inputs import weakly_typed
 
     want = jax.jit(progs.add)(weakly_typed(x), y)  # JAX: weak f32 + f16 is f16
     assert want.dtype == jnp.float16
@@ -526,10 +526,9 @@ def test_jax_options_come_with_a_resumed_lowering(compose_run: Any) -> None:
                         "execute.repeats=1")  # fmt: skip
     assert again.manifest["config"]["jax"]["config"] == {"jax_enable_x64": True}
     assert np.asarray(again.records["execute"].outputs).dtype == np.int64
-    import pipeline
 
     conflict = [*args, "jax.config.jax_enable_x64=false", f"resume_from={first.run_dir}",
                 "start_at=compile"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"jax\.config\.jax_enable_x64: overridden to False"):
-        pipeline.run(pipeline.compose(conflict), run_dir=first.run_dir.parent / "c",
+        jaxaot.run(jaxaot.compose(conflict), run_dir=first.run_dir.parent / "c",
                      overrides=conflict)  # fmt: skip

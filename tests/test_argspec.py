@@ -1,14 +1,14 @@
-"""Argument specs (``pipeline.argspec``): parsing leaves and pytrees, quoting, and bind()."""
+"""Argument specs (``jaxaot.config.argspec``): parsing leaves and pytrees, quoting, and bind()."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import numpy as np
 import pytest
-
-from pipeline.argspec import (
+from jaxaot.config.argspec import (
     DTYPES,
     ArraySpec,
     Literal,
@@ -23,7 +23,7 @@ from pipeline.argspec import (
     short_name,
     to_static_value,
 )
-from pipeline.errors import ArgSpecError, ConfigError
+from jaxaot.errors import ArgSpecError, ConfigError
 
 # --- array types written the way JAX prints them ------------------------------------------
 
@@ -288,9 +288,8 @@ def test_quote_array_types_leaves_other_text_alone(override: str) -> None:
 
 
 def test_quoted_overrides_compose_to_the_types() -> None:
-    import pipeline
 
-    cfg = pipeline.compose(
+    cfg = jaxaot.compose(
         ["program=axpy", "program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal},3]"]
     )
     assert cfg.program.args[0] == "f32[128,512]"

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, cli_env, run_cli
+from jaxaot.errors import ConfigError
+from jaxaot.sweeps.autotune import AutotuneOptions, MissingDependencyError, _optuna, search_space
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from PIL import Image
-
-from pipeline.autotune import AutotuneOptions, MissingDependencyError, _optuna, search_space
-from pipeline.errors import ConfigError
 
 EXPERIMENT = REPO / "conf" / "experiment" / "autotune_cpu.yaml"
 
@@ -187,7 +186,7 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
 
 
 def test_same_failure_masks_each_trials_own_values() -> None:
-    from pipeline.autotune import _same_failure, shown
+    from jaxaot.sweeps.autotune import _same_failure, shown
 
     def trial(value: str, error: str | None) -> dict[str, object]:
         return {"value": None if error else 1.0, "error": error, "params": {"a.b": value}}
@@ -198,7 +197,7 @@ def test_same_failure_masks_each_trials_own_values() -> None:
     assert _same_failure([*same, trial("1", "another error")]) is None
     assert _same_failure([*same, trial("1", None)]) is None  # one trial succeeded
     assert shown("program.args.1=f32\\[8\\,256\\]") == "program.args.1=f32[8,256]"
-    from pipeline.progress import override_value
+    from jaxaot.sweeps.progress import override_value
 
     assert override_value("program.args.1=f32\\[8\\,256\\]") == "f32[8,256]"  # progress, report
     assert override_value("x=it\\'s") == "it\\'s"  # only Hydra's own escapes are undone

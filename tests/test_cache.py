@@ -14,12 +14,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
 from conftest import cli_env, read_manifest, run_cli
-
-import pipeline
-from pipeline.store import Store
-from stages import compile as compile_stage
+from jaxaot.stages import compile as compile_stage
+from jaxaot.store.store import Store
 
 
 @pytest.fixture
@@ -36,7 +35,7 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def _status(result: pipeline.RunResult, stage: str = "compile") -> str:
+def _status(result: jaxaot.RunResult, stage: str = "compile") -> str:
     return str(result.manifest["stages"][stage]["status"])
 
 
@@ -102,7 +101,7 @@ def test_each_key_input_misses(compose_run, compiles, change: list[str]):
 
 def test_a_jaxlib_or_backend_change_misses(compose_run, compiles, monkeypatch):
     compose_run("program=axpy", "stop_after=compile")
-    from pipeline import jaxenv
+    from jaxaot.stages import jaxenv
 
     real = jaxenv.backend_info
     monkeypatch.setattr(jaxenv, "backend_info", lambda b: {**real(b), "jaxlib": "99.0.0"})
@@ -191,7 +190,7 @@ def test_eight_processes_on_one_key_all_succeed_and_leave_one_entry(tmp_path, is
             [
                 sys.executable,
                 "-m",
-                "pipeline.cli",
+                "jaxaot.cli.main",
                 "program=mlp",
                 "stop_after=compile",
                 f"hydra.run.dir={tmp_path / f'p{i}'}",
@@ -215,8 +214,8 @@ def test_eight_processes_on_one_key_all_succeed_and_leave_one_entry(tmp_path, is
 KILL_DURING_WRITE = textwrap.dedent(
     """
     import os, signal, sys
-    import pipeline.fsutil as fsutil
-    import pipeline.context as context
+    import jaxaot.util.fsio as fsutil
+    import jaxaot.stages.node as context
 
     real = fsutil.atomic_write_bytes
 
@@ -229,8 +228,8 @@ KILL_DURING_WRITE = textwrap.dedent(
         return real(path, data)
 
     context.atomic_write_bytes = dying
-    import pipeline
-    pipeline.run(pipeline.compose(sys.argv[2:]), run_dir=sys.argv[1])
+    import jaxaot
+    jaxaot.run(jaxaot.compose(sys.argv[2:]), run_dir=sys.argv[1])
     """
 )
 
@@ -262,7 +261,7 @@ def test_store_cli_reports_hits_and_misses(compose_run, isolated_store, tmp_path
     stats = Store(isolated_store).stats().stages["compile"]
     assert (stats.entries, stats.hits, stats.misses) == (1, 1, 1)
     proc = run_cli(
-        ["stats", "--store", str(isolated_store)], cwd=tmp_path, module="pipeline.store_cli"
+        ["stats", "--store", str(isolated_store)], cwd=tmp_path, module="jaxaot.cli.store"
     )
     assert proc.returncode == 0, proc.stderr
     # columns: stage, entries, size (number and unit), hits, misses, ...

@@ -1,15 +1,15 @@
-"""Canonical artifact text (pipeline/canonical.py) and the diff helpers (pipeline/textdiff.py)."""
+"""Canonical artifact text (pipeline/util/canonical.py) and the diff helpers (pipeline/util/textdiff.py)."""
 
 from __future__ import annotations
 
-from pipeline.canonical import (
+from jaxaot.util.canonical import (
     CANONICAL_ARTIFACTS,
     canonical_hlo,
     canonical_jaxpr,
     canonical_json,
     canonical_stablehlo,
 )
-from pipeline.textdiff import bounded, changed_keys, line_counts, unified
+from jaxaot.util.textdiff import bounded, changed_keys, line_counts, unified
 
 OPTIMIZED = """\
 HloModule jit_f.3, is_scheduled=true, entry_computation_layout={(f32[8]{0})->f32[8]{0}}

@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import jaxaot
 import numpy as np
 import yaml
 from conftest import REPO, cli_env, read_manifest, run_cli
@@ -60,20 +61,18 @@ def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None
     import jax
     import jaxlib
 
-    import pipeline
-
     proc = run_cli(["--version"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:3] == [f"jaxaot {pipeline.__version__}", f"jax {jax.__version__}",
+    assert lines[:3] == [f"jaxaot {jaxaot.__version__}", f"jax {jax.__version__}",
                          f"jaxlib {jaxlib.__version__}"]  # fmt: skip
     assert lines[3].startswith("backend cpu (compile.backend default): ")
     assert "Hydra" not in proc.stdout and not list(tmp_path.iterdir())
     assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing
 
 
-def test_python_dash_m_pipeline_is_the_command(tmp_path: Path) -> None:
-    proc = run_cli(["--version"], cwd=tmp_path, module="pipeline")
+def test_python_dash_m_jaxaot_is_the_command(tmp_path: Path) -> None:
+    proc = run_cli(["--version"], cwd=tmp_path, module="jaxaot")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("jaxaot ")
 
@@ -82,7 +81,7 @@ def test_python_and_the_cli_write_one_run_layout(tmp_path: Path) -> None:
     import re
     import sys
 
-    py = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.run(pipeline."
+    py = subprocess.run([sys.executable, "-c", "import jaxaot; print(jaxaot.run(jaxaot."
                          "compose(['program=axpy', 'stop_after=stage_out'])).run_dir)"],
                         cwd=tmp_path, env=cli_env(), capture_output=True, text=True)  # fmt: skip
     assert py.returncode == 0, py.stderr
@@ -109,17 +108,17 @@ def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
 
 
 def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -> None:
-    ok = _closed_stdout(["-m", "pipeline.cli", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"],
+    ok = _closed_stdout(["-m", "jaxaot.cli.main", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"],
                         tmp_path)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert "BrokenPipe" not in ok.stderr and "Traceback" not in ok.stderr
     assert read_manifest(tmp_path / "a")["status"] == "ok"  # the run went on to the end
-    bad = _closed_stdout(["-m", "pipeline.cli", "program=axpy", "program.args=[f32[3],f32[4]]",
+    bad = _closed_stdout(["-m", "jaxaot.cli.main", "program=axpy", "program.args=[f32[3],f32[4]]",
                           f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)  # fmt: skip
     assert bad.returncode == 1
     assert bad.stderr.count("incompatible shapes for broadcasting") == 1  # printed once
     assert "jaxaot: error: stage 'stage_out' failed: TypeError: add got" in bad.stderr
-    diff = _closed_stdout(["-m", "pipeline.diff", str(tmp_path / "a"), str(tmp_path / "b")],
+    diff = _closed_stdout(["-m", "jaxaot.cli.diff", str(tmp_path / "a"), str(tmp_path / "b")],
                           tmp_path)  # fmt: skip
     assert diff.returncode == 1, diff.stderr  # "different", as documented, though unread
     assert diff.stderr == ""
@@ -145,7 +144,7 @@ def test_info_shows_the_shipped_config_dir(tmp_path: Path) -> None:
     proc = run_cli(["--info"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Config search path" in proc.stdout
-    assert (REPO / "conf").as_uri() in proc.stdout
+    assert "pkg://jaxaot.conf" in proc.stdout
 
 
 def test_cfg_job_prints_the_composed_config_without_running(tmp_path: Path) -> None:
@@ -241,11 +240,10 @@ def test_config_dir_adds_a_users_programs(tmp_path: Path) -> None:
 
 
 def test_hydra_searchpath_adds_a_users_programs(tmp_path: Path) -> None:
-    # In-process (pipeline.compose takes the same overrides as the command line).
-    import pipeline
+    # In-process (jaxaot.compose takes the same overrides as the command line).
 
-    cfg = pipeline.compose([f"hydra.searchpath=[file://{_user_conf(tmp_path)}]", "program=mine"])
-    typed = pipeline.validate(cfg)
+    cfg = jaxaot.compose([f"hydra.searchpath=[file://{_user_conf(tmp_path)}]", "program=mine"])
+    typed = jaxaot.validate(cfg)
     assert (typed.program.name, typed.program.target) == ("mine", "jax.numpy:multiply")
     assert typed.program.args == ["f32[3]", 2.0]
 

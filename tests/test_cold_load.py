@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import PAIRS_MODULE, cli_env, read_manifest, run_cli, write_pairs_module
-
-from pipeline.fsutil import sha256_bytes
+from jaxaot.util.fsio import sha256_bytes
 
 # jax.numpy.linalg functions with LAPACK custom calls on CPU, and arguments they accept.
 OPS = {
@@ -148,7 +147,7 @@ def test_unvouched_custom_call_is_compiled_from_the_export_not_called(tmp_path: 
 def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     from types import SimpleNamespace
 
-    from stages import custom_calls
+    from jaxaot.stages import custom_calls
 
     hlo = (
         b'%a = custom-call(), custom_call_target="lapack_sgetrf_ffi"\n'

@@ -1,4 +1,4 @@
-"""pipeline.compose_cache: sweep jobs get exactly the config Hydra composes, from one composition."""
+"""jaxaot.sweeps.compose_cache: sweep jobs get exactly the config Hydra composes, from one composition."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
+from jaxaot.api import conf_dir
+from jaxaot.config.schema import register_configs
+from jaxaot.sweeps import compose_cache
+from jaxaot.sweeps.compose_cache import SweepConfigLoader
 from omegaconf import DictConfig, OmegaConf
-
-from pipeline import compose_cache
-from pipeline.api import conf_dir
-from pipeline.compose_cache import SweepConfigLoader
-from pipeline.config import register_configs
 
 
 @pytest.fixture

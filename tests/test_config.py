@@ -1,4 +1,4 @@
-"""The config schema (``pipeline.config``): composing, validating, and failing before JAX."""
+"""The config schema (``jaxaot.config.schema``): composing, validating, and failing before JAX."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import sys
 import textwrap
 from typing import Any
 
+import jaxaot
 import pytest
 from conftest import cli_env, run_cli
-
-import pipeline
-from pipeline.config import JaxaotConfig, to_container, validate
-from pipeline.errors import ConfigError
+from jaxaot.config.schema import JaxaotConfig, to_container, validate
+from jaxaot.errors import ConfigError
 
 _PROGRAM = {"name": "p", "target": "pkg.mod:fn"}
 
@@ -27,7 +26,7 @@ def _cfg(**overrides: Any) -> dict[str, Any]:
 
 
 def test_default_config_is_the_transformer_through_all_stages() -> None:
-    typed = validate(pipeline.compose())
+    typed = validate(jaxaot.compose())
     assert isinstance(typed, JaxaotConfig)
     assert typed.program.name == "transformer"
     assert (typed.start_at, typed.stop_after) == ("stage_out", "execute")
@@ -45,11 +44,11 @@ def test_default_config_is_the_transformer_through_all_stages() -> None:
     ],
 )
 def test_a_retargeted_program_is_named_after_its_function(overrides: list[str], name: str) -> None:
-    assert pipeline.compose(overrides).program.name == name
+    assert jaxaot.compose(overrides).program.name == name
 
 
 def test_typed_config_is_frozen_and_json_ready() -> None:
-    typed = validate(pipeline.compose(["program=axpy"]))
+    typed = validate(jaxaot.compose(["program=axpy"]))
     with pytest.raises(dataclasses.FrozenInstanceError):
         typed.stop_after = "lower"  # type: ignore[misc]
     plain = to_container(typed)
@@ -58,10 +57,10 @@ def test_typed_config_is_frozen_and_json_ready() -> None:
 
 
 def test_stage_out_static_args_default_to_the_programs() -> None:
-    typed = validate(pipeline.compose(["program=attention"]))
+    typed = validate(jaxaot.compose(["program=attention"]))
     assert typed.stage_out.static_argnames == ["is_causal"]
     assert typed.stage_out.static_argnums == []
-    override = validate(pipeline.compose(["program=axpy", "stage_out.static_argnums=[0]"]))
+    override = validate(jaxaot.compose(["program=axpy", "stage_out.static_argnums=[0]"]))
     assert override.stage_out.static_argnums == [0]
 
 
@@ -79,7 +78,7 @@ def test_stage_out_static_args_default_to_the_programs() -> None:
 )  # fmt: skip
 def test_free_form_dict_and_list_overrides(override: str, key: str, value: Any) -> None:
     # The issue's own example sets compile.compiler_options={...} on the command line.
-    typed = validate(pipeline.compose(["program=axpy", override]))
+    typed = validate(jaxaot.compose(["program=axpy", override]))
     section, _, name = key.partition(".")
     assert getattr(getattr(typed, section), name) == value
 
@@ -117,12 +116,12 @@ def test_a_key_added_with_plus_is_unknown_naming_it(override: str, message: str)
     # Hydra lets `+key=value` add a key to the typed config; it used to surface as
     # "internal error: FrozenInstanceError" when the frozen dataclass was built.
     with pytest.raises(ConfigError) as info:
-        validate(pipeline.compose(["program=axpy", override]))
+        validate(jaxaot.compose(["program=axpy", override]))
     assert str(info.value) == message
 
 
 def test_a_key_added_to_a_free_form_dict_is_kept() -> None:
-    typed = validate(pipeline.compose(["program=axpy", "+compile.compiler_options.xla_x=1"]))
+    typed = validate(jaxaot.compose(["program=axpy", "+compile.compiler_options.xla_x=1"]))
     assert typed.compile.compiler_options == {"xla_x": 1}
 
 
@@ -154,17 +153,15 @@ def test_check_errors(cfg: dict[str, Any], match: str) -> None:
 
 def test_composed_bad_values_are_rejected_by_run_before_any_stage(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match=r"^execute\.repeats: expected >= 1, found 0"):
-        pipeline.run(
-            pipeline.compose(["program=axpy", "execute.repeats=0"]), run_dir=tmp_path / "r"
-        )
+        jaxaot.run(jaxaot.compose(["program=axpy", "execute.repeats=0"]), run_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 
 _NO_JAX = textwrap.dedent(
     """
     import sys
-    import pipeline
-    from pipeline.errors import ArgSpecError, ConfigError
+    import jaxaot
+    from jaxaot.errors import ArgSpecError, ConfigError
 
     bad = [
         (["program=axpy", "stop_after=link"], ConfigError, "stop_after"),
@@ -175,13 +172,13 @@ _NO_JAX = textwrap.dedent(
     ]
     for overrides, error, words in bad:
         try:
-            pipeline.run(pipeline.compose(overrides), run_dir="never")
+            jaxaot.run(jaxaot.compose(overrides), run_dir="never")
         except error as exc:
             assert words in str(exc), (words, str(exc))
         else:
             raise AssertionError(f"{overrides} was accepted")
     try:
-        pipeline.validate({"program": {"name": "p", "target": "m:f"}, "execute": {"bogus": 1}})
+        jaxaot.validate({"program": {"name": "p", "target": "m:f"}, "execute": {"bogus": 1}})
     except ConfigError as exc:
         assert "execute.bogus" in str(exc), str(exc)
     loaded = sorted(m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jaxlib")))

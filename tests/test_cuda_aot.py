@@ -12,14 +12,13 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
 from conftest import read_json, run_numbered
-
-import pipeline
-from pipeline import cuda_targets
-from pipeline.accelerators import GENERATIONS, resolve, topology_devices
-from pipeline.config import validate
-from pipeline.errors import BackendError, ConfigError, StageError
+from jaxaot.config.schema import validate
+from jaxaot.errors import BackendError, ConfigError, StageError
+from jaxaot.targets import cuda as cuda_targets
+from jaxaot.targets.tpu import GENERATIONS, resolve, topology_devices
 
 HERE = "test_cuda_aot"  # this module, importable as a program target (tests/ is on sys.path)
 GPUS = sorted(g for g in GENERATIONS if GENERATIONS[g].platform == "cuda")
@@ -89,16 +88,14 @@ def test_each_target_config_gives_its_gpu(gen: str) -> None:
 
 
 def test_topology_sets_cuda_backend_and_platforms() -> None:
-    cfg = validate(pipeline.compose(["program=mlp", "compile.topology=h100x8", "mesh=data8"]))
+    cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=h100x8", "mesh=data8"]))
     assert cfg.compile.backend == "cuda" and cfg.lower.platforms == ["cuda"]
     assert cfg.stop_after == "compile"
     with pytest.raises(ConfigError, match=r"^lower.platforms=\['tpu'\] contradicts "
                                           r"compile.topology='h100'; expected cuda among them"):  # fmt: skip
-        validate(
-            pipeline.compose(["program=mlp", "compile.topology=h100", "lower.platforms=[tpu]"])
-        )
+        validate(jaxaot.compose(["program=mlp", "compile.topology=h100", "lower.platforms=[tpu]"]))
     with pytest.raises(ConfigError, match=r"has 4 devices but compile.topology=h100x8 has 8"):
-        validate(pipeline.compose(["program=mlp", "compile.topology=h100x8", "mesh.shape=[4]",
+        validate(jaxaot.compose(["program=mlp", "compile.topology=h100x8", "mesh.shape=[4]",
                                    "mesh.axes=[data]"]))  # fmt: skip
 
 
@@ -202,11 +199,11 @@ def test_cudnn_kernel_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_resume_at_execute_needs_the_gpus(tmp_path: Path) -> None:
     r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
-    cfg = pipeline.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
+    cfg = jaxaot.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
     with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled "
                                            r"deviceless for NVIDIA GPU target h100:1x1x1 \(1 x "
                                            r"NVIDIA H100 80GB HBM3, .*this host has no NVIDIA GPU"):  # fmt: skip
-        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+        jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
 def test_resume_on_a_gpu_host_loads_the_stored_executable(
@@ -239,9 +236,9 @@ def test_resume_on_a_gpu_host_loads_the_stored_executable(
 
     monkeypatch.setattr(jax, "devices", devices)
     monkeypatch.setattr(serialize_executable, "deserialize_and_load", deserialize_and_load)
-    cfg = pipeline.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
+    cfg = jaxaot.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
     with pytest.raises(Exception):  # noqa: B017 - whatever comes after the load: no GPU here
-        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+        jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
     assert loads and loads[0][0] == stored
     assert loads[0][1] == "cuda" and loads[0][2] == [gpu]
 
@@ -254,11 +251,11 @@ def test_resume_refuses_other_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     real_devices = jax.devices
     monkeypatch.setattr(jax, "devices", lambda backend=None: [a100] if backend == "cuda"
                         else real_devices(backend))  # fmt: skip
-    cfg = pipeline.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
+    cfg = jaxaot.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
     with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled for "
                                            r"h100:1x1x1 .* but this host has 1 x NVIDIA "
                                            r"A100-SXM4-80GB; expected 1 x NVIDIA H100 80GB HBM3"):  # fmt: skip
-        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+        jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
 def test_the_plugin_is_quiet_on_a_host_without_a_gpu(cli: Any) -> None:

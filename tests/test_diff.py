@@ -1,4 +1,4 @@
-"""``jaxaot-diff`` (pipeline/diff.py): two runs or snapshots, stage by stage, in a subprocess."""
+"""``jaxaot-diff`` (pipeline/snapshots/diff.py): two runs or snapshots, stage by stage, in a subprocess."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jaxaot
 import pytest
 from conftest import cli_env
 
@@ -15,7 +16,7 @@ AXPY = ("program=axpy", "execute.warmup=0", "execute.repeats=2")
 
 
 def _diff(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline.diff", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "jaxaot.cli.diff", *map(str, args)], cwd=cwd,
                           env=cli_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
@@ -23,13 +24,12 @@ def _diff(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three runs, shared by this module's tests (which only read them): f32[8], the same
     config again, and f32[16], the last also written as a snapshot."""
-    import pipeline
 
     root = tmp_path_factory.mktemp("diff")
 
     def run(name: str, *overrides: str) -> Path:
-        cfg = pipeline.compose([*AXPY, f"store.dir={root / 'store'}", *overrides])
-        return pipeline.run(cfg, run_dir=root / name).run_dir
+        cfg = jaxaot.compose([*AXPY, f"store.dir={root / 'store'}", *overrides])
+        return jaxaot.run(cfg, run_dir=root / name).run_dir
 
     return {
         "a": run("a", "program.args=[f32[8],f32[8]]"),

@@ -18,11 +18,10 @@ import pytest
 import yaml
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
+from jaxaot.examples import collectives, transformer
+from jaxaot.examples.axpy import axpy
+from jaxaot.examples.mlp import mlp, mlp_loss
 from omegaconf import OmegaConf
-
-from jaxaot_examples import collectives, transformer
-from jaxaot_examples.axpy import axpy
-from jaxaot_examples.mlp import mlp, mlp_loss
 
 PROGRAM_DIR = Path(__file__).resolve().parents[1] / "conf" / "program"
 PROGRAM_FILES = sorted(PROGRAM_DIR.glob("*.yaml"))

@@ -15,12 +15,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import jaxaot
 import pytest
 from conftest import REPO, cli_env, read_manifest, run_cli
-
-import pipeline
-from pipeline.errors import StageError
-from pipeline.exits import ProgramExit, Terminated, exit_code, guard_os_exit, signals_raise
+from jaxaot.errors import StageError
+from jaxaot.util.exits import ProgramExit, Terminated, exit_code, guard_os_exit, signals_raise
 
 TARGETS = textwrap.dedent(
     """
@@ -86,7 +85,7 @@ def test_a_signal_ends_the_run_as_interrupted(tmp_path: Path, user_env: dict[str
     run_dir, marker = tmp_path / "run", tmp_path / "tracing"
     user_env = {**user_env, "JAXAOT_TEST_MARKER": str(marker)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "program.target=exit_targets:sleeps",
+        [sys.executable, "-m", "jaxaot.cli.main", "program.target=exit_targets:sleeps",
          "program.args=[f32[4]]", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -117,7 +116,7 @@ def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "program.target=exit_targets:compiles_slowly",
+        [sys.executable, "-m", "jaxaot.cli.main", "program.target=exit_targets:compiles_slowly",
          "program.args=[f32[64]]", "stop_after=compile", "store.enabled=false",
          f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -159,7 +158,7 @@ def test_a_sweep_jobs_exit_is_that_jobs_failure_row(tmp_path: Path,
     assert "sweep: 2 jobs, 1 ok, 1 failed" in proc.stdout
 
 
-# --- in-process: the guards, and pipeline.run from Python ------------------------------------
+# --- in-process: the guards, and jaxaot.run from Python ------------------------------------
 
 
 def test_os_exit_is_guarded_only_inside_the_block() -> None:
@@ -194,10 +193,10 @@ def test_python_run_turns_sys_exit_into_a_stage_error(tmp_path: Path,
                                                       user_env: dict[str, str]) -> None:  # fmt: skip
     sys.path.insert(0, str(tmp_path))
     try:
-        cfg = pipeline.compose(["program.target=exit_targets:calls_sys_exit",
+        cfg = jaxaot.compose(["program.target=exit_targets:calls_sys_exit",
                                 "program.args=[f32[4]]"])  # fmt: skip
         with pytest.raises(StageError, match=r"called sys\.exit\(0\)"):
-            pipeline.run(cfg, run_dir=tmp_path / "r")
+            jaxaot.run(cfg, run_dir=tmp_path / "r")
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("exit_targets", None)
@@ -209,14 +208,14 @@ def test_a_job_systems_preemption_is_interrupted_not_the_programs_exit(
 ) -> None:
     """The SLURM launcher says a preemption is coming; submitit's SystemExit then ends the run
     as interrupted (and still exits), not as a stage failure of the program's."""
-    from pipeline import exits
+    from jaxaot.util import exits
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # aot_programs
     monkeypatch.setattr(exits, "_preempted", None)
     run_dir = tmp_path / "pre"
     with pytest.raises(SystemExit) as info:
-        pipeline.run(
-            pipeline.compose(["program.target=aot_programs:preempted", "program.args=[f32[2]]"]),
+        jaxaot.run(
+            jaxaot.compose(["program.target=aot_programs:preempted", "program.args=[f32[2]]"]),
             run_dir=run_dir,
         )
     assert info.value.code == -1 and not isinstance(info.value, ProgramExit)

@@ -1,4 +1,4 @@
-"""The optimized-HLO graph (pipeline/hlo_graph.py): parsing, DOT, limits, Graphviz rendering."""
+"""The optimized-HLO graph (pipeline/snapshots/hlo_graph.py): parsing, DOT, limits, Graphviz rendering."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import cli_env
-
-from pipeline import hlo_graph
-from pipeline.hlo_graph import render, to_dot, write_graph
-from pipeline.hlo_parse import parse_hlo, parse_instruction
+from jaxaot.snapshots import hlo_graph
+from jaxaot.snapshots.hlo_graph import render, to_dot, write_graph
+from jaxaot.util.hlo_parse import parse_hlo, parse_instruction
 
 # A scan-like program as XLA prints it after optimization: fusions, a while loop whose state
 # is a tuple, get-tuple-element, constants, and metadata with debug tables.
@@ -146,7 +145,7 @@ def test_graph_of_a_run(compose_run, tmp_path: Path) -> None:
         assert not svg.exists() and "wrote DOT only" in graph["render_note"]
     # jaxaot-graph draws any run, here the lowered (unoptimized) HLO into a file of its own
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.hlo_graph", str(result.run_dir / "lower" / "module.hlo.txt"),
+        [sys.executable, "-m", "jaxaot.cli.graph", str(result.run_dir / "lower" / "module.hlo.txt"),
          "-o", str(tmp_path / "lowered.dot"), "--max-nodes", "20"],
         env=cli_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""``execute.inputs`` (``stages.inputs``): .npy and .npz files, never converted silently."""
+"""``execute.inputs`` (``jaxaot.stages.inputs``): .npy and .npz files, never converted silently."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from pipeline.argspec import bind
-from pipeline.errors import ConfigError
-from stages.inputs import expected_keys
+from jaxaot.config.argspec import bind
+from jaxaot.errors import ConfigError
+from jaxaot.stages.inputs import expected_keys
 
 AXPY = "program=axpy"
 TREE = (

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline.errors import ConfigError
-from pipeline.keylock import KeyLock, remove_idle_locks
+from jaxaot.errors import ConfigError
+from jaxaot.store.locks import KeyLock, remove_idle_locks
 
 KEY = "ab" * 32
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxaot
 import numpy as np
 import pytest
-
-from pipeline.canonical import canonical_stablehlo
-from pipeline.errors import ConfigError
-from stages import module_text
+from jaxaot.errors import ConfigError
+from jaxaot.stages import module_text
+from jaxaot.util.canonical import canonical_stablehlo
 
 # 64x64 = 4096 elements: over the default limit (1024). B differs from A in one value.
 _A = (np.arange(4096, dtype=np.float32).reshape(64, 64) / 4096).astype(np.float32)
@@ -87,10 +87,9 @@ def test_texts_elide_large_constants_and_keep_them_on_request(compose_run, caplo
 
 
 def test_bad_elide_option_is_one_line_naming_the_key() -> None:
-    import pipeline
 
     with pytest.raises(ConfigError, match=r"lower\.elide_constants_over: expected .* found -1"):
-        pipeline.validate(pipeline.compose(["lower.elide_constants_over=-1"]))  # before any stage
+        jaxaot.validate(jaxaot.compose(["lower.elide_constants_over=-1"]))  # before any stage
 
 
 def test_warning_names_large_captured_constants() -> None:

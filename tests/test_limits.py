@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from conftest import cli_env, read_manifest, run_cli
-
-from pipeline.argspec import memory_bytes
+from jaxaot.config.argspec import memory_bytes
 
 
 def _jaxaot(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
@@ -39,7 +38,7 @@ def test_a_million_devices_are_refused_before_jax(tmp_path: Path) -> None:
 
 
 def test_xla_cpus_real_limit_2048_devices_compiles(tmp_path: Path) -> None:
-    # The largest count XLA:CPU runs in one process; pipeline.parallel.XLA_CPU_MAX_DEVICES.
+    # The largest count XLA:CPU runs in one process; jaxaot.config.mesh.XLA_CPU_MAX_DEVICES.
     proc = _jaxaot(tmp_path, "program=collectives_psum", "stage_out.axis_env=[[i,2048]]",
                    "compile.max_devices=2048", "stop_after=compile")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -106,7 +105,7 @@ def test_xla_cpu_itself_stops_at_2048_devices(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from pipeline.parallel import XLA_CPU_MAX_DEVICES
+    from jaxaot.config.mesh import XLA_CPU_MAX_DEVICES
 
     env = cli_env(JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _XLA_PROBE, str(XLA_CPU_MAX_DEVICES + 1)],

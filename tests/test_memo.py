@@ -1,4 +1,4 @@
-"""pipeline.memo: a sweep's later jobs reuse what JAX already did in this process, never stale."""
+"""jaxaot.util.memo: a sweep's later jobs reuse what JAX already did in this process, never stale."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from pipeline import memo
+from jaxaot.util import memo
 
 
 class _Key:

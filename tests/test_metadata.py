@@ -7,15 +7,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
 from jax.experimental import xla_metadata
+from jaxaot.errors import ConfigError, TargetError
+from jaxaot.examples import transformer
 
-import pipeline
-from jaxaot_examples import transformer
-from pipeline.errors import ConfigError, TargetError
-
-ATTENTION = "jaxaot_examples.transformer:_attention"
-NORM = "jaxaot_examples.transformer:_rms_norm"
+ATTENTION = "jaxaot.examples.transformer:_attention"
+NORM = "jaxaot.examples.transformer:_rms_norm"
 
 
 def _read(run_dir: Path, name: str) -> str:
@@ -92,10 +91,10 @@ def test_fuse_apis_are_used_where_jax_has_them(
 
 def test_unknown_scoped_target_is_named(compose_run: Any) -> None:
     with pytest.raises(
-        TargetError, match=r"lower.scoped_metadata\[0\].target='jaxaot_examples.transformer:_nope'"
+        TargetError, match=r"lower.scoped_metadata\[0\].target='jaxaot.examples.transformer:_nope'"
     ):
         compose_run("program=transformer", "stop_after=lower",
-                    "lower.scoped_metadata=[{target: 'jaxaot_examples.transformer:_nope', must_fuse: '1'}]")  # fmt: skip
+                    "lower.scoped_metadata=[{target: 'jaxaot.examples.transformer:_nope', must_fuse: '1'}]")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -122,4 +121,4 @@ def test_unknown_scoped_target_is_named(compose_run: Any) -> None:
 )
 def test_metadata_config_errors(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        pipeline.validate(pipeline.compose(["program=mlp", override]))
+        jaxaot.validate(jaxaot.compose(["program=mlp", override]))

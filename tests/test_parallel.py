@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jaxaot
 import numpy as np
 import pytest
-
-import pipeline
-from pipeline.errors import ConfigError
-from pipeline.parallel import devices_to_start
-from stages.inputs import spec_inputs
+from jaxaot.config.mesh import devices_to_start
+from jaxaot.errors import ConfigError
+from jaxaot.stages.inputs import spec_inputs
 
 _HLO_GROUPS = re.compile(r"all-reduce\(.*?replica_groups=(\{\{[\d,{}]*\}\})")
 _SHLO_GROUPS = re.compile(r"replica_groups = dense<(.*?)>")
@@ -23,8 +22,8 @@ def _hlo(run_dir: Path) -> str:
     return (run_dir / "lower" / "module.hlo.txt").read_text()
 
 
-def _typed(*overrides: str) -> pipeline.JaxaotConfig:
-    return pipeline.validate(pipeline.compose(list(overrides)))
+def _typed(*overrides: str) -> jaxaot.JaxaotConfig:
+    return jaxaot.validate(jaxaot.compose(list(overrides)))
 
 
 # --- replica groups, exactly as jax.xla_computation's documentation gives them -------------
@@ -90,7 +89,7 @@ def test_512_replicas_lower_without_devices(compose_run: Any) -> None:
 def test_per_replica_execution_matches_vmap_reference(
     compose_run: Any, target: str, env: str, devices: int
 ) -> None:
-    result = compose_run("program=collectives", f"program.target=jaxaot_examples.collectives:{target}",
+    result = compose_run("program=collectives", f"program.target=jaxaot.examples.collectives:{target}",
                          f"stage_out.axis_env={env}", "execute.check=reference",
                          "execute.warmup=0", "execute.repeats=1")  # fmt: skip
     assert result.manifest["backend"]["device_count"] == devices  # points may differ in count

@@ -39,9 +39,9 @@ COMMAND = re.compile(
 )
 MARKER = re.compile(r"^<!-- readme-test: (skip|file) (.+?) -->$")
 # Console scripts as the tests run them: from this checkout, whatever is installed.
-SCRIPTS = {"jaxaot": "pipeline.cli", "jaxaot-store": "pipeline.store_cli",
-           "jaxaot-diff": "pipeline.diff", "jaxaot-graph": "pipeline.hlo_graph",
-           "jaxaot-report": "pipeline.report"}  # fmt: skip
+SCRIPTS = {"jaxaot": "jaxaot.cli.main", "jaxaot-store": "jaxaot.cli.store",
+           "jaxaot-diff": "jaxaot.cli.diff", "jaxaot-graph": "jaxaot.cli.graph",
+           "jaxaot-report": "jaxaot.sweeps.report"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def test_the_extractor_finds_commands_markers_and_skips_output() -> None:
         jaxaot program=axpy   # a comment
         ```
         ```
-        jaxaot · axpy (jaxaot_examples.axpy:axpy) · cpu x1 (cpu)
+        jaxaot · axpy (jaxaot.examples.axpy:axpy) · cpu x1 (cpu)
         ```
 
             jaxaot: error: program.target='os:system' imports ...

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from pipeline import report
-from pipeline.progress import (
+from jaxaot.cli.report import main as report_main
+from jaxaot.sweeps import report
+from jaxaot.sweeps.progress import (
     Heartbeat,
     ProgressRelay,
     SweepPlan,
@@ -115,7 +115,7 @@ def test_xla_unknown_sentinels_are_n_a_in_the_report_and_progress_lines(tmp_path
 def test_report_cli_exits_1_when_a_job_failed(
     sweep: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert report.main([str(sweep), "--no-plots"]) == 1
+    assert report_main([str(sweep), "--no-plots"]) == 1
     assert "3 jobs, 2 failed" in capsys.readouterr().out
     assert not (sweep / "plots").exists()
     csv_text = (sweep / "sweep.csv").read_text().splitlines()
@@ -131,7 +131,7 @@ def test_report_cli_exits_1_when_a_job_failed(
 def test_report_without_matplotlib_still_writes_tables(sweep: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    monkeypatch.delitem(sys.modules, "pipeline.plots", raising=False)
+    monkeypatch.delitem(sys.modules, "jaxaot.sweeps.plots", raising=False)
     table = report.write_report(sweep)
     assert table.plots == []
     assert "Plots skipped: matplotlib is not installed (pip install 'jaxaot[sweep]')." in (

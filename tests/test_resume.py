@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jaxaot
 import pytest
 from conftest import cli_env, read_manifest, run_cli
-
-import pipeline
-from pipeline.errors import BackendError, ConfigError, StoreError
+from jaxaot.errors import BackendError, ConfigError, StoreError
 
 USER_MODULE = (
     "import jax.numpy as jnp\n\ndef model(w, x):\n    return jnp.tanh(x @ w).sum(axis=0)\n"
@@ -106,8 +105,8 @@ def test_resume_needs_the_stages_it_skips(compose_run):
 
 def test_options_of_resumed_stages_come_from_the_checkpoint(compose_run):
     src = compose_run("program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower").run_dir
-    resumed = pipeline.run(
-        pipeline.compose([f"resume_from={src}", "start_at=compile", "execute.seed=5",
+    resumed = jaxaot.run(
+        jaxaot.compose([f"resume_from={src}", "start_at=compile", "execute.seed=5",
                           "compile.compiler_options={xla_cpu_enable_fast_math:true}"]),
         run_dir=src.parent / "resumed",
         overrides=["execute.seed=5", "compile.compiler_options={xla_cpu_enable_fast_math:true}"],
@@ -119,16 +118,16 @@ def test_options_of_resumed_stages_come_from_the_checkpoint(compose_run):
     with pytest.raises(
         ConfigError, match=r"program.args: overridden to .* comes? from the checkpoint"
     ):
-        pipeline.run(
-            pipeline.compose(
+        jaxaot.run(
+            jaxaot.compose(
                 [f"resume_from={src}", "start_at=compile", "program.args=[f32[8],f32[8]]"]
             ),
             run_dir=src.parent / "conflict",
             overrides=["program.args=[f32[8],f32[8]]"],
         )
     with pytest.raises(ConfigError, match=r"^program: overridden"):
-        pipeline.run(
-            pipeline.compose([f"resume_from={src}", "start_at=compile", "program=mlp"]),
+        jaxaot.run(
+            jaxaot.compose([f"resume_from={src}", "start_at=compile", "program=mlp"]),
             run_dir=src.parent / "conflict2",
             overrides=["program=mlp"],
         )
@@ -196,7 +195,7 @@ def test_a_tpu_lowering_is_the_input_for_compile_on_a_tpu_host(compose_run):
     chosen = [f"resume_from={src}", "start_at=compile", "compile.backend=cpu"]
     with pytest.raises(BackendError, match=r"needs a lowering for 'cpu', but lower.platforms was "
                        r"\['tpu'\]; compile for one of those \(compile.backend=tpu\)"):  # fmt: skip
-        pipeline.run(pipeline.compose(chosen), run_dir=src.parent / "chosen", overrides=chosen)
+        jaxaot.run(jaxaot.compose(chosen), run_dir=src.parent / "chosen", overrides=chosen)
 
 
 def test_a_resumed_execute_draws_the_inputs_of_the_original_run(compose_run, monkeypatch):

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
 from conftest import cli_env, read_manifest, run_cli
-
-import pipeline
-from pipeline.errors import ConfigError
-from pipeline.rundir import claim, unique_dir
+from jaxaot.errors import ConfigError
+from jaxaot.rundir.dirs import claim, unique_dir
 
 LOWER = ["program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower"]
 
@@ -27,7 +26,7 @@ def _env() -> dict[str, str]:
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
@@ -156,21 +155,21 @@ def test_a_named_sweep_dir_that_holds_a_sweep_is_refused(tmp_path: Path) -> None
 
 
 def test_python_run_refuses_a_run_dir_that_holds_a_run(tmp_path: Path) -> None:
-    cfg = pipeline.compose(LOWER)
-    first = pipeline.run(cfg, run_dir=tmp_path / "r")
+    cfg = jaxaot.compose(LOWER)
+    first = jaxaot.run(cfg, run_dir=tmp_path / "r")
     assert first.ok
     before = (tmp_path / "r" / "manifest.json").read_bytes()
     with pytest.raises(ConfigError, match=r"^run_dir='.*/r' holds an earlier run .* pass a new "
                        r"run_dir \(or none, for a fresh outputs/<date>/<time>/\)$"):  # fmt: skip
-        pipeline.run(cfg, run_dir=tmp_path / "r")
+        jaxaot.run(cfg, run_dir=tmp_path / "r")
     assert (tmp_path / "r" / "manifest.json").read_bytes() == before
 
 
 def test_resuming_into_the_checkpoint_dir_is_refused(tmp_path: Path) -> None:
-    first = pipeline.run(pipeline.compose(LOWER), run_dir=tmp_path / "r")
-    resume = pipeline.compose([*LOWER[:2], f"resume_from={first.run_dir}", "start_at=lower"])
+    first = jaxaot.run(jaxaot.compose(LOWER), run_dir=tmp_path / "r")
+    resume = jaxaot.compose([*LOWER[:2], f"resume_from={first.run_dir}", "start_at=lower"])
     with pytest.raises(ConfigError, match=r"holds an earlier run"):
-        pipeline.run(resume, run_dir=tmp_path / "r")
+        jaxaot.run(resume, run_dir=tmp_path / "r")
     assert read_manifest(tmp_path / "r")["status"] == "ok"
 
 

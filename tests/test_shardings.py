@@ -8,22 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jaxaot
 import pytest
 import yaml
-
-import pipeline
-from pipeline.errors import BackendError, ConfigError
-from pipeline.sharding import Leaf, Spec, match_specs
-from pipeline.summary import render
-from stages.compile import execution_devices
+from jaxaot.config.sharding import Leaf, Spec, match_specs
+from jaxaot.engine.summary import render
+from jaxaot.errors import BackendError, ConfigError
+from jaxaot.stages.compile import execution_devices
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MESH = {"data": 4, "model": 2}
 _KEY_LINE = re.compile(r"^\s*(?:-\s+)*[A-Za-z_][\w-]*:(?:\s|$)")
 
 
-def _typed(*overrides: str) -> pipeline.JaxaotConfig:
-    return pipeline.validate(pipeline.compose(list(overrides)))
+def _typed(*overrides: str) -> jaxaot.JaxaotConfig:
+    return jaxaot.validate(jaxaot.compose(list(overrides)))
 
 
 def _leaf(*shape: int) -> Leaf:
@@ -152,7 +151,7 @@ def test_mesh_and_sharding_config_errors(overrides: list[str], message: str) -> 
 
 def test_mesh_shape_alone_gets_default_axis_names() -> None:
     typed = _typed("program=mlp", "mesh.shape=[16,16]", "mesh.abstract=true", "stop_after=lower")
-    from pipeline.parallel import mesh_spec
+    from jaxaot.config.mesh import mesh_spec
 
     mesh = mesh_spec(typed)
     assert mesh is not None and mesh.axes == ("data", "model") and mesh.size == 256
@@ -282,7 +281,7 @@ def test_compile_refuses_a_backend_this_machine_lacks(compose_run: Any) -> None:
 
 def test_compile_refuses_a_mesh_larger_than_the_devices(compose_run: Any) -> None:
     result = compose_run("program=mlp", "mesh=data4_model2", "stop_after=lower")
-    from pipeline import jaxenv
+    from jaxaot.stages import jaxenv
 
     jaxenv.configure(backend="cpu", num_devices=2, x64=False)
     with pytest.raises(

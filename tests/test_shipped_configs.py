@@ -3,13 +3,12 @@ as shipped: the collective programs carry their own ``axis_env`` (issue 14)."""
 
 from __future__ import annotations
 
+import jaxaot
 import numpy as np
 import pytest
-
-import pipeline
-from pipeline.api import conf_dir
-from pipeline.argspec import bind
-from pipeline.config import STAGES
+from jaxaot.api import conf_dir
+from jaxaot.config.argspec import bind
+from jaxaot.config.schema import STAGES
 
 PROGRAMS = sorted(p.stem for p in (conf_dir() / "program").glob("*.yaml"))
 RUNNABLE = PROGRAMS
@@ -20,18 +19,18 @@ def test_the_issues_examples_are_shipped() -> None:
 
 
 def test_a_collectives_program_brings_its_axis_env_and_an_override_wins() -> None:
-    shipped = pipeline.validate(pipeline.compose(["program=collectives"]))
+    shipped = jaxaot.validate(jaxaot.compose(["program=collectives"]))
     assert shipped.stage_out.axis_env == [["i", 4], ["j", 2]]
-    given = pipeline.validate(
-        pipeline.compose(["program=collectives", "stage_out.axis_env=[[i,2],[j,2]]"])
+    given = jaxaot.validate(
+        jaxaot.compose(["program=collectives", "stage_out.axis_env=[[i,2],[j,2]]"])
     )
     assert given.stage_out.axis_env == [["i", 2], ["j", 2]]
-    assert pipeline.validate(pipeline.compose(["program=axpy"])).stage_out.axis_env is None
+    assert jaxaot.validate(jaxaot.compose(["program=axpy"])).stage_out.axis_env is None
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_every_program_config_composes_and_validates(name: str) -> None:
-    typed = pipeline.validate(pipeline.compose([f"program={name}"]))
+    typed = jaxaot.validate(jaxaot.compose([f"program={name}"]))
     assert typed.program.name == name
     bound = bind(typed.program.args, typed.program.kwargs,
                  static_argnums=typed.stage_out.static_argnums,

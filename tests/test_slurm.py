@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 from conftest import REPO, cli_env, read_manifest
-
-from pipeline.config import STAGES
-from pipeline.requeue import prepare, resume_point, stamp_manifest
-from pipeline.slurm import JobState, _expand, _parse, query_states, wait_all
+from jaxaot.config.schema import STAGES
+from jaxaot.sweeps.requeue import prepare, resume_point, stamp_manifest
+from jaxaot.sweeps.slurm import JobState, _expand, _parse, query_states, wait_all
 
 TESTS = Path(__file__).resolve().parent
 LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug",
@@ -55,7 +54,7 @@ def _start(cluster: Any, tmp: Path, *overrides: str) -> tuple[subprocess.Popen[s
     """``jaxaot -m <overrides>`` on the cluster, in the background; (process, sweep dir)."""
     sweep = tmp / "sweep"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "-m", *LAUNCHER, *overrides,
+        [sys.executable, "-m", "jaxaot.cli.main", "-m", *LAUNCHER, *overrides,
          f"hydra.sweep.dir={sweep}"],
         cwd=tmp, env=_env(cluster, tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -313,8 +312,10 @@ def test_wait_all_ends_jobs_when_slurm_says_they_ended(tmp_path: Path,
                 "5_2": "PENDING" if t < 2 else "RUNNING" if t < 4 else "COMPLETED"}  # fmt: skip
         return {j: JobState(j, seen[j], "squeue") for j in ids}
 
-    monkeypatch.setattr("pipeline.slurm.query_states", query)
-    monkeypatch.setattr("pipeline.slurm.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr("jaxaot.sweeps.slurm.query_states", query)
+    monkeypatch.setattr(
+        "jaxaot.sweeps.slurm.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s)
+    )
     done: list[tuple[str, str | None, float]] = []
     states = wait_all(jobs, poll_s=1.0, query_s=1.0, now=lambda: clock[0],
                       on_done=lambda j, s: done.append((j.job_id, s and s.state, clock[0])))  # fmt: skip
@@ -335,7 +336,7 @@ def test_unavailable_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_report_has_slurm_columns_only_for_slurm_jobs(tmp_path: Path) -> None:
-    from pipeline.report import SLURM_COLUMNS, collect, to_csv, to_markdown
+    from jaxaot.sweeps.report import SLURM_COLUMNS, collect, to_csv, to_markdown
 
     def job(n: int, status: str, slurm: dict[str, str] | None, requeued: int = 0) -> None:
         d = tmp_path / str(n)
@@ -371,7 +372,7 @@ def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) ->
         calls.append(args)
         return answers[(args[0], args[-1])]
 
-    monkeypatch.setattr("pipeline.slurm._run", run)
+    monkeypatch.setattr("jaxaot.sweeps.slurm._run", run)
     states = query_states(["7_0", "7_1", "9_0", "9_1"])
     assert {j: (s.state, s.source) for j, s in states.items()} == {
         "7_0": ("RUNNING", "squeue"), "7_1": ("PENDING", "squeue"),
@@ -383,9 +384,8 @@ def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_topology_job_plans_no_execute() -> None:
     """A requeued topology job resumes at most at compile: there is nothing to execute on."""
+    from jaxaot.sweeps.progress import planned_stages
     from omegaconf import OmegaConf
-
-    from pipeline.progress import planned_stages
 
     plain = OmegaConf.create({"stop_after": "execute", "compile": {"topology": None}})
     topo = OmegaConf.create({"stop_after": "execute", "compile": {"topology": "v5e:2x2"}})

@@ -1,4 +1,4 @@
-"""Golden snapshots (pipeline/snapshot.py): write, verify, update, determinism, sweeps, pytest."""
+"""Golden snapshots (pipeline/snapshots/snapshot.py): write, verify, update, determinism, sweeps, pytest."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jaxaot.examples
 import pytest
 from conftest import cli_env, read_manifest
-
-import pipeline
-from pipeline.errors import ConfigError, SnapshotError, SnapshotMismatch
-from pipeline.snapshot import DIFF_NAME, INDEX_NAME, load_snapshot, verify_snapshot
+from jaxaot.errors import ConfigError, SnapshotError, SnapshotMismatch
+from jaxaot.snapshots.snapshot import DIFF_NAME, INDEX_NAME, load_snapshot, verify_snapshot
 
 AXPY8 = ("program=axpy", "program.args=[f32[8],f32[8]]", "stop_after=compile")
 AXPY16 = ("program=axpy", "program.args=[f32[16],f32[16]]", "stop_after=compile")
@@ -141,7 +140,7 @@ def test_golden_problems_are_clear_errors(compose_run, tmp_path: Path) -> None:
 )
 def test_config_errors(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        pipeline.validate(pipeline.compose(["program=axpy", *overrides]))
+        jaxaot.validate(jaxaot.compose(["program=axpy", *overrides]))
 
 
 def test_no_snapshot_options_write_nothing(compose_run) -> None:
@@ -154,7 +153,7 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
     """The shipped mlp config in two processes at once, from different working directories
     and hash seeds, with the program's source file at different paths and line numbers: the
     snapshot folders must hold the same bytes."""
-    source = (Path(pipeline.__file__).parents[1] / "jaxaot_examples" / "mlp.py").read_text()
+    source = (Path(jaxaot.examples.__file__).parent / "mlp.py").read_text()
     jobs = []
     for i in (1, 2):
         cwd, src = tmp_path / f"cwd{i}", tmp_path / f"src{i}" / ("nested" * i)
@@ -164,7 +163,7 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
         # a store each: both processes must compile (a shared one would serve the second)
         env = cli_env(PYTHONHASHSEED=str(i), JAXAOT_STORE_DIR=str(tmp_path / f"store{i}"))
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(src)])
-        cmd = [sys.executable, "-m", "pipeline.cli", "program=mlp", "program.target=snapmod:mlp",
+        cmd = [sys.executable, "-m", "jaxaot.cli.main", "program=mlp", "program.target=snapmod:mlp",
                "stop_after=compile", f"snapshot.write={tmp_path / 'golden' / str(i)}",
                f"hydra.run.dir={tmp_path / 'runs' / str(i)}"]  # fmt: skip
         jobs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -189,7 +188,7 @@ def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Pat
     for rel, data in _files(tmp_path / "golden/axpy").items():
         (mlp / rel).write_bytes(data)
     checked = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "-m", "program=axpy,mlp", "stop_after=lower",
+        [sys.executable, "-m", "jaxaot.cli.main", "-m", "program=axpy,mlp", "stop_after=lower",
          "snapshot.verify=golden/${program.name}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
         cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -261,7 +260,7 @@ def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -
 def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
     compose_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.hlo_graph import main as graph_main
+    from jaxaot.cli.graph import main as graph_main
 
     golden = tmp_path / "golden" / "axpy"
     compose_run(*AXPY8, f"snapshot.write={golden}")

@@ -21,9 +21,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import read_manifest
-
-from pipeline.config import STAGES
-from pipeline.errors import (
+from jaxaot.config.schema import STAGES
+from jaxaot.engine.summary import render
+from jaxaot.errors import (
     ArgSpecError,
     BackendError,
     CheckError,
@@ -32,10 +32,9 @@ from pipeline.errors import (
     StoreError,
     TargetError,
 )
-from pipeline.summary import render
-from stages import Compiled, Executed, Lowered, StagedOut
-from stages.execute import InputTypeError, _compare
-from stages.inputs import spec_inputs
+from jaxaot.stages import Compiled, Executed, Lowered, StagedOut
+from jaxaot.stages.execute import InputTypeError, _compare
+from jaxaot.stages.inputs import spec_inputs
 
 # The file names the issue fixes, per stage folder (stages may write more).
 ISSUE_FILES = {
@@ -185,7 +184,7 @@ def test_exported_bin_and_executable_bin_load_and_compute_the_same(compose_run) 
 
 
 class _FullDisk:
-    """``os`` for pipeline.fsutil alone: writing a file whose name contains ``victim`` fails
+    """``os`` for jaxaot.util.fsio alone: writing a file whose name contains ``victim`` fails
     with ENOSPC, as write() does on a full disk (naming no file)."""
 
     def __init__(self, module: Any, victim: str, paths: dict[int, str]) -> None:
@@ -221,7 +220,7 @@ class _FullDisk:
 def test_a_full_disk_names_the_file_it_could_not_write(
     compose_run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, victim: str
 ) -> None:
-    from pipeline import fsutil
+    from jaxaot.util import fsio as fsutil
 
     paths: dict[int, str] = {}
     monkeypatch.setattr(fsutil, "os", _FullDisk(os, victim, paths))
@@ -243,7 +242,7 @@ def test_a_full_disk_names_the_file_it_could_not_write(
 def test_every_atomic_write_names_its_file_on_enospc(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from pipeline import fsutil
+    from jaxaot.util import fsio as fsutil
 
     paths: dict[int, str] = {}
     monkeypatch.setattr(fsutil, "os", _FullDisk(os, "manifest.json", paths))
@@ -510,7 +509,7 @@ def test_a_manifest_that_cannot_be_written_at_the_end_keeps_the_runs_own_error(
     compose_run, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A full disk at the last manifest write must not hide why the run failed."""
-    from pipeline.manifest import Manifest
+    from jaxaot.rundir.manifest import Manifest
 
     real, calls = Manifest.write, []
 
@@ -531,7 +530,7 @@ def test_a_manifest_that_cannot_be_written_fails_a_run_that_went_well(
     compose_run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only a run's own error may take precedence: an ok run with no manifest is an error."""
-    from pipeline.manifest import Manifest
+    from jaxaot.rundir.manifest import Manifest
 
     real = Manifest.write
 
@@ -550,7 +549,7 @@ def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
     with pytest.raises(StageError) as info:
         compose_run("program=mlp", "program.args.0=f32[256,1024]")
     assert str(info.value).endswith(
-        "(while tracing jaxaot_examples.mlp:mlp(args[0]=f32[256,1024], args[1]=f32[64,256]))"
+        "(while tracing jaxaot.examples.mlp:mlp(args[0]=f32[256,1024], args[1]=f32[64,256]))"
     )
     with pytest.raises(StageError, match=r"forward\(args\[0\]=\{embed, layers, ln_f, unembed\}, "
                                          r"args\[1\]=f32\[4,64\]\)\)$"):  # fmt: skip
@@ -731,8 +730,7 @@ def test_a_cpu_run_does_not_keep_jax_to_the_cpu_for_a_later_run(
     """A CPU run restricts JAX to the CPU platform (quiet plugins); a later run in the same
     process (a sweep over backends, a notebook) that needs another backend gets it back."""
     import jax
-
-    from pipeline import jaxenv
+    from jaxaot.stages import jaxenv
 
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     compose_run(AXPY, "stop_after=stage_out")

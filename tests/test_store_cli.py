@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PAIRS_MODULE, write_pairs_module
-
-from pipeline.fsutil import key_of
-from pipeline.store import ENV_STORE_DIR, MANIFEST_NAME, Store
-from pipeline.store_cli import main
+from jaxaot.cli.store import main
+from jaxaot.store.store import ENV_STORE_DIR, MANIFEST_NAME, Store
+from jaxaot.util.fsio import key_of
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = [key_of({"cli": i}) for i in range(3)]
@@ -23,7 +22,7 @@ KEYS = [key_of({"cli": i}) for i in range(3)]
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.store_cli", *args],
+        [sys.executable, "-m", "jaxaot.cli.store", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -225,7 +224,7 @@ def test_verify_deep_survives_a_loader_that_crashes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A probe process killed by a signal marks the entry it was on, and the rest go on."""
-    from pipeline import store_probe
+    from jaxaot.store import probe as store_probe
 
     dirs = [tmp_path / f"e{i}" for i in range(3)]
     fake = tmp_path / "fake_python"
@@ -247,7 +246,7 @@ def test_verify_deep_blames_a_timeout_only_on_the_entry_that_hangs_alone(
 ) -> None:
     """A batch's timeout says nothing about the entry it was on: that one is probed alone
     before it is called unusable (--remove would delete it)."""
-    from pipeline import store_probe
+    from jaxaot.store import probe as store_probe
 
     dirs = [tmp_path / f"e{i}" for i in range(3)]
     fake = tmp_path / "fake_python"

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import jaxaot
 import numpy as np
 from conftest import cli_env, read_manifest, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pipeline
-from pipeline import jaxenv, memo
-from pipeline.store import Store
+from jaxaot.stages import jaxenv
+from jaxaot.store.store import Store
+from jaxaot.util import memo
 
 POSITIONAL = "program.args=[{shape:[4],dtype:f32,init:ones},{shape:[4],dtype:f32,init:arange}]"
 AS_DICT = "program.args=[{a:{shape:[4],dtype:f32,init:ones},b:{shape:[4],dtype:f32,init:arange}}]"
@@ -104,7 +104,7 @@ def _same_bits(a: Any, b: Any) -> bool:
     )
 
 
-def _compile(result: pipeline.RunResult) -> dict[str, Any]:
+def _compile(result: jaxaot.RunResult) -> dict[str, Any]:
     return dict(result.manifest["stages"]["compile"])
 
 
@@ -147,8 +147,7 @@ def test_one_shared_store_serves_only_the_same_program(compose_run: Any) -> None
 def test_kept_arguments_agree_between_lowering_export_and_loaded_executable() -> None:
     import jax
     from jax.experimental import serialize_executable
-
-    from stages.compile import kept_inputs
+    from jaxaot.stages.compile import kept_inputs
 
     spec = jax.ShapeDtypeStruct((4,), np.float32)
     for fn, kept in ((use_first, (0,)), (use_second, (1,))):

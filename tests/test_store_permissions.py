@@ -15,13 +15,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import jaxaot
 import pytest
-
-import pipeline
-from pipeline.errors import StoreError
-from pipeline.fsutil import ENV_TRUST, atomic_write_bytes, key_of
-from pipeline.keylock import KeyLock
-from pipeline.store import Store
+from jaxaot.errors import StoreError
+from jaxaot.store.locks import KeyLock
+from jaxaot.store.store import Store
+from jaxaot.util.fsio import ENV_TRUST, atomic_write_bytes, key_of
 
 KEY = key_of({"test": "permissions"})
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +59,8 @@ def _modes(root: Path) -> dict[str, int]:
 # modules are imported (the interpreter's own files may not be readable by that user).
 _SECOND_USER = """
 import os, sys
-from pipeline.errors import StoreError
-from pipeline.store import Store
+from jaxaot.errors import StoreError
+from jaxaot.store.store import Store
 uid, gid, groups, root, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 os.setgroups([int(g) for g in groups.split(",") if g])
 os.setgid(gid)
@@ -215,12 +214,12 @@ def test_resume_refuses_an_executable_others_can_write(tmp_path: Path, compose_r
     (first / "compile").chmod(0o777)
     resume = ["program=axpy", f"resume_from={first}", "start_at=execute", "store.enabled=false"]
     with pytest.raises(StoreError) as err:
-        pipeline.run(pipeline.compose(resume), run_dir=tmp_path / "r1", overrides=resume)
+        jaxaot.run(jaxaot.compose(resume), run_dir=tmp_path / "r1", overrides=resume)
     msg = str(err.value)
     assert "\n" not in msg and "refusing to unpickle executable.bin" in msg
     assert "compile is writable by every user" in msg and "store.trust=true" in msg
     trusted = [*resume, "store.trust=true"]
-    result = pipeline.run(pipeline.compose(trusted), run_dir=tmp_path / "r2", overrides=trusted)
+    result = jaxaot.run(jaxaot.compose(trusted), run_dir=tmp_path / "r2", overrides=trusted)
     assert result.manifest["stages"]["compile"]["status"] == "resumed"
 
 
@@ -230,10 +229,10 @@ def test_a_run_refuses_an_untrusted_store_before_any_stage(tmp_path: Path) -> No
     store.data_dir.chmod(0o777)
     overrides = ["program=axpy"]
     with pytest.raises(StoreError, match=r"store at .* is not safe .*v1 is writable by every user"):
-        pipeline.run(pipeline.compose(overrides), run_dir=tmp_path / "r", overrides=overrides)
+        jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "r", overrides=overrides)
     manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "not safe" in manifest["error"]
     assert manifest["stages"] == {}  # refused before any stage ran
     # a run that does not read the store is not refused
     lower_only = ["program=axpy", "stop_after=lower"]
-    pipeline.run(pipeline.compose(lower_only), run_dir=tmp_path / "l", overrides=lower_only)
+    jaxaot.run(jaxaot.compose(lower_only), run_dir=tmp_path / "l", overrides=lower_only)

@@ -1,18 +1,17 @@
-"""The one-screen summary (``pipeline.summary.render``) of a run's manifest."""
+"""The one-screen summary (``jaxaot.engine.summary.render``) of a run's manifest."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-
-from pipeline.summary import human_bytes, human_count, human_seconds, render
+from jaxaot.engine.summary import human_bytes, human_count, human_seconds, render
 
 
 def _manifest(**changes: Any) -> dict[str, Any]:
     manifest: dict[str, Any] = {
         "run_dir": "outputs/run1",
-        "config": {"program": {"name": "mlp", "target": "jaxaot_examples.mlp:mlp"}},
+        "config": {"program": {"name": "mlp", "target": "jaxaot.examples.mlp:mlp"}},
         "backend": {"platform": "cpu", "device_count": 1, "device_kind": "cpu"},
         "stages": {
             "stage_out": {"status": "ran", "seconds": 0.0421,
@@ -41,7 +40,7 @@ def _row(text: str, stage: str) -> str:
 def test_render_has_a_row_per_stage_with_times_flops_bytes_memory_and_median() -> None:
     text = render(_manifest())
     lines = text.splitlines()
-    assert lines[0] == "jaxaot · mlp (jaxaot_examples.mlp:mlp) · cpu x1 (cpu)"
+    assert lines[0] == "jaxaot · mlp (jaxaot.examples.mlp:mlp) · cpu x1 (cpu)"
     assert lines[1] == "run dir: outputs/run1"
     assert lines[2].split() == ["stage", "status", "time", "details"]
     assert _row(text, "stage_out").split()[:3] == ["stage_out", "ran", "42.10"]
@@ -86,7 +85,7 @@ def test_render_without_backend_or_cost() -> None:
         "lower": {"status": "ran", "seconds": 0.1, "metrics": {"platforms": ["tpu"]}}
     }
     text = render(manifest)
-    assert text.splitlines()[0] == "jaxaot · mlp (jaxaot_examples.mlp:mlp)"
+    assert text.splitlines()[0] == "jaxaot · mlp (jaxaot.examples.mlp:mlp)"
     assert _row(text, "lower").endswith("platforms tpu")
 
 
@@ -145,7 +144,7 @@ def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
 ) -> None:
     import json
 
-    from stages import compile as compile_stage
+    from jaxaot.stages import compile as compile_stage
 
     real = compile_stage.cost_of
     monkeypatch.setattr(
@@ -168,7 +167,7 @@ def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
 def test_the_summary_shows_small_outputs_with_values_and_large_ones_by_type(compose_run) -> None:
     import json
 
-    from pipeline.summary import output_lines
+    from jaxaot.engine.summary import output_lines
 
     result = compose_run("program=axpy", "program.args=[3,4]")
     text = render(result.manifest)
@@ -225,8 +224,7 @@ def test_an_error_near_zero_passes_by_the_absolute_tolerance() -> None:
     from types import SimpleNamespace
 
     import numpy as np
-
-    from stages.execute import _compare
+    from jaxaot.stages.execute import _compare
 
     ctx = SimpleNamespace(cfg=SimpleNamespace(execute=SimpleNamespace(rtol=None, atol=None)))
     want = np.array([1e-7, 1.0], np.float32)

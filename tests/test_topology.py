@@ -11,14 +11,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import pytest
-
-import pipeline
-from pipeline import accelerators
-from pipeline.accelerators import GENERATIONS, GiB, default_shape, resolve
-from pipeline.config import validate
-from pipeline.errors import BackendError, ConfigError, DoesNotFit
-from stages import topology
+from jaxaot.config.schema import validate
+from jaxaot.errors import BackendError, ConfigError, DoesNotFit
+from jaxaot.stages import topology
+from jaxaot.targets import tpu as accelerators
+from jaxaot.targets.tpu import GENERATIONS, GiB, default_shape, resolve
 
 HERE = "test_topology"  # this module, importable as a program target (tests/ is on sys.path)
 
@@ -45,11 +44,11 @@ def _on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
-def _run(tmp_path: Path, *overrides: str, name: str = "run") -> pipeline.RunResult:
+def _run(tmp_path: Path, *overrides: str, name: str = "run") -> jaxaot.RunResult:
     # (conftest.run_numbered; this module is also imported as a program target, without
     # pytest's conftest on the path)
     rd = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
-    return pipeline.run(pipeline.compose(list(overrides)), run_dir=rd)
+    return jaxaot.run(jaxaot.compose(list(overrides)), run_dir=rd)
 
 
 def _json(run_dir: Path, name: str) -> Any:
@@ -117,9 +116,9 @@ def test_table_has_every_figure_with_a_source() -> None:
 
 
 def test_topology_sets_backend_platforms_and_stops_after_compile() -> None:
-    cfg = validate(pipeline.compose(["program=mlp", "compile.topology=v5e:2x2"]))
+    cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2"]))
     assert (cfg.compile.backend, cfg.lower.platforms, cfg.stop_after) == ("tpu", ["tpu"], "compile")
-    both = validate(pipeline.compose(["program=mlp", "compile.topology=v5e:2x2",
+    both = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2",
                                       "lower.platforms=[cpu,tpu]"]))  # fmt: skip
     assert both.lower.platforms == ["cpu", "tpu"]
 
@@ -135,12 +134,12 @@ def test_topology_sets_backend_platforms_and_stops_after_compile() -> None:
 )
 def test_contradictions_are_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        validate(pipeline.compose(["program=mlp", "compile.topology=v5e:2x2", *overrides]))
+        validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", *overrides]))
 
 
 def test_num_slices_needs_a_topology() -> None:
     with pytest.raises(ConfigError, match=r"compile.num_slices=2 needs compile.topology"):
-        validate(pipeline.compose(["program=mlp", "compile.num_slices=2"]))
+        validate(jaxaot.compose(["program=mlp", "compile.num_slices=2"]))
 
 
 # -- compiling -------------------------------------------------------------------------------
@@ -153,7 +152,7 @@ def test_compiles_for_v5e_with_a_fit_verdict_and_the_store(tmp_path: Path) -> No
     assert m["status"] == "ok" and m["stages"]["compile"]["status"] == "ran"
     assert m["stages"]["execute"]["status"] == "skipped"
     assert "start_at=execute" in m["stages"]["execute"]["note"]
-    from pipeline.summary import render
+    from jaxaot.engine.summary import render
 
     screen = render(m)
     assert "topology v5e:2x2, compile only" in screen and "fits: " in screen
@@ -239,7 +238,7 @@ def test_arguments_count_against_hbm(tmp_path: Path) -> None:
 
 def test_memory_analysis_past_hbm_does_not_fit() -> None:
     # What fit_of does after a compile that XLA accepted: the same sum, the same verdict.
-    cfg = validate(pipeline.compose(["program=mlp", "compile.topology=v5e:2x2"])).compile
+    cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2"])).compile
     memory = {"argument_size_in_bytes": 15 * GiB, "output_size_in_bytes": GiB // 2,
               "temp_size_in_bytes": GiB // 2, "generated_code_size_in_bytes": 0,
               "alias_size_in_bytes": GiB // 2}  # fmt: skip
@@ -253,10 +252,10 @@ def test_memory_analysis_past_hbm_does_not_fit() -> None:
 
 def test_resume_at_execute_needs_a_tpu_host(tmp_path: Path) -> None:
     r = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
-    cfg = pipeline.compose(["program=mlp", f"resume_from={r.run_dir}", "start_at=execute"])
+    cfg = jaxaot.compose(["program=mlp", f"resume_from={r.run_dir}", "start_at=execute"])
     with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled for "
                                            r"TPU topology v5e:2x2 .* this host has no TPU"):  # fmt: skip
-        pipeline.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+        jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
 def test_without_libtpu_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,7 +304,7 @@ def test_collectives_count_async_pairs_once() -> None:
                          [(7, 1, 16, 1), (1, 1, 16, 1), (16, 1, 16, 1), (0, 1, 16, 1),
                           (96, 32, 512, 32), (100, 1, 1000, 1)])  # fmt: skip
 def test_bisection_finds_the_boundary(boundary: int, low: int, high: int, multiple: int) -> None:
-    from pipeline.fit_search import FitOptions, Search, bisect
+    from jaxaot.sweeps.fit_search import FitOptions, Search, bisect
 
     opts = FitOptions(overrides=["x={n}"], low=low, high=high, multiple=multiple)
     probed: list[int] = []
@@ -329,7 +328,7 @@ def test_bisection_finds_the_boundary(boundary: int, low: int, high: int, multip
 
 
 def test_fit_options_are_checked() -> None:
-    from pipeline.fit_search import FitOptions
+    from jaxaot.sweeps.fit_search import FitOptions
 
     with pytest.raises(ConfigError, match=r"hydra.sweeper.overrides: expected key=value"):
         FitOptions(overrides=["program.args.0=f32[8]"]).check()
@@ -363,14 +362,14 @@ def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
 
 
 def test_decoder_8b_experiment_composes_for_256_devices() -> None:
-    cfg = validate(pipeline.compose(["experiment=decoder_8b"]))
+    cfg = validate(jaxaot.compose(["experiment=decoder_8b"]))
     assert cfg.compile.topology == "v5e-256" and cfg.stop_after == "compile"
     assert resolve(cfg.compile.topology).devices == 256 == 32 * 8
     params = cfg.program.args[0]
     n = sum(math.prod(leaf["shape"]) for leaf in _leaves(params))
     assert 7e9 < n < 9e9  # 8B-class
     for topo, mesh in (("v6e-256", "[16,16]"), ("v5e:16x16", "[32,8]")):
-        validate(pipeline.compose(["experiment=decoder_8b", f"compile.topology={topo}",
+        validate(jaxaot.compose(["experiment=decoder_8b", f"compile.topology={topo}",
                                    f"mesh.shape={mesh}"]))  # fmt: skip
 
 
@@ -384,8 +383,7 @@ def _leaves(tree: Any) -> list[dict[str, Any]]:
 def test_remat_decoder_step_equals_the_transformer_step() -> None:
     import jax
     import numpy as np
-
-    from jaxaot_examples import decoder, transformer
+    from jaxaot.examples import decoder, transformer
 
     rng = np.random.default_rng(0)
     L, D, H, K, F, V = 2, 16, 2, 8, 32, 32
@@ -405,9 +403,9 @@ def test_remat_decoder_step_equals_the_transformer_step() -> None:
 
 def test_resume_a_topology_lowering_for_another_topology(tmp_path: Path) -> None:
     first = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
-    cfg = pipeline.compose(["program=mlp", f"resume_from={first.run_dir}", "start_at=compile",
+    cfg = jaxaot.compose(["program=mlp", f"resume_from={first.run_dir}", "start_at=compile",
                             "compile.topology=v6e:2x2"])  # fmt: skip
-    r = pipeline.run(cfg, run_dir=tmp_path / "v6e", overrides=["compile.topology=v6e:2x2"])
+    r = jaxaot.run(cfg, run_dir=tmp_path / "v6e", overrides=["compile.topology=v6e:2x2"])
     assert [r.manifest["stages"][s]["status"] for s in ("lower", "compile")] == ["resumed", "ran"]
     assert r.manifest["backend"]["topology"] == "v6e:2x2"
     assert _json(r.run_dir, "compile/compiled.json")["fit"]["hbm_bytes_available"] == int(

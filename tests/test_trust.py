@@ -1,4 +1,4 @@
-"""The import policy (``pipeline.trust``): every importable name in a config goes through it."""
+"""The import policy (``jaxaot.config.trust``): every importable name in a config goes through it."""
 
 from __future__ import annotations
 
@@ -8,25 +8,24 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import jaxaot
 import numpy as np
 import pytest
 from conftest import run_cli
-from omegaconf import OmegaConf
-
-import pipeline
-from pipeline.errors import ConfigError, TargetError
-from pipeline.metadata import Scoped
-from pipeline.trust import (
+from jaxaot.config.trust import (
     DEFAULT_DENIED,
     check_hydra_callbacks,
     guard_hydra_callbacks,
     make_policy,
 )
-from stages.stage_out import resolve_target
+from jaxaot.config.xla_metadata import Scoped
+from jaxaot.errors import ConfigError, TargetError
+from jaxaot.stages.stage_out import resolve_target
+from omegaconf import OmegaConf
 
 
 def _validate(*overrides: str) -> Any:
-    return pipeline.validate(pipeline.compose(["program=axpy", *overrides]))
+    return jaxaot.validate(jaxaot.compose(["program=axpy", *overrides]))
 
 
 @pytest.mark.parametrize(
@@ -153,7 +152,7 @@ def test_a_scoped_metadata_target_goes_through_the_same_check() -> None:
 
 def test_a_dunder_path_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"reaches through the dunder attribute '__class__'"):
-        _validate("program.target=jaxaot_examples.axpy:axpy.__class__")
+        _validate("program.target=jaxaot.examples.axpy:axpy.__class__")
 
 
 @pytest.fixture
@@ -191,7 +190,7 @@ def test_what_a_target_resolves_to_is_checked_too(
 
 
 def test_a_scoped_target_is_resolved_under_its_configs_policy(alias_module: str) -> None:
-    from stages.metadata import with_metadata
+    from jaxaot.stages.jax_metadata import with_metadata
 
     entry = Scoped(f"{alias_module}:run", fuse_limit=True, policy=make_policy([], []))
     refused = pytest.raises(TargetError, match=r"lower\.scoped_metadata\[0\]\.target=.*resolves to")
@@ -206,7 +205,7 @@ def test_a_denied_module_is_never_imported(tmp_path: Path, monkeypatch: pytest.M
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="trust_marker_mod"):
-        pipeline.run(pipeline.compose(["program=axpy", "program.target=trust_marker_mod:f",
+        jaxaot.run(jaxaot.compose(["program=axpy", "program.target=trust_marker_mod:f",
                                        "trust.deny_imports=[trust_marker_mod]"]),
                      run_dir=tmp_path / "run")  # fmt: skip
     assert not marker.exists() and "trust_marker_mod" not in sys.modules
@@ -223,9 +222,9 @@ def test_hydra_callback_targets_are_checked_before_hydra_instantiates_them() -> 
         Callbacks(OmegaConf.create(evil))
     allowed = OmegaConf.create({**evil, "trust": {"allow_imports": ["os.getpid"]}})
     check_hydra_callbacks(allowed)
-    shipped = pipeline.compose([], config_name="config")
+    shipped = jaxaot.compose([], config_name="config")
     check_hydra_callbacks(OmegaConf.create({"hydra": {"callbacks": {
-        "sweep": {"_target_": "pipeline.callbacks.SweepCallback"}}}, "trust": shipped.trust}))  # fmt: skip
+        "sweep": {"_target_": "jaxaot.sweeps.callbacks.SweepCallback"}}}, "trust": shipped.trust}))  # fmt: skip
 
 
 def test_the_cli_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:

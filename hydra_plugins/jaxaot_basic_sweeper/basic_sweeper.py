@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
 from hydra.types import HydraContext, TaskFunction
+from jaxaot.sweeps.compose_cache import with_sweep_loader
+from jaxaot.util.console import unescape_launch_lines
 from omegaconf import DictConfig
-
-from pipeline.compose_cache import with_sweep_loader
-from pipeline.console import unescape_launch_lines
 
 
 @dataclass

@@ -17,14 +17,20 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
+from jaxaot.errors import EXIT_DOES_NOT_FIT
+from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.sweeps.compose_cache import LaunchingSweeper
+from jaxaot.sweeps.fit_search import (
+    FIT_NAME,
+    FitOptions,
+    Search,
+    bisect,
+    combinations,
+    summary_line,
+)
+from jaxaot.sweeps.progress import JobOutcome, read_json
+from jaxaot.util.fsio import atomic_write_json
 from omegaconf import OmegaConf
-
-from pipeline.compose_cache import LaunchingSweeper
-from pipeline.errors import EXIT_DOES_NOT_FIT
-from pipeline.fit_search import FIT_NAME, FitOptions, Search, bisect, combinations, summary_line
-from pipeline.fsutil import atomic_write_json
-from pipeline.manifest import MANIFEST_NAME
-from pipeline.progress import JobOutcome, read_json
 
 log = logging.getLogger("jaxaot")
 

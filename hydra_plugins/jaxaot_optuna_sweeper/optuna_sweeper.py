@@ -14,10 +14,9 @@ from dataclasses import field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from jaxaot.sweeps.autotune import AutotuneOptions, optimize
+from jaxaot.sweeps.compose_cache import LaunchingSweeper
 from omegaconf import OmegaConf
-
-from pipeline.autotune import AutotuneOptions, optimize
-from pipeline.compose_cache import LaunchingSweeper
 
 
 def _schema() -> type:

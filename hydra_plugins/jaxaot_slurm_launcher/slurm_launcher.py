@@ -4,14 +4,14 @@ Same options and the same ``sbatch`` job arrays as ``submitit_slurm``, plus:
 
 - **Waiting without sacct**: submitit waits forever for a job that ended without a result
   (``scancel``, node failure) when the cluster has no slurmdbd; this launcher reads states from
-  ``squeue`` first, then ``sacct`` (:mod:`pipeline.slurm`), so every sweep ends.
+  ``squeue`` first, then ``sacct`` (:mod:`jaxaot.sweeps.slurm`), so every sweep ends.
 - **A row for every job**: a job that ended without a result gets a ``job.json`` saying so, with
   its SLURM state, and a progress line; every job's record carries its SLURM job id and state
   and where that state was read. The sweep then exits non-zero like any failed sweep.
 - **Resume on requeue**: ``checkpoint`` (called by submitit on preemption or near the time
   limit, before it requeues the job) counts the attempt; the requeued job, or one SLURM
   requeued by itself (``SLURM_RESTART_COUNT``), moves the interrupted attempt aside and resumes
-  from its last finished stage (:mod:`pipeline.requeue`).
+  from its last finished stage (:mod:`jaxaot.sweeps.requeue`).
 
 No ``from __future__ import annotations`` here: Hydra executes plugin modules before registering
 them in ``sys.modules``, where dataclasses would look string annotations up.
@@ -32,9 +32,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, se
 from hydra.types import TaskFunction
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-
-from pipeline.progress import (
+from jaxaot.sweeps.progress import (
     JOB_NAME,
     JobOutcome,
     SweepPlan,
@@ -46,8 +44,9 @@ from pipeline.progress import (
     relay_line,
     write_job_record,
 )
-from pipeline.requeue import Attempt, prepare, stamp_manifest
-from pipeline.slurm import JobState, wait_all
+from jaxaot.sweeps.requeue import Attempt, prepare, stamp_manifest
+from jaxaot.sweeps.slurm import JobState, wait_all
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger("jaxaot")
 
@@ -131,8 +130,7 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         """Called by submitit on preemption or timeout, before it requeues the job: the same
         job again, one attempt later (what to resume is read from disk when it starts)."""
         import submitit
-
-        from pipeline import exits
+        from jaxaot.util import exits
 
         # submitit exits (SystemExit) right after this: the run records it as interrupted.
         exits.note_preempted("preempted by SLURM (submitit checkpointed and requeued the job)")
@@ -143,7 +141,7 @@ class JaxaotSlurmLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:  # fmt: skip
-        """Submit one job array (as ``submitit_slurm`` does), then wait with :mod:`pipeline.slurm`."""
+        """Submit one job array (as ``submitit_slurm`` does), then wait with :mod:`jaxaot.sweeps.slurm`."""
         import submitit
 
         assert self.config is not None

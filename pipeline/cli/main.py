@@ -1,0 +1,216 @@
+"""The ``jaxaot`` command: a Hydra app over the shipped ``conf/``.
+
+Errors that jaxaot raises on purpose are printed as one line on stderr with a non-zero exit;
+``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback too. Ctrl-C and SIGTERM end a run as
+``interrupted`` in its manifest, with one line and the status ``128 + signal`` (130, 143).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import traceback
+from typing import Any
+
+import hydra
+from hydra.core.object_type import ObjectType
+from jaxaot.config.argspec import quote_array_types
+from jaxaot.config.schema import name_after_target, register_configs
+from jaxaot.config.trust import guard_hydra_callbacks
+from jaxaot.errors import JaxaotError
+from jaxaot.rundir.dirs import check_user_dirs, print_only, register_resolver
+from jaxaot.sweeps.callbacks import last_sweep_failures
+from jaxaot.sweeps.progress import JobOutcome
+from jaxaot.util.exits import describe_interrupt, exit_code, raise_terminated
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("jaxaot")
+
+# conf/config.yaml's run and sweep dirs use ${unique_dir:...}; registered on import too, so a
+# launcher's worker process that unpickles this module's task function can resolve them.
+register_resolver()
+
+
+def _debug(cfg: DictConfig | None) -> bool:
+    if os.environ.get("JAXAOT_DEBUG", "") not in ("", "0"):
+        return True
+    return bool(cfg is not None and cfg.get("debug", False))
+
+
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _progress_lines() -> bool:
+    """Whether this sweep prints a progress line per job (jaxaot.sweeps.callbacks), with its error."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg: Any = HydraConfig.get()
+    sweep = OmegaConf.select(hydra_cfg, "callbacks.sweep") or {}
+    return bool(sweep.get("progress", False) and "_target_" in sweep)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://jaxaot.conf", config_name="config")
+def _app(cfg: DictConfig) -> int | JobOutcome:
+    from hydra.core.hydra_config import HydraConfig
+    from jaxaot.engine.runner import run
+
+    if HydraConfig.initialized():
+        name_after_target(cfg, list(HydraConfig.get().overrides.task))
+    # In a sweep each job prints one progress line (jaxaot.sweeps.callbacks) instead of the summary,
+    # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
+    snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
+    try:
+        result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
+    except JaxaotError as exc:
+        if _debug(cfg):
+            traceback.print_exc()
+        code = int(getattr(exc, "exit_code", 1))  # 3: does not fit (compile.topology)
+        # In a sweep the job's progress line shows the error: printed once.
+        if not _is_multirun() or not _progress_lines():
+            print(f"jaxaot: {'error: ' if code == 1 else ''}{exc}", file=sys.stderr, flush=True)
+        if _is_multirun():
+            return JobOutcome(code, str(exc))
+        sys.exit(code)
+    except Exception as exc:
+        if _debug(cfg):
+            traceback.print_exc()
+        print(f"jaxaot: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+              "(rerun with debug=true for the traceback)", file=sys.stderr, flush=True)  # fmt: skip
+        if _is_multirun():
+            return JobOutcome(
+                2, f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            )
+        sys.exit(2)
+    return 0 if result.ok else 1
+
+
+# Arguments that could bring in a config setting ``hydra.mode``: the key itself, a group choice
+# under hydra/, an experiment (a global package), or another primary config or config dir.
+_MODE_SOURCES = re.compile(r"^[+~]*(hydra\.mode\b|hydra/|experiment\b|-c|--config)")
+
+
+def _skip_mode_probe(argv: list[str]) -> None:
+    """Save Hydra's first of two config compositions when it cannot change anything.
+
+    Hydra composes the whole config once only to read ``hydra.mode`` (``Hydra.get_mode``) and
+    then again to run. ``get_mode`` returning None means "RUN, or MULTIRUN under -m", which is
+    what it returns anyway unless some config sets ``hydra.mode``; the shipped base config does
+    not, so when no argument could bring in one that does, the probe is skipped (~0.2 s).
+    """
+    if any(_MODE_SOURCES.match(a.strip()) for a in argv):
+        return
+    from hydra._internal.hydra import Hydra
+
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+
+
+def _share_help_repository(argv: list[str]) -> None:
+    """Let ``--help`` build Hydra's config repository once instead of once per config group.
+
+    Hydra's help lists every group's options through ``ConfigLoaderImpl.get_group_options``,
+    and each call deep-copies the whole repository (the ConfigStore's schemas included) for the
+    same config name and overrides: ~100 copies, 2-3 s of ``jaxaot --help`` (issue 19). One
+    help process reads one unchanging repository, so one copy per (config, overrides) serves
+    every call with the same answers.
+    """
+    if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
+        return
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    real = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
+    made: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
+
+    def get_group_options(self: Any, group_name: str, results_filter: Any = ObjectType.CONFIG,
+                          config_name: str | None = None,
+                          overrides: list[str] | None = None) -> list[str]:  # fmt: skip
+        key = (id(self), config_name, tuple(overrides or ()))
+        if key not in made:
+            made[key] = real(self, config_name, list(overrides or ()))[1]
+        return list(made[key].get_group_options(group_name, results_filter))
+
+    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+
+
+_NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable")
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra's multi-line composition errors (and their causes) as one line."""
+    parts: list[str] = []
+    node: BaseException | None = exc
+    while node is not None and len(parts) < 3:
+        lines = [ln.strip() for ln in str(node).splitlines()]
+        text = " ".join(ln for ln in lines if ln and not ln.startswith(_NOISE))
+        text = text.split(" Config search path:", 1)[0]  # Hydra appends its search path
+        if text and text != "None" and "$VALUE" not in text and all(text not in p for p in parts):
+            parts.append(text)
+        node = node.__cause__ or node.__context__
+    return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
+
+
+def _is_multirun_argv(args: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN"
+               for a in args)  # fmt: skip
+
+
+def main() -> None:
+    """Console-script entry point; a sweep in which some job failed exits with status 1."""
+    # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
+    signal.signal(signal.SIGTERM, raise_terminated)
+    from jaxaot.util.console import quiet_broken_pipe, version_text
+
+    if "--version" in sys.argv[1:]:  # jaxaot's, not Hydra's: no config is composed
+        with quiet_broken_pipe():
+            print(version_text(), flush=True)
+        return
+    try:
+        with quiet_broken_pipe():  # `jaxaot ... | head`: the run goes on, its output dropped
+            _main()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point
+        notes = getattr(exc, "__notes__", None)
+        print(f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        # The run is recorded; end now rather than wait for threads an interrupt left running
+        # (JAX's backend-start timer, an XLA compile that cannot be cancelled).
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(exit_code(exc))
+
+
+def _main() -> None:
+    register_configs()
+    guard_hydra_callbacks()  # hydra.callbacks._target_ under trust.* before Hydra imports it
+    args = [quote_array_types(a) for a in sys.argv[1:]]
+    _skip_mode_probe(args)
+    _share_help_repository(args)
+    if any(a in ("--cfg", "-c") for a in args):  # prints the config, runs nothing: no new dirs
+        print_only()
+    sys.argv = [sys.argv[0], *args]
+    # Hydra's own errors (unknown key, wrong type, bad override) would print several lines and
+    # a hint about HYDRA_FULL_ERROR; with it set they reach us and become one line here.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        # A run dir named on the command line that holds a run: refused before Hydra writes in it.
+        check_user_dirs(args, _is_multirun_argv(args))
+        _app()
+    except Exception as exc:
+        if _debug(None) or any(a.replace(" ", "").lower() == "debug=true" for a in args):
+            traceback.print_exc()
+        print(f"jaxaot: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    from jaxaot.sweeps.snapshot_check import exit_status
+
+    # A sweep job failed (jaxaot.sweeps.callbacks) or its snapshot did not verify.
+    if last_sweep_failures() or exit_status():
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

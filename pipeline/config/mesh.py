@@ -1,0 +1,304 @@
+"""Parallel programs from config: axis environments, meshes, shardings and device counts.
+
+Everything here is checked before JAX is imported: a per-replica program's named axes
+(``stage_out.axis_env``), a GSPMD mesh (``mesh.*``), the sharding specs in ``lower.*`` against
+the argument shapes, and how many devices a run needs. Lowering never needs devices (the
+stages lower against an ``AbstractMesh``); only a run that compiles starts virtual CPU devices,
+as many as the mesh has unless ``compile.num_devices`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jaxaot.config.argspec import ArraySpec, BoundArgs, Literal, PytreeNode, bind_config, leaves
+from jaxaot.config.sharding import Leaf, check_axis_names, match_specs
+from jaxaot.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jaxaot.config.schema import JaxaotConfig
+
+AXIS_TYPES: tuple[str, ...] = ("auto", "explicit", "manual")
+# Axis names for a mesh given by shape alone (mesh.axes=[]), by position.
+DEFAULT_AXES: tuple[str, ...] = ("data", "model", "pipe", "expert")
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """A device mesh as plain data: what stages turn into an ``AbstractMesh`` or a ``Mesh``."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    axis_types: tuple[str, ...]
+    abstract: bool = False
+    per_replica: bool = False  # from stage_out.axis_env: every axis is a replica axis
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(zip(self.axes, self.shape, strict=True))
+
+    def describe(self) -> str:
+        return ",".join(f"{a}={n}" for a, n in zip(self.axes, self.shape, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "axes": list(self.axes),
+                "axis_types": list(self.axis_types), "per_replica": self.per_replica}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MeshSpec:
+        return cls(shape=tuple(data["shape"]), axes=tuple(data["axes"]),
+                   axis_types=tuple(data["axis_types"]),
+                   per_replica=bool(data.get("per_replica", False)))  # fmt: skip
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier()
+
+
+def axis_env(cfg: JaxaotConfig) -> tuple[tuple[str, int], ...] | None:
+    """``stage_out.axis_env`` as ``((name, size), ...)``, or None when it is not set."""
+    raw = cfg.stage_out.axis_env
+    if raw is None:
+        return None
+    key = "stage_out.axis_env"
+    if isinstance(raw, str) or not isinstance(raw, Sequence) or not raw:
+        raise ConfigError(f"{key}: expected [[axis_name, size], ...] (at least one), found {raw!r}")
+    env: list[tuple[str, int]] = []
+    for i, pair in enumerate(raw):
+        ok = isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
+        if not ok or not _is_name(pair[0]):
+            raise ConfigError(f"{key}[{i}]: expected [axis_name, size], found {pair!r}")
+        size = pair[1]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                f"{key}[{i}]: expected a size >= 1 for axis {pair[0]!r}, found {size!r}"
+            )
+        env.append((str(pair[0]), int(size)))
+    names = [n for n, _ in env]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key}: expected distinct axis names, found {names}")
+    return tuple(env)
+
+
+def _config_mesh(cfg: JaxaotConfig) -> MeshSpec | None:
+    m = cfg.mesh
+    if m.shape is None:
+        if m.axes:
+            raise ConfigError(
+                f"mesh.axes={list(m.axes)} but mesh.shape is null; expected a shape with one size "
+                "per axis, e.g. mesh.shape=[4,2] (or a preset: mesh=data4_model2)"
+            )
+        return None
+    shape = list(m.shape)
+    if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        raise ConfigError(f"mesh.shape: expected a non-empty list of sizes >= 1, found {shape}")
+    axes = list(m.axes) or list(DEFAULT_AXES[: len(shape)])
+    if len(axes) != len(shape):
+        raise ConfigError(
+            f"mesh.axes: expected {len(shape)} axis name(s) for mesh.shape={shape}, found {axes}; "
+            f"e.g. mesh.axes=[{', '.join((DEFAULT_AXES + ('x',) * len(shape))[: len(shape)])}]"
+        )
+    if not all(_is_name(a) for a in axes) or len(set(axes)) != len(axes):
+        raise ConfigError(f"mesh.axes: expected distinct identifiers, found {axes}")
+    types = list(m.axis_types) if m.axis_types is not None else ["auto"] * len(shape)
+    if len(types) != len(shape) or any(t not in AXIS_TYPES for t in types):
+        raise ConfigError(
+            f"mesh.axis_types: expected null or {len(shape)} of {', '.join(AXIS_TYPES)}, "
+            f"found {types}"
+        )
+    return MeshSpec(tuple(shape), tuple(axes), tuple(types), abstract=m.abstract)
+
+
+def mesh_spec(cfg: JaxaotConfig) -> MeshSpec | None:
+    """The run's mesh: from ``mesh.*``, or the replica mesh of ``stage_out.axis_env``."""
+    env = axis_env(cfg)
+    mesh = _config_mesh(cfg)
+    if env is not None and mesh is not None:
+        raise ConfigError(
+            f"stage_out.axis_env and mesh.shape={list(mesh.shape)} are both set; expected one: "
+            "axis_env for a per-replica program, a mesh (with lower.in_shardings) for a global one"
+        )
+    if env is not None:
+        return MeshSpec(tuple(n for _, n in env), tuple(a for a, _ in env), ("auto",) * len(env),
+                        per_replica=True)  # fmt: skip
+    return mesh
+
+
+def will_compile(cfg: JaxaotConfig) -> bool:
+    from jaxaot.config.schema import STAGES
+
+    return STAGES.index(cfg.stop_after) >= STAGES.index("compile")
+
+
+def devices_to_start(cfg: JaxaotConfig) -> int | None:
+    """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs when
+    the run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
+    ``JAX_NUM_CPU_DEVICES`` say): lowering-only runs and programs without a mesh.
+
+    Checked against XLA:CPU's limit and ``compile.max_devices`` before any device starts: a
+    device costs memory and a thread, and ``axis_env=[[i,1000],[j,1000]]`` would start a million.
+    """
+    mesh = mesh_spec(cfg)
+    if cfg.compile.num_devices is not None:
+        n, what = cfg.compile.num_devices, f"compile.num_devices={cfg.compile.num_devices}"
+    elif mesh is not None and will_compile(cfg):
+        n = mesh.size
+        env = ",".join(f"[{a},{k}]" for a, k in mesh.sizes.items())
+        what = (
+            f"stage_out.axis_env=[{env}]" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
+        )
+    else:
+        return None
+    if cfg.compile.backend == "cpu":
+        _check_device_count(cfg, n, what)
+    return n
+
+
+# XLA:CPU numbers a process's devices process_index * 2048 + local id (kMaxCpuDevicesPerProcess
+# = 1 << 11 in xla/pjrt/plugin/xla_cpu/cpu_topology.h, jaxlib 0.10): device 2048 counts as
+# another process, and compiling for it fails with "Multiprocess computations aren't implemented
+# on the CPU backend". Measured on jax 0.10.2: 2048 devices compile and run, 2049 do not.
+XLA_CPU_MAX_DEVICES = 2048
+
+_NO_DEVICES = ("stop_after=lower needs no devices (lower here, then compile on the target with "
+               "resume_from=<run> start_at=compile)")  # fmt: skip
+
+
+def _check_device_count(cfg: JaxaotConfig, n: int, what: str) -> None:
+    if n > XLA_CPU_MAX_DEVICES:
+        raise ConfigError(
+            f"{what} needs {n} virtual CPU devices, but XLA:CPU runs at most "
+            f"{XLA_CPU_MAX_DEVICES} in one process (it numbers devices process*2048 + local, so "
+            f"device {XLA_CPU_MAX_DEVICES} would belong to another process); expected at most "
+            f"{XLA_CPU_MAX_DEVICES} devices; {_NO_DEVICES}"
+        )
+    cap = cfg.compile.max_devices
+    if n > cap:
+        raise ConfigError(
+            f"{what} needs {n} virtual CPU devices, more than compile.max_devices={cap}; "
+            f"expected fewer devices, or compile.max_devices={n} to start them all (each costs "
+            f"memory and a thread; XLA:CPU allows up to {XLA_CPU_MAX_DEVICES}); {_NO_DEVICES}"
+        )
+
+
+def bound_args(cfg: JaxaotConfig) -> BoundArgs:
+    return bind_config(cfg)
+
+
+def _leaf_tree(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _leaf_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_leaf_tree(v) for v in tree]
+    if isinstance(tree, ArraySpec):
+        return Leaf(tree.shape, tree.type_str)
+    if isinstance(tree, PytreeNode):
+        # A named container takes one sharding for all its arrays (a pytree prefix, as
+        # jax.jit's in_shardings allows): replicated unless a rank-0 spec is given.
+        return Leaf((), f"{tree.cls} container (one spec for all its arrays)")
+    assert isinstance(tree, Literal)
+    return Leaf((), f"scalar {tree.value!r}")
+
+
+def argument_tree(bound: BoundArgs) -> tuple[tuple[Any, ...], list[str]]:
+    """The traced positional arguments as Leaf trees, with their config paths."""
+    traced = [(i, a) for i, a in enumerate(bound.args) if not bound.is_static(i)]
+    return tuple(_leaf_tree(a) for _, a in traced), [f"program.args[{i}]" for i, _ in traced]
+
+
+def traced_kwargs(bound: BoundArgs) -> list[str]:
+    return [k for k in bound.kwargs if not bound.is_static(k)]
+
+
+def check_in_shardings(cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec) -> tuple[Any, ...]:
+    """``lower.in_shardings`` matched to the argument tree (null: every argument replicated)."""
+    tree, names = argument_tree(bound)
+    return match_specs(cfg.lower.in_shardings, tree, key="lower.in_shardings", names=names,
+                       mesh=mesh.sizes)  # fmt: skip
+
+
+def check_parallel(cfg: JaxaotConfig) -> None:
+    """Every pre-JAX check of axis_env, mesh, shardings and device counts."""
+    mesh = mesh_spec(cfg)
+    low = cfg.lower
+    for key, value in (
+        ("lower.in_shardings", low.in_shardings),
+        ("lower.out_shardings", low.out_shardings),
+    ):
+        if value is None:
+            continue
+        if mesh is None:
+            raise ConfigError(
+                f"{key} needs a mesh: pick a preset (mesh=data4_model2) or set mesh.shape and "
+                "mesh.axes"
+            )
+        if mesh.per_replica:
+            raise ConfigError(
+                f"{key}: a per-replica program (stage_out.axis_env) is split over all its axes "
+                "by jaxaot; expected lower.in_shardings/out_shardings only with mesh.*"
+            )
+        check_axis_names(value, key, mesh.axes)
+    if mesh is None:
+        devices_to_start(cfg)  # compile.num_devices alone: the device limits
+        return
+    what = "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
+    if mesh.abstract and will_compile(cfg):
+        raise ConfigError(
+            f"mesh.abstract=true describes a mesh to lower for, not to run on, but stop_after="
+            f"{cfg.stop_after}; expected stop_after=lower (compile on the target with "
+            "resume_from=<run> start_at=compile), or mesh.abstract=false to compile here"
+        )
+    n = cfg.compile.num_devices
+    if n is not None and n < mesh.size and will_compile(cfg) and cfg.compile.backend == "cpu":
+        raise ConfigError(
+            f"compile.num_devices={n} but {what} needs {mesh.size} devices; expected "
+            f"compile.num_devices={mesh.size} (or null: start what the mesh needs), or "
+            "stop_after=lower to lower without devices"
+        )
+    devices_to_start(cfg)  # the device limits, before any device starts
+    bound = bound_args(cfg)
+    if mesh.per_replica:
+        symbolic = [(p, leaf) for top, tree in bound.traced_args() for p, leaf in leaves(tree, top)
+                    if isinstance(leaf, ArraySpec) and leaf.symbolic]  # fmt: skip
+        if symbolic:
+            # Measured on jax 0.10.2: the per-replica shard_map of a polymorphic program lowers
+            # to stablehlo.dynamic_gather, and compiling it crashes the process (SIGSEGV).
+            raise ConfigError(
+                f"{symbolic[0][0]}: {symbolic[0][1].type_str} has symbolic dimensions, which "
+                "stage_out.axis_env programs cannot have (XLA crashes compiling them, jax "
+                "0.10.2); expected concrete sizes, or a mesh (mesh.*) instead of axis_env"
+            )
+    kw = traced_kwargs(bound)
+    if kw:
+        raise ConfigError(
+            f"program.kwargs.{kw[0]}: {what} programs take traced arguments positionally "
+            "(jax.jit has no shardings for keyword arguments); expected it in program.args"
+        )
+    # A static_argnames entry may name a positional parameter, which only the target's
+    # signature resolves; the lower stage checks the shapes then.
+    if low.in_shardings is not None and set(bound.static_argnames) <= set(bound.kwargs):
+        check_in_shardings(cfg, bound, mesh)
+
+
+__all__ = [
+    "AXIS_TYPES",
+    "DEFAULT_AXES",
+    "XLA_CPU_MAX_DEVICES",
+    "MeshSpec",
+    "argument_tree",
+    "axis_env",
+    "bound_args",
+    "check_in_shardings",
+    "check_parallel",
+    "devices_to_start",
+    "mesh_spec",
+    "traced_kwargs",
+    "will_compile",
+]

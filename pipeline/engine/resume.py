@@ -1,0 +1,171 @@
+"""Resuming from another run's checkpoint: verified reads and the options that come with them.
+
+``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run.
+Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
+and an explicit override that contradicts them is an error naming the key; options of the
+stages that run now may be overridden freely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxaot.config.schema import STAGES, JaxaotConfig, override_key, to_container, validate
+from jaxaot.errors import ConfigError, StoreError
+from jaxaot.rundir.manifest import load_manifest
+from jaxaot.util.fsio import trust_from_env, untrusted_path
+
+log = logging.getLogger("jaxaot")
+
+# Checkpoint files deserialized with pickle: read only from a run directory that no user you
+# do not trust can write to (issue 12, item 9).
+PICKLED = frozenset({"executable.bin"})
+
+# Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
+# change the result).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "stage_out": ("program", "stage_out", "jax"),  # JAX's config changes what is traced
+    "lower": ("lower", "mesh"),
+    "compile": ("compile",),
+    "execute": ("execute",),
+}
+
+
+def frozen_sections(start_at: str) -> tuple[str, ...]:
+    """The config sections that a run starting at ``start_at`` takes from its checkpoint."""
+    return tuple(s for stage in STAGES[: STAGES.index(start_at)] for s in SECTIONS[stage])
+
+
+_MISSING = object()  # a key absent from a config tree
+
+
+def _select(tree: Any, dotted: str) -> Any:
+    node = tree
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif (
+            isinstance(node, list)
+            and part.lstrip("-").isdigit()
+            and -len(node) <= int(part) < len(node)
+        ):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _override_key(override: str) -> str | None:
+    """The config key an override sets (``key@package=v`` -> ``key``), None for an empty one."""
+    return override_key(override).split("@", 1)[0].strip() or None
+
+
+class Checkpoint:
+    """A finished run directory used as the input of a later run."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise StoreError(f"resume_from={str(run_dir)!r}: no such run directory")
+        self.manifest = load_manifest(self.run_dir)
+        # store.trust / $JAXAOT_TRUST_STORE: unpickle executable.bin whatever the permissions.
+        self.trust = trust_from_env()
+        self.artifacts: dict[str, dict[str, Any]] = {
+            name: rec
+            for stage in self.manifest.get("stages", {}).values()
+            for name, rec in stage.get("artifacts", {}).items()
+        }
+
+    def require(self, stage: str, start_at: str) -> None:
+        status = self.manifest.get("stages", {}).get(stage, {}).get("status")
+        if status not in ("ran", "cached", "resumed"):
+            raise StoreError(
+                f"resume_from={str(self.run_dir)!r} start_at={start_at}: that run has no "
+                f"finished {stage!r} stage (status {status!r}); start earlier"
+            )
+
+    def reader(self, stage: str) -> Callable[[str], bytes]:
+        """``read(name)`` for one stage's files, each checked against the manifest's sha256.
+
+        An artifact the manifest does not list raises KeyError (optional files); one that is
+        listed but missing or altered raises StoreError naming the file.
+        """
+
+        def read(name: str) -> bytes:
+            rel = f"{stage}/{name}"
+            rec = self.artifacts[rel]
+            path = self.run_dir / rel
+            if name in PICKLED and not self.trust:
+                self._check_trusted(path)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise StoreError(f"resume_from: checkpoint file {path} is missing") from None
+            digest = hashlib.sha256(data).hexdigest()
+            if len(data) != rec["size"] or digest != rec["sha256"]:
+                raise StoreError(
+                    f"resume_from: checkpoint file {path} is corrupt ({len(data)} bytes, sha256 "
+                    f"{digest[:12]}; the manifest says {rec['size']} bytes, {rec['sha256'][:12]}); "
+                    "re-run the stage that wrote it"
+                )
+            return data
+
+        return read
+
+    def _check_trusted(self, path: Path) -> None:
+        try:
+            reason = untrusted_path(path, self.run_dir)
+        except FileNotFoundError:
+            return  # reported as missing by the read
+        if reason:
+            raise StoreError(
+                f"resume_from={str(self.run_dir)!r}: refusing to unpickle {path.name}: {reason}; "
+                "make the run directory writable by you (and your team's group) only "
+                "(chmod -R o-w), or set store.trust=true (JAXAOT_TRUST_STORE=1) if you trust "
+                "every user who can write there"
+            )
+
+    def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
+        """``cfg`` with the frozen sections taken from the checkpoint; conflicts are errors."""
+        self.trust = self.trust or cfg.store.trust
+        frozen = frozen_sections(cfg.start_at)
+        current, saved = to_container(cfg), self.manifest["config"]
+        for override in overrides:
+            key = _override_key(override)
+            if key is None or key.split(".")[0] not in frozen:
+                continue
+            mine, theirs = _select(current, key), _select(saved, key)
+            if mine != theirs:
+                shown = "absent" if theirs is _MISSING else repr(theirs)
+                raise ConfigError(
+                    f"{key}: overridden to {mine!r}, but start_at={cfg.start_at} resumes stages "
+                    f"whose options come from the checkpoint ({key} = {shown} in "
+                    f"{self.run_dir}); drop the override or start at an earlier stage"
+                )
+        merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
+        keys = {_override_key(o) for o in overrides}
+        if "lower" in frozen and "compile" not in frozen and "compile.backend" not in keys:
+            merged["compile"] = self._backend_of_lowering(merged["compile"])
+        return validate(merged)
+
+    def _backend_of_lowering(self, compile_cfg: dict[str, Any]) -> dict[str, Any]:
+        """Compile for the checkpoint's platform when it was lowered for exactly one, and the
+        backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
+        from jaxaot.stages.jaxenv import platform_of
+
+        saved = self.manifest["config"]
+        platforms = list(
+            saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])]
+        )
+        if len(platforms) != 1 or platform_of(compile_cfg["backend"]) in platforms:
+            return compile_cfg
+        log.info("[compile] compile.backend=%s: the checkpoint was lowered for %s only "
+                 "(override compile.backend to choose another)", platforms[0], platforms)  # fmt: skip
+        return {**compile_cfg, "backend": platforms[0]}
+
+
+__all__ = ["SECTIONS", "Checkpoint", "frozen_sections"]

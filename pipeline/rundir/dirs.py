@@ -1,0 +1,172 @@
+"""Run directories that are never shared: every run writes into a directory no other run used.
+
+Two rules (issue 12):
+
+- A directory jaxaot names (Hydra's time-stamped ``outputs/<date>/<time>``, a sweep's
+  ``outputs/multirun/<date>/<time>``) is made unique when it is created: the ``unique_dir``
+  resolver in ``conf/config.yaml`` creates ``<stamp>``, or ``<stamp>-1``, ``<stamp>-2``, ... with
+  ``os.mkdir``, which succeeds for exactly one process, so two runs started in the same second
+  get two directories.
+- A directory the user names (``hydra.run.dir=...``, ``hydra.sweep.dir=...``,
+  ``jaxaot.run(..., run_dir=...)``) is used as given or refused, never changed: a script that
+  names its directory and reads ``manifest.json`` from it must not read an earlier run's. A run
+  claims its directory by publishing its first ``manifest.json`` there with a hard link, which
+  fails if one exists (atomic, also between processes); a directory that holds a manifest is
+  refused with a one-line error that says how to go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from jaxaot.errors import ConfigError
+from jaxaot.rundir.manifest import MANIFEST_NAME
+
+RESOLVER = "unique_dir"
+SWEEP_MARKERS = ("multirun.yaml", ".jaxaot")  # what a sweep leaves in hydra.sweep.dir
+
+
+def unique_dir(path: str) -> str:
+    """Create ``path``, or the first free ``path-1``, ``path-2``, ...; return the one created.
+
+    ``os.mkdir`` is atomic: of several processes asking for one name, one gets it and the others
+    move on to the next suffix. Registered as the OmegaConf resolver ``${unique_dir:...}`` with
+    its result cached in the config, so a run (and every job of a sweep, which Hydra composes
+    with the sweep's resolver cache) resolves it to the same directory.
+    """
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(100_000):
+        candidate = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return str(candidate)
+    raise ConfigError(f"hydra.run.dir: no free name next to {str(base)!r} (tried 100000)")
+
+
+# The CLI's run-dir pattern (conf/config.yaml hydra.run.dir); jaxaot.run from Python uses it too.
+RUN_DIR_PATTERN = "outputs/%Y-%m-%d/%H-%M-%S"
+
+
+def default_run_dir() -> Path:
+    """A fresh ``outputs/<date>/<time>`` (or ``-1``, ``-2``, ...), created now: the layout and
+    root ``jaxaot`` gives a run, for runs started from Python (issue 14)."""
+    return Path(unique_dir(time.strftime(RUN_DIR_PATTERN)))
+
+
+_create = [True]  # False: resolve ${unique_dir:p} to p, creating nothing (see print_only)
+
+
+def _resolve(path: str) -> str:
+    return unique_dir(path) if _create[0] else path
+
+
+def register_resolver() -> None:
+    """Register ``${unique_dir:...}`` (idempotent); before Hydra composes ``conf/config.yaml``."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=True)
+    from jaxaot.cli.help import register_resolver as register_help
+
+    register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/cli/help.py)
+
+
+def print_only() -> None:
+    """For ``jaxaot --cfg hydra --resolve``, which prints the config and runs nothing: show the
+    time-stamped dirs without creating them."""
+    _create[0] = False
+
+
+def taken_reason(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot take a new run (it holds an earlier run's manifest), or None."""
+    if (run_dir / MANIFEST_NAME).exists():
+        return f"holds an earlier run ({MANIFEST_NAME})"
+    return None
+
+
+def _refusal(run_dir: Path, key: str, why: str) -> ConfigError:
+    how = (
+        "leave hydra.run.dir unset for a fresh outputs/<date>/<time>/"
+        if key == "hydra.run.dir"
+        else "leave hydra.sweep.dir unset for a fresh outputs/multirun/<date>/<time>/"
+        if key == "hydra.sweep.dir"
+        else "pass a new run_dir (or none, for a fresh outputs/<date>/<time>/)"
+    )
+    return ConfigError(
+        f"{key}={str(run_dir)!r} {why}; a run never reuses another run's directory: "
+        f"remove it to replace that run, or {how}"
+    )
+
+
+def claim(run_dir: Path, first_manifest: dict[str, Any], *, key: str) -> None:
+    """Publish ``first_manifest`` as ``run_dir/manifest.json``, or refuse if the dir is taken.
+
+    The manifest is written to a temporary file and hard-linked into place: ``link`` fails when
+    the name exists, so of two runs given one directory exactly one claims it, and a reader
+    never sees a partial file. Where hard links are not supported, an exclusive create does it.
+    ``key`` names where the directory came from, for the error.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    why = taken_reason(run_dir)
+    if why is not None:
+        raise _refusal(run_dir, key, why)
+    target = run_dir / MANIFEST_NAME
+    data = (json.dumps(first_manifest, indent=2, sort_keys=True, default=str) + "\n").encode()
+    tmp = run_dir / f".tmp-{MANIFEST_NAME}.{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            raise _refusal(run_dir, key, f"holds an earlier run ({MANIFEST_NAME})") from None
+        except OSError:  # no hard links on this file system: an exclusive create
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                raise _refusal(run_dir, key, f"holds an earlier run ({MANIFEST_NAME})") from None
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def check_user_dirs(overrides: list[str], multirun: bool) -> None:
+    """Refuse, before Hydra writes ``.hydra/`` there, a run or sweep dir named on the command
+    line that holds an earlier run (values with interpolations are checked by the run itself)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    value = None
+    for o in overrides:
+        k, sep, v = o.partition("=")
+        if sep and k.lstrip("+") == key:
+            value = v.strip().strip("'\"")
+    if not value or "${" in value:
+        return
+    path = Path(value)
+    if multirun:
+        found = next((m for m in SWEEP_MARKERS if (path / m).exists()), None)
+        if found is not None:
+            raise _refusal(path, key, f"holds an earlier sweep ({found})")
+    else:
+        why = taken_reason(path)
+        if why is not None:
+            raise _refusal(path, key, why)
+
+
+__all__ = [
+    "RESOLVER",
+    "check_user_dirs",
+    "claim",
+    "register_resolver",
+    "taken_reason",
+    "unique_dir",
+]

@@ -1,0 +1,104 @@
+"""The run manifest: what ran, with which config and versions, and every artifact's hash.
+
+``manifest.json`` sits at the top of the run directory and is rewritten atomically after every
+stage, so an interrupted run still leaves a consistent record of the stages that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxaot.errors import StoreError
+from jaxaot.stages.node import StageContext
+from jaxaot.util.fsio import atomic_write_json
+
+# Manifest format history:
+#   1 (2026-11-22): first version: config, versions, backend, stages{status, seconds, key,
+#                   artifacts{name: {sha256, size}}, metrics, warnings}, status, error.
+#     (2026-11-23, additive, still 1): environment{xla_flags, xla_flags_not_in_key, jax_config,
+#                   jax_config_not_in_key}: what the compile key saw (issue 12).
+MANIFEST_FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class Manifest:
+    run_dir: Path
+    config: dict[str, Any]
+    versions: dict[str, str] = field(default_factory=dict)
+    backend: dict[str, Any] = field(default_factory=dict)
+    # XLA flags in effect and every JAX config value (jaxaot.stages.jaxenv.environment).
+    environment: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # running | ok | failed | interrupted (Ctrl-C, SIGTERM: jaxaot.util.exits); written as
+    # "running" when the run claims its directory (jaxaot.rundir.dirs.claim)
+    status: str = "running"
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / MANIFEST_NAME
+
+    def record_stage(self, ctx: StageContext, status: str, seconds: float, key: str | None = None,
+                     **extra: Any) -> None:  # fmt: skip
+        self.stages[ctx.stage] = {
+            "status": status,
+            "seconds": round(seconds, 6),
+            "key": key,
+            "artifacts": {
+                f"{ctx.stage}/{name}": a.to_json() for name, a in sorted(ctx.artifacts.items())
+            },
+            "metrics": ctx.metrics,
+            "warnings": ctx.warnings,
+            **extra,
+        }
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{s}: {w}" for s, rec in self.stages.items() for w in rec.get("warnings", [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": MANIFEST_FORMAT_VERSION,
+            "run_dir": str(self.run_dir),
+            "started": self.started,
+            "status": self.status,
+            "error": self.error,
+            "config": self.config,
+            "versions": self.versions,
+            "backend": self.backend,
+            "environment": self.environment,
+            "stages": self.stages,
+            "warnings": self.warnings,
+            **self.extra,
+        }
+
+    def write(self) -> None:
+        atomic_write_json(self.path, self.to_json())
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    """Read a run's manifest, refusing unknown format versions."""
+    path = Path(run_dir) / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"resume_from={str(run_dir)!r}: no {MANIFEST_NAME} there") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: unreadable manifest ({exc})") from None
+    version = data.get("format_version")
+    if version != MANIFEST_FORMAT_VERSION:
+        raise StoreError(
+            f"{path}: manifest format version {version!r}; this jaxaot reads version "
+            f"{MANIFEST_FORMAT_VERSION}"
+        )
+    return data
+
+
+__all__ = ["MANIFEST_FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "load_manifest"]

@@ -1,0 +1,212 @@
+"""``jaxaot-diff A B``: what changed between two runs or snapshots, stage by stage.
+
+Each side is a run directory (``manifest.json``) or a snapshot folder (``snapshot.json``).
+Text artifacts compare in canonical form (:mod:`jaxaot.util.canonical`), so paths, locations and
+module names do not count. Binary artifacts (``exported.bin``, ``executable.bin``) are compared
+by bytes and only reported: they carry source locations, so they differ between call sites
+even for one program. Also shown: jax/jaxlib and config changes, compile cost and memory
+deltas, outputs, and the execute time ratio. Exit status, like diff(1): 0 when every canonical
+artifact is the same, 1 when one differs, 2 when a side cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxaot.config.schema import STAGES
+from jaxaot.engine.summary import human_bytes, human_count, human_seconds
+from jaxaot.errors import SnapshotError
+from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
+from jaxaot.snapshots.snapshot import (
+    INDEX_NAME,
+    Snapshot,
+    compare,
+    diff_lines,
+    from_run,
+    load_snapshot,
+)
+from jaxaot.util.canonical import ARTIFACT_BY_PATH, CANONICAL_ARTIFACTS
+from jaxaot.util.textdiff import bounded, line_counts
+
+_BINARIES = ("lower/exported.bin", "compile/executable.bin")
+_OUTPUTS = "execute/outputs.npz"
+_COST_KEYS = (("flops", "flops"), ("bytes accessed", "bytes accessed"),
+              ("transcendentals", "transcendentals"))  # fmt: skip
+_MEMORY_KEYS = (("argument_size_in_bytes", "argument"), ("output_size_in_bytes", "output"),
+                ("alias_size_in_bytes", "alias"), ("temp_size_in_bytes", "temp"),
+                ("generated_code_size_in_bytes", "generated code"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a diff: its canonical snapshot, and for a run its binaries and timings."""
+
+    path: Path
+    kind: str  # "run" | "snapshot"
+    snapshot: Snapshot
+    binaries: dict[str, str]  # artifact path -> sha256 (runs only)
+    median_s: float | None
+
+    def describe(self) -> str:
+        v = self.snapshot.meta("versions.json")
+        be = v.get("backend") or {}
+        where = f", {be.get('platform')} x{be.get('device_count')}" if be else ""
+        return (f"{self.path} ({self.kind}: {self.snapshot.program}, jax {v.get('jax')}, "
+                f"jaxlib {v.get('jaxlib')}{where})")  # fmt: skip
+
+
+def load_side(path: Path) -> Side:
+    """A run directory or a snapshot folder, read with every hash checked."""
+    path = Path(path)
+    if (path / MANIFEST_NAME).is_file():
+        manifest = load_manifest(path)
+        arts = {p: a["sha256"] for s in manifest.get("stages", {}).values()
+                for p, a in s.get("artifacts", {}).items()}  # fmt: skip
+        timings = path / "execute" / "timings.json"
+        median = json.loads(timings.read_text()).get("median_s") if timings.is_file() else None
+        return Side(path, "run", from_run(path, manifest), arts, median)
+    if (path / INDEX_NAME).is_file():
+        return Side(path, "snapshot", load_snapshot(path), {}, None)
+    raise SnapshotError(
+        f"{path}: neither a run directory ({MANIFEST_NAME}) nor a snapshot ({INDEX_NAME})"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return b / a if a and b is not None else None
+
+
+def _deltas(
+    a: dict[str, Any], b: dict[str, Any], keys: tuple[tuple[str, str], ...]
+) -> list[dict[str, Any]]:
+    return [{"key": name, "a": a.get(k), "b": b.get(k), "ratio": _ratio(a.get(k), b.get(k))}
+            for k, name in keys if k in a or k in b]  # fmt: skip
+
+
+def _outputs(a: Side, b: Side) -> str | None:
+    """same / differs (max abs diff) / shapes differ, when both runs saved outputs."""
+    if _OUTPUTS not in a.binaries or _OUTPUTS not in b.binaries:
+        return None
+    if a.binaries[_OUTPUTS] == b.binaries[_OUTPUTS]:
+        return "same"
+    import numpy as np
+
+    with np.load(a.path / _OUTPUTS) as za, np.load(b.path / _OUTPUTS) as zb:
+        if sorted(za.files) != sorted(zb.files):
+            return "differs (different outputs)"
+        worst = 0.0
+        for key in za.files:
+            x, y = za[key], zb[key]
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return f"differs ({key}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)})"
+            if x.size:
+                worst = max(
+                    worst, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+                )
+    return f"differs (max abs diff {worst:.3g})"
+
+
+def diff_report(a: Side, b: Side) -> dict[str, Any]:
+    """Everything ``jaxaot-diff`` prints, as JSON-ready data."""
+    cmp = compare(a.snapshot, b.snapshot)
+    stages: dict[str, dict[str, Any]] = {}
+    for art in CANONICAL_ARTIFACTS:
+        if art.path not in a.snapshot.files and art.path not in b.snapshot.files:
+            continue
+        diff = diff_lines(a.snapshot, b.snapshot, art.path, ("A", "B"))
+        added, removed = line_counts(diff)
+        state = "same" if art.path not in cmp.differing else (
+            "only in A" if art.path in cmp.only_golden else
+            "only in B" if art.path in cmp.only_actual else "differs")  # fmt: skip
+        stages.setdefault(art.stage, {"artifacts": {}})["artifacts"][art.path] = {
+            "status": state, "added": added, "removed": removed}  # fmt: skip
+    for path in _BINARIES:  # only runs have them
+        if a.kind == b.kind == "run" and (path in a.binaries or path in b.binaries):
+            if path not in a.binaries or path not in b.binaries:
+                state = "only in A" if path in a.binaries else "only in B"
+            else:
+                state = "same bytes" if a.binaries[path] == b.binaries[path] else "bytes differ"
+            entry = stages.setdefault(path.split("/")[0], {"artifacts": {}})
+            entry.setdefault("binaries", {})[path] = state
+    if "compile" in stages:
+        stages["compile"]["cost"] = _deltas(a.snapshot.meta("compile/cost_analysis.json"),
+                                            b.snapshot.meta("compile/cost_analysis.json"),
+                                            _COST_KEYS)  # fmt: skip
+        stages["compile"]["memory"] = _deltas(a.snapshot.meta("compile/memory_analysis.json"),
+                                              b.snapshot.meta("compile/memory_analysis.json"),
+                                              _MEMORY_KEYS)  # fmt: skip
+    outputs = _outputs(a, b)
+    if outputs is not None or a.median_s is not None or b.median_s is not None:
+        stages["execute"] = {"artifacts": {}, "outputs": outputs,
+                             "median_s": {"a": a.median_s, "b": b.median_s,
+                                          "ratio": _ratio(a.median_s, b.median_s)}}  # fmt: skip
+    return {
+        "a": str(a.path), "b": str(b.path),
+        "versions": list(cmp.versions), "config": list(cmp.config),
+        "stages": {s: stages[s] for s in STAGES if s in stages},
+        "first_difference": cmp.first.path if cmp.first else None,
+        "differs": bool(cmp.differing),
+    }  # fmt: skip
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return human_count(value) if key in ("flops", "transcendentals") else human_bytes(value)
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return f"  (x{ratio:.2f})" if ratio is not None and ratio != 1 else ""
+
+
+def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) -> str:
+    out = [f"A: {a.describe()}", f"B: {b.describe()}"]
+    out.append("versions: " + ("same" if not report["versions"] else "; ".join(report["versions"])))
+    if report["config"]:
+        out.append(f"config: {len(report['config'])} key(s) differ")
+        out += [f"  {c}" for c in report["config"]]
+    else:
+        out.append("config: same")
+    for stage, info in report["stages"].items():
+        out.append(stage)
+        for path, art in info["artifacts"].items():
+            counts = f" (+{art['added']} -{art['removed']})" if art["status"] == "differs" else ""
+            out.append(f"  {path.split('/', 1)[1]:<26} {art['status']}{counts}")
+        for path, state in info.get("binaries", {}).items():
+            why = (
+                " (reported only: binaries embed source locations)"
+                if state == "bytes differ"
+                else ""
+            )
+            out.append(f"  {path.split('/', 1)[1]:<26} {state}{why}")
+        for group in ("cost", "memory"):
+            for d in info.get(group, []):
+                label = f"{group}: {d['key']}"
+                out.append(f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
+                           f"{_ratio_text(d['ratio'])}")  # fmt: skip
+        if stage == "execute":
+            if info.get("outputs"):
+                out.append(f"  {'outputs.npz':<26} {info['outputs']}")
+            t = info["median_s"]
+            ratio = f"  (B/A = {t['ratio']:.2f}x)" if t["ratio"] is not None else ""
+            out.append(f"  {'median time':<26} {human_seconds(t['a'])} -> "
+                       f"{human_seconds(t['b'])}{ratio}")  # fmt: skip
+    first = report["first_difference"]
+    if first is None:
+        out.append("no difference in the canonical artifacts")
+        return "\n".join(out)
+    out.append(f"first difference: {ARTIFACT_BY_PATH[first].where}")
+    paths = [p for s in report["stages"].values() for p, art in s["artifacts"].items()
+             if art["status"] != "same"] if full else [first]  # fmt: skip
+    for path in paths:
+        diff = diff_lines(a.snapshot, b.snapshot, path, ("A", "B"))
+        text = "\n".join(diff) if full else bounded(diff, lines)
+        if text:
+            out.append(text)
+    return "\n".join(out)
+
+
+__all__ = ["Side", "diff_report", "load_side", "render"]

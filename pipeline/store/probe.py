@@ -1,0 +1,186 @@
+"""``jaxaot-store verify --deep``: load every compile entry in a fresh process, as a cold run would.
+
+An entry can verify (every sha256 matches) and still be unusable: its pickle names a
+NamedTuple class that was renamed since, it was written by another jaxlib, it was compiled for
+more devices than there are, or it crashes when called. The parent (:func:`probe_entries`)
+starts ``python -m jaxaot.store.probe`` on a batch of entry folders; the child re-verifies each
+entry, unpickles and loads its executable, calls it once on zeros and checks that the outputs
+have the structure the executable declares, printing one JSON line per entry. A child killed by
+a signal (a segfault in a custom call) marks the entry it was on as unusable, and a new child
+goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_PROBE_TIMEOUT_S = 600.0
+NOT_CHECKED = "not checked: "  # a reason that leaves the entry counted as usable
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    dir: Path
+    usable: bool
+    reason: str = ""
+
+
+def _device_count(entry_dirs: Sequence[Path]) -> int:
+    count = 1
+    for d in entry_dirs:
+        try:
+            meta = json.loads((d / "compiled.json").read_bytes())
+            count = max(count, max(int(i) for i in meta["device_ids"]) + 1)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return count
+
+
+def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
+    """Load each compile entry in a fresh subprocess (several per process, a new one after a
+    crash); one result per entry, in order."""
+    results: dict[Path, ProbeResult] = {}
+    pending = list(entry_dirs)
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["JAXAOT_PROBE_DEVICES"] = str(_device_count(entry_dirs))
+    if trust:
+        env["JAXAOT_TRUST_STORE"] = "1"
+    solo = False  # after a batch timed out: the next entry gets a child (and a timeout) alone
+    while pending:
+        batch = pending[:1] if solo else pending
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "jaxaot.store.probe", *map(str, batch)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=_PROBE_TIMEOUT_S,
+            )
+            stdout, rc, stderr = proc.stdout, proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or ""
+            stdout = out.decode() if isinstance(out, bytes) else out
+            rc, stderr = None, f"timed out after {_PROBE_TIMEOUT_S:.0f} s"
+        for line in stdout.splitlines():
+            try:
+                rec = json.loads(line)
+                d = Path(rec["dir"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            reason = str(rec.get("reason", ""))
+            results[d] = ProbeResult(d, not reason or reason.startswith(NOT_CHECKED), reason)
+        done = [d for d in batch if d in results]
+        pending = [d for d in pending if d not in results]
+        if len(done) == len(batch):  # the batch finished (all of it, or a solo re-probe)
+            solo = False
+            continue
+        if rc is None and len(batch) > 1:
+            # The timeout was the whole batch's: slow entries before it say nothing about
+            # pending[0]. Probe it alone before calling it unusable (--remove deletes those).
+            solo = True
+            continue
+        solo = False
+        # The child died on pending[0] (or before any entry): that one is unusable.
+        if rc is not None and rc < 0:
+            why = f"loading it killed the process ({signal.Signals(-rc).name})"
+        elif rc is None:
+            why = f"loading it did not finish ({stderr})"
+        else:
+            tail = stderr.strip().splitlines()[-1:] or [f"exit status {rc}"]
+            why = f"the loading process failed: {tail[0][:300]}"
+        if not done and rc is not None and rc > 0 and len(pending) == len(entry_dirs):
+            # The child could not start at all (no JAX?): nothing about the entries is known.
+            raise RuntimeError(f"verify --deep: cannot start a probe process: {why}")
+        results[pending[0]] = ProbeResult(pending[0], False, why)
+        pending = pending[1:]
+    return [results[d] for d in entry_dirs]
+
+
+def _zeros(info: Any) -> Any:
+    import numpy as np
+
+    return np.zeros(info.shape, info.dtype)
+
+
+def probe_one(entry_dir: Path, trust: bool) -> str:
+    """Why the compile entry at ``entry_dir`` cannot be used here, or "" when it loads and runs."""
+    import pickle
+    from types import SimpleNamespace
+
+    import jax
+    from jax.experimental import serialize_executable
+    from jaxaot.stages import custom_calls
+    from jaxaot.store.entries import _Bad, _load
+
+    key, stage = entry_dir.name, entry_dir.parent.parent.name
+    try:
+        entry = _load(entry_dir, stage, key, None, trust)
+    except _Bad as bad:
+        return bad.reason
+    if entry is None:
+        return "entry vanished"
+    if "executable.bin" not in entry.files:
+        return ""  # nothing to load (the backend could not serialize it)
+    meta = json.loads(entry.read_bytes("compiled.json"))
+    backend, ids = meta["backend"], [int(i) for i in meta["device_ids"]]
+    try:
+        by_id = {d.id: d for d in jax.devices(backend)}
+    except RuntimeError:
+        return f"{NOT_CHECKED}no {backend} backend here"
+    if any(i not in by_id for i in ids):
+        return f"compiled for {backend} devices {ids}, this host has {sorted(by_id)}"
+    hlo = entry.read_bytes("optimized.hlo.txt") if "optimized.hlo.txt" in entry.files else None
+    try:
+        custom_calls.prepare(hlo, backend, SimpleNamespace(lowered=None), "entry")
+    except custom_calls.ColdLoadError:
+        return f"{NOT_CHECKED}it calls custom calls its program registers (never loaded cold)"
+    try:
+        payload, in_tree, out_tree = pickle.loads(entry.read_bytes("executable.bin"))
+    except Exception as exc:
+        return f"cannot unpickle executable.bin: {type(exc).__name__}: {exc}"
+    try:
+        compiled = serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=backend, execution_devices=[by_id[i] for i in ids]
+        )
+    except Exception as exc:
+        return f"cannot load the executable: {type(exc).__name__}: {' '.join(str(exc).split())}"
+    try:
+        args, kwargs = jax.tree_util.tree_map(_zeros, compiled.args_info)
+        out = jax.block_until_ready(compiled(*args, **kwargs))
+    except Exception as exc:
+        return f"calling it failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    if jax.tree_util.tree_structure(out) != out_tree:
+        return f"its outputs are {jax.tree_util.tree_structure(out)}, it declares {out_tree}"
+    return ""
+
+
+def main(argv: Sequence[str]) -> int:
+    import jax
+    from jaxaot.util.fsio import trust_from_env
+
+    # Enough virtual CPU devices for every entry, and x64 so f64 arguments keep their type.
+    jax.config.update("jax_num_cpu_devices", int(os.environ.get("JAXAOT_PROBE_DEVICES", "1")))
+    jax.config.update("jax_enable_x64", True)
+    trust = trust_from_env()
+    for arg in argv:
+        d = Path(arg)
+        try:
+            reason = probe_one(d, trust)
+        except Exception as exc:  # anything else: this entry is unusable, go on
+            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        print(json.dumps({"dir": str(d), "reason": reason}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,292 @@
+"""Autotuning: an Optuna study over Hydra overrides, one launched sweep job per trial.
+
+The study asks for trial parameters, the configured Hydra launcher runs them as ordinary
+jaxaot jobs (so the store, the progress lines and the report all apply), and each trial's
+objective is read back from its job's ``manifest.json``: ``execute.median_s`` by default, or a
+compile-time figure (``compile.flops``, ``compile.bytes_accessed``, ``compile.temp_bytes``) for
+compile-only searches. The search space is written in Hydra's sweep syntax:
+``choice(a,b)``/``a,b`` (categorical), ``range(lo,hi[,step])`` (integers),
+``interval(lo,hi)`` (floats; ``tag(int, ...)`` for integers, ``tag(log, ...)`` for log scale).
+
+The Sweeper class itself lives in ``hydra_plugins/jaxaot_optuna_sweeper`` (Hydra only
+instantiates sweepers from that namespace); this module holds everything it does.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jaxaot.errors import ConfigError, JaxaotError
+from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.sweeps.progress import JobOutcome, read_json
+from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, row_of
+from jaxaot.util.fsio import atomic_write_json
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+    from hydra.core.utils import JobReturn
+    from hydra.plugins.launcher import Launcher
+    from omegaconf import DictConfig
+
+log = logging.getLogger("jaxaot")
+
+DIRECTIONS = ("minimize", "maximize")
+SAMPLERS = ("tpe", "random")
+COMPILE_ONLY_OBJECTIVES = ("compile.flops", "compile.bytes_accessed", "compile.temp_bytes")
+
+
+class MissingDependencyError(JaxaotError, ImportError):
+    """An optional dependency of a feature is not installed."""
+
+
+@dataclass(frozen=True)
+class AutotuneOptions:
+    """``hydra.sweeper.*`` of ``hydra/sweeper=jaxaot_optuna`` (see the plugin's config)."""
+
+    objective: str = "execute.median_s"
+    direction: str = "minimize"
+    n_trials: int = 20
+    n_jobs: int = 1
+    sampler: str = "tpe"
+    seed: int | None = 0
+    study_name: str | None = None
+    storage: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    # Stop when the first this-many trials all fail with the same error (0: never stop early):
+    # a fixed override that breaks every point wastes no more trials.
+    stop_after_failures: int = 3
+
+    def check(self, stop_after: str) -> None:
+        """Refuse a search that cannot produce its objective, naming the key."""
+        if self.objective not in NUMERIC_COLUMNS:
+            raise ConfigError(
+                f"hydra.sweeper.objective: expected one of {', '.join(NUMERIC_COLUMNS)}, "
+                f"found {self.objective!r}"
+            )
+        stage = self.objective.split(".", 1)[0]
+        if stage == "execute" and stop_after != "execute":
+            raise ConfigError(
+                f"hydra.sweeper.objective={self.objective!r} needs stop_after=execute, found "
+                f"stop_after={stop_after!r}; for a compile-only search use one of "
+                f"{', '.join(COMPILE_ONLY_OBJECTIVES)}"
+            )
+        if self.direction not in DIRECTIONS:
+            raise ConfigError(f"hydra.sweeper.direction: expected minimize or maximize, found "
+                              f"{self.direction!r}")  # fmt: skip
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, "
+                              f"found {self.sampler!r}")  # fmt: skip
+        for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
+            if value < 1:
+                raise ConfigError(f"hydra.sweeper.{key}: expected >= 1, found {value}")
+        if self.stop_after_failures < 0:
+            raise ConfigError(f"hydra.sweeper.stop_after_failures: expected >= 0 (0: never "
+                              f"stop early), found {self.stop_after_failures}")  # fmt: skip
+
+
+def unescape(value: str) -> str:
+    """An override value as the user wrote it: Hydra's sweep values come back escaped for its
+    grammar (``f32\\[8\\,256\\]``); logs and reports show ``f32[8,256]``."""
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
+
+
+def shown(override: str) -> str:
+    """``key=value`` with the value unescaped (see :func:`unescape`)."""
+    key, sep, value = override.partition("=")
+    return key + sep + unescape(value)
+
+
+def _same_failure(trials: list[dict[str, Any]]) -> str | None:
+    """The error every one of ``trials`` failed with, or None. A trial's own parameter values
+    are masked first: "f32[8,256] does not fit" and "f32[64,256] does not fit" are one error."""
+    if not trials or any(t["value"] is not None or not t["error"] for t in trials):
+        return None
+    masked = set()
+    for t in trials:
+        text = str(t["error"])
+        for v in sorted(t["params"].values(), key=len, reverse=True):
+            for form in {v, unescape(v)}:
+                if form:
+                    text = text.replace(form, "<value>")
+        masked.add(text)
+    return str(trials[0]["error"]) if len(masked) == 1 else None
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise MissingDependencyError(
+            "hydra/sweeper=jaxaot_optuna needs optuna, which is not installed; "
+            "install it with: pip install 'jaxaot[sweep]'"
+        ) from None
+    return optuna
+
+
+def distribution(override: Override) -> Any:
+    """The Optuna distribution for one sweep override."""
+    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
+
+    dist = _optuna().distributions
+    value = override.value()
+    key = override.get_key_element()
+    if override.is_interval_sweep():
+        assert isinstance(value, IntervalSweep) and value.start is not None
+        assert value.end is not None
+        log_scale = "log" in value.tags
+        if "int" in value.tags:
+            return dist.IntDistribution(int(value.start), int(value.end), log=log_scale)
+        return dist.FloatDistribution(value.start, value.end, log=log_scale)
+    if override.is_range_sweep():
+        assert isinstance(value, RangeSweep)
+        steps = list(override.sweep_string_iterator())
+        if not steps:
+            raise ConfigError(f"{key}: the range {override.input_line} is empty")
+        if all(isinstance(v, int) for v in (value.start, value.stop, value.step)):
+            step = int(value.step)
+            return dist.IntDistribution(int(steps[0]), int(steps[-1]), step=abs(step))
+        return dist.CategoricalDistribution(steps)
+    if override.is_choice_sweep():
+        return dist.CategoricalDistribution(list(override.sweep_string_iterator()))
+    raise ConfigError(f"{key}: {override.input_line} is not a choice, range or interval sweep")
+
+
+def search_space(arguments: Sequence[str], params: dict[str, str],
+                 config_loader: Any = None) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """(distributions by override key, fixed overrides) from ``params`` and the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create(config_loader=config_loader)
+    parsed = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
+    space, fixed = {}, []
+    for o in parsed:
+        if o.is_sweep_override():
+            space[o.get_key_element()] = distribution(o)
+        else:
+            fixed.append(f"{o.get_key_element()}={o.get_value_element_as_str()}")
+    if not space:
+        raise ConfigError(
+            "hydra.sweeper.params: nothing to search; expected at least one sweep such as "
+            "compile.compiler_options.xla_cpu_enable_fast_math=choice(true,false)"
+        )
+    return space, fixed
+
+
+def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str | None]:
+    """(value, None) for a trial whose job produced the objective, else (None, why not)."""
+    from hydra.core.utils import JobStatus
+
+    if job.status != JobStatus.COMPLETED:
+        return None, f"job raised {type(job._return_value).__name__}"
+    if isinstance(job._return_value, JobOutcome) and job._return_value.code != 0:
+        return None, job._return_value.error
+    run_dir = Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
+    manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
+    if not manifest or manifest.get("status") != "ok":
+        return None, (manifest or {}).get("error") or "no manifest"
+    value = row_of(manifest).get(objective)
+    if value is None:
+        return None, f"{objective} not in the manifest"
+    return float(value), None
+
+
+def _sampler(opts: AutotuneOptions) -> Any:
+    samplers = _optuna().samplers
+    if opts.sampler == "random":
+        return samplers.RandomSampler(seed=opts.seed)
+    return samplers.TPESampler(seed=opts.seed)
+
+
+def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictConfig,
+             launcher: Launcher, config_loader: Any,
+             validate: Callable[[Sequence[Sequence[str]]], None]) -> list[Sequence[JobReturn]]:  # fmt: skip
+    """Run ``opts.n_trials`` trials, ``opts.n_jobs`` at a time; write ``autotune.json``."""
+    optuna = _optuna()
+    from optuna.trial import TrialState
+
+    opts.check(str(config.get("stop_after", "execute")))
+    space, fixed = search_space(arguments, opts.params, config_loader)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=opts.direction, sampler=_sampler(opts),
+                                study_name=opts.study_name, storage=opts.storage,
+                                load_if_exists=opts.storage is not None)  # fmt: skip
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info("autotune: %s %s over %s, %d trials", opts.direction, opts.objective,
+             ", ".join(space), opts.n_trials)  # fmt: skip
+    trials: list[dict[str, Any]] = []
+    returns: list[Sequence[JobReturn]] = []
+    while len(trials) < opts.n_trials:
+        asked = [study.ask(space) for _ in range(min(opts.n_jobs, opts.n_trials - len(trials)))]
+        batch = [[*fixed, *(f"{k}={v}" for k, v in t.params.items())] for t in asked]
+        validate(batch)
+        results = launcher.launch(batch, initial_job_idx=len(trials))
+        for trial, overrides, job in zip(asked, batch, results, strict=True):
+            value, why = objective_value(job, opts.objective)
+            if value is None:
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                study.tell(trial, value)
+            trials.append({
+                "number": trial.number, "job": len(trials), "value": value, "error": why,
+                "params": {k: str(v) for k, v in trial.params.items()},
+                "overrides": [shown(o) for o in overrides[len(fixed):]],
+            })  # fmt: skip
+        returns.append(results)
+        _write(sweep_dir, opts, study, trials, fixed)
+        first = trials[: opts.stop_after_failures]
+        if len(first) == opts.stop_after_failures and len(trials) < opts.n_trials:
+            error = _same_failure(first)
+            if error is not None:
+                log.error("autotune: stopped after %d of %d trials: the first %d all failed "
+                          "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
+                          len(trials), opts.n_trials, len(first), error)  # fmt: skip
+                return returns
+    best = _best(study, trials)
+    if best:
+        log.info("autotune: best %s = %.6g (job %s): %s", opts.objective, best["value"],
+                 best["job"], " ".join(best["overrides"]))  # fmt: skip
+    else:
+        log.warning("autotune: no trial produced %s", opts.objective)
+    return returns
+
+
+def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        best = study.best_trial
+    except ValueError:  # no completed trial
+        return None
+    mine = next((t for t in trials if t["number"] == best.number), None)
+    if mine is not None:
+        return mine
+    # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
+    params = {k: str(v) for k, v in best.params.items()}
+    return {"number": best.number, "job": None, "value": best.value, "error": None,
+            "params": params, "overrides": [shown(f"{k}={v}") for k, v in params.items()]}  # fmt: skip
+
+
+def _write(sweep_dir: Path, opts: AutotuneOptions, study: Any, trials: list[dict[str, Any]],
+           fixed: list[str]) -> None:  # fmt: skip
+    atomic_write_json(sweep_dir / AUTOTUNE_NAME, {
+        "objective": opts.objective, "direction": opts.direction, "sampler": opts.sampler,
+        "seed": opts.seed, "study_name": study.study_name, "n_trials": opts.n_trials,
+        "fixed": [shown(o) for o in fixed], "best": _best(study, trials), "trials": trials,
+    })  # fmt: skip
+
+
+__all__ = [
+    "COMPILE_ONLY_OBJECTIVES",
+    "DIRECTIONS",
+    "SAMPLERS",
+    "AutotuneOptions",
+    "MissingDependencyError",
+    "distribution",
+    "objective_value",
+    "optimize",
+    "search_space",
+]

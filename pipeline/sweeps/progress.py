@@ -1,0 +1,339 @@
+"""What a sweep shows while it runs: one line per finished job and a heartbeat for long stages.
+
+Jobs may run in other processes (joblib) or on other machines (submitit), so everything here
+goes through the sweep directory rather than through memory: the sweep's plan (job count, the
+overrides that vary) in ``.jaxaot/sweep.json``, finish order through exclusively created
+marker files, and each job's outcome in ``job.json`` next to its ``manifest.json``. Where a
+job's own output does not reach the user (submitit writes it to per-job logs), the job also
+leaves its progress line in ``.jaxaot/progress/<n>`` and the launching process prints it
+(:class:`ProgressRelay`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from jaxaot.config.schema import STAGES, override_key
+from jaxaot.engine.summary import human_bytes, human_count, human_seconds
+from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.util.fsio import atomic_write_json, atomic_write_text
+
+log = logging.getLogger("jaxaot")
+
+STATE_DIR = ".jaxaot"
+PLAN_NAME = "sweep.json"
+JOB_NAME = "job.json"
+LINES_DIR = "progress"
+
+_VERB = {
+    "stage_out": "tracing",
+    "lower": "lowering",
+    "compile": "compiling",
+    "execute": "executing",
+}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What every job of a sweep needs to know about the whole: its size and what varies."""
+
+    total: int | None
+    varying: tuple[str, ...]
+
+    def write(self, sweep_dir: Path) -> None:
+        atomic_write_json(Path(sweep_dir) / STATE_DIR / PLAN_NAME, asdict(self))
+
+    @classmethod
+    def read(cls, sweep_dir: Path) -> SweepPlan:
+        try:
+            data = json.loads((Path(sweep_dir) / STATE_DIR / PLAN_NAME).read_text())
+            return cls(total=data.get("total"), varying=tuple(data.get("varying", ())))
+        except (OSError, ValueError):
+            return cls(total=None, varying=())
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A sweep job's result as the task function returns it: the exit code and the error line.
+
+    Errors raised before the runner writes a manifest (a bad override value) exist only here,
+    so the report learns them through ``job.json``.
+    """
+
+    code: int
+    error: str | None = None
+
+
+def override_value(override: str) -> str:
+    """The value as a user reads it: ``'f32[16,256]'`` (quoted for Hydra) -> ``f32[16,256]``."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1].replace("\\" + value[0], value[0])
+    # A sweep's values come back escaped for Hydra's grammar: f32\[8\,256\] -> f32[8,256].
+    return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """The shortest dotted suffix of each key that is still unique among ``keys``."""
+    out = {}
+    for k in keys:
+        parts = k.split(".")
+        for n in range(1, len(parts) + 1):
+            cand = ".".join(parts[-n:])
+            if parts[-n].isdigit() and n < len(parts):
+                continue  # `args.1`, not `1`
+            if sum(1 for o in keys if o == cand or o.endswith("." + cand)) == 1:
+                out[k] = cand
+                break
+        else:
+            out[k] = k
+    return out
+
+
+def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
+    atomic_write_json(Path(run_dir) / JOB_NAME, record)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when missing or unreadable (a job still running)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def claim_finish_slot(sweep_dir: Path) -> int:
+    """This job's place in finish order (1-based), unique across processes and hosts.
+
+    ``O_CREAT | O_EXCL`` is atomic on local file systems and on NFS v3+, so two jobs finishing
+    together never print the same number.
+    """
+    folder = Path(sweep_dir) / STATE_DIR / "finished"
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        try:
+            os.close(os.open(folder / str(n), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def key_figures(manifest: dict[str, Any] | None) -> str:
+    """Compile status/time, FLOPs, temp memory, execute median and FLOP/s, in one phrase."""
+    stages = (manifest or {}).get("stages", {})
+    parts = []
+    comp = stages.get("compile")
+    if comp:
+        m = comp.get("metrics", {})
+        parts.append(f"compile {comp['status']} {human_seconds(comp.get('seconds'))}")
+        if m.get("flops") is not None:
+            parts.append(human_count(m["flops"], "FLOP"))
+        if m.get("temp_bytes") is not None:
+            parts.append(f"temp {human_bytes(m['temp_bytes'])}")
+    ex = stages.get("execute")
+    if ex and ex.get("metrics", {}).get("median_s") is not None:
+        m = ex["metrics"]
+        text = f"execute {human_seconds(m['median_s'])}"
+        if m.get("flops_per_s"):
+            text += f" ({human_count(m['flops_per_s'], 'FLOP/s')})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def progress_line(n: int, total: int | None, overrides: Sequence[str], status: str,
+                  manifest: dict[str, Any] | None, error: str | None) -> str:  # fmt: skip
+    """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job."""
+    head = f"[{n}/{total if total is not None else '?'}]"
+    names = short_names([override_key(o) for o in overrides])
+    shown = " ".join(f"{names[override_key(o)]}={override_value(o)}" for o in overrides)
+    shown = shown or "(no overrides)"
+    tail = key_figures(manifest) if status == "ok" else (error or "failed")
+    return f"{head} {shown} | {status} | {tail}".rstrip(" |")
+
+
+def relay_line(sweep_dir: Path, n: int, line: str) -> None:
+    """Leave job ``n``'s progress line for :class:`ProgressRelay` (written atomically)."""
+    atomic_write_text(Path(sweep_dir) / STATE_DIR / LINES_DIR / str(n), line + "\n")
+
+
+class _Ticker:
+    """A daemon thread that calls :meth:`tick` every ``period_s`` until :meth:`stop`."""
+
+    def __init__(self, period_s: float, name: str) -> None:
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> Self:
+        self._started()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _started(self) -> None:
+        """Called as the thread starts (reset clocks here)."""
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._period_s):
+            self.tick()
+
+
+class ProgressRelay(_Ticker):
+    """Prints, in the launching process, the progress lines that jobs elsewhere relay.
+
+    Polls ``.jaxaot/progress/`` and prints each new line once, in finish order as far as it
+    can tell. When nothing has finished for ``heartbeat_s``, it says how many jobs are done and
+    how long the sweep has run, so a sweep of long compiles on a cluster shows it is alive.
+    """
+
+    def __init__(self, sweep_dir: Path, total: int | None, heartbeat_s: float,
+                 poll_s: float = 0.5, write: Any = None) -> None:  # fmt: skip
+        super().__init__(poll_s, "jaxaot-progress")
+        self.folder = Path(sweep_dir) / STATE_DIR / LINES_DIR
+        self.total, self.heartbeat_s = total, heartbeat_s
+        self._write = write or print_line
+        self._printed: set[str] = set()
+        self._t0 = self._last = time.monotonic()
+
+    def _started(self) -> None:
+        self._t0 = self._last = time.monotonic()
+
+    def stop(self) -> None:
+        """Print whatever arrived last, then stop."""
+        super().stop()
+        self.poll()
+
+    def poll(self) -> int:
+        """Print the lines not printed yet; return how many."""
+        try:
+            names = [n for n in os.listdir(self.folder) if n.isdigit() and n not in self._printed]
+        except OSError:
+            return 0
+        for name in sorted(names, key=int):
+            try:
+                line = (self.folder / name).read_text().rstrip("\n")
+            except OSError:
+                continue
+            self._printed.add(name)
+            self._write(line)
+        if names:
+            self._last = time.monotonic()
+        return len(names)
+
+    def tick(self) -> None:
+        self.poll()
+        now = time.monotonic()
+        if self.heartbeat_s > 0 and now - self._last >= self.heartbeat_s:
+            self._last = now
+            total = self.total if self.total is not None else "?"
+            self._write(f"[sweep] {len(self._printed)}/{total} jobs finished, "
+                        f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
+
+
+def print_line(line: str) -> None:
+    """One line to stdout in one write, so lines of jobs finishing together in parallel
+    workers (or of the relay thread) never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def planned_stages(config: Any) -> list[str]:
+    """The stages a job's config runs, from ``start_at`` to ``stop_after`` (compile at the
+    latest for ``compile.topology``: there is nothing here to execute on, see
+    jaxaot.config.topology)."""
+    first = STAGES.index(str(config.get("start_at", STAGES[0])))
+    last = STAGES.index(str(config.get("stop_after", STAGES[-1])))
+    compile_ = config.get("compile")
+    if compile_ is not None and compile_.get("topology"):
+        last = min(last, STAGES.index("compile"))
+    return list(STAGES[first : last + 1])
+
+
+class Heartbeat(_Ticker):
+    """Logs ``still compiling ...`` every ``interval_s`` while a job runs.
+
+    The stage in progress is read from the job's manifest (rewritten after every stage), so the
+    heartbeat needs no hook inside the runner and works for any launcher.
+    """
+
+    def __init__(self, run_dir: Path, interval_s: float, label: str, stages: Sequence[str]):
+        super().__init__(interval_s, "jaxaot-heartbeat")
+        self.run_dir, self.interval_s, self.label = Path(run_dir), interval_s, label
+        self.stages = list(stages)
+        self._t0 = time.time()
+
+    def _started(self) -> None:
+        self._t0 = time.time()
+
+    def current(self) -> tuple[str | None, float | None]:
+        """The stage now running and since when (the manifest's last write); (None, None)
+        before the first stage has finished, when JAX may still be starting up."""
+        path = self.run_dir / MANIFEST_NAME
+        manifest = read_json(path)
+        if manifest is None:
+            return None, None
+        done = set(manifest.get("stages", {}))
+        stage = next((s for s in self.stages if s not in done), None)
+        try:
+            return stage, path.stat().st_mtime
+        except OSError:
+            return stage, None
+
+    def message(self) -> str | None:
+        """The line to log now, or None when every planned stage has finished."""
+        stage, since = self.current()
+        now = time.time()
+        job = human_seconds(now - self._t0)
+        if since is None:
+            return f"still starting or {_VERB[self.stages[0]]} ({self.label}): {job} in this job"
+        if stage is None:
+            return None
+        return (f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
+                f"in {stage}, {job} in this job")  # fmt: skip
+
+    def tick(self) -> None:
+        line = self.message()
+        if line:
+            log.info("%s", line)
+
+
+__all__ = [
+    "JOB_NAME",
+    "LINES_DIR",
+    "PLAN_NAME",
+    "STATE_DIR",
+    "Heartbeat",
+    "JobOutcome",
+    "ProgressRelay",
+    "SweepPlan",
+    "claim_finish_slot",
+    "key_figures",
+    "override_key",
+    "override_value",
+    "planned_stages",
+    "print_line",
+    "progress_line",
+    "read_json",
+    "relay_line",
+    "short_names",
+    "write_job_record",
+]

@@ -1,0 +1,352 @@
+"""The sweep report: ``sweep.csv``, ``sweep.md`` and plots, one row per job, from the sweep dir.
+
+The report is built from what the jobs left on disk (``manifest.json``, ``job.json`` and Hydra's
+``.hydra/overrides.yaml``), never from memory, so it is the same whichever launcher ran the jobs,
+and ``jaxaot-report <sweep dir>`` rebuilds it after a sweep that was interrupted.
+CSV cells hold the manifests' raw numbers; the Markdown table holds them in human units.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxaot.config.schema import STAGES
+from jaxaot.engine.summary import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
+from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.sweeps.progress import (
+    JOB_NAME,
+    STATE_DIR,
+    SweepPlan,
+    override_key,
+    override_value,
+    read_json,
+    short_names,
+)
+from jaxaot.util.fsio import atomic_write_text
+
+log = logging.getLogger("jaxaot")
+
+CSV_NAME = "sweep.csv"
+MD_NAME = "sweep.md"
+PLOTS_DIR = "plots"
+AUTOTUNE_NAME = "autotune.json"
+
+# Report column -> (stage, metric name in that stage's manifest entry).
+METRICS: dict[str, tuple[str, str]] = {
+    "compile.flops": ("compile", "flops"),
+    "compile.bytes_accessed": ("compile", "bytes_accessed"),
+    "compile.argument_bytes": ("compile", "argument_bytes"),
+    "compile.output_bytes": ("compile", "output_bytes"),
+    "compile.temp_bytes": ("compile", "temp_bytes"),
+    "compile.code_bytes": ("compile", "code_bytes"),
+    "execute.median_s": ("execute", "median_s"),
+    "execute.stddev_s": ("execute", "stddev_s"),
+    "execute.flops_per_s": ("execute", "flops_per_s"),
+}
+# compile.topology's verdict (issue 15): columns only in sweeps that have a topology job.
+_TOPOLOGY_FIELDS = ("topology", "fits", "hbm_bytes_needed", "hbm_bytes_available",
+                    "headroom_bytes", "est_step_s", "collectives", "collective_bytes")  # fmt: skip
+TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
+    f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
+}
+STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("status", "seconds"))
+# SLURM jobs (jaxaot's SLURM launcher): job id, state, where the state was read (squeue, sacct,
+# submitit's result file) and how often the job was requeued (resuming from its last stage).
+SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
+# Every numeric column: what an autotuning objective may name.
+NUMERIC_COLUMNS: tuple[str, ...] = (tuple(f"{s}.seconds" for s in STAGES) + tuple(METRICS)
+                                    + ("compile.hbm_bytes_needed", "compile.est_step_s"))  # fmt: skip
+# A job whose program does not fit its topology is a result, not a failure (issue 15).
+RESULT_STATUSES: tuple[str, ...] = ("ok", "does_not_fit")
+
+
+@dataclass
+class SweepTable:
+    """All rows of a sweep, the override keys that vary, and the best trial of a search."""
+
+    sweep_dir: Path
+    rows: list[dict[str, Any]]
+    varying: list[str]
+    fixed: list[str]
+    autotune: dict[str, Any] | None = None
+    plots: list[Path] = field(default_factory=list)
+    plot_note: str | None = None
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] not in RESULT_STATUSES]
+
+    @property
+    def does_not_fit(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] == "does_not_fit"]
+
+    @property
+    def topology(self) -> bool:
+        """Whether any job compiled for a ``compile.topology`` (its verdict columns show)."""
+        return any(r.get("compile.fits") is not None for r in self.rows)
+
+    @property
+    def slurm(self) -> bool:
+        """Whether the jobs ran as SLURM jobs (their records carry a job id and state)."""
+        return any(r.get("slurm_job") for r in self.rows)
+
+    @property
+    def columns(self) -> list[str]:
+        best = ["best"] if self.autotune else []
+        topo = list(TOPOLOGY_METRICS) if self.topology else []
+        slurm = list(SLURM_COLUMNS) if self.slurm else []
+        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, *topo, *slurm,
+                "error", "dir"]  # fmt: skip
+
+
+def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
+    """The stage and metric columns of one job's manifest (missing values are None)."""
+    stages = (manifest or {}).get("stages", {})
+    row: dict[str, Any] = {}
+    for s in STAGES:
+        row[f"{s}.status"] = stages.get(s, {}).get("status")
+        row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
+
+    def metric(stage: str, name: str) -> Any:
+        return stages.get(stage, {}).get("metrics", {}).get(name)
+
+    for col, (stage, name) in METRICS.items():
+        # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
+        row[col] = measured(metric(stage, name))
+    for col, (stage, name) in TOPOLOGY_METRICS.items():
+        row[col] = metric(stage, name)  # a verdict's headroom is negative when it does not fit
+    return row
+
+
+def _overrides_of(job_dir: Path, record: dict[str, Any] | None) -> list[str]:
+    if record and record.get("overrides") is not None:
+        return [str(o) for o in record["overrides"]]
+    path = job_dir / ".hydra" / "overrides.yaml"
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, ImportError):
+        return []
+    return [str(o) for o in data] if isinstance(data, list) else []
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Every job folder under the sweep dir: one holding a job record or a run manifest."""
+    found = {p.parent for name in (JOB_NAME, MANIFEST_NAME) for p in sweep_dir.rglob(name)}
+    jobs = [d for d in found if STATE_DIR not in d.relative_to(sweep_dir).parts]
+    # Natural order (job 2 before job 10) for jobs without a record of their number.
+    return sorted(jobs, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p)
+                                       for p in d.relative_to(sweep_dir).parts])  # fmt: skip
+
+
+def _status(record: dict[str, Any] | None, manifest: dict[str, Any] | None) -> str:
+    if record:
+        return str(record.get("status", "failed"))
+    if manifest and manifest.get("status") in ("ok", "failed", "interrupted", "does_not_fit"):
+        return str(manifest["status"])
+    return "incomplete"  # started, never finished: killed or still running
+
+
+def collect(sweep_dir: Path | str) -> SweepTable:
+    """Read every job of a sweep into rows, ordered by Hydra job number."""
+    root = Path(sweep_dir)
+    plan = SweepPlan.read(root)
+    rows, all_overrides = [], []
+    for i, d in enumerate(job_dirs(root)):
+        record, manifest = read_json(d / JOB_NAME), read_json(d / MANIFEST_NAME)
+        overrides = _overrides_of(d, record)
+        all_overrides.append(overrides)
+        status = _status(record, manifest)
+        error = (record or {}).get("error") or (manifest or {}).get("error")
+        if status == "incomplete" and not error:
+            error = "job did not finish (killed, or still running)"
+        num = (record or {}).get("num")
+        row = {"job": num if num is not None else i, "status": status}
+        row.update({override_key(o): override_value(o) for o in overrides})
+        row.update(row_of(manifest))
+        slurm = (record or {}).get("slurm") or {}
+        if slurm:
+            row.update(slurm_job=slurm.get("job_id"), slurm_state=slurm.get("state"),
+                       slurm_state_source=slurm.get("source"),
+                       requeued=(manifest or {}).get("requeued", 0))  # fmt: skip
+        row.update(error=error, dir=str(d.relative_to(root)))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["job"], r["dir"]))
+    varying = _varying(all_overrides, plan.varying)
+    fixed = list(dict.fromkeys(f"{override_key(o)}={override_value(o)}" for ovs in all_overrides
+                               for o in ovs if override_key(o) not in varying))  # fmt: skip
+    autotune = read_json(root / AUTOTUNE_NAME)
+    if autotune:
+        best = (autotune.get("best") or {}).get("job")
+        for r in rows:
+            r["best"] = r["job"] == best
+    return SweepTable(sweep_dir=root, rows=rows, varying=varying, fixed=fixed, autotune=autotune)
+
+
+def _varying(all_overrides: list[list[str]], planned: Sequence[str]) -> list[str]:
+    """Keys the sweep was asked to vary, then any other key whose value differs between jobs."""
+    order: list[str] = []
+    values: dict[str, set[str]] = {}
+    for ovs in all_overrides:
+        for o in ovs:
+            k = override_key(o)
+            if k not in values:
+                order.append(k)
+                values[k] = set()
+            values[k].add(override_value(o))
+    differs = {k for k, v in values.items() if len(v) > 1}
+    differs |= {k for k in values if any(k not in {override_key(o) for o in ovs}
+                                         for ovs in all_overrides)}  # fmt: skip
+    return [k for k in order if k in planned or k in differs]
+
+
+def to_csv(table: SweepTable) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    cols = table.columns
+    writer.writerow(cols)
+    for r in table.rows:
+        writer.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+    return buf.getvalue()
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _stage_cell(r: dict[str, Any], s: str) -> str:
+    if r.get(f"{s}.status") is None:
+        return "-"
+    return f"{r[f'{s}.status']} {human_seconds(r.get(f'{s}.seconds'))}"
+
+
+def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
+    """A figure; "n/a" where its stage ran but gave none (or XLA's unknown sentinel)."""
+    if r.get(col) is None and r.get(f"{col.split('.', 1)[0]}.status") in (
+        "ran",
+        "cached",
+        "resumed",
+    ):
+        return NOT_AVAILABLE
+    return str(fmt(r.get(col)))
+
+
+def _topology_cells(r: dict[str, Any]) -> list[str]:
+    fits = r.get("compile.fits")
+    coll = r.get("compile.collectives")
+    return [
+        r.get("compile.topology") or "-",
+        "-" if fits is None else ("yes" if fits else "**no**"),
+        human_bytes(r.get("compile.hbm_bytes_needed")),
+        human_bytes(r.get("compile.hbm_bytes_available")),
+        human_seconds(r.get("compile.est_step_s")),
+        "-" if coll is None else f"{coll} ({human_bytes(r.get('compile.collective_bytes'))})",
+    ]
+
+
+def _slurm_cell(r: dict[str, Any]) -> str:
+    """``12_3 COMPLETED, requeued 1x``: the SLURM job, its state and its requeues."""
+    if not r.get("slurm_job"):
+        return "-"
+    text = f"{r['slurm_job']} {r.get('slurm_state') or '?'}"
+    return text + (f", requeued {r['requeued']}x" if r.get("requeued") else "")
+
+
+def to_markdown(table: SweepTable) -> str:
+    names = short_names(table.varying)
+    topology, slurm = table.topology, table.slurm  # each scans every row: once, not per row
+    n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
+    lines = [f"# Sweep report: {table.sweep_dir}", ""]
+    misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
+    lines.append(f"{len(table.rows)} jobs: {n_ok} ok{misfits}, {len(table.failed)} failed.")
+    if table.fixed:
+        lines.append(f"Fixed overrides: `{' '.join(table.fixed)}`.")
+    best = (table.autotune or {}).get("best")
+    if table.autotune:
+        obj, direction = table.autotune.get("objective"), table.autotune.get("direction")
+        if best:
+            where = (f"job {best['job']}" if best.get("job") is not None
+                     else "an earlier sweep of this study")  # fmt: skip
+            mark = " (marked **best** below)" if best.get("job") is not None else ""
+            lines.append(
+                f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
+                f"`{' '.join(best.get('overrides', []))}`{mark}."
+            )
+        else:
+            lines.append(f"No trial produced `{obj}`.")
+    lines.append("")
+    head = ["job", *(names[k] for k in table.varying), "status", *(s for s in STAGES),
+            "FLOPs", "bytes accessed", "arg", "out", "temp", "code", "exec median", "FLOP/s",
+            *(("target", "fits", "HBM needed", "HBM available", "est. step (roofline)",
+               "collectives") if topology else ()),
+            *(["SLURM"] if slurm else []), "error"]  # fmt: skip
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in table.rows:
+        status = f"**{r['status']}**" if r["status"] != "ok" else "ok"
+        if r.get("best"):
+            status += " **best**"
+        cells = [r["job"], *(r.get(k, "") for k in table.varying), status,
+                 *(_stage_cell(r, s) for s in STAGES),
+                 *(_metric(r, c, human_count if c.endswith("flops") else human_bytes)
+                   for c in ("compile.flops", "compile.bytes_accessed", "compile.argument_bytes",
+                             "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes")),
+                 _metric(r, "execute.median_s", human_seconds),
+                 _metric(r, "execute.flops_per_s", human_count),
+                 *(_topology_cells(r) if topology else ()),
+                 *([_slurm_cell(r)] if slurm else []),
+                 (r.get("error") or "")[:160]]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if names:
+        lines += ["", "Columns: " + ", ".join(f"`{v}` = `{k}`" for k, v in names.items()) + "."]
+    if table.plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p.stem}]({p.relative_to(table.sweep_dir).as_posix()})" for p in table.plots]
+    if table.plot_note:
+        lines += ["", table.plot_note]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
+    """Write ``sweep.csv``, ``sweep.md`` and (with matplotlib) ``plots/*.png``."""
+    table = collect(sweep_dir)
+    if plots and table.rows:
+        try:
+            from jaxaot.sweeps.plots import write_plots
+        except ImportError as exc:
+            table.plot_note = (
+                f"Plots skipped: {(exc.name or 'matplotlib').split('.')[0]} is not installed "
+                "(pip install 'jaxaot[sweep]')."
+            )
+            log.warning(table.plot_note)
+        else:
+            table.plots = write_plots(table, table.sweep_dir / PLOTS_DIR)
+    atomic_write_text(table.sweep_dir / CSV_NAME, to_csv(table))
+    atomic_write_text(table.sweep_dir / MD_NAME, to_markdown(table))
+    return table
+
+
+__all__ = [
+    "AUTOTUNE_NAME",
+    "CSV_NAME",
+    "MD_NAME",
+    "METRICS",
+    "NUMERIC_COLUMNS",
+    "PLOTS_DIR",
+    "SLURM_COLUMNS",
+    "STAGE_COLUMNS",
+    "SweepTable",
+    "collect",
+    "job_dirs",
+    "row_of",
+    "to_csv",
+    "to_markdown",
+    "write_report",
+]

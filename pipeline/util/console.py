@@ -1,0 +1,176 @@
+"""Command-line manners shared by the ``jaxaot*`` commands (issue 14).
+
+- ``jaxaot ... | head`` ends quietly: once the reader of stdout is gone, further output is
+  dropped (stdout is pointed at ``/dev/null``) and the command carries on to its own exit
+  status, with no ``BrokenPipeError`` traceback. A run is not cut short by a closed pipe.
+- ``jaxaot --version`` names jaxaot, jax, jaxlib and the default backend, composing no config.
+- ``program.target`` resolves modules in the current directory, as ``python -m`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+DEFAULT_BACKEND = "cpu"  # conf/compile/default.yaml compile.backend
+
+
+class _PipeSafe:
+    """A stdout that turns into a sink when its reader goes away (EPIPE)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def _drop(self) -> None:
+        self.gone = True
+        # Also for what is already buffered: the interpreter flushes fd 1 again at exit.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if self.gone:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        if self.gone:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class Captured:
+    """What a :func:`capture_fd2` block wrote to file descriptor 2 (set as the block ends)."""
+
+    text = ""
+
+
+@contextlib.contextmanager
+def capture_fd2() -> Iterator[Captured]:
+    """Within: file descriptor 2 goes to a temporary file. C++ libraries (libtpu, the CUDA
+    plugin) write their start-up lines there directly, past ``sys.stderr``."""
+    import tempfile
+
+    caught = Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield caught
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            caught.text = buf.read().decode(errors="replace")
+
+
+def pipe_safe(main: Callable[..., int]) -> Callable[..., int]:
+    """A console script's ``main`` run under :func:`quiet_broken_pipe` (``jaxaot-diff | head``
+    ends quietly, with the command's own exit status)."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> int:
+        with quiet_broken_pipe():
+            return main(*args, **kwargs)
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def quiet_broken_pipe() -> Iterator[None]:
+    """Within: writes to a stdout whose reader has gone are dropped (see the module doc)."""
+    saved = sys.stdout
+    safe = _PipeSafe(saved)
+    sys.stdout = safe
+    try:
+        yield
+    except BrokenPipeError:  # a write that bypassed sys.stdout (e.g. a saved reference)
+        safe._drop()
+    finally:
+        if sys.stdout is safe:
+            sys.stdout = saved
+        if not safe.gone:
+            safe.flush()
+
+
+def version_text() -> str:
+    """``jaxaot --version``: jaxaot, jax, jaxlib and the backend a run uses by default.
+
+    That backend is ``compile.backend``'s default (conf/compile/default.yaml); like a run, only
+    its platform is started, so no other installed plugin (CUDA, TPU) is probed or complains.
+    """
+    from jaxaot import __version__
+
+    lines = [f"jaxaot {__version__}"]
+    try:
+        from jaxaot.stages.jaxenv import configure
+
+        configure(backend=DEFAULT_BACKEND, num_devices=None, x64=False)
+        import jax
+        import jaxlib
+
+        lines += [f"jax {jax.__version__}", f"jaxlib {getattr(jaxlib, '__version__', '?')}"]
+        devices = jax.devices()
+        lines.append(
+            f"backend {jax.default_backend()} (compile.backend default): "
+            f"{len(devices)} x {devices[0].device_kind}"
+        )
+    except Exception as exc:  # a broken JAX install is what --version is often run to find
+        lines.append(f"jax: unavailable ({type(exc).__name__}: {exc})")
+    return "\n".join(lines)
+
+
+# Hydra's launchers log each job as "\t#3 : key=value ...", with the values escaped for its
+# grammar (f32\[8\,256\]); jaxaot's sweepers show them as written (issue 14).
+_LAUNCHER_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+)
+_HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t])")
+
+
+class _Unescaped(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg.lstrip().startswith("#") and "\\" in msg:
+            record.msg, record.args = _HYDRA_ESCAPE.sub(r"\1", msg), None
+        return True
+
+
+def unescape_launch_lines() -> None:
+    """Show the launchers' per-job lines with values as the user wrote them (idempotent)."""
+    for name in _LAUNCHER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Unescaped) for f in logger.filters):
+            logger.addFilter(_Unescaped())
+
+
+def cwd_importable() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` does, so that
+    ``program.target=mypkg.model:loss`` finds ``./mypkg`` without ``PYTHONPATH=.``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+__all__ = ["cwd_importable", "quiet_broken_pipe", "unescape_launch_lines", "version_text"]

@@ -1,0 +1,229 @@
+"""The JAX side of parallel programs: meshes, NamedShardings and per-replica programs.
+
+``jaxaot.config.mesh`` checks the config and says which mesh a run has; this module builds the
+JAX objects. Lowering always uses an ``AbstractMesh`` (no devices, any size); compiling binds it
+to the first N devices of the backend.
+
+Per-replica programs (``stage_out.axis_env``, what ``jax.xla_computation(axis_env=...)`` used to
+lower) run under ``jax.shard_map`` with every axis manual, so each collective carries the
+replica groups that ``xla_computation`` gave. The program's argument specs describe one
+replica; the global program takes and returns every array with a leading replica axis of size
+R = prod(axis sizes), row-major over the axes in ``axis_env`` order (replica r = the device id
+in the replica groups). Python-scalar arguments are shared by all replicas. Its reference is an
+independent formulation of the same thing: nested ``jax.vmap`` with one ``axis_name`` per axis.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jaxaot.config.argspec import ArraySpec, BoundArgs, map_tree
+from jaxaot.config.mesh import MeshSpec
+from jaxaot.config.sharding import Leaf, match_specs
+from jaxaot.errors import ConfigError
+
+_UNBOUND = re.compile(r"unbound axis name:\s*([^\s.]+)")
+
+
+def axis_types(mesh: MeshSpec) -> tuple[Any, ...]:
+    """``mesh.axis_types`` (``explicit``, ``auto``, ...) as JAX's ``AxisType`` values."""
+    from jax.sharding import AxisType
+
+    return tuple(getattr(AxisType, t.capitalize()) for t in mesh.axis_types)
+
+
+def abstract_mesh(mesh: MeshSpec) -> Any:
+    """An ``AbstractMesh``: enough to trace and lower, with no devices behind it."""
+    from jax.sharding import AbstractMesh
+
+    return AbstractMesh(mesh.shape, mesh.axes, axis_types=axis_types(mesh))
+
+
+def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
+    """The same mesh over ``devices`` (the first ``mesh.size`` of them, row-major)."""
+    import jax
+
+    return jax.make_mesh(mesh.shape, mesh.axes, axis_types=axis_types(mesh),
+                         devices=list(devices)[: mesh.size])  # fmt: skip
+
+
+def named(tree: Any, mesh: Any) -> Any:
+    """Matched :class:`Spec` leaves to ``NamedSharding`` objects on ``mesh``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(*s.entries)), tree)
+
+
+def output_shardings(value: Any, out_info: Any, out_tree: Any, mesh: MeshSpec, amesh: Any) -> Any:
+    """``lower.out_shardings`` matched to the traced outputs, as a pytree like the outputs."""
+    import jax
+
+    plain = _plain(out_info)
+    top, names = (plain, [f"output[{i}]" for i in range(len(plain))]) if isinstance(plain, tuple) \
+        else ((plain,), ["output"])  # fmt: skip
+    matched = match_specs(value, top, key="lower.out_shardings", names=names, mesh=mesh.sizes)
+    flat = jax.tree.leaves(matched if isinstance(plain, tuple) else matched[0])
+    return jax.tree_util.tree_unflatten(out_tree, jax.tree.leaves(named(flat, amesh)))
+
+
+def _plain(tree: Any) -> Any:
+    """Outputs as dicts, lists, tuples and :class:`Leaf` (the matcher's vocabulary)."""
+    import jax
+    from jaxaot.config.argspec import short_name
+
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_plain(v) for v in tree]
+    if hasattr(tree, "shape") and hasattr(tree, "dtype"):
+        shape = tuple(tree.shape)
+        return Leaf(shape, f"{short_name(str(tree.dtype))}[{','.join(map(str, shape))}]")
+    children = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)[0]
+    return tuple(_plain(c) for c in children)
+
+
+@dataclass(frozen=True)
+class PerReplica:
+    """A per-replica program made global, with what stage_out hands on for it."""
+
+    fn: Callable[..., Any]
+    reference: Callable[..., Any]
+    bound: BoundArgs  # array specs with the leading replica axis
+    jit_options: dict[str, Any]
+
+
+def stacked(bound: BoundArgs, replicas: int) -> BoundArgs:
+    """The per-replica specs with a leading replica axis: the global program's arguments."""
+
+    def stack(_path: str, leaf: Any) -> Any:
+        return replace(leaf, shape=(replicas, *leaf.shape)) if isinstance(leaf, ArraySpec) else leaf
+
+    return replace(bound, args=tuple(a if bound.is_static(i) else map_tree(stack, a)
+                                     for i, a in enumerate(bound.args)))  # fmt: skip
+
+
+def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
+                static_kwargs: dict[str, Any]) -> PerReplica:  # fmt: skip
+    """Wrap ``fn`` (one replica's program) as a global program over ``mesh``'s replicas."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    amesh = abstract_mesh(mesh)
+    replica = P(mesh.axes)
+    flags = [map_tree(lambda _p, leaf: isinstance(leaf, ArraySpec), a)
+             for i, a in enumerate(bound.args) if not bound.is_static(i)]  # fmt: skip
+
+    def merge(args: Sequence[Any], local: Sequence[Any]) -> list[Any]:
+        it = iter(local)
+        return [a if bound.is_static(i) else next(it) for i, a in enumerate(args)]
+
+    def dynamic(args: Sequence[Any]) -> list[Any]:
+        return [a for i, a in enumerate(args) if not bound.is_static(i)]
+
+    def program(*args: Any) -> Any:
+        def body(*local: Any) -> Any:
+            rows = [jax.tree.map(lambda x, s: x[0] if s else x, v, f)
+                    for v, f in zip(local, flags, strict=True)]  # fmt: skip
+            out = fn(*merge(args, rows), **static_kwargs)
+            return jax.tree.map(lambda o: jnp.asarray(o)[None], out)
+
+        specs = tuple(jax.tree.map(lambda s: replica if s else P(), f) for f in flags)
+        mapped = jax.shard_map(body, mesh=amesh, in_specs=specs, out_specs=replica,
+                               check_vma=False)  # fmt: skip
+        return mapped(*dynamic(args))
+
+    def reference(*args: Any) -> Any:
+        def one(*local: Any) -> Any:
+            return fn(*merge(args, local), **static_kwargs)
+
+        axes = tuple(jax.tree.map(lambda s: 0 if s else None, f) for f in flags)
+        mapped = one
+        for name in reversed(mesh.axes):
+            mapped = jax.vmap(mapped, in_axes=axes, axis_name=name)
+        grid = [jax.tree.map(lambda x, s: x.reshape(mesh.shape + x.shape[1:]) if s else x, v, f)
+                for v, f in zip(dynamic(args), flags, strict=True)]  # fmt: skip
+        out = mapped(*grid)
+        return jax.tree.map(lambda o: o.reshape((mesh.size, *o.shape[len(mesh.shape) :])), out)
+
+    split, shared = NamedSharding(amesh, replica), NamedSharding(amesh, P())
+    in_shardings = tuple(map_tree(lambda _p, s: split if s else shared, f) for f in flags)
+    options: dict[str, Any] = {"in_shardings": in_shardings, "out_shardings": split}
+    if bound.static_argnums:
+        options["static_argnums"] = bound.static_argnums
+    return PerReplica(fn=program, reference=reference, bound=stacked(bound, mesh.size),
+                      jit_options=options)  # fmt: skip
+
+
+def unbound_axis_error(exc: NameError, mesh: MeshSpec | None) -> ConfigError | None:
+    """JAX's unbound-axis NameError as a config error naming the axis and the bound names."""
+    m = _UNBOUND.search(str(exc))
+    if m is None:
+        return None
+    axis = m.group(1)
+    if mesh is None or not mesh.per_replica:
+        return ConfigError(
+            f"stage_out.axis_env: the program uses a collective over axis {axis!r}, but no axis "
+            f"names are bound; expected e.g. stage_out.axis_env=[[{axis},4]]"
+        )
+    return ConfigError(
+        f"stage_out.axis_env: the program uses a collective over axis {axis!r}, but axis_env "
+        f"binds only {list(mesh.axes)}; expected [{axis}, <size>] in stage_out.axis_env"
+    )
+
+
+def describe_shardings(compiled: Any) -> dict[str, Any]:
+    """Each compiled input's and output's sharding, shard shape and whether it is replicated."""
+    import jax
+
+    def rows(shardings: Any, infos: Any, inputs: bool) -> list[dict[str, Any]]:
+        flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
+        out = []
+        for (path, sharding), info in zip(flat, jax.tree.leaves(infos), strict=False):
+            shape = tuple(info.shape)
+            name = jax.tree_util.keystr(path)
+            if inputs:  # input_shardings is (args, kwargs)
+                name = ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
+            spec = getattr(sharding, "spec", None)
+            out.append({
+                "path": name or "output",
+                "shape": list(shape),
+                "dtype": str(info.dtype),
+                "sharding": str(spec) if spec is not None else str(sharding),
+                "shard_shape": list(sharding.shard_shape(shape)),
+                "replicated": bool(sharding.is_fully_replicated),
+            })  # fmt: skip
+        return out
+
+    return {
+        "inputs": rows(compiled.input_shardings, compiled.args_info, True),
+        "outputs": rows(compiled.output_shardings, compiled.out_info, False),
+    }
+
+
+def replica_reference(fn: Callable[..., Any], staged: Any) -> Callable[..., Any]:
+    """The vmap reference of a per-replica program resumed from a checkpoint (no live one)."""
+    from jaxaot.config.argspec import to_static_value
+
+    mesh = MeshSpec.from_json(staged.replicas)
+    kwargs = {k: to_static_value(v, f"program.kwargs.{k}") for k, v in staged.bound.kwargs.items()}
+    return per_replica(fn, mesh, staged.bound, kwargs).reference
+
+
+__all__ = [
+    "PerReplica",
+    "abstract_mesh",
+    "concrete_mesh",
+    "describe_shardings",
+    "named",
+    "output_shardings",
+    "per_replica",
+    "replica_reference",
+    "stacked",
+    "unbound_axis_error",
+]
