@@ -82,20 +82,30 @@ def main() -> None:
             sizes.append(_du(rd))
     med = statistics.median
     mb = 1e6
-    print(f"medians of {opts.rounds} interleaved rounds; load {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores; the constant is {CONSTANT_BYTES / mb:.1f} MB")  # fmt: skip
+    print(
+        f"medians of {opts.rounds} interleaved rounds; load {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores; the constant is {CONSTANT_BYTES / mb:.1f} MB"
+    )
     print("| measurement | plain JAX | jaxaot | ratio | target |")
     print("|---|---|---|---|---|")
-    print(f"| lower (plain: `lower()` + `as_text()`; jaxaot: lower stage) | {med(plain_t):.2f} s "
-          f"| {med(ours_t):.2f} s | {med(ours_t) / med(plain_t):.2f}x | <= 1.5x |")  # fmt: skip
-    print(f"| same, `lower.elide_constants_over=null` (texts keep the constant) | "
-          f"{med(plain_t):.2f} s | {med(kept_t):.2f} s | {med(kept_t) / med(plain_t):.2f}x | |")  # fmt: skip
-    print(f"| peak RSS (plain: lower + text; jaxaot: stop_after=lower) | {med(plain_rss) / mb:.0f} MB "
-          f"| {med(ours_rss) / mb:.0f} MB | {med(ours_rss) / med(plain_rss):.2f}x | |")  # fmt: skip
+    print(
+        f"| lower (plain: `lower()` + `as_text()`; jaxaot: lower stage) | {med(plain_t):.2f} s "
+        f"| {med(ours_t):.2f} s | {med(ours_t) / med(plain_t):.2f}x | <= 1.5x |"
+    )
+    print(
+        f"| same, `lower.elide_constants_over=null` (texts keep the constant) | "
+        f"{med(plain_t):.2f} s | {med(kept_t):.2f} s | {med(kept_t) / med(plain_t):.2f}x | |"
+    )
+    print(
+        f"| peak RSS (plain: lower + text; jaxaot: stop_after=lower) | {med(plain_rss) / mb:.0f} MB "
+        f"| {med(ours_rss) / mb:.0f} MB | {med(ours_rss) / med(plain_rss):.2f}x | |"
+    )
     print(f"| peak RSS, whole jaxaot run | | {med(full_rss) / mb:.0f} MB | | |")
-    print(f"| run directory, whole run | constant {CONSTANT_BYTES / mb:.1f} MB | "
-          f"{med(sizes) / mb:.1f} MB | {med(sizes) / CONSTANT_BYTES:.2f}x of the constant "
-          "| <= ~1.5x |")  # fmt: skip
+    print(
+        f"| run directory, whole run | constant {CONSTANT_BYTES / mb:.1f} MB | "
+        f"{med(sizes) / mb:.1f} MB | {med(sizes) / CONSTANT_BYTES:.2f}x of the constant "
+        "| <= ~1.5x |"
+    )
 
 
 if __name__ == "__main__":

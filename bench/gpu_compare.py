@@ -34,16 +34,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS: dict[str, list[str]] = {
     # GEMMs through cuBLAS(Lt), whose own heuristics pick the kernel on the GPU at run time.
-    "matmul_bf16_4096_cublas": ["program.target=gpu_compare:matmul",
-                                "program.name=matmul_bf16_4096_cublas",
-                                "program.description='bf16 matmul 4096^3 through cuBLAS'",
-                                "program.args=[bf16[4096,4096],bf16[4096,4096]]",
-                                "+compile.compiler_options.xla_gpu_enable_triton_gemm=false"],
-    "matmul_bf16_4096": ["program.target=gpu_compare:matmul", "program.name=matmul_bf16_4096",
-                         "program.description='bf16 matmul 4096 x 4096 x 4096'",
-                         "program.args=[bf16[4096,4096],bf16[4096,4096]]"],
+    "matmul_bf16_4096_cublas": [
+        "program.target=gpu_compare:matmul",
+        "program.name=matmul_bf16_4096_cublas",
+        "program.description='bf16 matmul 4096^3 through cuBLAS'",
+        "program.args=[bf16[4096,4096],bf16[4096,4096]]",
+        "+compile.compiler_options.xla_gpu_enable_triton_gemm=false",
+    ],
+    "matmul_bf16_4096": [
+        "program.target=gpu_compare:matmul",
+        "program.name=matmul_bf16_4096",
+        "program.description='bf16 matmul 4096 x 4096 x 4096'",
+        "program.args=[bf16[4096,4096],bf16[4096,4096]]",
+    ],
     "transformer": ["program=transformer"],
-}  # fmt: skip
+}
 REPEATS = 100
 
 
@@ -58,8 +63,13 @@ def _cli(args: list[str], env_extra: dict[str, str] | None = None) -> tuple[int,
     ).rstrip(os.pathsep)
     env.update(env_extra or {})
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=500)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - t0
 
 
@@ -70,8 +80,9 @@ def _json(path: Path) -> Any:
 def prepare(out: Path) -> None:
     for name, overrides in PROGRAMS.items():
         rd = out / name
-        rc, log, wall = _cli([*overrides, "compile.topology=h100", "store.enabled=false",
-                              f"hydra.run.dir={rd}"])  # fmt: skip
+        rc, log, wall = _cli(
+            [*overrides, "compile.topology=h100", "store.enabled=false", f"hydra.run.dir={rd}"]
+        )
         print(f"{name}: rc={rc} in {wall:.1f} s")
         if rc:
             print(log[-3000:])
@@ -120,9 +131,16 @@ def device(runs: Path, out: Path) -> None:
         if only and name not in only.split(","):
             continue
         a_dir, b_dir = out / f"{name}-deviceless", out / f"{name}-ongpu"
-        rc_a, log_a, wall_a = _cli([f"resume_from={runs / name}", "start_at=execute",
-                                    f"execute.repeats={REPEATS}", "execute.warmup=5",
-                                    "store.enabled=false", f"hydra.run.dir={a_dir}"])  # fmt: skip
+        rc_a, log_a, wall_a = _cli(
+            [
+                f"resume_from={runs / name}",
+                "start_at=execute",
+                f"execute.repeats={REPEATS}",
+                "execute.warmup=5",
+                "store.enabled=false",
+                f"hydra.run.dir={a_dir}",
+            ]
+        )
         # (b) variants, from GPU_COMPARE_B: "label|PYTHONPATH extra|mode|override;override"
         # entries separated by "@@". mode "resume": the deviceless run's own lowering compiled
         # on the GPU (resume_from=<it> start_at=compile): same module, same inputs as (a);
@@ -134,20 +152,42 @@ def device(runs: Path, out: Path) -> None:
             env = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
             if path:
                 env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench"), path])
-            how = ([f"resume_from={runs / name}", "start_at=compile", "compile.topology=null"]
-                   if mode == "resume" else [*overrides, "lower.platforms=[cuda]"])  # fmt: skip
-            rc_b, log_b, wall_b = _cli([*how, "compile.backend=cuda",
-                                        f"execute.repeats={REPEATS}", "execute.warmup=5",
-                                        "store.enabled=false", f"hydra.run.dir={b_dir}",
-                                        *[o for o in extra.split(";") if o]], env)  # fmt: skip
-            ongpu[label] = {"rc": rc_b, "wall_s": wall_b, **_summary(b_dir), "log": log_b[-1500:],
-                            "outputs": _outputs_equal(a_dir / "execute" / "outputs.npz",
-                                                      b_dir / "execute" / "outputs.npz")}  # fmt: skip
+            how = (
+                [f"resume_from={runs / name}", "start_at=compile", "compile.topology=null"]
+                if mode == "resume"
+                else [*overrides, "lower.platforms=[cuda]"]
+            )
+            rc_b, log_b, wall_b = _cli(
+                [
+                    *how,
+                    "compile.backend=cuda",
+                    f"execute.repeats={REPEATS}",
+                    "execute.warmup=5",
+                    "store.enabled=false",
+                    f"hydra.run.dir={b_dir}",
+                    *[o for o in extra.split(";") if o],
+                ],
+                env,
+            )
+            ongpu[label] = {
+                "rc": rc_b,
+                "wall_s": wall_b,
+                **_summary(b_dir),
+                "log": log_b[-1500:],
+                "outputs": _outputs_equal(
+                    a_dir / "execute" / "outputs.npz", b_dir / "execute" / "outputs.npz"
+                ),
+            }
         results[name] = {
-            "deviceless_loaded": {"rc": rc_a, "wall_s": wall_a, **_summary(a_dir, runs / name),
-                                  "compiled_here": "compiled in" in log_a, "log": log_a[-1500:]},
+            "deviceless_loaded": {
+                "rc": rc_a,
+                "wall_s": wall_a,
+                **_summary(a_dir, runs / name),
+                "compiled_here": "compiled in" in log_a,
+                "log": log_a[-1500:],
+            },
             **{f"ongpu: {k}": v for k, v in ongpu.items()},
-        }  # fmt: skip
+        }
         print(name, json.dumps({k: v for k, v in results[name].items()}, default=str)[:3000])
     (out / "compare.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "compare.md").write_text(_markdown(results))
@@ -159,16 +199,25 @@ def _mib(n: int | None) -> str:
 
 
 def _markdown(results: dict[str, Any]) -> str:
-    lines = ["| program | compiled | compile | process wall | temp | arg | out | median step "
-             "| outputs vs deviceless |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| program | compiled | compile | process wall | temp | arg | out | median step "
+        "| outputs vs deviceless |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         for label, s in r.items():
             mem = s.get("memory") or {}
             med = s.get("median_s")
             o = s.get("outputs") or {}
-            same = ("bitwise equal" if o.get("bitwise_equal") else
-                    f"max abs diff {o.get('max_abs_diff'):.3g} (of {o.get('max_abs'):.3g})") \
-                if o.get("compared") else "-"  # fmt: skip
+            same = (
+                (
+                    "bitwise equal"
+                    if o.get("bitwise_equal")
+                    else f"max abs diff {o.get('max_abs_diff'):.3g} (of {o.get('max_abs'):.3g})"
+                )
+                if o.get("compared")
+                else "-"
+            )
             jax_v = (s.get("versions") or {}).get("jax")
             lines.append(
                 f"| {name} | {label} (jax {jax_v}, rc {s.get('rc')}) | {s.get('compile_status')} "

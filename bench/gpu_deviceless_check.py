@@ -34,17 +34,25 @@ def programs() -> dict[str, tuple[Any, list[Any]]]:
 
     params = {
         "embed": n(256, 128),
-        "layers": {"ln1": np.zeros((2, 128), np.float32), "wq": n(2, 128, 4, 32),
-                   "wk": n(2, 128, 4, 32), "wv": n(2, 128, 4, 32), "wo": n(2, 4, 32, 128),
-                   "ln2": np.zeros((2, 128), np.float32), "w1": n(2, 128, 512),
-                   "w2": n(2, 512, 128)},
+        "layers": {
+            "ln1": np.zeros((2, 128), np.float32),
+            "wq": n(2, 128, 4, 32),
+            "wk": n(2, 128, 4, 32),
+            "wv": n(2, 128, 4, 32),
+            "wo": n(2, 4, 32, 128),
+            "ln2": np.zeros((2, 128), np.float32),
+            "w1": n(2, 128, 512),
+            "w2": n(2, 512, 128),
+        },
         "ln_f": np.zeros((128,), np.float32),
         "unembed": n(128, 256),
-    }  # fmt: skip
+    }
     tokens = rng.integers(0, 256, (4, 64)).astype(np.int32)
-    mlp_params = [{"w": n(256, 512, scale=0.05), "b": np.zeros(512, np.float32)},
-                  {"w": n(512, 512, scale=0.05), "b": np.zeros(512, np.float32)},
-                  {"w": n(512, 128, scale=0.05), "b": np.zeros(128, np.float32)}]  # fmt: skip
+    mlp_params = [
+        {"w": n(256, 512, scale=0.05), "b": np.zeros(512, np.float32)},
+        {"w": n(512, 512, scale=0.05), "b": np.zeros(512, np.float32)},
+        {"w": n(512, 128, scale=0.05), "b": np.zeros(128, np.float32)},
+    ]
     return {
         "matmul_f32": (lambda x, w: x @ w, [n(256, 512, scale=1.0), n(512, 128, scale=1.0)]),
         "mlp_f32": (mlp, [mlp_params, n(64, 256, scale=1.0)]),
@@ -68,8 +76,10 @@ def main(out: Path) -> None:
         "shipped h100.txtpb": (shipped, {}),
         "the GPU's own config": (real_config, {}),
         "shipped, dynamic_slice_fusion off": (
-            shipped, {"xla_gpu_enable_dynamic_slice_fusion": False}),
-    }  # fmt: skip
+            shipped,
+            {"xla_gpu_enable_dynamic_slice_fusion": False},
+        ),
+    }
     nvcc = Path(sys.modules["jax"].__file__).parent.parent / "nvidia" / "cuda_nvcc"
     results: dict[str, Any] = {"gpu": gpu.device_kind, "jax": jax.__version__}
     for pname, (fn, args) in programs().items():
@@ -78,11 +88,13 @@ def main(out: Path) -> None:
         for vname, (config, opts) in variants.items():
             key = f"{pname} / {vname}"
             try:
-                topo = topologies.get_topology_desc(platform="cuda", target_config=config,
-                                                    topology="1x1x1")  # fmt: skip
+                topo = topologies.get_topology_desc(
+                    platform="cuda", target_config=config, topology="1x1x1"
+                )
                 s = SingleDeviceSharding(topo.devices[0])
-                specs = jax.tree.map(lambda a, s=s: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                                         sharding=s), args)  # fmt: skip
+                specs = jax.tree.map(
+                    lambda a, s=s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), args
+                )
                 compiled = (
                     jax.jit(fn)
                     .trace(*specs)
@@ -101,10 +113,19 @@ def main(out: Path) -> None:
                 jax.block_until_ready(r)
                 step = (time.perf_counter() - t0) / 20
                 diff = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
-                kinds = sorted({ln.split('"kind":"')[1].split('"')[0]
-                                for ln in compiled.as_text().splitlines() if '"kind":"' in ln})  # fmt: skip
-                results[key] = {"max_abs_diff_vs_cpu": diff, "max_abs": float(np.abs(want).max()),
-                                "step_s": step, "fusion_kinds": kinds}  # fmt: skip
+                kinds = sorted(
+                    {
+                        ln.split('"kind":"')[1].split('"')[0]
+                        for ln in compiled.as_text().splitlines()
+                        if '"kind":"' in ln
+                    }
+                )
+                results[key] = {
+                    "max_abs_diff_vs_cpu": diff,
+                    "max_abs": float(np.abs(want).max()),
+                    "step_s": step,
+                    "fusion_kinds": kinds,
+                }
             except Exception as exc:  # a variant that cannot compile or run here: say why
                 results[key] = {"error": " ".join(str(exc).split())[:300]}
             print(key, json.dumps(results[key]), flush=True)

@@ -60,11 +60,19 @@ def param_shapes(model: str) -> dict[str, Any]:
     L, D, H, Dh, F, V = MODELS[model]
     return {
         "embed": (V, D),
-        "layers": {"ln1": (L, D), "wq": (L, D, H, Dh), "wk": (L, D, H, Dh), "wv": (L, D, H, Dh),
-                   "wo": (L, H, Dh, D), "ln2": (L, D), "w1": (L, D, F), "w2": (L, F, D)},
+        "layers": {
+            "ln1": (L, D),
+            "wq": (L, D, H, Dh),
+            "wk": (L, D, H, Dh),
+            "wv": (L, D, H, Dh),
+            "wo": (L, H, Dh, D),
+            "ln2": (L, D),
+            "w1": (L, D, F),
+            "w2": (L, F, D),
+        },
         "ln_f": (D,),
         "unembed": (D, V),
-    }  # fmt: skip
+    }
 
 
 def _count(tree: Any) -> int:
@@ -83,8 +91,15 @@ def _map(fn: Any, tree: Any) -> Any:
 def run_jaxaot(model: str, platform: str, out: Path) -> None:
     from omegaconf import OmegaConf
 
-    cfg = jaxaot.compose(["program=transformer", "mesh=pod16x16", f"lower.platforms=[{platform}]",
-                            "stop_after=lower", "store.enabled=false"])  # fmt: skip
+    cfg = jaxaot.compose(
+        [
+            "program=transformer",
+            "mesh=pod16x16",
+            f"lower.platforms=[{platform}]",
+            "stop_after=lower",
+            "store.enabled=false",
+        ]
+    )
     spec = {"dtype": "bf16", "init": "zeros"}
     params = _map(lambda s: {"shape": list(s), **spec}, param_shapes(model))
     tokens = {"shape": list(TOKENS), "dtype": "i32", "init": "zeros"}
@@ -117,8 +132,11 @@ def run_plain(model: str, platform: str, out: Path) -> None:
             return {k: walk(v, (*path, k)) for k, v in tree.items()}
         return sharding(path)
 
-    jitted = jax.jit(forward, in_shardings=(walk(params), NamedSharding(mesh, P("data", None))),
-                     out_shardings=NamedSharding(mesh, P("data", None, "model")))  # fmt: skip
+    jitted = jax.jit(
+        forward,
+        in_shardings=(walk(params), NamedSharding(mesh, P("data", None))),
+        out_shardings=NamedSharding(mesh, P("data", None, "model")),
+    )
     lowered = jitted.trace(params, tokens).lower(lowering_platforms=(platform,))
     (out / "module.stablehlo.mlir").write_text(lowered.as_text())
     (out / "module.hlo.txt").write_text(lowered.as_text(dialect="hlo"))
@@ -167,20 +185,30 @@ def main() -> None:
                 runs[kind].append(measure(kind, model, opts.platform))
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
         params = _count(param_shapes(model))
-        rows.append({"model": model, "params": params, "param_bytes": 2 * params, **{
-            f"{k}_{m}": med[k][m] for k in med for m in med[k]}})  # fmt: skip
+        rows.append(
+            {
+                "model": model,
+                "params": params,
+                "param_bytes": 2 * params,
+                **{f"{k}_{m}": med[k][m] for k in med for m in med[k]},
+            }
+        )
     gib = 2**30
-    print(f"lowering for a 256-device abstract mesh (data=16 x model=16), platform "
-          f"{opts.platform}, tokens {TOKENS[0]}x{TOKENS[1]}, median of {opts.rounds}")  # fmt: skip
+    print(
+        f"lowering for a 256-device abstract mesh (data=16 x model=16), platform "
+        f"{opts.platform}, tokens {TOKENS[0]}x{TOKENS[1]}, median of {opts.rounds}"
+    )
     print(
         "| model | params (bf16 bytes) | plain wall | jaxaot wall | ratio | plain RSS | jaxaot RSS |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['params'] / 1e9:.1f} B ({r['param_bytes'] / gib:.0f} GiB) | "
-              f"{r['plain_wall_s']:.1f} s | {r['jaxaot_wall_s']:.1f} s | "
-              f"{r['jaxaot_wall_s'] / r['plain_wall_s']:.2f} | {r['plain_rss_bytes'] / gib:.2f} GiB | "
-              f"{r['jaxaot_rss_bytes'] / gib:.2f} GiB |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['params'] / 1e9:.1f} B ({r['param_bytes'] / gib:.0f} GiB) | "
+            f"{r['plain_wall_s']:.1f} s | {r['jaxaot_wall_s']:.1f} s | "
+            f"{r['jaxaot_wall_s'] / r['plain_wall_s']:.2f} | {r['plain_rss_bytes'] / gib:.2f} GiB | "
+            f"{r['jaxaot_rss_bytes'] / gib:.2f} GiB |"
+        )
     ok = all(r["jaxaot_wall_s"] < 60 and r["jaxaot_rss_bytes"] < 2 * gib for r in rows)
     print(f"targets (< 60 s, < 2 GiB per jaxaot run): {'met' if ok else 'MISSED'}")
     if opts.json:

@@ -39,8 +39,10 @@ def measure(program: str, rounds: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             bare = _wall([sys.executable, "-c", "pass"], ROOT)
-            cfg = _wall([sys.executable, "-m", "jaxaot.cli.main", f"program={program}", "--cfg", "job"],
-                        Path(tmp))  # fmt: skip
+            cfg = _wall(
+                [sys.executable, "-m", "jaxaot.cli.main", f"program={program}", "--cfg", "job"],
+                Path(tmp),
+            )
             floor.append(cfg - bare)
             base.append(_wall([sys.executable, str(ROOT / "bench/baseline_jit.py"), program], ROOT))
             pipe.append(
@@ -56,9 +58,12 @@ def measure(program: str, rounds: int) -> tuple[float, float, float]:
                     Path(tmp),
                 )
             )
-            print(f"  {program}: round {i + 1}/{rounds}: hand-written jit {base[-1]:.2f} s, "
-                  f"jaxaot {pipe[-1]:.2f} s, Hydra floor {floor[-1]:.2f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {program}: round {i + 1}/{rounds}: hand-written jit {base[-1]:.2f} s, "
+                f"jaxaot {pipe[-1]:.2f} s, Hydra floor {floor[-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return statistics.median(base), statistics.median(pipe), statistics.median(floor)
 
 
@@ -71,12 +76,16 @@ def main() -> None:
     for program in opts.programs.split(","):
         b, p, f = measure(program, opts.rounds)
         rows.append((program, b, p, f))
-    print("| program | hand-written jit (s) | jaxaot (s) | ratio | overhead (s) "
-          "| Hydra floor (s) | best ratio with Hydra |")  # fmt: skip
+    print(
+        "| program | hand-written jit (s) | jaxaot (s) | ratio | overhead (s) "
+        "| Hydra floor (s) | best ratio with Hydra |"
+    )
     print("|---|---|---|---|---|---|---|")
     for program, b, p, f in rows:
-        print(f"| {program} | {b:.3f} | {p:.3f} | {p / b:.3f}x | {p - b:+.3f} | {f:.3f} "
-              f"| {(b + f) / b:.3f}x |")  # fmt: skip
+        print(
+            f"| {program} | {b:.3f} | {p:.3f} | {p / b:.3f}x | {p - b:+.3f} | {f:.3f} "
+            f"| {(b + f) / b:.3f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def _jaxaot(args: list[str], cwd: Path, store: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXAOT_STORE_DIR": str(store)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=env, check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "jaxaot.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -78,8 +83,9 @@ def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, f
     os.environ["JAXAOT_STORE_DIR"] = str(tmp / "checks_store")
     live = jaxaot.compose([prog, "execute.repeats=1"])
     src = jaxaot.run(jaxaot.compose([prog, "stop_after=lower"]), run_dir=tmp / "lowered")
-    resumed = jaxaot.compose([f"resume_from={src.run_dir}", "start_at=compile",
-                                "execute.repeats=1"])  # fmt: skip
+    resumed = jaxaot.compose(
+        [f"resume_from={src.run_dir}", "start_at=compile", "execute.repeats=1"]
+    )
     out = []
     for label, cfg in (("live lowering", live), ("resumed, start_at=compile", resumed)):
         jaxaot.run(cfg, run_dir=tmp / f"cold-{len(out)}", overrides=[])
@@ -104,17 +110,22 @@ def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, f
 
 def _print_checks(checks: list[tuple[str, float, float]]) -> None:
     for label, added, stage in checks:
-        print(f"| identity checks per hit, {label} (key convention + environment + load "
-              f"check) | {added * 1e3:.3f} ms = {added / stage:.1%} of the hit's compile stage "
-              f"({stage * 1e3:.1f} ms) | < 5 ms |")  # fmt: skip
+        print(
+            f"| identity checks per hit, {label} (key convention + environment + load "
+            f"check) | {added * 1e3:.3f} ms = {added / stage:.1%} of the hit's compile stage "
+            f"({stage * 1e3:.1f} ms) | < 5 ms |"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--program", default="transformer")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--checks-only", action="store_true",
-                    help="time only the identity checks a hit makes (in this process)")  # fmt: skip
+    ap.add_argument(
+        "--checks-only",
+        action="store_true",
+        help="time only the identity checks a hit makes (in this process)",
+    )
     opts = ap.parse_args()
     prog = f"program={opts.program}"
     if opts.checks_only:
@@ -143,8 +154,9 @@ def main() -> None:
         )
         sweep_store, sweep_dir = tmp / "sweep_store", tmp / "sweep"
         seeds = ",".join(map(str, range(8)))
-        sweep = _jaxaot(["-m", prog, f"execute.seed={seeds}", f"hydra.sweep.dir={sweep_dir}"],
-                        tmp, sweep_store)  # fmt: skip
+        sweep = _jaxaot(
+            ["-m", prog, f"execute.seed={seeds}", f"hydra.sweep.dir={sweep_dir}"], tmp, sweep_store
+        )
         statuses = [_manifest(sweep_dir / str(n))["stages"]["compile"]["status"] for n in range(8)]
         checks = _identity_checks(prog, tmp)
     c, w = statistics.median(cold), statistics.median(warm)
@@ -157,8 +169,10 @@ def main() -> None:
     print(f"| warm run (whole process) | {w:.2f} s | |")
     print(f"| warm / cold | {w / c:.2f}x | <= 0.30x |")
     f = statistics.median(floor)
-    print(f"| floor of a warm run (Python + JAX start-up + Hydra --cfg job) | {f:.2f} s = "
-          f"{f / c:.2f}x of cold | |")  # fmt: skip
+    print(
+        f"| floor of a warm run (Python + JAX start-up + Hydra --cfg job) | {f:.2f} s = "
+        f"{f / c:.2f}x of cold | |"
+    )
     print(
         f"| compile stage: compile / load from store | {cs:.3f} s / {ls:.3f} s = {cs / ls:.0f}x | >= 10x |"
     )

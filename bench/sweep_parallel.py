@@ -45,8 +45,13 @@ def _jaxaot(args: list[str], cwd: Path, store: Path, cpu: list[float] | None = N
     """Wall seconds of one `jaxaot` process; its CPU seconds are appended to ``cpu``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAXAOT_STORE_DIR": str(store)}
     t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=env, check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "jaxaot.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     if cpu is not None:
         cpu.append(_cpu() - c0)
     return time.perf_counter() - t0
@@ -68,8 +73,12 @@ def main() -> None:
     opts = ap.parse_args()
     prog, seeds_prog = f"program={opts.program}", f"program={opts.seeds_program}"
     # tokens and targets share one shape: sweep the tokens, interpolate the targets.
-    distinct = [prog, "stop_after=compile", f"program.args.1.shape={SHAPES}",
-                "program.args.2.shape=${program.args.1.shape}"]  # fmt: skip
+    distinct = [
+        prog,
+        "stop_after=compile",
+        f"program.args.1.shape={SHAPES}",
+        "program.args.2.shape=${program.args.1.shape}",
+    ]
     seeds = [seeds_prog, "execute.seed=" + ",".join(map(str, range(8)))]
     walls: dict[str, list[float]] = {
         f"{k}/{n}": [] for k in ("distinct", "seeds") for n in LAUNCHERS
@@ -90,30 +99,40 @@ def main() -> None:
             for kind, args in (("distinct", distinct), ("seeds", seeds)):
                 for name in order:
                     key, sweep_dir = f"{kind}/{name}", tmp / f"{kind}_{name}_{r}"
-                    walls[key].append(_jaxaot(
-                        ["-m", *args, *LAUNCHERS[name], f"hydra.sweep.dir={sweep_dir}"],
-                        tmp, tmp / f"store_{kind}_{name}_{r}",
-                        basic_cpu if key == "distinct/basic" else None))  # fmt: skip
+                    walls[key].append(
+                        _jaxaot(
+                            ["-m", *args, *LAUNCHERS[name], f"hydra.sweep.dir={sweep_dir}"],
+                            tmp,
+                            tmp / f"store_{kind}_{name}_{r}",
+                            basic_cpu if key == "distinct/basic" else None,
+                        )
+                    )
                     compiles[key].append(_compiles(sweep_dir))
     med = {k: statistics.median(v) for k, v in walls.items()}
     budget = statistics.median(cold) + 7 * statistics.median(execute_s)
-    print(f"programs: {opts.program} (compiles), {opts.seeds_program} (execute-only), rounds: "
-          f"{opts.rounds}, cpus: {os.cpu_count()}, load "
-          f"average (1 min) before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"programs: {opts.program} (compiles), {opts.seeds_program} (execute-only), rounds: "
+        f"{opts.rounds}, cpus: {os.cpu_count()}, load "
+        f"average (1 min) before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}"
+    )
     print("| sweep | basic | joblib n_jobs=2 | ratio | target |")
     print("|---|---|---|---|---|")
     b, j = med["distinct/basic"], med["distinct/joblib"]
     print(f"| 8 distinct compiles (wall) | {b:.2f} s | {j:.2f} s | {b / j:.2f}x faster | >= 1.6x |")
     cpu, cores = statistics.median(basic_cpu), os.cpu_count() or 1
-    print(f"| 8 distinct compiles: CPU of the basic sweep | {cpu:.2f} s ({cpu / b:.2f} cores "
-          f"busy) | | ceiling {b / (cpu / cores):.2f}x on {cores} cores | |")  # fmt: skip
+    print(
+        f"| 8 distinct compiles: CPU of the basic sweep | {cpu:.2f} s ({cpu / b:.2f} cores "
+        f"busy) | | ceiling {b / (cpu / cores):.2f}x on {cores} cores | |"
+    )
     b, j = med["seeds/basic"], med["seeds/joblib"]
     print(f"| 8-point execute-only (wall) | {b:.2f} s | {j:.2f} s | {b / j:.2f}x faster | |")
     cb, cj = max(compiles["seeds/basic"]), max(compiles["seeds/joblib"])
     print(f"| 8-point execute-only: compiles (max over rounds) | {cb} | {cj} | | 1 |")
-    print(f"| execute-only wall / (cold run {statistics.median(cold):.2f} s + 7 executes "
-          f"{7 * statistics.median(execute_s):.2f} s) | {b / budget:.2f}x | {j / budget:.2f}x | "
-          f"| <= 1.3x |")  # fmt: skip
+    print(
+        f"| execute-only wall / (cold run {statistics.median(cold):.2f} s + 7 executes "
+        f"{7 * statistics.median(execute_s):.2f} s) | {b / budget:.2f}x | {j / budget:.2f}x | "
+        f"| <= 1.3x |"
+    )
 
 
 if __name__ == "__main__":

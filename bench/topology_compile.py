@@ -72,8 +72,9 @@ def _run(cmd: list[str], cwd: Path) -> tuple[float, float, int, int, str]:
     """(wall s, CPU s, peak RSS bytes, exit code, output tail) of one whole process."""
     env = dict(os.environ, PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -96,24 +97,34 @@ def main(argv: list[str] | None = None) -> int:
     mesh = tuple(int(n) for n in args.mesh.split(","))
     dims = SCALES[args.scale]
     L, D, H, K, F, V, B, T = dims
-    plain = _PLAIN.format(dims=dims, topology=target.topology, mesh=mesh,
-                          chip_config=target.generation.chip_config)  # fmt: skip
+    plain = _PLAIN.format(
+        dims=dims, topology=target.topology, mesh=mesh, chip_config=target.generation.chip_config
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "plain.py").write_text(plain)
-        jaxaot = [sys.executable, "-m", "jaxaot.cli.main", "experiment=decoder_8b",
-                  f"compile.topology={target.topology}", f"mesh.shape=[{mesh[0]},{mesh[1]}]",
-                  "store.enabled=false", f"hydra.run.dir={work / 'run'}",
-                  "hydra.job_logging.root.level=WARNING",
-                  f"program.args.0.embed.shape=[{V},{D}]", f"program.args.0.unembed.shape=[{D},{V}]",
-                  f"program.args.0.ln_f.shape=[{D}]",
-                  f"program.args.0.layers.ln1.shape=[{L},{D}]",
-                  f"program.args.0.layers.ln2.shape=[{L},{D}]",
-                  *(f"program.args.0.layers.{w}.shape=[{L},{D},{H},{K}]" for w in ("wq", "wk", "wv")),
-                  f"program.args.0.layers.wo.shape=[{L},{H},{K},{D}]",
-                  f"program.args.0.layers.w1.shape=[{L},{D},{F}]",
-                  f"program.args.0.layers.w2.shape=[{L},{F},{D}]",
-                  f"program.args.1.shape=[{B},{T}]", f"program.args.2.shape=[{B},{T}]"]  # fmt: skip
+        jaxaot = [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "experiment=decoder_8b",
+            f"compile.topology={target.topology}",
+            f"mesh.shape=[{mesh[0]},{mesh[1]}]",
+            "store.enabled=false",
+            f"hydra.run.dir={work / 'run'}",
+            "hydra.job_logging.root.level=WARNING",
+            f"program.args.0.embed.shape=[{V},{D}]",
+            f"program.args.0.unembed.shape=[{D},{V}]",
+            f"program.args.0.ln_f.shape=[{D}]",
+            f"program.args.0.layers.ln1.shape=[{L},{D}]",
+            f"program.args.0.layers.ln2.shape=[{L},{D}]",
+            *(f"program.args.0.layers.{w}.shape=[{L},{D},{H},{K}]" for w in ("wq", "wk", "wv")),
+            f"program.args.0.layers.wo.shape=[{L},{H},{K},{D}]",
+            f"program.args.0.layers.w1.shape=[{L},{D},{F}]",
+            f"program.args.0.layers.w2.shape=[{L},{F},{D}]",
+            f"program.args.1.shape=[{B},{T}]",
+            f"program.args.2.shape=[{B},{T}]",
+        ]
         sides = {"plain JAX": [sys.executable, str(work / "plain.py")], "jaxaot": jaxaot}
         results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in sides}
         for i in range(args.repeats):
@@ -123,13 +134,24 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name} failed (rc={rc}):\n{tail}", file=sys.stderr)
                     return 1
                 results[name].append((wall, cpu, rss))
-                print(f"  run {i + 1} {name:<9} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
-                      f"peak RSS {rss / 2**20:7.0f} MiB"
-                      f"{'  (does not fit)' if rc == 3 else ''}", flush=True)  # fmt: skip
-    med = {k: (statistics.median(w for w, _, _ in v), statistics.median(c for _, c, _ in v),
-               max(r for _, _, r in v)) for k, v in results.items()}  # fmt: skip
-    print(f"\n{args.scale} decoder on {target.topology}, mesh {mesh}, {args.repeats} runs each "
-          f"(load avg {os.getloadavg()[0]:.1f})")  # fmt: skip
+                print(
+                    f"  run {i + 1} {name:<9} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
+                    f"peak RSS {rss / 2**20:7.0f} MiB"
+                    f"{'  (does not fit)' if rc == 3 else ''}",
+                    flush=True,
+                )
+    med = {
+        k: (
+            statistics.median(w for w, _, _ in v),
+            statistics.median(c for _, c, _ in v),
+            max(r for _, _, r in v),
+        )
+        for k, v in results.items()
+    }
+    print(
+        f"\n{args.scale} decoder on {target.topology}, mesh {mesh}, {args.repeats} runs each "
+        f"(load avg {os.getloadavg()[0]:.1f})"
+    )
     print("| side | median wall | median CPU | peak RSS |\n|---|---|---|---|")
     for k, (w, c, r) in med.items():
         print(f"| {k} | {w:.2f} s | {c:.2f} s | {r / 2**20:.0f} MiB |")

@@ -35,6 +35,7 @@ from jaxaot.errors import (
     StoreError,
     TargetError,
 )
+from jaxaot.version import __version__
 
 if TYPE_CHECKING:
     from jaxaot.api import compose
@@ -58,8 +59,6 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ArgSpecError",

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jaxaot.conf as _conf
+
+if TYPE_CHECKING:
+    from jaxaot.engine.runner import RunResult
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.schema import name_after_target, register_configs
+from jaxaot.errors import SnapshotMismatch
 from omegaconf import DictConfig
 
 # conf/ in the source tree; jaxaot/conf in a wheel: the package knows where it is.
@@ -19,8 +24,12 @@ def conf_dir() -> Path:
     return CONF_DIR
 
 
-def compose(overrides: Sequence[str] = (), *, config_name: str = "config",
-            config_dir: str | Path | None = None) -> DictConfig:  # fmt: skip
+def compose(
+    overrides: Sequence[str] = (),
+    *,
+    config_name: str = "config",
+    config_dir: str | Path | None = None,
+) -> DictConfig:
     """The config ``jaxaot <overrides>`` would run, without starting a Hydra app.
 
     Array types may be written unquoted (``program.args=[f32[8,8]]``), as on the command line.
@@ -38,4 +47,34 @@ def compose(overrides: Sequence[str] = (), *, config_name: str = "config",
     return cfg
 
 
-__all__ = ["compose", "conf_dir"]
+def verify_snapshot(
+    golden_dir: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    update: bool = False,
+    run_dir: str | Path | None = None,
+    config_dir: str | Path | None = None,
+) -> RunResult:
+    """Verify ``golden_dir`` from a user's own test suite, without spawning the CLI.
+
+    Composes ``overrides`` as ``jaxaot`` would (``stop_after=compile`` unless given), runs in
+    this process and raises AssertionError carrying the summary and the bounded diff when the
+    lowering differs. ``update=True`` rewrites the golden snapshot instead.
+    """
+    import tempfile
+
+    from jaxaot.engine.runner import run
+
+    cfg = compose(list(overrides), config_dir=config_dir)
+    if not any(o.lstrip("+~").split("=", 1)[0] == "stop_after" for o in overrides):
+        cfg.stop_after = "compile"
+    cfg.snapshot.verify = str(golden_dir)
+    cfg.snapshot.update = update
+    out = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="jaxaot-verify-"))
+    try:
+        return run(cfg, run_dir=out)
+    except SnapshotMismatch as exc:
+        raise AssertionError(f"{exc}\n{exc.diff}") from None
+
+
+__all__ = ["compose", "conf_dir", "verify_snapshot"]

@@ -31,25 +31,20 @@ from jaxaot.stages.convention import (
     kept_inputs,
     mismatch,
 )
+from jaxaot.stages.executable import (
+    cost_of,
+    export_lowering,
+    memory_of,
+    mesh_metrics,
+    serialize,
+    stage_metrics,
+)
 from jaxaot.stages.jax_mesh import concrete_mesh, describe_shardings
 from jaxaot.stages.jaxenv import devices, platform_of
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
 from jaxaot.util import memo
 from jaxaot.util.fsio import sha256_bytes
-
-_MEMORY_FIELDS = (
-    "argument_size_in_bytes",
-    "output_size_in_bytes",
-    "alias_size_in_bytes",
-    "temp_size_in_bytes",
-    "generated_code_size_in_bytes",
-    "host_argument_size_in_bytes",
-    "host_output_size_in_bytes",
-    "host_alias_size_in_bytes",
-    "host_temp_size_in_bytes",
-    "host_generated_code_size_in_bytes",
-)
 
 
 @dataclass(frozen=True)
@@ -120,28 +115,6 @@ def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
     return present[:needed]
 
 
-def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: Any = None) -> Any:
-    """``jax.jit(exported.call)`` lowered for ``platform``: with the export's shardings laid
-    over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained."""
-    import jax
-    from jax.sharding import SingleDeviceSharding
-
-    exp = lowered.exported
-    shardings: dict[str, Any] = {}
-    if mesh is not None or device is not None:
-        if mesh is not None:
-            ins_flat, outs_flat = exp.in_shardings_jax(mesh), exp.out_shardings_jax(mesh)
-        else:
-            one = SingleDeviceSharding(device)
-            ins_flat, outs_flat = [one] * len(exp.in_avals), [one] * len(exp.out_avals)
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, ins_flat)
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
-        shardings = {"in_shardings": ins[0], "out_shardings": outs}
-    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
-    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
-    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
-
-
 def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
     """The export lowered for ``backend``'s platform, on the program's mesh."""
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
@@ -163,9 +136,13 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         def no_lowering() -> Any:
             raise AssertionError("a topology compile is its compile_job")
 
-        return Target(form="topology", module_sha256=sha256_bytes(bytes(exp.serialize())),
-                      convention=export_conventions(lowered)[1], lower=no_lowering,
-                      compile_job=job)  # fmt: skip
+        return Target(
+            form="topology",
+            module_sha256=sha256_bytes(bytes(exp.serialize())),
+            convention=export_conventions(lowered)[1],
+            lower=no_lowering,
+            compile_job=job,
+        )
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
@@ -173,10 +150,14 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
         sharded = mesh is not None and len(devs) == mesh.size
         live = lowered.lowered
-        return Target(form="lowered", module_sha256=lowered.module_sha256,
-                      convention=convention_of(live), lower=lambda: live,
-                      # Lowered against an AbstractMesh: bound to concrete devices at compile.
-                      device_assignment=tuple(devs) if sharded else None)  # fmt: skip
+        return Target(
+            form="lowered",
+            module_sha256=lowered.module_sha256,
+            convention=convention_of(live),
+            lower=lambda: live,
+            # Lowered against an AbstractMesh: bound to concrete devices at compile.
+            device_assignment=tuple(devs) if sharded else None,
+        )
     if lowered.exported is None:
         # jax compiles a multi-platform lowering only through its export, and there is none:
         # a compile started ahead of the export (the runner then compiles in the compile
@@ -196,43 +177,19 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         i for a in lowered.donate_argnums for i in jax.tree_util.tree_leaves(positions[a])
     )
     convention = replace(export_conventions(lowered)[1], donated=tuple(donated))
-    return Target(form="exported", module_sha256=sha256_bytes(bytes(exp.serialize())),
-                  convention=convention,
-                  lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)))  # fmt: skip
+    return Target(
+        form="exported",
+        module_sha256=sha256_bytes(bytes(exp.serialize())),
+        convention=convention,
+        lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)),
+    )
 
 
 def compile_lowered(target: Target, backend: str, options: dict[str, Any]) -> Any:
     """XLA-compile ``target`` (releases the GIL: may run on a worker thread)."""
-    return target.lower().compile(compiler_options=options or None,
-                                  device_assignment=target.device_assignment)  # fmt: skip
-
-
-def memory_of(compiled: Any) -> dict[str, int] | None:
-    try:
-        stats = compiled.memory_analysis()
-    except Exception:
-        return None
-    if stats is None:
-        return None
-    return {f: int(getattr(stats, f)) for f in _MEMORY_FIELDS if hasattr(stats, f)}
-
-
-def cost_of(compiled: Any) -> dict[str, float] | None:
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:
-        return None
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    return {str(k): float(v) for k, v in cost.items()} if cost else None
-
-
-def serialize(compiled: Any) -> bytes:
-    """Executable bytes plus the pytree structure needed to call it, as one blob."""
-    from jax.experimental import serialize_executable
-
-    payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-    return pickle.dumps((bytes(payload), in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+    return target.lower().compile(
+        compiler_options=options or None, device_assignment=target.device_assignment
+    )
 
 
 def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
@@ -252,12 +209,19 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #   2 (issue 12): the module actually compiled (the export's for the export form), the form,
 #     the calling convention, XLA flags and JAX config values, device topology.
 _KEY_VERSION = 2
-ARTIFACTS = ("optimized.hlo.txt", "cost_analysis.json", "memory_analysis.json",
-             "executable.bin", "compiled.json", "shardings.json")  # fmt: skip
+ARTIFACTS = (
+    "optimized.hlo.txt",
+    "cost_analysis.json",
+    "memory_analysis.json",
+    "executable.bin",
+    "compiled.json",
+    "shardings.json",
+)
 
 
-def cache_key(cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any],
-              environment: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def cache_key(
+    cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any], environment: dict[str, Any]
+) -> dict[str, Any]:
     """Everything the executable and its calling convention depend on, and nothing else (no
     paths, no times). ``environment`` is :func:`jaxaot.stages.jaxenv.key_environment`."""
     return {
@@ -287,8 +251,13 @@ def _execution_devices(backend: str, device_ids: list[int], source: str) -> list
     return [by_id[i] for i in device_ids]
 
 
-def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], source: str,
-         expect: Sequence[Convention]) -> Compiled:  # fmt: skip
+def load(
+    ctx: StageContext,
+    lowered: Lowered,
+    read: Callable[[str], bytes],
+    source: str,
+    expect: Sequence[Convention],
+) -> Compiled:
     """A Compiled record from stored files (a store entry or a checkpoint), all hash-verified,
     whose executable loads here and has one of the ``expect``-ed calling conventions.
 
@@ -340,44 +309,21 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], sour
         return json.loads(files[name]) if name in files else None
 
     cost, memory = parsed("cost_analysis.json"), parsed("memory_analysis.json")
-    _metrics(ctx, cost, memory)
+    stage_metrics(ctx, cost, memory)
     if "shardings.json" in files:
-        _mesh_metrics(ctx, parsed("shardings.json"))
-    return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
-                    memory=memory)  # fmt: skip
+        mesh_metrics(ctx, parsed("shardings.json"))
+    return Compiled(
+        compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost, memory=memory
+    )
 
 
 def _record(lowered: Lowered, backend: str) -> Callable[..., Compiled]:
     def record(compiled: Any, cost: Any, memory: Any) -> Compiled:
-        return Compiled(compiled=compiled, lowered=lowered, backend=backend, cost=cost,
-                        memory=memory)  # fmt: skip
-
-    return record
-
-
-def _metrics(
-    ctx: StageContext, cost: dict[str, float] | None, memory: dict[str, int] | None
-) -> None:
-    if cost:
-        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
-    if memory:
-        ctx.metrics.update(
-            argument_bytes=memory.get("argument_size_in_bytes"),
-            output_bytes=memory.get("output_size_in_bytes"),
-            temp_bytes=memory.get("temp_size_in_bytes"),
-            code_bytes=memory.get("generated_code_size_in_bytes"),
+        return Compiled(
+            compiled=compiled, lowered=lowered, backend=backend, cost=cost, memory=memory
         )
 
-
-def _mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
-    ctx.metrics.update(
-        mesh=MeshSpec.from_json(shardings["mesh"]).describe(),
-        devices=shardings["devices"],
-        sharded_inputs=sum(not r["replicated"] for r in shardings["inputs"]),
-        inputs=len(shardings["inputs"]),
-        sharded_outputs=sum(not r["replicated"] for r in shardings["outputs"]),
-        outputs=len(shardings["outputs"]),
-    )
+    return record
 
 
 def start(cfg: Any, target: Target) -> Callable[[], Any]:
@@ -399,8 +345,9 @@ def start(cfg: Any, target: Target) -> Callable[[], Any]:
     return compile_now
 
 
-def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
-        target: Target | None = None) -> Compiled:  # fmt: skip
+def run(
+    ctx: StageContext, lowered: Lowered, compiled: Any = None, target: Target | None = None
+) -> Compiled:
     """Compile ``target`` (default: :func:`prepare`'s) unless ``compiled`` was made ahead (see
     :func:`start`), and write the artifacts."""
     cfg = ctx.cfg.compile
@@ -415,13 +362,13 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
         shardings = describe_shardings(compiled)
         shardings |= {"mesh": lowered.meta["mesh"], "devices": _nr_devices(lowered)}
         ctx.write_json("shardings.json", shardings)
-        _mesh_metrics(ctx, shardings)
+        mesh_metrics(ctx, shardings)
     cost, memory = cost_of(compiled), memory_of(compiled)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
     if memory:
         ctx.write_json("memory_analysis.json", memory)
-    _metrics(ctx, cost, memory)
+    stage_metrics(ctx, cost, memory)
     local_devices = compiled.runtime_executable().local_devices()
     device_ids = [d.id for d in local_devices]
     try:
@@ -432,14 +379,23 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any = None,
         ctx.write("executable.bin", blob)
         # What `load` would deserialize from these bytes is this executable: a later job of
         # the sweep that finds it in the store uses it without deserializing.
-        memo.executable(local_devices[0].client, (sha256_bytes(blob), tuple(device_ids)),
-                        lambda: compiled)  # fmt: skip
-    ctx.write_json("compiled.json", {
-        "backend": cfg.backend, "device_ids": device_ids, "module_sha256": lowered.module_sha256,
-        "convention": convention_of(compiled).to_json(),  # for people: load checks the executable
-    })  # fmt: skip
-    return Compiled(compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost,
-                    memory=memory)  # fmt: skip
+        memo.executable(
+            local_devices[0].client, (sha256_bytes(blob), tuple(device_ids)), lambda: compiled
+        )
+    ctx.write_json(
+        "compiled.json",
+        {
+            "backend": cfg.backend,
+            "device_ids": device_ids,
+            "module_sha256": lowered.module_sha256,
+            "convention": convention_of(
+                compiled
+            ).to_json(),  # for people: load checks the executable
+        },
+    )
+    return Compiled(
+        compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost, memory=memory
+    )
 
 
 __all__ = [

@@ -28,11 +28,24 @@ _TARGET = re.compile(rb'custom_call_target="([^"]+)"')
 
 # XLA's own custom calls (partitioner markers, host offloading, dynamic shapes, oneDNN/cuBLAS
 # rewrites, which start with "__"): XLA implements them, nothing is registered from Python.
-_XLA_BUILTIN = frozenset({
-    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
-    "SliceToDynamic", "PadToStatic", "AllocateBuffer", "LayoutConstraint", "PinToDevice",
-    "annotate_device_placement", "dce_sink", "TopK", "cu_threefry2x32_ffi",
-})  # fmt: skip
+_XLA_BUILTIN = frozenset(
+    {
+        "Sharding",
+        "SPMDFullToShardShape",
+        "SPMDShardToFullShape",
+        "MoveToHost",
+        "MoveToDevice",
+        "SliceToDynamic",
+        "PadToStatic",
+        "AllocateBuffer",
+        "LayoutConstraint",
+        "PinToDevice",
+        "annotate_device_placement",
+        "dce_sink",
+        "TopK",
+        "cu_threefry2x32_ffi",
+    }
+)
 
 
 class ColdLoadError(JaxaotError, RuntimeError):

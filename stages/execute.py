@@ -187,10 +187,16 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
         if not native:
             bits[f"out{i}"] = arr.view(f"u{arr.dtype.itemsize}")
         described.append(
-            {"key": f"out{i}", "path": jax.tree_util.keystr(path), "dtype": str(arr.dtype),
-             "stored_dtype": str(stored.dtype), "bits": not native,
-             "shape": list(arr.shape), "finite": _all_finite(arr)}
-        )  # fmt: skip
+            {
+                "key": f"out{i}",
+                "path": jax.tree_util.keystr(path),
+                "dtype": str(arr.dtype),
+                "stored_dtype": str(stored.dtype),
+                "bits": not native,
+                "shape": list(arr.shape),
+                "finite": _all_finite(arr),
+            }
+        )
         value = _shown_value(arr)
         if value is not None:
             described[-1]["value"] = value
@@ -280,8 +286,13 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
 
     cfg = ctx.cfg.execute
     g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
-    worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "ok": True, "failures": [],
-                             "passed_by": "exact"}  # fmt: skip
+    worst: dict[str, Any] = {
+        "max_abs_err": 0.0,
+        "max_rel_err": 0.0,
+        "ok": True,
+        "failures": [],
+        "passed_by": "exact",
+    }
     bounds: list[str] = []
     for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
         rtol, atol = _TOLERANCES.get(str(np.asarray(w).dtype), (0.0, 0.0))
@@ -332,8 +343,9 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         from jaxaot.config.trust import policy_of
         from jaxaot.stages.stage_out import class_resolver
 
-        host_args, host_kwargs = spec_inputs(staged.bound, cfg.seed,
-                                             class_resolver(policy_of(ctx.cfg)))  # fmt: skip
+        host_args, host_kwargs = spec_inputs(
+            staged.bound, cfg.seed, class_resolver(policy_of(ctx.cfg))
+        )
     exe = compiled.compiled
     donated = set(compiled.lowered.donate_argnums)
     # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
@@ -342,10 +354,14 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
 
     def call() -> tuple[Any, float, list[Any]]:
         # A donated buffer is gone after a call: put a fresh copy before each one (untimed).
-        args = [_put(_fresh(host_args[i]), exe.input_shardings[0][i]) if i in donated else a
-                for i, a in enumerate(dev_args)]  # fmt: skip
-        kwargs = {k: _put(_fresh(host_kwargs[k]), exe.input_shardings[1][k])
-                  if k in donated_kw else v for k, v in dev_kwargs.items()}  # fmt: skip
+        args = [
+            _put(_fresh(host_args[i]), exe.input_shardings[0][i]) if i in donated else a
+            for i, a in enumerate(dev_args)
+        ]
+        kwargs = {
+            k: _put(_fresh(host_kwargs[k]), exe.input_shardings[1][k]) if k in donated_kw else v
+            for k, v in dev_kwargs.items()
+        }
         t0 = time.perf_counter()
         try:
             out = exe(*args, **kwargs)
@@ -374,10 +390,15 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
             timings["flops_per_s"] = compiled.cost["flops"] / med
         if (compiled.cost.get("bytes accessed") or 0) > 0:
             timings["bytes_per_s"] = compiled.cost["bytes accessed"] / med
-    timings["donated_inputs_consumed"] = all(
-        getattr(a, "is_deleted", lambda: False)() for leaf in consumed
-        for a in jax.tree_util.tree_leaves(leaf)
-    ) if donated or donated_kw else None  # fmt: skip
+    timings["donated_inputs_consumed"] = (
+        all(
+            getattr(a, "is_deleted", lambda: False)()
+            for leaf in consumed
+            for a in jax.tree_util.tree_leaves(leaf)
+        )
+        if donated or donated_kw
+        else None
+    )
     timings["samples_s"] = samples
     ctx.write_json("timings.json", timings)
     nonfinite = [d["path"] or "<root>" for d in described if not d["finite"]]
@@ -399,9 +420,12 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         ref = _host(_reference(ctx, staged, host_args, host_kwargs))
         check = _compare(ctx, outputs, ref)
         ctx.write_json("check.json", check)
-        ctx.metrics.update(check="ok" if check["ok"] else "failed",
-                           max_abs_err=check["max_abs_err"], max_rel_err=check["max_rel_err"],
-                           check_passed_by=check["passed_by"])  # fmt: skip
+        ctx.metrics.update(
+            check="ok" if check["ok"] else "failed",
+            max_abs_err=check["max_abs_err"],
+            max_rel_err=check["max_rel_err"],
+            check_passed_by=check["passed_by"],
+        )
         if not check["ok"]:
             raise CheckError(
                 "execute.check=reference: outputs differ from plain jax.jit beyond tolerance: "

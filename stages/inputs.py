@@ -178,10 +178,16 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
         raise ConfigError(f"{where}: no such file") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{where}: not a readable .npz archive ({exc})") from None
-    trees = [(f"args[{i}]", f"program.args[{i}]", a) for i, a in enumerate(bound.args)
-             if not bound.is_static(i)]  # fmt: skip
-    trees += [(f"kwargs[{k!r}]", f"program.kwargs.{k}", v) for k, v in bound.kwargs.items()
-              if not bound.is_static(k)]  # fmt: skip
+    trees = [
+        (f"args[{i}]", f"program.args[{i}]", a)
+        for i, a in enumerate(bound.args)
+        if not bound.is_static(i)
+    ]
+    trees += [
+        (f"kwargs[{k!r}]", f"program.kwargs.{k}", v)
+        for k, v in bound.kwargs.items()
+        if not bound.is_static(k)
+    ]
     expected: list[str] = []
     built: list[Any] = []
     for root, declared, tree in trees:
@@ -197,8 +203,13 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
                 )
             arr = arrays[key]
             if isinstance(spec, ArraySpec):
-                _same_type(spec, tuple(arr.shape), canonical_dtype(arr.dtype.name, where),
-                           f"{where}[{key!r}]", decl)  # fmt: skip
+                _same_type(
+                    spec,
+                    tuple(arr.shape),
+                    canonical_dtype(arr.dtype.name, where),
+                    f"{where}[{key!r}]",
+                    decl,
+                )
             weak = isinstance(spec, ArraySpec) and spec.weak_type
             leaves.append(weakly_typed(arr) if weak else arr)
         built.append(_replace_leaves(tree, iter(leaves)))
@@ -214,10 +225,18 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
 
 def expected_keys(bound: BoundArgs) -> list[str]:
     """The keys an ``execute.inputs`` archive holds, in signature order."""
-    keys = [key for i, a in enumerate(bound.args) if not bound.is_static(i)
-            for key, _, _ in _arg_paths(a, f"args[{i}]", "")]  # fmt: skip
-    keys += [key for k, v in bound.kwargs.items() if not bound.is_static(k)
-             for key, _, _ in _arg_paths(v, f"kwargs[{k!r}]", "")]  # fmt: skip
+    keys = [
+        key
+        for i, a in enumerate(bound.args)
+        if not bound.is_static(i)
+        for key, _, _ in _arg_paths(a, f"args[{i}]", "")
+    ]
+    keys += [
+        key
+        for k, v in bound.kwargs.items()
+        if not bound.is_static(k)
+        for key, _, _ in _arg_paths(v, f"kwargs[{k!r}]", "")
+    ]
     return keys
 
 
@@ -280,11 +299,15 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
         _check_leaves(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
     counter = [0]
     return (
-        [_weaken(s, _build(p, 0, counter, f"execute.inputs[{i}]"))
-         for i, (s, p) in enumerate(zip(traced_pos, parsed_pos, strict=True))],
-        {k: _weaken(traced_kw[k], _build(v, 0, counter, f"execute.inputs.kwargs.{k}"))
-         for k, v in parsed_kw.items()},
-    )  # fmt: skip
+        [
+            _weaken(s, _build(p, 0, counter, f"execute.inputs[{i}]"))
+            for i, (s, p) in enumerate(zip(traced_pos, parsed_pos, strict=True))
+        ],
+        {
+            k: _weaken(traced_kw[k], _build(v, 0, counter, f"execute.inputs.kwargs.{k}"))
+            for k, v in parsed_kw.items()
+        },
+    )
 
 
 def _weaken(spec: Any, value: Any) -> Any:

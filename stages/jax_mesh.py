@@ -46,8 +46,9 @@ def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
     """The same mesh over ``devices`` (the first ``mesh.size`` of them, row-major)."""
     import jax
 
-    return jax.make_mesh(mesh.shape, mesh.axes, axis_types=axis_types(mesh),
-                         devices=list(devices)[: mesh.size])  # fmt: skip
+    return jax.make_mesh(
+        mesh.shape, mesh.axes, axis_types=axis_types(mesh), devices=list(devices)[: mesh.size]
+    )
 
 
 def named(tree: Any, mesh: Any) -> Any:
@@ -63,8 +64,11 @@ def output_shardings(value: Any, out_info: Any, out_tree: Any, mesh: MeshSpec, a
     import jax
 
     plain = _plain(out_info)
-    top, names = (plain, [f"output[{i}]" for i in range(len(plain))]) if isinstance(plain, tuple) \
-        else ((plain,), ["output"])  # fmt: skip
+    top, names = (
+        (plain, [f"output[{i}]" for i in range(len(plain))])
+        if isinstance(plain, tuple)
+        else ((plain,), ["output"])
+    )
     matched = match_specs(value, top, key="lower.out_shardings", names=names, mesh=mesh.sizes)
     flat = jax.tree.leaves(matched if isinstance(plain, tuple) else matched[0])
     return jax.tree_util.tree_unflatten(out_tree, jax.tree.leaves(named(flat, amesh)))
@@ -102,12 +106,17 @@ def stacked(bound: BoundArgs, replicas: int) -> BoundArgs:
     def stack(_path: str, leaf: Any) -> Any:
         return replace(leaf, shape=(replicas, *leaf.shape)) if isinstance(leaf, ArraySpec) else leaf
 
-    return replace(bound, args=tuple(a if bound.is_static(i) else map_tree(stack, a)
-                                     for i, a in enumerate(bound.args)))  # fmt: skip
+    return replace(
+        bound,
+        args=tuple(
+            a if bound.is_static(i) else map_tree(stack, a) for i, a in enumerate(bound.args)
+        ),
+    )
 
 
-def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
-                static_kwargs: dict[str, Any]) -> PerReplica:  # fmt: skip
+def per_replica(
+    fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs, static_kwargs: dict[str, Any]
+) -> PerReplica:
     """Wrap ``fn`` (one replica's program) as a global program over ``mesh``'s replicas."""
     import jax
     import jax.numpy as jnp
@@ -116,8 +125,11 @@ def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
 
     amesh = abstract_mesh(mesh)
     replica = P(mesh.axes)
-    flags = [map_tree(lambda _p, leaf: isinstance(leaf, ArraySpec), a)
-             for i, a in enumerate(bound.args) if not bound.is_static(i)]  # fmt: skip
+    flags = [
+        map_tree(lambda _p, leaf: isinstance(leaf, ArraySpec), a)
+        for i, a in enumerate(bound.args)
+        if not bound.is_static(i)
+    ]
 
     def merge(args: Sequence[Any], local: Sequence[Any]) -> list[Any]:
         it = iter(local)
@@ -128,14 +140,15 @@ def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
 
     def program(*args: Any) -> Any:
         def body(*local: Any) -> Any:
-            rows = [jax.tree.map(lambda x, s: x[0] if s else x, v, f)
-                    for v, f in zip(local, flags, strict=True)]  # fmt: skip
+            rows = [
+                jax.tree.map(lambda x, s: x[0] if s else x, v, f)
+                for v, f in zip(local, flags, strict=True)
+            ]
             out = fn(*merge(args, rows), **static_kwargs)
             return jax.tree.map(lambda o: jnp.asarray(o)[None], out)
 
         specs = tuple(jax.tree.map(lambda s: replica if s else P(), f) for f in flags)
-        mapped = jax.shard_map(body, mesh=amesh, in_specs=specs, out_specs=replica,
-                               check_vma=False)  # fmt: skip
+        mapped = jax.shard_map(body, mesh=amesh, in_specs=specs, out_specs=replica, check_vma=False)
         return mapped(*dynamic(args))
 
     def reference(*args: Any) -> Any:
@@ -146,8 +159,10 @@ def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
         mapped = one
         for name in reversed(mesh.axes):
             mapped = jax.vmap(mapped, in_axes=axes, axis_name=name)
-        grid = [jax.tree.map(lambda x, s: x.reshape(mesh.shape + x.shape[1:]) if s else x, v, f)
-                for v, f in zip(dynamic(args), flags, strict=True)]  # fmt: skip
+        grid = [
+            jax.tree.map(lambda x, s: x.reshape(mesh.shape + x.shape[1:]) if s else x, v, f)
+            for v, f in zip(dynamic(args), flags, strict=True)
+        ]
         out = mapped(*grid)
         return jax.tree.map(lambda o: o.reshape((mesh.size, *o.shape[len(mesh.shape) :])), out)
 
@@ -156,8 +171,9 @@ def per_replica(fn: Callable[..., Any], mesh: MeshSpec, bound: BoundArgs,
     options: dict[str, Any] = {"in_shardings": in_shardings, "out_shardings": split}
     if bound.static_argnums:
         options["static_argnums"] = bound.static_argnums
-    return PerReplica(fn=program, reference=reference, bound=stacked(bound, mesh.size),
-                      jit_options=options)  # fmt: skip
+    return PerReplica(
+        fn=program, reference=reference, bound=stacked(bound, mesh.size), jit_options=options
+    )
 
 
 def unbound_axis_error(exc: NameError, mesh: MeshSpec | None) -> ConfigError | None:
@@ -190,14 +206,16 @@ def describe_shardings(compiled: Any) -> dict[str, Any]:
             if inputs:  # input_shardings is (args, kwargs)
                 name = ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
             spec = getattr(sharding, "spec", None)
-            out.append({
-                "path": name or "output",
-                "shape": list(shape),
-                "dtype": str(info.dtype),
-                "sharding": str(spec) if spec is not None else str(sharding),
-                "shard_shape": list(sharding.shard_shape(shape)),
-                "replicated": bool(sharding.is_fully_replicated),
-            })  # fmt: skip
+            out.append(
+                {
+                    "path": name or "output",
+                    "shape": list(shape),
+                    "dtype": str(info.dtype),
+                    "sharding": str(spec) if spec is not None else str(sharding),
+                    "shard_shape": list(sharding.shard_shape(shape)),
+                    "replicated": bool(sharding.is_fully_replicated),
+                }
+            )
         return out
 
     return {

@@ -56,8 +56,11 @@ def _patched(scoped: Scoped, key: str) -> Iterator[None]:
     owner: Any = importlib.import_module(module_name)
     for part in owners:
         owner = getattr(owner, part)
-    holders = [owner] + [m for m in list(sys.modules.values())
-                         if m is not owner and getattr(m, name, None) is original]  # fmt: skip
+    holders = [owner] + [
+        m
+        for m in list(sys.modules.values())
+        if m is not owner and getattr(m, name, None) is original
+    ]
     replacement = _annotated(original, scoped)
     for holder in holders:
         setattr(holder, name, replacement)

@@ -41,51 +41,99 @@ FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 # the executable: JAX's own persistent-cache key leaves out exactly these
 # (jax/_src/cache_key.py ``xla_flags_to_exclude_from_cache_key``, jax 0.10.2). The device count
 # flag is left out because the compile key has the device count itself.
-OUTPUT_ONLY_XLA_FLAGS = frozenset({
-    "--xla_dump_compress_protos", "--xla_dump_module_metadata", "--xla_dump_max_hlo_modules",
-    "--xla_dump_include_timestamp", "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
-    "--xla_dump_hlo_snapshots", "--xla_dump_fusion_visualization", "--xla_dump_hlo_as_url",
-    "--xla_dump_hlo_as_proto", "--xla_dump_hlo_as_text", "--xla_dump_hlo_as_long_text",
-    "--xla_dump_hlo_as_html", "--xla_dump_hlo_as_dot", "--xla_dump_to",
-    "--xla_force_host_platform_device_count", "--xla_dump_disable_metadata",
-    "--xla_dump_hlo_pipeline_re", "--xla_tpu_sdc_checker_streamz_metric",
-    "--xla_tpu_sdc_checker_enable_sdc_event_callbacks",
-    "--xla_tpu_sdc_checker_enable_coresweep_ng_callbacks",
-    "--xla_tpu_sdc_checker_no_logging_if_callbacks_are_present", "--xla_gpu_cuda_data_dir",
-    "--xla_gpu_experimental_autotune_cache_mode",
-})  # fmt: skip
+OUTPUT_ONLY_XLA_FLAGS = frozenset(
+    {
+        "--xla_dump_compress_protos",
+        "--xla_dump_module_metadata",
+        "--xla_dump_max_hlo_modules",
+        "--xla_dump_include_timestamp",
+        "--xla_dump_hlo_pass_re",
+        "--xla_dump_hlo_module_re",
+        "--xla_dump_hlo_snapshots",
+        "--xla_dump_fusion_visualization",
+        "--xla_dump_hlo_as_url",
+        "--xla_dump_hlo_as_proto",
+        "--xla_dump_hlo_as_text",
+        "--xla_dump_hlo_as_long_text",
+        "--xla_dump_hlo_as_html",
+        "--xla_dump_hlo_as_dot",
+        "--xla_dump_to",
+        "--xla_force_host_platform_device_count",
+        "--xla_dump_disable_metadata",
+        "--xla_dump_hlo_pipeline_re",
+        "--xla_tpu_sdc_checker_streamz_metric",
+        "--xla_tpu_sdc_checker_enable_sdc_event_callbacks",
+        "--xla_tpu_sdc_checker_enable_coresweep_ng_callbacks",
+        "--xla_tpu_sdc_checker_no_logging_if_callbacks_are_present",
+        "--xla_gpu_cuda_data_dir",
+        "--xla_gpu_experimental_autotune_cache_mode",
+    }
+)
 
 # JAX config values that cannot change a lowering, an executable or its calling convention:
 # logging, dumps, caches of JAX's own, timeouts, guards and checks made at dispatch, and what
 # the compile key has in another form (platform, device count). Every other config value is
 # in the key, so an option a later JAX adds is keyed until it is listed here (a miss, never a
 # wrong hit).
-CONFIG_NOT_IN_KEY = frozenset({
-    "jax_array_garbage_collection_guard", "jax_backend_target",
-    "jax_captured_constants_report_frames", "jax_captured_constants_warn_bytes",
-    "jax_check_proxy_envs", "jax_check_tracer_leaks", "jax_compilation_cache_check_contents",
-    "jax_compilation_cache_dir", "jax_compilation_cache_expect_pgle",
-    "jax_compilation_cache_include_metadata_in_key", "jax_compilation_cache_max_size",
-    "jax_compiler_detailed_logging_min_ops", "jax_cpu_get_global_topology_timeout_minutes",
-    "jax_cpu_get_local_topology_timeout_minutes", "jax_cross_host_transfer_socket_address",
-    "jax_cross_host_transfer_timeout_seconds", "jax_cross_host_transfer_transfer_size",
-    "jax_cross_host_transport_addresses", "jax_cuda_visible_devices",
-    "jax_debug_leaked_clients_on_clear_backends", "jax_debug_log_modules", "jax_default_device",
-    "jax_distributed_debug", "jax_dump_ir_modes", "jax_dump_ir_to",
-    "jax_enable_compilation_cache", "jax_enable_preemption_service", "jax_explain_cache_misses",
-    "jax_hlo_source_file_canonicalization_regex", "jax_include_debug_info_in_dumps",
-    "jax_include_full_tracebacks_in_locations", "jax_log_checkpoint_residuals",
-    "jax_log_compiles", "jax_logging_level", "jax_num_cpu_devices", "jax_oneapi_visible_devices",
-    "jax_pallas_verbose_errors", "jax_persistent_cache_enable_xla_caches",
-    "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes",
-    "jax_platform_name", "jax_platforms", "jax_pprint_use_color",
-    "jax_raise_persistent_cache_errors", "jax_rocm_visible_devices",
-    "jax_share_binary_between_hosts_timeout_ms", "jax_source_url_schema", "jax_thread_guard",
-    "jax_traceback_filtering", "jax_traceback_in_locations_limit",
-    "jax_tracer_error_num_traceback_frames", "jax_transfer_guard",
-    "jax_transfer_guard_device_to_device", "jax_transfer_guard_device_to_host",
-    "jax_transfer_guard_host_to_device",
-})  # fmt: skip
+CONFIG_NOT_IN_KEY = frozenset(
+    {
+        "jax_array_garbage_collection_guard",
+        "jax_backend_target",
+        "jax_captured_constants_report_frames",
+        "jax_captured_constants_warn_bytes",
+        "jax_check_proxy_envs",
+        "jax_check_tracer_leaks",
+        "jax_compilation_cache_check_contents",
+        "jax_compilation_cache_dir",
+        "jax_compilation_cache_expect_pgle",
+        "jax_compilation_cache_include_metadata_in_key",
+        "jax_compilation_cache_max_size",
+        "jax_compiler_detailed_logging_min_ops",
+        "jax_cpu_get_global_topology_timeout_minutes",
+        "jax_cpu_get_local_topology_timeout_minutes",
+        "jax_cross_host_transfer_socket_address",
+        "jax_cross_host_transfer_timeout_seconds",
+        "jax_cross_host_transfer_transfer_size",
+        "jax_cross_host_transport_addresses",
+        "jax_cuda_visible_devices",
+        "jax_debug_leaked_clients_on_clear_backends",
+        "jax_debug_log_modules",
+        "jax_default_device",
+        "jax_distributed_debug",
+        "jax_dump_ir_modes",
+        "jax_dump_ir_to",
+        "jax_enable_compilation_cache",
+        "jax_enable_preemption_service",
+        "jax_explain_cache_misses",
+        "jax_hlo_source_file_canonicalization_regex",
+        "jax_include_debug_info_in_dumps",
+        "jax_include_full_tracebacks_in_locations",
+        "jax_log_checkpoint_residuals",
+        "jax_log_compiles",
+        "jax_logging_level",
+        "jax_num_cpu_devices",
+        "jax_oneapi_visible_devices",
+        "jax_pallas_verbose_errors",
+        "jax_persistent_cache_enable_xla_caches",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+        "jax_platform_name",
+        "jax_platforms",
+        "jax_pprint_use_color",
+        "jax_raise_persistent_cache_errors",
+        "jax_rocm_visible_devices",
+        "jax_share_binary_between_hosts_timeout_ms",
+        "jax_source_url_schema",
+        "jax_thread_guard",
+        "jax_traceback_filtering",
+        "jax_traceback_in_locations_limit",
+        "jax_tracer_error_num_traceback_frames",
+        "jax_transfer_guard",
+        "jax_transfer_guard_device_to_device",
+        "jax_transfer_guard_device_to_host",
+        "jax_transfer_guard_host_to_device",
+    }
+)
 
 
 def _flag_env() -> dict[str, str]:
@@ -175,8 +223,9 @@ def environment() -> dict[str, Any]:
     }
 
 
-def configure(*, backend: str, num_devices: int | None, x64: bool,
-              jax_config: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def configure(
+    *, backend: str, num_devices: int | None, x64: bool, jax_config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Apply process-wide JAX settings for one run (call before any JAX computation), then
     start the backends. Returns the previous values of the JAX options the run changed, for
     :func:`restore_config` after it (a sweep's next job starts from the same settings)."""

@@ -69,8 +69,9 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
     return opts
 
 
-def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
-             opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def _sharded(
+    ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any, opts: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """The program and jit options with ``lower.in_shardings``/``out_shardings`` on ``mesh``.
 
     jax.jit takes no keyword arguments alongside in_shardings, so the (static) ones are bound
@@ -83,8 +84,9 @@ def _sharded(ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any,
     opts["in_shardings"] = named(check_in_shardings(ctx.cfg, staged.bound, mesh), amesh)
     if cfg.out_shardings is not None:
         traced = staged.traced
-        opts["out_shardings"] = output_shardings(cfg.out_shardings, traced.out_info,
-                                                 traced.out_tree, mesh, amesh)  # fmt: skip
+        opts["out_shardings"] = output_shardings(
+            cfg.out_shardings, traced.out_info, traced.out_tree, mesh, amesh
+        )
     return fn, opts
 
 
@@ -107,8 +109,10 @@ def _node_classes(treedef: Any) -> list[type]:
         data = node.node_data()
         if data is not None:
             cls = data[0]
-            builtin = cls in _BUILTIN_NODES or cls in (collections.OrderedDict,
-                                                       collections.defaultdict)  # fmt: skip
+            builtin = cls in _BUILTIN_NODES or cls in (
+                collections.OrderedDict,
+                collections.defaultdict,
+            )
             if not builtin and cls not in found:
                 found.append(cls)
         stack.extend(reversed(node.children()))
@@ -157,9 +161,11 @@ def _register_class(cls: type, name: str) -> None:
         jax.export.register_namedtuple_serialization(cls, serialized_name=name)
     else:
         jax.export.register_pytree_node_serialization(
-            cls, serialized_name=name, serialize_auxdata=_aux_to_bytes,
+            cls,
+            serialized_name=name,
+            serialize_auxdata=_aux_to_bytes,
             deserialize_auxdata=_aux_from_bytes,
-        )  # fmt: skip
+        )
 
 
 def _register_output_types(exported: Any) -> list[str]:
@@ -270,8 +276,9 @@ def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
     later jobs reuse them); large constants elided per ``lower.elide_constants_over``."""
     elide_over = ctx.cfg.lower.elide_constants_over  # checked by config.validate
     debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts (issue 17)
-    texts = memo.derived(same, f"texts:{elide_over}:{debug}",
-                         lambda: _derive_texts(lowered, elide_over, debug))  # fmt: skip
+    texts = memo.derived(
+        same, f"texts:{elide_over}:{debug}", lambda: _derive_texts(lowered, elide_over, debug)
+    )
     if texts.warning:
         ctx.warn(texts.warning)
     return texts
@@ -311,9 +318,16 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         polymorphic = _has_symbolic(staged.args, kwargs)
         if ctx.on_lowered is not None and not polymorphic:  # compile while we export
-            ctx.on_lowered(Lowered(exported=None, lowered=lowered, platforms=platforms,
-                                   module_sha256=module_sha, donate_argnums=donate,
-                                   meta=early))  # fmt: skip
+            ctx.on_lowered(
+                Lowered(
+                    exported=None,
+                    lowered=lowered,
+                    platforms=platforms,
+                    module_sha256=module_sha,
+                    donate_argnums=donate,
+                    meta=early,
+                )
+            )
         ctx.write("module.stablehlo.mlir", stablehlo)
         # Only making the texts and the export may fail softly; writing them may not (a full
         # disk is the run's error, not a warning).
@@ -350,8 +364,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         meta["namedtuples"] = pytree_types
     if mesh_json is not None:
         meta |= early
-        ctx.metrics.update(mesh=MeshSpec.from_json(mesh_json).describe(),
-                           devices=early["nr_devices"])  # fmt: skip
+        ctx.metrics.update(
+            mesh=MeshSpec.from_json(mesh_json).describe(), devices=early["nr_devices"]
+        )
     ctx.write_json("lowered.json", meta)
     ctx.metrics.update(platforms=list(platforms))
     record = Lowered(
@@ -368,8 +383,11 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
 def _has_symbolic(*trees: Any) -> bool:
     import jax
 
-    return any(not isinstance(d, int) for leaf in jax.tree_util.tree_leaves(trees)
-               for d in getattr(leaf, "shape", ()))  # fmt: skip
+    return any(
+        not isinstance(d, int)
+        for leaf in jax.tree_util.tree_leaves(trees)
+        for d in getattr(leaf, "shape", ())
+    )
 
 
 def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
@@ -379,7 +397,7 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
     or the lowering has no symbolic dimensions."""
     import jax
     from jaxaot.config.argspec import symbols
-    from jaxaot.config.schema import STAGES
+    from jaxaot.config.order import STAGES
     from jaxaot.errors import one_line
 
     exp = record.exported
@@ -417,16 +435,22 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
         mesh_context = jax.sharding.use_abstract_mesh(amesh)
     try:
         with mesh_context:
-            concrete = jax.export.export(jax.jit(exp.call, **jit_opts),
-                                         platforms=exp.platforms)(*args, **kwargs)  # fmt: skip
+            concrete = jax.export.export(jax.jit(exp.call, **jit_opts), platforms=exp.platforms)(
+                *args, **kwargs
+            )
     except ValueError as exc:  # a shape constraint or a division that does not hold
         raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
     ctx.metrics.update(shapes=used)
     return replace(record, exported=concrete, lowered=None, meta={**record.meta, "shapes": used})
 
 
-ARTIFACTS = ("module.stablehlo.mlir", "module.hlo.txt", "exported.bin", "cost_analysis.json",
-             "lowered.json")  # fmt: skip
+ARTIFACTS = (
+    "module.stablehlo.mlir",
+    "module.hlo.txt",
+    "exported.bin",
+    "cost_analysis.json",
+    "lowered.json",
+)
 
 
 def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
@@ -451,14 +475,17 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         except (KeyError, FileNotFoundError):
             continue  # optional: HLO text / cost analysis are absent for some lowerings
     ctx.metrics.update(platforms=list(meta["platforms"]))
-    return for_compile(ctx, Lowered(
-        exported=exported,
-        lowered=None,
-        platforms=tuple(meta["platforms"]),
-        module_sha256=meta["module_sha256"],
-        donate_argnums=tuple(meta["donate_argnums"]),
-        meta=meta,
-    ))  # fmt: skip
+    return for_compile(
+        ctx,
+        Lowered(
+            exported=exported,
+            lowered=None,
+            platforms=tuple(meta["platforms"]),
+            module_sha256=meta["module_sha256"],
+            donate_argnums=tuple(meta["donate_argnums"]),
+            meta=meta,
+        ),
+    )
 
 
 __all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "check_platforms", "load", "run"]

@@ -125,8 +125,10 @@ def symbolic_scope(constraints: Sequence[str]) -> Any:
     try:
         scope = jax.export.SymbolicScope(list(constraints))
     except Exception as exc:
-        raise ConfigError(f"stage_out.shape_constraints: JAX refused {list(constraints)}: "
-                          f"{' '.join(str(exc).split())[:200]}") from None  # fmt: skip
+        raise ConfigError(
+            f"stage_out.shape_constraints: JAX refused {list(constraints)}: "
+            f"{' '.join(str(exc).split())[:200]}"
+        ) from None
     return scope
 
 
@@ -149,13 +151,19 @@ def _as_args(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Abstract values for the traced arguments; ``resolve`` (:func:`class_resolver` of the
     run's policy) builds the named pytree containers."""
-    symbolic = any(isinstance(leaf, ArraySpec) and leaf.symbolic
-                   for _, tree in bound.traced_args() for _, leaf in leaves(tree))  # fmt: skip
+    symbolic = any(
+        isinstance(leaf, ArraySpec) and leaf.symbolic
+        for _, tree in bound.traced_args()
+        for _, leaf in leaves(tree)
+    )
     scope = symbolic_scope(constraints) if symbolic else None
 
     def abstract(tree: Any, where: str) -> Any:
-        return build(tree, lambda _p, leaf: abstract_value(leaf, scope),
-                     lambda name, key: resolve(name, where + key))  # fmt: skip
+        return build(
+            tree,
+            lambda _p, leaf: abstract_value(leaf, scope),
+            lambda name, key: resolve(name, where + key),
+        )
 
     args = tuple(
         to_static_value(a, f"program.args[{i}]")
@@ -184,15 +192,16 @@ def _typed_shardings(
     specs = iter(named(check_in_shardings(cfg, bound, mesh), abstract_mesh(mesh)))
 
     def typed(sds: Any, sharding: Any) -> Any:
-        return jax.ShapeDtypeStruct(sds.shape, sds.dtype, sharding=sharding,
-                                    weak_type=sds.weak_type)  # fmt: skip
+        return jax.ShapeDtypeStruct(
+            sds.shape, sds.dtype, sharding=sharding, weak_type=sds.weak_type
+        )
 
     def prefix(spec_tree: Any, arg: Any) -> Any:  # a sharding may stand for a whole subtree
-        return jax.tree.map(lambda sh, sub: jax.tree.map(lambda s: typed(s, sh), sub),
-                            spec_tree, arg)  # fmt: skip
+        return jax.tree.map(
+            lambda sh, sub: jax.tree.map(lambda s: typed(s, sh), sub), spec_tree, arg
+        )
 
-    return tuple(a if bound.is_static(i) else prefix(next(specs), a)
-                 for i, a in enumerate(args))  # fmt: skip
+    return tuple(a if bound.is_static(i) else prefix(next(specs), a) for i, a in enumerate(args))
 
 
 def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
@@ -311,13 +320,26 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
     mesh = mesh_spec(ctx.cfg)
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
-        return StagedOut(fn=None, bound=bound, args=_as_args(bound, resolve)[0], kwargs={},
-                         jit_options={k: v for k, v in _jit_options(bound).items()
-                                      if k == "static_argnums"},
-                         traced=None, signature=signature, replicas=mesh.to_json())  # fmt: skip
+        return StagedOut(
+            fn=None,
+            bound=bound,
+            args=_as_args(bound, resolve)[0],
+            kwargs={},
+            jit_options={k: v for k, v in _jit_options(bound).items() if k == "static_argnums"},
+            traced=None,
+            signature=signature,
+            replicas=mesh.to_json(),
+        )
     args, kwargs = _as_args(bound, resolve, ctx.cfg.stage_out.shape_constraints)
-    return StagedOut(fn=None, bound=bound, args=args, kwargs=kwargs,
-                     jit_options=_jit_options(bound), traced=None, signature=signature)  # fmt: skip
+    return StagedOut(
+        fn=None,
+        bound=bound,
+        args=args,
+        kwargs=kwargs,
+        jit_options=_jit_options(bound),
+        traced=None,
+        signature=signature,
+    )
 
 
 def run(ctx: StageContext, upstream: None = None) -> StagedOut:

@@ -25,15 +25,39 @@ from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.errors import BackendError, DoesNotFit, StageError
+from jaxaot.stages.executable import (
+    cost_of,
+    export_lowering,
+    memory_of,
+    mesh_metrics,
+    serialize,
+    stage_metrics,
+)
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
 from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
 from jaxaot.util.hlo_parse import parse_hlo
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
-                 "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-                 "c128": 16}  # fmt: skip
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 # XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
 # temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
@@ -45,8 +69,10 @@ _UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 # The execute stage of a compile.topology run: recorded as skipped, with this note.
-EXECUTE_NOTE = ("compiled for a topology's compile-only devices: run it on a host with that "
-                "TPU topology or those GPUs with resume_from=<this run> start_at=execute")  # fmt: skip
+EXECUTE_NOTE = (
+    "compiled for a topology's compile-only devices: run it on a host with that "
+    "TPU topology or those GPUs with resume_from=<this run> start_at=execute"
+)
 
 
 def target_of(cfg: Any) -> Target:
@@ -84,8 +110,6 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
 
 def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
     """The lowering's export compiled for ``target``'s compile-only devices."""
-    from jaxaot.stages.compile import export_lowering
-
     devs = topology_devices(target)
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     on_mesh = None
@@ -99,8 +123,9 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
 
         options = compile_options(options)
     with quiet_libtpu():
-        export = export_lowering(lowered, platform, mesh=on_mesh,
-                                 device=devs[0] if on_mesh is None else None)  # fmt: skip
+        export = export_lowering(
+            lowered, platform, mesh=on_mesh, device=devs[0] if on_mesh is None else None
+        )
         return export.compile(compiler_options=options or None)
 
 
@@ -148,8 +173,9 @@ def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
     return DoesNotFit(does_not_fit_message(fit), fit)
 
 
-def verdict(target: Target, needed: int, available: int | None = None,
-            source: str = "memory_analysis") -> dict[str, Any]:  # fmt: skip
+def verdict(
+    target: Target, needed: int, available: int | None = None, source: str = "memory_analysis"
+) -> dict[str, Any]:
     """The fit verdict: bytes needed and available per device, whether it fits, headroom."""
     avail = target.generation.hbm_usable_bytes if available is None else available
     return {
@@ -167,8 +193,10 @@ def verdict(target: Target, needed: int, available: int | None = None,
 
 def does_not_fit_message(fit: dict[str, Any]) -> str:
     need, have = fit["hbm_bytes_needed"] / GiB, fit["hbm_bytes_available"] / GiB
-    return (f"does not fit: needs {need:.1f} GiB of {have:.2f} GiB per device "
-            f"({fit['generation']}, {fit['topology']})")  # fmt: skip
+    return (
+        f"does not fit: needs {need:.1f} GiB of {have:.2f} GiB per device "
+        f"({fit['generation']}, {fit['topology']})"
+    )
 
 
 def needed_bytes(memory: dict[str, int]) -> int:
@@ -176,9 +204,13 @@ def needed_bytes(memory: dict[str, int]) -> int:
     the outputs that alias (donated) arguments. XLA's own compile-time check (which it words
     "HLO temporaries", though it counts arguments too) rejects most programs past the HBM
     first; this is the same sum from its memory analysis, to report headroom."""
-    return (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
-            + memory.get("temp_size_in_bytes", 0) + memory.get("generated_code_size_in_bytes", 0)
-            - memory.get("alias_size_in_bytes", 0))  # fmt: skip
+    return (
+        memory.get("argument_size_in_bytes", 0)
+        + memory.get("output_size_in_bytes", 0)
+        + memory.get("temp_size_in_bytes", 0)
+        + memory.get("generated_code_size_in_bytes", 0)
+        - memory.get("alias_size_in_bytes", 0)
+    )
 
 
 def _array_bytes(shape: str) -> list[float]:
@@ -209,8 +241,9 @@ def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
                 continue
             sizes = _array_bytes(ins.shape)
             found[op]["count"] += 1
-            found[op]["bytes"] += (max(sizes) if ins.opcode.endswith("-start") else sum(sizes)) \
-                if sizes else 0.0  # fmt: skip
+            found[op]["bytes"] += (
+                (max(sizes) if ins.opcode.endswith("-start") else sum(sizes)) if sizes else 0.0
+            )
     return found
 
 
@@ -236,8 +269,9 @@ def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | 
     }
 
 
-def analysis(target: Target, hlo: str, cost: dict[str, float] | None,
-             memory: dict[str, int] | None) -> dict[str, Any]:  # fmt: skip
+def analysis(
+    target: Target, hlo: str, cost: dict[str, float] | None, memory: dict[str, int] | None
+) -> dict[str, Any]:
     """What a topology compile adds to ``compiled.json``."""
     return {
         "target": target.to_json(),
@@ -250,8 +284,9 @@ def analysis(target: Target, hlo: str, cost: dict[str, float] | None,
 def metrics(info: dict[str, Any]) -> dict[str, Any]:
     """Flat report/summary columns of :func:`analysis` (or of a DoesNotFit's verdict)."""
     fit, roof, coll = info.get("fit") or {}, info.get("roofline") or {}, info.get("collectives")
-    out: dict[str, Any] = {"topology": (info.get("target") or {}).get("topology")
-                           or fit.get("topology")}  # fmt: skip
+    out: dict[str, Any] = {
+        "topology": (info.get("target") or {}).get("topology") or fit.get("topology")
+    }
     for k in ("fits", "hbm_bytes_needed", "hbm_bytes_available", "headroom_bytes"):
         out[k] = fit.get(k)
     out["est_step_s"] = roof.get("step_s")
@@ -267,7 +302,6 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
 
     ``record(compiled, cost, memory)`` builds the stage's Compiled record.
     """
-    from jaxaot.stages import compile as compile_stage
     from jaxaot.stages.jax_mesh import describe_shardings
 
     cfg = ctx.cfg.compile
@@ -278,13 +312,13 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         shardings = describe_shardings(compiled)
         shardings |= {"mesh": lowered.meta["mesh"], "devices": target.devices}
         ctx.write_json("shardings.json", shardings)
-        compile_stage._mesh_metrics(ctx, shardings)
-    cost, memory = compile_stage.cost_of(compiled), compile_stage.memory_of(compiled)
+        mesh_metrics(ctx, shardings)
+    cost, memory = cost_of(compiled), memory_of(compiled)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
     if memory:
         ctx.write_json("memory_analysis.json", memory)
-    compile_stage._metrics(ctx, cost, memory)
+    stage_metrics(ctx, cost, memory)
     info = analysis(target, hlo, cost, memory)
     if info["roofline"] is None and target.generation.platform == "cuda":
         info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
@@ -293,7 +327,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     mesh = lowered.meta.get("mesh")
     n = MeshSpec.from_json(mesh).size if mesh else 1
     try:
-        ctx.write("executable.bin", compile_stage.serialize(compiled))
+        ctx.write("executable.bin", serialize(compiled))
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
     if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
@@ -302,10 +336,15 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         info["autotuned"] = False
         ctx.metrics["autotuned"] = False
         ctx.warn(autotune_note(dict(cfg.compiler_options)))
-    ctx.write_json("compiled.json", {
-        "backend": target.generation.platform, "device_ids": [d.id for d in devs[:n]],
-        "module_sha256": lowered.module_sha256, **info,
-    })  # fmt: skip
+    ctx.write_json(
+        "compiled.json",
+        {
+            "backend": target.generation.platform,
+            "device_ids": [d.id for d in devs[:n]],
+            "module_sha256": lowered.module_sha256,
+            **info,
+        },
+    )
     return record(compiled, cost, memory)
 
 
@@ -313,8 +352,6 @@ def _lowering_roofline(target: Target, lowered: Lowered) -> dict[str, Any] | Non
     """XLA gives no cost analysis for a deviceless GPU executable: the roofline estimate then
     comes from the lowering's (the whole program, before partitioning) split evenly over the
     devices, and says so."""
-    from jaxaot.stages.compile import cost_of
-
     whole = cost_of(lowered.lowered) if lowered.lowered is not None else None
     if not whole or whole.get("flops") is None:
         return None
@@ -325,12 +362,15 @@ def _lowering_roofline(target: Target, lowered: Lowered) -> dict[str, Any] | Non
     return roof
 
 
-def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], names: tuple[str, ...],
-         record: Callable[..., Any]) -> Any:  # fmt: skip
+def load(
+    ctx: StageContext,
+    lowered: Lowered,
+    read: Callable[[str], bytes],
+    names: tuple[str, ...],
+    record: Callable[..., Any],
+) -> Any:
     """A stored topology compile (hash-verified by ``read``): its artifacts and verdict, with
     no live executable (a compile-only client cannot load one)."""
-    from jaxaot.stages import compile as compile_stage
-
     files: dict[str, bytes] = {}
     for name in names:
         try:
@@ -344,14 +384,16 @@ def load(ctx: StageContext, lowered: Lowered, read: Callable[[str], bytes], name
         ctx.write(name, data)
     cost = json.loads(files["cost_analysis.json"]) if "cost_analysis.json" in files else None
     memory = json.loads(files["memory_analysis.json"]) if "memory_analysis.json" in files else None
-    compile_stage._metrics(ctx, cost, memory)
+    stage_metrics(ctx, cost, memory)
     if "shardings.json" in files:
-        compile_stage._mesh_metrics(ctx, json.loads(files["shardings.json"]))
+        mesh_metrics(ctx, json.loads(files["shardings.json"]))
     # The verdict and estimate from the stored analyses and today's accelerator table, as a
     # fresh compile would give them (the table is not part of the store key).
     target = target_of(ctx.cfg.compile)
-    fresh = {"fit": verdict(target, needed_bytes(memory)) if memory else meta.get("fit"),
-             "roofline": roofline(target, cost) or meta.get("roofline")}  # fmt: skip
+    fresh = {
+        "fit": verdict(target, needed_bytes(memory)) if memory else meta.get("fit"),
+        "roofline": roofline(target, cost) or meta.get("roofline"),
+    }
     ctx.metrics.update(metrics(meta | fresh))
     return record(None, cost, memory)
 

@@ -59,8 +59,14 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: Sequence[str], *, cwd: Path, module: str = "jaxaot.cli.main", timeout: float = 300,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_cli(
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    module: str = "jaxaot.cli.main",
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``jaxaot <args>`` (as ``python -m jaxaot.cli.main``) in ``cwd``; never raises on rc."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],

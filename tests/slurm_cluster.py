@@ -39,8 +39,10 @@ def unavailable() -> str | None:
         return "a SLURM test cluster needs root (SlurmUser=root; munged and slurmd as root)"
     missing = [b for b in (*DAEMONS, *CLIENTS) if _which(b) is None]
     if missing:
-        return (f"SLURM/munge binaries missing ({', '.join(missing)}): run `make slurm` "
-                "(apt-get install slurm-wlm munge) as root")  # fmt: skip
+        return (
+            f"SLURM/munge binaries missing ({', '.join(missing)}): run `make slurm` "
+            "(apt-get install slurm-wlm munge) as root"
+        )
     return None
 
 
@@ -56,8 +58,9 @@ def _free_port() -> int:
 
 def _node_line(name: str) -> str:
     """The node's hardware as slurmd sees it (``slurmd -C``), so slurmd accepts the config."""
-    out = subprocess.run([_which("slurmd") or "slurmd", "-C"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout  # fmt: skip
+    out = subprocess.run(
+        [_which("slurmd") or "slurmd", "-C"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     first = next(ln for ln in out.splitlines() if ln.startswith("NodeName="))
     fields = [f for f in first.split()[1:] if not f.startswith("UpTime")]
     return f"NodeName={name} NodeAddr=127.0.0.1 {' '.join(fields)} State=UNKNOWN"
@@ -82,8 +85,9 @@ class SlurmCluster:
 
     def cmd(self, *args: str, check: bool = True, timeout: float = 30) -> str:
         """Run a SLURM client command against this cluster; its stdout."""
-        proc = subprocess.run(list(args), capture_output=True, text=True, env=self.env(),
-                              timeout=timeout)  # fmt: skip
+        proc = subprocess.run(
+            list(args), capture_output=True, text=True, env=self.env(), timeout=timeout
+        )
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args)}: rc={proc.returncode}: {proc.stderr.strip()}")
         return proc.stdout
@@ -94,11 +98,14 @@ class SlurmCluster:
             self._write_files()
             self._start_munge()
             env = self.env()
-            for name, args in (("slurmctld", ["-D", "-i", "-f", str(self.conf)]),
-                               ("slurmd", ["-D", "-f", str(self.conf), "-N", self.node])):  # fmt: skip
+            for name, args in (
+                ("slurmctld", ["-D", "-i", "-f", str(self.conf)]),
+                ("slurmd", ["-D", "-f", str(self.conf), "-N", self.node]),
+            ):
                 log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 (kept open)
-                self._procs[name] = subprocess.Popen([_which(name) or name, *args], env=env,
-                                                     stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                self._procs[name] = subprocess.Popen(
+                    [_which(name) or name, *args], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
                 log.close()
             self._wait_idle(timeout_s)
         except BaseException:
@@ -158,12 +165,19 @@ class SlurmCluster:
 
     def _start_munge(self) -> None:
         m = self.root / "munge"
-        args = [_which("munged") or "munged", "--foreground", "--force",
-                f"--socket={self.munge_socket}", f"--key-file={m / 'munge.key'}",
-                f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'munged.seed'}",
-                f"--log-file={self.root / 'log' / 'munged.log'}"]  # fmt: skip
-        self._procs["munged"] = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                                 stderr=subprocess.STDOUT)  # fmt: skip
+        args = [
+            _which("munged") or "munged",
+            "--foreground",
+            "--force",
+            f"--socket={self.munge_socket}",
+            f"--key-file={m / 'munge.key'}",
+            f"--pid-file={m / 'munged.pid'}",
+            f"--seed-file={m / 'munged.seed'}",
+            f"--log-file={self.root / 'log' / 'munged.log'}",
+        ]
+        self._procs["munged"] = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 15
         while not self.munge_socket.exists():
             if self._procs["munged"].poll() is not None or time.monotonic() > deadline:
@@ -176,16 +190,24 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             for name, proc in self._procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}: "
-                                       f"{self._log_tail(name + '.log')}")  # fmt: skip
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True,
-                                 text=True, env=self.env(), timeout=15)  # fmt: skip
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode}: {self._log_tail(name + '.log')}"
+                    )
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                capture_output=True,
+                text=True,
+                env=self.env(),
+                timeout=15,
+            )
             state = out.stdout.strip()
             if state == f"{self.node} idle":
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"node not idle after {timeout_s:.0f} s (sinfo: {state!r}); "
-                           f"slurmd: {self._log_tail('slurmd.log')}")  # fmt: skip
+        raise RuntimeError(
+            f"node not idle after {timeout_s:.0f} s (sinfo: {state!r}); "
+            f"slurmd: {self._log_tail('slurmd.log')}"
+        )
 
     def _log_tail(self, name: str, n: int = 6) -> str:
         try:
@@ -198,12 +220,18 @@ class SlurmCluster:
         """Cancel every job and wait until the queue is empty (their processes gone)."""
         if "slurmctld" not in self._procs:
             return
-        subprocess.run(["scancel", "--partition", PARTITION], env=self.env(), timeout=30,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["scancel", "--partition", PARTITION], env=self.env(), timeout=30, capture_output=True
+        )
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
-                                 env=self.env(), timeout=15)  # fmt: skip
+            out = subprocess.run(
+                ["squeue", "-h", "-o", "%i"],
+                capture_output=True,
+                text=True,
+                env=self.env(),
+                timeout=15,
+            )
             if out.returncode != 0 or not out.stdout.strip():
                 return
             time.sleep(0.3)

@@ -51,10 +51,14 @@ def _same(got: Any, want: Any) -> None:
     "overrides",
     [
         ["program.args=[double, f32[3]]", "stage_out.static_argnames=[mode]"],
-        ["+program.kwargs.mode=double", "program.args=[]", "+program.kwargs.y=f32[3]",
-         "stage_out.static_argnums=[0]"],
+        [
+            "+program.kwargs.mode=double",
+            "program.args=[]",
+            "+program.kwargs.y=f32[3]",
+            "stage_out.static_argnums=[0]",
+        ],
     ],
-)  # fmt: skip
+)
 def test_static_by_name_or_position_however_passed(compose_run: Any, overrides: list[str]) -> None:
     # JAX: static_argnames=['mode'] makes a positional 'mode' static, and static_argnums=[0]
     # a 'mode' passed by keyword (mapped through the signature).
@@ -72,10 +76,14 @@ def test_donate_argnums_on_a_keyword_passed_dict(compose_run: Any) -> None:
     traced = jax.jit(progs.sgd, donate_argnums=[0]).trace(params=p, grads=p)
     jax_donated = [i.donated for i in jax.tree.leaves(traced.args_info)]
     result = compose_run(
-        f"{T}:sgd", "program.args=[]", "+program.kwargs.params={a: f32[4], b: f32[4]}",
-        "+program.kwargs.grads={a: f32[4], b: f32[4]}", "lower.donate_argnums=[0]",
-        "execute.check=reference", "execute.repeats=2",
-    )  # fmt: skip
+        f"{T}:sgd",
+        "program.args=[]",
+        "+program.kwargs.params={a: f32[4], b: f32[4]}",
+        "+program.kwargs.grads={a: f32[4], b: f32[4]}",
+        "lower.donate_argnums=[0]",
+        "execute.check=reference",
+        "execute.repeats=2",
+    )
     sig = result.records["stage_out"].signature["inputs"]
     assert [i["donated"] for i in sig] == jax_donated == [False, False, True, True]
     assert result.records["execute"].timings["donated_inputs_consumed"] is True
@@ -83,16 +91,29 @@ def test_donate_argnums_on_a_keyword_passed_dict(compose_run: Any) -> None:
 
 def test_unknown_donate_argname_is_an_error(compose_run: Any) -> None:
     with pytest.raises(ConfigError, match=r"lower\.donate_argnames: 'nope' names no argument"):
-        compose_run(f"{T}:pick", "program.args=[double, f32[3]]",
-                    "stage_out.static_argnums=[0]", "lower.donate_argnames=[nope]")  # fmt: skip
+        compose_run(
+            f"{T}:pick",
+            "program.args=[double, f32[3]]",
+            "stage_out.static_argnums=[0]",
+            "lower.donate_argnames=[nope]",
+        )
 
 
 def test_resume_keeps_statics_resolved_through_the_signature(compose_run: Any) -> None:
-    first = compose_run(f"{T}:pick", "program.args=[double, f32[3]]",
-                        "stage_out.static_argnames=[mode]", "stop_after=compile")  # fmt: skip
-    again = compose_run(f"{T}:pick", "program.args=[double, f32[3]]",
-                        "stage_out.static_argnames=[mode]", f"resume_from={first.run_dir}",
-                        "start_at=execute", "execute.repeats=1")  # fmt: skip
+    first = compose_run(
+        f"{T}:pick",
+        "program.args=[double, f32[3]]",
+        "stage_out.static_argnames=[mode]",
+        "stop_after=compile",
+    )
+    again = compose_run(
+        f"{T}:pick",
+        "program.args=[double, f32[3]]",
+        "stage_out.static_argnames=[mode]",
+        f"resume_from={first.run_dir}",
+        "start_at=execute",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(again)
     _same(again.records["execute"].outputs, progs.pick("double", *args))
 
@@ -107,8 +128,7 @@ PYTREE_ARGS = (
 
 
 def test_namedtuple_dataclass_and_tuple_arguments(compose_run: Any) -> None:
-    result = compose_run(f"{T}:norms", PYTREE_ARGS, "execute.check=reference",
-                         "execute.repeats=1")  # fmt: skip
+    result = compose_run(f"{T}:norms", PYTREE_ARGS, "execute.check=reference", "execute.repeats=1")
     args, _ = _inputs(result)
     assert isinstance(args[0], progs.Point) and isinstance(args[1], progs.State)
     assert isinstance(args[2], tuple) and args[1].steps == 3
@@ -118,8 +138,13 @@ def test_namedtuple_dataclass_and_tuple_arguments(compose_run: Any) -> None:
     _same(got, want)
     sig = result.records["stage_out"].signature
     assert [i["path"] for i in sig["inputs"]] == [
-        "args[0].x", "args[0].y", "args[1].w", "args[1].b", "args[2][0]", "args[2][1]"
-    ]  # fmt: skip
+        "args[0].x",
+        "args[0].y",
+        "args[1].w",
+        "args[1].b",
+        "args[2][0]",
+        "args[2][1]",
+    ]
     saved = load_outputs(result.run_dir / "execute")
     # JAX's own key paths (a class registered without keys has flat indices)
     assert list(saved) == [
@@ -131,10 +156,17 @@ def test_pytree_outputs_resume_from_the_export(compose_run: Any) -> None:
     first = compose_run(f"{T}:norms", PYTREE_ARGS, "stop_after=lower")
     meta = json.loads((first.run_dir / "lower" / "lowered.json").read_text())
     assert set(meta["namedtuples"]) == {
-        "aot_api_programs:Point", "aot_api_programs:State", "aot_api_programs:Pair"
-    }  # fmt: skip
-    again = compose_run(f"{T}:norms", PYTREE_ARGS, f"resume_from={first.run_dir}",
-                        "start_at=compile", "execute.repeats=1")  # fmt: skip
+        "aot_api_programs:Point",
+        "aot_api_programs:State",
+        "aot_api_programs:Pair",
+    }
+    again = compose_run(
+        f"{T}:norms",
+        PYTREE_ARGS,
+        f"resume_from={first.run_dir}",
+        "start_at=compile",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(again)
     got = again.records["execute"].outputs
     assert isinstance(got["point"], progs.Point)
@@ -145,8 +177,9 @@ def test_pytree_class_goes_through_the_trust_policy(compose_run: Any) -> None:
     with pytest.raises(ConfigError, match=r"program\.args\[0\]\._pytree_.*os"):
         compose_run(f"{T}:add", "program.args=[{_pytree_: 'os:system', x: f32[2]}, f32[2]]")
     with pytest.raises(TargetError, match=r"program\.args\[0\]\._pytree_.*no attribute 'Nope'"):
-        compose_run(f"{T}:add", "program.args=[{_pytree_: 'aot_api_programs:Nope', x: f32[2]},"
-                    " f32[2]]")  # fmt: skip
+        compose_run(
+            f"{T}:add", "program.args=[{_pytree_: 'aot_api_programs:Nope', x: f32[2]}, f32[2]]"
+        )
 
 
 # --- 3. weak types ---------------------------------------------------------------------------
@@ -158,8 +191,12 @@ def test_weak_type_promotion(compose_run: Any, weak: str) -> None:
     y = jnp.ones(3, jnp.bfloat16)
     assert jax.jit(progs.add)(2.0, y).dtype == jnp.bfloat16
     assert jax.jit(progs.add)(np.float32(2.0), y).dtype == jnp.float32
-    result = compose_run(f"{T}:add", f"program.args=[{weak}, bf16[3]]",
-                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        f"program.args=[{weak}, bf16[3]]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     sig = result.records["stage_out"].signature
     assert sig["inputs"][0]["weak_type"] is True and sig["outputs"][0]["dtype"] == "bfloat16"
     args, _ = _inputs(result)
@@ -171,9 +208,13 @@ def test_weak_type_promotion(compose_run: Any, weak: str) -> None:
 
 def test_donating_a_weakly_typed_argument(compose_run: Any) -> None:
     # JAX: a weakly typed f32[3] argument is donated (its buffer is consumed by the call).
-    result = compose_run(f"{T}:add", "program.args=[f32[3]~weak, f32[3]]",
-                         "lower.donate_argnums=[0]", "execute.check=reference",
-                         "execute.repeats=2")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        "program.args=[f32[3]~weak, f32[3]]",
+        "lower.donate_argnums=[0]",
+        "execute.check=reference",
+        "execute.repeats=2",
+    )
     sig = result.records["stage_out"].signature["inputs"][0]
     assert sig["weak_type"] and sig["donated"]
     assert result.records["execute"].timings["donated_inputs_consumed"] is True
@@ -187,8 +228,13 @@ def test_donating_a_weakly_typed_argument(compose_run: Any) -> None:
 def test_x64_from_the_config_applies_to_the_run_and_is_restored(compose_run: Any) -> None:
     # JAX: with jax_enable_x64 two Python ints add as int64 (weakly typed); without, int32.
     assert not jax.config.jax_enable_x64
-    result = compose_run(f"{T}:add", "program.args=[3, 4]", "+jax.config.jax_enable_x64=true",
-                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        "program.args=[3, 4]",
+        "+jax.config.jax_enable_x64=true",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     assert not jax.config.jax_enable_x64  # put back after the run
     jax.config.update("jax_enable_x64", True)
     try:
@@ -224,13 +270,18 @@ def test_matmul_precision_is_lowered_and_keyed(compose_run: Any) -> None:
     ("override", "match"),
     [
         ("+jax.config.jax_nope=1", r"jax\.config\.jax_nope: not a JAX config option"),
-        ("+jax.config.jax_default_matmul_precision=bogus",
-         r"jax\.config\.jax_default_matmul_precision: JAX refused 'bogus'"),
-        ("+jax.config.jax_num_cpu_devices=4", r"jax\.config\.jax_num_cpu_devices: set by jaxaot "
-         r"from compile\.num_devices"),
+        (
+            "+jax.config.jax_default_matmul_precision=bogus",
+            r"jax\.config\.jax_default_matmul_precision: JAX refused 'bogus'",
+        ),
+        (
+            "+jax.config.jax_num_cpu_devices=4",
+            r"jax\.config\.jax_num_cpu_devices: set by jaxaot "
+            r"from compile\.num_devices",
+        ),
         ("+jax.config.enable_x64=true", r"jax\.config\.enable_x64: expected a JAX config option"),
     ],
-)  # fmt: skip
+)
 def test_bad_jax_options(compose_run: Any, override: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         compose_run(f"{T}:add", "program.args=[3, 4]", override, "stop_after=stage_out")
@@ -239,8 +290,7 @@ def test_bad_jax_options(compose_run: Any, override: str, match: str) -> None:
 
 def test_x64_off_with_a_64_bit_argument_is_an_error(compose_run: Any) -> None:
     with pytest.raises(ConfigError, match=r"jax_enable_x64=false, but the program has 64-bit"):
-        compose_run(f"{T}:add", "program.args=[f64[2], f64[2]]",
-                    "+jax.config.jax_enable_x64=false")  # fmt: skip
+        compose_run(f"{T}:add", "program.args=[f64[2], f64[2]]", "+jax.config.jax_enable_x64=false")
 
 
 def test_jax_enable_x64_from_the_environment_is_respected(cli: Any, tmp_path: Path) -> None:
@@ -248,8 +298,11 @@ def test_jax_enable_x64_from_the_environment_is_respected(cli: Any, tmp_path: Pa
 
     env = cli_env(JAX_ENABLE_X64="1")
     env["PYTHONPATH"] = f"{REPO / 'tests'}:{env['PYTHONPATH']}"
-    proc = run_cli([f"{T}:add", "program.args=[3, 4]", "execute.repeats=1",
-                    f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env)  # fmt: skip
+    proc = run_cli(
+        [f"{T}:add", "program.args=[3, 4]", "execute.repeats=1", f"hydra.run.dir={tmp_path / 'r'}"],
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert load_outputs(tmp_path / "r" / "execute")[""].dtype == np.int64
 
@@ -263,8 +316,14 @@ def test_program_sees_the_mesh_while_traced_and_in_the_reference(compose_run: An
     x = np.arange(8, dtype=np.float32)
     with pytest.raises(Exception, match="mesh"):
         jax.jit(progs.with_mesh).trace(x)
-    result = compose_run(f"{T}:with_mesh", "program.args=[f32[8]]", "mesh.shape=[4]",
-                         "mesh.axes=[data]", "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:with_mesh",
+        "program.args=[f32[8]]",
+        "mesh.shape=[4]",
+        "mesh.axes=[data]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(result)
     from jax.sharding import AxisType
 
@@ -284,17 +343,24 @@ def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Explicit,),
-                         devices=jax.devices()[:4])  # fmt: skip
+    mesh = jax.make_mesh(
+        (4,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4]
+    )
     sds = jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=NamedSharding(mesh, P("data")))
     with jax.set_mesh(mesh):
         traced = jax.jit(progs.resharded).trace(sds)
         want_specs = [o.sharding.spec for o in traced.out_info]
     assert want_specs == [P("data", None), P(None, None)]
-    result = compose_run(f"{T}:resharded", "program.args=[f32[8,2]]", "mesh.shape=[4]",
-                         "mesh.axes=[data]", "mesh.axis_types=[explicit]",
-                         "lower.in_shardings=[data]", "execute.check=reference",
-                         "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:resharded",
+        "program.args=[f32[8,2]]",
+        "mesh.shape=[4]",
+        "mesh.axes=[data]",
+        "mesh.axis_types=[explicit]",
+        "lower.in_shardings=[data]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     staged = result.records["stage_out"]
     assert [o.sharding.spec for o in staged.traced.out_info] == want_specs
     outs = result.records["compile"].compiled.output_shardings
@@ -307,8 +373,14 @@ def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None
 
 
 def test_a_one_device_mesh_compiles(compose_run: Any) -> None:
-    result = compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "mesh.shape=[1]",
-                         "mesh.axes=[data]", "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        "program.args=[f32[2], f32[2]]",
+        "mesh.shape=[1]",
+        "mesh.axes=[data]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(result)
     _same(result.records["execute"].outputs, jax.jit(progs.add)(*args))
 
@@ -321,18 +393,24 @@ def test_platforms_are_checked_against_jax(compose_run: Any) -> None:
 
     assert "rocm" in xla_bridge.known_platforms()
     want = jax.jit(progs.add).trace(jnp.ones(2), jnp.ones(2)).lower(lowering_platforms=("rocm",))
-    result = compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]",
-                         "lower.platforms=[rocm]", "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[rocm]", "stop_after=lower"
+    )
     from jaxaot.stages.lower import canonical_stablehlo
 
     text = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
     assert canonical_stablehlo(text) == canonical_stablehlo(want.as_text())
     with pytest.raises(ConfigError, match=r"lower\.platforms: JAX does not lower for 'metal'"):
-        compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[metal]",
-                    "stop_after=lower")  # fmt: skip
+        compose_run(
+            f"{T}:add",
+            "program.args=[f32[2], f32[2]]",
+            "lower.platforms=[metal]",
+            "stop_after=lower",
+        )
     with pytest.raises(ConfigError, match=r"'gpu' \(gpu is an alias of cuda, oneapi, rocm"):
-        compose_run(f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[gpu]",
-                    "stop_after=lower")  # fmt: skip
+        compose_run(
+            f"{T}:add", "program.args=[f32[2], f32[2]]", "lower.platforms=[gpu]", "stop_after=lower"
+        )
 
 
 # --- 7. every dtype round-trips on disk ------------------------------------------------------
@@ -342,8 +420,12 @@ def test_platforms_are_checked_against_jax(compose_run: Any) -> None:
     "dtype", ["float8_e5m2", "float8_e4m3fn", "float4_e2m1fn", "int4", "uint4", "bfloat16"]
 )
 def test_every_dtype_round_trips_on_disk(compose_run: Any, dtype: str) -> None:
-    result = compose_run(f"{T}:cast", f"program.args=[f32[5], {dtype}]",
-                         "stage_out.static_argnums=[1]", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:cast",
+        f"program.args=[f32[5], {dtype}]",
+        "stage_out.static_argnums=[1]",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(result)
     want = np.asarray(jax.jit(progs.cast, static_argnums=1)(args[0], dtype))
     assert want.dtype.name == dtype
@@ -357,9 +439,15 @@ def test_every_dtype_round_trips_on_disk(compose_run: Any, dtype: str) -> None:
 def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
     # JAX: jit with shardings on a 2-device mesh adds int4 arrays (jaxaot's placement used to
     # give an unpacked layout the executable refused).
-    result = compose_run(f"{T}:add", "program.args=[i4[4], i4[4]]", "mesh.shape=[2]",
-                         "mesh.axes=[data]", "lower.in_shardings=[data]",
-                         "execute.check=reference", "execute.repeats=2")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        "program.args=[i4[4], i4[4]]",
+        "mesh.shape=[2]",
+        "mesh.axes=[data]",
+        "lower.in_shardings=[data]",
+        "execute.check=reference",
+        "execute.repeats=2",
+    )
     args, _ = _inputs(result)
     want = jax.jit(progs.add)(*args)
     assert want.dtype == jnp.int4
@@ -380,8 +468,10 @@ def test_debug_info_keeps_locations_in_the_texts_only(compose_run: Any) -> None:
     args = (f"{T}:add", "program.args=[f32[2], f32[2]]", "stop_after=lower")
     debug = compose_run(*args, "lower.debug_info=true")
     plain = compose_run(*args)
-    texts = {n: (r.run_dir / "lower" / "module.stablehlo.mlir").read_text()
-             for n, r in (("debug", debug), ("plain", plain))}  # fmt: skip
+    texts = {
+        n: (r.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+        for n, r in (("debug", debug), ("plain", plain))
+    }
     assert 'loc("x")' in texts["debug"] and "aot_api_programs.py" in texts["debug"]
     assert "loc(" not in texts["plain"]
     assert canonical_stablehlo(texts["debug"]) == canonical_stablehlo(want)
@@ -398,8 +488,9 @@ def test_debug_info_keeps_locations_in_the_texts_only(compose_run: Any) -> None:
 def test_vjp_order_makes_the_export_differentiable(compose_run: Any) -> None:
     x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
     want = jax.grad(lambda v: jnp.sum(jnp.sin(v) + v))(x)  # JAX: d/dx of add(sin x, x)
-    result = compose_run(f"{T}:add", "program.args=[f32[3], f32[3]]", "lower.vjp_order=1",
-                         "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        f"{T}:add", "program.args=[f32[3], f32[3]]", "lower.vjp_order=1", "stop_after=lower"
+    )
     exp = jax.export.deserialize(
         bytearray((result.run_dir / "lower" / "exported.bin").read_bytes())
     )
@@ -430,9 +521,14 @@ def test_symbolic_dims_lower_once_and_compile_per_size(compose_run: Any) -> None
     assert lowered.records["stage_out"].signature["inputs"][0]["shape"] == ["b", 4]
     runs = {}
     for b in (3, 5, 3):
-        runs[b] = compose_run(*POLY, f"+compile.shapes.b={b}", f"resume_from={lowered.run_dir}",
-                              "start_at=compile", "execute.check=reference",
-                              "execute.repeats=1")  # fmt: skip
+        runs[b] = compose_run(
+            *POLY,
+            f"+compile.shapes.b={b}",
+            f"resume_from={lowered.run_dir}",
+            "start_at=compile",
+            "execute.check=reference",
+            "execute.repeats=1",
+        )
         assert runs[b].manifest["stages"]["lower"]["status"] == "resumed"  # lowered once
         args, _ = _inputs(runs[b])
         assert args[0].shape == (b, 4)
@@ -454,8 +550,14 @@ def test_symbolic_sizes_are_checked(compose_run: Any) -> None:
 
 def test_pytree_containers_on_a_mesh(compose_run: Any) -> None:
     # JAX: a container argument takes one sharding for all its leaves (a pytree prefix).
-    result = compose_run(f"{T}:norms", PYTREE_ARGS, "mesh.shape=[2]", "mesh.axes=[data]",
-                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:norms",
+        PYTREE_ARGS,
+        "mesh.shape=[2]",
+        "mesh.axes=[data]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(result)
     _same(result.records["execute"].outputs, jax.jit(progs.norms)(*args))
 
@@ -465,9 +567,13 @@ def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
     x, y = np.arange(3, dtype=np.float32) + 0.1, np.ones(3, dtype=np.float16)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    result = compose_run(f"{T}:add", "program.args=[f32[3]~weak, f16[3]]",
-                         f"execute.inputs=[{tmp_path / 'x.npy'}, {tmp_path / 'y.npy'}]",
-                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        f"{T}:add",
+        "program.args=[f32[3]~weak, f16[3]]",
+        f"execute.inputs=[{tmp_path / 'x.npy'}, {tmp_path / 'y.npy'}]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     from jaxaot.stages.inputs import weakly_typed
 
     want = jax.jit(progs.add)(weakly_typed(x), y)  # JAX: weak f32 + f16 is f16
@@ -479,21 +585,31 @@ def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
     "mesh",
     [
         ("mesh.shape=[1]", "mesh.axes=[data]"),
-        ("mesh.shape=[4]", "mesh.axes=[data]", "mesh.axis_types=[explicit]",
-         "lower.in_shardings=[data]"),
+        (
+            "mesh.shape=[4]",
+            "mesh.axes=[data]",
+            "mesh.axis_types=[explicit]",
+            "lower.in_shardings=[data]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...]) -> None:
     args = (f"{T}:resharded", "program.args=[f32[8,2]]", *mesh)
     first = compose_run(*args, "stop_after=lower")
-    again = compose_run(*args, f"resume_from={first.run_dir}", "start_at=compile",
-                        "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    again = compose_run(
+        *args,
+        f"resume_from={first.run_dir}",
+        "start_at=compile",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     inputs, _ = _inputs(again)
     from jax.sharding import AxisType
 
     n, kind = (4, AxisType.Explicit) if len(mesh) > 2 else (1, AxisType.Auto)
-    with jax.set_mesh(jax.make_mesh((n,), ("data",), axis_types=(kind,),
-                                    devices=jax.devices()[:n])):  # fmt: skip
+    with jax.set_mesh(
+        jax.make_mesh((n,), ("data",), axis_types=(kind,), devices=jax.devices()[:n])
+    ):
         want = jax.jit(progs.resharded)(*inputs)
     _same(again.records["execute"].outputs, want)
     if len(mesh) > 2:  # explicit axes: the export keeps the output shardings JAX gave
@@ -504,8 +620,14 @@ def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...
 
 
 def test_symbolic_dims_on_a_mesh(compose_run: Any) -> None:
-    result = compose_run(*POLY, "+compile.shapes.b=4", "mesh.shape=[2]", "mesh.axes=[data]",
-                         "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        *POLY,
+        "+compile.shapes.b=4",
+        "mesh.shape=[2]",
+        "mesh.axes=[data]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     args, _ = _inputs(result)
     _same(result.records["execute"].outputs, jax.jit(progs.rows)(*args))
     assert result.records["compile"].lowered.exported.nr_devices == 2
@@ -522,13 +644,17 @@ def test_given_inputs_for_named_containers_are_refused(compose_run: Any, tmp_pat
 def test_jax_options_come_with_a_resumed_lowering(compose_run: Any) -> None:
     args = (f"{T}:add", "program.args=[3, 4]")
     first = compose_run(*args, "jax.config.jax_enable_x64=true", "stop_after=lower")
-    again = compose_run(*args, f"resume_from={first.run_dir}", "start_at=compile",
-                        "execute.repeats=1")  # fmt: skip
+    again = compose_run(
+        *args, f"resume_from={first.run_dir}", "start_at=compile", "execute.repeats=1"
+    )
     assert again.manifest["config"]["jax"]["config"] == {"jax_enable_x64": True}
     assert np.asarray(again.records["execute"].outputs).dtype == np.int64
 
-    conflict = [*args, "jax.config.jax_enable_x64=false", f"resume_from={first.run_dir}",
-                "start_at=compile"]  # fmt: skip
+    conflict = [
+        *args,
+        "jax.config.jax_enable_x64=false",
+        f"resume_from={first.run_dir}",
+        "start_at=compile",
+    ]
     with pytest.raises(ConfigError, match=r"jax\.config\.jax_enable_x64: overridden to False"):
-        jaxaot.run(jaxaot.compose(conflict), run_dir=first.run_dir.parent / "c",
-                     overrides=conflict)  # fmt: skip
+        jaxaot.run(jaxaot.compose(conflict), run_dir=first.run_dir.parent / "c", overrides=conflict)

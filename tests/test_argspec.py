@@ -124,12 +124,20 @@ def test_mapping_defaults() -> None:
 
 def test_mapping_with_every_option() -> None:
     spec = parse_leaf_or_tree(
-        {"shape": [4], "dtype": "bf16", "init": "uniform", "scale": 2, "low": -1, "high": 3,
-         "seed": 7},
+        {
+            "shape": [4],
+            "dtype": "bf16",
+            "init": "uniform",
+            "scale": 2,
+            "low": -1,
+            "high": 3,
+            "seed": 7,
+        },
         "a",
-    )  # fmt: skip
-    assert spec == ArraySpec(shape=(4,), dtype="bfloat16", init="uniform", scale=2.0, low=-1.0,
-                             high=3.0, seed=7)  # fmt: skip
+    )
+    assert spec == ArraySpec(
+        shape=(4,), dtype="bfloat16", init="uniform", scale=2.0, low=-1.0, high=3.0, seed=7
+    )
 
 
 @pytest.mark.parametrize("init", ["normal", "uniform", "zeros", "ones", "arange"])
@@ -140,7 +148,10 @@ def test_mapping_inits(init: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ({"shape": [2], "init": "gaussian"}, r"a\.init: expected one of normal, uniform, zeros, ones, arange or a \.npy path, found 'gaussian'"),
+        (
+            {"shape": [2], "init": "gaussian"},
+            r"a\.init: expected one of normal, uniform, zeros, ones, arange or a \.npy path, found 'gaussian'",
+        ),
         ({"shape": [2], "init": "file"}, r"a\.init: expected one of .* found 'file'"),
         ({"shape": [512], "dtyp": "bf16"}, r"a: unknown array-spec key\(s\) \['dtyp'\]"),
         ({"shape": 3}, r"a\.shape: expected a list of ints, found 3"),
@@ -153,10 +164,13 @@ def test_mapping_inits(init: str) -> None:
         ({"shape": [2], "seed": True}, r"a\.seed: expected an int >= 0, found True"),
         ({"shape": [2], "seed": 1.5}, r"a\.seed: expected an int >= 0, found 1\.5"),
         ({"shape": [2], "seed": -1}, r"a\.seed: expected an int >= 0, found -1"),
-        ({"shape": [2**31, 2**31]}, r"a: f32\[2147483648,2147483648\] has 4\.61e\+18 elements \(1\.84e\+19 bytes\); XLA sizes arrays in int64"),
+        (
+            {"shape": [2**31, 2**31]},
+            r"a: f32\[2147483648,2147483648\] has 4\.61e\+18 elements \(1\.84e\+19 bytes\); XLA sizes arrays in int64",
+        ),
         ({"init": "zeros"}, r"a: array spec needs 'shape'"),
     ],
-)  # fmt: skip
+)
 def test_bad_mappings_are_errors(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(ArgSpecError, match=match):
         parse_leaf_or_tree(spec, "a")
@@ -167,9 +181,14 @@ def test_bad_mappings_are_errors(spec: dict[str, Any], match: str) -> None:
 
 @pytest.mark.parametrize(
     "array",
-    [np.zeros((3, 4), np.float32), np.arange(5, dtype=np.int32), np.array(True), np.ones(2, np.uint8)],
+    [
+        np.zeros((3, 4), np.float32),
+        np.arange(5, dtype=np.int32),
+        np.array(True),
+        np.ones(2, np.uint8),
+    ],
     ids=["f32", "i32", "bool-scalar", "u8"],
-)  # fmt: skip
+)
 def test_npy_path_leaf_reads_shape_and_dtype_from_the_header(
     tmp_path: Path, array: np.ndarray
 ) -> None:
@@ -226,10 +245,13 @@ def test_unsupported_values_are_errors() -> None:
 
 def test_nested_pytrees_and_their_leaf_paths() -> None:
     tree = parse_leaf_or_tree(
-        {"layers": [{"w": "f32[2,3]", "b": {"shape": [3], "init": "zeros"}}], "lr": 0.1,
-         "embed": "bf16[8,2]"},
+        {
+            "layers": [{"w": "f32[2,3]", "b": {"shape": [3], "init": "zeros"}}],
+            "lr": 0.1,
+            "embed": "bf16[8,2]",
+        },
         "program.args[0]",
-    )  # fmt: skip
+    )
     assert tree["layers"][0]["b"] == ArraySpec(shape=(3,), dtype="float32", init="zeros")
     assert tree["lr"] == Literal(0.1)
     # Dict keys in sorted order, as jax.tree_util flattens them.
@@ -252,8 +274,10 @@ def test_a_dict_of_arguments_is_not_mistaken_for_a_spec() -> None:
 @pytest.mark.parametrize(
     ("override", "quoted"),
     [
-        ("program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal}]",
-         "program.args=['f32[128,512]',{shape:[512],dtype:bf16,init:normal}]"),
+        (
+            "program.args=[f32[128,512],{shape:[512],dtype:bf16,init:normal}]",
+            "program.args=['f32[128,512]',{shape:[512],dtype:bf16,init:normal}]",
+        ),
         ("program.args=[f32[4,8], f32[8,2]]", "program.args=['f32[4,8]', 'f32[8,2]']"),
         ("program.args=[i32[],i32[]]", "program.args=['i32[]','i32[]']"),
         ("program.args=[[f32[2],{a:i32[]}]]", "program.args=[['f32[2]',{a:'i32[]'}]]"),
@@ -263,7 +287,7 @@ def test_a_dict_of_arguments_is_not_mistaken_for_a_spec() -> None:
         ("program.args=[x32[3]]", "program.args=['x32[3]']"),
         ("program.args=[f32[a,b]]", "program.args=['f32[a,b]']"),
     ],
-)  # fmt: skip
+)
 def test_quote_array_types_quotes_types(override: str, quoted: str) -> None:
     assert quote_array_types(override) == quoted
 
@@ -343,22 +367,43 @@ def test_needs_x64_only_for_traced_64_bit_arrays() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"static_argnums": [5]}, ConfigError,
-         r"stage_out\.static_argnums: position 5 is out of range; program\.args has 2 positional argument\(s\) \(positions 0\.\.1\)"),
-        ({"donate_argnums": [2]}, ConfigError,
-         r"lower\.donate_argnums: position 2 is out of range; program\.args has 2"),
-        ({"static_argnums": [0], "donate_argnums": [0]}, ConfigError,
-         r"lower\.donate_argnums: argument 0 is static \(stage_out\.static_argnums\); only traced array arguments can be donated"),
-        ({"static_argnums": [0], "donate_argnames": ["x"], "names_of_positions": ["x", "y"]},
-         ConfigError, r"lower\.donate_argnums: argument 0 is static"),
-        ({"static_argnames": ["y"], "donate_argnames": ["y"]}, ConfigError,
-         r"lower\.donate_argnames: 'y' is static"),
-        ({"static_argnames": ["nope"], "names_of_positions": ["x", "y"]}, ConfigError,
-         r"stage_out\.static_argnames: 'nope' is neither a parameter of the target nor a key of program\.kwargs \(parameters: x, y\)"),
-        ({"static_argnums": [1]}, ArgSpecError,
-         r"program\.args\[1\] is marked static but is an array spec \(f32\[4\]\); static arguments must be values"),
+        (
+            {"static_argnums": [5]},
+            ConfigError,
+            r"stage_out\.static_argnums: position 5 is out of range; program\.args has 2 positional argument\(s\) \(positions 0\.\.1\)",
+        ),
+        (
+            {"donate_argnums": [2]},
+            ConfigError,
+            r"lower\.donate_argnums: position 2 is out of range; program\.args has 2",
+        ),
+        (
+            {"static_argnums": [0], "donate_argnums": [0]},
+            ConfigError,
+            r"lower\.donate_argnums: argument 0 is static \(stage_out\.static_argnums\); only traced array arguments can be donated",
+        ),
+        (
+            {"static_argnums": [0], "donate_argnames": ["x"], "names_of_positions": ["x", "y"]},
+            ConfigError,
+            r"lower\.donate_argnums: argument 0 is static",
+        ),
+        (
+            {"static_argnames": ["y"], "donate_argnames": ["y"]},
+            ConfigError,
+            r"lower\.donate_argnames: 'y' is static",
+        ),
+        (
+            {"static_argnames": ["nope"], "names_of_positions": ["x", "y"]},
+            ConfigError,
+            r"stage_out\.static_argnames: 'nope' is neither a parameter of the target nor a key of program\.kwargs \(parameters: x, y\)",
+        ),
+        (
+            {"static_argnums": [1]},
+            ArgSpecError,
+            r"program\.args\[1\] is marked static but is an array spec \(f32\[4\]\); static arguments must be values",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bind_errors(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         bind([3, "f32[4]"], {}, **kwargs)
@@ -394,8 +439,11 @@ def test_arg_spec_errors_are_config_errors_and_value_errors() -> None:
 
 def test_an_element_count_that_overflows_int64_names_the_argument() -> None:
     # The repro: this aborted the process (SIGABRT in XLA's shape checks) at compile.
-    with pytest.raises(ArgSpecError, match=r"^program\.args\[0\]: f32\[99999999999,99999999999\] "
-                       r"has 1e\+22 elements \(4e\+22 bytes\); XLA sizes arrays in int64"):  # fmt: skip
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[0\]: f32\[99999999999,99999999999\] "
+        r"has 1e\+22 elements \(4e\+22 bytes\); XLA sizes arrays in int64",
+    ):
         bind(["f32[99999999999,99999999999]"], {})
     with pytest.raises(ArgSpecError, match=r"^program\.kwargs\.w\.shape|^program\.kwargs\.w: "):
         bind([], {"w": {"shape": [2**40, 2**40], "dtype": "bf16"}})
@@ -422,18 +470,29 @@ def test_the_size_limit_is_int64_bytes(text: str, ok: bool) -> None:
 
 def test_nbytes_rounds_sub_byte_types_up() -> None:
     assert [nbytes((3,), d) for d in ("int4", "int2", "bool", "float8_e4m3fn", "bfloat16")] == [
-        2, 1, 3, 3, 6]  # fmt: skip
+        2,
+        1,
+        3,
+        3,
+        6,
+    ]
     assert nbytes((2, 3), "complex128") == 96 and nbytes((), "float32") == 4
 
 
 def test_inputs_larger_than_memory_are_refused_naming_the_argument() -> None:
     bound = bind(["f32[1024,1024]", {"a": "f32[256]", "b": "i32[4]"}, 3], {})
     check_inputs_fit(bound, memory=4 * 2**20 + 1024 + 16)  # exactly fits
-    with pytest.raises(ArgSpecError, match=r"^program\.args\[0\] alone is 4\.0 MiB, more than "
-                       r"this machine's 1\.0 MiB of memory: .*stop_after=compile"):  # fmt: skip
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[0\] alone is 4\.0 MiB, more than "
+        r"this machine's 1\.0 MiB of memory: .*stop_after=compile",
+    ):
         check_inputs_fit(bound, memory=2**20)
-    with pytest.raises(ArgSpecError, match=r"^the arguments total 4\.0 MiB \(the largest, "
-                       r"program\.args\[0\], 4\.0 MiB\)"):  # fmt: skip
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^the arguments total 4\.0 MiB \(the largest, "
+        r"program\.args\[0\], 4\.0 MiB\)",
+    ):
         check_inputs_fit(bound, memory=4 * 2**20 + 1024)
     # Static arguments are values, not buffers.
     check_inputs_fit(bind(["f32[2]", [1, 2]], {}, static_argnums=[1]), memory=8)

@@ -29,10 +29,15 @@ def _search(tmp: Path, *overrides: str) -> tuple[int, str, Path]:
 
 def test_search_space_from_params_and_command_line() -> None:
     space, fixed = search_space(
-        ["program=mlp", "b=range(1,9,2)", "c=tag(log,interval(0.001,1.0))",
-         "d=tag(int,interval(1,64))", "e=0.5,1.5"],
+        [
+            "program=mlp",
+            "b=range(1,9,2)",
+            "c=tag(log,interval(0.001,1.0))",
+            "d=tag(int,interval(1,64))",
+            "e=0.5,1.5",
+        ],
         {"a": "choice(true,false)"},
-    )  # fmt: skip
+    )
     assert fixed == ["program=mlp"]
     assert space["a"] == CategoricalDistribution(["True", "False"])
     assert space["b"] == IntDistribution(1, 7, step=2)
@@ -44,20 +49,30 @@ def test_search_space_from_params_and_command_line() -> None:
 @pytest.mark.parametrize(
     ("opts", "stop_after", "match"),
     [
-        (AutotuneOptions(objective="execute.mean"), "execute",
-         r"hydra.sweeper.objective: expected one of stage_out.seconds, .*found 'execute.mean'"),
-        (AutotuneOptions(), "compile",
-         r"objective='execute.median_s' needs stop_after=execute, found stop_after='compile'; "
-         r"for a compile-only search use one of compile.flops"),
+        (
+            AutotuneOptions(objective="execute.mean"),
+            "execute",
+            r"hydra.sweeper.objective: expected one of stage_out.seconds, .*found 'execute.mean'",
+        ),
+        (
+            AutotuneOptions(),
+            "compile",
+            r"objective='execute.median_s' needs stop_after=execute, found stop_after='compile'; "
+            r"for a compile-only search use one of compile.flops",
+        ),
         (AutotuneOptions(direction="down"), "execute", r"hydra.sweeper.direction: expected"),
         (AutotuneOptions(sampler="grid"), "execute", r"hydra.sweeper.sampler: expected one of"),
         (AutotuneOptions(n_trials=0), "execute", r"hydra.sweeper.n_trials: expected >= 1, found 0"),
-        (AutotuneOptions(stop_after_failures=-1), "execute",
-         r"hydra.sweeper.stop_after_failures: expected >= 0 \(0: never stop early\), found -1"),
+        (
+            AutotuneOptions(stop_after_failures=-1),
+            "execute",
+            r"hydra.sweeper.stop_after_failures: expected >= 0 \(0: never stop early\), found -1",
+        ),
     ],
-)  # fmt: skip
-def test_options_are_checked_naming_the_key(opts: AutotuneOptions, stop_after: str,
-                                            match: str) -> None:  # fmt: skip
+)
+def test_options_are_checked_naming_the_key(
+    opts: AutotuneOptions, stop_after: str, match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         opts.check(stop_after)
 
@@ -103,8 +118,10 @@ def test_sweeper_schema_is_exactly_the_autotune_options(tmp_path: Path) -> None:
     assert isinstance(defaults, dict)
     assert defaults.pop("_target_").endswith(".JaxaotOptunaSweeper")
     assert AutotuneOptions(**defaults) == AutotuneOptions()  # every field, every default
-    for override, needle in (("hydra.sweeper.n_trials=abc", "hydra.sweeper.n_trials=abc"),
-                             ("hydra.sweeper.n_trialz=3", "'n_trialz' not in")):  # fmt: skip
+    for override, needle in (
+        ("hydra.sweeper.n_trials=abc", "hydra.sweeper.n_trials=abc"),
+        ("hydra.sweeper.n_trialz=3", "'n_trialz' not in"),
+    ):
         proc = run_cli(["experiment=autotune_cpu", override, "--cfg", "hydra"], cwd=tmp_path)
         assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -112,9 +129,14 @@ def test_sweeper_schema_is_exactly_the_autotune_options(tmp_path: Path) -> None:
 
 def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
     _, stdout, sweep_dir = _search(
-        tmp_path, "experiment=autotune_cpu", "program=mlp", "program.args.1=f32[8,256]",
-        "hydra.sweeper.n_trials=3", "execute.repeats=3", "execute.warmup=1",
-    )  # fmt: skip
+        tmp_path,
+        "experiment=autotune_cpu",
+        "program=mlp",
+        "program.args.1=f32[8,256]",
+        "hydra.sweeper.n_trials=3",
+        "execute.repeats=3",
+        "execute.warmup=1",
+    )
     result = json.loads((sweep_dir / "autotune.json").read_text())
     values = [t["value"] for t in result["trials"]]
     assert len(values) == 3 and None not in values
@@ -133,23 +155,34 @@ def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
     with Image.open(sweep_dir / "plots" / "autotune_history.png") as img:
         img.verify()
     assert [ln.split()[0] for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)] == [
-        "[1/3]", "[2/3]", "[3/3]"]  # fmt: skip
+        "[1/3]",
+        "[2/3]",
+        "[3/3]",
+    ]
 
 
 def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     _, stdout, sweep_dir = _search(
-        tmp_path, "hydra/sweeper=jaxaot_optuna", "program=mlp", "stop_after=compile",
-        "hydra.sweeper.objective=compile.temp_bytes", "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.sampler=random", "hydra.sweeper.seed=1",
+        tmp_path,
+        "hydra/sweeper=jaxaot_optuna",
+        "program=mlp",
+        "stop_after=compile",
+        "hydra.sweeper.objective=compile.temp_bytes",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler=random",
+        "hydra.sweeper.seed=1",
         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
-    )  # fmt: skip
+    )
     result = json.loads((sweep_dir / "autotune.json").read_text())
     temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}
     assert result["best"]["value"] == min(temps.values())
     assert all(v > 0 for v in temps.values())
     # values as the user wrote them, not Hydra's escaped f32\[8\,256\] (issue 14)
-    assert all(re.fullmatch(r"program\.args\.1=f32\[\d+,256\]", o)
-               for t in result["trials"] for o in t["overrides"])  # fmt: skip
+    assert all(
+        re.fullmatch(r"program\.args\.1=f32\[\d+,256\]", o)
+        for t in result["trials"]
+        for o in t["overrides"]
+    )
     md = (sweep_dir / "sweep.md").read_text()
     progress = [ln for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)]
     assert len(progress) == 3
@@ -165,12 +198,17 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
     # transformer (its args.1 is the token ids), so 20 trials would all fail the same way.
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
-        ["-m", "hydra/sweeper=jaxaot_optuna", "stop_after=compile",
-         "hydra.sweeper.objective=compile.temp_bytes",
-         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
-         f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
-    )  # fmt: skip
+        [
+            "-m",
+            "hydra/sweeper=jaxaot_optuna",
+            "stop_after=compile",
+            "hydra.sweeper.objective=compile.temp_bytes",
+            "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
+    )
     assert proc.returncode == 1
     trials = json.loads((sweep_dir / "autotune.json").read_text())["trials"]
     assert len(trials) == 3 and all(t["value"] is None for t in trials)  # not 20
@@ -191,8 +229,10 @@ def test_same_failure_masks_each_trials_own_values() -> None:
     def trial(value: str, error: str | None) -> dict[str, object]:
         return {"value": None if error else 1.0, "error": error, "params": {"a.b": value}}
 
-    same = [trial("f32\\[8\\,256\\]", "x=f32[8,256] does not fit"),
-            trial("f32\\[64\\,256\\]", "x=f32[64,256] does not fit")]  # fmt: skip
+    same = [
+        trial("f32\\[8\\,256\\]", "x=f32[8,256] does not fit"),
+        trial("f32\\[64\\,256\\]", "x=f32[64,256] does not fit"),
+    ]
     assert _same_failure(same) == "x=f32[8,256] does not fit"
     assert _same_failure([*same, trial("1", "another error")]) is None
     assert _same_failure([*same, trial("1", None)]) is None  # one trial succeeded

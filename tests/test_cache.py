@@ -18,7 +18,7 @@ import jaxaot
 import pytest
 from conftest import cli_env, read_manifest, run_cli
 from jaxaot.stages import compile as compile_stage
-from jaxaot.store.store import Store
+from jaxaot.store.cache import Store
 
 
 @pytest.fixture
@@ -43,8 +43,9 @@ def _entries(store: Path) -> list[Path]:
     return sorted(p.parent for p in (store / "v1" / "compile").glob("*/*/entry.json"))
 
 
-def test_warm_run_loads_the_executable_and_gives_the_same_outputs(compose_run, compiles,
-                                                                  isolated_store):  # fmt: skip
+def test_warm_run_loads_the_executable_and_gives_the_same_outputs(
+    compose_run, compiles, isolated_store
+):
     cold = compose_run("program=mlp", "execute.repeats=1")
     warm = compose_run("program=mlp", "execute.repeats=1")
     assert (_status(cold), _status(warm)) == ("ran", "cached")
@@ -238,8 +239,14 @@ def test_kill_9_during_an_artifact_write_then_rerun(tmp_path, isolated_store):
     script = tmp_path / "die.py"
     script.write_text(KILL_DURING_WRITE)
     killed = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, str(script), str(killed), "program=axpy"],
-                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), str(killed), "program=axpy"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9
     assert not (killed / "compile" / "executable.bin").exists()
     assert list((killed / "compile").glob(".tmp-executable.bin.*"))
@@ -261,7 +268,7 @@ def test_store_cli_reports_hits_and_misses(compose_run, isolated_store, tmp_path
     stats = Store(isolated_store).stats().stages["compile"]
     assert (stats.entries, stats.hits, stats.misses) == (1, 1, 1)
     proc = run_cli(
-        ["stats", "--store", str(isolated_store)], cwd=tmp_path, module="jaxaot.cli.store"
+        ["stats", "--store", str(isolated_store)], cwd=tmp_path, module="jaxaot.cli.store_cmd"
     )
     assert proc.returncode == 0, proc.stderr
     # columns: stage, entries, size (number and unit), hits, misses, ...

@@ -48,9 +48,13 @@ def test_help_is_one_screen_with_groups_options_and_no_schemas(tmp_path: Path) -
     assert "layers:" not in proc.stdout and "== Config ==" not in proc.stdout  # no config dump
     groups = proc.stdout.split("== Config groups", 1)[1].split("\n\n", 1)[0]
     # every group of conf/config.yaml's defaults list, each with its one-line description
-    for group, words in (("program", "what to compile"), ("lower", "lowering options"),
-                         ("mesh", "device mesh"), ("store", "checkpoint store"),
-                         ("experiment", "whole-run preset")):  # fmt: skip
+    for group, words in (
+        ("program", "what to compile"),
+        ("lower", "lowering options"),
+        ("mesh", "device mesh"),
+        ("store", "checkpoint store"),
+        ("experiment", "whole-run preset"),
+    ):
         assert any(ln.startswith(group + " ") and words in ln for ln in groups.splitlines())
     assert "transformer*" in groups and "none*" in groups  # defaults marked
     assert "stop_after=execute" in proc.stdout and "jaxaot --version" in proc.stdout
@@ -64,8 +68,11 @@ def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None
     proc = run_cli(["--version"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:3] == [f"jaxaot {jaxaot.__version__}", f"jax {jax.__version__}",
-                         f"jaxlib {jaxlib.__version__}"]  # fmt: skip
+    assert lines[:3] == [
+        f"jaxaot {jaxaot.__version__}",
+        f"jax {jax.__version__}",
+        f"jaxlib {jaxlib.__version__}",
+    ]
     assert lines[3].startswith("backend cpu (compile.backend default): ")
     assert "Hydra" not in proc.stdout and not list(tmp_path.iterdir())
     assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing
@@ -81,9 +88,18 @@ def test_python_and_the_cli_write_one_run_layout(tmp_path: Path) -> None:
     import re
     import sys
 
-    py = subprocess.run([sys.executable, "-c", "import jaxaot; print(jaxaot.run(jaxaot."
-                         "compose(['program=axpy', 'stop_after=stage_out'])).run_dir)"],
-                        cwd=tmp_path, env=cli_env(), capture_output=True, text=True)  # fmt: skip
+    py = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import jaxaot; print(jaxaot.run(jaxaot."
+            "compose(['program=axpy', 'stop_after=stage_out'])).run_dir)",
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
     assert py.returncode == 0, py.stderr
     cli_run = run_cli(["program=axpy", "stop_after=stage_out"], cwd=tmp_path)
     assert cli_run.returncode == 0, cli_run.stderr
@@ -101,25 +117,42 @@ def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
     read, write = os.pipe()
     os.close(read)
     try:
-        return subprocess.run([sys.executable, *args], cwd=cwd, env=cli_env(), stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd,
+            env=cli_env(),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
     finally:
         os.close(write)
 
 
 def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -> None:
-    ok = _closed_stdout(["-m", "jaxaot.cli.main", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"],
-                        tmp_path)  # fmt: skip
+    ok = _closed_stdout(
+        ["-m", "jaxaot.cli.main", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path
+    )
     assert ok.returncode == 0, ok.stderr
     assert "BrokenPipe" not in ok.stderr and "Traceback" not in ok.stderr
     assert read_manifest(tmp_path / "a")["status"] == "ok"  # the run went on to the end
-    bad = _closed_stdout(["-m", "jaxaot.cli.main", "program=axpy", "program.args=[f32[3],f32[4]]",
-                          f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)  # fmt: skip
+    bad = _closed_stdout(
+        [
+            "-m",
+            "jaxaot.cli.main",
+            "program=axpy",
+            "program.args=[f32[3],f32[4]]",
+            f"hydra.run.dir={tmp_path / 'b'}",
+        ],
+        tmp_path,
+    )
     assert bad.returncode == 1
     assert bad.stderr.count("incompatible shapes for broadcasting") == 1  # printed once
     assert "jaxaot: error: stage 'stage_out' failed: TypeError: add got" in bad.stderr
-    diff = _closed_stdout(["-m", "jaxaot.cli.diff", str(tmp_path / "a"), str(tmp_path / "b")],
-                          tmp_path)  # fmt: skip
+    diff = _closed_stdout(
+        ["-m", "jaxaot.cli.diff_cmd", str(tmp_path / "a"), str(tmp_path / "b")], tmp_path
+    )
     assert diff.returncode == 1, diff.stderr  # "different", as documented, though unread
     assert diff.stderr == ""
 
@@ -148,8 +181,17 @@ def test_info_shows_the_shipped_config_dir(tmp_path: Path) -> None:
 
 
 def test_cfg_job_prints_the_composed_config_without_running(tmp_path: Path) -> None:
-    proc = run_cli(["--cfg", "job", "program=axpy", "program.args=[f32[2],3]", "stop_after=lower",
-                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "--cfg",
+            "job",
+            "program=axpy",
+            "program.args=[f32[2],3]",
+            "stop_after=lower",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load(proc.stdout)
     assert job["program"]["name"] == "axpy"
@@ -230,8 +272,16 @@ def _user_conf(tmp_path: Path) -> Path:
 
 def test_config_dir_adds_a_users_programs(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = run_cli(["--config-dir", str(_user_conf(tmp_path)), "program=mine", "execute.repeats=1",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "--config-dir",
+            str(_user_conf(tmp_path)),
+            "program=mine",
+            "execute.repeats=1",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(run_dir)
     assert manifest["config"]["program"]["name"] == "mine"

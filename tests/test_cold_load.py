@@ -87,28 +87,40 @@ def _user_module(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
     _, env = _user_module(tmp_path)
-    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
-                 env=env)  # fmt: skip
+    first = _run(
+        tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]", env=env
+    )
     assert json.loads((first / "lower" / "lowered.json").read_text())["namedtuples"] == [
         "cold_pairs:Pair"
     ]
     paths = [o["path"] for o in json.loads((first / "execute" / "outputs.json").read_text())]
     assert paths == [".total", ".scaled"]
     for start_at in ("execute", "compile"):
-        resumed = _run(tmp_path, f"from_{start_at}", f"resume_from={first}",
-                       f"start_at={start_at}", env=env)  # fmt: skip
+        resumed = _run(
+            tmp_path, f"from_{start_at}", f"resume_from={first}", f"start_at={start_at}", env=env
+        )
         assert _outputs(resumed) == _outputs(first)
-        assert [o["path"] for o in json.loads((resumed / "execute" / "outputs.json").read_text())
-                ] == paths  # fmt: skip
+        assert [
+            o["path"] for o in json.loads((resumed / "execute" / "outputs.json").read_text())
+        ] == paths
 
 
 def test_user_namedtuple_that_is_gone_is_a_one_line_error(tmp_path: Path) -> None:
     mods, env = _user_module(tmp_path)
-    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
-                 "stop_after=lower", env=env)  # fmt: skip
+    first = _run(
+        tmp_path,
+        "first",
+        "program.target=cold_pairs:pair",
+        "program.args=[f32[5]]",
+        "stop_after=lower",
+        env=env,
+    )
     (mods / "cold_pairs.py").write_text(PAIRS_MODULE.replace("class Pair", "class Renamed"))
-    proc = run_cli([f"resume_from={first}", "start_at=compile", f"hydra.run.dir={tmp_path / 'r'}"],
-                   cwd=tmp_path, env=env)  # fmt: skip
+    proc = run_cli(
+        [f"resume_from={first}", "start_at=compile", f"hydra.run.dir={tmp_path / 'r'}"],
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("jaxaot: error: ") and "cold_pairs:Pair" in last
@@ -131,16 +143,27 @@ def test_unvouched_custom_call_is_compiled_from_the_export_not_called(tmp_path: 
     program = ["program.target=jax.numpy.linalg:inv", f"program.args={OPS['inv']}"]
     first = _run(tmp_path, "first", *program, "store.enabled=false")
     hlo = (first / "compile" / "optimized.hlo.txt").read_bytes()
-    _rewrite_artifact(first, "compile/optimized.hlo.txt",
-                      hlo + b'\n// custom_call_target="my_private_ffi_kernel"\n')  # fmt: skip
+    _rewrite_artifact(
+        first,
+        "compile/optimized.hlo.txt",
+        hlo + b'\n// custom_call_target="my_private_ffi_kernel"\n',
+    )
     run_dir = tmp_path / "resumed"
-    proc = run_cli([f"resume_from={first}", "start_at=execute", "store.enabled=false",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            f"resume_from={first}",
+            "start_at=execute",
+            "store.enabled=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     compile_rec = read_manifest(run_dir)["stages"]["compile"]
     assert compile_rec["status"] == "ran"
-    assert any("my_private_ffi_kernel" in w and "exported.bin" in w
-               for w in compile_rec["warnings"])  # fmt: skip
+    assert any(
+        "my_private_ffi_kernel" in w and "exported.bin" in w for w in compile_rec["warnings"]
+    )
     assert _outputs(run_dir) == _outputs(first)
 
 
@@ -167,10 +190,24 @@ def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
 def test_a_checkpoints_pytree_classes_go_through_the_import_policy(tmp_path: Path) -> None:
     """lowered.json names classes a resume imports: the resuming run's trust.* rules decide."""
     _, env = _user_module(tmp_path)
-    first = _run(tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]",
-                 "stop_after=lower", env=env)  # fmt: skip
-    proc = run_cli([f"resume_from={first}", "start_at=compile", "trust.deny_imports=[cold_pairs.Pair]",
-                    f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path, env=env)  # fmt: skip
+    first = _run(
+        tmp_path,
+        "first",
+        "program.target=cold_pairs:pair",
+        "program.args=[f32[5]]",
+        "stop_after=lower",
+        env=env,
+    )
+    proc = run_cli(
+        [
+            f"resume_from={first}",
+            "start_at=compile",
+            "trust.deny_imports=[cold_pairs.Pair]",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(

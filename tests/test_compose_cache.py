@@ -118,8 +118,11 @@ def test_overrides_are_classified_by_one_repository(loader: Any, monkeypatch: An
     fast.load_sweep_config(master, ["execute.seed=0"])
     calls = []
     make_repo = loader._parse_overrides_and_create_caching_repo
-    monkeypatch.setattr(loader, "_parse_overrides_and_create_caching_repo",
-                        lambda name, lines: calls.append(lines) or make_repo(name, lines))  # fmt: skip
+    monkeypatch.setattr(
+        loader,
+        "_parse_overrides_and_create_caching_repo",
+        lambda name, lines: calls.append(lines) or make_repo(name, lines),
+    )
     cfgs = [
         fast.load_sweep_config(master, [f"execute.seed={s}", "stop_after=lower"]) for s in range(4)
     ]

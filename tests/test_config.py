@@ -67,15 +67,21 @@ def test_stage_out_static_args_default_to_the_programs() -> None:
 @pytest.mark.parametrize(
     ("override", "key", "value"),
     [
-        ("compile.compiler_options={xla_cpu_enable_fast_math:true}", "compile.compiler_options",
-         {"xla_cpu_enable_fast_math": True}),
-        ("compile.compiler_options.xla_cpu_enable_fast_math=true", "compile.compiler_options",
-         {"xla_cpu_enable_fast_math": True}),
+        (
+            "compile.compiler_options={xla_cpu_enable_fast_math:true}",
+            "compile.compiler_options",
+            {"xla_cpu_enable_fast_math": True},
+        ),
+        (
+            "compile.compiler_options.xla_cpu_enable_fast_math=true",
+            "compile.compiler_options",
+            {"xla_cpu_enable_fast_math": True},
+        ),
         ("program.kwargs={y:2}", "program.kwargs", {"y": 2}),
         ("execute.inputs=[a.npy,3]", "execute.inputs", ["a.npy", 3]),
         ("lower.platforms=[cpu,tpu]", "lower.platforms", ["cpu", "tpu"]),
     ],
-)  # fmt: skip
+)
 def test_free_form_dict_and_list_overrides(override: str, key: str, value: Any) -> None:
     # The issue's own example sets compile.compiler_options={...} on the command line.
     typed = validate(jaxaot.compose(["program=axpy", override]))
@@ -90,13 +96,19 @@ def test_free_form_dict_and_list_overrides(override: str, key: str, value: Any) 
     ("cfg", "match"),
     [
         (_cfg(compile={"bogus": 1}), r"^compile\.bogus: Key 'bogus' not in 'CompileConfig'"),
-        (_cfg(execute={"repeats": "abc"}), r"^execute\.repeats: Value 'abc' of type 'str' could not be converted to Integer"),
+        (
+            _cfg(execute={"repeats": "abc"}),
+            r"^execute\.repeats: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
         (_cfg(debug="maybe"), r"^debug: Value 'maybe' is not a valid bool"),
-        ({"program": {**_PROGRAM, "bogus": 2}}, r"^program\.bogus: Key 'bogus' not in 'ProgramConfig'"),
+        (
+            {"program": {**_PROGRAM, "bogus": 2}},
+            r"^program\.bogus: Key 'bogus' not in 'ProgramConfig'",
+        ),
         ({"program": {"name": "p"}}, r"missing mandatory value: target"),
         ({}, r"missing mandatory value: program"),
     ],
-)  # fmt: skip
+)
 def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         validate(cfg)
@@ -105,13 +117,19 @@ def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("+foo=bar", "foo: unknown key; the top level has compile, debug, execute, jax, lower, mesh, "
-         "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"),
-        ("+program.zz=1", "program.zz: unknown key; program has args, axis_env, description, kwargs, "
-         "name, static_argnames, static_argnums, target"),
+        (
+            "+foo=bar",
+            "foo: unknown key; the top level has compile, debug, execute, jax, lower, mesh, "
+            "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust",
+        ),
+        (
+            "+program.zz=1",
+            "program.zz: unknown key; program has args, axis_env, description, kwargs, "
+            "name, static_argnames, static_argnums, target",
+        ),
         ("+trust.allow=[os]", "trust.allow: unknown key; trust has allow_imports, deny_imports"),
     ],
-)  # fmt: skip
+)
 def test_a_key_added_with_plus_is_unknown_naming_it(override: str, message: str) -> None:
     # Hydra lets `+key=value` add a key to the typed config; it used to surface as
     # "internal error: FrozenInstanceError" when the frozen dataclass was built.
@@ -128,24 +146,54 @@ def test_a_key_added_to_a_free_form_dict_is_kept() -> None:
 @pytest.mark.parametrize(
     ("cfg", "match"),
     [
-        (_cfg(stop_after="link"), r"^stop_after: expected one of stage_out, lower, compile, execute, found 'link'"),
-        (_cfg(start_at="later"), r"^start_at: expected one of stage_out, lower, compile, execute, found 'later'"),
-        (_cfg(start_at="compile", stop_after="lower", resume_from="r"), r"start_at='compile' comes after stop_after='lower'"),
+        (
+            _cfg(stop_after="link"),
+            r"^stop_after: expected one of stage_out, lower, compile, execute, found 'link'",
+        ),
+        (
+            _cfg(start_at="later"),
+            r"^start_at: expected one of stage_out, lower, compile, execute, found 'later'",
+        ),
+        (
+            _cfg(start_at="compile", stop_after="lower", resume_from="r"),
+            r"start_at='compile' comes after stop_after='lower'",
+        ),
         (_cfg(start_at="lower"), r"start_at='lower' needs resume_from=<run dir>"),
-        ({"program": {**_PROGRAM, "target": "pkg.mod.fn"}}, r"^program\.target: expected 'package\.module:function', found 'pkg\.mod\.fn'"),
-        (_cfg(stage_out={"static_argnums": [-1]}), r"^stage_out\.static_argnums: expected non-negative argument positions, found -1"),
-        (_cfg(lower={"donate_argnums": [1, 1]}), r"^lower\.donate_argnums: expected distinct positions, found \[1, 1\]"),
-        (_cfg(compile={"backend": "metal"}), r"^compile\.backend: expected one of cpu, gpu, cuda, rocm, tpu, found 'metal'"),
-        (_cfg(lower={"platforms": ["c-p-u"]}), r"^lower\.platforms: expected platform names \(e\.g\. cpu, cuda, rocm, tpu\), found 'c-p-u'"),
-        (_cfg(lower={"platforms": []}), r"^lower\.platforms: expected at least one platform or null, found \[\]"),
+        (
+            {"program": {**_PROGRAM, "target": "pkg.mod.fn"}},
+            r"^program\.target: expected 'package\.module:function', found 'pkg\.mod\.fn'",
+        ),
+        (
+            _cfg(stage_out={"static_argnums": [-1]}),
+            r"^stage_out\.static_argnums: expected non-negative argument positions, found -1",
+        ),
+        (
+            _cfg(lower={"donate_argnums": [1, 1]}),
+            r"^lower\.donate_argnums: expected distinct positions, found \[1, 1\]",
+        ),
+        (
+            _cfg(compile={"backend": "metal"}),
+            r"^compile\.backend: expected one of cpu, gpu, cuda, rocm, tpu, found 'metal'",
+        ),
+        (
+            _cfg(lower={"platforms": ["c-p-u"]}),
+            r"^lower\.platforms: expected platform names \(e\.g\. cpu, cuda, rocm, tpu\), found 'c-p-u'",
+        ),
+        (
+            _cfg(lower={"platforms": []}),
+            r"^lower\.platforms: expected at least one platform or null, found \[\]",
+        ),
         (_cfg(compile={"num_devices": 0}), r"^compile\.num_devices: expected >= 1, found 0"),
-        (_cfg(execute={"check": "golden"}), r"^execute\.check: expected one of none, reference, found 'golden'"),
+        (
+            _cfg(execute={"check": "golden"}),
+            r"^execute\.check: expected one of none, reference, found 'golden'",
+        ),
         (_cfg(execute={"warmup": -1}), r"^execute\.warmup: expected >= 0, found -1"),
         (_cfg(execute={"repeats": 0}), r"^execute\.repeats: expected >= 1, found 0"),
         (_cfg(execute={"rtol": -1}), r"^execute\.rtol: expected >= 0 or null, found -1"),
         (_cfg(execute={"atol": -0.5}), r"^execute\.atol: expected >= 0 or null, found -0\.5"),
     ],
-)  # fmt: skip
+)
 def test_check_errors(cfg: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         validate(cfg)
@@ -189,9 +237,13 @@ _NO_JAX = textwrap.dedent(
 
 def test_bad_configs_fail_before_jax_is_imported(tmp_path: Any) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", _NO_JAX], cwd=tmp_path, env=cli_env(), capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", _NO_JAX],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "JAX MODULES: []" in proc.stdout
     assert not (tmp_path / "never").exists()

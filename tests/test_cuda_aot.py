@@ -53,9 +53,14 @@ _MATMUL = (f"program.target={HERE}:matmul", "program.args=[bf16[64,128],bf16[128
 
 @pytest.mark.parametrize(
     ("name", "topo", "devices"),
-    [("h100", "h100:1x1x1", 1), ("h100x8", "h100:1x1x8", 8), ("b200x8", "b200:1x1x8", 8),
-     ("h100:2x1x8", "h100:2x1x8", 16), ("A100X4", "a100:1x1x4", 4)],
-)  # fmt: skip
+    [
+        ("h100", "h100:1x1x1", 1),
+        ("h100x8", "h100:1x1x8", 8),
+        ("b200x8", "b200:1x1x8", 8),
+        ("h100:2x1x8", "h100:2x1x8", 16),
+        ("A100X4", "a100:1x1x4", 4),
+    ],
+)
 def test_gpu_names_resolve(name: str, topo: str, devices: int) -> None:
     t = resolve(name)
     assert (t.topology, t.devices, t.generation.platform) == (topo, devices, "cuda")
@@ -64,14 +69,24 @@ def test_gpu_names_resolve(name: str, topo: str, devices: int) -> None:
 
 @pytest.mark.parametrize(
     ("value", "num_slices", "match"),
-    [("h100-8", 1, r"^compile.topology: 'h100-8': expected an NVIDIA GPU target as h100, "
-                   r"h100x8 .* or h100:2x1x8"),
-     ("h100:2x2", 1, r"expected an NVIDIA GPU target"),
-     ("h100x0", 1, r"expected counts >= 1"),
-     ("h100x8", 2, r"^compile.num_slices=2: GPU targets count slices in compile.topology; "
-                   r"expected e.g. compile.topology=h100:2x1x8"),
-     ("x100", 1, r"GPUs: a100, b200, h100, h200\), found 'x100'$")],
-)  # fmt: skip
+    [
+        (
+            "h100-8",
+            1,
+            r"^compile.topology: 'h100-8': expected an NVIDIA GPU target as h100, "
+            r"h100x8 .* or h100:2x1x8",
+        ),
+        ("h100:2x2", 1, r"expected an NVIDIA GPU target"),
+        ("h100x0", 1, r"expected counts >= 1"),
+        (
+            "h100x8",
+            2,
+            r"^compile.num_slices=2: GPU targets count slices in compile.topology; "
+            r"expected e.g. compile.topology=h100:2x1x8",
+        ),
+        ("x100", 1, r"GPUs: a100, b200, h100, h200\), found 'x100'$"),
+    ],
+)
 def test_bad_gpu_names_are_one_line_config_errors(value: str, num_slices: int, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         resolve(value, num_slices)
@@ -91,12 +106,18 @@ def test_topology_sets_cuda_backend_and_platforms() -> None:
     cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=h100x8", "mesh=data8"]))
     assert cfg.compile.backend == "cuda" and cfg.lower.platforms == ["cuda"]
     assert cfg.stop_after == "compile"
-    with pytest.raises(ConfigError, match=r"^lower.platforms=\['tpu'\] contradicts "
-                                          r"compile.topology='h100'; expected cuda among them"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^lower.platforms=\['tpu'\] contradicts "
+        r"compile.topology='h100'; expected cuda among them",
+    ):
         validate(jaxaot.compose(["program=mlp", "compile.topology=h100", "lower.platforms=[tpu]"]))
     with pytest.raises(ConfigError, match=r"has 4 devices but compile.topology=h100x8 has 8"):
-        validate(jaxaot.compose(["program=mlp", "compile.topology=h100x8", "mesh.shape=[4]",
-                                   "mesh.axes=[data]"]))  # fmt: skip
+        validate(
+            jaxaot.compose(
+                ["program=mlp", "compile.topology=h100x8", "mesh.shape=[4]", "mesh.axes=[data]"]
+            )
+        )
 
 
 # -- compiling -------------------------------------------------------------------------------
@@ -123,8 +144,10 @@ def test_matmul_for_h100_with_verdict_gap_and_store(tmp_path: Path) -> None:
         == 2 * (64 * 128 + 128 * 32)
     )
     assert info["fit"]["hbm_bytes_available"] == int(84942979072 * 0.75)
-    assert any("without autotuning" in w and "xla_gpu_enable_triton_gemm: false" in w
-               for w in m["warnings"])  # fmt: skip
+    assert any(
+        "without autotuning" in w and "xla_gpu_enable_triton_gemm: false" in w
+        for w in m["warnings"]
+    )
     assert m["stages"]["compile"]["metrics"]["autotuned"] is False
     payload, _, _ = pickle.loads((rd / "compile" / "executable.bin").read_bytes())
     assert len(payload) > 1000  # the serialized executable, cubins included
@@ -145,8 +168,12 @@ def test_matmul_for_h100_with_verdict_gap_and_store(tmp_path: Path) -> None:
 
 def test_gemms_through_cublas(tmp_path: Path) -> None:
     # The way around the autotuning gap: cuBLAS(Lt) custom calls instead of Triton GEMMs.
-    r = _run(tmp_path, *_MATMUL, "compile.topology=h100",
-             "+compile.compiler_options.xla_gpu_enable_triton_gemm=false")  # fmt: skip
+    r = _run(
+        tmp_path,
+        *_MATMUL,
+        "compile.topology=h100",
+        "+compile.compiler_options.xla_gpu_enable_triton_gemm=false",
+    )
     hlo = (r.run_dir / "compile" / "optimized.hlo.txt").read_text()
     assert '"__cublas$lt$matmul"' in hlo or '"__cublas$gemm"' in hlo
     (note,) = [w for w in r.manifest["warnings"] if "without autotuning" in w]
@@ -154,8 +181,14 @@ def test_gemms_through_cublas(tmp_path: Path) -> None:
 
 
 def test_sharded_over_8_gpus_with_an_all_reduce(tmp_path: Path) -> None:
-    r = _run(tmp_path, *_MATMUL, "mesh.shape=[2,4]", "mesh.axes=[data,model]",
-             "compile.topology=h100x8", "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
+    r = _run(
+        tmp_path,
+        *_MATMUL,
+        "mesh.shape=[2,4]",
+        "mesh.axes=[data,model]",
+        "compile.topology=h100x8",
+        "lower.in_shardings=[[data,model],[model,null]]",
+    )
     info = _json(r.run_dir, "compile/compiled.json")
     assert info["target"]["devices"] == 8 and len(info["device_ids"]) == 8
     ar = info["collectives"]["all-reduce"]
@@ -181,8 +214,11 @@ def test_ptxas_of_another_cuda_major_is_refused(tmp_path: Path) -> None:
         "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
     )
     (fake / "bin" / "ptxas").chmod(0o755)
-    with pytest.raises(BackendError, match=r"^compile.compiler_options.xla_gpu_cuda_data_dir: "
-                                           r".*ptxas is CUDA 13, expected CUDA 12"):  # fmt: skip
+    with pytest.raises(
+        BackendError,
+        match=r"^compile.compiler_options.xla_gpu_cuda_data_dir: "
+        r".*ptxas is CUDA 13, expected CUDA 12",
+    ):
         cuda_targets.compile_options({"xla_gpu_cuda_data_dir": str(fake)})
     opts = cuda_targets.compile_options({})
     assert Path(opts["xla_gpu_cuda_data_dir"]) == cuda_targets.cuda_data_dir()
@@ -190,19 +226,29 @@ def test_ptxas_of_another_cuda_major_is_refused(tmp_path: Path) -> None:
 
 
 def test_cudnn_kernel_is_a_one_line_error(tmp_path: Path) -> None:
-    with pytest.raises(StageError, match=r"jax.nn.dot_product_attention\(implementation='cudnn'\) "
-                                         r"needs cuDNN.*nvidia-cudnn-cu12") as info:  # fmt: skip
-        _run(tmp_path, f"program.target={HERE}:cudnn_attention", "program.args=[bf16[1,64,2,64]]",
-             "compile.topology=h100")  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"jax.nn.dot_product_attention\(implementation='cudnn'\) "
+        r"needs cuDNN.*nvidia-cudnn-cu12",
+    ) as info:
+        _run(
+            tmp_path,
+            f"program.target={HERE}:cudnn_attention",
+            "program.args=[bf16[1,64,2,64]]",
+            "compile.topology=h100",
+        )
     assert "\n" not in str(info.value)
 
 
 def test_resume_at_execute_needs_the_gpus(tmp_path: Path) -> None:
     r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
     cfg = jaxaot.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
-    with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled "
-                                           r"deviceless for NVIDIA GPU target h100:1x1x1 \(1 x "
-                                           r"NVIDIA H100 80GB HBM3, .*this host has no NVIDIA GPU"):  # fmt: skip
+    with pytest.raises(
+        BackendError,
+        match=r"^start_at=execute: the executable was compiled "
+        r"deviceless for NVIDIA GPU target h100:1x1x1 \(1 x "
+        r"NVIDIA H100 80GB HBM3, .*this host has no NVIDIA GPU",
+    ):
         jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
@@ -217,8 +263,11 @@ def test_resume_on_a_gpu_host_loads_the_stored_executable(
 
     r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
     stored, _, _ = pickle.loads((r.run_dir / "compile" / "executable.bin").read_bytes())
-    gpu = type("FakeH100", (), {"id": 0, "device_kind": "NVIDIA H100 80GB HBM3",
-                                "platform": "gpu", "client": None})()  # fmt: skip
+    gpu = type(
+        "FakeH100",
+        (),
+        {"id": 0, "device_kind": "NVIDIA H100 80GB HBM3", "platform": "gpu", "client": None},
+    )()
     real_devices = jax.devices
 
     def devices(backend: Any = None) -> Any:
@@ -229,8 +278,9 @@ def test_resume_on_a_gpu_host_loads_the_stored_executable(
     class Loaded(Exception):
         pass
 
-    def deserialize_and_load(payload: bytes, in_tree: Any, out_tree: Any, backend: str,
-                             execution_devices: list[Any]) -> Any:  # fmt: skip
+    def deserialize_and_load(
+        payload: bytes, in_tree: Any, out_tree: Any, backend: str, execution_devices: list[Any]
+    ) -> Any:
         loads.append((payload, backend, execution_devices))
         raise Loaded("stop here: this host cannot run it")
 
@@ -249,12 +299,16 @@ def test_resume_refuses_other_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     r = _run(tmp_path, *_MATMUL, "compile.topology=h100")
     a100 = type("FakeA100", (), {"id": 0, "device_kind": "NVIDIA A100-SXM4-80GB"})()
     real_devices = jax.devices
-    monkeypatch.setattr(jax, "devices", lambda backend=None: [a100] if backend == "cuda"
-                        else real_devices(backend))  # fmt: skip
+    monkeypatch.setattr(
+        jax, "devices", lambda backend=None: [a100] if backend == "cuda" else real_devices(backend)
+    )
     cfg = jaxaot.compose([*_MATMUL, f"resume_from={r.run_dir}", "start_at=execute"])
-    with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled for "
-                                           r"h100:1x1x1 .* but this host has 1 x NVIDIA "
-                                           r"A100-SXM4-80GB; expected 1 x NVIDIA H100 80GB HBM3"):  # fmt: skip
+    with pytest.raises(
+        BackendError,
+        match=r"^start_at=execute: the executable was compiled for "
+        r"h100:1x1x1 .* but this host has 1 x NVIDIA "
+        r"A100-SXM4-80GB; expected 1 x NVIDIA H100 80GB HBM3",
+    ):
         jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
@@ -278,8 +332,13 @@ def test_xla_runs_the_ptxas_it_is_given(tmp_path: Path) -> None:
         f'#!/bin/sh\necho "$@" >> {calls}\nexec {real / "bin" / "ptxas"} "$@"\n'
     )
     (fake / "bin" / "ptxas").chmod(0o755)
-    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[bf16[48,96],bf16[96,40]]",
-             "compile.topology=h100", "store.enabled=false",
-             f"+compile.compiler_options.xla_gpu_cuda_data_dir={fake}")  # fmt: skip
+    r = _run(
+        tmp_path,
+        f"program.target={HERE}:matmul",
+        "program.args=[bf16[48,96],bf16[96,40]]",
+        "compile.topology=h100",
+        "store.enabled=false",
+        f"+compile.compiler_options.xla_gpu_cuda_data_dir={fake}",
+    )
     assert r.manifest["stages"]["compile"]["status"] == "ran"
     assert "-arch=sm_90a" in calls.read_text()

@@ -16,8 +16,14 @@ AXPY = ("program=axpy", "execute.warmup=0", "execute.repeats=2")
 
 
 def _diff(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jaxaot.cli.diff", *map(str, args)], cwd=cwd,
-                          env=cli_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "jaxaot.cli.diff_cmd", *map(str, args)],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -60,15 +60,25 @@ def _jaxaot_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("target", ["calls_sys_exit", "calls_os_exit"])
-def test_a_target_that_exits_fails_its_stage(tmp_path: Path, user_env: dict[str, str],
-                                             target: str) -> None:  # fmt: skip
+def test_a_target_that_exits_fails_its_stage(
+    tmp_path: Path, user_env: dict[str, str], target: str
+) -> None:
     run_dir = tmp_path / "run"
-    proc = run_cli([f"program.target=exit_targets:{target}", "program.args=[f32[4]]",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=user_env)  # fmt: skip
+    proc = run_cli(
+        [
+            f"program.target=exit_targets:{target}",
+            "program.args=[f32[4]]",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=user_env,
+    )
     assert proc.returncode == 1, proc.stderr  # was 0, with no stage run
     how = "sys.exit" if target == "calls_sys_exit" else "os._exit"
-    message = (f"stage 'stage_out' failed: the program called {how}(0); expected it to return "
-               "its result, not end the process")  # fmt: skip
+    message = (
+        f"stage 'stage_out' failed: the program called {how}(0); expected it to return "
+        "its result, not end the process"
+    )
     assert _jaxaot_lines(proc.stderr) == [f"jaxaot: error: {message}"]
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["error"]) == ("failed", message)
@@ -77,18 +87,31 @@ def test_a_target_that_exits_fails_its_stage(tmp_path: Path, user_env: dict[str,
 
 @pytest.mark.parametrize(
     ("sig", "code", "line"),
-    [(signal.SIGINT, 130, "interrupted by Ctrl-C (SIGINT)"),
-     (signal.SIGTERM, 143, "terminated by SIGTERM")],
-)  # fmt: skip
-def test_a_signal_ends_the_run_as_interrupted(tmp_path: Path, user_env: dict[str, str],
-                                              sig: int, code: int, line: str) -> None:  # fmt: skip
+    [
+        (signal.SIGINT, 130, "interrupted by Ctrl-C (SIGINT)"),
+        (signal.SIGTERM, 143, "terminated by SIGTERM"),
+    ],
+)
+def test_a_signal_ends_the_run_as_interrupted(
+    tmp_path: Path, user_env: dict[str, str], sig: int, code: int, line: str
+) -> None:
     run_dir, marker = tmp_path / "run", tmp_path / "tracing"
     user_env = {**user_env, "JAXAOT_TEST_MARKER": str(marker)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxaot.cli.main", "program.target=exit_targets:sleeps",
-         "program.args=[f32[4]]", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "program.target=exit_targets:sleeps",
+            "program.args=[f32[4]]",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=user_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():  # the run has begun, and is tracing the target (stage_out)
         assert time.monotonic() < deadline and proc.poll() is None
@@ -116,11 +139,22 @@ def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxaot.cli.main", "program.target=exit_targets:compiles_slowly",
-         "program.args=[f32[64]]", "stop_after=compile", "store.enabled=false",
-         f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "program.target=exit_targets:compiles_slowly",
+            "program.args=[f32[64]]",
+            "stop_after=compile",
+            "store.enabled=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        env=user_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while True:  # until lowering is recorded: the compile (started during lowering) runs on
         try:
@@ -145,12 +179,22 @@ def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
     assert waited < 1.0  # the compile was left behind, not waited for
 
 
-def test_a_sweep_jobs_exit_is_that_jobs_failure_row(tmp_path: Path,
-                                                    user_env: dict[str, str]) -> None:  # fmt: skip
+def test_a_sweep_jobs_exit_is_that_jobs_failure_row(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "program.target=exit_targets:calls_sys_exit,jax.numpy:sin",
-                    "program.args=[f32[4]]", "stop_after=lower", "hydra.callbacks.sweep.plots=false",
-                    f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=user_env)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "program.target=exit_targets:calls_sys_exit,jax.numpy:sin",
+            "program.args=[f32[4]]",
+            "stop_after=lower",
+            "hydra.callbacks.sweep.plots=false",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=user_env,
+    )
     assert proc.returncode == 1  # one job failed; the sweep went on to the next
     assert read_manifest(sweep / "0")["status"] == "failed"
     assert "called sys.exit(0)" in read_manifest(sweep / "0")["error"]
@@ -189,12 +233,14 @@ def test_sigterm_raises_only_inside_the_block_and_keeps_a_callers_handler() -> N
     assert exit_code(KeyboardInterrupt()) == 130
 
 
-def test_python_run_turns_sys_exit_into_a_stage_error(tmp_path: Path,
-                                                      user_env: dict[str, str]) -> None:  # fmt: skip
+def test_python_run_turns_sys_exit_into_a_stage_error(
+    tmp_path: Path, user_env: dict[str, str]
+) -> None:
     sys.path.insert(0, str(tmp_path))
     try:
-        cfg = jaxaot.compose(["program.target=exit_targets:calls_sys_exit",
-                                "program.args=[f32[4]]"])  # fmt: skip
+        cfg = jaxaot.compose(
+            ["program.target=exit_targets:calls_sys_exit", "program.args=[f32[4]]"]
+        )
         with pytest.raises(StageError, match=r"called sys\.exit\(0\)"):
             jaxaot.run(cfg, run_dir=tmp_path / "r")
     finally:

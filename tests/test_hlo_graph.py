@@ -145,10 +145,21 @@ def test_graph_of_a_run(compose_run, tmp_path: Path) -> None:
         assert not svg.exists() and "wrote DOT only" in graph["render_note"]
     # jaxaot-graph draws any run, here the lowered (unoptimized) HLO into a file of its own
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxaot.cli.graph", str(result.run_dir / "lower" / "module.hlo.txt"),
-         "-o", str(tmp_path / "lowered.dot"), "--max-nodes", "20"],
-        env=cli_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.graph_cmd",
+            str(result.run_dir / "lower" / "module.hlo.txt"),
+            "-o",
+            str(tmp_path / "lowered.dot"),
+            "--max-nodes",
+            "20",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"dot: {tmp_path / 'lowered.dot'}" in proc.stdout
     assert "showing the first 20 of" in (tmp_path / "lowered.dot").read_text()

@@ -104,14 +104,24 @@ def _archive(tmp_path: Path, **arrays: Any) -> Path:
 @pytest.mark.parametrize(
     ("arrays", "match"),
     [
-        ({"args[0]": np.ones(4, np.float32)},
-         r"no array 'args\[1\]' \(expected keys: args\[0\], args\[1\]\)"),
-        ({"args[0]": np.ones(4, np.float32), "args[1]": np.ones(4, np.float32),
-          "args[2]": np.ones(1)}, r"unexpected array\(s\) \['args\[2\]'\]; expected keys: args\[0\], args\[1\]"),
-        ({"args[0]": np.ones(4, np.float64), "args[1]": np.ones(4, np.float32)},
-         r"\['args\[0\]'\] holds f64\[4\], expected f32\[4\] \(as program\.args\[0\] declares"),
+        (
+            {"args[0]": np.ones(4, np.float32)},
+            r"no array 'args\[1\]' \(expected keys: args\[0\], args\[1\]\)",
+        ),
+        (
+            {
+                "args[0]": np.ones(4, np.float32),
+                "args[1]": np.ones(4, np.float32),
+                "args[2]": np.ones(1),
+            },
+            r"unexpected array\(s\) \['args\[2\]'\]; expected keys: args\[0\], args\[1\]",
+        ),
+        (
+            {"args[0]": np.ones(4, np.float64), "args[1]": np.ones(4, np.float32)},
+            r"\['args\[0\]'\] holds f64\[4\], expected f32\[4\] \(as program\.args\[0\] declares",
+        ),
     ],
-)  # fmt: skip
+)
 def test_npz_errors_name_the_archive_and_the_key(
     compose_run: Any, tmp_path: Path, arrays: dict[str, Any], match: str
 ) -> None:
@@ -132,11 +142,17 @@ def test_a_missing_or_unreadable_npz_is_one_line(compose_run: Any, tmp_path: Pat
 @pytest.mark.parametrize(
     ("leaf", "match"),
     [
-        ("a.npz", r"^execute\.inputs\[0\]: 'a\.npz' is a string; an archive names every "
-                  r"argument: give it alone, execute\.inputs=<file>\.npz$"),
-        ("hello", r"^execute\.inputs\[0\]: 'hello' is a string; expected a \.npy path or a number$"),
+        (
+            "a.npz",
+            r"^execute\.inputs\[0\]: 'a\.npz' is a string; an archive names every "
+            r"argument: give it alone, execute\.inputs=<file>\.npz$",
+        ),
+        (
+            "hello",
+            r"^execute\.inputs\[0\]: 'hello' is a string; expected a \.npy path or a number$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_string_leaf_is_not_passed_to_the_program(
     compose_run: Any, leaf: str, match: str
 ) -> None:
@@ -145,7 +161,13 @@ def test_a_string_leaf_is_not_passed_to_the_program(
 
 
 def test_expected_keys_of_positional_dict_and_keyword_arguments() -> None:
-    bound = bind([{"w": "f32[2]", "b": ["f32[1]", 3]}, "i32[]", 7], {"z": "f32[4]"},
-                 static_argnums=[2])  # fmt: skip
-    assert expected_keys(bound) == ["args[0]['b'][0]", "args[0]['b'][1]", "args[0]['w']",
-                                    "args[1]", "kwargs['z']"]  # fmt: skip
+    bound = bind(
+        [{"w": "f32[2]", "b": ["f32[1]", 3]}, "i32[]", 7], {"z": "f32[4]"}, static_argnums=[2]
+    )
+    assert expected_keys(bound) == [
+        "args[0]['b'][0]",
+        "args[0]['b'][1]",
+        "args[0]['w']",
+        "args[1]",
+        "kwargs['z']",
+    ]

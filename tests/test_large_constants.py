@@ -34,8 +34,9 @@ _X = "program.args=[{shape: [4, 64], dtype: f32, init: normal}]"
 
 
 def _run(compose_run: Any, name: str, *extra: str) -> Any:
-    return compose_run(f"program.target=test_large_constants:{name}", _X, "execute.repeats=1",
-                       *extra)  # fmt: skip
+    return compose_run(
+        f"program.target=test_large_constants:{name}", _X, "execute.repeats=1", *extra
+    )
 
 
 def _out(result: Any) -> np.ndarray:

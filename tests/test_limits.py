@@ -17,8 +17,9 @@ from jaxaot.config.argspec import memory_bytes
 
 def _jaxaot(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
     env = cli_env(JAX_PLATFORMS="cpu")
-    return run_cli([*overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
-                   timeout=120)  # fmt: skip
+    return run_cli(
+        [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, timeout=120
+    )
 
 
 def _one_error(stderr: str) -> str:
@@ -39,8 +40,13 @@ def test_a_million_devices_are_refused_before_jax(tmp_path: Path) -> None:
 
 def test_xla_cpus_real_limit_2048_devices_compiles(tmp_path: Path) -> None:
     # The largest count XLA:CPU runs in one process; jaxaot.config.mesh.XLA_CPU_MAX_DEVICES.
-    proc = _jaxaot(tmp_path, "program=collectives_psum", "stage_out.axis_env=[[i,2048]]",
-                   "compile.max_devices=2048", "stop_after=compile")  # fmt: skip
+    proc = _jaxaot(
+        tmp_path,
+        "program=collectives_psum",
+        "stage_out.axis_env=[[i,2048]]",
+        "compile.max_devices=2048",
+        "stop_after=compile",
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(tmp_path / "run")
     assert manifest["backend"]["device_count"] == 2048
@@ -48,8 +54,9 @@ def test_xla_cpus_real_limit_2048_devices_compiles(tmp_path: Path) -> None:
 
 
 def test_an_overflowing_shape_is_one_line_not_sigabrt(tmp_path: Path) -> None:
-    proc = _jaxaot(tmp_path, "program.target=jax.numpy:sin",
-                   "program.args=[f32[99999999999,99999999999]]")  # fmt: skip
+    proc = _jaxaot(
+        tmp_path, "program.target=jax.numpy:sin", "program.args=[f32[99999999999,99999999999]]"
+    )
     assert proc.returncode == 1, proc.stderr  # was -6 (SIGABRT) in the compile stage
     assert _one_error(proc.stderr).startswith(
         "program.args[0]: f32[99999999999,99999999999] has 1e+22 elements"
@@ -65,9 +72,17 @@ def test_inputs_larger_than_memory_are_refused_before_compiling(tmp_path: Path) 
     assert "program.args[0] alone is" in _one_error(proc.stderr)
     assert not (tmp_path / "run" / "manifest.json").exists()
     # Compiling alone allocates no inputs: the same program compiles.
-    ok = run_cli(["program.target=jax.numpy:sin", f"program.args=[f32[{rows},1024]]",
-                  "stop_after=compile", f"hydra.run.dir={tmp_path / 'compiled'}"], cwd=tmp_path,
-                 env=cli_env(JAX_PLATFORMS="cpu"), timeout=120)  # fmt: skip
+    ok = run_cli(
+        [
+            "program.target=jax.numpy:sin",
+            f"program.args=[f32[{rows},1024]]",
+            "stop_after=compile",
+            f"hydra.run.dir={tmp_path / 'compiled'}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -108,6 +123,11 @@ def test_xla_cpu_itself_stops_at_2048_devices(tmp_path: Path) -> None:
     from jaxaot.config.mesh import XLA_CPU_MAX_DEVICES
 
     env = cli_env(JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _XLA_PROBE, str(XLA_CPU_MAX_DEVICES + 1)],
-                         env=env, capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _XLA_PROBE, str(XLA_CPU_MAX_DEVICES + 1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert "Multiprocess computations aren't implemented on the CPU backend" in out

@@ -26,8 +26,12 @@ def _ops_with(text: str, attribute: str) -> list[str]:
 
 
 def test_program_wide_attributes_reach_every_stage(compose_run: Any) -> None:
-    result = compose_run("program=mlp", "+lower.xla_metadata.team=jaxaot",
-                         "+lower.xla_metadata.priority=2", "stop_after=compile")  # fmt: skip
+    result = compose_run(
+        "program=mlp",
+        "+lower.xla_metadata.team=jaxaot",
+        "+lower.xla_metadata.priority=2",
+        "stop_after=compile",
+    )
     stablehlo = _read(result.run_dir, "lower/module.stablehlo.mlir")
     dots = [ln for ln in stablehlo.splitlines() if "stablehlo.dot_general" in ln]
     assert len(dots) == 3
@@ -40,10 +44,11 @@ def test_program_wide_attributes_reach_every_stage(compose_run: Any) -> None:
 def test_scoped_attributes_mark_only_their_sub_function(compose_run: Any) -> None:
     original = transformer._attention
     result = compose_run(
-        "program=transformer", "stop_after=compile",
+        "program=transformer",
+        "stop_after=compile",
         f"lower.scoped_metadata=[{{target: '{ATTENTION}', must_fuse: '7'}}, "
         f"{{target: '{NORM}', fuse_limit: true, attributes: {{scope: norm}}}}]",
-    )  # fmt: skip
+    )
     assert transformer._attention is original  # restored after the trace
     stablehlo = _read(result.run_dir, "lower/module.stablehlo.mlir")
     fused = _ops_with(stablehlo, 'MUST_FUSE = "7"')
@@ -80,9 +85,10 @@ def test_fuse_apis_are_used_where_jax_has_them(
     monkeypatch.setattr(xla_metadata, "must_fuse_call", must_fuse_call, raising=False)
     monkeypatch.setattr(xla_metadata, "fuse_limit", fuse_limit, raising=False)
     result = compose_run(
-        "program=transformer", "stop_after=lower",
+        "program=transformer",
+        "stop_after=lower",
         f"lower.scoped_metadata=[{{target: '{ATTENTION}', must_fuse: '1'}}, {{target: '{NORM}', fuse_limit: true}}]",
-    )  # fmt: skip
+    )
     stablehlo = _read(result.run_dir, "lower/module.stablehlo.mlir")
     assert _ops_with(stablehlo, 'VIA_MUST_FUSE_CALL = "1"')
     assert _ops_with(stablehlo, 'VIA_FUSE_LIMIT = "true"')
@@ -93,8 +99,11 @@ def test_unknown_scoped_target_is_named(compose_run: Any) -> None:
     with pytest.raises(
         TargetError, match=r"lower.scoped_metadata\[0\].target='jaxaot.examples.transformer:_nope'"
     ):
-        compose_run("program=transformer", "stop_after=lower",
-                    "lower.scoped_metadata=[{target: 'jaxaot.examples.transformer:_nope', must_fuse: '1'}]")  # fmt: skip
+        compose_run(
+            "program=transformer",
+            "stop_after=lower",
+            "lower.scoped_metadata=[{target: 'jaxaot.examples.transformer:_nope', must_fuse: '1'}]",
+        )
 
 
 @pytest.mark.parametrize(

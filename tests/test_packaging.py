@@ -25,15 +25,38 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
     shutil.copytree(REPO, src, ignore=ignore)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheels), str(src)],
-        check=True, capture_output=True, cwd=tmp,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp,
+    )
     (wheel,) = wheels.glob("jaxaot-*.whl")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return wheel, site
 
 
@@ -56,11 +79,17 @@ def test_the_wheel_installs_jaxaot_and_hydra_plugins_only(installed: tuple[Path,
         "jaxaot/conf/" + str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")
     }
     assert shipped and shipped <= names
-    targets = {"jaxaot/targets/gpu_targets/" + p.name
-               for p in (REPO / "pipeline" / "targets" / "gpu_targets").glob("*.txtpb")}  # fmt: skip
+    targets = {
+        "jaxaot/targets/gpu_targets/" + p.name
+        for p in (REPO / "pipeline" / "targets" / "gpu_targets").glob("*.txtpb")
+    }
     assert "jaxaot/targets/gpu_targets/h100.txtpb" in targets and targets <= names
-    assert {"jaxaot/cli/main.py", "jaxaot/stages/compile.py", "jaxaot/examples/transformer.py",
-            "jaxaot/py.typed"} <= names  # fmt: skip
+    assert {
+        "jaxaot/cli/main.py",
+        "jaxaot/stages/compile.py",
+        "jaxaot/examples/transformer.py",
+        "jaxaot/py.typed",
+    } <= names
 
 
 def test_the_installed_wheel_runs_and_ignores_a_user_pipeline_package(
@@ -83,27 +112,56 @@ def test_the_installed_wheel_runs_and_ignores_a_user_pipeline_package(
     )
     env = _env(site, tmp_path, user)
     probe = subprocess.run(
-        [sys.executable, "-c", "import jaxaot, jaxaot.conf, pipeline; "
-         "print(jaxaot.__file__); print(pipeline.__file__)"],
-        cwd=user, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import jaxaot, jaxaot.conf, pipeline; "
+            "print(jaxaot.__file__); print(pipeline.__file__)",
+        ],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert probe.returncode == 0, probe.stderr
     jaxaot_file, user_file = probe.stdout.split()
     assert jaxaot_file.startswith(str(site)) and user_file.startswith(str(user))
     for name in ("stages", "conf", "jaxaot_examples"):
-        gone = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        gone = subprocess.run(
+            [sys.executable, "-c", f"import {name}"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert gone.returncode != 0 and "No module named" in gone.stderr, name
     run = subprocess.run(
-        [sys.executable, "-m", "jaxaot", "program=axpy", "program.target=pipeline.model:f",
-         "program.args=[f32[4]]", "program.kwargs={}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=user, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxaot",
+            "program=axpy",
+            "program.target=pipeline.model:f",
+            "program.args=[f32[4]]",
+            "program.kwargs={}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert "pipeline.model:f" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
     assert (tmp_path / "run" / "execute" / "outputs.npz").is_file()
-    version = subprocess.run([sys.executable, "-m", "jaxaot", "--version"], cwd=user, env=env,
-                             capture_output=True, text=True)  # fmt: skip
+    version = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "--version"],
+        cwd=user,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert version.returncode == 0 and version.stdout.startswith("jaxaot "), version.stderr
 
 
@@ -111,8 +169,9 @@ def test_the_source_folder_refuses_a_second_name() -> None:
     """The repository root on sys.path makes ``pipeline/`` importable as ``pipeline``: that would
     be a second copy of every module (two ``JaxaotError`` classes, two config registrations), so
     it is refused with a message that says what to import instead."""
-    proc = subprocess.run([sys.executable, "-c", "import pipeline"], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pipeline"], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode != 0
     assert "import it as 'jaxaot'" in proc.stderr.strip().splitlines()[-1]
 

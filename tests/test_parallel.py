@@ -30,8 +30,9 @@ def _typed(*overrides: str) -> jaxaot.JaxaotConfig:
 
 
 def test_psum_minus_groups_equal_xla_computation(compose_run: Any) -> None:
-    result = compose_run("program=collectives_psum", "stage_out.axis_env=[[i,4]]",
-                         "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        "program=collectives_psum", "stage_out.axis_env=[[i,4]]", "stop_after=lower"
+    )
     hlo = _hlo(result.run_dir)
     assert _HLO_GROUPS.findall(hlo) == ["{{0,1,2,3}}"]
     # The replica body is the per-replica program: s32[] in, x - psum(x) out.
@@ -41,8 +42,9 @@ def test_psum_minus_groups_equal_xla_computation(compose_run: Any) -> None:
 
 
 def test_row_col_all_groups_equal_xla_computation(compose_run: Any) -> None:
-    result = compose_run("program=collectives", "stage_out.axis_env=[[i,4],[j,2]]",
-                         "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        "program=collectives", "stage_out.axis_env=[[i,4],[j,2]]", "stop_after=lower"
+    )
     assert _HLO_GROUPS.findall(_hlo(result.run_dir)) == [
         "{{0,2,4,6},{1,3,5,7}}",  # psum over i
         "{{0,1},{2,3},{4,5},{6,7}}",  # psum over j
@@ -60,8 +62,9 @@ def test_row_col_all_groups_equal_xla_computation(compose_run: Any) -> None:
 
 
 def test_512_replicas_lower_without_devices(compose_run: Any) -> None:
-    result = compose_run("program=collectives", "stage_out.axis_env=[[i,64],[j,8]]",
-                         "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        "program=collectives", "stage_out.axis_env=[[i,64],[j,8]]", "stop_after=lower"
+    )
     assert result["lower"].exported.nr_devices == 512
     assert result.manifest["backend"] == {}  # no backend was asked for
     assert jax.config.jax_num_cpu_devices != 512
@@ -89,9 +92,14 @@ def test_512_replicas_lower_without_devices(compose_run: Any) -> None:
 def test_per_replica_execution_matches_vmap_reference(
     compose_run: Any, target: str, env: str, devices: int
 ) -> None:
-    result = compose_run("program=collectives", f"program.target=jaxaot.examples.collectives:{target}",
-                         f"stage_out.axis_env={env}", "execute.check=reference",
-                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        "program=collectives",
+        f"program.target=jaxaot.examples.collectives:{target}",
+        f"stage_out.axis_env={env}",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     assert result.manifest["backend"]["device_count"] == devices  # points may differ in count
     assert result["execute"].check["ok"]
     shardings = result.manifest["stages"]["compile"]["metrics"]
@@ -100,8 +108,12 @@ def test_per_replica_execution_matches_vmap_reference(
 
 
 def test_row_col_all_outputs_are_per_replica_sums(compose_run: Any) -> None:
-    result = compose_run("program=collectives", "stage_out.axis_env=[[i,4],[j,2]]",
-                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        "program=collectives",
+        "stage_out.axis_env=[[i,4],[j,2]]",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     (x,), _ = spec_inputs(result["stage_out"].bound, 0)
     grid = x.reshape(4, 2)  # replica r = (i, j) row-major
     rows, cols, both = (np.asarray(o) for o in result["execute"].outputs)
@@ -112,8 +124,12 @@ def test_row_col_all_outputs_are_per_replica_sums(compose_run: Any) -> None:
 
 
 def test_cli_runs_the_issue_example(cli: Any) -> None:
-    proc, run_dir = cli("program=collectives", "stage_out.axis_env=[[i,4],[j,2]]",
-                        "execute.check=reference", "execute.repeats=1")  # fmt: skip
+    proc, run_dir = cli(
+        "program=collectives",
+        "stage_out.axis_env=[[i,4],[j,2]]",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
     assert "8 replicas" in proc.stdout
     assert "check ok" in proc.stdout
     assert (run_dir / "compile" / "shardings.json").exists()
@@ -181,9 +197,15 @@ def test_devices_to_start(overrides: list[str], expected: int | None) -> None:
 def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) -> None:
     env = "stage_out.axis_env=[[i,4],[j,2]]"
     first = compose_run("program=collectives", env, "stop_after=compile")
-    second = compose_run("program=collectives", env, f"resume_from={first.run_dir}",
-                         "start_at=execute", "execute.check=reference",
-                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    second = compose_run(
+        "program=collectives",
+        env,
+        f"resume_from={first.run_dir}",
+        "start_at=execute",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     assert second.manifest["stages"]["stage_out"]["status"] == "resumed"
     assert second["stage_out"].bound.args[0].shape == (8,)  # per-replica f32[], stacked
     assert second["execute"].check["ok"]
@@ -196,23 +218,36 @@ def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) 
     ("overrides", "message"),
     [
         # The issue's repro: a million virtual CPU devices, started until memory ran out.
-        (["program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]"],
-         r"^stage_out\.axis_env=\[\[i,1000\],\[j,1000\]\] needs 1000000 virtual CPU devices, but "
-         r"XLA:CPU runs at most 2048 in one process .*; stop_after=lower needs no devices"),
+        (
+            ["program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]"],
+            r"^stage_out\.axis_env=\[\[i,1000\],\[j,1000\]\] needs 1000000 virtual CPU devices, but "
+            r"XLA:CPU runs at most 2048 in one process .*; stop_after=lower needs no devices",
+        ),
         # XLA's own message for this was "Multiprocess computations aren't implemented".
-        (["program=mlp", "mesh.shape=[64,64]"],
-         r"^mesh\.shape=\[64, 64\] needs 4096 virtual CPU devices, but XLA:CPU runs at most 2048"),
-        (["program=mlp", "compile.num_devices=2049"],
-         r"^compile\.num_devices=2049 needs 2049 .* at most 2048"),
+        (
+            ["program=mlp", "mesh.shape=[64,64]"],
+            r"^mesh\.shape=\[64, 64\] needs 4096 virtual CPU devices, but XLA:CPU runs at most 2048",
+        ),
+        (
+            ["program=mlp", "compile.num_devices=2049"],
+            r"^compile\.num_devices=2049 needs 2049 .* at most 2048",
+        ),
         # Under XLA's limit but over the configurable cap: the advice says how to raise it.
-        (["program=mlp", "mesh.shape=[32,32]", "stop_after=compile"],
-         r"^mesh\.shape=\[32, 32\] needs 1024 virtual CPU devices, more than "
-         r"compile\.max_devices=512; expected fewer devices, or compile\.max_devices=1024"),
-        (["program=collectives", "stage_out.axis_env=[[i,8]]", "compile.max_devices=4"],
-         r"^stage_out\.axis_env=\[\[i,8\]\] needs 8 .* more than compile\.max_devices=4"),
-        (["program=mlp", "compile.max_devices=0"], r"^compile\.max_devices: expected >= 1, found 0"),
+        (
+            ["program=mlp", "mesh.shape=[32,32]", "stop_after=compile"],
+            r"^mesh\.shape=\[32, 32\] needs 1024 virtual CPU devices, more than "
+            r"compile\.max_devices=512; expected fewer devices, or compile\.max_devices=1024",
+        ),
+        (
+            ["program=collectives", "stage_out.axis_env=[[i,8]]", "compile.max_devices=4"],
+            r"^stage_out\.axis_env=\[\[i,8\]\] needs 8 .* more than compile\.max_devices=4",
+        ),
+        (
+            ["program=mlp", "compile.max_devices=0"],
+            r"^compile\.max_devices: expected >= 1, found 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_device_limits_are_config_errors(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _typed(*overrides)
@@ -220,10 +255,20 @@ def test_device_limits_are_config_errors(overrides: list[str], message: str) -> 
 
 def test_device_limits_bind_only_runs_that_start_devices() -> None:
     # Lowering needs no devices, whatever the mesh; another backend starts no virtual ones.
-    assert devices_to_start(_typed("program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]",
-                                   "stop_after=lower")) is None  # fmt: skip
+    assert (
+        devices_to_start(
+            _typed(
+                "program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]", "stop_after=lower"
+            )
+        )
+        is None
+    )
     assert devices_to_start(_typed("program=mlp", "mesh.shape=[64,64]", "stop_after=lower")) is None
-    assert devices_to_start(_typed("program=mlp", "compile.num_devices=1024",
-                                   "compile.max_devices=2048")) == 1024  # fmt: skip
+    assert (
+        devices_to_start(
+            _typed("program=mlp", "compile.num_devices=1024", "compile.max_devices=2048")
+        )
+        == 1024
+    )
     tpu = _typed("program=mlp", "mesh.shape=[64,64]", "compile.backend=tpu", "stop_after=compile")
     assert devices_to_start(tpu) == 4096

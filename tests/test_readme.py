@@ -39,9 +39,13 @@ COMMAND = re.compile(
 )
 MARKER = re.compile(r"^<!-- readme-test: (skip|file) (.+?) -->$")
 # Console scripts as the tests run them: from this checkout, whatever is installed.
-SCRIPTS = {"jaxaot": "jaxaot.cli.main", "jaxaot-store": "jaxaot.cli.store",
-           "jaxaot-diff": "jaxaot.cli.diff", "jaxaot-graph": "jaxaot.cli.graph",
-           "jaxaot-report": "jaxaot.sweeps.report"}  # fmt: skip
+SCRIPTS = {
+    "jaxaot": "jaxaot.cli.main",
+    "jaxaot-store": "jaxaot.cli.store_cmd",
+    "jaxaot-diff": "jaxaot.cli.diff_cmd",
+    "jaxaot-graph": "jaxaot.cli.graph_cmd",
+    "jaxaot-report": "jaxaot.sweeps.report",
+}
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,7 @@ def readme_blocks(text: str | None = None) -> list[Block]:
     return blocks
 
 
-def _block(section: str, line: int, kind: str, body: str,
-           marker: tuple[str, str] | None) -> Block:  # fmt: skip
+def _block(section: str, line: int, kind: str, body: str, marker: tuple[str, str] | None) -> Block:
     if marker and marker[0] == "skip":
         return Block(section, line, kind, body, skip=marker[1])
     if marker and marker[0] == "file":
@@ -149,8 +152,9 @@ def readme_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         script.chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     store = tmp_path_factory.mktemp("store")
-    return cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                   JAXAOT_STORE_DIR=str(store))  # fmt: skip
+    return cli_env(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", JAXAOT_STORE_DIR=str(store)
+    )
 
 
 def _run(block: Block, cwd: Path, env: dict[str, str], n: int) -> None:
@@ -166,8 +170,11 @@ def _run(block: Block, cwd: Path, env: dict[str, str], n: int) -> None:
         script = cwd / f"test_readme_snippet_{n}.py"
         script.write_text(_checked(block.text))
         defines_tests = re.search(r"^def test_", block.text, re.M)
-        cmd = ([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", script.name]
-               if defines_tests else [sys.executable, script.name])  # fmt: skip
+        cmd = (
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", script.name]
+            if defines_tests
+            else [sys.executable, script.name]
+        )
     else:
         cmd = ["bash", "-e", "-o", "pipefail", "-c", block.text]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=540)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jaxaot.cli.report import main as report_main
+from jaxaot.cli.report_cmd import main as report_main
 from jaxaot.sweeps import report
 from jaxaot.sweeps.progress import (
     Heartbeat,
@@ -35,8 +35,13 @@ def _stage(status: str, seconds: float, **metrics: Any) -> dict[str, Any]:
     return {"status": status, "seconds": seconds, "metrics": metrics, "artifacts": {}}
 
 
-def _job(sweep: Path, num: int, overrides: list[str], manifest: dict[str, Any] | None,
-         record: bool = True) -> Path:  # fmt: skip
+def _job(
+    sweep: Path,
+    num: int,
+    overrides: list[str],
+    manifest: dict[str, Any] | None,
+    record: bool = True,
+) -> Path:
     d = sweep / str(num)
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -44,8 +49,16 @@ def _job(sweep: Path, num: int, overrides: list[str], manifest: dict[str, Any] |
         (d / "manifest.json").write_text(json.dumps(manifest))
     if record:
         status = "ok" if manifest and manifest["status"] == "ok" else "failed"
-        write_job_record(d, {"num": num, "overrides": overrides, "status": status,
-                             "code": 0 if status == "ok" else 1, "error": None})  # fmt: skip
+        write_job_record(
+            d,
+            {
+                "num": num,
+                "overrides": overrides,
+                "status": status,
+                "code": 0 if status == "ok" else 1,
+                "error": None,
+            },
+        )
     return d
 
 
@@ -54,28 +67,53 @@ def sweep(tmp_path: Path) -> Path:
     """Three jobs as a sweep leaves them: ok, failed in compile, and killed during compile."""
     root = tmp_path / "multirun"
     SweepPlan(total=3, varying=("compile.compiler_options.xla_cpu_enable_fast_math",)).write(root)
-    ok = _manifest("ok", {
-        "stage_out": _stage("ran", 0.01), "lower": _stage("ran", 0.02),
-        "compile": _stage("cached", 0.03, flops=100.0, bytes_accessed=64.0, argument_bytes=32,
-                          output_bytes=16, temp_bytes=8, code_bytes=0),
-        "execute": _stage("ran", 0.04, median_s=2e-6, stddev_s=1e-7, flops_per_s=5e7),
-    })  # fmt: skip
-    failed = _manifest("failed", {"stage_out": _stage("ran", 0.01), "lower": _stage("ran", 0.02),
-                                  "compile": _stage("failed", 0.5)},
-                       error="compile.compiler_options: XLA rejected ['xla_bad']")  # fmt: skip
+    ok = _manifest(
+        "ok",
+        {
+            "stage_out": _stage("ran", 0.01),
+            "lower": _stage("ran", 0.02),
+            "compile": _stage(
+                "cached",
+                0.03,
+                flops=100.0,
+                bytes_accessed=64.0,
+                argument_bytes=32,
+                output_bytes=16,
+                temp_bytes=8,
+                code_bytes=0,
+            ),
+            "execute": _stage("ran", 0.04, median_s=2e-6, stddev_s=1e-7, flops_per_s=5e7),
+        },
+    )
+    failed = _manifest(
+        "failed",
+        {
+            "stage_out": _stage("ran", 0.01),
+            "lower": _stage("ran", 0.02),
+            "compile": _stage("failed", 0.5),
+        },
+        error="compile.compiler_options: XLA rejected ['xla_bad']",
+    )
     killed = _manifest("running", {"stage_out": _stage("ran", 0.01)})
     _job(root, 0, ["program=axpy", "compile.compiler_options.xla_cpu_enable_fast_math=true"], ok)
     _job(root, 1, ["program=axpy", "+compile.compiler_options.xla_bad=1"], failed)
-    _job(root, 2, ["program=axpy", "compile.compiler_options.xla_cpu_enable_fast_math=false"],
-         killed, record=False)  # fmt: skip
+    _job(
+        root,
+        2,
+        ["program=axpy", "compile.compiler_options.xla_cpu_enable_fast_math=false"],
+        killed,
+        record=False,
+    )
     return root
 
 
 def test_report_rebuilt_from_disk(sweep: Path) -> None:
     table = report.collect(sweep)
     assert [r["job"] for r in table.rows] == [0, 1, 2]
-    assert table.varying == ["compile.compiler_options.xla_cpu_enable_fast_math",
-                             "compile.compiler_options.xla_bad"]  # fmt: skip
+    assert table.varying == [
+        "compile.compiler_options.xla_cpu_enable_fast_math",
+        "compile.compiler_options.xla_bad",
+    ]
     assert table.fixed == ["program=axpy"]
     ok, failed, killed = table.rows
     assert (
@@ -90,12 +128,24 @@ def test_report_rebuilt_from_disk(sweep: Path) -> None:
 def test_xla_unknown_sentinels_are_n_a_in_the_report_and_progress_lines(tmp_path: Path) -> None:
     root = tmp_path / "multirun"
     SweepPlan(total=1, varying=("program",)).write(root)
-    raw = _manifest("ok", {
-        "stage_out": _stage("ran", 0.01), "lower": _stage("ran", 0.02, flops=-2.0),
-        "compile": _stage("ran", 0.03, flops=-2.0, bytes_accessed=-2.0, argument_bytes=32,
-                          output_bytes=16, temp_bytes=8, code_bytes=0),
-        "execute": _stage("ran", 0.04, median_s=2e-6, stddev_s=1e-7),
-    })  # fmt: skip
+    raw = _manifest(
+        "ok",
+        {
+            "stage_out": _stage("ran", 0.01),
+            "lower": _stage("ran", 0.02, flops=-2.0),
+            "compile": _stage(
+                "ran",
+                0.03,
+                flops=-2.0,
+                bytes_accessed=-2.0,
+                argument_bytes=32,
+                output_bytes=16,
+                temp_bytes=8,
+                code_bytes=0,
+            ),
+            "execute": _stage("ran", 0.04, median_s=2e-6, stddev_s=1e-7),
+        },
+    )
     _job(root, 0, ["program=inv"], raw)
     table = report.write_report(root, plots=False)
     (row,) = table.rows
@@ -128,14 +178,17 @@ def test_report_cli_exits_1_when_a_job_failed(
     assert "cached 30.00 ms" in md and "2.0 us" in md
 
 
-def test_report_without_matplotlib_still_writes_tables(sweep: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_report_without_matplotlib_still_writes_tables(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.delitem(sys.modules, "jaxaot.sweeps.plots", raising=False)
     table = report.write_report(sweep)
     assert table.plots == []
-    assert "Plots skipped: matplotlib is not installed (pip install 'jaxaot[sweep]')." in (
-        sweep / "sweep.md").read_text()  # fmt: skip
+    assert (
+        "Plots skipped: matplotlib is not installed (pip install 'jaxaot[sweep]')."
+        in (sweep / "sweep.md").read_text()
+    )
 
 
 def test_finish_slots_are_unique_across_threads(tmp_path: Path) -> None:
@@ -161,8 +214,11 @@ def test_heartbeat_names_the_running_stage(
 ) -> None:
     before = Heartbeat(tmp_path, 1.0, "job 3", ["stage_out", "lower", "compile"]).message()
     assert before is not None and before.startswith("still starting or tracing (job 3): ")
-    (tmp_path / "manifest.json").write_text(json.dumps(_manifest("running", {
-        "stage_out": _stage("ran", 0.1), "lower": _stage("ran", 0.2)})))  # fmt: skip
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            _manifest("running", {"stage_out": _stage("ran", 0.1), "lower": _stage("ran", 0.2)})
+        )
+    )
     caplog.set_level(logging.INFO, logger="jaxaot")
     beat = Heartbeat(tmp_path, 0.02, "job 3", ["stage_out", "lower", "compile", "execute"])
     beat.start()
@@ -199,21 +255,41 @@ def test_relay_prints_each_job_line_once_and_says_it_is_alive(tmp_path: Path) ->
 def test_override_formatting() -> None:
     assert override_value("program.args.1='f32[8,256]'") == "f32[8,256]"
     assert override_value("x=it\\'s") == "it\\'s"
-    assert short_names(["compile.compiler_options.xla_cpu_enable_fast_math", "program.args.1",
-                        "execute.seed", "seed"]) == {
+    assert short_names(
+        [
+            "compile.compiler_options.xla_cpu_enable_fast_math",
+            "program.args.1",
+            "execute.seed",
+            "seed",
+        ]
+    ) == {
         "compile.compiler_options.xla_cpu_enable_fast_math": "xla_cpu_enable_fast_math",
-        "program.args.1": "args.1", "execute.seed": "execute.seed", "seed": "seed"}  # fmt: skip
+        "program.args.1": "args.1",
+        "execute.seed": "execute.seed",
+        "seed": "seed",
+    }
     line = progress_line(2, None, ["execute.seed=1"], "failed", None, "boom")
     assert line == "[2/?] seed=1 | failed | boom"
 
 
 def test_a_negative_headroom_survives_into_the_report(tmp_path: Path) -> None:
     """A verdict's headroom is negative when the program does not fit; it is no sentinel."""
-    raw = _manifest("does_not_fit", {
-        "compile": _stage("failed", 0.3, topology="v5e:2x2", fits=False,
-                          hbm_bytes_needed=20 * 2**30, hbm_bytes_available=16 * 2**30,
-                          headroom_bytes=-4 * 2**30, flops=-2.0),
-    }, error="does not fit")  # fmt: skip
+    raw = _manifest(
+        "does_not_fit",
+        {
+            "compile": _stage(
+                "failed",
+                0.3,
+                topology="v5e:2x2",
+                fits=False,
+                hbm_bytes_needed=20 * 2**30,
+                hbm_bytes_available=16 * 2**30,
+                headroom_bytes=-4 * 2**30,
+                flops=-2.0,
+            ),
+        },
+        error="does not fit",
+    )
     _job(tmp_path / "multirun", 0, ["compile.topology=v5e:2x2"], raw)
     (row,) = report.collect(tmp_path / "multirun").rows
     assert row["compile.headroom_bytes"] == -4 * 2**30

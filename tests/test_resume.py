@@ -32,18 +32,31 @@ def user_module(tmp_path: Path) -> Path:
 def test_resume_in_a_fresh_process_without_the_program_module(tmp_path, user_module):
     with_module = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{user_module}")
     lowered = tmp_path / "lowered"
-    proc = run_cli(["program.target=resume_user_model:model", USER_ARGS, "stop_after=lower",
-                    f"hydra.run.dir={lowered}"], cwd=tmp_path, env=with_module)  # fmt: skip
+    proc = run_cli(
+        [
+            "program.target=resume_user_model:model",
+            USER_ARGS,
+            "stop_after=lower",
+            f"hydra.run.dir={lowered}",
+        ],
+        cwd=tmp_path,
+        env=with_module,
+    )
     assert proc.returncode == 0, proc.stderr
     (user_module / "resume_user_model.py").unlink()  # the target machine has no program code
 
     compiled = tmp_path / "compiled"
-    proc = run_cli([f"resume_from={lowered}", "start_at=compile", f"hydra.run.dir={compiled}"],
-                   cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [f"resume_from={lowered}", "start_at=compile", f"hydra.run.dir={compiled}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(compiled)
-    assert _statuses(manifest) == {"stage_out": "resumed", "lower": "resumed", "compile": "ran",
-                                   "execute": "ran"}  # fmt: skip
+    assert _statuses(manifest) == {
+        "stage_out": "resumed",
+        "lower": "resumed",
+        "compile": "ran",
+        "execute": "ran",
+    }
     assert manifest["config"]["program"]["target"] == "resume_user_model:model"
     assert manifest["resumed_from"] == str(lowered.resolve())
     # the resumed run is itself a complete checkpoint: its copies carry the same hashes
@@ -53,13 +66,27 @@ def test_resume_in_a_fresh_process_without_the_program_module(tmp_path, user_mod
     )
 
     executed = tmp_path / "executed"
-    proc = run_cli([f"resume_from={compiled}", "start_at=execute", "execute.seed=3",
-                    f"hydra.run.dir={executed}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            f"resume_from={compiled}",
+            "start_at=execute",
+            "execute.seed=3",
+            f"hydra.run.dir={executed}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _statuses(read_manifest(executed))["compile"] == "resumed"
 
-    proc = run_cli([f"resume_from={compiled}", "start_at=execute", "execute.check=reference",
-                    f"hydra.run.dir={tmp_path / 'ref'}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            f"resume_from={compiled}",
+            "start_at=execute",
+            "execute.check=reference",
+            f"hydra.run.dir={tmp_path / 'ref'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0
     assert "program.target='resume_user_model:model': cannot import module" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -72,8 +99,11 @@ def test_executable_loads_on_a_host_with_another_device_count(tmp_path):
     assert read_manifest(first)["backend"]["device_count"] == 1
     eight = cli_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
     second = tmp_path / "eight_devices"
-    proc = run_cli([f"resume_from={first}", "start_at=execute", f"hydra.run.dir={second}"],
-                   cwd=tmp_path, env=eight)  # fmt: skip
+    proc = run_cli(
+        [f"resume_from={first}", "start_at=execute", f"hydra.run.dir={second}"],
+        cwd=tmp_path,
+        env=eight,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = read_manifest(second)
     assert manifest["backend"]["device_count"] == 8
@@ -106,11 +136,17 @@ def test_resume_needs_the_stages_it_skips(compose_run):
 def test_options_of_resumed_stages_come_from_the_checkpoint(compose_run):
     src = compose_run("program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower").run_dir
     resumed = jaxaot.run(
-        jaxaot.compose([f"resume_from={src}", "start_at=compile", "execute.seed=5",
-                          "compile.compiler_options={xla_cpu_enable_fast_math:true}"]),
+        jaxaot.compose(
+            [
+                f"resume_from={src}",
+                "start_at=compile",
+                "execute.seed=5",
+                "compile.compiler_options={xla_cpu_enable_fast_math:true}",
+            ]
+        ),
         run_dir=src.parent / "resumed",
         overrides=["execute.seed=5", "compile.compiler_options={xla_cpu_enable_fast_math:true}"],
-    )  # fmt: skip
+    )
     cfg = resumed.manifest["config"]
     assert cfg["program"]["name"] == "axpy" and cfg["program"]["args"][0] == "f32[4]"
     assert cfg["compile"]["compiler_options"] == {"xla_cpu_enable_fast_math": True}
@@ -135,8 +171,15 @@ def test_options_of_resumed_stages_come_from_the_checkpoint(compose_run):
 
 def test_cli_refuses_a_conflicting_override_in_one_line(compose_run, tmp_path):
     src = compose_run("program=axpy", "stop_after=compile").run_dir
-    proc = run_cli([f"resume_from={src}", "start_at=execute", "lower.donate_argnums=[0]",
-                    f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            f"resume_from={src}",
+            "start_at=execute",
+            "lower.donate_argnums=[0]",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("jaxaot: error: lower.donate_argnums: overridden")
@@ -149,8 +192,11 @@ def test_an_executable_from_another_jaxlib_is_recompiled_from_the_export(compose
     (src / "manifest.json").write_text(json.dumps(manifest))
     # Compiled from the export: jax.jit(exported.call) is another executable than the source
     # run's (it keeps every argument), so it has a key of its own: stored once, then hit.
-    runs = (("store.enabled=false", "ran"), ("store.enabled=true", "ran"),
-            ("store.enabled=true", "cached"))  # fmt: skip
+    runs = (
+        ("store.enabled=false", "ran"),
+        ("store.enabled=true", "ran"),
+        ("store.enabled=true", "cached"),
+    )
     for store, status in runs:
         resumed = compose_run(f"resume_from={src}", "start_at=execute", store)
         stage = resumed.manifest["stages"]["compile"]
@@ -193,8 +239,11 @@ def test_a_tpu_lowering_is_the_input_for_compile_on_a_tpu_host(compose_run):
     ):
         compose_run(f"resume_from={src}", "start_at=compile")
     chosen = [f"resume_from={src}", "start_at=compile", "compile.backend=cpu"]
-    with pytest.raises(BackendError, match=r"needs a lowering for 'cpu', but lower.platforms was "
-                       r"\['tpu'\]; compile for one of those \(compile.backend=tpu\)"):  # fmt: skip
+    with pytest.raises(
+        BackendError,
+        match=r"needs a lowering for 'cpu', but lower.platforms was "
+        r"\['tpu'\]; compile for one of those \(compile.backend=tpu\)",
+    ):
         jaxaot.run(jaxaot.compose(chosen), run_dir=src.parent / "chosen", overrides=chosen)
 
 

@@ -26,8 +26,14 @@ def _env() -> dict[str, str]:
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "jaxaot.cli.main", *args], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxaot.cli.main", *args],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen[str]) -> None:
@@ -40,8 +46,7 @@ def _finish(proc: subprocess.Popen[str]) -> None:
 
 def test_unique_dir_takes_the_next_free_suffix(tmp_path: Path) -> None:
     base = tmp_path / "a" / "12-00-00"
-    assert [unique_dir(str(base)) for _ in range(3)] == [
-        str(base), f"{base}-1", f"{base}-2"]  # fmt: skip
+    assert [unique_dir(str(base)) for _ in range(3)] == [str(base), f"{base}-1", f"{base}-2"]
     assert all(Path(d).is_dir() for d in (base, f"{base}-1", f"{base}-2"))
 
 
@@ -69,8 +74,11 @@ def test_concurrent_processes_get_distinct_dirs(tmp_path: Path) -> None:
 
 def test_claim_publishes_the_manifest_once(tmp_path: Path) -> None:
     claim(tmp_path / "r", {"status": "running", "n": 1}, key="run_dir")
-    with pytest.raises(ConfigError, match=r"^run_dir='.*/r' holds an earlier run \(manifest\.json\); "
-                       r"a run never reuses another run's directory: remove it"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^run_dir='.*/r' holds an earlier run \(manifest\.json\); "
+        r"a run never reuses another run's directory: remove it",
+    ):
         claim(tmp_path / "r", {"status": "running", "n": 2}, key="run_dir")
     assert '"n": 1' in (tmp_path / "r" / "manifest.json").read_text()
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["manifest.json"]  # no temp left
@@ -88,8 +96,10 @@ def _claim_race(run_dir: str, n: int, barrier: Any, queue: Any) -> None:
 def test_of_concurrent_claims_on_one_dir_exactly_one_wins(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_claim_race, args=(str(tmp_path / "r"), n, barrier, queue))
-             for n in range(4)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_claim_race, args=(str(tmp_path / "r"), n, barrier, queue))
+        for n in range(4)
+    ]
     for p in procs:
         p.start()
     got = [queue.get(timeout=60) for _ in procs]
@@ -129,8 +139,9 @@ def test_a_named_run_dir_that_holds_a_run_is_refused_untouched(tmp_path: Path) -
     first = run_cli([*LOWER, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=_env())
     assert first.returncode == 0, first.stderr
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    second = run_cli([*LOWER, "execute.seed=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                     env=_env())  # fmt: skip
+    second = run_cli(
+        [*LOWER, "execute.seed=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=_env()
+    )
     assert second.returncode == 1
     lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
     assert lines == [
@@ -159,8 +170,11 @@ def test_python_run_refuses_a_run_dir_that_holds_a_run(tmp_path: Path) -> None:
     first = jaxaot.run(cfg, run_dir=tmp_path / "r")
     assert first.ok
     before = (tmp_path / "r" / "manifest.json").read_bytes()
-    with pytest.raises(ConfigError, match=r"^run_dir='.*/r' holds an earlier run .* pass a new "
-                       r"run_dir \(or none, for a fresh outputs/<date>/<time>/\)$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^run_dir='.*/r' holds an earlier run .* pass a new "
+        r"run_dir \(or none, for a fresh outputs/<date>/<time>/\)$",
+    ):
         jaxaot.run(cfg, run_dir=tmp_path / "r")
     assert (tmp_path / "r" / "manifest.json").read_bytes() == before
 
@@ -183,9 +197,18 @@ def test_printing_the_resolved_config_creates_no_dirs(tmp_path: Path) -> None:
 def test_a_default_sweep_dir_holds_all_its_jobs_under_a_parallel_launcher(tmp_path: Path) -> None:
     # joblib's workers get the sweep's config pickled with its resolver cache: every job
     # resolves ${unique_dir:...} to the one sweep dir the launching process created.
-    proc = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *LOWER,
-                    "execute.seed=0,1", "hydra.callbacks.sweep.plots=false"],
-                   cwd=tmp_path, env=_env())  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            *LOWER,
+            "execute.seed=0,1",
+            "hydra.callbacks.sweep.plots=false",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
     seeds = sorted(read_manifest(sweep / str(n))["config"]["execute"]["seed"] for n in range(2))

@@ -160,8 +160,11 @@ def test_mesh_shape_alone_gets_default_axis_names() -> None:
 # --- shipped mesh presets and the data + model parallel experiment ---------------------------
 
 
-@pytest.mark.parametrize("path", sorted((CONF / "mesh").glob("*.yaml")) + sorted((CONF / "experiment").glob("*.yaml")),
-                         ids=lambda p: f"{p.parent.name}/{p.stem}")  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    sorted((CONF / "mesh").glob("*.yaml")) + sorted((CONF / "experiment").glob("*.yaml")),
+    ids=lambda p: f"{p.parent.name}/{p.stem}",
+)
 def test_mesh_and_experiment_configs_comment_every_key(path: Path) -> None:
     raw = yaml.safe_load(path.read_text())
     if path.parent.name == "mesh":
@@ -183,11 +186,21 @@ def test_sweep_over_mesh_shapes(tmp_path: Path) -> None:
     from conftest import run_cli
 
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", "experiment=transformer_dp_mp", "mesh.shape=[8,1],[2,4]",
-                    "stop_after=lower", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=transformer_dp_mp",
+            "mesh.shape=[8,1],[2,4]",
+            "stop_after=lower",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    meshes = [json.loads((sweep / str(n) / "lower" / "lowered.json").read_text())["mesh"]["shape"]
-              for n in range(2)]  # fmt: skip
+    meshes = [
+        json.loads((sweep / str(n) / "lower" / "lowered.json").read_text())["mesh"]["shape"]
+        for n in range(2)
+    ]
     assert meshes == [[8, 1], [2, 4]]
 
 
@@ -213,10 +226,15 @@ def test_data_model_parallel_training_step_matches_unsharded(compose_run: Any) -
 
 
 def test_mlp_sharded_in_and_out_matches_reference(compose_run: Any) -> None:
-    result = compose_run("program=mlp", "mesh=data2_model4",
-                         "lower.in_shardings=[[{w: [null, model]}, {w: [model, null]}, {w: [null, model]}], [data, null]]",
-                         "lower.out_shardings=[data, model]", "execute.check=reference",
-                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        "program=mlp",
+        "mesh=data2_model4",
+        "lower.in_shardings=[[{w: [null, model]}, {w: [model, null]}, {w: [null, model]}], [data, null]]",
+        "lower.out_shardings=[data, model]",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     assert result["execute"].check["ok"]
     compiled = result["compile"].compiled
     out = compiled.output_shardings
@@ -228,8 +246,13 @@ def test_mlp_sharded_in_and_out_matches_reference(compose_run: Any) -> None:
 
 
 def test_tpu_cross_lowering_gives_a_loadable_export(compose_run: Any) -> None:
-    result = compose_run("program=mlp", "mesh=data4_model2", "lower.in_shardings=[null, [data, null]]",
-                         "lower.platforms=[tpu]", "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        "program=mlp",
+        "mesh=data4_model2",
+        "lower.in_shardings=[null, [data, null]]",
+        "lower.platforms=[tpu]",
+        "stop_after=lower",
+    )
     exp = jax.export.deserialize(
         bytearray((result.run_dir / "lower" / "exported.bin").read_bytes())
     )
@@ -242,8 +265,13 @@ def test_tpu_cross_lowering_gives_a_loadable_export(compose_run: Any) -> None:
 
 
 def test_abstract_16x16_mesh_lowers_for_tpu_without_devices(compose_run: Any) -> None:
-    result = compose_run("program=transformer", "mesh.shape=[16,16]", "mesh.abstract=true",
-                         "lower.platforms=[tpu]", "stop_after=lower")  # fmt: skip
+    result = compose_run(
+        "program=transformer",
+        "mesh.shape=[16,16]",
+        "mesh.abstract=true",
+        "lower.platforms=[tpu]",
+        "stop_after=lower",
+    )
     meta = json.loads((result.run_dir / "lower" / "lowered.json").read_text())
     assert meta["nr_devices"] == 256 and meta["platforms"] == ["tpu"]
     assert meta["mesh"]["shape"] == [16, 16]
@@ -251,9 +279,15 @@ def test_abstract_16x16_mesh_lowers_for_tpu_without_devices(compose_run: Any) ->
 
 
 def test_multi_platform_export_compiles_for_cpu_and_matches(compose_run: Any) -> None:
-    result = compose_run("program=mlp", "mesh=data4_model2", "lower.in_shardings=[null, [data, null]]",
-                         "lower.platforms=[cuda,tpu,cpu]", "execute.check=reference",
-                         "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    result = compose_run(
+        "program=mlp",
+        "mesh=data4_model2",
+        "lower.in_shardings=[null, [data, null]]",
+        "lower.platforms=[cuda,tpu,cpu]",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     exp = jax.export.deserialize(
         bytearray((result.run_dir / "lower" / "exported.bin").read_bytes())
     )
@@ -294,8 +328,14 @@ def test_compile_refuses_a_mesh_larger_than_the_devices(compose_run: Any) -> Non
 def test_a_mesh_lowering_resumes_at_compile(compose_run: Any) -> None:
     config = ("program=mlp", "mesh=data4_model2", "lower.in_shardings=[null, [data, null]]")
     first = compose_run(*config, "stop_after=lower")
-    second = compose_run(*config, f"resume_from={first.run_dir}", "start_at=compile",
-                         "execute.check=reference", "execute.warmup=0", "execute.repeats=1")  # fmt: skip
+    second = compose_run(
+        *config,
+        f"resume_from={first.run_dir}",
+        "start_at=compile",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
     assert second.manifest["stages"]["lower"]["status"] == "resumed"
     assert second.manifest["stages"]["compile"]["metrics"]["devices"] == 8
     assert second["execute"].check["ok"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jaxaot.api import conf_dir
 from jaxaot.config.argspec import bind
-from jaxaot.config.schema import STAGES
+from jaxaot.config.order import STAGES
 
 PROGRAMS = sorted(p.stem for p in (conf_dir() / "program").glob("*.yaml"))
 RUNNABLE = PROGRAMS
@@ -32,9 +32,12 @@ def test_a_collectives_program_brings_its_axis_env_and_an_override_wins() -> Non
 def test_every_program_config_composes_and_validates(name: str) -> None:
     typed = jaxaot.validate(jaxaot.compose([f"program={name}"]))
     assert typed.program.name == name
-    bound = bind(typed.program.args, typed.program.kwargs,
-                 static_argnums=typed.stage_out.static_argnums,
-                 static_argnames=typed.stage_out.static_argnames)  # fmt: skip
+    bound = bind(
+        typed.program.args,
+        typed.program.kwargs,
+        static_argnums=typed.stage_out.static_argnums,
+        static_argnames=typed.stage_out.static_argnames,
+    )
     assert bound.traced_args()
 
 

@@ -21,14 +21,19 @@ from typing import Any
 
 import pytest
 from conftest import REPO, cli_env, read_manifest
-from jaxaot.config.schema import STAGES
+from jaxaot.config.order import STAGES
 from jaxaot.sweeps.requeue import prepare, resume_point, stamp_manifest
 from jaxaot.sweeps.slurm import JobState, _expand, _parse, query_states, wait_all
 
 TESTS = Path(__file__).resolve().parent
-LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug",
-            "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
-            "hydra.launcher.timeout_min=60", "hydra.callbacks.sweep.plots=false"]  # fmt: skip
+LAUNCHER = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.partition=debug",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=1",
+    "hydra.launcher.timeout_min=60",
+    "hydra.callbacks.sweep.plots=false",
+]
 SLOW = ["program.target=slurm_programs:slow_compile", "hydra.callbacks.sweep.heartbeat_s=0"]
 
 
@@ -54,11 +59,21 @@ def _start(cluster: Any, tmp: Path, *overrides: str) -> tuple[subprocess.Popen[s
     """``jaxaot -m <overrides>`` on the cluster, in the background; (process, sweep dir)."""
     sweep = tmp / "sweep"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxaot.cli.main", "-m", *LAUNCHER, *overrides,
-         f"hydra.sweep.dir={sweep}"],
-        cwd=tmp, env=_env(cluster, tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "-m",
+            *LAUNCHER,
+            *overrides,
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp,
+        env=_env(cluster, tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     return proc, sweep
 
 
@@ -114,8 +129,9 @@ def _log(sweep: Path, suffix: str, kind: str) -> str:
 def test_sweep_runs_as_a_job_array_sharing_one_store(slurm: Any, tmp_path: Path) -> None:
     """Two jobs with one compile key: both SLURM array tasks, one compile between them."""
     t0 = time.monotonic()
-    proc, sweep = _start(slurm, tmp_path, "program=mlp", "program.args.1=f32[8,256]",
-                         "execute.repeats=1,2")  # fmt: skip
+    proc, sweep = _start(
+        slurm, tmp_path, "program=mlp", "program.args.1=f32[8,256]", "execute.repeats=1,2"
+    )
     rc, out, err = _finish(proc)
     wall = time.monotonic() - t0
     assert rc == 0, err[-3000:]
@@ -143,10 +159,16 @@ def test_sweep_runs_as_a_job_array_sharing_one_store(slurm: Any, tmp_path: Path)
     print(f"\nmeasured: 2 SLURM jobs, 1 compile, wall {wall:.1f} s")
 
 
-def test_failed_and_cancelled_jobs_are_rows_and_the_sweep_exits_1(slurm: Any,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
-    proc, sweep = _start(slurm, tmp_path, "program.target=slurm_programs:sleepy",
-                         "program.args=[f32[4]]", "execute.repeats=0,1")  # fmt: skip
+def test_failed_and_cancelled_jobs_are_rows_and_the_sweep_exits_1(
+    slurm: Any, tmp_path: Path
+) -> None:
+    proc, sweep = _start(
+        slurm,
+        tmp_path,
+        "program.target=slurm_programs:sleepy",
+        "program.args=[f32[4]]",
+        "execute.repeats=0,1",
+    )
     _wait_for("job 1 to start", lambda: (sweep / "1" / ".hydra" / "overrides.yaml").exists())
     job1 = next(i for i in _slurm_ids(sweep) if i.endswith("_1"))
     slurm.cmd("scancel", job1)
@@ -162,8 +184,9 @@ def test_failed_and_cancelled_jobs_are_rows_and_the_sweep_exits_1(slurm: Any,
     assert rows["1"]["error"].startswith(f"SLURM job {job1} ended CANCELLED (state from squeue)")
     md = (sweep / "sweep.md").read_text()
     assert "2 jobs: 0 ok, 2 failed." in md and f"{job1} CANCELLED" in md
-    assert re.search(r"^\[\d/2\] repeats=1 \| cancelled \| SLURM job \S+ ended CANCELLED", out,
-                     re.M), out  # fmt: skip
+    assert re.search(
+        r"^\[\d/2\] repeats=1 \| cancelled \| SLURM job \S+ ended CANCELLED", out, re.M
+    ), out
     assert "sweep: 2 jobs, 0 ok, 2 failed" in out
 
 
@@ -202,8 +225,9 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
         # The requeued attempt loaded what had finished (hash-verified) and ran the rest.
         start = STAGES.index(resume_point(read_manifest(attempt), list(STAGES)) or "stage_out")
         assert start >= STAGES.index("compile")
-        assert _stages(run_dir) == {s: "resumed" if i < start else "ran"
-                                    for i, s in enumerate(STAGES)}  # fmt: skip
+        assert _stages(run_dir) == {
+            s: "resumed" if i < start else "ran" for i, s in enumerate(STAGES)
+        }
         assert rows[n]["status"] == "ok" and rows[n]["requeued"] == "1"
         assert (rows[n]["slurm_state"], rows[n]["slurm_state_source"]) == ("COMPLETED", "squeue")
     # USR2 landed mid-compile: submitit's checkpoint ran, the attempt recorded itself as
@@ -229,17 +253,21 @@ def _manifest(**stages: str) -> dict[str, Any]:
     return {"stages": {s: {"status": v} for s, v in stages.items()}}
 
 
-@pytest.mark.parametrize(("stages", "planned", "expected"), [
-    ({}, list(STAGES), None),
-    ({"stage_out": "ran"}, list(STAGES), "lower"),
-    ({"stage_out": "ran", "lower": "cached"}, list(STAGES), "compile"),
-    ({"stage_out": "resumed", "lower": "resumed", "compile": "ran"}, list(STAGES), "execute"),
-    ({"stage_out": "ran", "lower": "failed"}, list(STAGES), "lower"),
-    ({"stage_out": "ran", "lower": "ran", "compile": "ran"}, STAGES[:3], "compile"),
-    ({s: "ran" for s in STAGES}, list(STAGES), "execute"),
-])  # fmt: skip
-def test_resume_point_is_the_first_stage_not_finished(stages: dict[str, str], planned: list[str],
-                                                      expected: str | None) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("stages", "planned", "expected"),
+    [
+        ({}, list(STAGES), None),
+        ({"stage_out": "ran"}, list(STAGES), "lower"),
+        ({"stage_out": "ran", "lower": "cached"}, list(STAGES), "compile"),
+        ({"stage_out": "resumed", "lower": "resumed", "compile": "ran"}, list(STAGES), "execute"),
+        ({"stage_out": "ran", "lower": "failed"}, list(STAGES), "lower"),
+        ({"stage_out": "ran", "lower": "ran", "compile": "ran"}, STAGES[:3], "compile"),
+        ({s: "ran" for s in STAGES}, list(STAGES), "execute"),
+    ],
+)
+def test_resume_point_is_the_first_stage_not_finished(
+    stages: dict[str, str], planned: list[str], expected: str | None
+) -> None:
     assert resume_point(_manifest(**stages), planned) == expected
 
 
@@ -283,8 +311,12 @@ def test_squeue_and_sacct_output_parse_to_states() -> None:
     text = "7_3|RUNNING\n7_[4-5]|PENDING\n7_1|CANCELLED by 0\n7_1.batch|CANCELLED\n8|COMPLETED\n"
     states = _parse(text, "sacct")
     assert {k: v.state for k, v in states.items()} == {
-        "7_3": "RUNNING", "7_4": "PENDING", "7_5": "PENDING", "7_1": "CANCELLED", "8": "COMPLETED"
-    }  # fmt: skip
+        "7_3": "RUNNING",
+        "7_4": "PENDING",
+        "7_5": "PENDING",
+        "7_1": "CANCELLED",
+        "8": "COMPLETED",
+    }
     assert states["7_1"].terminal and not states["7_3"].terminal
     assert states["8"].source == "sacct"
 
@@ -295,8 +327,9 @@ class _FakeJob:
         self.paths = type("P", (), {"result_pickle": folder / f"{job_id}_result.pkl"})()
 
 
-def test_wait_all_ends_jobs_when_slurm_says_they_ended(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_wait_all_ends_jobs_when_slurm_says_they_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A result file ends a job once SLURM shows a final state (a stale one from before a
     requeue does not); without a result, two final readings and the grace must pass."""
     clock = [0.0]
@@ -307,9 +340,11 @@ def test_wait_all_ends_jobs_when_slurm_says_they_ended(tmp_path: Path,
         t = clock[0]
         if t >= 2:
             jobs[0].paths.result_pickle.write_bytes(b"x")
-        seen = {"5_0": "RUNNING" if t < 3 else "COMPLETED",
-                "5_1": ["RUNNING", "REQUEUED"][int(t)] if t < 2 else "CANCELLED",
-                "5_2": "PENDING" if t < 2 else "RUNNING" if t < 4 else "COMPLETED"}  # fmt: skip
+        seen = {
+            "5_0": "RUNNING" if t < 3 else "COMPLETED",
+            "5_1": ["RUNNING", "REQUEUED"][int(t)] if t < 2 else "CANCELLED",
+            "5_2": "PENDING" if t < 2 else "RUNNING" if t < 4 else "COMPLETED",
+        }
         return {j: JobState(j, seen[j], "squeue") for j in ids}
 
     monkeypatch.setattr("jaxaot.sweeps.slurm.query_states", query)
@@ -317,10 +352,14 @@ def test_wait_all_ends_jobs_when_slurm_says_they_ended(tmp_path: Path,
         "jaxaot.sweeps.slurm.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s)
     )
     done: list[tuple[str, str | None, float]] = []
-    states = wait_all(jobs, poll_s=1.0, query_s=1.0, now=lambda: clock[0],
-                      on_done=lambda j, s: done.append((j.job_id, s and s.state, clock[0])))  # fmt: skip
-    assert done == [("5_0", "COMPLETED", 3.0), ("5_2", "COMPLETED", 4.0),
-                    ("5_1", "CANCELLED", 5.0)]  # fmt: skip
+    states = wait_all(
+        jobs,
+        poll_s=1.0,
+        query_s=1.0,
+        now=lambda: clock[0],
+        on_done=lambda j, s: done.append((j.job_id, s and s.state, clock[0])),
+    )
+    assert done == [("5_0", "COMPLETED", 3.0), ("5_2", "COMPLETED", 4.0), ("5_1", "CANCELLED", 5.0)]
     assert [s.state if s else None for s in states] == ["COMPLETED", "CANCELLED", "COMPLETED"]
 
 
@@ -356,7 +395,10 @@ def test_report_has_slurm_columns_only_for_slurm_jobs(tmp_path: Path) -> None:
     assert table.slurm and all(c in table.columns for c in SLURM_COLUMNS)
     rows = {r["job"]: r for r in table.rows}
     assert (rows[1]["slurm_state"], rows[1]["slurm_state_source"], rows[1]["requeued"]) == (
-        "COMPLETED", "squeue", 1)  # fmt: skip
+        "COMPLETED",
+        "squeue",
+        1,
+    )
     assert rows[0].get("slurm_job") is None and [r["job"] for r in table.failed] == [2]
     md = to_markdown(table)
     assert "| 3_1 COMPLETED, requeued 1x |" in md and "| 3_2 CANCELLED |" in md
@@ -365,8 +407,12 @@ def test_report_has_slurm_columns_only_for_slurm_jobs(tmp_path: Path) -> None:
 
 def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
-    answers = {("squeue", "7,9"): None, ("squeue", "7"): "7_0|RUNNING\n7_1|PENDING\n",
-               ("squeue", "9"): None, ("sacct", "9"): "9_0|CANCELLED by 0\n9_0.batch|CANCELLED\n"}  # fmt: skip
+    answers = {
+        ("squeue", "7,9"): None,
+        ("squeue", "7"): "7_0|RUNNING\n7_1|PENDING\n",
+        ("squeue", "9"): None,
+        ("sacct", "9"): "9_0|CANCELLED by 0\n9_0.batch|CANCELLED\n",
+    }
 
     def run(args: list[str]) -> str | None:
         calls.append(args)
@@ -375,11 +421,16 @@ def test_query_states_asks_squeue_then_sacct(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("jaxaot.sweeps.slurm._run", run)
     states = query_states(["7_0", "7_1", "9_0", "9_1"])
     assert {j: (s.state, s.source) for j, s in states.items()} == {
-        "7_0": ("RUNNING", "squeue"), "7_1": ("PENDING", "squeue"),
+        "7_0": ("RUNNING", "squeue"),
+        "7_1": ("PENDING", "squeue"),
         "9_0": ("CANCELLED", "sacct"),
-    }  # fmt: skip
-    assert [(c[0], c[-1]) for c in calls] == [("squeue", "7,9"), ("squeue", "7"),
-                                              ("squeue", "9"), ("sacct", "9")]  # fmt: skip
+    }
+    assert [(c[0], c[-1]) for c in calls] == [
+        ("squeue", "7,9"),
+        ("squeue", "7"),
+        ("squeue", "9"),
+        ("sacct", "9"),
+    ]
 
 
 def test_a_topology_job_plans_no_execute() -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import jaxaot.examples
 import pytest
 from conftest import cli_env, read_manifest
+from jaxaot.api import verify_snapshot
 from jaxaot.errors import ConfigError, SnapshotError, SnapshotMismatch
-from jaxaot.snapshots.snapshot import DIFF_NAME, INDEX_NAME, load_snapshot, verify_snapshot
+from jaxaot.snapshots.snapshot import DIFF_NAME, INDEX_NAME, load_snapshot
 
 AXPY8 = ("program=axpy", "program.args=[f32[8],f32[8]]", "stop_after=compile")
 AXPY16 = ("program=axpy", "program.args=[f32[16],f32[16]]", "stop_after=compile")
@@ -32,9 +33,15 @@ def test_golden_round_trip(compose_run, tmp_path: Path) -> None:
     assert first.manifest["snapshot"]["status"] == "written"
     index = json.loads((golden / INDEX_NAME).read_text())
     assert index["stages"] == ["stage_out", "lower", "compile"]
-    assert set(index["files"]) >= {"stage_out/jaxpr.txt", "lower/module.stablehlo.mlir",
-                                   "lower/module.hlo.txt", "compile/optimized.hlo.txt",
-                                   "stage_out/signature.json", "config.json", "versions.json"}  # fmt: skip
+    assert set(index["files"]) >= {
+        "stage_out/jaxpr.txt",
+        "lower/module.stablehlo.mlir",
+        "lower/module.hlo.txt",
+        "compile/optimized.hlo.txt",
+        "stage_out/signature.json",
+        "config.json",
+        "versions.json",
+    }
     # no timestamps or paths in what is hashed
     for rel in index["files"]:
         text = (golden / rel).read_text()
@@ -51,8 +58,10 @@ def test_golden_round_trip(compose_run, tmp_path: Path) -> None:
     assert "same versions as the golden (jax " in str(exc) and "snapshot.update=true" in str(exc)
     assert exc.diff_path is not None and exc.diff_path.endswith(DIFF_NAME)
     run_dir = Path(exc.diff_path).parent
-    assert exc.diff.splitlines()[:2] == [f"--- {golden}/stage_out/jaxpr.txt",
-                                         f"+++ {run_dir}/snapshot/stage_out/jaxpr.txt"]  # fmt: skip
+    assert exc.diff.splitlines()[:2] == [
+        f"--- {golden}/stage_out/jaxpr.txt",
+        f"+++ {run_dir}/snapshot/stage_out/jaxpr.txt",
+    ]
     assert len(exc.diff.splitlines()) == 7  # snapshot.diff_lines=6, then how many more
     assert f"more diff lines; full diff: {exc.diff_path}" in exc.diff.splitlines()[-1]
     full = Path(exc.diff_path).read_text()
@@ -68,8 +77,12 @@ def test_golden_round_trip(compose_run, tmp_path: Path) -> None:
 
 
 # zeros_like uses only its argument's shape: keep_unused changes the lowering, not the trace.
-ZEROS = ("program=axpy", "program.target=jax.numpy:zeros_like", "program.args=[f32[8]]",
-         "stop_after=compile")  # fmt: skip
+ZEROS = (
+    "program=axpy",
+    "program.target=jax.numpy:zeros_like",
+    "program.args=[f32[8]]",
+    "stop_after=compile",
+)
 
 
 @pytest.mark.parametrize(
@@ -79,8 +92,9 @@ ZEROS = ("program=axpy", "program.target=jax.numpy:zeros_like", "program.args=[f
         ("+compile.compiler_options.xla_disable_hlo_passes=fusion", "compile (optimized HLO)"),
     ],
 )
-def test_verify_names_the_first_differing_stage(compose_run, tmp_path: Path, change: str,
-                                                stage: str) -> None:  # fmt: skip
+def test_verify_names_the_first_differing_stage(
+    compose_run, tmp_path: Path, change: str, stage: str
+) -> None:
     program = ZEROS if change.startswith("lower") else AXPY8
     golden = tmp_path / "golden"
     compose_run(*program, f"snapshot.write={golden}")
@@ -163,11 +177,21 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
         # a store each: both processes must compile (a shared one would serve the second)
         env = cli_env(PYTHONHASHSEED=str(i), JAXAOT_STORE_DIR=str(tmp_path / f"store{i}"))
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(src)])
-        cmd = [sys.executable, "-m", "jaxaot.cli.main", "program=mlp", "program.target=snapmod:mlp",
-               "stop_after=compile", f"snapshot.write={tmp_path / 'golden' / str(i)}",
-               f"hydra.run.dir={tmp_path / 'runs' / str(i)}"]  # fmt: skip
-        jobs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "program=mlp",
+            "program.target=snapmod:mlp",
+            "stop_after=compile",
+            f"snapshot.write={tmp_path / 'golden' / str(i)}",
+            f"hydra.run.dir={tmp_path / 'runs' / str(i)}",
+        ]
+        jobs.append(
+            subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     for job in jobs:
         out, _ = job.communicate(timeout=300)
         assert job.returncode == 0, out
@@ -181,17 +205,33 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
 
 def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Path) -> None:
     for name in ("axpy", "mlp"):
-        compose_run(f"program={name}", "stop_after=lower", f"snapshot.write={tmp_path}/golden/{name}",
-                    run_dir=tmp_path / f"w{name}")  # fmt: skip
+        compose_run(
+            f"program={name}",
+            "stop_after=lower",
+            f"snapshot.write={tmp_path}/golden/{name}",
+            run_dir=tmp_path / f"w{name}",
+        )
     # mlp's golden replaced by axpy's: the mlp job must fail, the axpy job pass, the sweep exit 1
     mlp = tmp_path / "golden/mlp"
     for rel, data in _files(tmp_path / "golden/axpy").items():
         (mlp / rel).write_bytes(data)
     checked = subprocess.run(
-        [sys.executable, "-m", "jaxaot.cli.main", "-m", "program=axpy,mlp", "stop_after=lower",
-         "snapshot.verify=golden/${program.name}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "-m",
+            "program=axpy,mlp",
+            "stop_after=lower",
+            "snapshot.verify=golden/${program.name}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "snapshot: 1 sweep job(s) failed" in checked.stderr
     assert "snapshot.verify=golden/mlp: stage_out (jaxpr) differs" in checked.stderr
@@ -213,7 +253,8 @@ def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
     assert "+{ lambda ; a:f32[16] b:f32[16]. let" in str(err.value)  # the diff rides along
 
     # the pytest11 plugin's fixture, in a user's own test suite (relative to the test file)
-    (tmp_path / "tests" / "test_user.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "tests" / "test_user.py").write_text(
+        textwrap.dedent(f"""
         import pytest
 
         def test_unchanged(jaxaot_snapshot):
@@ -222,26 +263,51 @@ def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
         def test_changed(jaxaot_snapshot):
             with pytest.raises(AssertionError, match="stage_out \\\\(jaxpr\\\\) differs"):
                 jaxaot_snapshot("golden/axpy", {list(AXPY16)!r})
-    """))  # fmt: skip
+    """)
+    )
     env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "jaxaot", "-p", "no:cacheprovider",
-         "tests/test_user.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "jaxaot",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_user.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
 
 
 def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_user.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "tests" / "test_user.py").write_text(
+        textwrap.dedent(f"""
         def test_first(jaxaot_snapshot):
             jaxaot_snapshot("golden/axpy", {list(AXPY8)!r})
-    """))  # fmt: skip
+    """)
+    )
     env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "jaxaot", "-p", "no:cacheprovider",
-            "tests/test_user.py"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "jaxaot",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_user.py",
+    ]
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     golden = tmp_path / "tests" / "golden" / "axpy"
@@ -249,8 +315,14 @@ def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -
     assert line in proc.stdout
     assert "Traceback" not in proc.stdout and "snapshot.py" not in proc.stdout  # one line
     assert not golden.exists()
-    update = subprocess.run([*args, "--jaxaot-update"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    update = subprocess.run(
+        [*args, "--jaxaot-update"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert update.returncode == 0, update.stdout
     assert (golden / "snapshot.json").is_file()
     again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -260,7 +332,7 @@ def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -
 def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
     compose_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jaxaot.cli.graph import main as graph_main
+    from jaxaot.cli.graph_cmd import main as graph_main
 
     golden = tmp_path / "golden" / "axpy"
     compose_run(*AXPY8, f"snapshot.write={golden}")

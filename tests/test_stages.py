@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import read_manifest
-from jaxaot.config.schema import STAGES
+from jaxaot.config.order import STAGES
 from jaxaot.engine.summary import render
 from jaxaot.errors import (
     ArgSpecError,
@@ -291,10 +291,16 @@ def test_compiler_options_reach_this_compile_and_nothing_else(compose_run, tmp_p
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ("{xla_no_such_option:true}", r"compile\.compiler_options: XLA rejected \['xla_no_such_option'\]: .*No such compile option"),
-        ("{xla_cpu_enable_fast_math:sometimes}", r"compile\.compiler_options: XLA rejected \['xla_cpu_enable_fast_math'\]: .*not a valid bool"),
+        (
+            "{xla_no_such_option:true}",
+            r"compile\.compiler_options: XLA rejected \['xla_no_such_option'\]: .*No such compile option",
+        ),
+        (
+            "{xla_cpu_enable_fast_math:sometimes}",
+            r"compile\.compiler_options: XLA rejected \['xla_cpu_enable_fast_math'\]: .*not a valid bool",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rejected_compiler_options_name_the_key(compose_run, options: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         compose_run(AXPY, f"compile.compiler_options={options}")
@@ -356,22 +362,36 @@ def test_donated_keyword_arguments_are_consumed_on_every_call(compose_run) -> No
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (("program.args=[f32[4],f32[4]]", "lower.donate_argnames=[nonexistent]"),
-         r"^lower\.donate_argnames: 'nonexistent' names no argument passed to the target "
-         r"\(positional parameters: x, y; program\.args passes 2 positionally; program\.kwargs "
-         r"keys: none\)$"),
-        (("program.target=aot_programs:scaled", "program.args=[f32[4]]",
-          "program.kwargs={z:f32[4]}", "lower.donate_argnames=[w]"),
-         r"^lower\.donate_argnames: 'w' names no argument passed to the target "
-         r"\(positional parameters: x; program\.args passes 1 positionally; program\.kwargs "
-         r"keys: z\)$"),
-        (("program.target=jax.numpy:sum", "program.args=[f32[4]]", "program.kwargs={}",
-          "lower.donate_argnames=[where]"),  # a parameter, but not passed
-         r"^lower\.donate_argnames: 'where' names no argument passed to the target \(positional "
-         r"parameters: a, axis, dtype, out, keepdims, initial, where, promote_integers; "
-         r"program\.args passes 1 positionally"),
+        (
+            ("program.args=[f32[4],f32[4]]", "lower.donate_argnames=[nonexistent]"),
+            r"^lower\.donate_argnames: 'nonexistent' names no argument passed to the target "
+            r"\(positional parameters: x, y; program\.args passes 2 positionally; program\.kwargs "
+            r"keys: none\)$",
+        ),
+        (
+            (
+                "program.target=aot_programs:scaled",
+                "program.args=[f32[4]]",
+                "program.kwargs={z:f32[4]}",
+                "lower.donate_argnames=[w]",
+            ),
+            r"^lower\.donate_argnames: 'w' names no argument passed to the target "
+            r"\(positional parameters: x; program\.args passes 1 positionally; program\.kwargs "
+            r"keys: z\)$",
+        ),
+        (
+            (
+                "program.target=jax.numpy:sum",
+                "program.args=[f32[4]]",
+                "program.kwargs={}",
+                "lower.donate_argnames=[where]",
+            ),  # a parameter, but not passed
+            r"^lower\.donate_argnames: 'where' names no argument passed to the target \(positional "
+            r"parameters: a, axis, dtype, out, keepdims, initial, where, promote_integers; "
+            r"program\.args passes 1 positionally",
+        ),
     ],
-)  # fmt: skip
+)
 def test_donate_argnames_naming_no_argument_is_an_error(compose_run, overrides, match) -> None:
     # jax.jit maps argnames through the signature and donates nothing for an unknown name.
     with pytest.raises(ConfigError, match=match):
@@ -379,13 +399,18 @@ def test_donate_argnames_naming_no_argument_is_an_error(compose_run, overrides, 
 
 
 def test_donate_argnames_may_name_a_positional_parameter_or_a_var_keyword(compose_run) -> None:
-    by_name = compose_run(AXPY, "program.args=[f32[4],f32[4]]", "lower.donate_argnames=[y]",
-                          "stop_after=lower")  # fmt: skip
+    by_name = compose_run(
+        AXPY, "program.args=[f32[4],f32[4]]", "lower.donate_argnames=[y]", "stop_after=lower"
+    )
     assert by_name["lower"].donate_argnums == (1,)
     # A name that reaches **kwargs is passed, so it can be donated.
-    result = compose_run("program.target=aot_programs:var_keywords", "program.args=[f32[4]]",
-                         "program.kwargs={extra:f32[4]}", "lower.donate_argnames=[extra]",
-                         "execute.repeats=2")  # fmt: skip
+    result = compose_run(
+        "program.target=aot_programs:var_keywords",
+        "program.args=[f32[4]]",
+        "program.kwargs={extra:f32[4]}",
+        "lower.donate_argnames=[extra]",
+        "execute.repeats=2",
+    )
     assert load_json(result.run_dir, "execute/timings.json")["donated_inputs_consumed"] is True
     sig = load_json(result.run_dir, "stage_out/signature.json")
     assert [(i["path"], i["donated"]) for i in sig["inputs"]] == [
@@ -480,12 +505,21 @@ def test_a_program_with_a_host_callback_compiles(compose_run) -> None:
 @pytest.mark.parametrize(
     ("target", "match"),
     [
-        ("no_such_module_xyz:f", r"program\.target='no_such_module_xyz:f': cannot import module 'no_such_module_xyz' .*PYTHONPATH"),
-        ("jax.numpy:no_such_fn", r"program\.target='jax\.numpy:no_such_fn': 'jax\.numpy' has no attribute 'no_such_fn' \(it has: "),
+        (
+            "no_such_module_xyz:f",
+            r"program\.target='no_such_module_xyz:f': cannot import module 'no_such_module_xyz' .*PYTHONPATH",
+        ),
+        (
+            "jax.numpy:no_such_fn",
+            r"program\.target='jax\.numpy:no_such_fn': 'jax\.numpy' has no attribute 'no_such_fn' \(it has: ",
+        ),
         ("jax.numpy:linalg.no_such", r"'jax\.numpy\.linalg' has no attribute 'no_such'"),
-        ("aot_programs:NOT_A_FUNCTION", r"program\.target='aot_programs:NOT_A_FUNCTION': 'NOT_A_FUNCTION' is a int, not a callable"),
+        (
+            "aot_programs:NOT_A_FUNCTION",
+            r"program\.target='aot_programs:NOT_A_FUNCTION': 'NOT_A_FUNCTION' is a int, not a callable",
+        ),
     ],
-)  # fmt: skip
+)
 def test_target_errors(compose_run, tmp_path: Path, target: str, match: str) -> None:
     with pytest.raises(TargetError, match=match):
         compose_run(AXPY, f"program.target={target}", run_dir=tmp_path / "r")
@@ -551,8 +585,11 @@ def test_a_failed_trace_says_which_argument_went_where(compose_run) -> None:
     assert str(info.value).endswith(
         "(while tracing jaxaot.examples.mlp:mlp(args[0]=f32[256,1024], args[1]=f32[64,256]))"
     )
-    with pytest.raises(StageError, match=r"forward\(args\[0\]=\{embed, layers, ln_f, unembed\}, "
-                                         r"args\[1\]=f32\[4,64\]\)\)$"):  # fmt: skip
+    with pytest.raises(
+        StageError,
+        match=r"forward\(args\[0\]=\{embed, layers, ln_f, unembed\}, "
+        r"args\[1\]=f32\[4,64\]\)\)$",
+    ):
         compose_run("program=transformer", "program.args.1=f32[4,64]")
 
 
@@ -601,12 +638,21 @@ def test_execute_inputs_from_npy_files_and_literals(compose_run, tmp_path: Path)
 @pytest.mark.parametrize(
     ("inputs", "match"),
     [
-        ("[1]", r"execute\.inputs: expected 2 entries \(the non-static positional arguments\), found 1"),
+        (
+            "[1]",
+            r"execute\.inputs: expected 2 entries \(the non-static positional arguments\), found 1",
+        ),
         ("5", r"execute\.inputs: expected a list \(one entry per non-static positional argument\)"),
-        ("[[1,2],3]", r"execute\.inputs\[0\]: expected one array \(\.npy path\) or literal, found \[1, 2\]"),
-        ("{args:[1,2],kwargs:{z:1}}", r"execute\.inputs\.kwargs: expected a dict with keys \[\], found \['z'\]"),
+        (
+            "[[1,2],3]",
+            r"execute\.inputs\[0\]: expected one array \(\.npy path\) or literal, found \[1, 2\]",
+        ),
+        (
+            "{args:[1,2],kwargs:{z:1}}",
+            r"execute\.inputs\.kwargs: expected a dict with keys \[\], found \['z'\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_execute_inputs_with_the_wrong_structure(compose_run, inputs: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs={inputs}")
@@ -616,8 +662,11 @@ def test_execute_inputs_of_other_types_are_refused_before_jax_sees_them(
     compose_run, tmp_path: Path
 ) -> None:
     a = save(tmp_path / "a.npy", np.arange(3, dtype=np.int32))
-    with pytest.raises(ConfigError, match=r"^execute\.inputs\[0\]: '.*a\.npy' holds i32\[3\], "
-                       r"expected i32\[\] \(as program\.args\[0\] declares"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^execute\.inputs\[0\]: '.*a\.npy' holds i32\[3\], "
+        r"expected i32\[\] \(as program\.args\[0\] declares",
+    ):
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from jaxaot.errors import ConfigError, StoreError
-from jaxaot.store.store import (
+from jaxaot.store.cache import (
     ENV_STORE_DIR,
     MANIFEST_NAME,
     STORE_FORMAT_VERSION,
@@ -330,7 +330,7 @@ def test_read_bytes_reverifies_the_bytes_it_returns(
 _KILLED_PUT = """
 import os, sys, time
 from pathlib import Path
-import jaxaot.store.store as st
+import jaxaot.store.cache as st
 
 root, key, where, src = sys.argv[1:5]
 if where == "rename":
@@ -408,7 +408,7 @@ def test_kill_9_during_put_leaves_only_a_temp_folder(
 _RACER = """
 import json, logging, os, sys, time
 from pathlib import Path
-from jaxaot.store.store import Store
+from jaxaot.store.cache import Store
 
 logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(message)s")
 
@@ -467,7 +467,7 @@ def test_eight_concurrent_puts_of_one_key_leave_one_valid_entry(
 _RECORDER = """
 import sys
 from pathlib import Path
-from jaxaot.store.store import Store
+from jaxaot.store.cache import Store
 s = Store(Path(sys.argv[1]))
 for i in range(100):
     s.record("compile" if i % 2 else "lower", sys.argv[2], hit=i % 4 == 0, seconds_saved=0.5)

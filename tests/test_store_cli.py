@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import PAIRS_MODULE, write_pairs_module
-from jaxaot.cli.store import main
-from jaxaot.store.store import ENV_STORE_DIR, MANIFEST_NAME, Store
+from jaxaot.cli.store_cmd import main
+from jaxaot.store.cache import ENV_STORE_DIR, MANIFEST_NAME, Store
 from jaxaot.util.fsio import key_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ KEYS = [key_of({"cli": i}) for i in range(3)]
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "jaxaot.cli.store", *args],
+        [sys.executable, "-m", "jaxaot.cli.store_cmd", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -236,8 +236,10 @@ def test_verify_deep_survives_a_loader_that_crashes(
     monkeypatch.setattr(store_probe.sys, "executable", str(fake))
     results = store_probe.probe_entries(dirs, trust=False)
     assert [(r.dir, r.usable) for r in results] == [
-        (dirs[0], True), (dirs[1], False), (dirs[2], True)
-    ]  # fmt: skip
+        (dirs[0], True),
+        (dirs[1], False),
+        (dirs[2], True),
+    ]
     assert results[1].reason == "loading it killed the process (SIGSEGV)"
 
 
@@ -262,8 +264,10 @@ def test_verify_deep_blames_a_timeout_only_on_the_entry_that_hangs_alone(
     monkeypatch.setattr(store_probe, "_PROBE_TIMEOUT_S", 1.0)
     results = store_probe.probe_entries(dirs, trust=False)
     assert [(r.dir, r.usable) for r in results] == [
-        (dirs[0], True), (dirs[1], True), (dirs[2], False)
-    ]  # fmt: skip
+        (dirs[0], True),
+        (dirs[1], True),
+        (dirs[2], False),
+    ]
     assert results[2].reason.startswith("loading it did not finish (timed out after 1 s")
 
 

@@ -22,7 +22,7 @@ from conftest import cli_env, read_manifest, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jaxaot.stages import jaxenv
-from jaxaot.store.store import Store
+from jaxaot.store.cache import Store
 from jaxaot.util import memo
 
 POSITIONAL = "program.args=[{shape:[4],dtype:f32,init:ones},{shape:[4],dtype:f32,init:arange}]"
@@ -66,8 +66,10 @@ def dict_second(d: Any) -> Any:
     return d["b"] * 2
 
 
-PROGRAMS = {f.__name__: POSITIONAL for f in (use_first, use_second, pair, swapped, as_list,
-                                              grouped_left, grouped_right)}  # fmt: skip
+PROGRAMS = {
+    f.__name__: POSITIONAL
+    for f in (use_first, use_second, pair, swapped, as_list, grouped_left, grouped_right)
+}
 PROGRAMS |= {"dict_first": AS_DICT, "dict_second": AS_DICT}
 # Programs with an unused input: lower.keep_unused=true makes another executable of these only.
 PRUNING = frozenset({"use_first", "use_second", "dict_first", "dict_second"})
@@ -80,8 +82,12 @@ def _same_program(case: tuple[str, bool, bool]) -> tuple[str, bool, bool]:
 
 
 def _overrides(name: str, fast_math: bool, keep_unused: bool) -> list[str]:
-    out = [f"program.target={__name__}:{name}", PROGRAMS[name], "execute.repeats=1",
-           "execute.warmup=0"]  # fmt: skip
+    out = [
+        f"program.target={__name__}:{name}",
+        PROGRAMS[name],
+        "execute.repeats=1",
+        "execute.warmup=0",
+    ]
     if fast_math:
         out.append("compile.compiler_options={xla_cpu_enable_fast_math:true}")
     if keep_unused:
@@ -167,8 +173,11 @@ def test_issue_repro_use_first_then_use_second_on_the_cli(tmp_path: Path) -> Non
     env = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{tmp_path}")
     outs = []
     for name in ("use_first", "use_second"):
-        proc = run_cli([f"program.target=prog12:{name}", POSITIONAL,
-                        f"hydra.run.dir={tmp_path / name}"], cwd=tmp_path, env=env)  # fmt: skip
+        proc = run_cli(
+            [f"program.target=prog12:{name}", POSITIONAL, f"hydra.run.dir={tmp_path / name}"],
+            cwd=tmp_path,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr
         assert read_manifest(tmp_path / name)["stages"]["compile"]["status"] == "ran"
         outs.append(np.load(tmp_path / name / "execute" / "outputs.npz")["out0"])
@@ -185,8 +194,11 @@ FAST_MATH_PROGRAM = (
 def test_xla_flags_are_keyed_and_an_executable_is_never_served_across_them(tmp_path: Path) -> None:
     (tmp_path / "fastmath_prog.py").write_text(FAST_MATH_PROGRAM)
     base = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{tmp_path}")
-    args = ["program.target=fastmath_prog:f", "program.args=[{shape:[4096],dtype:f32,"
-            "init:uniform,low:0.001,high:50}]", "execute.repeats=1"]  # fmt: skip
+    args = [
+        "program.target=fastmath_prog:f",
+        "program.args=[{shape:[4096],dtype:f32,init:uniform,low:0.001,high:50}]",
+        "execute.repeats=1",
+    ]
     fast = {**base, "XLA_FLAGS": "--xla_cpu_enable_fast_math=true --xla_dump_to=" + str(tmp_path)}
     runs = (("fast", fast, "ran"), ("plain", base, "ran"), ("fast_again", fast, "cached"))
     outs, manifests = {}, {}
@@ -209,8 +221,11 @@ def test_output_only_xla_flags_do_not_change_the_key(compose_run: Any, monkeypat
     args = ("program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=compile")
     monkeypatch.setattr(jaxenv, "_warned_changed", True)  # the variable itself is unchanged
     keys = {}
-    for name, flags in (("none", ""), ("dump", "--xla_dump_to=/tmp/d --xla_dump_hlo_as_text"),
-                        ("fast", "--xla_cpu_enable_fast_math=true")):  # fmt: skip
+    for name, flags in (
+        ("none", ""),
+        ("dump", "--xla_dump_to=/tmp/d --xla_dump_hlo_as_text"),
+        ("fast", "--xla_cpu_enable_fast_math=true"),
+    ):
         # What XLA read at start-up (jaxenv fixes it once per process: see its docstring).
         monkeypatch.setattr(jaxenv, "_in_effect", {"XLA_FLAGS": flags, "LIBTPU_INIT_ARGS": ""})
         keys[name] = _compile(compose_run(*args))["key"]
@@ -326,8 +341,10 @@ def _replace_artifact(run_dir: Path, rel: str, data: bytes) -> None:
     manifest = read_manifest(run_dir)
     for stage in manifest["stages"].values():
         if rel in stage["artifacts"]:
-            stage["artifacts"][rel] = {"sha256": hashlib.sha256(data).hexdigest(),
-                                       "size": len(data)}  # fmt: skip
+            stage["artifacts"][rel] = {
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+            }
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -339,22 +356,26 @@ def test_a_checkpoint_executable_of_another_program_is_not_loaded(compose_run: A
     resumed = compose_run(f"resume_from={b}", "start_at=execute", "store.enabled=false")
     stage = _compile(resumed)
     assert stage["status"] == "ran"
-    assert any("checkpoint executable unusable here" in w and "kept (0,)" in w
-               for w in stage["warnings"])  # fmt: skip
+    assert any(
+        "checkpoint executable unusable here" in w and "kept (0,)" in w for w in stage["warnings"]
+    )
     assert resumed["execute"].outputs.tolist() == [0, 2, 4, 6]
     assert (b / "compile" / "executable.bin").read_bytes() == foreign  # the checkpoint is kept
 
 
 def test_a_resumed_compile_is_keyed_by_the_export_not_by_a_side_file(compose_run: Any) -> None:
-    runs = {n: compose_run(*_overrides(n, False, False), "stop_after=lower").run_dir
-            for n in ("use_first", "use_second")}  # fmt: skip
+    runs = {
+        n: compose_run(*_overrides(n, False, False), "stop_after=lower").run_dir
+        for n in ("use_first", "use_second")
+    }
     keys = {}
     for name, src in runs.items():
         resumed = compose_run(f"resume_from={src}", "start_at=compile")
         keys[name] = _compile(resumed)["key"]
         assert not _compile(resumed)["warnings"]  # the compiled convention is the key's
-        assert resumed["execute"].outputs.tolist() == ([2] * 4 if name == "use_first"
-                                                       else [0, 2, 4, 6])  # fmt: skip
+        assert resumed["execute"].outputs.tolist() == (
+            [2] * 4 if name == "use_first" else [0, 2, 4, 6]
+        )
     assert keys["use_first"] != keys["use_second"]
     # lowered.json claims use_first's module hash: the key (from exported.bin) does not care.
     src = runs["use_second"]

@@ -18,8 +18,8 @@ from pathlib import Path
 import jaxaot
 import pytest
 from jaxaot.errors import StoreError
+from jaxaot.store.cache import Store
 from jaxaot.store.locks import KeyLock
-from jaxaot.store.store import Store
 from jaxaot.util.fsio import ENV_TRUST, atomic_write_bytes, key_of
 
 KEY = key_of({"test": "permissions"})
@@ -60,7 +60,7 @@ def _modes(root: Path) -> dict[str, int]:
 _SECOND_USER = """
 import os, sys
 from jaxaot.errors import StoreError
-from jaxaot.store.store import Store
+from jaxaot.store.cache import Store
 uid, gid, groups, root, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 os.setgroups([int(g) for g in groups.split(",") if g])
 os.setgid(gid)
@@ -77,10 +77,22 @@ sys.exit(0 if entry is not None and entry.read_bytes("executable.bin") == bytes.
 def _second_user_hits(root: Path, uid: int, gid: int, groups: list[int]) -> bool:
     """Whether another user (``uid`` in ``groups``) gets a verified hit for KEY in ``root``."""
     proc = subprocess.run(
-        [sys.executable, "-c", _SECOND_USER, str(uid), str(gid), ",".join(map(str, groups)),
-         str(root), KEY, FILES["executable.bin"].hex()],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _SECOND_USER,
+            str(uid),
+            str(gid),
+            ",".join(map(str, groups)),
+            str(root),
+            KEY,
+            FILES["executable.bin"].hex(),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     if proc.returncode == 2:
         raise StoreError(proc.stdout.strip())
     assert proc.returncode in (0, 1), proc.stderr[-2000:]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from jaxaot.engine.summary import human_bytes, human_count, human_seconds, render
+from jaxaot.engine.summary import render
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 
 
 def _manifest(**changes: Any) -> dict[str, Any]:
@@ -14,21 +15,43 @@ def _manifest(**changes: Any) -> dict[str, Any]:
         "config": {"program": {"name": "mlp", "target": "jaxaot.examples.mlp:mlp"}},
         "backend": {"platform": "cpu", "device_count": 1, "device_kind": "cpu"},
         "stages": {
-            "stage_out": {"status": "ran", "seconds": 0.0421,
-                          "metrics": {"inputs": 7, "outputs": 1, "static": 0, "eqns": 19}},
-            "lower": {"status": "ran", "seconds": 0.151,
-                      "metrics": {"platforms": ["cpu"], "flops": 2.5e7}},
-            "compile": {"status": "cached", "seconds": 0.0025,
-                        "metrics": {"flops": 2.5e7, "bytes_accessed": 3 * 2**20,
-                                    "argument_bytes": 2**20, "output_bytes": 32768,
-                                    "temp_bytes": 4096, "code_bytes": 512}},
-            "execute": {"status": "ran", "seconds": 1.5,
-                        "metrics": {"median_s": 0.00042, "stddev_s": 3e-6, "flops_per_s": 6e10,
-                                    "check": "ok", "max_rel_err": 1.5e-7}},
+            "stage_out": {
+                "status": "ran",
+                "seconds": 0.0421,
+                "metrics": {"inputs": 7, "outputs": 1, "static": 0, "eqns": 19},
+            },
+            "lower": {
+                "status": "ran",
+                "seconds": 0.151,
+                "metrics": {"platforms": ["cpu"], "flops": 2.5e7},
+            },
+            "compile": {
+                "status": "cached",
+                "seconds": 0.0025,
+                "metrics": {
+                    "flops": 2.5e7,
+                    "bytes_accessed": 3 * 2**20,
+                    "argument_bytes": 2**20,
+                    "output_bytes": 32768,
+                    "temp_bytes": 4096,
+                    "code_bytes": 512,
+                },
+            },
+            "execute": {
+                "status": "ran",
+                "seconds": 1.5,
+                "metrics": {
+                    "median_s": 0.00042,
+                    "stddev_s": 3e-6,
+                    "flops_per_s": 6e10,
+                    "check": "ok",
+                    "max_rel_err": 1.5e-7,
+                },
+            },
         },
         "warnings": ["execute: non-finite values (nan/inf) in output(s) ['y']"],
         "error": None,
-    }  # fmt: skip
+    }
     manifest.update(changes)
     return manifest
 
@@ -175,12 +198,14 @@ def test_the_summary_shows_small_outputs_with_values_and_large_ones_by_type(comp
     saved = json.loads((result.run_dir / "execute" / "outputs.json").read_text())
     assert [(o["dtype"], o["shape"], o["value"]) for o in saved] == [("int32", [], 10)]
 
-    lines = output_lines([
-        {"path": "['loss']", "dtype": "float32", "shape": [], "value": 0.25},
-        {"path": "['y']", "dtype": "bfloat16", "shape": [8, 256]},
-        {"path": "['v']", "dtype": "float32", "shape": [3], "value": [1.0, "nan", -0.5]},
-        {"path": "['m']", "dtype": "bool", "shape": [2], "value": [True, False]},
-    ])  # fmt: skip
+    lines = output_lines(
+        [
+            {"path": "['loss']", "dtype": "float32", "shape": [], "value": 0.25},
+            {"path": "['y']", "dtype": "bfloat16", "shape": [8, 256]},
+            {"path": "['v']", "dtype": "float32", "shape": [3], "value": [1.0, "nan", -0.5]},
+            {"path": "['m']", "dtype": "bool", "shape": [2], "value": [True, False]},
+        ]
+    )
     assert lines == [
         "output['loss']  f32[] = 0.25",
         "output['y']     bf16[8,256]",
@@ -207,13 +232,21 @@ def test_outputs_json_holds_values_up_to_eight_elements(compose_run) -> None:
     ("metrics", "shown"),
     [
         ({"check": "ok", "max_rel_err": 0.0, "check_passed_by": "exact"}, "check ok (exact)"),
-        ({"check": "ok", "max_rel_err": 1.4, "max_abs_err": 2e-7,
-          "check_passed_by": "abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|"},
-         "check ok (abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|)"),
-        ({"check": "ok", "max_rel_err": 3e-6, "check_passed_by": "rel err 3e-06 <= rtol 0.0001"},
-         "check ok (rel err 3e-06 <= rtol 0.0001)"),
+        (
+            {
+                "check": "ok",
+                "max_rel_err": 1.4,
+                "max_abs_err": 2e-7,
+                "check_passed_by": "abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|",
+            },
+            "check ok (abs err 2e-07 <= atol 1e-05 + rtol 0.0001 x |ref|)",
+        ),
+        (
+            {"check": "ok", "max_rel_err": 3e-6, "check_passed_by": "rel err 3e-06 <= rtol 0.0001"},
+            "check ok (rel err 3e-06 <= rtol 0.0001)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_check_ok_names_the_tolerance_that_passed(metrics: dict[str, Any], shown: str) -> None:
     manifest = _manifest()
     manifest["stages"]["execute"]["metrics"] = {"median_s": 1e-3, **metrics}

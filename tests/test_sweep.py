@@ -38,8 +38,9 @@ def _rows(sweep_dir: Path) -> list[dict[str, str]]:
 
 
 def _compile_statuses(sweep_dir: Path) -> list[str]:
-    return sorted(read_manifest(sweep_dir / r["dir"])["stages"]["compile"]["status"]
-                  for r in _rows(sweep_dir))  # fmt: skip
+    return sorted(
+        read_manifest(sweep_dir / r["dir"])["stages"]["compile"]["status"] for r in _rows(sweep_dir)
+    )
 
 
 def _assert_valid_png(path: Path) -> None:
@@ -56,11 +57,20 @@ def _assert_csv_matches_manifests(sweep_dir: Path) -> None:
         for stage, rec in manifest["stages"].items():
             assert row[f"{stage}.status"] == rec["status"]
             assert float(row[f"{stage}.seconds"]) == rec["seconds"]
-        metrics = {**manifest["stages"]["compile"]["metrics"],
-                   **manifest["stages"].get("execute", {}).get("metrics", {})}  # fmt: skip
-        for col in ("compile.flops", "compile.bytes_accessed", "compile.argument_bytes",
-                    "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes",
-                    "execute.median_s", "execute.flops_per_s"):  # fmt: skip
+        metrics = {
+            **manifest["stages"]["compile"]["metrics"],
+            **manifest["stages"].get("execute", {}).get("metrics", {}),
+        }
+        for col in (
+            "compile.flops",
+            "compile.bytes_accessed",
+            "compile.argument_bytes",
+            "compile.output_bytes",
+            "compile.temp_bytes",
+            "compile.code_bytes",
+            "execute.median_s",
+            "execute.flops_per_s",
+        ):
             want = metrics.get(col.split(".", 1)[1])
             assert (float(row[col]) if row[col] else None) == want, (col, row[col], want)
 
@@ -68,17 +78,28 @@ def _assert_csv_matches_manifests(sweep_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def basic_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """2 compiler options x 2 seeds = 4 jobs, 2 distinct compiles, basic launcher."""
-    return _sweep(tmp_path_factory.mktemp("basic"), "program=mlp", MLP_SMALL,
-                  "compile.compiler_options.xla_cpu_enable_fast_math=true,false",
-                  "execute.seed=0,1", "execute.repeats=2")  # fmt: skip
+    return _sweep(
+        tmp_path_factory.mktemp("basic"),
+        "program=mlp",
+        MLP_SMALL,
+        "compile.compiler_options.xla_cpu_enable_fast_math=true,false",
+        "execute.seed=0,1",
+        "execute.repeats=2",
+    )
 
 
 @pytest.fixture(scope="module")
 def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """An execute-only sweep (4 seeds) in 2 parallel worker processes."""
-    return _sweep(tmp_path_factory.mktemp("joblib"), "program=mlp", MLP_SMALL,
-                  "execute.seed=0,1,2,3", "execute.repeats=2",
-                  "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")  # fmt: skip
+    return _sweep(
+        tmp_path_factory.mktemp("joblib"),
+        "program=mlp",
+        MLP_SMALL,
+        "execute.seed=0,1,2,3",
+        "execute.repeats=2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+    )
 
 
 @pytest.mark.parametrize("which", ["basic_sweep", "joblib_sweep"])
@@ -104,8 +125,12 @@ def test_report_has_a_row_per_job_and_valid_plots(
 def test_report_columns_are_the_varying_overrides(basic_sweep: tuple[Any, Path]) -> None:
     _, sweep_dir = basic_sweep
     header = (sweep_dir / "sweep.csv").read_text().splitlines()[0].split(",")
-    assert header[:4] == ["job", "compile.compiler_options.xla_cpu_enable_fast_math",
-                          "execute.seed", "status"]  # fmt: skip
+    assert header[:4] == [
+        "job",
+        "compile.compiler_options.xla_cpu_enable_fast_math",
+        "execute.seed",
+        "status",
+    ]
     assert "program" not in header  # fixed overrides are named once, above the table
     md = (sweep_dir / "sweep.md").read_text()
     assert "Fixed overrides: `program=mlp program.args.1=f32[8,256] execute.repeats=2`" in md
@@ -135,8 +160,9 @@ def test_execute_only_sweep_in_parallel_compiles_once(joblib_sweep: tuple[Any, P
 
 
 def test_failing_points_are_rows_with_errors_and_exit_nonzero(tmp_path: Path) -> None:
-    proc, sweep_dir = _sweep(tmp_path, "program=axpy", "compile.backend=cpu,tpu",
-                             "execute.repeats=1,0")  # fmt: skip
+    proc, sweep_dir = _sweep(
+        tmp_path, "program=axpy", "compile.backend=cpu,tpu", "execute.repeats=1,0"
+    )
     assert proc.returncode == 1
     rows = {(r["compile.backend"], r["execute.repeats"]): r for r in _rows(sweep_dir)}
     assert len(rows) == 4
@@ -153,16 +179,21 @@ def test_failing_points_are_rows_with_errors_and_exit_nonzero(tmp_path: Path) ->
 
 
 def test_compile_only_sweep_with_submitit_local(tmp_path: Path) -> None:
-    proc, sweep_dir = _sweep(tmp_path, "program=mlp", "stop_after=compile",
-                             "program.args.1=f32[8,256],f32[32,256]",
-                             "hydra/launcher=submitit_local")  # fmt: skip
+    proc, sweep_dir = _sweep(
+        tmp_path,
+        "program=mlp",
+        "stop_after=compile",
+        "program.args.1=f32[8,256],f32[32,256]",
+        "hydra/launcher=submitit_local",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(sweep_dir)
     assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
     assert (sweep_dir / ".submitit").is_dir()  # the jobs really went through submitit
     # The jobs' output goes to submitit's logs; their progress lines reach the user anyway.
-    progress = re.findall(r"^\[(\d)/2\] args\.1=(f32\[\d+,256\]) \| (\w+) \| compile ran",
-                          proc.stdout, re.M)  # fmt: skip
+    progress = re.findall(
+        r"^\[(\d)/2\] args\.1=(f32\[\d+,256\]) \| (\w+) \| compile ran", proc.stdout, re.M
+    )
     assert sorted(n for n, _, _ in progress) == ["1", "2"], proc.stdout
     assert sorted((shape, status) for _, shape, status in progress) == [
         ("f32[32,256]", "ok"),

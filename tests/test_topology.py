@@ -79,9 +79,20 @@ def test_names_resolve_to_libtpu_topologies(name: str, topo: str, devices: int) 
 
 def test_default_shapes_are_googles() -> None:
     assert [default_shape(n, 3) for n in (4, 8, 16, 32, 64, 128)] == [
-        (2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8)]  # fmt: skip
+        (2, 2, 1),
+        (2, 2, 2),
+        (2, 2, 4),
+        (2, 4, 4),
+        (4, 4, 4),
+        (4, 4, 8),
+    ]
     assert [default_shape(n, 2) for n in (4, 8, 16, 32, 256)] == [
-        (2, 2), (2, 4), (4, 4), (4, 8), (16, 16)]  # fmt: skip
+        (2, 2),
+        (2, 4),
+        (4, 4),
+        (4, 8),
+        (16, 16),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -118,8 +129,9 @@ def test_table_has_every_figure_with_a_source() -> None:
 def test_topology_sets_backend_platforms_and_stops_after_compile() -> None:
     cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2"]))
     assert (cfg.compile.backend, cfg.lower.platforms, cfg.stop_after) == ("tpu", ["tpu"], "compile")
-    both = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2",
-                                      "lower.platforms=[cpu,tpu]"]))  # fmt: skip
+    both = validate(
+        jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", "lower.platforms=[cpu,tpu]"])
+    )
     assert both.lower.platforms == ["cpu", "tpu"]
 
 
@@ -163,9 +175,13 @@ def test_compiles_for_v5e_with_a_fit_verdict_and_the_store(tmp_path: Path) -> No
     assert "T(8,128)" in hlo  # TPU tiled layouts: a TPU compile, not a CPU one
     memory = _json(rd, "compile/memory_analysis.json")
     info = _json(rd, "compile/compiled.json")
-    need = (memory["argument_size_in_bytes"] + memory["output_size_in_bytes"]
-            + memory["temp_size_in_bytes"] + memory["generated_code_size_in_bytes"]
-            - memory["alias_size_in_bytes"])  # fmt: skip
+    need = (
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        + memory["temp_size_in_bytes"]
+        + memory["generated_code_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
+    )
     fit = info["fit"]
     assert fit["hbm_bytes_needed"] == need and fit["hbm_bytes_available"] == int(15.75 * GiB)
     assert fit["fits"] is True and fit["headroom_bytes"] == int(15.75 * GiB) - need
@@ -196,9 +212,15 @@ def test_compiles_for_v5e_with_a_fit_verdict_and_the_store(tmp_path: Path) -> No
 
 
 def test_a_mesh_lies_over_the_topology_and_collectives_are_counted(tmp_path: Path) -> None:
-    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[f32[64,128],f32[128,32]]",
-             "mesh.shape=[2,2]", "mesh.axes=[data,model]", "compile.topology=v5e:2x2",
-             "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
+    r = _run(
+        tmp_path,
+        f"program.target={HERE}:matmul",
+        "program.args=[f32[64,128],f32[128,32]]",
+        "mesh.shape=[2,2]",
+        "mesh.axes=[data,model]",
+        "compile.topology=v5e:2x2",
+        "lower.in_shardings=[[data,model],[model,null]]",
+    )
     info = _json(r.run_dir, "compile/compiled.json")
     assert info["target"]["devices"] == 4 and len(info["device_ids"]) == 4
     ar = info["collectives"]["all-reduce"]
@@ -210,18 +232,32 @@ def test_a_mesh_lies_over_the_topology_and_collectives_are_counted(tmp_path: Pat
 
 
 def test_multi_slice(tmp_path: Path) -> None:
-    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[f32[64,128],f32[128,32]]",
-             "mesh.shape=[2,4]", "mesh.axes=[data,model]", "compile.topology=v5e:2x2",
-             "compile.num_slices=2", "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
+    r = _run(
+        tmp_path,
+        f"program.target={HERE}:matmul",
+        "program.args=[f32[64,128],f32[128,32]]",
+        "mesh.shape=[2,4]",
+        "mesh.axes=[data,model]",
+        "compile.topology=v5e:2x2",
+        "compile.num_slices=2",
+        "lower.in_shardings=[[data,model],[model,null]]",
+    )
     assert r.manifest["backend"]["device_count"] == 8
     assert r.manifest["backend"]["num_slices"] == 2
 
 
 def test_hbm_rejection_is_a_verdict(tmp_path: Path) -> None:
-    with pytest.raises(DoesNotFit, match=r"^does not fit: needs [\d.]+ GiB of 15.75 GiB per "
-                                         r"device \(v5e, v5e:2x2\)$") as info:  # fmt: skip
-        _run(tmp_path, f"program.target={HERE}:big_sort", "program.args=[f32[4096,16384]]",
-             "compile.topology=v5e:2x2")  # fmt: skip
+    with pytest.raises(
+        DoesNotFit,
+        match=r"^does not fit: needs [\d.]+ GiB of 15.75 GiB per "
+        r"device \(v5e, v5e:2x2\)$",
+    ) as info:
+        _run(
+            tmp_path,
+            f"program.target={HERE}:big_sort",
+            "program.args=[f32[4096,16384]]",
+            "compile.topology=v5e:2x2",
+        )
     assert info.value.fit["fits"] is False and info.value.fit["source"] == "xla"
     manifest = _json(next(tmp_path.glob("run*")), "manifest.json")
     assert manifest["status"] == "does_not_fit" and manifest["fit"]["fits"] is False
@@ -232,16 +268,24 @@ def test_hbm_rejection_is_a_verdict(tmp_path: Path) -> None:
 def test_arguments_count_against_hbm(tmp_path: Path) -> None:
     # 16 GiB of bf16 arguments and no temporaries: XLA refuses it too (it counts arguments).
     with pytest.raises(DoesNotFit, match=r"needs 16.0 GiB of 15.75 GiB"):
-        _run(tmp_path, f"program.target={HERE}:head", "program.args=[bf16[8589934592]]",
-             "compile.topology=v5e:2x2")  # fmt: skip
+        _run(
+            tmp_path,
+            f"program.target={HERE}:head",
+            "program.args=[bf16[8589934592]]",
+            "compile.topology=v5e:2x2",
+        )
 
 
 def test_memory_analysis_past_hbm_does_not_fit() -> None:
     # What fit_of does after a compile that XLA accepted: the same sum, the same verdict.
     cfg = validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2"])).compile
-    memory = {"argument_size_in_bytes": 15 * GiB, "output_size_in_bytes": GiB // 2,
-              "temp_size_in_bytes": GiB // 2, "generated_code_size_in_bytes": 0,
-              "alias_size_in_bytes": GiB // 2}  # fmt: skip
+    memory = {
+        "argument_size_in_bytes": 15 * GiB,
+        "output_size_in_bytes": GiB // 2,
+        "temp_size_in_bytes": GiB // 2,
+        "generated_code_size_in_bytes": 0,
+        "alias_size_in_bytes": GiB // 2,
+    }
     record = type("Record", (), {"memory": memory})()
     topology.fit_of(record, cfg)  # 15.5 GiB: fits in 15.75
     memory["alias_size_in_bytes"] = 0
@@ -253,8 +297,11 @@ def test_memory_analysis_past_hbm_does_not_fit() -> None:
 def test_resume_at_execute_needs_a_tpu_host(tmp_path: Path) -> None:
     r = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
     cfg = jaxaot.compose(["program=mlp", f"resume_from={r.run_dir}", "start_at=execute"])
-    with pytest.raises(BackendError, match=r"^start_at=execute: the executable was compiled for "
-                                           r"TPU topology v5e:2x2 .* this host has no TPU"):  # fmt: skip
+    with pytest.raises(
+        BackendError,
+        match=r"^start_at=execute: the executable was compiled for "
+        r"TPU topology v5e:2x2 .* this host has no TPU",
+    ):
         jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
 
 
@@ -265,8 +312,12 @@ def test_without_libtpu_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_does_not_fit_exit_code_and_quiet_libtpu(cli: Any, tmp_path: Path) -> None:
-    proc, rd = cli("program.target=tests.test_topology:big_sort", "program.args=[f32[4096,16384]]",
-                   "compile.topology=v5e:2x2", expect_ok=False)  # fmt: skip
+    proc, rd = cli(
+        "program.target=tests.test_topology:big_sort",
+        "program.args=[f32[4096,16384]]",
+        "compile.topology=v5e:2x2",
+        expect_ok=False,
+    )
     assert proc.returncode == 3, proc.stderr
     assert json.loads((rd / "manifest.json").read_text())["status"] == "does_not_fit"
     assert "jaxaot: does not fit: needs" in proc.stderr
@@ -300,9 +351,17 @@ def test_collectives_count_async_pairs_once() -> None:
 # -- fit search ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("boundary", "low", "high", "multiple"),
-                         [(7, 1, 16, 1), (1, 1, 16, 1), (16, 1, 16, 1), (0, 1, 16, 1),
-                          (96, 32, 512, 32), (100, 1, 1000, 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("boundary", "low", "high", "multiple"),
+    [
+        (7, 1, 16, 1),
+        (1, 1, 16, 1),
+        (16, 1, 16, 1),
+        (0, 1, 16, 1),
+        (96, 32, 512, 32),
+        (100, 1, 1000, 1),
+    ],
+)
 def test_bisection_finds_the_boundary(boundary: int, low: int, high: int, multiple: int) -> None:
     from jaxaot.sweeps.fit_search import FitOptions, Search, bisect
 
@@ -317,8 +376,9 @@ def test_bisection_finds_the_boundary(boundary: int, low: int, high: int, multip
     result = search.to_json(opts)
     expected = max((n for n in range(low, high + 1, multiple) if n <= boundary), default=None)
     assert search.largest_fit == expected
-    assert search.smallest_misfit == (None if expected == high else
-                                      (low if expected is None else expected + multiple))  # fmt: skip
+    assert search.smallest_misfit == (
+        None if expected == high else (low if expected is None else expected + multiple)
+    )
     assert all(n % multiple == 0 for n in probed) and len(set(probed)) == len(probed)
     steps = (high - low) // multiple + 1
     assert result["compiles"] <= 2 + steps.bit_length()
@@ -340,12 +400,22 @@ def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
     from conftest import cli_env, run_cli
 
     sweep = tmp_path / "fit"
-    proc = run_cli(["-m", "hydra/sweeper=jaxaot_fit", "program.target=tests.test_topology:head",
-                    "program.args=[bf16[8,8]]", "compile.topology=v5e:2x2",
-                    "hydra.sweeper.overrides=['program.args.0=bf16[{n},1048576]']",
-                    "hydra.sweeper.low=1024", "hydra.sweeper.high=16384",
-                    "hydra.sweeper.multiple=1024", f"hydra.sweep.dir={sweep}"],
-                   cwd=tmp_path, env=cli_env())  # fmt: skip
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=jaxaot_fit",
+            "program.target=tests.test_topology:head",
+            "program.args=[bf16[8,8]]",
+            "compile.topology=v5e:2x2",
+            "hydra.sweeper.overrides=['program.args.0=bf16[{n},1048576]']",
+            "hydra.sweeper.low=1024",
+            "hydra.sweeper.high=16384",
+            "hydra.sweeper.multiple=1024",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     fit = json.loads((sweep / "fit.json").read_text())
     (search,) = fit["searches"]
@@ -369,15 +439,19 @@ def test_decoder_8b_experiment_composes_for_256_devices() -> None:
     n = sum(math.prod(leaf["shape"]) for leaf in _leaves(params))
     assert 7e9 < n < 9e9  # 8B-class
     for topo, mesh in (("v6e-256", "[16,16]"), ("v5e:16x16", "[32,8]")):
-        validate(jaxaot.compose(["experiment=decoder_8b", f"compile.topology={topo}",
-                                   f"mesh.shape={mesh}"]))  # fmt: skip
+        validate(
+            jaxaot.compose(
+                ["experiment=decoder_8b", f"compile.topology={topo}", f"mesh.shape={mesh}"]
+            )
+        )
 
 
 def _leaves(tree: Any) -> list[dict[str, Any]]:
     if isinstance(tree, dict) and "shape" in tree:
         return [tree]
-    return [leaf for v in (tree.values() if isinstance(tree, dict) else tree)
-            for leaf in _leaves(v)]  # fmt: skip
+    return [
+        leaf for v in (tree.values() if isinstance(tree, dict) else tree) for leaf in _leaves(v)
+    ]
 
 
 def test_remat_decoder_step_equals_the_transformer_step() -> None:
@@ -387,12 +461,26 @@ def test_remat_decoder_step_equals_the_transformer_step() -> None:
 
     rng = np.random.default_rng(0)
     L, D, H, K, F, V = 2, 16, 2, 8, 32, 32
-    shapes = {"embed": (V, D), "ln_f": (D,), "unembed": (D, V),
-              "layers": {"ln1": (L, D), "ln2": (L, D), "wq": (L, D, H, K), "wk": (L, D, H, K),
-                         "wv": (L, D, H, K), "wo": (L, H, K, D), "w1": (L, D, F),
-                         "w2": (L, F, D)}}  # fmt: skip
-    params = jax.tree.map(lambda s: rng.normal(0, 0.1, s).astype(np.float32), shapes,
-                          is_leaf=lambda s: isinstance(s, tuple))  # fmt: skip
+    shapes = {
+        "embed": (V, D),
+        "ln_f": (D,),
+        "unembed": (D, V),
+        "layers": {
+            "ln1": (L, D),
+            "ln2": (L, D),
+            "wq": (L, D, H, K),
+            "wk": (L, D, H, K),
+            "wv": (L, D, H, K),
+            "wo": (L, H, K, D),
+            "w1": (L, D, F),
+            "w2": (L, F, D),
+        },
+    }
+    params = jax.tree.map(
+        lambda s: rng.normal(0, 0.1, s).astype(np.float32),
+        shapes,
+        is_leaf=lambda s: isinstance(s, tuple),
+    )
     tokens = rng.integers(0, V, (2, 8)).astype(np.int32)
     targets = rng.integers(0, V, (2, 8)).astype(np.int32)
     mine = jax.jit(decoder.train_step)(params, tokens, targets, 0.1)
@@ -403,8 +491,14 @@ def test_remat_decoder_step_equals_the_transformer_step() -> None:
 
 def test_resume_a_topology_lowering_for_another_topology(tmp_path: Path) -> None:
     first = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
-    cfg = jaxaot.compose(["program=mlp", f"resume_from={first.run_dir}", "start_at=compile",
-                            "compile.topology=v6e:2x2"])  # fmt: skip
+    cfg = jaxaot.compose(
+        [
+            "program=mlp",
+            f"resume_from={first.run_dir}",
+            "start_at=compile",
+            "compile.topology=v6e:2x2",
+        ]
+    )
     r = jaxaot.run(cfg, run_dir=tmp_path / "v6e", overrides=["compile.topology=v6e:2x2"])
     assert [r.manifest["stages"][s]["status"] for s in ("lower", "compile")] == ["resumed", "ran"]
     assert r.manifest["backend"]["topology"] == "v6e:2x2"
@@ -416,27 +510,45 @@ def test_resume_a_topology_lowering_for_another_topology(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("text", "need", "have"),
     [
-        ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
-         "temporaries (34.53G) exceeds available HBM (15.75G).", 34.53, 15.75),
-        ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
-         "of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity by "
-         "709.08M.", 16.44, 15.75),
+        (
+            "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+            "temporaries (34.53G) exceeds available HBM (15.75G).",
+            34.53,
+            15.75,
+        ),
+        (
+            "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
+            "of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity by "
+            "709.08M.",
+            16.44,
+            15.75,
+        ),
     ],
-)  # fmt: skip
+)
 def test_both_of_xlas_hbm_messages_are_verdicts(text: str, need: float, have: float) -> None:
     verdict = topology.rejected_for_hbm(RuntimeError(text), resolve("v5e-256"))
     assert verdict is not None
     assert verdict.fit["hbm_bytes_needed"] == int(need * GiB)
     assert verdict.fit["hbm_bytes_available"] == int(have * GiB)
-    assert topology.rejected_for_hbm(RuntimeError("RESOURCE_EXHAUSTED: host memory"),
-                                     resolve("v5e-256")) is None  # fmt: skip
+    assert (
+        topology.rejected_for_hbm(
+            RuntimeError("RESOURCE_EXHAUSTED: host memory"), resolve("v5e-256")
+        )
+        is None
+    )
 
 
 def test_a_mesh_that_splits_physical_axes(tmp_path: Path) -> None:
     # 16 x 4 matches no axis of v6e's 8 x 8 torus: jax.make_mesh refuses, split axes do not.
-    r = _run(tmp_path, f"program.target={HERE}:matmul", "program.args=[f32[64,128],f32[128,32]]",
-             "mesh.shape=[16,4]", "mesh.axes=[data,model]", "compile.topology=v6e:8x8",
-             "lower.in_shardings=[[data,model],[model,null]]")  # fmt: skip
+    r = _run(
+        tmp_path,
+        f"program.target={HERE}:matmul",
+        "program.args=[f32[64,128],f32[128,32]]",
+        "mesh.shape=[16,4]",
+        "mesh.axes=[data,model]",
+        "compile.topology=v6e:8x8",
+        "lower.in_shardings=[[data,model],[model,null]]",
+    )
     assert r.ok and r.manifest["stages"]["compile"]["metrics"]["devices"] == 64
 
 
@@ -449,11 +561,15 @@ def test_a_store_hit_gives_the_verdict_a_fresh_compile_would(
 
     _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
     v5e = accelerators.GENERATIONS["v5e"]
-    monkeypatch.setitem(accelerators.GENERATIONS, "v5e",
-                        dataclasses.replace(v5e, hbm_usable_bytes=v5e.hbm_usable_bytes // 2))  # fmt: skip
+    monkeypatch.setitem(
+        accelerators.GENERATIONS,
+        "v5e",
+        dataclasses.replace(v5e, hbm_usable_bytes=v5e.hbm_usable_bytes // 2),
+    )
     hit = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2", name="hit")
-    fresh = _run(tmp_path, "program=mlp", "compile.topology=v5e:2x2", "store.enabled=false",
-                 name="fresh")  # fmt: skip
+    fresh = _run(
+        tmp_path, "program=mlp", "compile.topology=v5e:2x2", "store.enabled=false", name="fresh"
+    )
     assert hit.manifest["stages"]["compile"]["status"] == "cached"
     metrics = [r.manifest["stages"]["compile"]["metrics"] for r in (hit, fresh)]
     for k in ("fits", "hbm_bytes_needed", "hbm_bytes_available", "headroom_bytes", "est_step_s"):

@@ -93,9 +93,12 @@ def test_the_longest_rule_decides_and_allow_wins_a_tie() -> None:
 def test_allow_imports_lets_a_refused_target_in_and_it_runs(compose_run: Any) -> None:
     with pytest.raises(ConfigError, match=r"trust\.allow_imports=\[builtins\.abs\]"):
         _validate("program.target=builtins:abs", "program.args=[f32[3]]")
-    result = compose_run("program=axpy", "program.target=builtins:abs",
-                         "program.args=[{shape: [3], dtype: f32, init: arange}]",
-                         "trust.allow_imports=[builtins.abs]")  # fmt: skip
+    result = compose_run(
+        "program=axpy",
+        "program.target=builtins:abs",
+        "program.args=[{shape: [3], dtype: f32, init: arange}]",
+        "trust.allow_imports=[builtins.abs]",
+    )
     assert result.ok
     with np.load(result.run_dir / "execute" / "outputs.npz") as out:
         np.testing.assert_array_equal(out["out0"], np.abs(np.arange(3, dtype=np.float32)))
@@ -111,8 +114,11 @@ def test_allow_star_drops_the_builtin_list_but_not_the_configs_own_denials() -> 
     with pytest.raises(
         ConfigError, match=r"which trust\.deny_imports refuses \(rule 'subprocess'\)"
     ):
-        _validate("program.target=subprocess:run", "trust.allow_imports=['*']",
-                  "trust.deny_imports=[subprocess]")  # fmt: skip
+        _validate(
+            "program.target=subprocess:run",
+            "trust.allow_imports=['*']",
+            "trust.deny_imports=[subprocess]",
+        )
 
 
 def test_deny_imports_adds_rules_naming_the_key() -> None:
@@ -127,12 +133,17 @@ def test_deny_imports_adds_rules_naming_the_key() -> None:
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["trust.allow_imports=[os]", "trust.deny_imports=[os]"],
-         r"^trust\.allow_imports and trust\.deny_imports both list \['os'\]"),
-        (["trust.allow_imports=['os path']"], r"^trust\.allow_imports: expected dotted module prefixes"),
+        (
+            ["trust.allow_imports=[os]", "trust.deny_imports=[os]"],
+            r"^trust\.allow_imports and trust\.deny_imports both list \['os'\]",
+        ),
+        (
+            ["trust.allow_imports=['os path']"],
+            r"^trust\.allow_imports: expected dotted module prefixes",
+        ),
         (["trust.deny_imports=['']"], r"^trust\.deny_imports: expected dotted module prefixes"),
     ],
-)  # fmt: skip
+)
 def test_bad_rules_are_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         _validate(*overrides)
@@ -205,9 +216,16 @@ def test_a_denied_module_is_never_imported(tmp_path: Path, monkeypatch: pytest.M
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="trust_marker_mod"):
-        jaxaot.run(jaxaot.compose(["program=axpy", "program.target=trust_marker_mod:f",
-                                       "trust.deny_imports=[trust_marker_mod]"]),
-                     run_dir=tmp_path / "run")  # fmt: skip
+        jaxaot.run(
+            jaxaot.compose(
+                [
+                    "program=axpy",
+                    "program.target=trust_marker_mod:f",
+                    "trust.deny_imports=[trust_marker_mod]",
+                ]
+            ),
+            run_dir=tmp_path / "run",
+        )
     assert not marker.exists() and "trust_marker_mod" not in sys.modules
     assert not (tmp_path / "run").exists()
 
@@ -223,15 +241,30 @@ def test_hydra_callback_targets_are_checked_before_hydra_instantiates_them() -> 
     allowed = OmegaConf.create({**evil, "trust": {"allow_imports": ["os.getpid"]}})
     check_hydra_callbacks(allowed)
     shipped = jaxaot.compose([], config_name="config")
-    check_hydra_callbacks(OmegaConf.create({"hydra": {"callbacks": {
-        "sweep": {"_target_": "jaxaot.sweeps.callbacks.SweepCallback"}}}, "trust": shipped.trust}))  # fmt: skip
+    check_hydra_callbacks(
+        OmegaConf.create(
+            {
+                "hydra": {
+                    "callbacks": {"sweep": {"_target_": "jaxaot.sweeps.callbacks.SweepCallback"}}
+                },
+                "trust": shipped.trust,
+            }
+        )
+    )
 
 
 def test_the_cli_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    proc = run_cli(["program=axpy", "program.target=os:system",
-                    f"program.args=['touch {marker}']", "stage_out.static_argnums=[0]",
-                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        [
+            "program=axpy",
+            "program.target=os:system",
+            f"program.args=['touch {marker}']",
+            "stage_out.static_argnums=[0]",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines == [

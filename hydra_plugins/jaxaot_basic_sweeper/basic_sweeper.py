@@ -30,11 +30,15 @@ ConfigStore.instance().store(
 class JaxaotBasicSweeper(BasicSweeper):
     """BasicSweeper whose Hydra context composes each distinct defaults list once per process."""
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:  # fmt: skip
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         unescape_launch_lines()  # "#0 : program.args.1=f32[8,256]", as written
-        super().setup(hydra_context=with_sweep_loader(hydra_context), task_function=task_function,
-                      config=config)  # fmt: skip
+        super().setup(
+            hydra_context=with_sweep_loader(hydra_context),
+            task_function=task_function,
+            config=config,
+        )
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None

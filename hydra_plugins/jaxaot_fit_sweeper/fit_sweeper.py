@@ -93,11 +93,16 @@ class JaxaotFitSweeper(LaunchingSweeper):
                 job = self.launcher.launch(batch, initial_job_idx=sum(map(len, returns)))[0]
                 returns.append([job])
                 fits, error, metrics = _verdict(job)
-                search.probes.append({
-                    "n": n, "fits": fits, "job": sum(map(len, returns)) - 1, "error": error,
-                    "hbm_bytes_needed": metrics.get("hbm_bytes_needed"),
-                    "hbm_bytes_available": metrics.get("hbm_bytes_available"),
-                })  # fmt: skip
+                search.probes.append(
+                    {
+                        "n": n,
+                        "fits": fits,
+                        "job": sum(map(len, returns)) - 1,
+                        "error": error,
+                        "hbm_bytes_needed": metrics.get("hbm_bytes_needed"),
+                        "hbm_bytes_available": metrics.get("hbm_bytes_available"),
+                    }
+                )
                 if fits is None:
                     search.error = f"n={n}: {error}"
                 return fits
@@ -106,10 +111,16 @@ class JaxaotFitSweeper(LaunchingSweeper):
             result = search.to_json(self.opts)
             results.append(result)
             log.info("%s", summary_line(result))
-            atomic_write_json(sweep_dir / FIT_NAME, {
-                "overrides": self.opts.overrides, "low": self.opts.low, "high": self.opts.high,
-                "multiple": self.opts.multiple, "searches": results,
-            })  # fmt: skip
+            atomic_write_json(
+                sweep_dir / FIT_NAME,
+                {
+                    "overrides": self.opts.overrides,
+                    "low": self.opts.low,
+                    "high": self.opts.high,
+                    "multiple": self.opts.multiple,
+                    "searches": results,
+                },
+            )
         for result in results:
             print(summary_line(result), flush=True)
         return returns

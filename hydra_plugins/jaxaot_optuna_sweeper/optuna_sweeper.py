@@ -28,8 +28,11 @@ def _schema() -> type:
     hints = typing.get_type_hints(AutotuneOptions)
     fields: list[Any] = [("_target_", str, field(default=f"{__name__}.JaxaotOptunaSweeper"))]
     for f in dataclasses.fields(AutotuneOptions):
-        default = (field(default=f.default) if f.default is not dataclasses.MISSING
-                   else field(default_factory=f.default_factory))  # fmt: skip
+        default = (
+            field(default=f.default)
+            if f.default is not dataclasses.MISSING
+            else field(default_factory=f.default_factory)
+        )
         fields.append((f.name, hints[f.name], default))
     schema = dataclasses.make_dataclass("JaxaotOptunaSweeperConf", fields)
     schema.__module__ = __name__  # make_dataclass(module=...) is Python 3.12+
@@ -54,9 +57,14 @@ class JaxaotOptunaSweeper(LaunchingSweeper):
 
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None
-        return optimize(opts=self.opts, arguments=arguments, config=self.config,
-                        launcher=self.launcher, config_loader=self.hydra_context.config_loader,
-                        validate=self.validate_batch_is_legal)  # fmt: skip
+        return optimize(
+            opts=self.opts,
+            arguments=arguments,
+            config=self.config,
+            launcher=self.launcher,
+            config_loader=self.hydra_context.config_loader,
+            validate=self.validate_batch_is_legal,
+        )
 
 
 __all__ = ["JaxaotOptunaSweeper", "JaxaotOptunaSweeperConf"]

@@ -57,9 +57,11 @@ class JaxaotSlurmLauncherConf(SlurmQueueConf):
 
 
 ConfigStore.instance().store(
-    group="hydra/launcher", name="jaxaot_submitit_slurm", node=JaxaotSlurmLauncherConf,
+    group="hydra/launcher",
+    name="jaxaot_submitit_slurm",
+    node=JaxaotSlurmLauncherConf,
     provider="jaxaot",
-)  # fmt: skip
+)
 
 
 def job_dir_of(config: DictConfig, job_dir_key: str) -> Path:
@@ -93,8 +95,15 @@ def _stamped(task: TaskFunction, attempt: Attempt) -> TaskFunction:
 class JaxaotSlurmLauncher(SlurmLauncher):
     """``submitit_slurm`` that always ends, reports every job, and resumes requeued jobs."""
 
-    def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, job_id: str,
-                 singleton_state: dict[type, Singleton], attempt: int = 0) -> JobReturn:  # fmt: skip
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+        attempt: int = 0,
+    ) -> JobReturn:
         """Run one job on its node (the base class's, plus the requeue bookkeeping)."""
         import submitit
 
@@ -113,8 +122,9 @@ class JaxaotSlurmLauncher(SlurmLauncher):
             planned = planned_stages(config)
         except ValueError:  # a bad start_at/stop_after: the runner reports it
             planned = []
-        this = prepare(job_dir, sweep_dir, job_num, planned,
-                       requeued=attempt > 0 or _restart_count() > 0)  # fmt: skip
+        this = prepare(
+            job_dir, sweep_dir, job_num, planned, requeued=attempt > 0 or _restart_count() > 0
+        )
         if this.resume_from is not None:
             # Set in the config, not added to the overrides: the report's columns and the
             # progress line stay those of the sweep.
@@ -123,8 +133,13 @@ class JaxaotSlurmLauncher(SlurmLauncher):
                 config.start_at = this.start_at
         if this.number:
             task = _stamped(task, this)
-        return run_job(hydra_context=self.hydra_context, task_function=task, config=config,
-                       job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir")  # fmt: skip
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=task,
+            config=config,
+            job_dir_key=job_dir_key,
+            job_subdir_key="hydra.sweep.subdir",
+        )
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on preemption or timeout, before it requeues the job: the same
@@ -135,12 +150,15 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         # submitit exits (SystemExit) right after this: the run records it as interrupted.
         exits.note_preempted("preempted by SLURM (submitit checkpointed and requeued the job)")
         attempt = int(kwargs.pop("attempt", 0)) + 1
-        log.warning("checkpoint: job requeued (attempt %d); it resumes from its last finished "
-                    "stage", attempt + 1)  # fmt: skip
+        log.warning(
+            "checkpoint: job requeued (attempt %d); it resumes from its last finished stage",
+            attempt + 1,
+        )
         return submitit.helpers.DelayedSubmission(self, *args, attempt=attempt, **kwargs)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:  # fmt: skip
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         """Submit one job array (as ``submitit_slurm`` does), then wait with :mod:`jaxaot.sweeps.slurm`."""
         import submitit
 
@@ -152,10 +170,13 @@ class JaxaotSlurmLauncher(SlurmLauncher):
             init_params["slurm_max_num_timeout"] = params["max_num_timeout"]
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init_params)
         base = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{
-            k if k in base else f"{self._EXECUTOR}_{k}": v
-            for k, v in params.items() if k not in ("submitit_folder", "max_num_timeout")
-        })  # fmt: skip
+        executor.update_parameters(
+            **{
+                k if k in base else f"{self._EXECUTOR}_{k}": v
+                for k, v in params.items()
+                if k not in ("submitit_folder", "max_num_timeout")
+            }
+        )
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
@@ -165,12 +186,22 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
-                               Singleton.get_state()))  # fmt: skip
+            job_params.append(
+                (
+                    list(overrides),
+                    "hydra.sweep.dir",
+                    idx,
+                    f"job_id_for_{idx}",
+                    Singleton.get_state(),
+                )
+            )
         jobs = executor.map_array(self, *zip(*job_params, strict=True))
-        log.info("submitted %d SLURM jobs: %s (logs: %s)", len(jobs),
-                 ", ".join(j.job_id for j in jobs[:8]) + (" ..." if len(jobs) > 8 else ""),
-                 params["submitit_folder"])  # fmt: skip
+        log.info(
+            "submitted %d SLURM jobs: %s (logs: %s)",
+            len(jobs),
+            ", ".join(j.job_id for j in jobs[:8]) + (" ..." if len(jobs) > 8 else ""),
+            params["submitit_folder"],
+        )
         by_id = {j.job_id: p for j, p in zip(jobs, job_params, strict=True)}
         returns: dict[str, JobReturn] = {}
 
@@ -181,8 +212,9 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         wait_all(jobs, on_done=done)
         return [returns[j.job_id] for j in jobs]
 
-    def _collect(self, job: Any, state: JobState | None, overrides: list[str], num: int,
-                 sweep_dir: Path) -> JobReturn:  # fmt: skip
+    def _collect(
+        self, job: Any, state: JobState | None, overrides: list[str], num: int, sweep_dir: Path
+    ) -> JobReturn:
         """The ended job's JobReturn, with its SLURM job id and state added to its job.json."""
         if not job.paths.result_pickle.exists():
             lost = state or JobState(job.job_id, "UNKNOWN", "no result file, no SLURM state")
@@ -201,16 +233,25 @@ class JaxaotSlurmLauncher(SlurmLauncher):
             write_job_record(Path(str(out)), {**record, "slurm": state.to_json()})
         return ret
 
-    def _lost(self, job: Any, state: JobState, overrides: list[str], num: int, sweep_dir: Path,
-              exc: BaseException | None) -> JobReturn:  # fmt: skip
+    def _lost(
+        self,
+        job: Any,
+        state: JobState,
+        overrides: list[str],
+        num: int,
+        sweep_dir: Path,
+        exc: BaseException | None,
+    ) -> JobReturn:
         """A job that ended without returning: a failed JobReturn, job.json and progress line."""
         assert self.hydra_context is not None and self.config is not None
         if exc is not None:
             detail = " ".join(str(exc).split())[:300]
             error = f"SLURM job {job.job_id} failed outside jaxaot: {detail}"
         else:
-            error = (f"SLURM job {job.job_id} ended {state.state} (state from {state.source}) "
-                     f"without a result; log: {job.paths.stdout}")  # fmt: skip
+            error = (
+                f"SLURM job {job.job_id} ended {state.state} (state from {state.source}) "
+                f"without a result; log: {job.paths.stdout}"
+            )
         status = "cancelled" if state.state.startswith("CANCELLED") else "failed"
         config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(config.hydra.job):
@@ -218,11 +259,20 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         job_dir = job_dir_of(config, "hydra.sweep.dir")
         job_dir.mkdir(parents=True, exist_ok=True)
         record = read_json(job_dir / JOB_NAME) or {}
-        write_job_record(job_dir, {
-            **record, "num": num, "overrides": overrides, "status": status, "code": 2,
-            "error": error, "host": socket.gethostname(), "finished": time.time(),
-            "slurm": state.to_json(),
-        })  # fmt: skip
+        write_job_record(
+            job_dir,
+            {
+                **record,
+                "num": num,
+                "overrides": overrides,
+                "status": status,
+                "code": 2,
+                "error": error,
+                "host": socket.gethostname(),
+                "finished": time.time(),
+                "slurm": state.to_json(),
+            },
+        )
         plan = SweepPlan.read(sweep_dir)
         shown = [o for o in overrides if override_key(o) in plan.varying] or overrides
         n = claim_finish_slot(sweep_dir)

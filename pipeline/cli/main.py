@@ -56,6 +56,36 @@ def _progress_lines() -> bool:
     return bool(sweep.get("progress", False) and "_target_" in sweep)
 
 
+DEFAULT_BACKEND = "cpu"  # conf/compile/default.yaml compile.backend
+
+
+def version_text() -> str:
+    """``jaxaot --version``: jaxaot, jax, jaxlib and the backend a run uses by default.
+
+    That backend is ``compile.backend``'s default (conf/compile/default.yaml); like a run, only
+    its platform is started, so no other installed plugin (CUDA, TPU) is probed or complains.
+    """
+    from jaxaot.version import __version__
+
+    lines = [f"jaxaot {__version__}"]
+    try:
+        from jaxaot.stages.jaxenv import configure
+
+        configure(backend=DEFAULT_BACKEND, num_devices=None, x64=False)
+        import jax
+        import jaxlib
+
+        lines += [f"jax {jax.__version__}", f"jaxlib {getattr(jaxlib, '__version__', '?')}"]
+        devices = jax.devices()
+        lines.append(
+            f"backend {jax.default_backend()} (compile.backend default): "
+            f"{len(devices)} x {devices[0].device_kind}"
+        )
+    except Exception as exc:  # a broken JAX install is what --version is often run to find
+        lines.append(f"jax: unavailable ({type(exc).__name__}: {exc})")
+    return "\n".join(lines)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://jaxaot.conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from hydra.core.hydra_config import HydraConfig
@@ -81,8 +111,12 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     except Exception as exc:
         if _debug(cfg):
             traceback.print_exc()
-        print(f"jaxaot: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
-              "(rerun with debug=true for the traceback)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"jaxaot: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+            "(rerun with debug=true for the traceback)",
+            file=sys.stderr,
+            flush=True,
+        )
         if _is_multirun():
             return JobOutcome(
                 2, f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}"
@@ -127,9 +161,13 @@ def _share_help_repository(argv: list[str]) -> None:
     real = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
     made: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
 
-    def get_group_options(self: Any, group_name: str, results_filter: Any = ObjectType.CONFIG,
-                          config_name: str | None = None,
-                          overrides: list[str] | None = None) -> list[str]:  # fmt: skip
+    def get_group_options(
+        self: Any,
+        group_name: str,
+        results_filter: Any = ObjectType.CONFIG,
+        config_name: str | None = None,
+        overrides: list[str] | None = None,
+    ) -> list[str]:
         key = (id(self), config_name, tuple(overrides or ()))
         if key not in made:
             made[key] = real(self, config_name, list(overrides or ()))[1]
@@ -156,15 +194,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _is_multirun_argv(args: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN"
-               for a in args)  # fmt: skip
+    return any(
+        a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args
+    )
 
 
 def main() -> None:
     """Console-script entry point; a sweep in which some job failed exits with status 1."""
     # SIGTERM (a batch system's kill, `timeout`) ends the run like Ctrl-C: recorded, one line.
     signal.signal(signal.SIGTERM, raise_terminated)
-    from jaxaot.util.console import quiet_broken_pipe, version_text
+    from jaxaot.util.console import quiet_broken_pipe
 
     if "--version" in sys.argv[1:]:  # jaxaot's, not Hydra's: no config is composed
         with quiet_broken_pipe():
@@ -175,8 +214,11 @@ def main() -> None:
             _main()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, at any point
         notes = getattr(exc, "__notes__", None)
-        print(f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            f"jaxaot: {notes[-1] if notes else describe_interrupt(exc)}",
+            file=sys.stderr,
+            flush=True,
+        )
         # The run is recorded; end now rather than wait for threads an interrupt left running
         # (JAX's backend-start timer, an XLA compile that cannot be cancelled).
         logging.shutdown()

@@ -32,7 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def jaxaot_snapshot(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
     """``jaxaot_snapshot(golden_dir, overrides)`` -> the RunResult; AssertionError on a diff."""
-    from jaxaot.snapshots.snapshot import INDEX_NAME, verify_snapshot
+    from jaxaot.api import verify_snapshot
+    from jaxaot.snapshots.snapshot import INDEX_NAME
 
     update = bool(request.config.getoption("--jaxaot-update"))
     calls = [0]

@@ -47,13 +47,34 @@ if TYPE_CHECKING:
 # Canonical dtype names (numpy / ml_dtypes spelling) that JAX supports.
 DTYPES: tuple[str, ...] = (
     "bool",
-    "int2", "int4", "int8", "int16", "int32", "int64",
-    "uint2", "uint4", "uint8", "uint16", "uint32", "uint64",
-    "float4_e2m1fn", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
-    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "bfloat16", "float16", "float32", "float64",
-    "complex64", "complex128",
-)  # fmt: skip
+    "int2",
+    "int4",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint2",
+    "uint4",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float4_e2m1fn",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
 
 
 def short_name(dtype: str) -> str:
@@ -132,8 +153,10 @@ class ArraySpec:
         """This spec with its symbolic dimensions evaluated with ``sizes`` (``compile.shapes``)."""
         if not self.symbolic:
             return self
-        return replace(self, shape=tuple(d if isinstance(d, int) else eval_dim(d, sizes, where)
-                                         for d in self.shape))  # fmt: skip
+        return replace(
+            self,
+            shape=tuple(d if isinstance(d, int) else eval_dim(d, sizes, where) for d in self.shape),
+        )
 
 
 @dataclass(frozen=True)
@@ -160,8 +183,11 @@ class PytreeNode:
 
     def with_children(self, new: list[Any]) -> PytreeNode:
         n = len(self.args)
-        return PytreeNode(self.cls, tuple(new[:n]),
-                          tuple((k, v) for (k, _), v in zip(self.fields, new[n:], strict=True)))  # fmt: skip
+        return PytreeNode(
+            self.cls,
+            tuple(new[:n]),
+            tuple((k, v) for (k, _), v in zip(self.fields, new[n:], strict=True)),
+        )
 
 
 def _parse_node(value: Mapping[str, Any], where: str) -> PytreeNode:
@@ -241,8 +267,14 @@ def nbytes(shape: Sequence[int], dtype: str) -> int:
 
 
 def human_size(n: int) -> str:
-    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
-                        ("MiB", 2**20), ("KiB", 2**10)):  # fmt: skip
+    for unit, scale in (
+        ("EiB", 2**60),
+        ("PiB", 2**50),
+        ("TiB", 2**40),
+        ("GiB", 2**30),
+        ("MiB", 2**20),
+        ("KiB", 2**10),
+    ):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
@@ -314,9 +346,11 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
     if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
         raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
-    spec = ArraySpec(shape=tuple(_dim(d, where) for d in dims),
-                     dtype=canonical_dtype(m.group(1), where),
-                     weak_type=m.group(3) is not None)  # fmt: skip
+    spec = ArraySpec(
+        shape=tuple(_dim(d, where) for d in dims),
+        dtype=canonical_dtype(m.group(1), where),
+        weak_type=m.group(3) is not None,
+    )
     return _check_size(spec, where)
 
 
@@ -544,8 +578,11 @@ def bind(
             elif not known and parsed_kwargs:
                 unresolved = True
             else:
-                by_kw = (f"; parameter {i} ({names[i]!r}) is not in program.kwargs either"
-                         if i < len(names) else "")  # fmt: skip
+                by_kw = (
+                    f"; parameter {i} ({names[i]!r}) is not in program.kwargs either"
+                    if i < len(names)
+                    else ""
+                )
                 raise ConfigError(
                     f"{key}: position {i} is out of range; program.args has "
                     f"{n} positional argument(s) (positions 0..{n - 1}){by_kw}"
@@ -662,11 +699,14 @@ def check_inputs_fit(bound: BoundArgs, memory: int | None = None) -> None:
     if memory is None:
         return
     sizes = sorted(
-        ((nbytes(leaf.shape, leaf.dtype), path)
-         for top, tree in bound.traced_args() for path, leaf in leaves(tree, top)
-         if isinstance(leaf, ArraySpec) and not leaf.symbolic),
+        (
+            (nbytes(leaf.shape, leaf.dtype), path)
+            for top, tree in bound.traced_args()
+            for path, leaf in leaves(tree, top)
+            if isinstance(leaf, ArraySpec) and not leaf.symbolic
+        ),
         reverse=True,
-    )  # fmt: skip
+    )
     total = sum(n for n, _ in sizes)
     if total <= memory:
         return

@@ -48,14 +48,21 @@ class MeshSpec:
         return ",".join(f"{a}={n}" for a, n in zip(self.axes, self.shape, strict=True))
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "axes": list(self.axes),
-                "axis_types": list(self.axis_types), "per_replica": self.per_replica}  # fmt: skip
+        return {
+            "shape": list(self.shape),
+            "axes": list(self.axes),
+            "axis_types": list(self.axis_types),
+            "per_replica": self.per_replica,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MeshSpec:
-        return cls(shape=tuple(data["shape"]), axes=tuple(data["axes"]),
-                   axis_types=tuple(data["axis_types"]),
-                   per_replica=bool(data.get("per_replica", False)))  # fmt: skip
+        return cls(
+            shape=tuple(data["shape"]),
+            axes=tuple(data["axes"]),
+            axis_types=tuple(data["axis_types"]),
+            per_replica=bool(data.get("per_replica", False)),
+        )
 
 
 def _is_name(value: Any) -> bool:
@@ -126,13 +133,17 @@ def mesh_spec(cfg: JaxaotConfig) -> MeshSpec | None:
             "axis_env for a per-replica program, a mesh (with lower.in_shardings) for a global one"
         )
     if env is not None:
-        return MeshSpec(tuple(n for _, n in env), tuple(a for a, _ in env), ("auto",) * len(env),
-                        per_replica=True)  # fmt: skip
+        return MeshSpec(
+            tuple(n for _, n in env),
+            tuple(a for a, _ in env),
+            ("auto",) * len(env),
+            per_replica=True,
+        )
     return mesh
 
 
 def will_compile(cfg: JaxaotConfig) -> bool:
-    from jaxaot.config.schema import STAGES
+    from jaxaot.config.order import STAGES
 
     return STAGES.index(cfg.stop_after) >= STAGES.index("compile")
 
@@ -167,8 +178,10 @@ def devices_to_start(cfg: JaxaotConfig) -> int | None:
 # on the CPU backend". Measured on jax 0.10.2: 2048 devices compile and run, 2049 do not.
 XLA_CPU_MAX_DEVICES = 2048
 
-_NO_DEVICES = ("stop_after=lower needs no devices (lower here, then compile on the target with "
-               "resume_from=<run> start_at=compile)")  # fmt: skip
+_NO_DEVICES = (
+    "stop_after=lower needs no devices (lower here, then compile on the target with "
+    "resume_from=<run> start_at=compile)"
+)
 
 
 def _check_device_count(cfg: JaxaotConfig, n: int, what: str) -> None:
@@ -220,8 +233,9 @@ def traced_kwargs(bound: BoundArgs) -> list[str]:
 def check_in_shardings(cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec) -> tuple[Any, ...]:
     """``lower.in_shardings`` matched to the argument tree (null: every argument replicated)."""
     tree, names = argument_tree(bound)
-    return match_specs(cfg.lower.in_shardings, tree, key="lower.in_shardings", names=names,
-                       mesh=mesh.sizes)  # fmt: skip
+    return match_specs(
+        cfg.lower.in_shardings, tree, key="lower.in_shardings", names=names, mesh=mesh.sizes
+    )
 
 
 def check_parallel(cfg: JaxaotConfig) -> None:
@@ -265,8 +279,12 @@ def check_parallel(cfg: JaxaotConfig) -> None:
     devices_to_start(cfg)  # the device limits, before any device starts
     bound = bound_args(cfg)
     if mesh.per_replica:
-        symbolic = [(p, leaf) for top, tree in bound.traced_args() for p, leaf in leaves(tree, top)
-                    if isinstance(leaf, ArraySpec) and leaf.symbolic]  # fmt: skip
+        symbolic = [
+            (p, leaf)
+            for top, tree in bound.traced_args()
+            for p, leaf in leaves(tree, top)
+            if isinstance(leaf, ArraySpec) and leaf.symbolic
+        ]
         if symbolic:
             # Measured on jax 0.10.2: the per-replica shard_map of a polymorphic program lowers
             # to stablehlo.dynamic_gather, and compiling it crashes the process (SIGSEGV).

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxaot.config.mesh import check_parallel
-from jaxaot.config.topology import check_topology, for_topology
+from jaxaot.config.order import STAGES
+from jaxaot.config.topology_config import check_topology, for_topology
 from jaxaot.config.trust import check_imports
 from jaxaot.config.xla_metadata import check_metadata
 from jaxaot.errors import ConfigError
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-STAGES: tuple[str, ...] = ("stage_out", "lower", "compile", "execute")
 BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
 CHECKS: tuple[str, ...] = ("none", "reference")
@@ -108,7 +108,7 @@ class ExecuteConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (jaxaot.store.store)
+    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (jaxaot.store.cache)
     enabled: bool = True
     trust: bool = (
         False  # True: load executables whatever the store's permissions (jaxaot.util.fsio)
@@ -195,9 +195,11 @@ def _writable(node: Any) -> None:
 def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
+    from jaxaot.config.help_text import register_resolver as register_help
     from jaxaot.rundir.dirs import register_resolver
 
     register_resolver()  # ${unique_dir:...} in conf/config.yaml's hydra.run.dir and sweep.dir
+    register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/config/help_text.py)
     cs = ConfigStore.instance()
     for name, (group, schema) in _SCHEMAS.items():
         node = OmegaConf.structured(schema)

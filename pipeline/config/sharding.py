@@ -238,8 +238,9 @@ class _Match:
         raise ConfigError(errors[0])
 
 
-def match_specs(value: Any, tree: Sequence[Any], *, key: str, names: Sequence[str],
-                mesh: Mapping[str, int]) -> tuple[Any, ...]:  # fmt: skip
+def match_specs(
+    value: Any, tree: Sequence[Any], *, key: str, names: Sequence[str], mesh: Mapping[str, int]
+) -> tuple[Any, ...]:
     """Specs for every leaf of ``tree`` (a tuple of argument or output trees).
 
     ``names`` label the top-level entries in messages (``program.args[1]``, ``output[0]``);

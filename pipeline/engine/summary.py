@@ -5,47 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxaot.config.argspec import short_name
-
-NOT_AVAILABLE = "n/a"
-
-
-def measured(n: float | None) -> float | None:
-    """A cost or memory figure, or None for XLA's "unknown" sentinels (``flops: -2``, any
-    negative value): counts, sizes and rates are never negative."""
-    return None if n is None or n < 0 else n
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    if n < 0:
-        return NOT_AVAILABLE
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def human_count(n: float | None, unit: str = "") -> str:
-    if n is None:
-        return "-"
-    if n < 0:  # XLA's sentinel for a figure it could not compute
-        return f"{unit} {NOT_AVAILABLE}".strip()
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {prefix}{unit}"
-    return f"{n:.0f} {unit}".strip()
-
-
-def human_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} us"
-    if s < 1:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.2f} s"
+from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
 
 
 def _topology_details(m: dict[str, Any]) -> list[str]:
@@ -53,13 +13,17 @@ def _topology_details(m: dict[str, Any]) -> list[str]:
     if m.get("fits") is None:
         return []
     need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
-    parts = [f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {human_bytes(need)} of "
-             f"{human_bytes(have)} HBM per device ({m.get('topology')})"]  # fmt: skip
+    parts = [
+        f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {human_bytes(need)} of "
+        f"{human_bytes(have)} HBM per device ({m.get('topology')})"
+    ]
     if m.get("collectives") is not None:
         parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
     if m.get("est_step_s") is not None:
-        parts.append(f"est. step >= {human_seconds(m['est_step_s'])} ({m.get('est_bound')}-bound "
-                     "roofline estimate)")  # fmt: skip
+        parts.append(
+            f"est. step >= {human_seconds(m['est_step_s'])} ({m.get('est_bound')}-bound "
+            "roofline estimate)"
+        )
     return parts
 
 
@@ -131,11 +95,13 @@ def _value_text(value: Any) -> str:
 def output_lines(outputs: list[dict[str, Any]]) -> list[str]:
     """``output['y']  f32[8,256]`` per output, with ``= 10`` when its values are small."""
     rows = [
-        (f"output{o.get('path') or ''}",
-         f"{short_name(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
-         f" = {_value_text(o['value'])}" if "value" in o else "")
+        (
+            f"output{o.get('path') or ''}",
+            f"{short_name(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
+            f" = {_value_text(o['value'])}" if "value" in o else "",
+        )
         for o in outputs
-    ]  # fmt: skip
+    ]
     width = max((len(r[0]) for r in rows), default=0)
     return [f"{a:<{width}}  {b}{c}" for a, b, c in rows]
 
@@ -150,9 +116,15 @@ def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
         head += f" · {be.get('platform')} x{be.get('device_count')} ({be.get('device_kind')})"
         if be.get("topology"):  # compile.topology: libtpu's compile-only devices
             head += f" · topology {be['topology']}, compile only"
-    rows = [(s, r["status"], "-" if r["status"] == "skipped" else human_seconds(r.get("seconds")),
-             _details(s, r.get("metrics", {})) or r.get("note", ""))
-            for s, r in manifest["stages"].items()]  # fmt: skip
+    rows = [
+        (
+            s,
+            r["status"],
+            "-" if r["status"] == "skipped" else human_seconds(r.get("seconds")),
+            _details(s, r.get("metrics", {})) or r.get("note", ""),
+        )
+        for s, r in manifest["stages"].items()
+    ]
     widths = [
         max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
     ]

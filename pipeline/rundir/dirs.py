@@ -75,9 +75,6 @@ def register_resolver() -> None:
 
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, _resolve, use_cache=True)
-    from jaxaot.cli.help import register_resolver as register_help
-
-    register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/cli/help.py)
 
 
 def print_only() -> None:

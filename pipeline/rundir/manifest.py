@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jaxaot.errors import StoreError
-from jaxaot.stages.node import StageContext
 from jaxaot.util.fsio import atomic_write_json
+
+
+class StageOutcome(Protocol):
+    """What a finished (or failed) stage leaves for the manifest (a StageContext has it)."""
+
+    stage: str
+    artifacts: Mapping[str, Any]  # name -> an object with to_json(): sha256 and size
+    metrics: dict[str, Any]
+    warnings: list[str]
+
 
 # Manifest format history:
 #   1 (2026-11-22): first version: config, versions, backend, stages{status, seconds, key,
@@ -45,8 +55,9 @@ class Manifest:
     def path(self) -> Path:
         return self.run_dir / MANIFEST_NAME
 
-    def record_stage(self, ctx: StageContext, status: str, seconds: float, key: str | None = None,
-                     **extra: Any) -> None:  # fmt: skip
+    def record_stage(
+        self, ctx: StageOutcome, status: str, seconds: float, key: str | None = None, **extra: Any
+    ) -> None:
         self.stages[ctx.stage] = {
             "status": status,
             "seconds": round(seconds, 6),

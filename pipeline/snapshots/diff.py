@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxaot.config.schema import STAGES
-from jaxaot.engine.summary import human_bytes, human_count, human_seconds
+from jaxaot.config.order import STAGES
 from jaxaot.errors import SnapshotError
 from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
 from jaxaot.snapshots.snapshot import (
@@ -29,15 +28,23 @@ from jaxaot.snapshots.snapshot import (
     load_snapshot,
 )
 from jaxaot.util.canonical import ARTIFACT_BY_PATH, CANONICAL_ARTIFACTS
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 from jaxaot.util.textdiff import bounded, line_counts
 
 _BINARIES = ("lower/exported.bin", "compile/executable.bin")
 _OUTPUTS = "execute/outputs.npz"
-_COST_KEYS = (("flops", "flops"), ("bytes accessed", "bytes accessed"),
-              ("transcendentals", "transcendentals"))  # fmt: skip
-_MEMORY_KEYS = (("argument_size_in_bytes", "argument"), ("output_size_in_bytes", "output"),
-                ("alias_size_in_bytes", "alias"), ("temp_size_in_bytes", "temp"),
-                ("generated_code_size_in_bytes", "generated code"))  # fmt: skip
+_COST_KEYS = (
+    ("flops", "flops"),
+    ("bytes accessed", "bytes accessed"),
+    ("transcendentals", "transcendentals"),
+)
+_MEMORY_KEYS = (
+    ("argument_size_in_bytes", "argument"),
+    ("output_size_in_bytes", "output"),
+    ("alias_size_in_bytes", "alias"),
+    ("temp_size_in_bytes", "temp"),
+    ("generated_code_size_in_bytes", "generated code"),
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,10 @@ class Side:
         v = self.snapshot.meta("versions.json")
         be = v.get("backend") or {}
         where = f", {be.get('platform')} x{be.get('device_count')}" if be else ""
-        return (f"{self.path} ({self.kind}: {self.snapshot.program}, jax {v.get('jax')}, "
-                f"jaxlib {v.get('jaxlib')}{where})")  # fmt: skip
+        return (
+            f"{self.path} ({self.kind}: {self.snapshot.program}, jax {v.get('jax')}, "
+            f"jaxlib {v.get('jaxlib')}{where})"
+        )
 
 
 def load_side(path: Path) -> Side:
@@ -63,8 +72,11 @@ def load_side(path: Path) -> Side:
     path = Path(path)
     if (path / MANIFEST_NAME).is_file():
         manifest = load_manifest(path)
-        arts = {p: a["sha256"] for s in manifest.get("stages", {}).values()
-                for p, a in s.get("artifacts", {}).items()}  # fmt: skip
+        arts = {
+            p: a["sha256"]
+            for s in manifest.get("stages", {}).values()
+            for p, a in s.get("artifacts", {}).items()
+        }
         timings = path / "execute" / "timings.json"
         median = json.loads(timings.read_text()).get("median_s") if timings.is_file() else None
         return Side(path, "run", from_run(path, manifest), arts, median)
@@ -82,8 +94,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _deltas(
     a: dict[str, Any], b: dict[str, Any], keys: tuple[tuple[str, str], ...]
 ) -> list[dict[str, Any]]:
-    return [{"key": name, "a": a.get(k), "b": b.get(k), "ratio": _ratio(a.get(k), b.get(k))}
-            for k, name in keys if k in a or k in b]  # fmt: skip
+    return [
+        {"key": name, "a": a.get(k), "b": b.get(k), "ratio": _ratio(a.get(k), b.get(k))}
+        for k, name in keys
+        if k in a or k in b
+    ]
 
 
 def _outputs(a: Side, b: Side) -> str | None:
@@ -118,11 +133,22 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
             continue
         diff = diff_lines(a.snapshot, b.snapshot, art.path, ("A", "B"))
         added, removed = line_counts(diff)
-        state = "same" if art.path not in cmp.differing else (
-            "only in A" if art.path in cmp.only_golden else
-            "only in B" if art.path in cmp.only_actual else "differs")  # fmt: skip
+        state = (
+            "same"
+            if art.path not in cmp.differing
+            else (
+                "only in A"
+                if art.path in cmp.only_golden
+                else "only in B"
+                if art.path in cmp.only_actual
+                else "differs"
+            )
+        )
         stages.setdefault(art.stage, {"artifacts": {}})["artifacts"][art.path] = {
-            "status": state, "added": added, "removed": removed}  # fmt: skip
+            "status": state,
+            "added": added,
+            "removed": removed,
+        }
     for path in _BINARIES:  # only runs have them
         if a.kind == b.kind == "run" and (path in a.binaries or path in b.binaries):
             if path not in a.binaries or path not in b.binaries:
@@ -132,24 +158,32 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
             entry = stages.setdefault(path.split("/")[0], {"artifacts": {}})
             entry.setdefault("binaries", {})[path] = state
     if "compile" in stages:
-        stages["compile"]["cost"] = _deltas(a.snapshot.meta("compile/cost_analysis.json"),
-                                            b.snapshot.meta("compile/cost_analysis.json"),
-                                            _COST_KEYS)  # fmt: skip
-        stages["compile"]["memory"] = _deltas(a.snapshot.meta("compile/memory_analysis.json"),
-                                              b.snapshot.meta("compile/memory_analysis.json"),
-                                              _MEMORY_KEYS)  # fmt: skip
+        stages["compile"]["cost"] = _deltas(
+            a.snapshot.meta("compile/cost_analysis.json"),
+            b.snapshot.meta("compile/cost_analysis.json"),
+            _COST_KEYS,
+        )
+        stages["compile"]["memory"] = _deltas(
+            a.snapshot.meta("compile/memory_analysis.json"),
+            b.snapshot.meta("compile/memory_analysis.json"),
+            _MEMORY_KEYS,
+        )
     outputs = _outputs(a, b)
     if outputs is not None or a.median_s is not None or b.median_s is not None:
-        stages["execute"] = {"artifacts": {}, "outputs": outputs,
-                             "median_s": {"a": a.median_s, "b": b.median_s,
-                                          "ratio": _ratio(a.median_s, b.median_s)}}  # fmt: skip
+        stages["execute"] = {
+            "artifacts": {},
+            "outputs": outputs,
+            "median_s": {"a": a.median_s, "b": b.median_s, "ratio": _ratio(a.median_s, b.median_s)},
+        }
     return {
-        "a": str(a.path), "b": str(b.path),
-        "versions": list(cmp.versions), "config": list(cmp.config),
+        "a": str(a.path),
+        "b": str(b.path),
+        "versions": list(cmp.versions),
+        "config": list(cmp.config),
         "stages": {s: stages[s] for s in STAGES if s in stages},
         "first_difference": cmp.first.path if cmp.first else None,
         "differs": bool(cmp.differing),
-    }  # fmt: skip
+    }
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -185,22 +219,33 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
         for group in ("cost", "memory"):
             for d in info.get(group, []):
                 label = f"{group}: {d['key']}"
-                out.append(f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
-                           f"{_ratio_text(d['ratio'])}")  # fmt: skip
+                out.append(
+                    f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
+                    f"{_ratio_text(d['ratio'])}"
+                )
         if stage == "execute":
             if info.get("outputs"):
                 out.append(f"  {'outputs.npz':<26} {info['outputs']}")
             t = info["median_s"]
             ratio = f"  (B/A = {t['ratio']:.2f}x)" if t["ratio"] is not None else ""
-            out.append(f"  {'median time':<26} {human_seconds(t['a'])} -> "
-                       f"{human_seconds(t['b'])}{ratio}")  # fmt: skip
+            out.append(
+                f"  {'median time':<26} {human_seconds(t['a'])} -> {human_seconds(t['b'])}{ratio}"
+            )
     first = report["first_difference"]
     if first is None:
         out.append("no difference in the canonical artifacts")
         return "\n".join(out)
     out.append(f"first difference: {ARTIFACT_BY_PATH[first].where}")
-    paths = [p for s in report["stages"].values() for p, art in s["artifacts"].items()
-             if art["status"] != "same"] if full else [first]  # fmt: skip
+    paths = (
+        [
+            p
+            for s in report["stages"].values()
+            for p, art in s["artifacts"].items()
+            if art["status"] != "same"
+        ]
+        if full
+        else [first]
+    )
     for path in paths:
         diff = diff_lines(a.snapshot, b.snapshot, path, ("A", "B"))
         text = "\n".join(diff) if full else bounded(diff, lines)

@@ -140,8 +140,10 @@ def to_dot(comps: dict[str, Computation], *, max_nodes: int, title: str) -> Grap
         note = f"{len(clusters)} loop/call bodies collapsed ({total} nodes > max {max_nodes})"
         clusters, total = {}, len(shown)
     if total > max_nodes:
-        note = (f"showing the first {max_nodes} of {len(shown)} instructions in schedule order "
-                f"(max_nodes={max_nodes})")  # fmt: skip
+        note = (
+            f"showing the first {max_nodes} of {len(shown)} instructions in schedule order "
+            f"(max_nodes={max_nodes})"
+        )
         shown = shown[:max_nodes]
     ids: dict[tuple[str, str], str] = {}
     body: list[str] = []
@@ -210,12 +212,18 @@ def render(dot_path: Path, image_format: str) -> tuple[Path | None, str | None]:
     """Render with Graphviz's ``dot``: (image, None), or (None, why not) when it cannot."""
     exe = shutil.which("dot")
     if exe is None:
-        return None, ("Graphviz 'dot' is not on PATH: wrote DOT only (install Graphviz, e.g. the "
-                      "Debian package graphviz, to render it)")  # fmt: skip
+        return None, (
+            "Graphviz 'dot' is not on PATH: wrote DOT only (install Graphviz, e.g. the "
+            "Debian package graphviz, to render it)"
+        )
     out = dot_path.with_suffix(f".{image_format}")
     try:
-        proc = subprocess.run([exe, f"-T{image_format}", str(dot_path), "-o", str(out)],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            [exe, f"-T{image_format}", str(dot_path), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except subprocess.TimeoutExpired:
         return None, f"dot -T{image_format} timed out after 300 s: wrote DOT only"
     if proc.returncode != 0:
@@ -224,8 +232,9 @@ def render(dot_path: Path, image_format: str) -> tuple[Path | None, str | None]:
     return out, None
 
 
-def write_graph(hlo_text: str, dot_path: Path, *, image_format: str = "svg",
-                max_nodes: int = 250) -> dict[str, Any]:  # fmt: skip
+def write_graph(
+    hlo_text: str, dot_path: Path, *, image_format: str = "svg", max_nodes: int = 250
+) -> dict[str, Any]:
     """Write the DOT file (and the image when Graphviz is there); describe what was written."""
     comps = parse_hlo(hlo_text)
     if not comps:
@@ -233,8 +242,14 @@ def write_graph(hlo_text: str, dot_path: Path, *, image_format: str = "svg",
     dot = to_dot(comps, max_nodes=max_nodes, title=f"{dot_path.stem} · {module_name(hlo_text)}")
     atomic_write_text(dot_path, dot.text)
     image, why = render(dot_path, image_format)
-    return {"dot": dot_path, "image": image, "nodes": dot.nodes,
-            "instructions": dot.instructions, "note": dot.note, "render_note": why}  # fmt: skip
+    return {
+        "dot": dot_path,
+        "image": image,
+        "nodes": dot.nodes,
+        "instructions": dot.instructions,
+        "note": dot.note,
+        "render_note": why,
+    }
 
 
 def graph_of_run(
@@ -249,16 +264,29 @@ def graph_of_run(
     else:
         return {"source": None, "summary": "no HLO to draw (the run stopped before lower)"}
     stem = Path(rel).name.removesuffix(".txt")
-    out = write_graph((run_dir / rel).read_text(), run_dir / GRAPH_DIR / f"{stem}.dot",
-                      image_format=image_format, max_nodes=max_nodes)  # fmt: skip
-    files = {str(p.relative_to(run_dir)): {"sha256": sha256_file(p), "size": p.stat().st_size}
-             for p in (out["dot"], out["image"]) if p is not None}  # fmt: skip
+    out = write_graph(
+        (run_dir / rel).read_text(),
+        run_dir / GRAPH_DIR / f"{stem}.dot",
+        image_format=image_format,
+        max_nodes=max_nodes,
+    )
+    files = {
+        str(p.relative_to(run_dir)): {"sha256": sha256_file(p), "size": p.stat().st_size}
+        for p in (out["dot"], out["image"])
+        if p is not None
+    }
     notes = "; ".join(n for n in (out["note"], out["render_note"]) if n)
     summary = f"{' + '.join(files)} ({out['nodes']} nodes from {rel})" + (
         f"; {notes}" if notes else ""
     )
-    return {"source": rel, "files": files, "nodes": out["nodes"], "note": out["note"],
-            "render_note": out["render_note"], "summary": summary}  # fmt: skip
+    return {
+        "source": rel,
+        "files": files,
+        "nodes": out["nodes"],
+        "note": out["note"],
+        "render_note": out["render_note"],
+        "summary": summary,
+    }
 
 
 def _is_snapshot(folder: Path) -> bool:

@@ -18,12 +18,12 @@ processes. A run with ``write`` or ``verify`` also keeps its own snapshot in
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.config.schema import STAGES, JaxaotConfig
+from jaxaot.config.order import STAGES
 from jaxaot.errors import SnapshotError, SnapshotMismatch
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.util.canonical import (
@@ -36,7 +36,9 @@ from jaxaot.util.fsio import atomic_write_text, sha256_bytes
 from jaxaot.util.textdiff import bounded, changed_keys, unified
 
 if TYPE_CHECKING:
-    from jaxaot.engine.runner import RunResult
+    from jaxaot.config.schema import JaxaotConfig
+
+    pass
 
 # Snapshot format history:
 #   1 (2026-11-22): snapshot.json {format_version, program, stages, files{path: {sha256, size}}};
@@ -76,8 +78,12 @@ class Snapshot:
         for path, text in sorted(self.files.items()):
             raw = text.encode()
             entries[path] = {"sha256": sha256_bytes(raw), "size": len(raw)}
-        return {"format_version": SNAPSHOT_FORMAT_VERSION, "program": self.program,
-                "stages": self.stages, "files": entries}  # fmt: skip
+        return {
+            "format_version": SNAPSHOT_FORMAT_VERSION,
+            "program": self.program,
+            "stages": self.stages,
+            "files": entries,
+        }
 
 
 def from_run(run_dir: Path, manifest: dict[str, Any]) -> Snapshot:
@@ -85,8 +91,11 @@ def from_run(run_dir: Path, manifest: dict[str, Any]) -> Snapshot:
     resumed and cached stages included: they write their artifacts into the run too), the
     config and the versions."""
     files: dict[str, str] = {}
-    recorded = {p: a["sha256"] for rec in manifest.get("stages", {}).values()
-                for p, a in rec.get("artifacts", {}).items()}  # fmt: skip
+    recorded = {
+        p: a["sha256"]
+        for rec in manifest.get("stages", {}).values()
+        for p, a in rec.get("artifacts", {}).items()
+    }
     for art in CANONICAL_ARTIFACTS:
         if art.path not in recorded:
             continue
@@ -106,7 +115,7 @@ def from_run(run_dir: Path, manifest: dict[str, Any]) -> Snapshot:
 
 
 def _versions(manifest: dict[str, Any]) -> dict[str, Any]:
-    from jaxaot import __version__
+    from jaxaot.version import __version__
 
     seen = manifest.get("versions", {})
     out: dict[str, Any] = {k: seen[k] for k in _PINNED_VERSIONS if k in seen}
@@ -219,20 +228,25 @@ def compare(golden: Snapshot, actual: Snapshot) -> Comparison:
 def versions_note(cmp: Comparison, actual: Snapshot) -> str:
     """Says whether jax/jaxlib changed since the golden, so an upgrade is told from a code change."""
     if cmp.versions:
-        return (f"versions changed since the golden ({'; '.join(cmp.versions)}): an upgrade may "
-                "explain the difference")  # fmt: skip
+        return (
+            f"versions changed since the golden ({'; '.join(cmp.versions)}): an upgrade may "
+            "explain the difference"
+        )
     v = actual.meta("versions.json")
     return f"same versions as the golden (jax {v.get('jax')}, jaxlib {v.get('jaxlib')})"
 
 
 def diff_lines(golden: Snapshot, actual: Snapshot, path: str, labels: tuple[str, str]) -> list[str]:
     """Unified diff of one artifact; a side that lacks it diffs as empty."""
-    return unified(golden.files.get(path, ""), actual.files.get(path, ""),
-                   f"{labels[0]}/{path}", f"{labels[1]}/{path}")  # fmt: skip
+    return unified(
+        golden.files.get(path, ""),
+        actual.files.get(path, ""),
+        f"{labels[0]}/{path}",
+        f"{labels[1]}/{path}",
+    )
 
 
-def full_diff(golden: Snapshot, actual: Snapshot, cmp: Comparison,
-              labels: tuple[str, str]) -> str:  # fmt: skip
+def full_diff(golden: Snapshot, actual: Snapshot, cmp: Comparison, labels: tuple[str, str]) -> str:
     """Every differing artifact's diff, headed by the versions and config notes."""
     first = cmp.first
     head = [
@@ -264,8 +278,9 @@ def after_run(cfg: JaxaotConfig, manifest: Manifest, *, print_output: bool = Fal
     if snap.graph:
         from jaxaot.snapshots.hlo_graph import graph_of_run
 
-        record["graph"] = graph_of_run(manifest.run_dir, image_format=snap.graph_format,
-                                       max_nodes=snap.graph_max_nodes)  # fmt: skip
+        record["graph"] = graph_of_run(
+            manifest.run_dir, image_format=snap.graph_format, max_nodes=snap.graph_max_nodes
+        )
         say(f"graph: {record['graph']['summary']}")
     if not (snap.write or snap.verify):
         return
@@ -278,8 +293,9 @@ def after_run(cfg: JaxaotConfig, manifest: Manifest, *, print_output: bool = Fal
         _verify(actual, snap.verify or "", cfg, manifest.run_dir, record, say)
 
 
-def _write_golden(actual: Snapshot, where: str, record: dict[str, Any],
-                  say: Callable[[str], None]) -> None:  # fmt: skip
+def _write_golden(
+    actual: Snapshot, where: str, record: dict[str, Any], say: Callable[[str], None]
+) -> None:
     folder = Path(where)
     record.update(mode="write", dir=where, files=len(actual.files) + 1)
     if (folder / INDEX_NAME).is_file():
@@ -302,12 +318,20 @@ def _write_golden(actual: Snapshot, where: str, record: dict[str, Any],
         record["status"] = "written"
     if record["status"] == "written":
         write_snapshot(actual, folder)
-    say(f"snapshot: {record['status']} {where} ({record['files']} files, stages "
-        f"{', '.join(actual.stages)})")  # fmt: skip
+    say(
+        f"snapshot: {record['status']} {where} ({record['files']} files, stages "
+        f"{', '.join(actual.stages)})"
+    )
 
 
-def _verify(actual: Snapshot, where: str, cfg: JaxaotConfig, run_dir: Path,
-            record: dict[str, Any], say: Callable[[str], None]) -> None:  # fmt: skip
+def _verify(
+    actual: Snapshot,
+    where: str,
+    cfg: JaxaotConfig,
+    run_dir: Path,
+    record: dict[str, Any],
+    say: Callable[[str], None],
+) -> None:
     snap, folder = cfg.snapshot, Path(where)
     record.update(mode="verify", dir=where, update=snap.update)
     if not (folder / INDEX_NAME).is_file():
@@ -323,15 +347,18 @@ def _verify(actual: Snapshot, where: str, cfg: JaxaotConfig, run_dir: Path,
     golden = load_snapshot(folder, check=not snap.update)
     cmp = compare(golden, actual)
     note = versions_note(cmp, actual)
-    record.update(differing=list(cmp.differing), versions=list(cmp.versions),
-                  config=list(cmp.config))  # fmt: skip
+    record.update(
+        differing=list(cmp.differing), versions=list(cmp.versions), config=list(cmp.config)
+    )
     if cmp.first is None:
         changed = snap.update and golden.files != actual.files
         if changed:
             write_snapshot(actual, folder)
         record["status"] = "updated" if changed else "match"
-        say(f"snapshot: {where} {'updated (versions/config)' if changed else 'matches'}: "
-            f"{len(actual.artifacts)} artifacts, stages {', '.join(actual.stages)}; {note}")  # fmt: skip
+        say(
+            f"snapshot: {where} {'updated (versions/config)' if changed else 'matches'}: "
+            f"{len(actual.artifacts)} artifacts, stages {', '.join(actual.stages)}; {note}"
+        )
         if cmp.config and not changed:
             say(f"  config differs without changing the lowering: {'; '.join(cmp.config)}")
         return
@@ -339,8 +366,7 @@ def _verify(actual: Snapshot, where: str, cfg: JaxaotConfig, run_dir: Path,
     diff_path = run_dir / DIFF_NAME
     atomic_write_text(diff_path, full_diff(golden, actual, cmp, labels))
     first = cmp.first
-    shown = bounded(diff_lines(golden, actual, first.path, labels), snap.diff_lines,
-                    str(diff_path))  # fmt: skip
+    shown = bounded(diff_lines(golden, actual, first.path, labels), snap.diff_lines, str(diff_path))
     record.update(first_difference=first.path, diff=str(diff_path))
     others = [ARTIFACT_BY_PATH[p].where for p in cmp.differing[1:]]
     also = f"; also {', '.join(others)}" if others else ""
@@ -364,32 +390,6 @@ def _verify(actual: Snapshot, where: str, cfg: JaxaotConfig, run_dir: Path,
     )
 
 
-def verify_snapshot(golden_dir: str | Path, overrides: Sequence[str] = (), *,
-                    update: bool = False, run_dir: str | Path | None = None,
-                    config_dir: str | Path | None = None) -> RunResult:  # fmt: skip
-    """Verify ``golden_dir`` from a user's own test suite, without spawning the CLI.
-
-    Composes ``overrides`` as ``jaxaot`` would (``stop_after=compile`` unless given), runs in
-    this process and raises AssertionError carrying the summary and the bounded diff when the
-    lowering differs. ``update=True`` rewrites the golden snapshot instead.
-    """
-    import tempfile
-
-    from jaxaot.api import compose
-    from jaxaot.engine.runner import run
-
-    cfg = compose(list(overrides), config_dir=config_dir)
-    if not any(o.lstrip("+~").split("=", 1)[0] == "stop_after" for o in overrides):
-        cfg.stop_after = "compile"
-    cfg.snapshot.verify = str(golden_dir)
-    cfg.snapshot.update = update
-    out = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="jaxaot-verify-"))
-    try:
-        return run(cfg, run_dir=out)
-    except SnapshotMismatch as exc:
-        raise AssertionError(f"{exc}\n{exc.diff}") from None
-
-
 __all__ = [
     "DIFF_NAME",
     "INDEX_NAME",
@@ -404,7 +404,6 @@ __all__ = [
     "from_run",
     "full_diff",
     "load_snapshot",
-    "verify_snapshot",
     "versions_note",
     "write_snapshot",
 ]

@@ -1,6 +1,6 @@
 """One store entry on disk: its format version, names, manifest records, parsing and checks.
 
-The layout these describe is in :mod:`jaxaot.store.store`. :func:`_load` is the only way an entry
+The layout these describe is in :mod:`jaxaot.store.cache`. :func:`_load` is the only way an entry
 is read back: it parses ``entry.json``, checks the compat dict and re-hashes every payload
 file, and raises :class:`_Bad` (never returns) for anything that must not be used.
 """

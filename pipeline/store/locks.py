@@ -119,11 +119,15 @@ class KeyLock:
                 os.close(fd)
                 return False
             t0 = time.perf_counter()
-            log.info("[%s] %s is being computed by another job; waiting for it", self.stage,
-                     self.key[:12])  # fmt: skip
+            log.info(
+                "[%s] %s is being computed by another job; waiting for it",
+                self.stage,
+                self.key[:12],
+            )
             fcntl.flock(fd, fcntl.LOCK_EX)
-            log.info("[%s] waited %.2f s for %s", self.stage, time.perf_counter() - t0,
-                     self.key[:12])  # fmt: skip
+            log.info(
+                "[%s] waited %.2f s for %s", self.stage, time.perf_counter() - t0, self.key[:12]
+            )
         except OSError as exc:  # e.g. ENOLCK
             os.close(fd)
             log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)

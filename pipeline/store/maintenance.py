@@ -1,6 +1,6 @@
 """Looking after a store: list, count, re-verify and garbage-collect its entries.
 
-These are what ``jaxaot-store`` runs; :class:`~jaxaot.store.store.Store` exposes them as its
+These are what ``jaxaot-store`` runs; :class:`~jaxaot.store.cache.Store` exposes them as its
 ``ls``/``stats``/``verify``/``gc`` methods. None of them hashes a payload except ``verify``.
 """
 
@@ -35,7 +35,7 @@ from jaxaot.util.fsio import (
 )
 
 if TYPE_CHECKING:
-    from jaxaot.store.store import Store
+    from jaxaot.store.cache import Store
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 _SIZE_UNITS = {
@@ -211,8 +211,9 @@ def _slot(acc: dict[str, dict[str, float]], stage: str) -> dict[str, float]:
     return acc.setdefault(stage, {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "saved": 0.0})
 
 
-def _log_totals(lines: list[bytes], acc: dict[str, dict[str, float]] | None = None
-                ) -> dict[str, dict[str, float]]:  # fmt: skip
+def _log_totals(
+    lines: list[bytes], acc: dict[str, dict[str, float]] | None = None
+) -> dict[str, dict[str, float]]:
     """Per-stage hits, misses and seconds saved from hit/miss log lines.
 
     A line is one hit or miss (``record``) or the totals ``gc`` folded earlier lines into
@@ -289,11 +290,18 @@ def fold_log(store: Store) -> int:
         if not records:
             return 0
         folded = "".join(
-            canonical_json({"folded": True, "stage": stage, "hits": int(t["hits"]),
-                            "misses": int(t["misses"]), "seconds_saved": round(t["saved"], 6)})
+            canonical_json(
+                {
+                    "folded": True,
+                    "stage": stage,
+                    "hits": int(t["hits"]),
+                    "misses": int(t["misses"]),
+                    "seconds_saved": round(t["saved"], 6),
+                }
+            )
             + "\n"
             for stage, t in sorted(_log_totals(lines).items())
-        )  # fmt: skip
+        )
         try:
             atomic_write_bytes(store.data_dir / STATS_LOG_NAME, folded.encode())
         except OSError:
@@ -301,13 +309,22 @@ def fold_log(store: Store) -> int:
         return records
 
 
-def _failed(store: Store, stage: str, key: str, d: Path, reason: str, kind: str,
-            remove: bool) -> VerifyResult:  # fmt: skip
+def _failed(
+    store: Store, stage: str, key: str, d: Path, reason: str, kind: str, remove: bool
+) -> VerifyResult:
     err = _remove_entry(store.root, d) if remove else None
     if remove and err is None and (d.exists() or d.is_symlink()):
         err = OSError("it is still there")  # never claim a removal that did not happen
-    return VerifyResult(stage, key, d, False, reason, removed=remove and err is None, kind=kind,
-                        remove_error="" if err is None else str(err))  # fmt: skip
+    return VerifyResult(
+        stage,
+        key,
+        d,
+        False,
+        reason,
+        removed=remove and err is None,
+        kind=kind,
+        remove_error="" if err is None else str(err),
+    )
 
 
 def verify(store: Store, remove: bool = False, deep: bool = False) -> VerifyReport:
@@ -330,12 +347,13 @@ def verify(store: Store, remove: bool = False, deep: bool = False) -> VerifyRepo
         probed = probe_entries([r.dir for r in to_probe], store.trust) if to_probe else []
         verdicts = {p.dir: p for p in probed}
         results = [
-            r if r.dir not in verdicts
+            r
+            if r.dir not in verdicts
             else VerifyResult(r.stage, r.key, r.dir, True, verdicts[r.dir].reason, kind="")
             if verdicts[r.dir].usable
             else _failed(store, r.stage, r.key, r.dir, verdicts[r.dir].reason, "unusable", remove)
             for r in results
-        ]  # fmt: skip
+        ]
     return VerifyReport(tuple(results), temps(store))
 
 

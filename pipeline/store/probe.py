@@ -20,7 +20,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 _PROBE_TIMEOUT_S = 600.0
 NOT_CHECKED = "not checked: "  # a reason that leaves the entry counted as usable
@@ -31,6 +30,11 @@ class ProbeResult:
     dir: Path
     usable: bool
     reason: str = ""
+
+
+# The child: it loads executables, so it lives above the store (jaxaot.engine.probe_child);
+# named here, not imported, so the store never imports JAX or the stages.
+PROBE_MODULE = "jaxaot.engine.probe_child"
 
 
 def _device_count(entry_dirs: Sequence[Path]) -> int:
@@ -50,8 +54,6 @@ def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
     results: dict[Path, ProbeResult] = {}
     pending = list(entry_dirs)
     env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["JAXAOT_PROBE_DEVICES"] = str(_device_count(entry_dirs))
     if trust:
         env["JAXAOT_TRUST_STORE"] = "1"
@@ -60,7 +62,7 @@ def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
         batch = pending[:1] if solo else pending
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "jaxaot.store.probe", *map(str, batch)],
+                [sys.executable, "-m", PROBE_MODULE, *map(str, batch)],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -104,83 +106,3 @@ def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
         results[pending[0]] = ProbeResult(pending[0], False, why)
         pending = pending[1:]
     return [results[d] for d in entry_dirs]
-
-
-def _zeros(info: Any) -> Any:
-    import numpy as np
-
-    return np.zeros(info.shape, info.dtype)
-
-
-def probe_one(entry_dir: Path, trust: bool) -> str:
-    """Why the compile entry at ``entry_dir`` cannot be used here, or "" when it loads and runs."""
-    import pickle
-    from types import SimpleNamespace
-
-    import jax
-    from jax.experimental import serialize_executable
-    from jaxaot.stages import custom_calls
-    from jaxaot.store.entries import _Bad, _load
-
-    key, stage = entry_dir.name, entry_dir.parent.parent.name
-    try:
-        entry = _load(entry_dir, stage, key, None, trust)
-    except _Bad as bad:
-        return bad.reason
-    if entry is None:
-        return "entry vanished"
-    if "executable.bin" not in entry.files:
-        return ""  # nothing to load (the backend could not serialize it)
-    meta = json.loads(entry.read_bytes("compiled.json"))
-    backend, ids = meta["backend"], [int(i) for i in meta["device_ids"]]
-    try:
-        by_id = {d.id: d for d in jax.devices(backend)}
-    except RuntimeError:
-        return f"{NOT_CHECKED}no {backend} backend here"
-    if any(i not in by_id for i in ids):
-        return f"compiled for {backend} devices {ids}, this host has {sorted(by_id)}"
-    hlo = entry.read_bytes("optimized.hlo.txt") if "optimized.hlo.txt" in entry.files else None
-    try:
-        custom_calls.prepare(hlo, backend, SimpleNamespace(lowered=None), "entry")
-    except custom_calls.ColdLoadError:
-        return f"{NOT_CHECKED}it calls custom calls its program registers (never loaded cold)"
-    try:
-        payload, in_tree, out_tree = pickle.loads(entry.read_bytes("executable.bin"))
-    except Exception as exc:
-        return f"cannot unpickle executable.bin: {type(exc).__name__}: {exc}"
-    try:
-        compiled = serialize_executable.deserialize_and_load(
-            payload, in_tree, out_tree, backend=backend, execution_devices=[by_id[i] for i in ids]
-        )
-    except Exception as exc:
-        return f"cannot load the executable: {type(exc).__name__}: {' '.join(str(exc).split())}"
-    try:
-        args, kwargs = jax.tree_util.tree_map(_zeros, compiled.args_info)
-        out = jax.block_until_ready(compiled(*args, **kwargs))
-    except Exception as exc:
-        return f"calling it failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-    if jax.tree_util.tree_structure(out) != out_tree:
-        return f"its outputs are {jax.tree_util.tree_structure(out)}, it declares {out_tree}"
-    return ""
-
-
-def main(argv: Sequence[str]) -> int:
-    import jax
-    from jaxaot.util.fsio import trust_from_env
-
-    # Enough virtual CPU devices for every entry, and x64 so f64 arguments keep their type.
-    jax.config.update("jax_num_cpu_devices", int(os.environ.get("JAXAOT_PROBE_DEVICES", "1")))
-    jax.config.update("jax_enable_x64", True)
-    trust = trust_from_env()
-    for arg in argv:
-        d = Path(arg)
-        try:
-            reason = probe_one(d, trust)
-        except Exception as exc:  # anything else: this entry is unusable, go on
-            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        print(json.dumps({"dir": str(d), "reason": reason}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -76,17 +76,22 @@ class AutotuneOptions:
                 f"{', '.join(COMPILE_ONLY_OBJECTIVES)}"
             )
         if self.direction not in DIRECTIONS:
-            raise ConfigError(f"hydra.sweeper.direction: expected minimize or maximize, found "
-                              f"{self.direction!r}")  # fmt: skip
+            raise ConfigError(
+                f"hydra.sweeper.direction: expected minimize or maximize, found {self.direction!r}"
+            )
         if self.sampler not in SAMPLERS:
-            raise ConfigError(f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, "
-                              f"found {self.sampler!r}")  # fmt: skip
+            raise ConfigError(
+                f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, "
+                f"found {self.sampler!r}"
+            )
         for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
             if value < 1:
                 raise ConfigError(f"hydra.sweeper.{key}: expected >= 1, found {value}")
         if self.stop_after_failures < 0:
-            raise ConfigError(f"hydra.sweeper.stop_after_failures: expected >= 0 (0: never "
-                              f"stop early), found {self.stop_after_failures}")  # fmt: skip
+            raise ConfigError(
+                f"hydra.sweeper.stop_after_failures: expected >= 0 (0: never "
+                f"stop early), found {self.stop_after_failures}"
+            )
 
 
 def unescape(value: str) -> str:
@@ -156,8 +161,9 @@ def distribution(override: Override) -> Any:
     raise ConfigError(f"{key}: {override.input_line} is not a choice, range or interval sweep")
 
 
-def search_space(arguments: Sequence[str], params: dict[str, str],
-                 config_loader: Any = None) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def search_space(
+    arguments: Sequence[str], params: dict[str, str], config_loader: Any = None
+) -> tuple[dict[str, Any], list[str]]:
     """(distributions by override key, fixed overrides) from ``params`` and the command line."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -202,9 +208,15 @@ def _sampler(opts: AutotuneOptions) -> Any:
     return samplers.TPESampler(seed=opts.seed)
 
 
-def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictConfig,
-             launcher: Launcher, config_loader: Any,
-             validate: Callable[[Sequence[Sequence[str]]], None]) -> list[Sequence[JobReturn]]:  # fmt: skip
+def optimize(
+    *,
+    opts: AutotuneOptions,
+    arguments: Sequence[str],
+    config: DictConfig,
+    launcher: Launcher,
+    config_loader: Any,
+    validate: Callable[[Sequence[Sequence[str]]], None],
+) -> list[Sequence[JobReturn]]:
     """Run ``opts.n_trials`` trials, ``opts.n_jobs`` at a time; write ``autotune.json``."""
     optuna = _optuna()
     from optuna.trial import TrialState
@@ -212,13 +224,22 @@ def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictCon
     opts.check(str(config.get("stop_after", "execute")))
     space, fixed = search_space(arguments, opts.params, config_loader)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction=opts.direction, sampler=_sampler(opts),
-                                study_name=opts.study_name, storage=opts.storage,
-                                load_if_exists=opts.storage is not None)  # fmt: skip
+    study = optuna.create_study(
+        direction=opts.direction,
+        sampler=_sampler(opts),
+        study_name=opts.study_name,
+        storage=opts.storage,
+        load_if_exists=opts.storage is not None,
+    )
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info("autotune: %s %s over %s, %d trials", opts.direction, opts.objective,
-             ", ".join(space), opts.n_trials)  # fmt: skip
+    log.info(
+        "autotune: %s %s over %s, %d trials",
+        opts.direction,
+        opts.objective,
+        ", ".join(space),
+        opts.n_trials,
+    )
     trials: list[dict[str, Any]] = []
     returns: list[Sequence[JobReturn]] = []
     while len(trials) < opts.n_trials:
@@ -232,25 +253,40 @@ def optimize(*, opts: AutotuneOptions, arguments: Sequence[str], config: DictCon
                 study.tell(trial, state=TrialState.FAIL)
             else:
                 study.tell(trial, value)
-            trials.append({
-                "number": trial.number, "job": len(trials), "value": value, "error": why,
-                "params": {k: str(v) for k, v in trial.params.items()},
-                "overrides": [shown(o) for o in overrides[len(fixed):]],
-            })  # fmt: skip
+            trials.append(
+                {
+                    "number": trial.number,
+                    "job": len(trials),
+                    "value": value,
+                    "error": why,
+                    "params": {k: str(v) for k, v in trial.params.items()},
+                    "overrides": [shown(o) for o in overrides[len(fixed) :]],
+                }
+            )
         returns.append(results)
         _write(sweep_dir, opts, study, trials, fixed)
         first = trials[: opts.stop_after_failures]
         if len(first) == opts.stop_after_failures and len(trials) < opts.n_trials:
             error = _same_failure(first)
             if error is not None:
-                log.error("autotune: stopped after %d of %d trials: the first %d all failed "
-                          "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
-                          len(trials), opts.n_trials, len(first), error)  # fmt: skip
+                log.error(
+                    "autotune: stopped after %d of %d trials: the first %d all failed "
+                    "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
+                    len(trials),
+                    opts.n_trials,
+                    len(first),
+                    error,
+                )
                 return returns
     best = _best(study, trials)
     if best:
-        log.info("autotune: best %s = %.6g (job %s): %s", opts.objective, best["value"],
-                 best["job"], " ".join(best["overrides"]))  # fmt: skip
+        log.info(
+            "autotune: best %s = %.6g (job %s): %s",
+            opts.objective,
+            best["value"],
+            best["job"],
+            " ".join(best["overrides"]),
+        )
     else:
         log.warning("autotune: no trial produced %s", opts.objective)
     return returns
@@ -266,17 +302,37 @@ def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
         return mine
     # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
     params = {k: str(v) for k, v in best.params.items()}
-    return {"number": best.number, "job": None, "value": best.value, "error": None,
-            "params": params, "overrides": [shown(f"{k}={v}") for k, v in params.items()]}  # fmt: skip
+    return {
+        "number": best.number,
+        "job": None,
+        "value": best.value,
+        "error": None,
+        "params": params,
+        "overrides": [shown(f"{k}={v}") for k, v in params.items()],
+    }
 
 
-def _write(sweep_dir: Path, opts: AutotuneOptions, study: Any, trials: list[dict[str, Any]],
-           fixed: list[str]) -> None:  # fmt: skip
-    atomic_write_json(sweep_dir / AUTOTUNE_NAME, {
-        "objective": opts.objective, "direction": opts.direction, "sampler": opts.sampler,
-        "seed": opts.seed, "study_name": study.study_name, "n_trials": opts.n_trials,
-        "fixed": [shown(o) for o in fixed], "best": _best(study, trials), "trials": trials,
-    })  # fmt: skip
+def _write(
+    sweep_dir: Path,
+    opts: AutotuneOptions,
+    study: Any,
+    trials: list[dict[str, Any]],
+    fixed: list[str],
+) -> None:
+    atomic_write_json(
+        sweep_dir / AUTOTUNE_NAME,
+        {
+            "objective": opts.objective,
+            "direction": opts.direction,
+            "sampler": opts.sampler,
+            "seed": opts.seed,
+            "study_name": study.study_name,
+            "n_trials": opts.n_trials,
+            "fixed": [shown(o) for o in fixed],
+            "best": _best(study, trials),
+            "trials": trials,
+        },
+    )
 
 
 __all__ = [

@@ -119,8 +119,13 @@ def _prefetch_plotting() -> None:
 class SweepCallback(Callback):
     """Sweep plan, one progress line per job, a heartbeat for long stages, and the report."""
 
-    def __init__(self, report: bool = True, plots: bool = True, progress: bool = True,
-                 heartbeat_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        report: bool = True,
+        plots: bool = True,
+        progress: bool = True,
+        heartbeat_s: float = 30.0,
+    ) -> None:
         self.report, self.plots, self.progress = report, plots, progress
         self.heartbeat_s = float(heartbeat_s)
 
@@ -158,10 +163,18 @@ class SweepCallback(Callback):
             return
         status, code, error = _outcome(job_return)
         overrides = [str(o) for o in (job_return.overrides or [])]
-        write_job_record(run_dir, {
-            "num": int(config.hydra.job.num), "overrides": overrides, "status": status,
-            "code": code, "error": error, "host": socket.gethostname(), "finished": time.time(),
-        })  # fmt: skip
+        write_job_record(
+            run_dir,
+            {
+                "num": int(config.hydra.job.num),
+                "overrides": overrides,
+                "status": status,
+                "code": code,
+                "error": error,
+                "host": socket.gethostname(),
+                "finished": time.time(),
+            },
+        )
         if not self.progress:
             return
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -186,11 +199,17 @@ class SweepCallback(Callback):
         ok = len(table.rows) - _last_failed - len(table.does_not_fit)
         misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
         if self.report:
-            print(f"sweep: {len(table.rows)} jobs, {ok} ok{misfits}, {_last_failed} failed; "
-                  f"report: {sweep_dir / MD_NAME}", flush=True)  # fmt: skip
+            print(
+                f"sweep: {len(table.rows)} jobs, {ok} ok{misfits}, {_last_failed} failed; "
+                f"report: {sweep_dir / MD_NAME}",
+                flush=True,
+            )
         if self.progress and table.failed:  # each error is in its job's progress line: once
-            log.error("failed jobs: %s (errors above and in %s)",
-                      ", ".join(str(r["job"]) for r in table.failed), MD_NAME)  # fmt: skip
+            log.error(
+                "failed jobs: %s (errors above and in %s)",
+                ", ".join(str(r["job"]) for r in table.failed),
+                MD_NAME,
+            )
             return
         for r in table.failed:
             log.error("job %s failed: %s", r["job"], r.get("error") or r["status"])

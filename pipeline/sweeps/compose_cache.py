@@ -81,11 +81,17 @@ class SweepConfigLoader(ConfigLoader):
             if len(self._validated) < _MAX_KEPT:
                 self._validated[(id(master_config), tuple(overrides))] = cfg
 
-    def load_configuration(self, config_name: str | None, overrides: list[str],
-                           run_mode: RunMode, from_shell: bool = True,
-                           validate_sweep_overrides: bool = True) -> DictConfig:  # fmt: skip
-        return self.inner.load_configuration(config_name, overrides, run_mode, from_shell,
-                                             validate_sweep_overrides)  # fmt: skip
+    def load_configuration(
+        self,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: RunMode,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        return self.inner.load_configuration(
+            config_name, overrides, run_mode, from_shell, validate_sweep_overrides
+        )
 
     def load_sweep_config(
         self, master_config: DictConfig, sweep_overrides: list[str]
@@ -109,8 +115,9 @@ class SweepConfigLoader(ConfigLoader):
         OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
         return cfg
 
-    def _split(self, config_name: str | None,
-               lines: list[str]) -> tuple[list[Override], list[Override]] | None:  # fmt: skip
+    def _split(
+        self, config_name: str | None, lines: list[str]
+    ) -> tuple[list[Override], list[Override]] | None:
         """The parsed overrides and, among them, those Hydra applies after composing."""
         from hydra._internal.defaults_list import Overrides
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -131,13 +138,18 @@ class SweepConfigLoader(ConfigLoader):
             return None
 
     def _base(self, config_name: str | None, group_overrides: list[Override]) -> DictConfig:
-        key = (config_name, tuple(o.input_line for o in group_overrides),
-               tuple(str(p) for p in self.inner.get_search_path().get_path()))  # fmt: skip
+        key = (
+            config_name,
+            tuple(o.input_line for o in group_overrides),
+            tuple(str(p) for p in self.inner.get_search_path().get_path()),
+        )
         base = _BASES.get(key)
         if base is None:
-            base = self.inner.load_configuration(config_name=config_name,
-                                                 overrides=[str(o.input_line) for o in group_overrides],
-                                                 run_mode=RunMode.RUN)  # fmt: skip
+            base = self.inner.load_configuration(
+                config_name=config_name,
+                overrides=[str(o.input_line) for o in group_overrides],
+                run_mode=RunMode.RUN,
+            )
             _BASES[key] = base
             while len(_BASES) > _MAX_ENTRIES:
                 _BASES.popitem(last=False)
@@ -156,13 +168,18 @@ class SweepConfigLoader(ConfigLoader):
     def list_groups(self, parent_name: str) -> list[str]:
         return self.inner.list_groups(parent_name)
 
-    def get_group_options(self, group_name: str, results_filter: Any = None,
-                          config_name: str | None = None,
-                          overrides: list[str] | None = None) -> list[str]:  # fmt: skip
+    def get_group_options(
+        self,
+        group_name: str,
+        results_filter: Any = None,
+        config_name: str | None = None,
+        overrides: list[str] | None = None,
+    ) -> list[str]:
         return self.inner.get_group_options(group_name, results_filter, config_name, overrides)
 
-    def compute_defaults_list(self, config_name: str | None, overrides: list[str],
-                              run_mode: RunMode) -> Any:  # fmt: skip
+    def compute_defaults_list(
+        self, config_name: str | None, overrides: list[str], run_mode: RunMode
+    ) -> Any:
         return self.inner.compute_defaults_list(config_name, overrides, run_mode)
 
 
@@ -178,8 +195,11 @@ def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[O
     _refresh_runtime(cfg)
     dirname = cfg.hydra.job.config.override_dirname
     cfg.hydra.job.override_dirname = get_overrides_dirname(
-        overrides=app_overrides, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep,
-        exclude_keys=dirname.exclude_keys)  # fmt: skip
+        overrides=app_overrides,
+        kv_sep=dirname.kv_sep,
+        item_sep=dirname.item_sep,
+        exclude_keys=dirname.exclude_keys,
+    )
 
 
 def _refresh_runtime(cfg: DictConfig) -> None:
@@ -216,8 +236,9 @@ class LaunchingSweeper(Sweeper):
     hydra_context: HydraContext | None = None
     launcher: Any = None
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:  # fmt: skip
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         from jaxaot.util.console import unescape_launch_lines
 
         unescape_launch_lines()  # "#0 : program.args.1=f32[8,256]", as written

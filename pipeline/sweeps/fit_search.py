@@ -92,8 +92,9 @@ class Search:
         }
 
 
-def linear_scan_compiles(opts: FitOptions, largest_fit: int | None,
-                         smallest_misfit: int | None) -> int:  # fmt: skip
+def linear_scan_compiles(
+    opts: FitOptions, largest_fit: int | None, smallest_misfit: int | None
+) -> int:
     """Compiles a scan upwards from ``low`` in steps of ``multiple`` needs for the same answer:
     every value up to the first misfit, that one included."""
     if largest_fit is None:
@@ -131,7 +132,7 @@ def bisect(opts: FitOptions, probe: Callable[[int], bool | None], search: Search
 
 def summary_line(result: dict[str, Any]) -> str:
     """One line per search for the log: boundary, memory at it, compiles vs a linear scan."""
-    from jaxaot.engine.summary import human_bytes
+    from jaxaot.util.humanize import human_bytes
 
     where = result.get("label") or "all jobs"
     if result["error"]:
@@ -139,11 +140,14 @@ def summary_line(result: dict[str, Any]) -> str:
     if result["largest_fit"] is None:
         return f"fit search [{where}]: nothing fits, not even n={result['smallest_misfit']}"
     misfit = result["smallest_misfit"]
-    bound = f"n={result['largest_fit']} fits" + (f", n={misfit} does not" if misfit else
-                                                  " (the whole range fits)")  # fmt: skip
-    return (f"fit search [{where}]: {bound}; {human_bytes(result['hbm_bytes_needed_at_fit'])} of "
-            f"{human_bytes(result['hbm_bytes_available'])} per device at the boundary; "
-            f"{result['compiles']} compiles (a linear scan: {result['linear_scan_compiles']})")  # fmt: skip
+    bound = f"n={result['largest_fit']} fits" + (
+        f", n={misfit} does not" if misfit else " (the whole range fits)"
+    )
+    return (
+        f"fit search [{where}]: {bound}; {human_bytes(result['hbm_bytes_needed_at_fit'])} of "
+        f"{human_bytes(result['hbm_bytes_available'])} per device at the boundary; "
+        f"{result['compiles']} compiles (a linear scan: {result['linear_scan_compiles']})"
+    )
 
 
 def combinations(overrides: Sequence[Any]) -> list[list[str]]:
@@ -155,5 +159,12 @@ def combinations(overrides: Sequence[Any]) -> list[list[str]]:
     return [list(c) for batch in batches for c in batch] or [[]]
 
 
-__all__ = ["FIT_NAME", "FitOptions", "Search", "bisect", "combinations", "linear_scan_compiles",
-           "summary_line"]  # fmt: skip
+__all__ = [
+    "FIT_NAME",
+    "FitOptions",
+    "Search",
+    "bisect",
+    "combinations",
+    "linear_scan_compiles",
+    "summary_line",
+]

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.engine.summary import human_bytes
 from jaxaot.sweeps.progress import short_names
 from jaxaot.util.fsio import atomic_write_bytes
+from jaxaot.util.humanize import human_bytes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MultipleLocator
 
@@ -29,8 +29,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 MAX_SERIES = 6
-_MEMORY = (("argument", "compile.argument_bytes"), ("output", "compile.output_bytes"),
-           ("temp", "compile.temp_bytes"), ("code", "compile.code_bytes"))  # fmt: skip
+_MEMORY = (
+    ("argument", "compile.argument_bytes"),
+    ("output", "compile.output_bytes"),
+    ("temp", "compile.temp_bytes"),
+    ("code", "compile.code_bytes"),
+)
 _MEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2")
 Row = dict[str, Any]
 
@@ -68,23 +72,39 @@ def _col(name: str) -> Callable[[Row], float | None]:
     return lambda r: r.get(name) if r["status"] == "ok" else None
 
 
-def _bars(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]], title: str,
-          get: Callable[[Row], float | None], *, hatch_cached: bool = False,
-          err: Callable[[Row], float | None] | None = None, unit: str = "") -> None:  # fmt: skip
+def _bars(
+    ax: Axes,
+    xs: list[str],
+    param: str,
+    groups: dict[str, list[Row]],
+    title: str,
+    get: Callable[[Row], float | None],
+    *,
+    hatch_cached: bool = False,
+    err: Callable[[Row], float | None] | None = None,
+    unit: str = "",
+) -> None:
     width = 0.8 / max(len(groups), 1)
     for i, (name, rows) in enumerate(groups.items()):
         pos = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(xs))]
         vals = [_value(rows, x, param, get) or 0.0 for x in xs]
         sd = [(_value(rows, x, param, err) or 0.0) if err else 0.0 for x in xs]
         errs = [[min(v, e) for v, e in zip(vals, sd, strict=True)], sd]  # clipped at zero
-        hatches = ["//" if hatch_cached and any(r.get(param, "") == x and
-                   r.get("compile.status") == "cached" for r in rows) else "" for x in xs]  # fmt: skip
-        bars = ax.bar(pos, vals, width, label=name,
-                      yerr=errs if err else None, capsize=2)  # fmt: skip
+        hatches = [
+            "//"
+            if hatch_cached
+            and any(r.get(param, "") == x and r.get("compile.status") == "cached" for r in rows)
+            else ""
+            for x in xs
+        ]
+        bars = ax.bar(pos, vals, width, label=name, yerr=errs if err else None, capsize=2)
         for b, h in zip(bars, hatches, strict=True):
             b.set_hatch(h)
-        failed = [p for p, x in zip(pos, xs, strict=True)
-                  if any(r.get(param, "") == x and r["status"] != "ok" for r in rows)]  # fmt: skip
+        failed = [
+            p
+            for p, x in zip(pos, xs, strict=True)
+            if any(r.get(param, "") == x and r["status"] != "ok" for r in rows)
+        ]
         if failed:
             ax.plot(failed, [0.0] * len(failed), "x", color="red", markersize=9, mew=2)
     ax.set_title(title, fontsize=9)
@@ -98,8 +118,16 @@ def _memory(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]]) -
         bottom = [0.0] * len(xs)
         for (name, col), color in zip(_MEMORY, _MEM_COLORS, strict=True):
             vals = [_value(rows, x, param, _col(col)) or 0.0 for x in xs]
-            ax.bar(pos, vals, width, bottom=bottom, color=color, edgecolor="black",
-                   linewidth=0.4, label=name if i == 0 else None)  # fmt: skip
+            ax.bar(
+                pos,
+                vals,
+                width,
+                bottom=bottom,
+                color=color,
+                edgecolor="black",
+                linewidth=0.4,
+                label=name if i == 0 else None,
+            )
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     _hbm(ax, xs, param, groups, width)
     ax.set_title("memory (stacked)", fontsize=9)
@@ -118,13 +146,32 @@ def _hbm(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]], widt
         for p, x in zip(pos, xs, strict=True):
             avail = _value(rows, x, param, lambda r: r.get("compile.hbm_bytes_available"))
             if avail:
-                ax.hlines(avail, p - width / 2, p + width / 2, colors="black", linestyles="--",
-                          label=labels.pop("avail", "_nolegend_"))  # fmt: skip
-            need = _value(rows, x, param, lambda r: r.get("compile.hbm_bytes_needed")
-                          if r["status"] == "does_not_fit" else None)  # fmt: skip
+                ax.hlines(
+                    avail,
+                    p - width / 2,
+                    p + width / 2,
+                    colors="black",
+                    linestyles="--",
+                    label=labels.pop("avail", "_nolegend_"),
+                )
+            need = _value(
+                rows,
+                x,
+                param,
+                lambda r: (
+                    r.get("compile.hbm_bytes_needed") if r["status"] == "does_not_fit" else None
+                ),
+            )
             if need:
-                ax.bar(p, need, width, fill=False, edgecolor="red", hatch="xx",
-                       label=labels.pop("need", "_nolegend_"))  # fmt: skip
+                ax.bar(
+                    p,
+                    need,
+                    width,
+                    fill=False,
+                    edgecolor="red",
+                    hatch="xx",
+                    label=labels.pop("need", "_nolegend_"),
+                )
 
 
 def _figure(table: SweepTable, param: str) -> Figure:
@@ -135,23 +182,45 @@ def _figure(table: SweepTable, param: str) -> Figure:
     panels = 4 if executed else 2
     fig = Figure(figsize=(3.4 * panels, 3.3), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
-    _bars(axes[0], xs, param, groups, "compile time (hatched: from store)",
-          _col("compile.seconds"), hatch_cached=True, unit="s")  # fmt: skip
+    _bars(
+        axes[0],
+        xs,
+        param,
+        groups,
+        "compile time (hatched: from store)",
+        _col("compile.seconds"),
+        hatch_cached=True,
+        unit="s",
+    )
     if executed:
-        _bars(axes[1], xs, param, groups, "execute median (±sd)", _col("execute.median_s"),
-              err=_col("execute.stddev_s"), unit="s")  # fmt: skip
+        _bars(
+            axes[1],
+            xs,
+            param,
+            groups,
+            "execute median (±sd)",
+            _col("execute.median_s"),
+            err=_col("execute.stddev_s"),
+            unit="s",
+        )
         _bars(axes[2], xs, param, groups, "achieved FLOP/s", _col("execute.flops_per_s"))
     _memory(axes[-1], xs, param, groups)
     for ax in axes:
-        ax.set_xticks(range(len(xs)), [_label(x) for x in xs], rotation=30 if len(xs) > 3 else 0,
-                      ha="right" if len(xs) > 3 else "center", fontsize=8)  # fmt: skip
+        ax.set_xticks(
+            range(len(xs)),
+            [_label(x) for x in xs],
+            rotation=30 if len(xs) > 3 else 0,
+            ha="right" if len(xs) > 3 else "center",
+            fontsize=8,
+        )
         ax.tick_params(axis="y", labelsize=8)
         ax.set_xlabel(param, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     if len(groups) > 1:
         handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(groups), 3),
-                   fontsize=7)  # fmt: skip
+        fig.legend(
+            handles, labels, loc="outside lower center", ncols=min(len(groups), 3), fontsize=7
+        )
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(f"sweep over {param}", fontsize=10)
     return fig

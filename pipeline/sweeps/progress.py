@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from jaxaot.config.schema import STAGES, override_key
-from jaxaot.engine.summary import human_bytes, human_count, human_seconds
+from jaxaot.config.order import STAGES
+from jaxaot.config.schema import override_key
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.util.fsio import atomic_write_json, atomic_write_text
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 
 log = logging.getLogger("jaxaot")
 
@@ -152,8 +153,14 @@ def key_figures(manifest: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def progress_line(n: int, total: int | None, overrides: Sequence[str], status: str,
-                  manifest: dict[str, Any] | None, error: str | None) -> str:  # fmt: skip
+def progress_line(
+    n: int,
+    total: int | None,
+    overrides: Sequence[str],
+    status: str,
+    manifest: dict[str, Any] | None,
+    error: str | None,
+) -> str:
     """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job."""
     head = f"[{n}/{total if total is not None else '?'}]"
     names = short_names([override_key(o) for o in overrides])
@@ -205,8 +212,14 @@ class ProgressRelay(_Ticker):
     how long the sweep has run, so a sweep of long compiles on a cluster shows it is alive.
     """
 
-    def __init__(self, sweep_dir: Path, total: int | None, heartbeat_s: float,
-                 poll_s: float = 0.5, write: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sweep_dir: Path,
+        total: int | None,
+        heartbeat_s: float,
+        poll_s: float = 0.5,
+        write: Any = None,
+    ) -> None:
         super().__init__(poll_s, "jaxaot-progress")
         self.folder = Path(sweep_dir) / STATE_DIR / LINES_DIR
         self.total, self.heartbeat_s = total, heartbeat_s
@@ -245,8 +258,10 @@ class ProgressRelay(_Ticker):
         if self.heartbeat_s > 0 and now - self._last >= self.heartbeat_s:
             self._last = now
             total = self.total if self.total is not None else "?"
-            self._write(f"[sweep] {len(self._printed)}/{total} jobs finished, "
-                        f"{human_seconds(now - self._t0)} in; the others are queued or running")  # fmt: skip
+            self._write(
+                f"[sweep] {len(self._printed)}/{total} jobs finished, "
+                f"{human_seconds(now - self._t0)} in; the others are queued or running"
+            )
 
 
 def print_line(line: str) -> None:
@@ -259,7 +274,7 @@ def print_line(line: str) -> None:
 def planned_stages(config: Any) -> list[str]:
     """The stages a job's config runs, from ``start_at`` to ``stop_after`` (compile at the
     latest for ``compile.topology``: there is nothing here to execute on, see
-    jaxaot.config.topology)."""
+    jaxaot.config.topology_config)."""
     first = STAGES.index(str(config.get("start_at", STAGES[0])))
     last = STAGES.index(str(config.get("stop_after", STAGES[-1])))
     compile_ = config.get("compile")
@@ -307,8 +322,10 @@ class Heartbeat(_Ticker):
             return f"still starting or {_VERB[self.stages[0]]} ({self.label}): {job} in this job"
         if stage is None:
             return None
-        return (f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
-                f"in {stage}, {job} in this job")  # fmt: skip
+        return (
+            f"still {_VERB.get(stage, stage)} ({self.label}): {human_seconds(now - since)} "
+            f"in {stage}, {job} in this job"
+        )
 
     def tick(self) -> None:
         line = self.message()

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxaot.config.schema import STAGES
-from jaxaot.engine.summary import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
+from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.progress import (
     JOB_NAME,
@@ -29,6 +28,7 @@ from jaxaot.sweeps.progress import (
     short_names,
 )
 from jaxaot.util.fsio import atomic_write_text
+from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
 
 log = logging.getLogger("jaxaot")
 
@@ -50,8 +50,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "execute.flops_per_s": ("execute", "flops_per_s"),
 }
 # compile.topology's verdict (issue 15): columns only in sweeps that have a topology job.
-_TOPOLOGY_FIELDS = ("topology", "fits", "hbm_bytes_needed", "hbm_bytes_available",
-                    "headroom_bytes", "est_step_s", "collectives", "collective_bytes")  # fmt: skip
+_TOPOLOGY_FIELDS = (
+    "topology",
+    "fits",
+    "hbm_bytes_needed",
+    "hbm_bytes_available",
+    "headroom_bytes",
+    "est_step_s",
+    "collectives",
+    "collective_bytes",
+)
 TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
     f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
 }
@@ -60,8 +68,11 @@ STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("sta
 # submitit's result file) and how often the job was requeued (resuming from its last stage).
 SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
 # Every numeric column: what an autotuning objective may name.
-NUMERIC_COLUMNS: tuple[str, ...] = (tuple(f"{s}.seconds" for s in STAGES) + tuple(METRICS)
-                                    + ("compile.hbm_bytes_needed", "compile.est_step_s"))  # fmt: skip
+NUMERIC_COLUMNS: tuple[str, ...] = (
+    tuple(f"{s}.seconds" for s in STAGES)
+    + tuple(METRICS)
+    + ("compile.hbm_bytes_needed", "compile.est_step_s")
+)
 # A job whose program does not fit its topology is a result, not a failure (issue 15).
 RESULT_STATUSES: tuple[str, ...] = ("ok", "does_not_fit")
 
@@ -101,8 +112,18 @@ class SweepTable:
         best = ["best"] if self.autotune else []
         topo = list(TOPOLOGY_METRICS) if self.topology else []
         slurm = list(SLURM_COLUMNS) if self.slurm else []
-        return ["job", *self.varying, "status", *best, *STAGE_COLUMNS, *METRICS, *topo, *slurm,
-                "error", "dir"]  # fmt: skip
+        return [
+            "job",
+            *self.varying,
+            "status",
+            *best,
+            *STAGE_COLUMNS,
+            *METRICS,
+            *topo,
+            *slurm,
+            "error",
+            "dir",
+        ]
 
 
 def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
@@ -142,8 +163,12 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     found = {p.parent for name in (JOB_NAME, MANIFEST_NAME) for p in sweep_dir.rglob(name)}
     jobs = [d for d in found if STATE_DIR not in d.relative_to(sweep_dir).parts]
     # Natural order (job 2 before job 10) for jobs without a record of their number.
-    return sorted(jobs, key=lambda d: [(0, int(p), "") if p.isdigit() else (1, 0, p)
-                                       for p in d.relative_to(sweep_dir).parts])  # fmt: skip
+    return sorted(
+        jobs,
+        key=lambda d: [
+            (0, int(p), "") if p.isdigit() else (1, 0, p) for p in d.relative_to(sweep_dir).parts
+        ],
+    )
 
 
 def _status(record: dict[str, Any] | None, manifest: dict[str, Any] | None) -> str:
@@ -173,15 +198,24 @@ def collect(sweep_dir: Path | str) -> SweepTable:
         row.update(row_of(manifest))
         slurm = (record or {}).get("slurm") or {}
         if slurm:
-            row.update(slurm_job=slurm.get("job_id"), slurm_state=slurm.get("state"),
-                       slurm_state_source=slurm.get("source"),
-                       requeued=(manifest or {}).get("requeued", 0))  # fmt: skip
+            row.update(
+                slurm_job=slurm.get("job_id"),
+                slurm_state=slurm.get("state"),
+                slurm_state_source=slurm.get("source"),
+                requeued=(manifest or {}).get("requeued", 0),
+            )
         row.update(error=error, dir=str(d.relative_to(root)))
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
     varying = _varying(all_overrides, plan.varying)
-    fixed = list(dict.fromkeys(f"{override_key(o)}={override_value(o)}" for ovs in all_overrides
-                               for o in ovs if override_key(o) not in varying))  # fmt: skip
+    fixed = list(
+        dict.fromkeys(
+            f"{override_key(o)}={override_value(o)}"
+            for ovs in all_overrides
+            for o in ovs
+            if override_key(o) not in varying
+        )
+    )
     autotune = read_json(root / AUTOTUNE_NAME)
     if autotune:
         best = (autotune.get("best") or {}).get("job")
@@ -202,8 +236,9 @@ def _varying(all_overrides: list[list[str]], planned: Sequence[str]) -> list[str
                 values[k] = set()
             values[k].add(override_value(o))
     differs = {k for k, v in values.items() if len(v) > 1}
-    differs |= {k for k in values if any(k not in {override_key(o) for o in ovs}
-                                         for ovs in all_overrides)}  # fmt: skip
+    differs |= {
+        k for k in values if any(k not in {override_key(o) for o in ovs} for ovs in all_overrides)
+    }
     return [k for k in order if k in planned or k in differs]
 
 
@@ -272,8 +307,11 @@ def to_markdown(table: SweepTable) -> str:
     if table.autotune:
         obj, direction = table.autotune.get("objective"), table.autotune.get("direction")
         if best:
-            where = (f"job {best['job']}" if best.get("job") is not None
-                     else "an earlier sweep of this study")  # fmt: skip
+            where = (
+                f"job {best['job']}"
+                if best.get("job") is not None
+                else "an earlier sweep of this study"
+            )
             mark = " (marked **best** below)" if best.get("job") is not None else ""
             lines.append(
                 f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
@@ -282,27 +320,55 @@ def to_markdown(table: SweepTable) -> str:
         else:
             lines.append(f"No trial produced `{obj}`.")
     lines.append("")
-    head = ["job", *(names[k] for k in table.varying), "status", *(s for s in STAGES),
-            "FLOPs", "bytes accessed", "arg", "out", "temp", "code", "exec median", "FLOP/s",
-            *(("target", "fits", "HBM needed", "HBM available", "est. step (roofline)",
-               "collectives") if topology else ()),
-            *(["SLURM"] if slurm else []), "error"]  # fmt: skip
+    head = [
+        "job",
+        *(names[k] for k in table.varying),
+        "status",
+        *(s for s in STAGES),
+        "FLOPs",
+        "bytes accessed",
+        "arg",
+        "out",
+        "temp",
+        "code",
+        "exec median",
+        "FLOP/s",
+        *(
+            ("target", "fits", "HBM needed", "HBM available", "est. step (roofline)", "collectives")
+            if topology
+            else ()
+        ),
+        *(["SLURM"] if slurm else []),
+        "error",
+    ]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in table.rows:
         status = f"**{r['status']}**" if r["status"] != "ok" else "ok"
         if r.get("best"):
             status += " **best**"
-        cells = [r["job"], *(r.get(k, "") for k in table.varying), status,
-                 *(_stage_cell(r, s) for s in STAGES),
-                 *(_metric(r, c, human_count if c.endswith("flops") else human_bytes)
-                   for c in ("compile.flops", "compile.bytes_accessed", "compile.argument_bytes",
-                             "compile.output_bytes", "compile.temp_bytes", "compile.code_bytes")),
-                 _metric(r, "execute.median_s", human_seconds),
-                 _metric(r, "execute.flops_per_s", human_count),
-                 *(_topology_cells(r) if topology else ()),
-                 *([_slurm_cell(r)] if slurm else []),
-                 (r.get("error") or "")[:160]]  # fmt: skip
+        cells = [
+            r["job"],
+            *(r.get(k, "") for k in table.varying),
+            status,
+            *(_stage_cell(r, s) for s in STAGES),
+            *(
+                _metric(r, c, human_count if c.endswith("flops") else human_bytes)
+                for c in (
+                    "compile.flops",
+                    "compile.bytes_accessed",
+                    "compile.argument_bytes",
+                    "compile.output_bytes",
+                    "compile.temp_bytes",
+                    "compile.code_bytes",
+                )
+            ),
+            _metric(r, "execute.median_s", human_seconds),
+            _metric(r, "execute.flops_per_s", human_count),
+            *(_topology_cells(r) if topology else ()),
+            *([_slurm_cell(r)] if slurm else []),
+            (r.get("error") or "")[:160],
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:
         lines += ["", "Columns: " + ", ".join(f"`{v}` = `{k}`" for k, v in names.items()) + "."]

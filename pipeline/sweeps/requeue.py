@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxaot.config.schema import STAGES
+from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.progress import STATE_DIR, read_json
 from jaxaot.util.fsio import atomic_write_json
@@ -103,8 +103,9 @@ def previous_attempts(sweep_dir: Path, job_num: int) -> tuple[Path, ...]:
     return tuple(sorted(found, key=lambda p: int(p.name.split("-", 1)[1])))
 
 
-def prepare(job_dir: Path, sweep_dir: Path, job_num: int, planned: list[str],
-            requeued: bool) -> Attempt:  # fmt: skip
+def prepare(
+    job_dir: Path, sweep_dir: Path, job_num: int, planned: list[str], requeued: bool
+) -> Attempt:
     """Set up this attempt of a sweep job, before Hydra creates its job directory.
 
     ``requeued``: whether SLURM or submitit says this job ran before (submitit's checkpoint

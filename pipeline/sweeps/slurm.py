@@ -21,8 +21,21 @@ log = logging.getLogger("jaxaot")
 
 # Job states after which no result file will come (squeue/sacct spelling; sacct adds
 # "CANCELLED by <uid>").
-TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-                      "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})  # fmt: skip
+TERMINAL = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
 # A job that ended without a result file: how long to wait for the file to appear anyway
 # (NFS attribute caches; the job wrote it just before it ended), or for a preempted job to be
 # requeued (PreemptMode=REQUEUE shows PREEMPTED before REQUEUED). A state also counts as the
@@ -117,9 +130,14 @@ class _Watch:
     done: bool = False
 
 
-def wait_all(jobs: Sequence[Any], *, poll_s: float = 1.0, query_s: float | None = None,
-             on_done: Callable[[Any, JobState | None], None] | None = None,
-             now: Callable[[], float] = time.monotonic) -> list[JobState | None]:  # fmt: skip
+def wait_all(
+    jobs: Sequence[Any],
+    *,
+    poll_s: float = 1.0,
+    query_s: float | None = None,
+    on_done: Callable[[Any, JobState | None], None] | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> list[JobState | None]:
     """Wait until SLURM says every submitit job has ended; each job's last state.
 
     A job has ended when SLURM shows a final state and it either wrote its result file or two

@@ -52,8 +52,11 @@ class SnapshotSweepCheck(Callback):
         _failed[:] = failed
         if failed:
             lines = "\n  ".join(failed)
-            print(f"jaxaot: error: snapshot: {len(failed)} sweep job(s) failed:\n  {lines}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"jaxaot: error: snapshot: {len(failed)} sweep job(s) failed:\n  {lines}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def exit_status() -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.errors import BackendError
+from jaxaot.util.console import quiet_libtpu
 
 if TYPE_CHECKING:
     from jaxaot.targets.tpu import Generation, Target
@@ -110,15 +111,17 @@ def quiet_plugin_discovery() -> None:
     discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
     if discover is None:
         return
-    from jaxaot.targets.tpu import quiet_libtpu
-
     with quiet_libtpu():
         discover()
 
 
 def target_config(gen: Generation) -> str:
     """The shipped ``GpuTargetConfigProto`` text for ``gen``."""
-    return resources.files("jaxaot.targets").joinpath("gpu_targets", gen.target_config).read_text()
+    return _target_config_file(gen.target_config)
+
+
+def _target_config_file(name: str) -> str:
+    return resources.files("jaxaot.targets").joinpath("gpu_targets", name).read_text()
 
 
 def target_config_sha256(gen: Generation) -> str:
@@ -163,8 +166,9 @@ def ptxas_version(data_dir: str) -> str:
     the plugin's (a ptxas of another major makes cubins the plugin's runtime may not load)."""
     ptxas = Path(data_dir) / "bin" / "ptxas"
     try:
-        out = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True,
-                             timeout=60, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [str(ptxas), "--version"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise BackendError(f"compile.topology: {ptxas} --version failed: {exc}") from None
     m = re.search(r"V(\d+)\.(\d+)\.(\d+)", out)
@@ -198,25 +202,25 @@ def cuda_devices(target: Target) -> tuple[Any, ...]:
 
 @functools.cache
 def _devices(gen_name: str, config_file: str, topology: str) -> tuple[Any, ...]:
-    from jaxaot.targets.tpu import GENERATIONS, quiet_libtpu
-
     plugin_versions()
     prepare()
     from jax.experimental import topologies
 
-    text = target_config(GENERATIONS[gen_name])
+    text = _target_config_file(config_file)
     where = f"compile.topology={gen_name}:{topology}"
     with quiet_libtpu():  # the plugin's "Could not find cuda drivers" lines, on fd 2
         try:
             try:
-                desc = topologies.get_topology_desc(platform="cuda", target_config=text,
-                                                    topology=topology)  # fmt: skip
+                desc = topologies.get_topology_desc(
+                    platform="cuda", target_config=text, topology=topology
+                )
             except NotImplementedError:
                 # JAX started its backends before prepare(): the plugin's check failed then and
                 # it never registered. Register it now (the check is skipped this time).
                 _register_plugin()
-                desc = topologies.get_topology_desc(platform="cuda", target_config=text,
-                                                    topology=topology)  # fmt: skip
+                desc = topologies.get_topology_desc(
+                    platform="cuda", target_config=text, topology=topology
+                )
         except BackendError:
             raise
         except Exception as exc:

@@ -25,17 +25,15 @@ Entries are per platform: a later issue adds NVIDIA GPUs (``platform="cuda"``, `
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from jaxaot.errors import BackendError, ConfigError
+from jaxaot.util.console import quiet_libtpu
 
 log = logging.getLogger("jaxaot")
 
@@ -85,32 +83,72 @@ GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
         Generation(
-            name="v4", device_kind="TPU v4", cores_per_chip=2, name_counts="cores", dims=3,
-            chip_config="megacore", hbm_bytes=32 * GiB, hbm_usable_bytes=int(30.75 * GiB),
-            peak_bf16_flops=275 * _T, peak_int8_ops=275 * _T, hbm_bandwidth=1200 * _GB_S,
-            source="cloud.google.com/tpu/docs: TPU v4", platform="tpu", chips_per_host=4,
+            name="v4",
+            device_kind="TPU v4",
+            cores_per_chip=2,
+            name_counts="cores",
+            dims=3,
+            chip_config="megacore",
+            hbm_bytes=32 * GiB,
+            hbm_usable_bytes=int(30.75 * GiB),
+            peak_bf16_flops=275 * _T,
+            peak_int8_ops=275 * _T,
+            hbm_bandwidth=1200 * _GB_S,
+            source="cloud.google.com/tpu/docs: TPU v4",
+            platform="tpu",
+            chips_per_host=4,
         ),
         Generation(
-            name="v5e", device_kind="TPU v5 lite", cores_per_chip=1, name_counts="chips", dims=2,
-            chip_config="default", hbm_bytes=16 * GiB, hbm_usable_bytes=int(15.75 * GiB),
-            peak_bf16_flops=197 * _T, peak_int8_ops=394 * _T, hbm_bandwidth=819 * _GB_S,
-            source="cloud.google.com/tpu/docs: TPU v5e", platform="tpu", chips_per_host=4,
+            name="v5e",
+            device_kind="TPU v5 lite",
+            cores_per_chip=1,
+            name_counts="chips",
+            dims=2,
+            chip_config="default",
+            hbm_bytes=16 * GiB,
+            hbm_usable_bytes=int(15.75 * GiB),
+            peak_bf16_flops=197 * _T,
+            peak_int8_ops=394 * _T,
+            hbm_bandwidth=819 * _GB_S,
+            source="cloud.google.com/tpu/docs: TPU v5e",
+            platform="tpu",
+            chips_per_host=4,
         ),
         # The docs' "95 GB" is rounded: XLA allows 95.74 GiB per device.
         Generation(
-            name="v5p", device_kind="TPU v5", cores_per_chip=2, name_counts="cores", dims=3,
-            chip_config="megacore", hbm_bytes=95 * GiB, hbm_usable_bytes=int(95.74 * GiB),
-            peak_bf16_flops=459 * _T, peak_int8_ops=918 * _T, hbm_bandwidth=2765 * _GB_S,
-            source="cloud.google.com/tpu/docs: TPU v5p", platform="tpu", chips_per_host=4,
+            name="v5p",
+            device_kind="TPU v5",
+            cores_per_chip=2,
+            name_counts="cores",
+            dims=3,
+            chip_config="megacore",
+            hbm_bytes=95 * GiB,
+            hbm_usable_bytes=int(95.74 * GiB),
+            peak_bf16_flops=459 * _T,
+            peak_int8_ops=918 * _T,
+            hbm_bandwidth=2765 * _GB_S,
+            source="cloud.google.com/tpu/docs: TPU v5p",
+            platform="tpu",
+            chips_per_host=4,
         ),
         Generation(
-            name="v6e", device_kind="TPU v6 lite", cores_per_chip=1, name_counts="chips", dims=2,
-            chip_config="default", hbm_bytes=32 * GiB, hbm_usable_bytes=int(31.25 * GiB),
-            peak_bf16_flops=918 * _T, peak_int8_ops=1836 * _T, hbm_bandwidth=1640 * _GB_S,
-            source="cloud.google.com/tpu/docs: TPU v6e", platform="tpu", chips_per_host=4,
+            name="v6e",
+            device_kind="TPU v6 lite",
+            cores_per_chip=1,
+            name_counts="chips",
+            dims=2,
+            chip_config="default",
+            hbm_bytes=32 * GiB,
+            hbm_usable_bytes=int(31.25 * GiB),
+            peak_bf16_flops=918 * _T,
+            peak_int8_ops=1836 * _T,
+            hbm_bandwidth=1640 * _GB_S,
+            source="cloud.google.com/tpu/docs: TPU v6e",
+            platform="tpu",
+            chips_per_host=4,
         ),
     )
-}  # fmt: skip
+}
 # NVIDIA GPUs (platform "cuda", issue 16): compiled deviceless through the CUDA plugin
 # (pipeline/targets/cuda.py). Published per-GPU figures, dense (no sparsity), from NVIDIA's
 # datasheets, written from the published documents (not re-checked against live pages: this
@@ -124,43 +162,85 @@ GENERATIONS: dict[str, Generation] = {
 # hbm_usable_bytes is 75% of it: what JAX's GPU client takes by default
 # (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75), so the fit verdict is JAX's default, not the card's.
 _GPU_HOST = 8  # GPUs per host in "h100x8" (HGX/DGX boards)
-GENERATIONS.update({
-    g.name: g
-    for g in (
-        Generation(
-            name="a100", platform="cuda", device_kind="NVIDIA A100-SXM4-80GB", cores_per_chip=1,
-            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
-            hbm_bytes=85100068864, hbm_usable_bytes=int(85100068864 * 0.75),
-            peak_bf16_flops=312 * _T, peak_int8_ops=624 * _T, hbm_bandwidth=2039 * _GB_S,
-            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB)",
-            target_config="a100.txtpb", peak_fp8_flops=None,
-        ),
-        Generation(
-            name="h100", platform="cuda", device_kind="NVIDIA H100 80GB HBM3", cores_per_chip=1,
-            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
-            hbm_bytes=84942979072, hbm_usable_bytes=int(84942979072 * 0.75),
-            peak_bf16_flops=989 * _T, peak_int8_ops=1979 * _T, hbm_bandwidth=3350 * _GB_S,
-            source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
-            target_config="h100.txtpb", peak_fp8_flops=1979 * _T,
-        ),
-        Generation(
-            name="h200", platform="cuda", device_kind="NVIDIA H200 141GB HBM3e", cores_per_chip=1,
-            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
-            hbm_bytes=151397597184, hbm_usable_bytes=int(151397597184 * 0.75),
-            peak_bf16_flops=989 * _T, peak_int8_ops=1979 * _T, hbm_bandwidth=4800 * _GB_S,
-            source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
-            target_config="h200.txtpb", peak_fp8_flops=1979 * _T,
-        ),
-        Generation(
-            name="b200", platform="cuda", device_kind="NVIDIA B200", cores_per_chip=1,
-            name_counts="chips", dims=3, chips_per_host=_GPU_HOST, chip_config="",
-            hbm_bytes=191514411008, hbm_usable_bytes=int(191514411008 * 0.75),
-            peak_bf16_flops=2250 * _T, peak_int8_ops=4500 * _T, hbm_bandwidth=8000 * _GB_S,
-            source="NVIDIA DGX B200 / HGX B200 datasheets (per GPU)",
-            target_config="b200.txtpb", peak_fp8_flops=4500 * _T,
-        ),
-    )
-})  # fmt: skip
+GENERATIONS.update(
+    {
+        g.name: g
+        for g in (
+            Generation(
+                name="a100",
+                platform="cuda",
+                device_kind="NVIDIA A100-SXM4-80GB",
+                cores_per_chip=1,
+                name_counts="chips",
+                dims=3,
+                chips_per_host=_GPU_HOST,
+                chip_config="",
+                hbm_bytes=85100068864,
+                hbm_usable_bytes=int(85100068864 * 0.75),
+                peak_bf16_flops=312 * _T,
+                peak_int8_ops=624 * _T,
+                hbm_bandwidth=2039 * _GB_S,
+                source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB)",
+                target_config="a100.txtpb",
+                peak_fp8_flops=None,
+            ),
+            Generation(
+                name="h100",
+                platform="cuda",
+                device_kind="NVIDIA H100 80GB HBM3",
+                cores_per_chip=1,
+                name_counts="chips",
+                dims=3,
+                chips_per_host=_GPU_HOST,
+                chip_config="",
+                hbm_bytes=84942979072,
+                hbm_usable_bytes=int(84942979072 * 0.75),
+                peak_bf16_flops=989 * _T,
+                peak_int8_ops=1979 * _T,
+                hbm_bandwidth=3350 * _GB_S,
+                source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
+                target_config="h100.txtpb",
+                peak_fp8_flops=1979 * _T,
+            ),
+            Generation(
+                name="h200",
+                platform="cuda",
+                device_kind="NVIDIA H200 141GB HBM3e",
+                cores_per_chip=1,
+                name_counts="chips",
+                dims=3,
+                chips_per_host=_GPU_HOST,
+                chip_config="",
+                hbm_bytes=151397597184,
+                hbm_usable_bytes=int(151397597184 * 0.75),
+                peak_bf16_flops=989 * _T,
+                peak_int8_ops=1979 * _T,
+                hbm_bandwidth=4800 * _GB_S,
+                source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
+                target_config="h200.txtpb",
+                peak_fp8_flops=1979 * _T,
+            ),
+            Generation(
+                name="b200",
+                platform="cuda",
+                device_kind="NVIDIA B200",
+                cores_per_chip=1,
+                name_counts="chips",
+                dims=3,
+                chips_per_host=_GPU_HOST,
+                chip_config="",
+                hbm_bytes=191514411008,
+                hbm_usable_bytes=int(191514411008 * 0.75),
+                peak_bf16_flops=2250 * _T,
+                peak_int8_ops=4500 * _T,
+                hbm_bandwidth=8000 * _GB_S,
+                source="NVIDIA DGX B200 / HGX B200 datasheets (per GPU)",
+                target_config="b200.txtpb",
+                peak_fp8_flops=4500 * _T,
+            ),
+        )
+    }
+)
 # Other spellings of a generation in accelerator names ("v5litepod-16" is v5e-16).
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e"}
 
@@ -193,9 +273,14 @@ class Target:
         return f"{self.topology}{alias}{slices}: {self.devices} devices"
 
     def to_json(self) -> dict[str, object]:
-        return {"generation": self.generation.name, "topology": self.topology,
-                "shape": list(self.shape), "num_slices": self.num_slices,
-                "devices": self.devices, "requested": self.requested}  # fmt: skip
+        return {
+            "generation": self.generation.name,
+            "topology": self.topology,
+            "shape": list(self.shape),
+            "num_slices": self.num_slices,
+            "devices": self.devices,
+            "requested": self.requested,
+        }
 
 
 def _known() -> str:
@@ -306,32 +391,6 @@ def libtpu_version() -> str | None:
         return metadata.version("libtpu")
     except metadata.PackageNotFoundError:
         return None
-
-
-@contextlib.contextmanager
-def quiet_libtpu() -> Iterator[None]:
-    """Keep libtpu's start-up noise on a machine without TPUs off the user's terminal.
-
-    libtpu writes straight to file descriptor 2 while it initializes ("could not determine TPU
-    accelerator type, please set env var TPU_ACCELERATOR_TYPE", "unexpected worker hostname",
-    "Logging before InitGoogle()"): none of it applies to compiling for a described topology.
-    Only for the topology path: fd 2 goes to a temporary file for the call, and what was
-    written there is logged at DEBUG level (``hydra.verbose=jaxaot`` shows it).
-    """
-    # libtpu takes /tmp/libtpu_lockfile for the process's lifetime, as if it owned the chips;
-    # compile-only devices own nothing, and sweep jobs, tests and other JAX processes would
-    # otherwise fail with "Internal error when accessing libtpu multi-process lockfile".
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jaxaot.util.console import capture_fd2
-
-    fd2 = None
-    try:
-        with capture_fd2() as fd2:
-            yield
-    finally:
-        noise = fd2.text.strip() if fd2 is not None else ""
-        if noise:
-            log.debug("libtpu said, while starting (hidden): %s", noise)
 
 
 def topology_devices(target: Target) -> list[Any]:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-DEFAULT_BACKEND = "cpu"  # conf/compile/default.yaml compile.backend
+log = logging.getLogger("jaxaot")
 
 
 class _PipeSafe:
@@ -84,6 +84,30 @@ def capture_fd2() -> Iterator[Captured]:
             caught.text = buf.read().decode(errors="replace")
 
 
+@contextlib.contextmanager
+def quiet_libtpu() -> Iterator[None]:
+    """Keep libtpu's start-up noise on a machine without TPUs off the user's terminal.
+
+    libtpu writes straight to file descriptor 2 while it initializes ("could not determine TPU
+    accelerator type, please set env var TPU_ACCELERATOR_TYPE", "unexpected worker hostname",
+    "Logging before InitGoogle()"): none of it applies to compiling for a described topology.
+    Only for the topology path: fd 2 goes to a temporary file for the call, and what was
+    written there is logged at DEBUG level (``hydra.verbose=jaxaot`` shows it).
+    """
+    # libtpu takes /tmp/libtpu_lockfile for the process's lifetime, as if it owned the chips;
+    # compile-only devices own nothing, and sweep jobs, tests and other JAX processes would
+    # otherwise fail with "Internal error when accessing libtpu multi-process lockfile".
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    fd2 = None
+    try:
+        with capture_fd2() as fd2:
+            yield
+    finally:
+        noise = fd2.text.strip() if fd2 is not None else ""
+        if noise:
+            log.debug("libtpu said, while starting (hidden): %s", noise)
+
+
 def pipe_safe(main: Callable[..., int]) -> Callable[..., int]:
     """A console script's ``main`` run under :func:`quiet_broken_pipe` (``jaxaot-diff | head``
     ends quietly, with the command's own exit status)."""
@@ -111,33 +135,6 @@ def quiet_broken_pipe() -> Iterator[None]:
             sys.stdout = saved
         if not safe.gone:
             safe.flush()
-
-
-def version_text() -> str:
-    """``jaxaot --version``: jaxaot, jax, jaxlib and the backend a run uses by default.
-
-    That backend is ``compile.backend``'s default (conf/compile/default.yaml); like a run, only
-    its platform is started, so no other installed plugin (CUDA, TPU) is probed or complains.
-    """
-    from jaxaot import __version__
-
-    lines = [f"jaxaot {__version__}"]
-    try:
-        from jaxaot.stages.jaxenv import configure
-
-        configure(backend=DEFAULT_BACKEND, num_devices=None, x64=False)
-        import jax
-        import jaxlib
-
-        lines += [f"jax {jax.__version__}", f"jaxlib {getattr(jaxlib, '__version__', '?')}"]
-        devices = jax.devices()
-        lines.append(
-            f"backend {jax.default_backend()} (compile.backend default): "
-            f"{len(devices)} x {devices[0].device_kind}"
-        )
-    except Exception as exc:  # a broken JAX install is what --version is often run to find
-        lines.append(f"jax: unavailable ({type(exc).__name__}: {exc})")
-    return "\n".join(lines)
 
 
 # Hydra's launchers log each job as "\t#3 : key=value ...", with the values escaped for its
@@ -173,4 +170,4 @@ def cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-__all__ = ["cwd_importable", "quiet_broken_pipe", "unescape_launch_lines", "version_text"]
+__all__ = ["cwd_importable", "quiet_broken_pipe", "unescape_launch_lines"]

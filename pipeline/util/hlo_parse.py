@@ -16,8 +16,10 @@ from jaxaot.util.canonical import canonical_hlo
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s({]+)")
 _INSTR = re.compile(r"\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*")
 _OPCODE = re.compile(r"\s*([\w-]+)\(")
-_CALLEE = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)"
-                     r"=%?([\w.-]+)")  # fmt: skip
+_CALLEE = re.compile(
+    r"\b(calls|to_apply|body|condition|true_computation|false_computation)"
+    r"=%?([\w.-]+)"
+)
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 
 
@@ -114,8 +116,14 @@ def parse_instruction(line: str) -> Instruction | None:
         return None
     close = _closing(rest, op.end() - 1)
     operands = tuple(p.split()[-1].lstrip("%") for p in _split_top(rest[op.end() : close]))
-    return Instruction(name=head.group(2), opcode=op.group(1), shape=shape, operands=operands,
-                       attrs=rest[close + 1 :], root=bool(head.group(1)))  # fmt: skip
+    return Instruction(
+        name=head.group(2),
+        opcode=op.group(1),
+        shape=shape,
+        operands=operands,
+        attrs=rest[close + 1 :],
+        root=bool(head.group(1)),
+    )
 
 
 def parse_hlo(text: str) -> dict[str, Computation]:

@@ -49,8 +49,12 @@ def _walk(old: Any, new: Any, key: str, out: list[str]) -> None:
         for k in sorted(set(old) | set(new), key=str):
             sub = f"{key}.{k}" if key else str(k)
             _walk(old.get(k, _ABSENT), new.get(k, _ABSENT), sub, out)
-    elif (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
-          and any(_is_container(v) for v in old + new)):  # fmt: skip
+    elif (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and any(_is_container(v) for v in old + new)
+    ):
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
             _walk(a, b, f"{key}.{i}" if key else str(i), out)
     elif old != new:

@@ -26,8 +26,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("a", type=Path, help="run directory or snapshot folder")
     ap.add_argument("b", type=Path, help="run directory or snapshot folder")
-    ap.add_argument("--diff-lines", type=int, default=40,
-                    help="lines of the first difference's unified diff to print (0: none)")  # fmt: skip
+    ap.add_argument(
+        "--diff-lines",
+        type=int,
+        default=40,
+        help="lines of the first difference's unified diff to print (0: none)",
+    )
     ap.add_argument("--full", action="store_true", help="print every differing artifact's diff")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)

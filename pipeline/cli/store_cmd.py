@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from jaxaot.errors import JaxaotError
-from jaxaot.store.maintenance import TempInfo
-from jaxaot.store.store import (
+from jaxaot.store.cache import (
     ENV_STORE_DIR,
     STORE_FORMAT_VERSION,
     Store,
     parse_size,
     resolve_store_root,
 )
+from jaxaot.store.maintenance import TempInfo
 from jaxaot.util.console import pipe_safe
 
 PROG = "jaxaot-store"
@@ -126,8 +126,10 @@ def _print_temps(store: Store, temps: Sequence[TempInfo]) -> None:
     """Orphan temp folders: puts in progress, or killed ones that ``gc`` will remove."""
     if not temps:
         return
-    print(f"{len(temps)} temp folder(s) (interrupted or running writes; `{PROG} gc` removes "
-          "those older than an hour):")  # fmt: skip
+    print(
+        f"{len(temps)} temp folder(s) (interrupted or running writes; `{PROG} gc` removes "
+        "those older than an hour):"
+    )
     for t in temps:
         print(f"  {t.path.relative_to(store.root)}  age {_age(t.age_s)}")
 

@@ -32,8 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(result["summary"])
             return 0 if result["source"] else 1
         if source.is_dir():
-            rel = next((r for r in ("compile/optimized.hlo.txt", "lower/module.hlo.txt")
-                        if (source / r).is_file()), "compile/optimized.hlo.txt")  # fmt: skip
+            rel = next(
+                (
+                    r
+                    for r in ("compile/optimized.hlo.txt", "lower/module.hlo.txt")
+                    if (source / r).is_file()
+                ),
+                "compile/optimized.hlo.txt",
+            )
             text = (source / rel).read_text()
             default = Path(f"{source.resolve().name}.graph") / Path(rel).name.replace(
                 ".txt", ".dot"

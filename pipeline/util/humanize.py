@@ -1,0 +1,47 @@
+"""Numbers for people: sizes, counts, durations, and XLA's "unknown" sentinels."""
+
+from __future__ import annotations
+
+NOT_AVAILABLE = "n/a"
+
+
+def measured(n: float | None) -> float | None:
+    """A cost or memory figure, or None for XLA's "unknown" sentinels (``flops: -2``, any
+    negative value): counts, sizes and rates are never negative."""
+    return None if n is None or n < 0 else n
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if n < 0:
+        return NOT_AVAILABLE
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def human_count(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    if n < 0:  # XLA's sentinel for a figure it could not compute
+        return f"{unit} {NOT_AVAILABLE}".strip()
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}".strip()
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+__all__ = ["NOT_AVAILABLE", "human_bytes", "human_count", "human_seconds", "measured"]

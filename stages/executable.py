@@ -1,0 +1,103 @@
+"""What every executable gets, whichever stage compiled it (compile or topology):
+``jax.jit(exported.call)`` lowered for a platform (resumed, multi-platform and topology
+compiles), XLA's cost and memory analysis as metrics, and the serialized executable."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from jaxaot.config.mesh import MeshSpec
+from jaxaot.stages.lower import Lowered
+from jaxaot.stages.node import StageContext
+
+_MEMORY_FIELDS = (
+    "argument_size_in_bytes",
+    "output_size_in_bytes",
+    "alias_size_in_bytes",
+    "temp_size_in_bytes",
+    "generated_code_size_in_bytes",
+    "host_argument_size_in_bytes",
+    "host_output_size_in_bytes",
+    "host_alias_size_in_bytes",
+    "host_temp_size_in_bytes",
+    "host_generated_code_size_in_bytes",
+)
+
+
+def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: Any = None) -> Any:
+    """``jax.jit(exported.call)`` lowered for ``platform``: with the export's shardings laid
+    over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    exp = lowered.exported
+    shardings: dict[str, Any] = {}
+    if mesh is not None or device is not None:
+        if mesh is not None:
+            ins_flat, outs_flat = exp.in_shardings_jax(mesh), exp.out_shardings_jax(mesh)
+        else:
+            one = SingleDeviceSharding(device)
+            ins_flat, outs_flat = [one] * len(exp.in_avals), [one] * len(exp.out_avals)
+        ins = jax.tree_util.tree_unflatten(exp.in_tree, ins_flat)
+        outs = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
+        shardings = {"in_shardings": ins[0], "out_shardings": outs}
+    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+    return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+
+
+def cost_of(compiled: Any) -> dict[str, float] | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    return {str(k): float(v) for k, v in cost.items()} if cost else None
+
+
+def memory_of(compiled: Any) -> dict[str, int] | None:
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:
+        return None
+    if stats is None:
+        return None
+    return {f: int(getattr(stats, f)) for f in _MEMORY_FIELDS if hasattr(stats, f)}
+
+
+def stage_metrics(
+    ctx: StageContext, cost: dict[str, float] | None, memory: dict[str, int] | None
+) -> None:
+    if cost:
+        ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
+    if memory:
+        ctx.metrics.update(
+            argument_bytes=memory.get("argument_size_in_bytes"),
+            output_bytes=memory.get("output_size_in_bytes"),
+            temp_bytes=memory.get("temp_size_in_bytes"),
+            code_bytes=memory.get("generated_code_size_in_bytes"),
+        )
+
+
+def mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
+    ctx.metrics.update(
+        mesh=MeshSpec.from_json(shardings["mesh"]).describe(),
+        devices=shardings["devices"],
+        sharded_inputs=sum(not r["replicated"] for r in shardings["inputs"]),
+        inputs=len(shardings["inputs"]),
+        sharded_outputs=sum(not r["replicated"] for r in shardings["outputs"]),
+        outputs=len(shardings["outputs"]),
+    )
+
+
+def serialize(compiled: Any) -> bytes:
+    """Executable bytes plus the pytree structure needed to call it, as one blob."""
+    from jax.experimental import serialize_executable
+
+    payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+    return pickle.dumps((bytes(payload), in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+__all__ = ["cost_of", "export_lowering", "memory_of", "mesh_metrics", "serialize", "stage_metrics"]

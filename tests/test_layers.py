@@ -1,0 +1,172 @@
+"""The package's parts import one way only (README, "Layout"): a forbidden import, a circle or
+a heavy import in a light entry point fails here, not in review.
+
+Every import counts, including those inside functions: a lazy import still makes a circle. Only
+imports under ``if TYPE_CHECKING:`` are left out: they name types for annotations and never run."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+# Import name -> folder (pyproject.toml's package-dir).
+ROOTS = {
+    "jaxaot.stages": "stages",
+    "jaxaot.conf": "conf",
+    "jaxaot.examples": "jaxaot_examples",
+    "jaxaot": "pipeline",
+}
+
+# Each part and the parts it may import. The part of a module is its first package level
+# below jaxaot (jaxaot.config.mesh -> config); the root package's modules are their own part.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "version": set(),
+    "util": {"errors", "version"},
+    "targets": {"errors", "util"},
+    "config": {"errors", "util", "targets", "rundir", "conf"},
+    "store": {"errors", "util"},
+    "rundir": {"errors", "util"},
+    "stages": {"errors", "util", "targets", "config"},
+    "snapshots": {"errors", "util", "version", "config", "rundir", "stages"},
+    "engine": {"errors", "util", "targets", "config", "rundir", "stages", "store", "snapshots"},
+    "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots"},
+    "api": {"errors", "config", "engine", "conf", "snapshots"},
+    "cli": {
+        "errors",
+        "util",
+        "version",
+        "targets",
+        "config",
+        "rundir",
+        "stages",
+        "store",
+        "snapshots",
+        "engine",
+        "sweeps",
+        "api",
+        "conf",
+    },
+    "__init__": {"errors", "version", "api", "config", "engine"},
+    "__main__": {"cli"},
+    "conf": set(),
+    "examples": {"examples"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, folder in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            found[".".join([name, *parts])] = path
+    return found
+
+
+def _part(module: str) -> str:
+    rest = module.split(".")[1:]
+    return rest[0] if rest else "__init__"
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base]) if base else ".".join(up)
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m == "jaxaot" or m.startswith("jaxaot.")}
+
+
+def _edges() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: {i for i in _imports(m, p) if i in mods and i != m} for m, p in mods.items()}
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    wrong = []
+    for module, deps in sorted(_edges().items()):
+        mine = _part(module)
+        for dep in sorted(deps):
+            theirs = _part(dep)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                wrong.append(f"{module} imports {dep} ({mine} -> {theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circles_between_modules() -> None:
+    edges = _edges()
+    for m in edges:  # a package importing its own submodules is not a circle
+        edges[m] = {d for d in edges[m] if not d.startswith(m + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(edges[m]):
+            if state.get(d) == 1:
+                circles.append(" -> ".join([*stack[stack.index(d) :], d]))
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not circles, "\n".join(circles)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """``parallel.py`` in two folders once meant two different things; a name is one concept."""
+    leaves: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            leaves.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    assert not {k: v for k, v in leaves.items() if len(v) > 1}
+
+
+@pytest.mark.parametrize(
+    ("module", "banned"),
+    [
+        ("jaxaot.cli.store_cmd", ("jax", "hydra", "omegaconf")),
+        ("jaxaot.cli.diff_cmd", ("jax", "hydra", "omegaconf")),
+        ("jaxaot.cli.graph_cmd", ("jax", "hydra", "omegaconf")),
+        ("jaxaot.cli.report_cmd", ("jax", "hydra")),
+        ("jaxaot", ("jax", "hydra", "omegaconf")),
+    ],
+)
+def test_light_entry_points_import_neither_jax_nor_hydra(
+    module: str, banned: tuple[str, ...]
+) -> None:
+    code = (
+        f"import sys, {module}; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(banned)!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"{module} imports {out.stdout.strip()}"
