@@ -45,14 +45,24 @@ run: $(STAMP)
 test: $(STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
+# (pyproject.toml's package-dir), laid out as symlinks in .typecheck/ (mypy does not run the
+# editable install's import hook).
+TYPECHECK := .typecheck
+
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline stages jaxaot.examples tests bench hydra_plugins
-	$(BIN)/ruff format --check pipeline stages jaxaot.examples tests bench hydra_plugins
-	$(BIN)/mypy pipeline stages hydra_plugins
+	$(BIN)/ruff check pipeline stages jaxaot_examples tests bench hydra_plugins
+	$(BIN)/ruff format --check pipeline stages jaxaot_examples tests bench hydra_plugins
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/jaxaot
+	@for f in pipeline/*; do ln -s "$$PWD/$$f" $(TYPECHECK)/jaxaot/; done
+	@ln -s "$$PWD/stages" $(TYPECHECK)/jaxaot/stages
+	@ln -s "$$PWD/conf" $(TYPECHECK)/jaxaot/conf
+	@ln -s "$$PWD/jaxaot_examples" $(TYPECHECK)/jaxaot/examples
+	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml -p jaxaot
 
 bench: $(STAMP)
 	@echo "bench: jaxaot vs a hand-written jit script, whole processes, 7 rounds of axpy and transformer (a few minutes)"
 	$(BIN)/python bench/pipeline_overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(TYPECHECK)

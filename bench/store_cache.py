@@ -75,7 +75,7 @@ def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, f
     key, and the loaded executable's convention checked against the expected one. Kinds: a hit
     of a live lowering, and of a resumed one (start_at=compile: the export form)."""
     sys.path.insert(0, str(ROOT))
-    from jaxaot.config.schema import validate
+    from jaxaot.schema import validate
     from jaxaot.stages import compile as compile_stage
     from jaxaot.stages import jaxenv
     from jaxaot.util.fsio import key_of

@@ -39,14 +39,14 @@ from jaxaot.version import __version__
 
 if TYPE_CHECKING:
     from jaxaot.api import compose
-    from jaxaot.config.schema import JaxaotConfig, validate
     from jaxaot.engine.runner import RunResult, run
+    from jaxaot.schema import JaxaotConfig, validate
 
 # Hydra and OmegaConf load on first use, so tools that need neither (jaxaot-store) start fast.
 _LAZY = {
     "compose": "api",
-    "JaxaotConfig": "config.schema",
-    "validate": "config.schema",
+    "JaxaotConfig": "schema",
+    "validate": "schema",
     "RunResult": "engine.runner",
     "run": "engine.runner",
 }

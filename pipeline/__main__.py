@@ -1,5 +1,4 @@
-"""``python -m pipeline``: the ``jaxaot`` command (issue 14; ``python -m jaxaot`` arrives with the
-import name ``jaxaot``, issue 13)."""
+"""``python -m jaxaot``: the ``jaxaot`` command."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ import jaxaot.conf as _conf
 if TYPE_CHECKING:
     from jaxaot.engine.runner import RunResult
 from jaxaot.config.argspec import quote_array_types
-from jaxaot.config.schema import name_after_target, register_configs
+from jaxaot.config.sections import name_after_target
 from jaxaot.errors import SnapshotMismatch
+from jaxaot.schema import register_configs
 from omegaconf import DictConfig
 
 # conf/ in the source tree; jaxaot/conf in a wheel: the package knows where it is.

@@ -52,9 +52,12 @@ class DoesNotFit(JaxaotError, RuntimeError):
     run_status = "does_not_fit"
     exit_code = 3
 
-    def __init__(self, message: str, fit: dict[str, object]) -> None:
+    def __init__(
+        self, message: str, fit: dict[str, object], metrics: dict[str, object] | None = None
+    ) -> None:
         super().__init__(message)
         self.fit = fit
+        self.metrics = metrics or {}  # the stage's report columns of the verdict
 
 
 EXIT_DOES_NOT_FIT = DoesNotFit.exit_code

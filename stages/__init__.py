@@ -1,27 +1,33 @@
-"""The four stages, one module each, in pipeline order.
+"""The four stages as declared nodes (:class:`jaxaot.stages.node.Node`), in pipeline order.
 
-Each stage's ``run(ctx, *upstream)`` takes the typed config (through the
-:class:`jaxaot.stages.node.StageContext`) and the upstream record, writes its artifacts and
-returns a small frozen record that leads to the next stage, the way ``jax.stages`` goes
-Traced -> Lowered -> Compiled.
+Each stage's file ends with its ``Node(...)``: options, record, inputs, checks, cache key, run,
+load, resume sections, artifacts and presentation. The engine runs :data:`NODES` in order and
+knows no stage by name; sweeps, reports, summaries and resume read what they need from here.
+Importing this package does not import JAX.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from jaxaot.config.order import STAGES
+from jaxaot.stages.compile import COMPILE, Compiled
+from jaxaot.stages.execute import EXECUTE, Executed
+from jaxaot.stages.lower import LOWER, Lowered
+from jaxaot.stages.node import Node
+from jaxaot.stages.stage_out import STAGE_OUT, StagedOut
 
-from jaxaot.stages import compile, execute, lower, stage_out
-from jaxaot.stages.compile import Compiled
-from jaxaot.stages.execute import Executed
-from jaxaot.stages.lower import Lowered
-from jaxaot.stages.stage_out import StagedOut
+NODES: tuple[Node, ...] = (STAGE_OUT, LOWER, COMPILE, EXECUTE)
+NODE_BY_NAME: dict[str, Node] = {n.name: n for n in NODES}
+assert tuple(NODE_BY_NAME) == STAGES, "jaxaot.config.order.STAGES names NODES in order"
 
-STAGE_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "stage_out": stage_out.run,
-    "lower": lower.run,
-    "compile": compile.run,
-    "execute": execute.run,
-}
-
-__all__ = ["STAGE_FUNCTIONS", "Compiled", "Executed", "Lowered", "StagedOut"]
+__all__ = [
+    "COMPILE",
+    "EXECUTE",
+    "LOWER",
+    "NODES",
+    "NODE_BY_NAME",
+    "STAGE_OUT",
+    "Compiled",
+    "Executed",
+    "Lowered",
+    "StagedOut",
+]

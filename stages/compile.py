@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import pickle
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.mesh import MeshSpec
+from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import BackendError, ConfigError, StageError, one_line
 from jaxaot.stages import custom_calls
 from jaxaot.stages.convention import (
@@ -42,9 +44,33 @@ from jaxaot.stages.executable import (
 from jaxaot.stages.jax_mesh import concrete_mesh, describe_shardings
 from jaxaot.stages.jaxenv import devices, platform_of
 from jaxaot.stages.lower import Lowered
-from jaxaot.stages.node import StageContext
+from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
+from jaxaot.stages.topology import topology_summary
 from jaxaot.util import memo
-from jaxaot.util.fsio import sha256_bytes
+from jaxaot.util.fsio import key_of, sha256_bytes
+from jaxaot.util.humanize import human_bytes, human_count
+
+log = logging.getLogger("jaxaot")
+
+if TYPE_CHECKING:
+    import jax
+    from jaxaot.schema import JaxaotConfig
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """The ``compile`` section (conf/compile/): backend, XLA options, devices, topology."""
+
+    backend: str = "cpu"
+    compiler_options: dict[str, Any] = field(default_factory=dict)
+    num_devices: int | None = None
+    # Sizes of the symbolic dimensions of a polymorphic lowering: {b: 32} (issue 17).
+    shapes: dict[str, int] = field(default_factory=dict)
+    # The most virtual CPU devices a run may start (jaxaot.config.mesh.devices_to_start).
+    max_devices: int = 512
+    # A TPU topology to compile for without the hardware (pipeline/targets/tpu.py, issue 15).
+    topology: str | None = None
+    num_slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,7 +98,7 @@ class Target:
 class Compiled:
     """An executable ready to call, with what the compiler said about it."""
 
-    compiled: Any  # jax.stages.Compiled
+    compiled: jax.stages.Compiled | None  # None: a topology's, loaded off its TPU host
     lowered: Lowered
     backend: str
     cost: dict[str, float] | None
@@ -131,7 +157,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         from jaxaot.stages import topology
 
         job = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
-        exp = lowered.exported
+        exp = lowered.export()
 
         def no_lowering() -> Any:
             raise AssertionError("a topology compile is its compile_job")
@@ -146,7 +172,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
-    if lowered.lowered is not None and lowered.platforms == (platform,):
+    if lowered.state in ("early", "live") and lowered.platforms == (platform,):
         mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
         sharded = mesh is not None and len(devs) == mesh.size
         live = lowered.lowered
@@ -398,7 +424,168 @@ def run(
     )
 
 
+def check(cfg: JaxaotConfig) -> None:
+    """compile's options, before JAX: backend, symbolic sizes, device counts."""
+    comp = cfg.compile
+    if comp.backend not in BACKENDS:
+        raise ConfigError(
+            f"compile.backend: expected one of {', '.join(BACKENDS)}, found {comp.backend!r}"
+        )
+    for name, size in comp.shapes.items():
+        if not str(name).isidentifier() or isinstance(size, bool) or not isinstance(size, int):
+            raise ConfigError(
+                f"compile.shapes.{name}: expected a dimension variable and an int size, found "
+                f"{name!r}: {size!r}"
+            )
+        if size < 0:
+            raise ConfigError(f"compile.shapes.{name}: expected a size >= 0, found {size}")
+    if comp.num_devices is not None and comp.num_devices < 1:
+        raise ConfigError(f"compile.num_devices: expected >= 1, found {comp.num_devices}")
+    if comp.max_devices < 1:
+        raise ConfigError(f"compile.max_devices: expected >= 1, found {comp.max_devices}")
+
+
+def summarize(m: Mapping[str, Any]) -> str:
+    """The summary line: cost, memory, a topology's verdict, shardings."""
+    parts = []
+    if m.get("flops") is not None:
+        parts.append(human_count(m["flops"], "FLOP"))
+    if m.get("bytes_accessed") is not None:
+        accessed = m["bytes_accessed"]
+        parts.append(f"{human_bytes(accessed)} accessed" if accessed >= 0 else "bytes accessed n/a")
+    if m.get("temp_bytes") is not None:
+        parts.append(
+            f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
+            f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
+        )
+    parts += topology_summary(m)
+    if m.get("mesh"):
+        parts.append(
+            f"mesh {m['mesh']}: sharded in {m.get('sharded_inputs')}/{m.get('inputs')}, "
+            f"out {m.get('sharded_outputs')}/{m.get('outputs')} (compile/shardings.json)"
+        )
+    return "; ".join(parts)
+
+
+# What a stored or checkpointed executable must match to be loaded: store entries and
+# checkpoints alike (the key covers more; these are checked again at load).
+COMPAT_FIELDS = ("jax", "jaxlib", "platform", "platform_version")
+
+
+def compat(backend: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: backend.get(k) for k in COMPAT_FIELDS}
+
+
+def keyed(cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]) -> Keyed:
+    """The store key of the executable, and the Target it compiles; no key when jax does not
+    say which arguments the executable keeps (a key without them could serve another program)."""
+    from jaxaot.stages.jaxenv import key_environment
+
+    lowered = up["lower"]
+    target = prepare(cfg.compile, lowered)
+    if target.convention.kept is None:
+        why = (
+            "this jax does not say which arguments an executable keeps; compiled without the store"
+        )
+        return Keyed(None, target, why=why)
+    key = key_of(cache_key(cfg, lowered, target, dict(backend), key_environment()))
+    return Keyed(key, target)
+
+
+def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Compiled:
+    return run(ctx, up["lower"], compiled=started, target=keyed.state if keyed else None)
+
+
+def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> Compiled:
+    """A store hit is checked against the convention its key was made from; a checkpoint's
+    against what its export says the executable must be."""
+    lowered = up["lower"]
+    expect = [keyed.state.convention] if keyed is not None else export_conventions(lowered)
+    return load(ctx, lowered, entry.read, entry.label, expect)
+
+
+def _begin(cfg: JaxaotConfig, keyed: Keyed) -> Callable[[], Any]:
+    return start(cfg.compile, keyed.state)
+
+
+def _storable(record: Compiled, keyed: Keyed) -> str | None:
+    wrong = mismatch(convention_of(record.compiled), [keyed.state.convention])
+    return f"executable not stored: {wrong} (a jax change?)" if wrong else None
+
+
+def _before_resume(cfg: JaxaotConfig) -> None:
+    from jaxaot.stages.topology import check_resume
+
+    check_resume(cfg.compile)  # a topology's executable runs on a TPU host only
+
+
+def _resume_default(
+    saved: Mapping[str, Any], section: dict[str, Any], keys: set[str]
+) -> dict[str, Any]:
+    """Compile for the checkpoint's platform when it was lowered for exactly one, and the
+    backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
+    if "compile.backend" in keys or "lower" not in saved:
+        return section
+    platforms = list(saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])])
+    if len(platforms) != 1 or platform_of(section["backend"]) in platforms:
+        return section
+    log.info(
+        "[compile] compile.backend=%s: the checkpoint was lowered for %s only "
+        "(override compile.backend to choose another)",
+        platforms[0],
+        platforms,
+    )
+    return {**section, "backend": platforms[0]}
+
+
+def _finish(
+    cfg: JaxaotConfig, record: Compiled | None, stages: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    """A topology compile's fit verdict in the manifest; DoesNotFit (exit code 3) when no."""
+    if not cfg.compile.topology or record is None:
+        return
+    from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
+
+    if stages.get("execute", {}).get("status") == "skipped":
+        stages["execute"]["note"] = EXECUTE_NOTE
+    extra["fit"] = fit_of(record, cfg.compile)
+
+
+COMPILE = Node(
+    name="compile",
+    noun="executable",
+    options=CompileConfig,
+    record=Compiled,
+    inputs=("lower",),
+    run=_run_node,
+    check=check,
+    load=_load_node,
+    compat=compat,
+    cache_key=keyed,
+    begin=_begin,
+    storable=_storable,
+    required=("executable.bin",),
+    before_resume=_before_resume,
+    resume_default=_resume_default,
+    finish=_finish,
+    sections=("compile",),
+    artifacts=ARTIFACTS,
+    again="compiled again from lower/exported.bin",
+    verb="compiling",
+    report=(
+        "flops",
+        "bytes_accessed",
+        "argument_bytes",
+        "output_bytes",
+        "temp_bytes",
+        "code_bytes",
+    ),
+    summarize=summarize,
+)
+
+
 __all__ = [
+    "COMPILE",
     "Compiled",
     "Convention",
     "Target",

@@ -86,7 +86,7 @@ def export_conventions(lowered: Lowered) -> tuple[Convention, ...]:
     alone (a resumed run has no program): compiled from the program's own lowering it keeps
     the export's kept inputs; compiled from the export (``jax.jit(exported.call)``) it keeps
     every input, the export prunes inside. An export does not record donation."""
-    exp = lowered.exported
+    exp = lowered.export()
     base = Convention(
         in_tree=str(exp.in_tree),
         out_tree=str(exp.out_tree),

@@ -49,7 +49,11 @@ _XLA_BUILTIN = frozenset(
 
 
 class ColdLoadError(JaxaotError, RuntimeError):
-    """An executable calls a custom call this process cannot vouch for; compile it instead."""
+    """An executable calls a custom call this process cannot vouch for; compile it instead.
+
+    The entry itself is fine (``entry_ok``): the engine keeps it and computes instead."""
+
+    entry_ok = True
 
 
 def targets_of(hlo_text: bytes | str | None) -> frozenset[str]:
@@ -117,7 +121,7 @@ _VOUCHED: frozenset[str] | None = None
 def prepare(hlo_text: bytes | str | None, backend: str, lowered: Any, source: str) -> None:
     """Initialize what the executable's custom calls need, before it is deserialized.
 
-    A cold load (``lowered.lowered is None``: the lowering came from a checkpoint, nothing was
+    A cold load (``lowered.state`` "loaded" or "concrete": the module came from an export, nothing was
     lowered in this process) of a target that the program's own code would have registered (a
     user's FFI library) raises :class:`ColdLoadError` naming it.
     """
@@ -125,7 +129,7 @@ def prepare(hlo_text: bytes | str | None, backend: str, lowered: Any, source: st
     targets = targets_of(hlo_text)
     if not targets:
         return
-    platform, cold = platform_of(backend), lowered.lowered is None
+    platform, cold = platform_of(backend), lowered.state in ("loaded", "concrete")
     for prefix, platforms, init in _LAZY:
         if platform in platforms and any(t.startswith(prefix) for t in targets):
             init()

@@ -31,7 +31,7 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    exp = lowered.exported
+    exp = lowered.export()
     shardings: dict[str, Any] = {}
     if mesh is not None or device is not None:
         if mesh is not None:

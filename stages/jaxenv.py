@@ -470,6 +470,14 @@ def target_info(topology: str, num_slices: int = 1) -> dict[str, Any]:
     return info | {"jax": jax.__version__, "jaxlib": _jaxlib_version()}
 
 
+def run_backend(comp: Any) -> dict[str, Any]:
+    """What the run compiles for (``compile`` options): a target topology's compile-only
+    devices (:func:`target_info`) or the backend that is here (:func:`backend_info`)."""
+    return (
+        target_info(comp.topology, comp.num_slices) if comp.topology else backend_info(comp.backend)
+    )
+
+
 def backend_info(backend: str) -> dict[str, Any]:
     """Platform, version, device kind and count: what a compiled artifact depends on."""
     import jax

@@ -12,21 +12,48 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from jaxaot.config.mesh import MeshSpec, check_in_shardings, mesh_spec
-from jaxaot.config.xla_metadata import scoped_metadata
-from jaxaot.errors import ConfigError, StoreError
+from jaxaot.config.sections import PLATFORMS, check_indices
+from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
+from jaxaot.errors import ConfigError, StageError, StoreError
 from jaxaot.stages import module_text
 from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
-from jaxaot.stages.node import StageContext
+from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util import memo
 from jaxaot.util.canonical import canonical_stablehlo
+from jaxaot.util.humanize import human_count
+
+if TYPE_CHECKING:
+    import jax
+    from jaxaot.schema import JaxaotConfig
+
+
+@dataclass(frozen=True)
+class LowerConfig:
+    """The ``lower`` section (conf/lower/): platforms, donation, shardings, metadata, texts."""
+
+    platforms: list[str] | None = None
+    donate_argnums: list[int] = field(default_factory=list)
+    donate_argnames: list[str] = field(default_factory=list)
+    keep_unused: bool = False
+    in_shardings: Any = None
+    out_shardings: Any = None
+    xla_metadata: dict[str, Any] = field(default_factory=dict)
+    scoped_metadata: list[Any] = field(default_factory=list)
+    # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).
+    debug_info: bool = False
+    # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
+    vjp_order: int = 0
+    # Text artifacts print constants of more elements elided; None keeps them all (issue 19).
+    elide_constants_over: int | None = 1024
+
 
 _PARTITIONS = re.compile(r"mhlo\.num_partitions = (\d+)")
 _REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
@@ -42,12 +69,29 @@ def _module_devices(stablehlo: str) -> int:
 class Lowered:
     """A lowered program: live JAX objects when lowered here, the export alone when resumed."""
 
-    exported: Any  # jax.export.Exported
-    lowered: Any | None  # jax.stages.Lowered, None when loaded from a checkpoint
+    exported: jax.export.Exported | None  # None before the export (early) or when it failed
+    lowered: jax.stages.Lowered | None  # None when loaded from a checkpoint or made concrete
     platforms: tuple[str, ...]
     module_sha256: str  # the module's bytecode without locations: the compile key's program part
     donate_argnums: tuple[int, ...]  # positions among the exported function's arguments
     meta: dict[str, Any]
+    # Which of its lives this record is in: "early" (the module exists, the export not yet:
+    # what compile-ahead begins on), "live" (lowered in this process), "concrete" (a
+    # polymorphic export made concrete for compile.shapes), "loaded" (from a checkpoint: the
+    # export alone, no program code).
+    state: Literal["early", "live", "concrete", "loaded"] = "live"
+
+    def export(self) -> jax.export.Exported:
+        """The export, which every compile of a resumed, multi-platform or topology lowering
+        goes through; a StageError when there is none (a program jax.export cannot serialize,
+        e.g. host callbacks: lower's warnings say why)."""
+        if self.exported is None:
+            raise StageError(
+                "compile",
+                "this lowering has no jax.export (see lower's warnings); lower for one platform "
+                "alone and compile in the same run",
+            )
+        return self.exported
 
 
 def _flat_donations(staged: StagedOut) -> tuple[int, ...]:
@@ -84,6 +128,7 @@ def _sharded(
     opts["in_shardings"] = named(check_in_shardings(ctx.cfg, staged.bound, mesh), amesh)
     if cfg.out_shardings is not None:
         traced = staged.traced
+        assert traced is not None, "out_shardings need the traced program"
         opts["out_shardings"] = output_shardings(
             cfg.out_shardings, traced.out_info, traced.out_tree, mesh, amesh
         )
@@ -306,7 +351,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     with mesh_context, with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated:
         # Reuse stage_out's trace unless lowering options change the jit (then trace again).
         reuse = fn is staged.fn and opts == staged.jit_options and not annotated
-        traced = staged.traced if reuse else jitted.trace(*staged.args, **kwargs)
+        traced = staged.traced if reuse and staged.traced else jitted.trace(*staged.args, **kwargs)
         with ctx.capture_warnings():
             lowered = traced.lower(lowering_platforms=platforms)
         # JAX hands back its cached lowering object for a program it lowered before in this
@@ -317,8 +362,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate = _flat_donations(staged)
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         polymorphic = _has_symbolic(staged.args, kwargs)
-        if ctx.on_lowered is not None and not polymorphic:  # compile while we export
-            ctx.on_lowered(
+        if ctx.publish_early is not None and not polymorphic:  # compile while we export
+            ctx.publish_early(
                 Lowered(
                     exported=None,
                     lowered=lowered,
@@ -326,6 +371,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                     module_sha256=module_sha,
                     donate_argnums=donate,
                     meta=early,
+                    state="early",
                 )
             )
         ctx.write("module.stablehlo.mlir", stablehlo)
@@ -441,7 +487,8 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
     except ValueError as exc:  # a shape constraint or a division that does not hold
         raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
     ctx.metrics.update(shapes=used)
-    return replace(record, exported=concrete, lowered=None, meta={**record.meta, "shapes": used})
+    meta = {**record.meta, "shapes": used}
+    return replace(record, exported=concrete, lowered=None, meta=meta, state="concrete")
 
 
 ARTIFACTS = (
@@ -484,8 +531,77 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             module_sha256=meta["module_sha256"],
             donate_argnums=tuple(meta["donate_argnums"]),
             meta=meta,
+            state="loaded",
         ),
     )
 
 
-__all__ = ["ARTIFACTS", "Lowered", "canonical_stablehlo", "check_platforms", "load", "run"]
+def check(cfg: JaxaotConfig) -> None:
+    """lower's options, before JAX: donation, platform spellings, metadata, text options."""
+    low = cfg.lower
+    check_indices("lower.donate_argnums", low.donate_argnums)
+    for p in low.platforms or ():
+        # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
+        # it when lowering (check_platforms); here only the spelling.
+        if not isinstance(p, str) or not p.isidentifier():
+            raise ConfigError(
+                f"lower.platforms: expected platform names (e.g. {', '.join(PLATFORMS)}), "
+                f"found {p!r}"
+            )
+    if low.platforms is not None and not low.platforms:
+        raise ConfigError("lower.platforms: expected at least one platform or null, found []")
+    if low.vjp_order < 0:
+        raise ConfigError(f"lower.vjp_order: expected an int >= 0, found {low.vjp_order}")
+    elide = low.elide_constants_over
+    if elide is not None and (isinstance(elide, bool) or elide < 0):
+        raise ConfigError(
+            f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
+            f"every constant in the texts; found {elide!r}"
+        )
+    check_metadata(cfg)
+
+
+def summarize(m: Mapping[str, Any]) -> str:
+    """The summary line: platforms, mesh, pre-compile FLOPs."""
+    parts = [f"platforms {','.join(m.get('platforms', []))}"]
+    if m.get("mesh"):
+        parts.append(f"mesh {m['mesh']} ({m.get('devices')} devices)")
+    if m.get("flops") is not None:
+        parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
+    return "; ".join(parts)
+
+
+def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Lowered:
+    return run(ctx, up["stage_out"])
+
+
+def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> Lowered:
+    return load(ctx, entry.read)
+
+
+LOWER = Node(
+    name="lower",
+    noun="lowering",
+    options=LowerConfig,
+    record=Lowered,
+    inputs=("stage_out",),
+    run=_run_node,
+    check=check,
+    load=_load_node,
+    live_inputs=("stage_out",),  # lowering again needs the traced program, not its record
+    sections=("lower", "mesh"),
+    artifacts=ARTIFACTS,
+    verb="lowering",
+    summarize=summarize,
+)
+
+
+__all__ = [
+    "ARTIFACTS",
+    "LOWER",
+    "Lowered",
+    "canonical_stablehlo",
+    "check_platforms",
+    "load",
+    "run",
+]

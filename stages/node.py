@@ -1,4 +1,10 @@
-"""What a stage gets from the runner: its config, its output folder and an artifact writer.
+"""What a stage is (:class:`Node`) and what it gets from the runner (:class:`StageContext`).
+
+Each stage file ends with its ``Node(...)`` declaration: options schema, record type, inputs,
+checks, cache key and what must match at load, run, load (one function for a store hit and a
+resume), the config sections it freezes on resume, its artifacts, and how it is summarised and
+reported. The engine (:mod:`jaxaot.engine.runner`) knows no stage by name: for each node it
+resumes from a compatible checkpoint, else loads a verified store hit, else runs it.
 
 Stages write files only through :meth:`StageContext.write`, so every artifact is written
 atomically and lands in the manifest with its sha256 and size.
@@ -10,13 +16,16 @@ import contextlib
 import json
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxaot.config.schema import JaxaotConfig
 from jaxaot.util.fsio import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from jaxaot.config.argspec import BoundArgs
+    from jaxaot.schema import JaxaotConfig
 
 log = logging.getLogger("jaxaot")
 
@@ -43,9 +52,16 @@ class StageContext:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    # Set by the runner on the lower stage: called with a preliminary record (no export yet)
-    # as soon as the module exists, so compilation can overlap the rest of lowering.
-    on_lowered: Callable[[Any], None] | None = None
+    # The run's arguments, bound to the program's signature (what a resumed stage_out needs).
+    bound: BoundArgs | None = None
+    # Set by the runner: a stage calls it with an early record (lower: the module exists, the
+    # export does not yet) so that a consumer's Node.begin can start on it (compile-ahead).
+    publish_early: Callable[[Any], None] | None = None
+
+    def reset(self) -> None:
+        """Forget what a load that failed half-way wrote, before computing instead."""
+        self.artifacts.clear()
+        self.metrics.clear()
 
     def write(self, name: str, data: bytes | str) -> Artifact:
         raw = data.encode() if isinstance(data, str) else data
@@ -75,4 +91,106 @@ class StageContext:
                 self.warn(message)
 
 
-__all__ = ["Artifact", "StageContext"]
+Upstream = Mapping[str, Any]  # the records of a node's inputs, by node name
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stage's verified files: a store entry or a checkpoint folder, read alike."""
+
+    label: str  # "store entry compile/1a2b3c4d5e6f", "resume_from=/runs/x"
+    read: Callable[[str], bytes]  # sha256-checked; KeyError for a file it does not record
+    compat: Mapping[str, Any]  # what it was made with (versions, platform)
+    source: str  # "store" | "checkpoint"
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A node's store key for this run, and what computing it prepared.
+
+    ``key`` is None when the node cannot say what its result depends on (``why`` says so):
+    then the store is not used. ``state`` is handed to ``run``, ``load`` and ``begin`` so that
+    nothing is prepared twice (compile: the Target that is compiled)."""
+
+    key: str | None
+    state: Any = None
+    why: str = ""
+
+
+def compat_mismatch(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> str | None:
+    """The one rule for store entries and checkpoints: every field this run requires (``mine``)
+    must be what the entry was made with; None when all match."""
+    diff = [k for k in sorted(mine) if theirs.get(k) != mine[k]]
+    if not diff:
+        return None
+    return ", ".join(f"{k} {theirs.get(k)!r} (here {mine[k]!r})" for k in diff)
+
+
+def _no_check(cfg: Any) -> None:
+    return None
+
+
+def _no_summary(metrics: Mapping[str, Any]) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A stage, declared: everything the engine, the store, resume, sweeps and reports need.
+
+    Hooks (each stage file defines them; the engine calls them, never the stage by name):
+
+    * ``run(ctx, up, keyed, started)`` computes the record; ``started`` is what ``begin``'s job
+      returned when it ran ahead (else None).
+    * ``load(ctx, up, entry, keyed)`` makes the record from stored files (a store hit and a
+      resume alike). A :class:`~jaxaot.errors.StoreError` means "this entry cannot serve the
+      run" (a store entry is dropped); any other :class:`~jaxaot.errors.JaxaotError` with
+      ``entry_ok = True`` means "not in this process" (the entry is kept). Either way the
+      engine computes instead.
+    * ``compat(backend)``: the fields a loaded entry must match (store and checkpoint alike).
+    * ``cache_key(cfg, up, env)`` -> :class:`Keyed` (the store key's inputs as a dict are
+      hashed by the engine); None for a node that is never stored.
+    * ``begin(cfg, keyed)`` -> a callable to run on a worker thread as soon as an early record
+      of the node's single input is published (compile-ahead).
+    * ``storable(record, keyed)`` -> why the result must not be stored, or None.
+    * ``before_resume(cfg)`` refuses a resume that cannot work here, before any work;
+      ``finish(cfg, record, stages, extra)`` adds to the manifest after the last node.
+    """
+
+    name: str  # config section, run-dir folder, store namespace
+    options: type  # the section's schema (a dataclass in jaxaot.config.schema)
+    record: type  # what run and load return
+    inputs: tuple[str, ...]  # upstream nodes whose records run/load take
+    run: Callable[..., Any]
+    check: Callable[[Any], None] = _no_check  # pre-JAX checks of the whole config
+    load: Callable[..., Any] | None = None
+    compat: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    cache_key: Callable[..., Keyed | None] | None = None
+    begin: Callable[[Any, Keyed], Callable[[], Any]] | None = None
+    storable: Callable[[Any, Keyed], str | None] | None = None
+    required: tuple[str, ...] = ()  # artifacts without which nothing is stored (nothing to load)
+    before_resume: Callable[[Any], None] | None = None  # refuse early: cfg -> None or raise
+    # Resuming past earlier nodes, this node's section from (the checkpoint's config, this
+    # run's section, the keys overridden): e.g. compile for the platform it was lowered for.
+    resume_default: (
+        Callable[[Mapping[str, Any], dict[str, Any], set[str]], dict[str, Any]] | None
+    ) = None
+    # Before any work (JAX not imported yet), for a node this run computes: (cfg, bound args).
+    before_run: Callable[[Any, Any], None] | None = None
+    # After every node ran: what the run's manifest gets from this node's record (the
+    # engine passes the config, the record, the manifest's stages and its extra dict).
+    finish: Callable[[Any, Any, dict[str, Any], dict[str, Any]], None] | None = None
+    live_inputs: tuple[str, ...] = ()  # inputs that must be computed when this node runs
+    sections: tuple[str, ...] = ()  # config sections frozen when a later stage resumes
+    artifacts: tuple[str, ...] = ()  # files it writes and a store entry holds
+    # Artifacts compared with the checkpoint's when an input is recomputed on resume, with
+    # the warning when they differ.
+    recomputed_differs: Mapping[str, str] = field(default_factory=dict)
+    noun: str = "result"  # what its record is called in messages ("executable")
+    again: str = "computed again"  # what happens when a checkpoint's result cannot serve
+    verb: str = ""  # progress lines: "still compiling"
+    report: tuple[str, ...] = ()  # metrics that become sweep report columns (<name>.<metric>)
+    summarize: Callable[[Mapping[str, Any]], str] = _no_summary  # one summary line
+
+
+__all__ = ["Artifact", "Entry", "Keyed", "Node", "StageContext", "Upstream", "compat_mismatch"]

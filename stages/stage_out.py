@@ -13,9 +13,9 @@ import importlib
 import inspect
 import json
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import (
     ArraySpec,
@@ -27,12 +27,29 @@ from jaxaot.config.argspec import (
     to_static_value,
 )
 from jaxaot.config.mesh import mesh_spec
+from jaxaot.config.sections import check_indices
 from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 from jaxaot.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
-from jaxaot.stages.node import StageContext
+from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.util import memo
 from jaxaot.util.console import cwd_importable
+
+if TYPE_CHECKING:
+    import jax
+    from jaxaot.schema import JaxaotConfig
+
+
+@dataclass(frozen=True)
+class StageOutConfig:
+    """The ``stage_out`` section (conf/stage_out/): how the program is traced."""
+
+    static_argnums: list[int] = field(default_factory=list)
+    static_argnames: list[str] = field(default_factory=list)
+    # [[axis_name, size], ...]: trace as a per-replica program with these named axes.
+    axis_env: list[Any] | None = None
+    # Constraints on symbolic dimensions (``f32[b,512]``), as jax.export reads them: "b >= 16".
+    shape_constraints: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -44,7 +61,7 @@ class StagedOut:
     args: tuple[Any, ...]  # abstract (ShapeDtypeStruct) or concrete static/literal values
     kwargs: dict[str, Any]
     jit_options: dict[str, Any]
-    traced: Any  # jax.stages.Traced; None when resumed
+    traced: jax.stages.Traced | None  # None when resumed
     signature: dict[str, Any] = field(repr=False)
     # Per-replica programs (stage_out.axis_env): the replica mesh, and the independent
     # formulation execute.check=reference runs instead of ``fn``.
@@ -416,4 +433,54 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     )
 
 
-__all__ = ["StagedOut", "abstract_value", "parameter_names", "resolve_target", "resumed", "run"]
+def check(cfg: JaxaotConfig) -> None:
+    """stage_out's options, before JAX (the argument specs are bound by the engine)."""
+    check_indices("stage_out.static_argnums", cfg.stage_out.static_argnums)
+
+
+def summarize(m: Mapping[str, Any]) -> str:
+    """The summary line: inputs, outputs, static arguments, equations."""
+    text = (
+        f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; "
+        f"{m.get('eqns', 0)} eqns"
+    )
+    return text + (f"; {m['replicas']} replicas" if m.get("replicas") else "")
+
+
+def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> StagedOut:
+    return run(ctx)
+
+
+def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> StagedOut:
+    assert ctx.bound is not None
+    return resumed(ctx, ctx.bound, entry.read)
+
+
+STAGE_OUT = Node(
+    name="stage_out",
+    noun="traced program",
+    options=StageOutConfig,
+    record=StagedOut,
+    inputs=(),
+    run=_run_node,
+    check=check,
+    load=_load_node,
+    sections=("program", "stage_out", "jax"),  # JAX's config changes what is traced
+    artifacts=("jaxpr.txt", "signature.json"),
+    recomputed_differs={
+        "jaxpr.txt": "the program traces to a different jaxpr than in the checkpoint (code changed?)"
+    },
+    verb="tracing",
+    summarize=summarize,
+)
+
+
+__all__ = [
+    "STAGE_OUT",
+    "StagedOut",
+    "abstract_value",
+    "parameter_names",
+    "resolve_target",
+    "resumed",
+    "run",
+]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
@@ -37,6 +37,7 @@ from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
 from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
 from jaxaot.util.hlo_parse import parse_hlo
+from jaxaot.util.humanize import human_bytes, human_seconds
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {
@@ -170,7 +171,7 @@ def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
     needed = int(float(m[1]) * _UNIT[m[2]])
     available = int(float(m[3]) * _UNIT[m[4]])
     fit = verdict(target, needed, available, source="xla")
-    return DoesNotFit(does_not_fit_message(fit), fit)
+    return DoesNotFit(does_not_fit_message(fit), fit, metrics({"fit": fit}))
 
 
 def verdict(
@@ -408,7 +409,7 @@ def fit_of(compile_record: Any, cfg: Any) -> dict[str, Any] | None:
         return None
     fit = verdict(target_of(cfg), needed_bytes(memory))
     if not fit["fits"]:
-        raise DoesNotFit(does_not_fit_message(fit), fit)
+        raise DoesNotFit(does_not_fit_message(fit), fit, metrics({"fit": fit}))
     return fit
 
 
@@ -447,6 +448,25 @@ def tpu_present() -> bool:
             return bool(jax.devices("tpu"))
     except RuntimeError:
         return False
+
+
+def topology_summary(m: Mapping[str, Any]) -> list[str]:
+    """``compile.topology``'s fit verdict, collectives and roofline estimate (issue 15)."""
+    if m.get("fits") is None:
+        return []
+    need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
+    parts = [
+        f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {human_bytes(need)} of "
+        f"{human_bytes(have)} HBM per device ({m.get('topology')})"
+    ]
+    if m.get("collectives") is not None:
+        parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
+    if m.get("est_step_s") is not None:
+        parts.append(
+            f"est. step >= {human_seconds(m['est_step_s'])} ({m.get('est_bound')}-bound "
+            "roofline estimate)"
+        )
+    return parts
 
 
 __all__ = [

@@ -179,7 +179,7 @@ def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     )
     assert custom_calls.targets_of(hlo) == {"lapack_sgetrf_ffi", "__onednn$matmul", "Sharding"}
     assert custom_calls.targets_of(b"HloModule m\n") == frozenset()
-    cold, warm = SimpleNamespace(lowered=None), SimpleNamespace(lowered=object())
+    cold, warm = SimpleNamespace(state="loaded"), SimpleNamespace(state="live")
     custom_calls.prepare(hlo, "cpu", cold, "here")  # all vouched for
     odd = hlo + b'%d = custom-call(), custom_call_target="my_ffi"\n'
     with pytest.raises(custom_calls.ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from jaxaot.api import conf_dir
-from jaxaot.config.schema import register_configs
+from jaxaot.schema import register_configs
 from jaxaot.sweeps import compose_cache
 from jaxaot.sweeps.compose_cache import SweepConfigLoader
 from omegaconf import DictConfig, OmegaConf

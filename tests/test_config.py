@@ -1,4 +1,4 @@
-"""The config schema (``jaxaot.config.schema``): composing, validating, and failing before JAX."""
+"""The config schema (``jaxaot.schema``): composing, validating, and failing before JAX."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import jaxaot
 import pytest
 from conftest import cli_env, run_cli
-from jaxaot.config.schema import JaxaotConfig, to_container, validate
 from jaxaot.errors import ConfigError
+from jaxaot.schema import JaxaotConfig, to_container, validate
 
 _PROGRAM = {"name": "p", "target": "pkg.mod:fn"}
 

@@ -15,8 +15,8 @@ from typing import Any
 import jaxaot
 import pytest
 from conftest import read_json, run_numbered
-from jaxaot.config.schema import validate
 from jaxaot.errors import BackendError, ConfigError, StageError
+from jaxaot.schema import validate
 from jaxaot.targets import cuda as cuda_targets
 from jaxaot.targets.tpu import GENERATIONS, resolve, topology_devices
 

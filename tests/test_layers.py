@@ -34,9 +34,20 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"errors", "util"},
     "stages": {"errors", "util", "targets", "config"},
     "snapshots": {"errors", "util", "version", "config", "rundir", "stages"},
-    "engine": {"errors", "util", "targets", "config", "rundir", "stages", "store", "snapshots"},
+    "schema": {"errors", "util", "targets", "config", "rundir", "stages", "conf"},
+    "engine": {
+        "errors",
+        "util",
+        "targets",
+        "config",
+        "rundir",
+        "stages",
+        "store",
+        "snapshots",
+        "schema",
+    },
     "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots"},
-    "api": {"errors", "config", "engine", "conf", "snapshots"},
+    "api": {"errors", "config", "engine", "conf", "snapshots", "schema"},
     "cli": {
         "errors",
         "util",
@@ -51,8 +62,9 @@ ALLOWED: dict[str, set[str]] = {
         "sweeps",
         "api",
         "conf",
+        "schema",
     },
-    "__init__": {"errors", "version", "api", "config", "engine"},
+    "__init__": {"errors", "version", "api", "config", "engine", "schema"},
     "__main__": {"cli"},
     "conf": set(),
     "examples": {"examples"},
@@ -170,3 +182,41 @@ def test_light_entry_points_import_neither_jax_nor_hydra(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{module} imports {out.stdout.strip()}"
+
+
+def test_lint_and_types(tmp_path: Path) -> None:
+    """``make lint``'s checks: ruff's rules and format (no ``# fmt: skip`` needed), and mypy
+    over the package as it installs (``jaxaot``, laid out as symlinks like the Makefile does)."""
+    bin_dir = Path(sys.executable).parent
+    paths = ["pipeline", "stages", "jaxaot_examples", "tests", "bench", "hydra_plugins"]
+    for cmd in (
+        ["ruff", "check", "-q", "--no-cache", *paths],
+        ["ruff", "format", "--check", "-q", "--no-cache", *paths],
+    ):
+        proc = subprocess.run(
+            [str(bin_dir / cmd[0]), *cmd[1:]], cwd=REPO, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    tree = tmp_path / "jaxaot"
+    tree.mkdir()
+    for item in (REPO / "pipeline").iterdir():
+        if item.name != "__pycache__":
+            (tree / item.name).symlink_to(item)
+    for name, folder in (("stages", "stages"), ("conf", "conf"), ("examples", "jaxaot_examples")):
+        (tree / name).symlink_to(REPO / folder)
+    proc = subprocess.run(
+        [
+            str(bin_dir / "mypy"),
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "-p",
+            "jaxaot",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no issues found" in proc.stdout

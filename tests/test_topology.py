@@ -13,8 +13,8 @@ from typing import Any
 
 import jaxaot
 import pytest
-from jaxaot.config.schema import validate
 from jaxaot.errors import BackendError, ConfigError, DoesNotFit
+from jaxaot.schema import validate
 from jaxaot.stages import topology
 from jaxaot.targets import tpu as accelerators
 from jaxaot.targets.tpu import GENERATIONS, GiB, default_shape, resolve

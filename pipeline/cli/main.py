@@ -18,10 +18,11 @@ from typing import Any
 import hydra
 from hydra.core.object_type import ObjectType
 from jaxaot.config.argspec import quote_array_types
-from jaxaot.config.schema import name_after_target, register_configs
+from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import guard_hydra_callbacks
 from jaxaot.errors import JaxaotError
 from jaxaot.rundir.dirs import check_user_dirs, print_only, register_resolver
+from jaxaot.schema import register_configs
 from jaxaot.sweeps.callbacks import last_sweep_failures
 from jaxaot.sweeps.progress import JobOutcome
 from jaxaot.util.exits import describe_interrupt, exit_code, raise_terminated

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.errors import ArgSpecError, ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
 # Canonical dtype names (numpy / ml_dtypes spelling) that JAX supports.
 DTYPES: tuple[str, ...] = (

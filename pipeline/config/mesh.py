@@ -19,7 +19,7 @@ from jaxaot.config.sharding import Leaf, check_axis_names, match_specs
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
 AXIS_TYPES: tuple[str, ...] = ("auto", "explicit", "manual")
 # Axis names for a mesh given by shape alone (mesh.axes=[]), by position.

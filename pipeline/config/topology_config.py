@@ -17,7 +17,7 @@ from jaxaot.errors import ConfigError
 from jaxaot.targets.tpu import resolve
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
 
 def for_topology(cfg: JaxaotConfig) -> JaxaotConfig:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.errors import ConfigError, TargetError
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
 ALLOW_KEY = "trust.allow_imports"
 DENY_KEY = "trust.deny_imports"

@@ -20,7 +20,7 @@ from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, policy
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
 SCOPED_KEYS = frozenset({"target", "attributes", "must_fuse", "fuse_limit"})
 

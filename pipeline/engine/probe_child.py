@@ -49,7 +49,7 @@ def probe_one(entry_dir: Path, trust: bool) -> str:
         return f"compiled for {backend} devices {ids}, this host has {sorted(by_id)}"
     hlo = entry.read_bytes("optimized.hlo.txt") if "optimized.hlo.txt" in entry.files else None
     try:
-        custom_calls.prepare(hlo, backend, SimpleNamespace(lowered=None), "entry")
+        custom_calls.prepare(hlo, backend, SimpleNamespace(state="loaded"), "entry")
     except custom_calls.ColdLoadError:
         return f"{NOT_CHECKED}it calls custom calls its program registers (never loaded cold)"
     try:

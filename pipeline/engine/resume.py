@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.config.order import STAGES
-from jaxaot.config.schema import JaxaotConfig, override_key, to_container, validate
+from jaxaot.config.sections import override_key
 from jaxaot.errors import ConfigError, StoreError
 from jaxaot.rundir.manifest import load_manifest
+from jaxaot.schema import JaxaotConfig, to_container, validate
+from jaxaot.stages import NODES
+from jaxaot.stages.node import Entry
 from jaxaot.util.fsio import trust_from_env, untrusted_path
 
 log = logging.getLogger("jaxaot")
@@ -26,19 +29,12 @@ log = logging.getLogger("jaxaot")
 # do not trust can write to (issue 12, item 9).
 PICKLED = frozenset({"executable.bin"})
 
-# Config sections owned by each stage (DESIGN.md: options belong to the stage where they first
-# change the result).
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "stage_out": ("program", "stage_out", "jax"),  # JAX's config changes what is traced
-    "lower": ("lower", "mesh"),
-    "compile": ("compile",),
-    "execute": ("execute",),
-}
-
 
 def frozen_sections(start_at: str) -> tuple[str, ...]:
-    """The config sections that a run starting at ``start_at`` takes from its checkpoint."""
-    return tuple(s for stage in STAGES[: STAGES.index(start_at)] for s in SECTIONS[stage])
+    """The config sections that a run starting at ``start_at`` takes from its checkpoint: those
+    each earlier node declares (DESIGN.md: options belong to the stage where they first change
+    the result)."""
+    return tuple(s for node in NODES[: STAGES.index(start_at)] for s in node.sections)
 
 
 _MISSING = object()  # a key absent from a config tree
@@ -88,6 +84,17 @@ class Checkpoint:
                 f"resume_from={str(self.run_dir)!r} start_at={start_at}: that run has no "
                 f"finished {stage!r} stage (status {status!r}); start earlier"
             )
+
+    def entry(self, stage: str) -> Entry:
+        """One stage's files as an :class:`~jaxaot.stages.node.Entry`, like a store entry's:
+        verified reads, and the backend the run had (what a node's ``compat`` is checked
+        against)."""
+        return Entry(
+            label=f"resume_from={self.run_dir}",
+            read=self.reader(stage),
+            compat=self.manifest.get("backend") or {},
+            source="checkpoint",
+        )
 
     def reader(self, stage: str) -> Callable[[str], bytes]:
         """``read(name)`` for one stage's files, each checked against the manifest's sha256.
@@ -148,29 +155,14 @@ class Checkpoint:
                     f"{self.run_dir}); drop the override or start at an earlier stage"
                 )
         merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
-        keys = {_override_key(o) for o in overrides}
-        if "lower" in frozen and "compile" not in frozen and "compile.backend" not in keys:
-            merged["compile"] = self._backend_of_lowering(merged["compile"])
+        keys = {k for k in (_override_key(o) for o in overrides) if k}
+        # A node that runs now on resumed inputs may take a default from the checkpoint.
+        start = STAGES.index(cfg.start_at)
+        for i, node in enumerate(NODES):
+            resumed_inputs = all(STAGES.index(n) < start for n in node.inputs)
+            if node.resume_default is not None and i >= start and node.inputs and resumed_inputs:
+                merged[node.name] = node.resume_default(saved, merged[node.name], keys)
         return validate(merged)
 
-    def _backend_of_lowering(self, compile_cfg: dict[str, Any]) -> dict[str, Any]:
-        """Compile for the checkpoint's platform when it was lowered for exactly one, and the
-        backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
-        from jaxaot.stages.jaxenv import platform_of
 
-        saved = self.manifest["config"]
-        platforms = list(
-            saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])]
-        )
-        if len(platforms) != 1 or platform_of(compile_cfg["backend"]) in platforms:
-            return compile_cfg
-        log.info(
-            "[compile] compile.backend=%s: the checkpoint was lowered for %s only "
-            "(override compile.backend to choose another)",
-            platforms[0],
-            platforms,
-        )
-        return {**compile_cfg, "backend": platforms[0]}
-
-
-__all__ = ["SECTIONS", "Checkpoint", "frozen_sections"]
+__all__ = ["Checkpoint", "frozen_sections"]

@@ -2,7 +2,7 @@
 
 The runner owns ordering, ``start_at``/``stop_after``, resume, the store, timing, the manifest
 and the summary; stages own their JAX work (``stages/``). Everything checkable without JAX is
-checked by :func:`jaxaot.config.schema.validate` and :func:`jaxaot.config.argspec.bind` before JAX is
+checked by :func:`jaxaot.schema.validate` and :func:`jaxaot.config.argspec.bind` before JAX is
 imported.
 
 Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from the store),
@@ -15,25 +15,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from jaxaot.config.argspec import BoundArgs, bind_config, check_inputs_fit
+from jaxaot.config.argspec import BoundArgs, bind_config
 from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
-from jaxaot.config.schema import JaxaotConfig, to_container, validate
 from jaxaot.engine.resume import Checkpoint
 from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
 from jaxaot.rundir.dirs import claim
 from jaxaot.rundir.manifest import Manifest
-from jaxaot.stages.node import StageContext
+from jaxaot.schema import JaxaotConfig, to_container, validate
+from jaxaot.stages import NODES
+from jaxaot.stages.node import Entry, Keyed, Node, StageContext, compat_mismatch
 from jaxaot.store.locks import KeyLock
 from jaxaot.util import exits
-from jaxaot.util.fsio import key_of
 from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from jaxaot.stages import Compiled, Executed, Lowered, StagedOut
 
 log = logging.getLogger("jaxaot")
 
@@ -50,7 +53,18 @@ class RunResult:
     def ok(self) -> bool:
         return bool(self.manifest.get("status") == "ok")
 
+    @overload
+    def __getitem__(self, stage: Literal["stage_out"]) -> StagedOut: ...
+    @overload
+    def __getitem__(self, stage: Literal["lower"]) -> Lowered: ...
+    @overload
+    def __getitem__(self, stage: Literal["compile"]) -> Compiled: ...
+    @overload
+    def __getitem__(self, stage: Literal["execute"]) -> Executed: ...
+    @overload
+    def __getitem__(self, stage: str) -> Any: ...
     def __getitem__(self, stage: str) -> Any:
+        """A stage's record: ``result["compile"].cost``, typed per stage name."""
         return self.records[stage]
 
 
@@ -104,12 +118,14 @@ def run(
     """
     typed = validate(cfg)
     checkpoint = None
-    if typed.start_at != "stage_out":
+    if STAGES.index(typed.start_at) > 0:
         checkpoint = Checkpoint(typed.resume_from or "")
         typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
     bound = bind_config(typed)  # arg specs checked before JAX is imported
-    if typed.stop_after == "execute":
-        check_inputs_fit(bound)  # the inputs execute builds, before any work
+    first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
+    for node in NODES[first : last + 1]:
+        if node.before_run is not None:
+            node.before_run(typed, bound)  # e.g. the inputs execute builds fit in memory
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     manifest = Manifest(run_dir=out, config=to_container(typed))
     if checkpoint is not None:
@@ -124,9 +140,20 @@ def run(
         enabled=typed.store.enabled,
         trust=typed.store.trust or None,
     )
-    first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
+    # What each node does in this run: resumed from the checkpoint (before start_at; computed
+    # again when the first node needs it live), run, or skipped (after stop_after).
+    live = set(NODES[first].live_inputs) if first > 0 else set()
+    plan = [
+        ("recompute" if n.name in live else "resume")
+        if i < first
+        else "run"
+        if i <= last
+        else "skip"
+        for i, n in enumerate(NODES)
+    ]
     records: dict[str, Any] = {}
-    runner = _Runner(typed, out, manifest, store, checkpoint, records)
+    computed = {n.name for n, how in zip(NODES, plan, strict=True) if how in ("run", "recompute")}
+    runner = _Runner(typed, out, manifest, store, checkpoint, records, bound, running=computed)
     t_start = time.perf_counter()
     current: str | None = None  # the stage in progress, for an exit or interrupt
     restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
@@ -142,40 +169,31 @@ def run(
                 )
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
-                if first <= STAGES.index("compile") <= last:
+                if any(n.cache_key is not None and n.name in computed for n in NODES):
                     store.check_trusted()  # a store others can write to: one line, before work
-                comp = typed.compile
-                if comp.topology and first == STAGES.index("execute"):
-                    from jaxaot.stages.topology import check_resume
-
-                    check_resume(comp)  # a topology's executable runs on a TPU host only
-                if STAGES.index("compile") <= last:
-                    manifest.backend = (
-                        jaxenv.target_info(comp.topology, comp.num_slices)
-                        if comp.topology
-                        else jaxenv.backend_info(comp.backend)
-                    )
-                for i, stage in enumerate(STAGES):
-                    current, t_stage = stage, time.perf_counter()
-                    phase = f"stage {stage!r}"
-                    if i < first:
-                        records[stage] = runner.resume(stage, bound)
-                    elif i <= last:
-                        records[stage] = runner.run(stage)
-                    else:
-                        manifest.stages[stage] = {
+                for n, how in zip(NODES, plan, strict=True):
+                    if how == "resume" and n.before_resume is not None:
+                        n.before_resume(typed)  # e.g. a topology's executable needs its TPU host
+                if any(n.compat is not None for n in NODES[: last + 1]):
+                    manifest.backend = jaxenv.run_backend(typed.compile)
+                for node, how in zip(NODES, plan, strict=True):
+                    current, t_stage = node.name, time.perf_counter()
+                    phase = f"stage {node.name!r}"
+                    if how == "skip":
+                        manifest.stages[node.name] = {
                             "status": "skipped",
                             "seconds": 0.0,
                             "artifacts": {},
                         }
+                        continue
+                    if how != "run":
+                        assert checkpoint is not None
+                        checkpoint.require(node.name, typed.start_at)
+                    records[node.name] = runner.step(node, how)
                 current, phase = None, "the graph and snapshot step"
-                if comp.topology and records.get("compile") is not None:
-                    from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
-
-                    if manifest.stages.get("execute", {}).get("status") == "skipped":
-                        manifest.stages["execute"]["note"] = EXECUTE_NOTE
-                    # The verdict, in the manifest; DoesNotFit (exit code 3) when it is no.
-                    manifest.extra["fit"] = fit_of(records["compile"], comp)
+                for node in NODES:
+                    if node.finish is not None:
+                        node.finish(typed, records.get(node.name), manifest.stages, manifest.extra)
                 from jaxaot.snapshots.snapshot import after_run
 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
@@ -197,9 +215,7 @@ def run(
             manifest.status = "interrupted"
             manifest.error = f"{exits.describe_interrupt(exc)} during {phase}"
             manifest.write()
-            if runner._pool is not None:  # an XLA compile cannot be stopped: do not wait for it
-                runner._pool.shutdown(wait=False, cancel_futures=True)
-                runner._pool = None
+            runner.abandon()  # an XLA compile cannot be stopped: do not wait for it
             exc.add_note(f"{manifest.error}; recorded as interrupted in {manifest.path}")
             raise
         finally:
@@ -235,88 +251,92 @@ def _record_unfinished(manifest: Manifest, stage: str | None, status: str, t0: f
 
 
 @dataclass
+class _Ahead:
+    """A node's result found or started while its input was still being made: the verified
+    store entry, or the job running on the worker thread together with the store lock on its
+    key, held until the put (jobs sharing a key compute it once, issue 5)."""
+
+    keyed: Keyed
+    entry: Any = None  # a StoreEntry
+    future: Future[tuple[Any, float]] | None = None
+    lock: KeyLock | None = None
+
+
+@dataclass
 class _Runner:
+    """One generic loop over :data:`jaxaot.stages.NODES`; no stage is named here. For a node
+    before ``start_at``: the checkpoint's result if it is compatible, else computed. For a node
+    this run computes: a verified store hit if it has a key, else run (with what its ``begin``
+    started ahead, if anything)."""
+
     cfg: JaxaotConfig
     run_dir: Path
     manifest: Manifest
     store: Any  # jaxaot.store.cache.Store
     checkpoint: Checkpoint | None
     records: dict[str, Any]
-    # The compile stage's store entry or running compile, found/started while lowering.
-    _ahead: tuple[str, Any] | None = None
+    bound: BoundArgs
+    running: set[str] = field(default_factory=set)  # the nodes this run computes
+    _ahead: dict[str, _Ahead] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
-    # The store-wide lock on the key compiling ahead, held until its put (issue 5).
-    _held: KeyLock | None = None
 
     def close(self) -> None:
         if self._pool is not None:  # an XLA compile cannot be cancelled: let it finish
             self._pool.shutdown(wait=True)
-        if self._held is not None:  # the run failed between lower and compile
-            self._held.release()
-            self._held = None
+        for ahead in self._ahead.values():  # the run failed before the node's turn
+            if ahead.lock is not None:
+                ahead.lock.release()
+        self._ahead.clear()
 
-    def _context(self, stage: str) -> StageContext:
-        ctx = StageContext(cfg=self.cfg, stage=stage, out_dir=self.run_dir / stage)
+    def abandon(self) -> None:
+        """Ctrl-C: do not wait for a job started ahead (an XLA compile cannot be stopped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- one node ------------------------------------------------------------------------------
+    def step(self, node: Node, how: str) -> Any:
+        """``how``: ``run`` (this run computes it), ``resume`` (from the checkpoint) or
+        ``recompute`` (before start_at, but the first node needs it live)."""
+        ctx = self._context(node)
+        t0 = time.perf_counter()
+        up = {n: self.records.get(n) for n in node.inputs}
+        try:
+            if how == "resume":
+                loaded, note = self._resume(node, ctx, up)
+                if note is None:
+                    assert self.checkpoint is not None
+                    self._finish(ctx, "resumed", t0, source=str(self.checkpoint.run_dir))
+                    return loaded
+                log.warning("[%s] %s", node.name, note)
+                ctx.reset()
+                ctx.warnings.append(note)
+            record, status, extra = self._compute(node, ctx, up)
+        except JaxaotError as exc:
+            ctx.metrics.update(getattr(exc, "metrics", None) or {})  # DoesNotFit's verdict
+            self.manifest.record_stage(
+                ctx, getattr(exc, "run_status", "failed"), time.perf_counter() - t0
+            )
+            raise
+        except Exception as exc:
+            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+            raise StageError(node.name, one_line(exc)) from exc
+        if how == "recompute":
+            self._compare_with_checkpoint(node, ctx)
+        self._finish(ctx, status, t0, **extra)
+        return record
+
+    def _context(self, node: Node) -> StageContext:
+        ctx = StageContext(
+            cfg=self.cfg, stage=node.name, out_dir=self.run_dir / node.name, bound=self.bound
+        )
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
-        if stage == "lower" and STAGES.index(self.cfg.stop_after) >= STAGES.index("compile"):
-            ctx.on_lowered = self._compile_ahead
+        if any(c.begin is not None and c.inputs == (node.name,) for c in self._consumers(node)):
+            ctx.publish_early = lambda early: self._early(node, early)
         return ctx
 
-    def _compile_key(self, lowered: Any) -> tuple[str | None, dict[str, Any], Any]:
-        """The compile key, the store's compat dict and the :class:`jaxaot.stages.compile.Target`;
-        the key is None when jax does not say which arguments the executable keeps (then the
-        store is not used: a key without them could serve another program)."""
-        from jaxaot.stages import compile as compile_stage
-        from jaxaot.stages import jaxenv
-
-        backend = self.manifest.backend
-        target = compile_stage.prepare(self.cfg.compile, lowered)
-        compat = {k: backend[k] for k in ("jax", "jaxlib", "platform", "platform_version")}
-        if target.convention.kept is None:
-            return None, compat, target
-        key = key_of(
-            compile_stage.cache_key(self.cfg, lowered, target, backend, jaxenv.key_environment())
-        )
-        return key, compat, target
-
-    def _compile_ahead(self, lowered: Any) -> None:
-        """Called by the lower stage once the module exists: look the executable up in the
-        store, and on a miss start compiling on a worker thread (XLA releases the GIL), so the
-        export, HLO text and cost analysis that lowering still does overlap the compile."""
-        from jaxaot.stages import compile as compile_stage
-
-        try:
-            key, compat, target = self._compile_key(lowered)
-        except JaxaotError:
-            return  # the compile stage reports it, in its turn
-        if key is None:
-            return
-        lock = KeyLock(self.store, "compile", key)
-        if not lock.acquire(blocking=False):
-            return  # another job is compiling this key: the compile stage waits, then hits
-        entry = self.store.get("compile", key, expect=compat) if self.store.enabled else None
-        if entry is not None:
-            lock.release()
-            self._ahead = (key, entry)
-            return
-        job = compile_stage.start(self.cfg.compile, target)
-        self._held = lock
-
-        def timed() -> tuple[Any, float]:
-            t0 = time.perf_counter()
-            return job(), time.perf_counter() - t0
-
-        self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="jaxaot-compile")
-        self._ahead = (key, self._pool.submit(timed))
-
-    def _upstream(self, stage: str) -> tuple[Any, ...]:
-        r = self.records
-        return {
-            "stage_out": (),
-            "lower": (r.get("stage_out"),),
-            "compile": (r.get("lower"),),
-            "execute": (r.get("compile"), r.get("stage_out")),
-        }[stage]
+    def _consumers(self, node: Node) -> list[Node]:
+        return [c for c in NODES if node.name in c.inputs and c.name in self.running]
 
     def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
         seconds = extra.pop("seconds", time.perf_counter() - t0)
@@ -324,220 +344,179 @@ class _Runner:
         self.manifest.write()
         log.info("[%s] %s in %.3f s", ctx.stage, status, seconds)
 
-    def run(self, stage: str) -> Any:
-        from jaxaot.stages import STAGE_FUNCTIONS
+    def _compat(self, node: Node) -> dict[str, Any]:
+        return dict(node.compat(self.manifest.backend)) if node.compat is not None else {}
 
-        ctx = self._context(stage)
-        t0 = time.perf_counter()
-        try:
-            if stage == "compile":
-                record, status, extra = self._compile(ctx)
-            else:
-                record, status, extra = (
-                    STAGE_FUNCTIONS[stage](ctx, *self._upstream(stage)),
-                    "ran",
-                    {},
-                )
-        except JaxaotError as exc:
-            if getattr(exc, "fit", None) is not None:  # DoesNotFit: the verdict's figures
-                from jaxaot.stages.topology import metrics
+    def _key(self, node: Node, up: Mapping[str, Any]) -> Keyed | None:
+        return node.cache_key(self.cfg, up, self.manifest.backend) if node.cache_key else None
 
-                ctx.metrics.update(metrics({"fit": exc.fit}))  # type: ignore[attr-defined]
-            status = getattr(exc, "run_status", "failed")
-            self.manifest.record_stage(ctx, status, time.perf_counter() - t0)
-            raise
-        except Exception as exc:
-            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
-            raise StageError(stage, one_line(exc)) from exc
-        self._finish(ctx, status, t0, **extra)
-        return record
-
-    def _compile(self, ctx: StageContext) -> tuple[Any, str, dict[str, Any]]:
-        """Compile through the store: a verified hit is loaded, a miss is compiled and stored."""
-        lowered = self.records["lower"]
-        key, compat, target = self._compile_key(lowered)
-        held, self._held = self._held, None
-        if key is None:
-            if held is not None:
-                held.release()
-            ctx.warn(
-                "this jax does not say which arguments an executable keeps; compiled "
-                "without the store"
-            )
-            return self._compile_locked(ctx, lowered, None, compat, target)
-        # Jobs sharing a key compile it once: hold the lock taken ahead, or wait for the job
-        # that holds it and then hit the store (issue 5).
-        if held is not None and held.key != key:
-            held.release()
-            held = None
-        with held or KeyLock(self.store, "compile", key):
-            return self._compile_locked(ctx, lowered, key, compat, target)
-
-    def _compile_locked(
-        self, ctx: StageContext, lowered: Any, key: str | None, compat: dict[str, Any], target: Any
-    ) -> tuple[Any, str, dict[str, Any]]:
-        from jaxaot.stages import compile as compile_stage
-        from jaxaot.stages import custom_calls
-
-        store_on = self.store.enabled and key is not None
-        label = f"compile/{(key or '')[:12]}"
-        ahead, self._ahead = (self._ahead or (None, None)), None
-        future = ahead[1] if ahead[0] == key and isinstance(ahead[1], Future) else None
-        entry = ahead[1] if ahead[0] == key and future is None else None
-        if entry is None and future is None and store_on:
-            assert key is not None
-            entry = self.store.get("compile", key, expect=compat)
-        if entry is not None:
-            assert key is not None
-            t0 = time.perf_counter()
+    # -- resume: the checkpoint as an Entry ------------------------------------------------------
+    def _resume(self, node: Node, ctx: StageContext, up: dict[str, Any]) -> tuple[Any, str | None]:
+        """(record, None) from the checkpoint, or (None, why) when the checkpoint's result
+        cannot serve this run (the same compatibility rule as the store's): then the node is
+        computed, the store first. A corrupt or missing checkpoint file is an error."""
+        assert self.checkpoint is not None and node.load is not None
+        entry = self.checkpoint.entry(node.name)
+        why = compat_mismatch(entry.compat, self._compat(node))
+        if why is not None:
+            why = f"was built for {why}"
+        else:
             try:
-                record = compile_stage.load(
-                    ctx, lowered, entry.read_bytes, f"store entry {label}", [target.convention]
-                )
-            except custom_calls.ColdLoadError as exc:  # the entry is fine; this process is not
-                ctx.warn(
-                    f"store entry {label} not loaded cold ({one_line(exc)}), compiling instead"
-                )
-                ctx.artifacts.clear()
-                ctx.metrics.clear()
+                return node.load(ctx, up, entry, None), None
+            except JaxaotError as exc:
+                # A result that cannot serve this run, from a node that can compute it: compute.
+                # Anything else (a corrupt or missing file, a refused import) is the user's.
+                reason = getattr(exc, "reason", None)
+                computable = all(i in self.running for i in node.live_inputs)
+                if not computable or (reason is None and not getattr(exc, "entry_ok", False)):
+                    raise
+                why = f"unusable here ({reason or one_line(exc)})"
+        return None, f"checkpoint {node.noun} {why}; not loaded, {node.again}"
+
+    def _compare_with_checkpoint(self, node: Node, ctx: StageContext) -> None:
+        """A node recomputed before ``start_at``: say when it differs from the checkpoint's."""
+        assert self.checkpoint is not None
+        read = self.checkpoint.entry(node.name).read
+        for name, note in node.recomputed_differs.items():
+            try:
+                same = read(name) == ctx.artifacts[name].path.read_bytes()
+            except KeyError:
+                continue
+            if not same:
+                ctx.warn(note)
+
+    # -- run: a verified store hit, else compute -----------------------------------------------
+    def _compute(
+        self, node: Node, ctx: StageContext, up: dict[str, Any]
+    ) -> tuple[Any, str, dict[str, Any]]:
+        ahead = self._ahead.pop(node.name, None)
+        keyed = self._key(node, up)
+        if ahead is not None and (keyed is None or ahead.keyed.key != keyed.key):
+            if ahead.lock is not None:  # begun on an early record that keys differently
+                ahead.lock.release()
+            ahead = None
+        if keyed is None or keyed.key is None:
+            if keyed is not None and keyed.why:
+                ctx.warn(keyed.why)
+            record, extra = self._run(node, ctx, up, keyed, ahead)
+            return record, "ran", extra
+        # Jobs sharing a key compute it once: hold the lock taken ahead, or wait for the job
+        # that holds it and then hit the store (issue 5).
+        held = ahead.lock if ahead is not None else None
+        with held or KeyLock(self.store, node.name, keyed.key):
+            return self._compute_locked(node, ctx, up, keyed, ahead)
+
+    def _compute_locked(
+        self, node: Node, ctx: StageContext, up: dict[str, Any], keyed: Keyed, ahead: _Ahead | None
+    ) -> tuple[Any, str, dict[str, Any]]:
+        key = keyed.key
+        assert key is not None
+        store_on = self.store.enabled
+        label = f"store entry {node.name}/{key[:12]}"
+        entry = ahead.entry if ahead is not None else None
+        if entry is None and ahead is None and store_on:
+            entry = self.store.get(node.name, key, expect=self._compat(node))
+        if entry is not None and node.load is not None:
+            t0 = time.perf_counter()
+            stored = Entry(label=label, read=entry.read_bytes, compat=entry.compat, source="store")
+            try:
+                record = node.load(ctx, up, stored, keyed)
             except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)
                 reason = getattr(exc, "reason", None) or one_line(exc)
-                outcome = self.store.discard("compile", key, reason)
-                ctx.warn(f"store entry {label} unusable ({reason}); {outcome}, compiling instead")
-                ctx.artifacts.clear()
-                ctx.metrics.clear()
+                outcome = self.store.discard(node.name, key, reason)
+                ctx.warn(f"{label} unusable ({reason}); {outcome}, {node.verb} instead")
+                ctx.reset()
+            except JaxaotError as exc:
+                if not getattr(exc, "entry_ok", False):
+                    raise
+                # The entry is fine; this process is not (e.g. it cannot load it cold).
+                ctx.warn(f"{label} not loaded cold ({one_line(exc)}), {node.verb} instead")
+                ctx.reset()
             else:
                 saved = max(entry.compute_seconds - (time.perf_counter() - t0), 0.0)
-                self.store.record("compile", key, hit=True, seconds_saved=saved)
+                self.store.record(node.name, key, hit=True, seconds_saved=saved)
                 log.info(
-                    "[compile] cache hit %s: executable loaded from %s (%.2f s saved)",
+                    "[%s] cache hit %s: loaded from %s (%.2f s saved)",
+                    node.name,
                     key[:12],
                     self.store.root,
                     saved,
                 )
                 return record, "cached", {"key": key, "seconds_saved": round(saved, 6)}
-        t0 = time.perf_counter()
-        extra: dict[str, Any] = {"key": key}
-        if future is not None:
-            waited = time.perf_counter()
-            compiled, compile_s = future.result()
-            waited = time.perf_counter() - waited
-            record = compile_stage.run(ctx, lowered, compiled)
-            seconds = compile_s + (time.perf_counter() - t0 - waited)
-            # The stage's cost, not its wait: part of the compile ran during lowering.
-            extra |= {
-                "seconds": round(seconds, 6),
-                "overlapped_seconds": round(compile_s - waited, 6),
-            }
-        else:
-            record = compile_stage.run(ctx, lowered, target=target)
-            seconds = time.perf_counter() - t0
+        record, extra = self._run(node, ctx, up, keyed, ahead)
+        seconds = extra["seconds"]
         if store_on:
-            assert key is not None
-            log.info("[compile] cache miss %s: compiled in %.2f s", key[:12], seconds)
-            self.store.record("compile", key, hit=False)
+            log.info("[%s] cache miss %s: computed in %.2f s", node.name, key[:12], seconds)
+            self.store.record(node.name, key, hit=False)
         # What is stored must be what the key says (and what a hit will be checked against).
-        wrong = store_on and compile_stage.mismatch(
-            compile_stage.convention_of(record.compiled), [target.convention]
-        )
+        wrong = node.storable(record, keyed) if node.storable is not None else None
         if wrong:
-            ctx.warn(f"executable not stored: {wrong} (a jax change?)")
-        elif store_on and "executable.bin" in ctx.artifacts:  # else nothing a hit could load
-            assert key is not None
+            ctx.warn(wrong)
+        elif store_on and all(name in ctx.artifacts for name in node.required):
             self.store.put(
-                "compile",
+                node.name,
                 key,
                 files={n: a.path for n, a in ctx.artifacts.items()},
                 meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
                 compute_seconds=seconds,
-                compat=compat,
+                compat=self._compat(node),
             )
-        return record, "ran", extra
+        return record, "ran", {"key": key, **extra}
 
-    def resume(self, stage: str, bound: BoundArgs) -> Any:
-        """Load a stage that ran before ``start_at`` from the checkpoint (hashes verified)."""
-        from jaxaot.stages import lower as lower_stage
-        from jaxaot.stages import stage_out
-
-        assert self.checkpoint is not None
-        ckpt, start_at = self.checkpoint, self.cfg.start_at
-        ckpt.require(stage, start_at)
-        read = ckpt.reader(stage)
-        ctx = self._context(stage)
+    def _run(
+        self,
+        node: Node,
+        ctx: StageContext,
+        up: dict[str, Any],
+        keyed: Keyed | None,
+        ahead: _Ahead | None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """``node.run``, with the result of what ``begin`` started ahead. The seconds are the
+        node's own cost, not its wait: part of the work ran while the input was being made."""
         t0 = time.perf_counter()
-        record: Any
-        if stage == "stage_out":
-            if start_at == "lower":  # lowering again needs the traced program: trace it here
-                record = stage_out.run(ctx)
-                self._compare_jaxpr(ctx, read)
-                self._finish(ctx, "ran", t0)
-                return record
-            record = stage_out.resumed(ctx, bound, read)
-        elif stage == "lower":
-            record = lower_stage.load(ctx, read)
-        else:
-            record, why = self._resume_compile(ctx, read)
-            if record is None:
-                record = self.run("compile")
-                self.manifest.stages["compile"]["warnings"].append(why)
-                self.manifest.write()
-                return record
-        self._finish(ctx, "resumed", t0, source=str(ckpt.run_dir))
-        return record
+        if ahead is None or ahead.future is None:
+            record = node.run(ctx, up, keyed, None)
+            return record, {"seconds": round(time.perf_counter() - t0, 6)}
+        started, started_s = ahead.future.result()
+        waited = time.perf_counter() - t0
+        record = node.run(ctx, up, keyed, started)
+        seconds = started_s + (time.perf_counter() - t0 - waited)
+        return record, {
+            "seconds": round(seconds, 6),
+            "overlapped_seconds": round(started_s - waited, 6),
+        }
 
-    def _compare_jaxpr(self, ctx: StageContext, read: Any) -> None:
-        try:
-            same = read("jaxpr.txt") == ctx.artifacts["jaxpr.txt"].path.read_bytes()
-        except KeyError:
-            return
-        if not same:
-            ctx.warn(
-                "the program traces to a different jaxpr than in the checkpoint (code changed?)"
-            )
+    # -- ahead: a consumer begins on its input's early record ------------------------------------
+    def _early(self, producer: Node, early: Any) -> None:
+        """``producer`` published an early record (lower: the module exists, the export does not
+        yet): each consumer with ``begin`` looks its result up in the store, and on a miss starts
+        it on a worker thread (XLA releases the GIL), so the rest of ``producer`` overlaps it."""
+        for node in self._consumers(producer):
+            if node.begin is None or node.inputs != (producer.name,) or node.name in self._ahead:
+                continue
+            try:
+                keyed = self._key(node, {producer.name: early})
+            except JaxaotError:
+                continue  # the node reports it, in its turn
+            if keyed is None or keyed.key is None:
+                continue
+            lock = KeyLock(self.store, node.name, keyed.key)
+            if not lock.acquire(blocking=False):
+                continue  # another job computes this key: the node waits, then hits
+            if self.store.enabled:
+                entry = self.store.get(node.name, keyed.key, expect=self._compat(node))
+                if entry is not None:
+                    lock.release()
+                    self._ahead[node.name] = _Ahead(keyed, entry=entry)
+                    continue
+            job = node.begin(self.cfg, keyed)
 
-    def _resume_compile(self, ctx: StageContext, read: Any) -> tuple[Any, str]:
-        """The checkpoint's executable if this host can run it, else (None, why) to recompile."""
-        from jaxaot.stages import compile as compile_stage
+            def timed(job: Callable[[], Any] = job) -> tuple[Any, float]:
+                t0 = time.perf_counter()
+                return job(), time.perf_counter() - t0
 
-        assert self.checkpoint is not None
-        theirs = self.checkpoint.manifest.get("backend", {})
-        mine = self.manifest.backend
-        fields = ("platform", "platform_version", "jaxlib")
-        if any(theirs.get(f) != mine.get(f) for f in fields):
-            what = ", ".join(
-                f"{f} {theirs.get(f)!r} (here {mine.get(f)!r})"
-                for f in fields
-                if theirs.get(f) != mine.get(f)
-            )
-            why = f"checkpoint executable was built for {what}; not loaded, compiled again from lower/exported.bin"
-            log.warning("[compile] %s", why)
-            return None, why
-        lowered = self.records["lower"]
-        try:
-            # The store's rule (compile_stage.mismatch), against what the checkpoint's export
-            # says the executable must be; the checkpoint itself is kept.
-            record = compile_stage.load(
-                ctx,
-                lowered,
-                read,
-                f"resume_from={self.checkpoint.run_dir}",
-                compile_stage.export_conventions(lowered),
-            )
-            return record, ""
-        except compile_stage.UnusableExecutable as exc:
-            reason = exc.reason
-        except StoreError:
-            raise
-        except Exception as exc:
-            reason = one_line(exc)
-        why = (
-            f"checkpoint executable unusable here ({reason}); not loaded, compiled again "
-            "from lower/exported.bin"
-        )
-        ctx.artifacts.clear()
-        ctx.metrics.clear()
-        log.warning("[compile] %s", why)
-        return None, why
+            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="jaxaot-ahead")
+            self._ahead[node.name] = _Ahead(keyed, future=self._pool.submit(timed), lock=lock)
 
 
 __all__ = ["RunResult", "default_run_dir", "one_line", "run"]

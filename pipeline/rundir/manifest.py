@@ -20,10 +20,14 @@ from jaxaot.util.fsio import atomic_write_json
 class StageOutcome(Protocol):
     """What a finished (or failed) stage leaves for the manifest (a StageContext has it)."""
 
-    stage: str
-    artifacts: Mapping[str, Any]  # name -> an object with to_json(): sha256 and size
-    metrics: dict[str, Any]
-    warnings: list[str]
+    @property
+    def stage(self) -> str: ...
+    @property
+    def artifacts(self) -> Mapping[str, Any]: ...  # name -> has to_json(): sha256 and size
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+    @property
+    def warnings(self) -> list[str]: ...
 
 
 # Manifest format history:

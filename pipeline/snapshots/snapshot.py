@@ -36,7 +36,7 @@ from jaxaot.util.fsio import atomic_write_text, sha256_bytes
 from jaxaot.util.textdiff import bounded, changed_keys, unified
 
 if TYPE_CHECKING:
-    from jaxaot.config.schema import JaxaotConfig
+    from jaxaot.schema import JaxaotConfig
 
     pass
 

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from jaxaot.config.order import STAGES
-from jaxaot.config.schema import override_key
+from jaxaot.config.sections import override_key
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.stages import NODES
 from jaxaot.util.fsio import atomic_write_json, atomic_write_text
 from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 
@@ -36,12 +37,7 @@ PLAN_NAME = "sweep.json"
 JOB_NAME = "job.json"
 LINES_DIR = "progress"
 
-_VERB = {
-    "stage_out": "tracing",
-    "lower": "lowering",
-    "compile": "compiling",
-    "execute": "executing",
-}
+_VERB = {node.name: node.verb for node in NODES}  # "still compiling (...)"
 
 
 @dataclass(frozen=True)

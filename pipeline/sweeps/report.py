@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.stages import NODES
 from jaxaot.sweeps.progress import (
     JOB_NAME,
     STATE_DIR,
@@ -37,17 +38,9 @@ MD_NAME = "sweep.md"
 PLOTS_DIR = "plots"
 AUTOTUNE_NAME = "autotune.json"
 
-# Report column -> (stage, metric name in that stage's manifest entry).
+# The metrics each node reports, as <node>.<metric> columns (Node.report).
 METRICS: dict[str, tuple[str, str]] = {
-    "compile.flops": ("compile", "flops"),
-    "compile.bytes_accessed": ("compile", "bytes_accessed"),
-    "compile.argument_bytes": ("compile", "argument_bytes"),
-    "compile.output_bytes": ("compile", "output_bytes"),
-    "compile.temp_bytes": ("compile", "temp_bytes"),
-    "compile.code_bytes": ("compile", "code_bytes"),
-    "execute.median_s": ("execute", "median_s"),
-    "execute.stddev_s": ("execute", "stddev_s"),
-    "execute.flops_per_s": ("execute", "flops_per_s"),
+    f"{node.name}.{metric}": (node.name, metric) for node in NODES for metric in node.report
 }
 # compile.topology's verdict (issue 15): columns only in sweeps that have a topology job.
 _TOPOLOGY_FIELDS = (

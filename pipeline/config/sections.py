@@ -1,0 +1,241 @@
+"""The config sections every run shares (program, mesh, store, snapshot, trust, jax) and the
+config language's helpers; each stage's own section is declared by its node
+(``stages/<name>.py``), and :mod:`jaxaot.schema` assembles the root. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxaot.schema import JaxaotConfig
+
+from jaxaot.config.mesh import check_parallel
+from jaxaot.config.order import STAGES
+from jaxaot.config.topology_config import check_topology
+from jaxaot.config.trust import check_imports
+from jaxaot.errors import ConfigError
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+BACKENDS: tuple[str, ...] = ("cpu", "gpu", "cuda", "rocm", "tpu")
+PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
+GRAPH_FORMATS: tuple[str, ...] = ("svg", "png")
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """What to compile: a callable by import path and specs for its arguments."""
+
+    name: str = MISSING
+    target: str = MISSING
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # The program's own static arguments; stage_out's defaults interpolate these.
+    static_argnums: list[int] = field(default_factory=list)
+    static_argnames: list[str] = field(default_factory=list)
+    # The named axes a per-replica program needs: stage_out.axis_env when that is null.
+    axis_env: list[Any] | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    shape: list[int] | None = None
+    axes: list[str] = field(default_factory=list)
+    axis_types: list[str] | None = None
+    abstract: bool = False
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (jaxaot.store.cache)
+    enabled: bool = True
+    trust: bool = (
+        False  # True: load executables whatever the store's permissions (jaxaot.util.fsio)
+    )
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """Golden lowering snapshots (pipeline/snapshots/snapshot.py) and the optimized-HLO graph."""
+
+    write: str | None = None
+    verify: str | None = None
+    update: bool = False
+    diff_lines: int = 60
+    graph: bool = False
+    graph_format: str = "svg"
+    graph_max_nodes: int = 250
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """Which importable names this config may reach (pipeline/config/trust.py): dotted prefixes."""
+
+    allow_imports: list[str] = field(default_factory=list)  # let in, beating the deny list
+    deny_imports: list[str] = field(default_factory=list)  # refuse, on top of the built-in list
+
+
+@dataclass(frozen=True)
+class JaxSection:
+    """JAX configuration for this run (issue 17): ``jax.config.<jax option>=<value>`` (any
+    ``jax.config`` option, e.g. ``jax_enable_x64``, ``jax_default_matmul_precision``), set
+    before tracing and restored after the run (stages/jaxenv.py ``run_config``)."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def writable(node: Any) -> None:
+    # A frozen dataclass makes its node read-only, and Hydra could then not merge the YAML
+    # values onto the schema; the typed objects from validate() are frozen all the same.
+    # Free-form dicts (compiler_options, kwargs, xla_metadata) leave struct mode so that
+    # `compile.compiler_options.xla_foo=1` adds a key instead of failing as unknown.
+    if OmegaConf.is_config(node):
+        OmegaConf.set_readonly(node, False)
+        if OmegaConf.is_dict(node):
+            if OmegaConf.get_type(node) is dict:
+                OmegaConf.set_struct(node, False)
+            for key in node:
+                writable(node._get_node(key))
+
+
+def _stage_index(key: str, value: str) -> int:
+    if value not in STAGES:
+        raise ConfigError(f"{key}: expected one of {', '.join(STAGES)}, found {value!r}")
+    return STAGES.index(value)
+
+
+def check_shared(cfg: JaxaotConfig) -> None:
+    """The run's own keys and the shared sections, before each stage node's checks."""
+    first = _stage_index("start_at", cfg.start_at)
+    last = _stage_index("stop_after", cfg.stop_after)
+    if first > last:
+        raise ConfigError(
+            f"start_at={cfg.start_at!r} comes after stop_after={cfg.stop_after!r}; "
+            "expected start_at <= stop_after"
+        )
+    if first > 0 and not cfg.resume_from:
+        raise ConfigError(
+            f"start_at={cfg.start_at!r} needs resume_from=<run dir> to load the earlier stages"
+        )
+    if ":" not in cfg.program.target:
+        raise ConfigError(
+            f"program.target: expected 'package.module:function', found {cfg.program.target!r}"
+        )
+    for name in cfg.jax.config:
+        if not str(name).startswith("jax_"):
+            raise ConfigError(
+                f"jax.config.{name}: expected a JAX config option (jax_enable_x64, "
+                "jax_default_matmul_precision, ...: the names jax.config.update takes)"
+            )
+
+
+def check_relations(cfg: JaxaotConfig) -> None:
+    """What spans sections, after each node checked its own: meshes and shardings against the
+    devices, the import policy over every importable name, snapshots, the target topology."""
+    check_parallel(cfg)
+    check_imports(cfg)
+    _check_snapshot(cfg.snapshot)
+    check_topology(cfg)
+
+
+def check_indices(key: str, values: list[int]) -> None:
+    for v in values:
+        if v < 0:
+            raise ConfigError(f"{key}: expected non-negative argument positions, found {v}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}: expected distinct positions, found {values}")
+
+
+def _check_snapshot(snap: SnapshotConfig) -> None:
+    if snap.write and snap.verify:
+        raise ConfigError(
+            f"snapshot.write={snap.write!r} and snapshot.verify={snap.verify!r}: expected one of "
+            "them; to rewrite a golden snapshot on purpose use snapshot.verify=<dir> "
+            "snapshot.update=true"
+        )
+    if snap.update and not snap.verify:
+        raise ConfigError(
+            "snapshot.update=true: expected snapshot.verify=<golden dir> (the snapshot to rewrite)"
+        )
+    if snap.diff_lines < 0:
+        raise ConfigError(f"snapshot.diff_lines: expected >= 0, found {snap.diff_lines}")
+    if snap.graph_format not in GRAPH_FORMATS:
+        raise ConfigError(
+            f"snapshot.graph_format: expected one of {', '.join(GRAPH_FORMATS)}, "
+            f"found {snap.graph_format!r}"
+        )
+    if snap.graph_max_nodes < 1:
+        raise ConfigError(f"snapshot.graph_max_nodes: expected >= 1, found {snap.graph_max_nodes}")
+
+
+def config_error(exc: OmegaConfBaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+    head = lines[0] if lines else type(exc).__name__
+    return f"{key}: {head}" if key and key not in head else head
+
+
+def refuse_unknown_keys(node: Any, prefix: str = "") -> None:
+    """Refuse a key the schema lacks: ``+foo=bar`` adds one to a typed node, which
+    ``OmegaConf.to_object`` would then fail to set on the frozen dataclass."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form dict (compiler_options, kwargs, ...) takes any key
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key in node:
+        where = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(
+                f"{where}: unknown key; {prefix.rstrip('.') or 'the top level'} has "
+                f"{', '.join(sorted(names))}"
+            )
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child) and not child._is_missing() and not child._is_none():
+            refuse_unknown_keys(child, f"{where}.")
+
+
+def override_key(override: str) -> str:
+    """``+compile.compiler_options.x=1`` -> ``compile.compiler_options.x``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Rename the program after its function when ``overrides`` retarget it but do not name it.
+
+    A program config's ``name`` belongs to its ``target``: ``jaxaot program.target=jax.numpy:einsum``
+    keeps the default program's other fields, and a run, report or snapshot called
+    ``transformer`` would be wrong; it is called ``einsum``. ``program.name=...`` still wins.
+    """
+    keys = {override_key(o) for o in overrides}
+    target = OmegaConf.select(cfg, "program.target")
+    if "program.target" not in keys or "program.name" in keys or not isinstance(target, str):
+        return
+    function = target.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    if function:
+        cfg.program.name = function
+
+
+__all__ = [
+    "BACKENDS",
+    "GRAPH_FORMATS",
+    "PLATFORMS",
+    "JaxSection",
+    "MeshConfig",
+    "ProgramConfig",
+    "SnapshotConfig",
+    "StoreConfig",
+    "TrustConfig",
+    "check_indices",
+    "check_relations",
+    "check_shared",
+    "config_error",
+    "name_after_target",
+    "override_key",
+    "refuse_unknown_keys",
+    "writable",
+]

@@ -1,0 +1,120 @@
+"""The root config: the shared sections (:mod:`jaxaot.config.sections`) plus each stage node's
+own options (:data:`jaxaot.stages.NODES`), registered in Hydra's ConfigStore as ``base_<name>``.
+
+YAML files under ``conf/`` hold values; the dataclasses hold the types. :func:`validate` turns a
+composed DictConfig into a typed :class:`JaxaotConfig` and checks everything that can be checked
+without JAX (ranges, choices, arg specs): the shared sections' checks, then each node's
+``check``, so a bad key fails in milliseconds, naming the key. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxaot.config.sections import (
+    JaxSection,
+    MeshConfig,
+    ProgramConfig,
+    SnapshotConfig,
+    StoreConfig,
+    TrustConfig,
+    check_relations,
+    check_shared,
+    config_error,
+    refuse_unknown_keys,
+    writable,
+)
+from jaxaot.config.topology_config import for_topology
+from jaxaot.errors import ConfigError
+from jaxaot.stages import NODES
+from jaxaot.stages.compile import CompileConfig
+from jaxaot.stages.execute import ExecuteConfig
+from jaxaot.stages.lower import LowerConfig
+from jaxaot.stages.stage_out import StageOutConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+@dataclass(frozen=True)
+class JaxaotConfig:
+    program: ProgramConfig = MISSING
+    stage_out: StageOutConfig = field(default_factory=StageOutConfig)
+    lower: LowerConfig = field(default_factory=LowerConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    execute: ExecuteConfig = field(default_factory=ExecuteConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    trust: TrustConfig = field(default_factory=TrustConfig)
+    jax: JaxSection = field(default_factory=JaxSection)
+    stop_after: str = "execute"
+    start_at: str = "stage_out"
+    resume_from: str | None = None
+    debug: bool = False
+
+
+_SCHEMAS: dict[str, tuple[str | None, type]] = {
+    "base_config": (None, JaxaotConfig),
+    "base_program": ("program", ProgramConfig),
+    **{f"base_{node.name}": (node.name, node.options) for node in NODES},
+    "base_mesh": ("mesh", MeshConfig),
+    "base_store": ("store", StoreConfig),
+    "base_snapshot": ("snapshot", SnapshotConfig),
+    "base_trust": ("trust", TrustConfig),
+    "base_jax": ("jax", JaxSection),
+}
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+    from jaxaot.config.help_text import register_resolver as register_help
+    from jaxaot.rundir.dirs import register_resolver
+
+    register_resolver()  # ${unique_dir:...} in conf/config.yaml's hydra.run.dir and sweep.dir
+    register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/config/help_text.py)
+    cs = ConfigStore.instance()
+    for name, (group, schema) in _SCHEMAS.items():
+        node = OmegaConf.structured(schema)
+        writable(node)
+        cs.store(name=name, group=group, node=node)
+
+
+def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
+    """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
+    if isinstance(cfg, JaxaotConfig):
+        typed: Any = cfg
+    else:
+        try:
+            node: Any = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)
+            if OmegaConf.get_type(node) is not JaxaotConfig:  # Hydra's composition is typed already
+                schema = OmegaConf.structured(JaxaotConfig)
+                writable(schema)
+                node = OmegaConf.merge(schema, node)
+            refuse_unknown_keys(node)
+            typed = OmegaConf.to_object(node)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(config_error(exc)) from exc
+    assert isinstance(typed, JaxaotConfig)
+    if typed.stage_out.axis_env is None and typed.program.axis_env is not None:
+        # A program's own named axes (a shipped collectives program runs as shipped, issue 14).
+        # Not a ${program.axis_env} interpolation: OmegaConf resolves those into a None list
+        # node while merging, before the program is there.
+        stage_out = dataclasses.replace(typed.stage_out, axis_env=typed.program.axis_env)
+        typed = dataclasses.replace(typed, stage_out=stage_out)
+    typed = for_topology(typed)
+    check_shared(typed)
+    for n in NODES:
+        n.check(typed)
+    check_relations(typed)
+    return typed
+
+
+def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
+    """Plain, JSON-ready dict of a typed config (for manifests)."""
+    return dataclasses.asdict(cfg)
+
+
+__all__ = ["JaxaotConfig", "register_configs", "to_container", "validate"]
