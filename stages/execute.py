@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, JaxaotError
 from jaxaot.stages.compile import Compiled
@@ -30,6 +29,7 @@ from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util.humanize import human_count, human_seconds
 
 if TYPE_CHECKING:
+    import numpy as np
     from jaxaot.config.argspec import BoundArgs
     from jaxaot.schema import JaxaotConfig
 
@@ -103,12 +103,14 @@ def _fresh(tree: Any) -> Any:
 
 def _as_device(x: Any) -> Any:
     import jax
+    import numpy as np
 
     return jax.device_put(x) if isinstance(x, np.ndarray) else x
 
 
 def _put(value: Any, sharding: Any) -> Any:
     import jax
+    import numpy as np
 
     def put(x: Any, s: Any) -> Any:
         if isinstance(x, np.ndarray) and s is not None:
@@ -146,11 +148,14 @@ def _stats(samples: list[float]) -> dict[str, float]:
 
 def _host(tree: Any) -> Any:
     import jax
+    import numpy as np
 
     return jax.tree_util.tree_map(np.asarray, tree)
 
 
 def _all_finite(arr: np.ndarray) -> bool:
+    import numpy as np
+
     if arr.dtype.kind in "fc":
         return bool(np.isfinite(arr).all())
     if arr.dtype.kind == "V":  # ml_dtypes (bfloat16, float8_*, int4, ...): check as float32
@@ -162,6 +167,7 @@ def _is_numpy_dtype(dtype: np.dtype[Any]) -> bool:
     """A dtype NumPy itself defines (``.npz`` keeps it); ml_dtypes' (bfloat16, float8_*, int4,
     ...) are not, whatever their kind (float8_e5m2 says 'f', with a descriptor '<f1' that
     ``np.load`` refuses)."""
+
     return dtype.type.__module__ == "numpy" and dtype.kind in "biufc"
 
 
@@ -173,6 +179,8 @@ SHOWN_ELEMENTS = 8
 
 def _shown_value(arr: np.ndarray) -> Any:
     """A small output's values as JSON-ready Python (nan/inf as strings), else None."""
+    import numpy as np
+
     if arr.size > SHOWN_ELEMENTS:
         return None
     host = arr if arr.dtype.kind in "biufc" else arr.astype(np.float32)  # ml_dtypes -> float
@@ -199,6 +207,7 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
       ``shape``, ``finite``.
     """
     import jax
+    import numpy as np
 
     arrays: dict[str, Any] = {}
     bits: dict[str, Any] = {}
@@ -239,6 +248,7 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
 def load_outputs(execute_dir: str | Path) -> dict[str, np.ndarray]:
     """A run's saved outputs by pytree path, each with its original dtype, bit for bit
     (``<run>/execute``: outputs.npz + outputs.json, see :func:`_savez`)."""
+    import numpy as np
     from jaxaot.stages.inputs import np_dtype
 
     folder = Path(execute_dir)
@@ -293,6 +303,8 @@ def _errors(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Equal values (the same inf, or nan in both) count as no error, as in
     ``np.testing.assert_allclose``; a nan or inf on one side only is an infinite error.
     """
+    import numpy as np
+
     g, w = np.asarray(got), np.asarray(want)
     if g.dtype.kind == "V" or w.dtype.kind == "V":  # ml_dtypes: compare as float32
         g, w = g.astype(np.float32), w.astype(np.float32)
@@ -307,6 +319,7 @@ def _errors(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
     import jax
+    import numpy as np
 
     cfg = ctx.cfg.execute
     g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)

@@ -9,9 +9,8 @@ change the values of the others and two runs with the same seed get the same inp
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from jaxaot.config.argspec import (
     SIXTY_FOUR_BIT,
     ArraySpec,
@@ -25,9 +24,13 @@ from jaxaot.config.argspec import (
 )
 from jaxaot.errors import ArgSpecError, ConfigError
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def np_dtype(name: str) -> np.dtype[Any]:
     import ml_dtypes
+    import numpy as np
 
     try:
         return np.dtype(name)
@@ -36,6 +39,8 @@ def np_dtype(name: str) -> np.dtype[Any]:
 
 
 def materialize(spec: ArraySpec, rng: np.random.Generator, where: str) -> np.ndarray:
+    import numpy as np
+
     dtype = np_dtype(spec.dtype)
     if spec.init == "file":
         assert spec.path is not None
@@ -76,6 +81,8 @@ def materialize(spec: ArraySpec, rng: np.random.Generator, where: str) -> np.nda
 
 
 def _build(tree: Any, seed: int, counter: list[int], where: str) -> Any:
+    import numpy as np
+
     if isinstance(tree, dict):
         # Leaves are numbered in JAX's flattening order (sorted keys), never in the order a
         # config happened to list them: a resumed run reads its config back from the manifest
@@ -170,6 +177,8 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
     The keys are the ``path`` fields of ``stage_out/signature.json`` (``args[0]``,
     ``args[1]['w']``, ``kwargs['z']``); a traced literal may be left out (its value is used).
     """
+    import numpy as np
+
     where = f"execute.inputs={path!r}"
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -313,6 +322,8 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
 def _weaken(spec: Any, value: Any) -> Any:
     """Given arrays where the spec is weakly typed (``~weak``) become weakly typed, as built
     ones are (:func:`spec_inputs`)."""
+    import numpy as np
+
     if isinstance(spec, dict) and isinstance(value, dict):
         return {k: _weaken(spec[k], v) for k, v in value.items()}
     if isinstance(spec, list) and isinstance(value, list):
