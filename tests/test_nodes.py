@@ -48,16 +48,30 @@ def test_nodes_are_the_stages_in_order_and_declare_what_they_own() -> None:
 
 
 def _string_constants(path: Path) -> set[str]:
+    """String literals in code, not in type annotations (``Literal["compile"]`` overloads)."""
+    tree = ast.parse(path.read_text())
+    annotations = [
+        a
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for a in [
+            node.returns,
+            *(arg.annotation for arg in ast.walk(node.args) if isinstance(arg, ast.arg)),
+        ]
+        if a is not None
+    ]
+    skip = {id(n) for a in annotations for n in ast.walk(a)}
     return {
         node.value
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
     }
 
 
 @pytest.mark.parametrize("module", ["engine/runner.py", "engine/resume.py"])
 def test_the_engine_names_no_stage(module: str) -> None:
-    """One loop for every node: no ``if stage == "compile"`` left in the engine."""
+    """One loop for every node: no ``if stage == "compile"`` left in the engine (a planted one
+    is caught: see below)."""
     named = _string_constants(REPO / "pipeline" / module) & set(STAGES)
     assert not named, f"pipeline/{module} names {sorted(named)}"
 
@@ -166,3 +180,13 @@ def test_the_compile_key_of_a_reference_program_is_pinned(tmp_path: Path) -> Non
     ]
     digest = hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
     assert digest == GOLDEN_AXPY_KEY, json.dumps(inputs, indent=1, sort_keys=True)
+
+
+def test_the_stage_name_check_catches_a_planted_branch(tmp_path: Path) -> None:
+    planted = tmp_path / "runner.py"
+    planted.write_text(
+        "def step(node: \"Literal['lower']\") -> None:\n"
+        '    if node.name == "compile":\n'
+        "        pass\n"
+    )
+    assert _string_constants(planted) & set(STAGES) == {"compile"}
