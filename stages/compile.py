@@ -19,6 +19,7 @@ import logging
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.mesh import MeshSpec
@@ -71,6 +72,10 @@ class CompileConfig:
     # A TPU topology to compile for without the hardware (pipeline/targets/tpu.py, issue 15).
     topology: str | None = None
     num_slices: int = 1
+    # XLA's dumps of this compile, into compile/xla_dump/ (issue 18): what to keep, by kind
+    # (DUMP_KINDS); never through XLA_FLAGS, never part of the compile key.
+    dump: bool = False
+    dump_keep: list[str] = field(default_factory=lambda: list(DEFAULT_DUMP))
 
 
 @dataclass(frozen=True)
@@ -352,12 +357,60 @@ def _record(lowered: Lowered, backend: str) -> Callable[..., Compiled]:
     return record
 
 
-def start(cfg: Any, target: Target) -> Callable[[], Any]:
+# compile.dump_keep: what each kind of XLA dump file is (by name) and the option that makes XLA
+# write it. Every kind but "passes" and "html" comes with xla_dump_hlo_as_text.
+DUMP_KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "hlo": (("before_optimizations.txt", "after_optimizations.txt"), {}),
+    "passes": ((".after_", ".before_"), {"xla_dump_hlo_pass_re": ".*"}),
+    "buffer_assignment": (("buffer-assignment", "live-range"), {}),
+    "memory_usage": (("memory-usage-report",), {}),
+    "html": ((".html",), {"xla_dump_hlo_as_html": True}),
+    "llvm": ((".ll", ".o"), {}),
+}
+DEFAULT_DUMP = ("hlo", "buffer_assignment", "memory_usage")
+DUMP_DIR = "xla_dump"
+
+
+def dump_options(keep: Sequence[str], dump_dir: Path) -> dict[str, Any]:
+    """XLA options that dump this compile only (compile options, not the process's XLA_FLAGS)."""
+    options: dict[str, Any] = {"xla_dump_to": str(dump_dir), "xla_dump_hlo_as_text": True}
+    for kind in keep:
+        options |= DUMP_KINDS[kind][1]
+    return options
+
+
+def keep_dump(dump_dir: Path, keep: Sequence[str]) -> dict[str, int]:
+    """Remove the dump files of kinds not kept; name -> size of the rest (for the manifest)."""
+    kept: dict[str, int] = {}
+    for path in sorted(dump_dir.iterdir()) if dump_dir.is_dir() else []:
+        kinds = [k for k, (marks, _) in DUMP_KINDS.items() if any(m in path.name for m in marks)]
+        # a per-pass file names its pass ("...0003.simplification.after_..."): "passes" only
+        if (
+            any(m in path.name for m in DUMP_KINDS["passes"][0])
+            and "optimizations" not in path.name
+        ):
+            kinds = ["passes"]
+        if path.is_file() and set(kinds) & set(keep):
+            kept[path.name] = path.stat().st_size
+        elif path.is_file():
+            path.unlink()
+    return kept
+
+
+def record_dump(ctx: StageContext, dump_dir: Path, note: str = "") -> None:
+    files = keep_dump(dump_dir, ctx.cfg.compile.dump_keep)
+    ctx.metrics["xla_dump_files"] = len(files)
+    ctx.extra["xla_dump"] = {"dir": f"{ctx.stage}/{DUMP_DIR}", "files": files, "note": note}
+
+
+def start(cfg: Any, target: Target, dump_dir: Path | None = None) -> Callable[[], Any]:
     """The compile of ``target`` (from :func:`prepare`) to run, possibly on a thread: XLA
-    releases the GIL while it compiles."""
+    releases the GIL while it compiles. ``dump_dir``: XLA dumps this compile there."""
     if target.compile_job is not None:  # a topology's compile (issue 15)
         return target.compile_job
     options = dict(cfg.compiler_options)
+    if dump_dir is not None:
+        options |= dump_options(cfg.dump_keep, dump_dir)
 
     def compile_now() -> Any:
         try:
@@ -377,8 +430,11 @@ def run(
     """Compile ``target`` (default: :func:`prepare`'s) unless ``compiled`` was made ahead (see
     :func:`start`), and write the artifacts."""
     cfg = ctx.cfg.compile
+    dump_dir = ctx.out_dir / DUMP_DIR if cfg.dump else None
     if compiled is None:
-        compiled = start(cfg, target or prepare(cfg, lowered))()
+        compiled = start(cfg, target or prepare(cfg, lowered), dump_dir)()
+    if dump_dir is not None:
+        record_dump(ctx, dump_dir)
     if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
         from jaxaot.stages import topology
 
@@ -443,6 +499,16 @@ def check(cfg: JaxaotConfig) -> None:
         raise ConfigError(f"compile.num_devices: expected >= 1, found {comp.num_devices}")
     if comp.max_devices < 1:
         raise ConfigError(f"compile.max_devices: expected >= 1, found {comp.max_devices}")
+    unknown = [k for k in comp.dump_keep if k not in DUMP_KINDS]
+    if unknown or (comp.dump and not comp.dump_keep):
+        raise ConfigError(
+            f"compile.dump_keep: expected some of {', '.join(DUMP_KINDS)}, found {comp.dump_keep}"
+        )
+    if comp.dump and comp.topology:
+        raise ConfigError(
+            f"compile.dump=true with compile.topology={comp.topology}: XLA's dumps of a "
+            "compile for a topology are not supported yet; dump a compile for this host's backend"
+        )
 
 
 def summarize(m: Mapping[str, Any]) -> str:
@@ -459,6 +525,8 @@ def summarize(m: Mapping[str, Any]) -> str:
             f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
         )
     parts += topology_summary(m)
+    if m.get("xla_dump_files") is not None:
+        parts.append(f"XLA dump: {m['xla_dump_files']} files (compile/{DUMP_DIR}/)")
     if m.get("mesh"):
         parts.append(
             f"mesh {m['mesh']}: sharded in {m.get('sharded_inputs')}/{m.get('inputs')}, "
@@ -501,11 +569,18 @@ def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | Non
     against what its export says the executable must be."""
     lowered = up["lower"]
     expect = [keyed.state.convention] if keyed is not None else export_conventions(lowered)
-    return load(ctx, lowered, entry.read, entry.label, expect)
+    record = load(ctx, lowered, entry.read, entry.label, expect)
+    if ctx.cfg.compile.dump:  # the dump is of a compile: compile again, only to dump
+        target = keyed.state if keyed is not None else prepare(ctx.cfg.compile, lowered)
+        start(ctx.cfg.compile, target, ctx.out_dir / DUMP_DIR)()
+        note = f"compiled again only to write XLA's dump; the executable is {entry.label}'s"
+        record_dump(ctx, ctx.out_dir / DUMP_DIR, note)
+        log.info("[compile] %s", note)
+    return record
 
 
-def _begin(cfg: JaxaotConfig, keyed: Keyed) -> Callable[[], Any]:
-    return start(cfg.compile, keyed.state)
+def _begin(cfg: JaxaotConfig, keyed: Keyed, out_dir: Path) -> Callable[[], Any]:
+    return start(cfg.compile, keyed.state, out_dir / DUMP_DIR if cfg.compile.dump else None)
 
 
 def _storable(record: Compiled, keyed: Keyed) -> str | None:

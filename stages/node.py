@@ -52,6 +52,9 @@ class StageContext:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # More of this stage's manifest entry: files it has that are not artifacts (not hashed,
+    # not stored), e.g. compile.dump's listing.
+    extra: dict[str, Any] = field(default_factory=dict)
     # The run's arguments, bound to the program's signature (what a resumed stage_out needs).
     bound: BoundArgs | None = None
     # Set by the runner: a stage calls it with an early record (lower: the module exists, the
@@ -62,6 +65,7 @@ class StageContext:
         """Forget what a load that failed half-way wrote, before computing instead."""
         self.artifacts.clear()
         self.metrics.clear()
+        self.extra.clear()
 
     def write(self, name: str, data: bytes | str) -> Artifact:
         raw = data.encode() if isinstance(data, str) else data
@@ -150,8 +154,9 @@ class Node:
     * ``compat(backend)``: the fields a loaded entry must match (store and checkpoint alike).
     * ``cache_key(cfg, up, env)`` -> :class:`Keyed` (the store key's inputs as a dict are
       hashed by the engine); None for a node that is never stored.
-    * ``begin(cfg, keyed)`` -> a callable to run on a worker thread as soon as an early record
-      of the node's single input is published (compile-ahead).
+    * ``begin(cfg, keyed, out_dir)`` -> a callable to run on a worker thread as soon as an
+      early record of the node's single input is published (compile-ahead); ``out_dir`` is the
+      node's run-dir folder.
     * ``storable(record, keyed)`` -> why the result must not be stored, or None.
     * ``before_resume(cfg)`` refuses a resume that cannot work here, before any work;
       ``finish(cfg, record, stages, extra)`` adds to the manifest after the last node.
@@ -166,7 +171,7 @@ class Node:
     load: Callable[..., Any] | None = None
     compat: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     cache_key: Callable[..., Keyed | None] | None = None
-    begin: Callable[[Any, Keyed], Callable[[], Any]] | None = None
+    begin: Callable[[Any, Keyed, Path], Callable[[], Any]] | None = None
     storable: Callable[[Any, Keyed], str | None] | None = None
     required: tuple[str, ...] = ()  # artifacts without which nothing is stored (nothing to load)
     before_resume: Callable[[Any], None] | None = None  # refuse early: cfg -> None or raise

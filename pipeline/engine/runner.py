@@ -340,7 +340,7 @@ class _Runner:
 
     def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
         seconds = extra.pop("seconds", time.perf_counter() - t0)
-        self.manifest.record_stage(ctx, status, seconds, **extra)
+        self.manifest.record_stage(ctx, status, seconds, **ctx.extra, **extra)
         self.manifest.write()
         log.info("[%s] %s in %.3f s", ctx.stage, status, seconds)
 
@@ -509,7 +509,7 @@ class _Runner:
                     lock.release()
                     self._ahead[node.name] = _Ahead(keyed, entry=entry)
                     continue
-            job = node.begin(self.cfg, keyed)
+            job = node.begin(self.cfg, keyed, self.run_dir / node.name)
 
             def timed(job: Callable[[], Any] = job) -> tuple[Any, float]:
                 t0 = time.perf_counter()
