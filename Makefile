@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.jaxaot-installed
-EXTRAS ?= dev,sweep,tpu,cuda-aot
+EXTRAS ?= dev,sweep,tpu,cuda-aot,profile
 
 .PHONY: run test lint bench clean venv graphviz slurm
 

@@ -10,6 +10,7 @@ by more than the tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import statistics
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, JaxaotError
+from jaxaot.stages import profile
 from jaxaot.stages.compile import Compiled
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
@@ -48,6 +50,9 @@ class ExecuteConfig:
     rtol: float | None = None
     atol: float | None = None
     save_outputs: bool = True
+    # A jax.profiler trace of the timed calls into execute/profile/, per-op time in
+    # execute/profile.json (issue 18).
+    profile: bool = False
 
 
 # Default (rtol, atol) by the output's dtype when execute.rtol/atol are null.
@@ -364,6 +369,26 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
     return worst
 
 
+def _record_profile(ctx: StageContext, exe: Any, calls: int) -> None:
+    """profile.json (per-op time of this executable), the metrics the summary and the sweep
+    report show, and the trace's files in the manifest."""
+    folder = ctx.out_dir / profile.PROFILE_DIR
+    ops = profile.op_times(folder, exe.as_text() or "", calls)
+    ctx.write_json("profile.json", ops)
+    top = ops["ops"][0] if ops["ops"] else None
+    ctx.metrics.update(
+        profile_ops=ops["n_ops"],
+        profile_op_s=ops["op_seconds_per_call"],
+        profile_top_op=top["op"] if top else None,
+        profile_top_share=top["share"] if top else None,
+    )
+    ctx.extra["profile"] = {
+        "dir": f"{ctx.stage}/{profile.PROFILE_DIR}",
+        "files": profile.trace_files(folder),
+        "open": profile.how_to_open(folder),
+    }
+
+
 def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Executed:
     import jax
 
@@ -417,9 +442,12 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         out, _, _ = call()
     samples = []
     consumed: list[Any] = []
-    for _ in range(cfg.repeats):
-        out, dt, consumed = call()
-        samples.append(dt)
+    with profile.trace(ctx.out_dir) if cfg.profile else contextlib.nullcontext():
+        for _ in range(cfg.repeats):
+            out, dt, consumed = call()
+            samples.append(dt)
+    if cfg.profile:
+        _record_profile(ctx, exe, len(samples))
     outputs = _host(out)
     described = _savez(ctx, outputs)
     timings: dict[str, Any] = {"calls": len(samples), "warmup": cfg.warmup, **_stats(samples)}
@@ -499,6 +527,11 @@ def summarize(m: Mapping[str, Any]) -> str:
         )
     if m.get("flops_per_s"):
         parts.append(human_count(m["flops_per_s"], "FLOP/s"))
+    if m.get("profile_top_op"):
+        parts.append(
+            f"profiled: {m['profile_ops']} ops, top {m['profile_top_op']} "
+            f"{m['profile_top_share']:.0%} (execute/profile.json)"
+        )
     if m.get("check") == "ok":
         # Which tolerance passed: "max rel err 1.4" alone reads as a failure when the
         # absolute bound is what held (an error next to a zero).
@@ -530,9 +563,16 @@ EXECUTE = Node(
     check=check,
     before_run=_before_run,
     sections=("execute",),
-    artifacts=("outputs.npz", "outputs.bits.npz", "outputs.json", "timings.json", "check.json"),
+    artifacts=(
+        "outputs.npz",
+        "outputs.bits.npz",
+        "outputs.json",
+        "timings.json",
+        "check.json",
+        "profile.json",
+    ),
     verb="executing",
-    report=("median_s", "stddev_s", "flops_per_s"),
+    report=("median_s", "stddev_s", "flops_per_s", "profile_top_op", "profile_top_share"),
     summarize=summarize,
 )
 

@@ -67,6 +67,11 @@ def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
     ]
     outputs = manifest["stages"].get("execute", {}).get("metrics", {}).get("outputs")
     lines += output_lines(outputs or [])
+    for r in manifest[
+        "stages"
+    ].values():  # what a stage left beside its artifacts, and how to open it
+        if isinstance(r.get("profile"), dict) and r["profile"].get("open"):
+            lines.append(f"profile: {r['profile']['open']}")
     for w in manifest.get("warnings", []):
         lines.append(f"warning: {w}")
     if show_error and manifest.get("error"):

@@ -61,9 +61,11 @@ STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("sta
 # submitit's result file) and how often the job was requeued (resuming from its last stage).
 SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
 # Every numeric column: what an autotuning objective may name.
+# Report metrics that are names, not figures (never an autotune objective or a plot axis).
+TEXT_METRICS: frozenset[str] = frozenset({"execute.profile_top_op"})
 NUMERIC_COLUMNS: tuple[str, ...] = (
     tuple(f"{s}.seconds" for s in STAGES)
-    + tuple(METRICS)
+    + tuple(c for c in METRICS if c not in TEXT_METRICS)
     + ("compile.hbm_bytes_needed", "compile.est_step_s")
 )
 # A job whose program does not fit its topology is a result, not a failure (issue 15).
@@ -101,6 +103,11 @@ class SweepTable:
         return any(r.get("slurm_job") for r in self.rows)
 
     @property
+    def profiled(self) -> bool:
+        """Whether a job ran with execute.profile=true (its top op is a column then)."""
+        return any(r.get("execute.profile_top_op") for r in self.rows)
+
+    @property
     def columns(self) -> list[str]:
         best = ["best"] if self.autotune else []
         topo = list(TOPOLOGY_METRICS) if self.topology else []
@@ -132,7 +139,8 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
 
     for col, (stage, name) in METRICS.items():
         # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
-        row[col] = measured(metric(stage, name))
+        value = metric(stage, name)
+        row[col] = value if col in TEXT_METRICS else measured(value)
     for col, (stage, name) in TOPOLOGY_METRICS.items():
         row[col] = metric(stage, name)  # a verdict's headroom is negative when it does not fit
     return row
@@ -279,6 +287,11 @@ def _topology_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _profile_cell(r: dict[str, Any]) -> str:
+    op, share = r.get("execute.profile_top_op"), r.get("execute.profile_top_share")
+    return f"{op} ({share:.0%})" if op and share is not None else ""
+
+
 def _slurm_cell(r: dict[str, Any]) -> str:
     """``12_3 COMPLETED, requeued 1x``: the SLURM job, its state and its requeues."""
     if not r.get("slurm_job"):
@@ -289,7 +302,7 @@ def _slurm_cell(r: dict[str, Any]) -> str:
 
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
-    topology, slurm = table.topology, table.slurm  # each scans every row: once, not per row
+    topology, slurm, profiled = table.topology, table.slurm, table.profiled  # each scans every row
     n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
     lines = [f"# Sweep report: {table.sweep_dir}", ""]
     misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
@@ -331,6 +344,7 @@ def to_markdown(table: SweepTable) -> str:
             if topology
             else ()
         ),
+        *(["top op (share of op time)"] if profiled else []),
         *(["SLURM"] if slurm else []),
         "error",
     ]
@@ -359,6 +373,7 @@ def to_markdown(table: SweepTable) -> str:
             _metric(r, "execute.median_s", human_seconds),
             _metric(r, "execute.flops_per_s", human_count),
             *(_topology_cells(r) if topology else ()),
+            *([_profile_cell(r)] if profiled else []),
             *([_slurm_cell(r)] if slurm else []),
             (r.get("error") or "")[:160],
         ]

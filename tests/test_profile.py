@@ -1,0 +1,93 @@
+"""``execute.profile=true`` (issue 18, item 1): a jax.profiler trace of the timed calls that
+XProf and Perfetto read, and per-op time of the executable from it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import jaxaot
+import pytest
+from jaxaot.engine.summary import render
+from jaxaot.stages.profile import _self_times
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> jaxaot.RunResult:
+    out = tmp_path_factory.mktemp("prof") / "run"
+    cfg = jaxaot.compose(["program=transformer", "execute.profile=true", "store.enabled=false"])
+    return jaxaot.run(cfg, run_dir=out)
+
+
+def test_the_trace_is_written_listed_and_read_by_xprof_and_perfetto(
+    profiled: jaxaot.RunResult,
+) -> None:
+    stage = profiled.manifest["stages"]["execute"]
+    folder = profiled.run_dir / "execute" / "profile"
+    on_disk = {
+        str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()
+    }
+    assert stage["profile"]["files"] == on_disk and stage["profile"]["dir"] == "execute/profile"
+    (xplane,) = folder.glob("plugins/profile/*/*.xplane.pb")  # where XProf looks for a session
+    from xprof.convert import raw_to_tool_data
+
+    tools = raw_to_tool_data.xspace_to_tool_names([str(xplane)])
+    assert "trace_viewer" in " ".join(tools), tools
+    (perfetto,) = folder.glob("plugins/profile/*/perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(perfetto.read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any(e.get("name") for e in events)
+    summary = render(profiled.manifest)
+    assert f"profile: xprof server --logdir {folder}" in summary
+    assert "ui.perfetto.dev" in summary
+
+
+def test_per_op_time_names_the_executables_ops(profiled: jaxaot.RunResult) -> None:
+    doc = json.loads((profiled.run_dir / "execute" / "profile.json").read_text())
+    hlo = (profiled.run_dir / "compile" / "optimized.hlo.txt").read_text()
+    instructions = set(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", hlo, re.M))
+    assert doc["module"] == re.search(r"^HloModule ([^\s,]+)", hlo, re.M).group(1)
+    assert doc["ops"] and doc["n_ops"] >= len(doc["ops"])
+    assert {o["op"] for o in doc["ops"]} <= instructions
+    assert any("fusion" in o["op"] for o in doc["ops"])
+    calls = profiled.manifest["stages"]["execute"]["metrics"]
+    repeats = profiled.manifest["config"]["execute"]["repeats"]
+    assert doc["calls"] == repeats
+    assert all(o["count"] % repeats == 0 for o in doc["ops"])  # every call ran every op
+    shares = [o["share"] for o in doc["ops"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert all(0 <= o["self_s"] <= o["total_s"] for o in doc["ops"])
+    assert calls["profile_top_op"] == doc["ops"][0]["op"]
+    assert calls["profile_ops"] == doc["n_ops"]
+
+
+def test_no_trace_without_the_option(tmp_path: Path) -> None:
+    result = jaxaot.run(jaxaot.compose(["program=axpy"]), run_dir=tmp_path / "r")
+    assert not (tmp_path / "r" / "execute" / "profile").exists()
+    assert "profile" not in result.manifest["stages"]["execute"]
+    assert "profile:" not in render(result.manifest)
+
+
+def test_self_time_subtracts_the_ops_an_op_encloses() -> None:
+    # a while (0-100) enclosing two fusions (10-40, 50-60), then a copy (100-110)
+    events = [(0, 100, "while"), (10, 40, "fusion.1"), (50, 60, "fusion.2"), (100, 110, "copy")]
+    got = {op: (inc, own) for op, inc, own in _self_times(events)}
+    assert got == {"while": (100, 60), "fusion.1": (30, 30), "fusion.2": (10, 10), "copy": (10, 10)}
+
+
+def test_the_sweep_report_shows_the_top_op(tmp_path: Path) -> None:
+    from jaxaot.sweeps.report import collect, to_csv, to_markdown
+
+    sweep = tmp_path / "multirun"
+    for i, extra in enumerate((["execute.profile=true"], [])):
+        cfg = jaxaot.compose(["program=mlp", *extra])
+        jaxaot.run(cfg, run_dir=sweep / str(i))
+    table = collect(sweep)
+    assert table.profiled
+    csv_head = to_csv(table).splitlines()[0]
+    assert "execute.profile_top_op" in csv_head.split(",")
+    md = to_markdown(table)
+    assert "top op (share of op time)" in md
+    assert re.search(r"\| \S+ \(\d+%\) \|", md)
