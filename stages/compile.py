@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 import pickle
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import BackendError, ConfigError, StageError, one_line
-from jaxaot.stages import custom_calls
+from jaxaot.stages import custom_calls, profile
 from jaxaot.stages.convention import (
     Convention,
     UnusableExecutable,
@@ -49,7 +50,7 @@ from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.topology import topology_summary
 from jaxaot.util import memo
 from jaxaot.util.fsio import key_of, sha256_bytes
-from jaxaot.util.humanize import human_bytes, human_count
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 
 log = logging.getLogger("jaxaot")
 
@@ -76,6 +77,9 @@ class CompileConfig:
     # (DUMP_KINDS); never through XLA_FLAGS, never part of the compile key.
     dump: bool = False
     dump_keep: list[str] = field(default_factory=lambda: list(DEFAULT_DUMP))
+    # Where the compile time goes: XLA's phases and passes from a jax.profiler trace of the
+    # compile, in compiled.json's "breakdown" (issue 18); not in the compile key.
+    breakdown: bool = False
 
 
 @dataclass(frozen=True)
@@ -403,17 +407,52 @@ def record_dump(ctx: StageContext, dump_dir: Path, note: str = "") -> None:
     ctx.extra["xla_dump"] = {"dir": f"{ctx.stage}/{DUMP_DIR}", "files": files, "note": note}
 
 
-def start(cfg: Any, target: Target, dump_dir: Path | None = None) -> Callable[[], Any]:
+def record_breakdown(ctx: StageContext, note: str = "") -> dict[str, Any]:
+    """compile.breakdown: the trace's phases and hot spots, in the metrics and the manifest."""
+    folder = ctx.out_dir / profile.COMPILE_TRACE_DIR
+    breakdown = profile.compile_breakdown(folder)
+    if not breakdown["threads_s"]:
+        ctx.warn(
+            "compile.breakdown: the trace has no XLA compile in it (served from JAX's "
+            "persistent compilation cache?); no breakdown"
+        )
+    hot = breakdown["hot"][0] if breakdown["hot"] else {"name": None, "self_s": None}
+    ctx.metrics.update(
+        breakdown_threads_s=breakdown["threads_s"],
+        breakdown_top=hot["name"],
+        breakdown_top_s=hot["self_s"],
+    )
+    ctx.extra["compile_trace"] = {
+        "dir": f"{ctx.stage}/{profile.COMPILE_TRACE_DIR}",
+        "files": profile.trace_files(folder),
+        "breakdown": breakdown,
+        "note": note,
+    }
+    return breakdown
+
+
+def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[], Any]:
     """The compile of ``target`` (from :func:`prepare`) to run, possibly on a thread: XLA
-    releases the GIL while it compiles. ``dump_dir``: XLA dumps this compile there."""
+    releases the GIL while it compiles. With ``out_dir`` (the stage's folder), ``compile.dump``
+    dumps this compile there and ``compile.breakdown`` traces it there."""
     if target.compile_job is not None:  # a topology's compile (issue 15)
         return target.compile_job
     options = dict(cfg.compiler_options)
-    if dump_dir is not None:
-        options |= dump_options(cfg.dump_keep, dump_dir)
+    if out_dir is not None and cfg.dump:
+        options |= dump_options(cfg.dump_keep, out_dir / DUMP_DIR)
+    traced = out_dir is not None and cfg.breakdown
+    if traced:
+        # JAX reuses an identical compile of this process (a sweep's, a test's): a breakdown
+        # needs XLA to compile, so the options differ by a dump filter that dumps nothing
+        # (no xla_dump_to). The executable is the same; the key never sees these options.
+        options["xla_dump_hlo_module_re"] = f"jaxaot-breakdown-{uuid.uuid4().hex}"
 
     def compile_now() -> Any:
         try:
+            if traced:
+                assert out_dir is not None
+                with profile.trace(out_dir / profile.COMPILE_TRACE_DIR):
+                    return compile_lowered(target, cfg.backend, options)
             return compile_lowered(target, cfg.backend, options)
         except Exception as exc:
             err = _compile_error(exc, options)
@@ -430,11 +469,11 @@ def run(
     """Compile ``target`` (default: :func:`prepare`'s) unless ``compiled`` was made ahead (see
     :func:`start`), and write the artifacts."""
     cfg = ctx.cfg.compile
-    dump_dir = ctx.out_dir / DUMP_DIR if cfg.dump else None
     if compiled is None:
-        compiled = start(cfg, target or prepare(cfg, lowered), dump_dir)()
-    if dump_dir is not None:
-        record_dump(ctx, dump_dir)
+        compiled = start(cfg, target or prepare(cfg, lowered), ctx.out_dir)()
+    if cfg.dump:
+        record_dump(ctx, ctx.out_dir / DUMP_DIR)
+    breakdown = record_breakdown(ctx) if cfg.breakdown else None
     if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
         from jaxaot.stages import topology
 
@@ -473,6 +512,7 @@ def run(
             "convention": convention_of(
                 compiled
             ).to_json(),  # for people: load checks the executable
+            **({"breakdown": breakdown} if breakdown else {}),
         },
     )
     return Compiled(
@@ -504,6 +544,11 @@ def check(cfg: JaxaotConfig) -> None:
         raise ConfigError(
             f"compile.dump_keep: expected some of {', '.join(DUMP_KINDS)}, found {comp.dump_keep}"
         )
+    if comp.breakdown and comp.topology:
+        raise ConfigError(
+            f"compile.breakdown=true with compile.topology={comp.topology}: not supported yet; "
+            "trace a compile for this host's backend"
+        )
     if comp.dump and comp.topology:
         raise ConfigError(
             f"compile.dump=true with compile.topology={comp.topology}: XLA's dumps of a "
@@ -525,6 +570,11 @@ def summarize(m: Mapping[str, Any]) -> str:
             f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
         )
     parts += topology_summary(m)
+    if m.get("breakdown_top"):
+        parts.append(
+            f"compile threads {human_seconds(m['breakdown_threads_s'])}, most in "
+            f"{m['breakdown_top']} ({human_seconds(m['breakdown_top_s'])})"
+        )
     if m.get("xla_dump_files") is not None:
         parts.append(f"XLA dump: {m['xla_dump_files']} files (compile/{DUMP_DIR}/)")
     if m.get("mesh"):
@@ -570,17 +620,24 @@ def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | Non
     lowered = up["lower"]
     expect = [keyed.state.convention] if keyed is not None else export_conventions(lowered)
     record = load(ctx, lowered, entry.read, entry.label, expect)
-    if ctx.cfg.compile.dump:  # the dump is of a compile: compile again, only to dump
-        target = keyed.state if keyed is not None else prepare(ctx.cfg.compile, lowered)
-        start(ctx.cfg.compile, target, ctx.out_dir / DUMP_DIR)()
-        note = f"compiled again only to write XLA's dump; the executable is {entry.label}'s"
-        record_dump(ctx, ctx.out_dir / DUMP_DIR, note)
+    comp = ctx.cfg.compile
+    if comp.dump or comp.breakdown:  # both are of a compile: compile again, only for them
+        target = keyed.state if keyed is not None else prepare(comp, lowered)
+        start(comp, target, ctx.out_dir)()
+        what = " and ".join(
+            w for w, on in (("XLA's dump", comp.dump), ("its breakdown", comp.breakdown)) if on
+        )
+        note = f"compiled again only for {what}; the executable is {entry.label}'s"
+        if comp.dump:
+            record_dump(ctx, ctx.out_dir / DUMP_DIR, note)
+        if comp.breakdown:
+            record_breakdown(ctx, note)
         log.info("[compile] %s", note)
     return record
 
 
 def _begin(cfg: JaxaotConfig, keyed: Keyed, out_dir: Path) -> Callable[[], Any]:
-    return start(cfg.compile, keyed.state, out_dir / DUMP_DIR if cfg.compile.dump else None)
+    return start(cfg.compile, keyed.state, out_dir)
 
 
 def _storable(record: Compiled, keyed: Keyed) -> str | None:
@@ -654,6 +711,8 @@ COMPILE = Node(
         "output_bytes",
         "temp_bytes",
         "code_bytes",
+        "breakdown_threads_s",
+        "breakdown_top",
     ),
     summarize=summarize,
 )

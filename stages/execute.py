@@ -442,7 +442,8 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         out, _, _ = call()
     samples = []
     consumed: list[Any] = []
-    with profile.trace(ctx.out_dir) if cfg.profile else contextlib.nullcontext():
+    trace = profile.trace(ctx.out_dir / profile.PROFILE_DIR) if cfg.profile else None
+    with trace or contextlib.nullcontext():
         for _ in range(cfg.repeats):
             out, dt, consumed = call()
             samples.append(dt)

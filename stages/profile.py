@@ -22,11 +22,10 @@ _MODULE = re.compile(r"^HloModule ([^\s,]+)", re.M)
 
 
 @contextlib.contextmanager
-def trace(out_dir: Path) -> Iterator[Path]:
-    """Trace what runs inside into ``out_dir/profile`` (XProf layout + a Perfetto trace)."""
+def trace(folder: Path) -> Iterator[Path]:
+    """Trace what runs inside into ``folder`` (XProf layout + a Perfetto trace)."""
     import jax
 
-    folder = out_dir / PROFILE_DIR
     with jax.profiler.trace(str(folder), create_perfetto_trace=True):
         yield folder
 
@@ -102,19 +101,7 @@ def op_times(folder: Path, hlo_text: str, calls: int) -> dict[str, Any]:
 def _self_times(events: list[tuple[int, int, str]]) -> list[tuple[str, int, int]]:
     """(op, inclusive ns, self ns) of one line's events: self = inclusive minus the events
     directly inside it."""
-    out = []
-    stack: list[list[Any]] = []  # [end, op, inclusive, children ns]
-    for start, end, op in sorted(events, key=lambda e: (e[0], -e[1])):
-        while stack and stack[-1][0] <= start:
-            done = stack.pop()
-            out.append((done[1], done[2], max(done[2] - done[3], 0)))
-        if stack:
-            stack[-1][3] += end - start
-        stack.append([end, op, end - start, 0])
-    while stack:
-        done = stack.pop()
-        out.append((done[1], done[2], max(done[2] - done[3], 0)))
-    return out
+    return [(name, inclusive, own) for name, inclusive, own, _ in _tree(events)]
 
 
 def how_to_open(folder: Path) -> str:
@@ -123,4 +110,76 @@ def how_to_open(folder: Path) -> str:
     return f"xprof server --logdir {folder} (pip install 'jaxaot[profile]'){where}"
 
 
-__all__ = ["PROFILE_DIR", "how_to_open", "op_times", "trace", "trace_files"]
+# -- compile.breakdown: where a compile's time goes -------------------------------------------
+COMPILE_TRACE_DIR = "compile_trace"
+TOP_EVENTS = 25
+# XLA's compile threads (XLA:CPU's, the GPU and TPU compilers'); the Python thread only waits.
+_COMPILER_LINE = re.compile(r"Compil|codegen|Codegen|xla", re.I)
+
+
+def compile_breakdown(folder: Path) -> dict[str, Any]:
+    """XLA's compile phases and passes from a trace of one compile: the outermost events of the
+    compiler threads (``phases``, inclusive), and every event by self time (``hot``: passes,
+    codegen steps), the top :data:`TOP_EVENTS`; seconds, summed over the compile's threads."""
+    import jax
+
+    xplanes = sorted(folder.rglob("*.xplane.pb"))
+    if not xplanes:
+        raise FileNotFoundError(f"no *.xplane.pb under {folder}")
+    data = jax.profiler.ProfileData.from_file(str(xplanes[-1]))
+    phases: dict[tuple[int, str], int] = {}
+    hot: dict[str, int] = {}
+    roots_ns = 0
+    for plane in data.planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            if line.name == "python" or not _COMPILER_LINE.search(line.name):
+                continue
+            events = [(int(e.start_ns), int(e.end_ns), str(e.name)) for e in line.events]
+            for name, inclusive, own, depth in _tree(events):
+                hot[name] = hot.get(name, 0) + own
+                if depth <= 1:
+                    phases[(depth, name)] = phases.get((depth, name), 0) + inclusive
+                if depth == 0:
+                    roots_ns += inclusive
+    # Lists, not dicts: the order (most time first) is the point, and JSON files sort keys.
+    return {
+        "threads_s": roots_ns / 1e9,
+        "phases": [
+            {"name": name, "depth": depth, "s": ns / 1e9}
+            for (depth, name), ns in sorted(phases.items(), key=lambda kv: (kv[0][0], -kv[1]))
+        ],
+        "hot": [
+            {"name": name, "self_s": ns / 1e9}
+            for name, ns in sorted(hot.items(), key=lambda kv: -kv[1])[:TOP_EVENTS]
+        ],
+    }
+
+
+def _tree(events: list[tuple[int, int, str]]) -> list[tuple[str, int, int, int]]:
+    """(name, inclusive ns, self ns, depth) of one line's nested events."""
+    out = []
+    stack: list[list[Any]] = []  # [end, name, inclusive, children ns, depth]
+    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        while stack and stack[-1][0] <= start:
+            done = stack.pop()
+            out.append((done[1], done[2], max(done[2] - done[3], 0), done[4]))
+        if stack:
+            stack[-1][3] += end - start
+        stack.append([end, name, end - start, 0, len(stack)])
+    while stack:
+        done = stack.pop()
+        out.append((done[1], done[2], max(done[2] - done[3], 0), done[4]))
+    return out
+
+
+__all__ = [
+    "COMPILE_TRACE_DIR",
+    "PROFILE_DIR",
+    "compile_breakdown",
+    "how_to_open",
+    "op_times",
+    "trace",
+    "trace_files",
+]

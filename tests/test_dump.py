@@ -59,7 +59,7 @@ def test_a_dumping_run_hits_the_store_and_says_it_compiled_again_to_dump(tmp_pat
     assert (
         stage["status"] == "cached" and stage["key"] == first.manifest["stages"]["compile"]["key"]
     )
-    assert "compiled again only to write XLA's dump" in stage["xla_dump"]["note"]
+    assert "compiled again only for XLA's dump" in stage["xla_dump"]["note"]
     files = stage["xla_dump"]["files"]
     assert any(".after_" in n and "optimizations" not in n for n in files)  # per pass
     assert any(n.endswith(".html") for n in files)

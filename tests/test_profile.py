@@ -91,3 +91,86 @@ def test_the_sweep_report_shows_the_top_op(tmp_path: Path) -> None:
     md = to_markdown(table)
     assert "top op (share of op time)" in md
     assert re.search(r"\| \S+ \(\d+%\) \|", md)
+
+
+def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> None:
+    """compile.breakdown=true (issue 18, item 3): XLA's phases and hot spots from a trace of the
+    compile, in compiled.json, the summary, the sweep report and jaxaot-diff; not in the key."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    plain = jaxaot.run(jaxaot.compose(["program=mlp"]), run_dir=tmp_path / "plain")
+    traced = jaxaot.run(
+        jaxaot.compose(["program=mlp", "compile.breakdown=true", "store.enabled=false"]),
+        run_dir=tmp_path / "traced",
+    )
+    stage = traced.manifest["stages"]["compile"]
+    assert stage["status"] == "ran" and stage["key"] == plain.manifest["stages"]["compile"]["key"]
+    breakdown = json.loads((tmp_path / "traced" / "compile" / "compiled.json").read_text())[
+        "breakdown"
+    ]
+    assert breakdown == stage["compile_trace"]["breakdown"]
+    assert breakdown["threads_s"] > 0
+    roots = [p for p in breakdown["phases"] if p["depth"] == 0]
+    assert any("Compile" in p["name"] for p in roots)  # the compiler's own outermost event
+    hot = [h["self_s"] for h in breakdown["hot"]]
+    assert hot == sorted(hot, reverse=True) and hot[0] > 0
+    assert stage["metrics"]["breakdown_top"] == breakdown["hot"][0]["name"]
+    assert "compile threads" in render(traced.manifest)
+    assert (tmp_path / "traced" / "compile" / "compile_trace").is_dir()
+
+    # A store hit asked for a breakdown compiles again only for it, and says so.
+    hit = jaxaot.run(
+        jaxaot.compose(["program=mlp", "compile.breakdown=true"]), run_dir=tmp_path / "hit"
+    )
+    stage = hit.manifest["stages"]["compile"]
+    assert stage["status"] == "cached"
+    assert "compiled again only for its breakdown" in stage["compile_trace"]["note"]
+    assert stage["compile_trace"]["breakdown"]["hot"]
+
+    # jaxaot-diff shows the change between two traced compiles, as text and JSON.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.diff_cmd",
+            str(tmp_path / "traced"),
+            str(tmp_path / "hit"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+    )
+    report = json.loads(proc.stdout)
+    rows = report["stages"]["compile"]["breakdown"]["hot"]
+    assert rows and all(r["delta"] == (r["b"] or 0) - (r["a"] or 0) for r in rows)
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.diff_cmd",
+            str(tmp_path / "traced"),
+            str(tmp_path / "hit"),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+    ).stdout
+    assert "compile threads" in text
+
+
+def test_the_sweep_report_has_the_compile_breakdown(tmp_path: Path) -> None:
+    from jaxaot.sweeps.report import collect, to_csv
+
+    sweep = tmp_path / "multirun"
+    jaxaot.run(
+        jaxaot.compose(["program=axpy", "compile.breakdown=true", "store.enabled=false"]),
+        run_dir=sweep / "0",
+    )
+    table = collect(sweep)
+    head, row = to_csv(table).splitlines()[:2]
+    cols = dict(zip(head.split(","), row.split(","), strict=True))
+    assert float(cols["compile.breakdown_threads_s"]) > 0 and cols["compile.breakdown_top"]

@@ -56,6 +56,7 @@ class Side:
     snapshot: Snapshot
     binaries: dict[str, str]  # artifact path -> sha256 (runs only)
     median_s: float | None
+    breakdown: dict[str, Any] | None = None  # compile.breakdown's (runs only)
 
     def describe(self) -> str:
         v = self.snapshot.meta("versions.json")
@@ -79,7 +80,8 @@ def load_side(path: Path) -> Side:
         }
         timings = path / "execute" / "timings.json"
         median = json.loads(timings.read_text()).get("median_s") if timings.is_file() else None
-        return Side(path, "run", from_run(path, manifest), arts, median)
+        trace = manifest.get("stages", {}).get("compile", {}).get("compile_trace") or {}
+        return Side(path, "run", from_run(path, manifest), arts, median, trace.get("breakdown"))
     if (path / INDEX_NAME).is_file():
         return Side(path, "snapshot", load_snapshot(path), {}, None)
     raise SnapshotError(
@@ -99,6 +101,28 @@ def _deltas(
         for k, name in keys
         if k in a or k in b
     ]
+
+
+BREAKDOWN_ROWS = 10  # the compile-time changes jaxaot-diff lists, largest first
+
+
+def _breakdown_deltas(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Where two compiles' time differs (compile.breakdown): the compiler threads' total and the
+    events whose self time changed most."""
+    sa = {h["name"]: h["self_s"] for h in a.get("hot", [])}
+    sb = {h["name"]: h["self_s"] for h in b.get("hot", [])}
+    rows = [
+        {
+            "name": n,
+            "a": sa.get(n),
+            "b": sb.get(n),
+            "delta": (sb.get(n) or 0.0) - (sa.get(n) or 0.0),
+        }
+        for n in {*sa, *sb}
+    ]
+    rows.sort(key=lambda r: (-abs(r["delta"]), r["name"]))
+    ta, tb = a.get("threads_s"), b.get("threads_s")
+    return {"threads_s": {"a": ta, "b": tb, "ratio": _ratio(ta, tb)}, "hot": rows[:BREAKDOWN_ROWS]}
 
 
 def _outputs(a: Side, b: Side) -> str | None:
@@ -168,6 +192,10 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
             b.snapshot.meta("compile/memory_analysis.json"),
             _MEMORY_KEYS,
         )
+    if a.breakdown and b.breakdown:
+        stages.setdefault("compile", {"artifacts": {}})["breakdown"] = _breakdown_deltas(
+            a.breakdown, b.breakdown
+        )
     outputs = _outputs(a, b)
     if outputs is not None or a.median_s is not None or b.median_s is not None:
         stages["execute"] = {
@@ -222,6 +250,18 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
                 out.append(
                     f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
                     f"{_ratio_text(d['ratio'])}"
+                )
+        if info.get("breakdown"):
+            t = info["breakdown"]["threads_s"]
+            out.append(
+                f"  {'compile threads':<26} {human_seconds(t['a'])} -> {human_seconds(t['b'])}"
+                f"{_ratio_text(t['ratio'])}"
+            )
+            for r in info["breakdown"]["hot"]:
+                sign = "+" if r["delta"] >= 0 else "-"
+                out.append(
+                    f"    {r['name'][:40]:<40} {human_seconds(r['a'])} -> {human_seconds(r['b'])}"
+                    f" ({sign}{human_seconds(abs(r['delta']))})"
                 )
         if stage == "execute":
             if info.get("outputs"):

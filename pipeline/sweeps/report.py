@@ -62,7 +62,7 @@ STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("sta
 SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
 # Every numeric column: what an autotuning objective may name.
 # Report metrics that are names, not figures (never an autotune objective or a plot axis).
-TEXT_METRICS: frozenset[str] = frozenset({"execute.profile_top_op"})
+TEXT_METRICS: frozenset[str] = frozenset({"execute.profile_top_op", "compile.breakdown_top"})
 NUMERIC_COLUMNS: tuple[str, ...] = (
     tuple(f"{s}.seconds" for s in STAGES)
     + tuple(c for c in METRICS if c not in TEXT_METRICS)
