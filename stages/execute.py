@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, JaxaotError
-from jaxaot.stages import profile
+from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
 from jaxaot.stages.node import Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
-from jaxaot.util.humanize import human_count, human_seconds
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,6 +53,8 @@ class ExecuteConfig:
     # A jax.profiler trace of the timed calls into execute/profile/, per-op time in
     # execute/profile.json (issue 18).
     profile: bool = False
+    # This run against the device's roofline (peaks calibrated here) in execute/roofline.json.
+    roofline: bool = False
 
 
 # Default (rtol, atol) by the output's dtype when execute.rtol/atol are null.
@@ -389,6 +391,23 @@ def _record_profile(ctx: StageContext, exe: Any, calls: int) -> None:
     }
 
 
+def _record_roofline(ctx: StageContext, compiled: Compiled, median_s: float) -> None:
+    """execute.roofline: intensity and achieved rates against this device's calibrated peaks."""
+    import jax
+
+    dev = jax.devices(compiled.backend)[0]
+    peaks = roofline.calibrate(dev.platform, dev.device_kind, len(jax.devices(compiled.backend)))
+    roof = roofline.analyse(compiled.cost, median_s, peaks)
+    ctx.write_json("roofline.json", roof)
+    ctx.metrics.update(
+        intensity=roof["intensity"],
+        roofline_fraction=roof.get("fraction_of_roof"),
+        roofline_bound=roof.get("bound"),
+        peak_flops=roof["peak_flops"],
+        peak_bytes_per_s=roof["peak_bytes_per_s"],
+    )
+
+
 def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Executed:
     import jax
 
@@ -469,6 +488,8 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     )
     timings["samples_s"] = samples
     ctx.write_json("timings.json", timings)
+    if cfg.roofline:
+        _record_roofline(ctx, compiled, timings["median_s"])
     nonfinite = [d["path"] or "<root>" for d in described if not d["finite"]]
     if nonfinite:
         ctx.warn(f"non-finite values (nan/inf) in output(s) {', '.join(nonfinite)}")
@@ -528,6 +549,12 @@ def summarize(m: Mapping[str, Any]) -> str:
         )
     if m.get("flops_per_s"):
         parts.append(human_count(m["flops_per_s"], "FLOP/s"))
+    if m.get("roofline_bound"):
+        parts.append(
+            f"roofline: {m['intensity']:.3g} FLOP/B, {m['roofline_bound']}-bound, "
+            f"{m['roofline_fraction']:.0%} of roof (peaks {human_count(m['peak_flops'], 'FLOP/s')}, "
+            f"{human_bytes(m['peak_bytes_per_s'])}/s calibrated)"
+        )
     if m.get("profile_top_op"):
         parts.append(
             f"profiled: {m['profile_ops']} ops, top {m['profile_top_op']} "
@@ -571,9 +598,20 @@ EXECUTE = Node(
         "timings.json",
         "check.json",
         "profile.json",
+        "roofline.json",
     ),
     verb="executing",
-    report=("median_s", "stddev_s", "flops_per_s", "profile_top_op", "profile_top_share"),
+    report=(
+        "median_s",
+        "stddev_s",
+        "flops_per_s",
+        "intensity",
+        "roofline_fraction",
+        "peak_flops",
+        "peak_bytes_per_s",
+        "profile_top_op",
+        "profile_top_share",
+    ),
     summarize=summarize,
 )
 

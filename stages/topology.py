@@ -267,6 +267,9 @@ def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | 
         "bound": "compute" if compute_s >= memory_s else "memory",
         "peak_bf16_flops": gen.peak_bf16_flops,
         "hbm_bandwidth": gen.hbm_bandwidth,
+        # Against the published table (no calibration for hardware that is not here).
+        "intensity": flops / moved if moved > 0 else None,
+        "ridge_flops_per_byte": gen.peak_bf16_flops / gen.hbm_bandwidth,
     }
 
 

@@ -1,5 +1,6 @@
 """PNG plots for the sweep report: each swept parameter against compile time, execute time,
-achieved FLOP/s and memory, plus the optimisation history of an autotuning search.
+achieved FLOP/s and memory, the optimisation history of an autotuning search, and the jobs on
+their device's roofline (``execute.roofline=true``).
 
 One figure per varying parameter, its values on the x axis as categories (sweeps are usually
 powers of two or names, where even spacing reads best). The other varying parameters become
@@ -251,6 +252,47 @@ def _history(table: SweepTable) -> Figure:
     return fig
 
 
+def _roofline(table: SweepTable) -> Figure | None:
+    """Each job as a point (intensity, achieved FLOP/s) under its device's roof, log-log;
+    None when no job ran with execute.roofline=true."""
+    points = [
+        (r["execute.intensity"], r["execute.flops_per_s"], r)
+        for r in table.rows
+        if r.get("execute.intensity") and r.get("execute.flops_per_s")
+    ]
+    if not points:
+        return None
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    names = short_names(table.varying)
+    roofs = {(r.get("execute.peak_flops"), r.get("execute.peak_bytes_per_s")) for *_, r in points}
+    lo = min(p[0] for p in points) / 4
+    hi = max(p[0] for p in points) * 4
+    for peak_f, peak_b in sorted(r for r in roofs if all(r)):
+        ridge = peak_f / peak_b
+        xs = [lo, min(max(ridge, lo), hi), hi]
+        ax.plot(xs, [min(peak_f, x * peak_b) for x in xs], "-", color="0.3", lw=1)
+        ax.annotate("roof (calibrated)", (xs[-1], peak_f), fontsize=7, ha="right", va="bottom")
+    for intensity, flops, r in points:
+        ax.plot([intensity], [flops], "o", color="#4C72B0")
+        label = ", ".join(f"{names[k]}={r.get(k)}" for k in table.varying) or str(r["job"])
+        ax.annotate(
+            _label(label, 28),
+            (intensity, flops),
+            fontsize=6,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte accessed)", fontsize=8)
+    ax.set_ylabel("achieved FLOP/s", fontsize=8)
+    ax.yaxis.set_major_formatter(EngFormatter(unit="FLOP/s"))
+    ax.set_title("roofline (execute.roofline=true)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
 def _file_name(param: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", param).strip("_") or "param"
 
@@ -261,6 +303,8 @@ def write_plots(table: SweepTable, out_dir: Path) -> list[Path]:
     figures = [(_file_name(p), _figure(table, p)) for p in table.varying]
     if table.autotune:
         figures.append(("autotune_history", _history(table)))
+    if (roof := _roofline(table)) is not None:
+        figures.append(("roofline", roof))
     paths = []
     for name, fig in figures:
         buf = io.BytesIO()
