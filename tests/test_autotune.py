@@ -241,3 +241,76 @@ def test_same_failure_masks_each_trials_own_values() -> None:
 
     assert override_value("program.args.1=f32\\[8\\,256\\]") == "f32[8,256]"  # progress, report
     assert override_value("x=it\\'s") == "it\\'s"  # only Hydra's own escapes are undone
+
+
+def test_optunas_views_are_written_with_the_report(tmp_path: Path) -> None:
+    """History, parameter importances and parallel coordinates, Optuna's own (issue 18)."""
+    _, _, sweep_dir = _search(
+        tmp_path,
+        "hydra/sweeper=jaxaot_optuna",
+        "program=mlp",
+        "stop_after=compile",
+        "hydra.sweeper.objective=compile.temp_bytes",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.sampler=random",
+        "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+        "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
+    )
+    views = json.loads((sweep_dir / "autotune.json").read_text())["views"]
+    for name in ("autotune_optuna_history", "autotune_importances", "autotune_parallel"):
+        assert views[name] == f"plots/{name}.png", views
+        with Image.open(sweep_dir / views[name]) as img:
+            img.verify()
+
+
+def test_a_multi_objective_study_reports_its_pareto_front(tmp_path: Path) -> None:
+    """Execute time and temp memory at once: the result is the Pareto front, marked in the
+    report, drawn by Optuna; every front trial is not dominated by any other trial."""
+    _, _, sweep_dir = _search(
+        tmp_path,
+        "hydra/sweeper=jaxaot_optuna",
+        "program=mlp",
+        "execute.repeats=2",
+        "hydra.sweeper.objectives=[execute.median_s,compile.temp_bytes]",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.sampler=random",
+        "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+    )
+    result = json.loads((sweep_dir / "autotune.json").read_text())
+    assert result["objectives"] == ["execute.median_s", "compile.temp_bytes"]
+    assert result["directions"] == ["minimize", "minimize"] and result["best"] is None
+    done = [t for t in result["trials"] if t.get("values")]
+    front = result["pareto"]
+    assert front and len(done) == 4
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
+
+    for t in front:
+        assert not any(dominates(o["values"], t["values"]) for o in done)
+    for t in done:
+        if t not in front:
+            assert any(
+                dominates(f["values"], t["values"]) or f["values"] == t["values"] for f in front
+            )
+    md = (sweep_dir / "sweep.md").read_text()
+    assert "Pareto front (minimize `execute.median_s`, minimize `compile.temp_bytes`)" in md
+    assert md.count("**pareto**") == len(front) + 1
+    with open(sweep_dir / "sweep.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["job"] for r in rows if r["pareto"] == "True"} == {str(t["job"]) for t in front}
+    with Image.open(sweep_dir / result["views"]["autotune_pareto"]) as img:
+        img.verify()
+
+
+def test_multi_objective_options_are_checked() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^hydra\.sweeper\.directions: expected one per objective \(2\), found 1"
+    ):
+        AutotuneOptions(
+            objectives=["execute.median_s", "compile.temp_bytes"], directions=["minimize"]
+        ).check("execute")
+    with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.objectives: expected two or more"):
+        AutotuneOptions(objectives=["execute.median_s"]).check("execute")
+    with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.objectives: expected one of"):
+        AutotuneOptions(objectives=["execute.median_s", "compile.bogus"]).check("execute")

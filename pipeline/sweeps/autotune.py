@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.progress import JobOutcome, read_json
-from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, row_of
+from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, PLOTS_DIR, row_of
 from jaxaot.util.fsio import atomic_write_json
 
 if TYPE_CHECKING:
@@ -60,25 +60,56 @@ class AutotuneOptions:
     # Stop when the first this-many trials all fail with the same error (0: never stop early):
     # a fixed override that breaks every point wastes no more trials.
     stop_after_failures: int = 3
+    # A multi-objective study (e.g. [execute.median_s, compile.temp_bytes]): its result is the
+    # Pareto front; `objective`/`direction` are then unused. `directions`: one per objective
+    # (empty: minimize all).
+    objectives: list[str] = field(default_factory=list)
+    directions: list[str] = field(default_factory=list)
+
+    @property
+    def targets(self) -> list[tuple[str, str]]:
+        """(objective, direction) for each objective of the study."""
+        if not self.objectives:
+            return [(self.objective, self.direction)]
+        return list(
+            zip(
+                self.objectives,
+                self.directions or ["minimize"] * len(self.objectives),
+                strict=False,
+            )
+        )
 
     def check(self, stop_after: str) -> None:
         """Refuse a search that cannot produce its objective, naming the key."""
-        if self.objective not in NUMERIC_COLUMNS:
+        if self.objectives and self.directions and len(self.directions) != len(self.objectives):
             raise ConfigError(
-                f"hydra.sweeper.objective: expected one of {', '.join(NUMERIC_COLUMNS)}, "
-                f"found {self.objective!r}"
+                f"hydra.sweeper.directions: expected one per objective ({len(self.objectives)}), "
+                f"found {len(self.directions)}"
             )
-        stage = self.objective.split(".", 1)[0]
-        if stage == "execute" and stop_after != "execute":
+        if len(set(self.objectives)) != len(self.objectives) or len(self.objectives) == 1:
             raise ConfigError(
-                f"hydra.sweeper.objective={self.objective!r} needs stop_after=execute, found "
-                f"stop_after={stop_after!r}; for a compile-only search use one of "
-                f"{', '.join(COMPILE_ONLY_OBJECTIVES)}"
+                "hydra.sweeper.objectives: expected two or more different objectives (one: use "
+                f"hydra.sweeper.objective), found {self.objectives}"
             )
-        if self.direction not in DIRECTIONS:
-            raise ConfigError(
-                f"hydra.sweeper.direction: expected minimize or maximize, found {self.direction!r}"
-            )
+        key = "objectives" if self.objectives else "objective"
+        for objective, direction in self.targets:
+            if objective not in NUMERIC_COLUMNS:
+                raise ConfigError(
+                    f"hydra.sweeper.{key}: expected one of {', '.join(NUMERIC_COLUMNS)}, "
+                    f"found {objective!r}"
+                )
+            stage = objective.split(".", 1)[0]
+            if stage == "execute" and stop_after != "execute":
+                raise ConfigError(
+                    f"hydra.sweeper.{key}={objective!r} needs stop_after=execute, found "
+                    f"stop_after={stop_after!r}; for a compile-only search use one of "
+                    f"{', '.join(COMPILE_ONLY_OBJECTIVES)}"
+                )
+            if direction not in DIRECTIONS:
+                which = "directions" if self.objectives else "direction"
+                raise ConfigError(
+                    f"hydra.sweeper.{which}: expected minimize or maximize, found {direction!r}"
+                )
         if self.sampler not in SAMPLERS:
             raise ConfigError(
                 f"hydra.sweeper.sampler: expected one of {', '.join(SAMPLERS)}, "
@@ -224,8 +255,9 @@ def optimize(
     opts.check(str(config.get("stop_after", "execute")))
     space, fixed = search_space(arguments, opts.params, config_loader)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    targets = opts.targets
     study = optuna.create_study(
-        direction=opts.direction,
+        directions=[d for _, d in targets],
         sampler=_sampler(opts),
         study_name=opts.study_name,
         storage=opts.storage,
@@ -234,9 +266,8 @@ def optimize(
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(
-        "autotune: %s %s over %s, %d trials",
-        opts.direction,
-        opts.objective,
+        "autotune: %s over %s, %d trials",
+        ", ".join(f"{d} {o}" for o, d in targets),
         ", ".join(space),
         opts.n_trials,
     )
@@ -248,16 +279,19 @@ def optimize(
         validate(batch)
         results = launcher.launch(batch, initial_job_idx=len(trials))
         for trial, overrides, job in zip(asked, batch, results, strict=True):
-            value, why = objective_value(job, opts.objective)
-            if value is None:
+            got = [objective_value(job, o) for o, _ in targets]
+            why = next((w for _, w in got if w is not None), None)
+            values = [v for v, _ in got]
+            if why is not None:
                 study.tell(trial, state=TrialState.FAIL)
             else:
-                study.tell(trial, value)
+                study.tell(trial, values if len(values) > 1 else values[0])
             trials.append(
                 {
                     "number": trial.number,
                     "job": len(trials),
-                    "value": value,
+                    "value": None if why else values[0] if len(values) == 1 else None,
+                    **({"values": None if why else values} if len(values) > 1 else {}),
                     "error": why,
                     "params": {k: str(v) for k, v in trial.params.items()},
                     "overrides": [shown(o) for o in overrides[len(fixed) :]],
@@ -277,7 +311,18 @@ def optimize(
                     len(first),
                     error,
                 )
+                write_views(sweep_dir, study, opts)
                 return returns
+    write_views(sweep_dir, study, opts)
+    if len(targets) > 1:
+        front = _pareto(study, trials)
+        log.info(
+            "autotune: Pareto front of %s: %d trial(s), jobs %s",
+            " and ".join(o for o, _ in targets),
+            len(front),
+            ", ".join(str(t["job"]) for t in front),
+        )
+        return returns
     best = _best(study, trials)
     if best:
         log.info(
@@ -292,7 +337,71 @@ def optimize(
     return returns
 
 
+def _pareto(study: Any, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trials of the Pareto front (a multi-objective study's result), this sweep's only."""
+    numbers = {t.number for t in study.best_trials}
+    return [t for t in trials if t["number"] in numbers]
+
+
+VIEWS = {  # Optuna's matplotlib views, written into <sweep>/plots/ with the report
+    "autotune_optuna_history": "plot_optimization_history",
+    "autotune_importances": "plot_param_importances",
+    "autotune_parallel": "plot_parallel_coordinate",
+    "autotune_pareto": "plot_pareto_front",
+}
+
+
+def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str, str]:
+    """Optuna's own visualisations of the study as PNGs: history, parameter importances and
+    parallel coordinates (per objective of a multi-objective study), and the Pareto front.
+    A view the study cannot give yet (too few trials, one parameter) is skipped with the
+    reason, in ``autotune.json``'s ``views``."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from optuna.visualization import matplotlib as views
+
+    targets = opts.targets
+    out = sweep_dir / PLOTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[str, str] = {}
+    jobs: list[tuple[str, str, dict[str, Any]]] = []
+    if len(targets) == 1:
+        for name in ("autotune_optuna_history", "autotune_importances", "autotune_parallel"):
+            jobs.append((name, VIEWS[name], {"target_name": targets[0][0]}))
+    else:
+        names = [o for o, _ in targets]
+        jobs.append(("autotune_pareto", VIEWS["autotune_pareto"], {"target_names": names}))
+        for i, objective in enumerate(names):
+            for name in ("autotune_optuna_history", "autotune_importances", "autotune_parallel"):
+                kw = {"target": (lambda t, i=i: t.values[i]), "target_name": objective}
+                jobs.append((f"{name}_{i}", VIEWS[name], kw))
+    for name, plot, kwargs in jobs:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib views experimental
+                ax = getattr(views, plot)(study, **kwargs)
+                fig = (ax[0] if hasattr(ax, "__len__") else ax).figure
+                fig.savefig(out / f"{name}.png", dpi=90, bbox_inches="tight")
+                plt.close(fig)
+            done[name] = f"{PLOTS_DIR}/{name}.png"
+        except Exception as exc:
+            done[name] = f"skipped: {' '.join(str(exc).split())[:200]}"
+        finally:
+            plt.close("all")
+    data = read_json(sweep_dir / AUTOTUNE_NAME) or {}
+    if data:
+        data["views"] = done
+        atomic_write_json(sweep_dir / AUTOTUNE_NAME, data)
+    return done
+
+
 def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if len(study.directions) > 1:
+        return None  # a multi-objective study has a Pareto front instead
     try:
         best = study.best_trial
     except ValueError:  # no completed trial
@@ -322,8 +431,11 @@ def _write(
     atomic_write_json(
         sweep_dir / AUTOTUNE_NAME,
         {
-            "objective": opts.objective,
-            "direction": opts.direction,
+            "objective": opts.objective if not opts.objectives else None,
+            "direction": opts.direction if not opts.objectives else None,
+            "objectives": [o for o, _ in opts.targets],
+            "directions": [d for _, d in opts.targets],
+            "pareto": _pareto(study, trials) if opts.objectives else None,
             "sampler": opts.sampler,
             "seed": opts.seed,
             "study_name": study.study_name,

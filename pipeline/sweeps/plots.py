@@ -301,7 +301,7 @@ def write_plots(table: SweepTable, out_dir: Path) -> list[Path]:
     """Write one PNG per varying parameter (and the autotune history); return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = [(_file_name(p), _figure(table, p)) for p in table.varying]
-    if table.autotune:
+    if table.autotune and table.autotune.get("pareto") is None:  # one objective: its history
         figures.append(("autotune_history", _history(table)))
     if (roof := _roofline(table)) is not None:
         figures.append(("roofline", roof))

@@ -110,6 +110,8 @@ class SweepTable:
     @property
     def columns(self) -> list[str]:
         best = ["best"] if self.autotune else []
+        if self.autotune and self.autotune.get("pareto") is not None:
+            best = ["pareto"]  # a multi-objective study has a front, not one best trial
         topo = list(TOPOLOGY_METRICS) if self.topology else []
         slurm = list(SLURM_COLUMNS) if self.slurm else []
         return [
@@ -220,8 +222,11 @@ def collect(sweep_dir: Path | str) -> SweepTable:
     autotune = read_json(root / AUTOTUNE_NAME)
     if autotune:
         best = (autotune.get("best") or {}).get("job")
+        front = {t.get("job") for t in autotune.get("pareto") or []}
         for r in rows:
             r["best"] = r["job"] == best
+            if autotune.get("pareto") is not None:
+                r["pareto"] = r["job"] in front
     return SweepTable(sweep_dir=root, rows=rows, varying=varying, fixed=fixed, autotune=autotune)
 
 
@@ -310,7 +315,17 @@ def to_markdown(table: SweepTable) -> str:
     if table.fixed:
         lines.append(f"Fixed overrides: `{' '.join(table.fixed)}`.")
     best = (table.autotune or {}).get("best")
-    if table.autotune:
+    if table.autotune and table.autotune.get("pareto") is not None:
+        targets = ", ".join(
+            f"{d} `{o}`"
+            for o, d in zip(table.autotune["objectives"], table.autotune["directions"], strict=True)
+        )
+        jobs = ", ".join(str(t["job"]) for t in table.autotune["pareto"])
+        lines.append(
+            f"Pareto front ({targets}): jobs {jobs or 'none'} (marked **pareto** below); "
+            "Optuna's views are in plots/."
+        )
+    elif table.autotune:
         obj, direction = table.autotune.get("objective"), table.autotune.get("direction")
         if best:
             where = (
@@ -354,6 +369,8 @@ def to_markdown(table: SweepTable) -> str:
         status = f"**{r['status']}**" if r["status"] != "ok" else "ok"
         if r.get("best"):
             status += " **best**"
+        if r.get("pareto"):
+            status += " **pareto**"
         cells = [
             r["job"],
             *(r.get(k, "") for k in table.varying),
