@@ -59,6 +59,9 @@ if TYPE_CHECKING:
     from jaxaot.schema import JaxaotConfig
 
 
+DEFAULT_DUMP = ("hlo", "buffer_assignment", "memory_usage")  # compile.dump_keep's default
+
+
 @dataclass(frozen=True)
 class CompileConfig:
     """The ``compile`` section (conf/compile/): backend, XLA options, devices, topology."""
@@ -371,7 +374,6 @@ DUMP_KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "html": ((".html",), {"xla_dump_hlo_as_html": True}),
     "llvm": ((".ll", ".o"), {}),
 }
-DEFAULT_DUMP = ("hlo", "buffer_assignment", "memory_usage")
 DUMP_DIR = "xla_dump"
 
 

@@ -36,30 +36,9 @@ from jaxaot.stages.executable import (
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
 from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
-from jaxaot.util.hlo_parse import parse_hlo
+from jaxaot.util.hlo_parse import COLLECTIVES, collectives
 from jaxaot.util.humanize import human_bytes, human_seconds
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s4": 0.5,
-    "u4": 0.5,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-}
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 # XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
 # temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
 _HBM_REJECT = re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)")
@@ -212,40 +191,6 @@ def needed_bytes(memory: dict[str, int]) -> int:
         + memory.get("generated_code_size_in_bytes", 0)
         - memory.get("alias_size_in_bytes", 0)
     )
-
-
-def _array_bytes(shape: str) -> list[float]:
-    out = []
-    for dtype, dims in _ARRAY.findall(shape):
-        size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
-        if size is None:
-            continue
-        n = 1
-        for d in dims.split(","):
-            n *= int(d) if d else 1
-        out.append(n * size)
-    return out
-
-
-def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
-    """Count and result bytes per device of each collective in the optimized HLO.
-
-    Async pairs (``all-gather-start``/``-done``) count once, at the start; a start's tuple
-    shape holds its operand and result, so its largest array is taken. A variadic collective's
-    tuple result is summed.
-    """
-    found = {name: {"count": 0, "bytes": 0.0} for name in COLLECTIVES}
-    for comp in parse_hlo(hlo_text).values():
-        for ins in comp.instructions:
-            op = ins.opcode.removesuffix("-start")
-            if op not in found or ins.opcode.endswith("-done"):
-                continue
-            sizes = _array_bytes(ins.shape)
-            found[op]["count"] += 1
-            found[op]["bytes"] += (
-                (max(sizes) if ins.opcode.endswith("-start") else sum(sizes)) if sizes else 0.0
-            )
-    return found
 
 
 def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | None:

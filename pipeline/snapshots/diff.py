@@ -192,6 +192,12 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
             b.snapshot.meta("compile/memory_analysis.json"),
             _MEMORY_KEYS,
         )
+    hlo = "compile/optimized.hlo.txt"
+    a_hlo, b_hlo = a.snapshot.files.get(hlo), b.snapshot.files.get(hlo)
+    if a_hlo and b_hlo and a_hlo != b_hlo:  # as structure first, then as text lines
+        from jaxaot.snapshots.hlo_structure import compare as compare_hlo
+
+        stages.setdefault("compile", {"artifacts": {}})["hlo_structure"] = compare_hlo(a_hlo, b_hlo)
     if a.breakdown and b.breakdown:
         stages.setdefault("compile", {"artifacts": {}})["breakdown"] = _breakdown_deltas(
             a.breakdown, b.breakdown
@@ -224,6 +230,36 @@ def _ratio_text(ratio: float | None) -> str:
     return f"  (x{ratio:.2f})" if ratio is not None and ratio != 1 else ""
 
 
+def _structure_lines(s: dict[str, Any]) -> list[str]:
+    """The optimized HLO compared as structure (jaxaot.snapshots.hlo_structure)."""
+    parsers = sorted(set(s["parsers"].values()))
+    out = [f"  optimized HLO structure ({' and '.join(parsers)} parser)"]
+    n = s["instructions"]
+    out.append(f"    {'instructions':<24} {n['a']} -> {n['b']}")
+    for kind, c in s["fusion_kinds"].items():
+        out.append(f"    {'fusions ' + kind:<24} {c['a']} -> {c['b']}")
+    ops = [f"{op} {c['a']} -> {c['b']}" for op, c in s["opcodes"].items()]
+    if ops:
+        more = f" (+{len(ops) - 8} more)" if len(ops) > 8 else ""
+        out.append(f"    {'ops added/removed':<24} {', '.join(ops[:8])}{more}")
+    for kind, c in s["collectives"].items():
+        out.append(
+            f"    {kind:<24} {c['a_count']} ({human_bytes(c['a_bytes'])}) -> "
+            f"{c['b_count']} ({human_bytes(c['b_bytes'])})"
+        )
+    fb = s["fusion_bytes"]
+    top = ", ".join(f"{t['name']} {human_bytes(t['bytes'])}" for t in fb["top_b"][:3])
+    out.append(
+        f"    {'fusion bytes touched':<24} {human_bytes(fb['a'])} -> {human_bytes(fb['b'])}"
+        + (f"; largest in B: {top}" if top else "")
+    )
+    lc = s["layout_changes"]
+    if lc["count"]:
+        shown = ", ".join(f"{e['name']} {e['a']} -> {e['b']}" for e in lc["examples"][:3])
+        out.append(f"    {'layout changes':<24} {lc['count']}: {shown}")
+    return out
+
+
 def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) -> str:
     out = [f"A: {a.describe()}", f"B: {b.describe()}"]
     out.append("versions: " + ("same" if not report["versions"] else "; ".join(report["versions"])))
@@ -251,6 +287,8 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
                     f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
                     f"{_ratio_text(d['ratio'])}"
                 )
+        if info.get("hlo_structure"):
+            out += _structure_lines(info["hlo_structure"])
         if info.get("breakdown"):
             t = info["breakdown"]["threads_s"]
             out.append(

@@ -268,7 +268,7 @@ def _roofline(table: SweepTable) -> Figure | None:
     roofs = {(r.get("execute.peak_flops"), r.get("execute.peak_bytes_per_s")) for *_, r in points}
     lo = min(p[0] for p in points) / 4
     hi = max(p[0] for p in points) * 4
-    for peak_f, peak_b in sorted(r for r in roofs if all(r)):
+    for peak_f, peak_b in sorted((float(f), float(b)) for f, b in roofs if f and b):
         ridge = peak_f / peak_b
         xs = [lo, min(max(ridge, lo), hi), hi]
         ax.plot(xs, [min(peak_f, x * peak_b) for x in xs], "-", color="0.3", lw=1)

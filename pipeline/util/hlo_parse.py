@@ -153,4 +153,70 @@ def module_name(text: str) -> str:
     return m.group(1) if m else "module"
 
 
-__all__ = ["Computation", "Instruction", "module_name", "parse_hlo", "parse_instruction"]
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+
+
+def array_bytes(shape: str) -> list[float]:
+    out = []
+    for dtype, dims in _ARRAY.findall(shape):
+        size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
+        if size is None:
+            continue
+        n = 1
+        for d in dims.split(","):
+            n *= int(d) if d else 1
+        out.append(n * size)
+    return out
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, float]]:
+    """Count and result bytes per device of each collective in the optimized HLO.
+
+    Async pairs (``all-gather-start``/``-done``) count once, at the start; a start's tuple
+    shape holds its operand and result, so its largest array is taken. A variadic collective's
+    tuple result is summed.
+    """
+    found = {name: {"count": 0, "bytes": 0.0} for name in COLLECTIVES}
+    for comp in parse_hlo(hlo_text).values():
+        for ins in comp.instructions:
+            op = ins.opcode.removesuffix("-start")
+            if op not in found or ins.opcode.endswith("-done"):
+                continue
+            sizes = array_bytes(ins.shape)
+            found[op]["count"] += 1
+            found[op]["bytes"] += (
+                (max(sizes) if ins.opcode.endswith("-start") else sum(sizes)) if sizes else 0.0
+            )
+    return found
+
+
+__all__ = [
+    "COLLECTIVES",
+    "Computation",
+    "Instruction",
+    "array_bytes",
+    "collectives",
+    "module_name",
+    "parse_hlo",
+    "parse_instruction",
+]
