@@ -375,6 +375,7 @@ DUMP_KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "llvm": ((".ll", ".o"), {}),
 }
 DUMP_DIR = "xla_dump"
+BREAKDOWN_NAME = "breakdown.json"  # compile.breakdown's result, in compile_trace/
 
 
 def dump_options(keep: Sequence[str], dump_dir: Path) -> dict[str, Any]:
@@ -424,6 +425,9 @@ def record_breakdown(ctx: StageContext, note: str = "") -> dict[str, Any]:
         breakdown_top=hot["name"],
         breakdown_top_s=hot["self_s"],
     )
+    # Not in compiled.json: that is a stored artifact, and a store hit must not hand one run's
+    # breakdown to another. Beside the trace, and in the manifest.
+    (folder / BREAKDOWN_NAME).write_text(json.dumps(breakdown, indent=2) + "\n")
     ctx.extra["compile_trace"] = {
         "dir": f"{ctx.stage}/{profile.COMPILE_TRACE_DIR}",
         "files": profile.trace_files(folder),
@@ -443,10 +447,11 @@ def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[],
     if out_dir is not None and cfg.dump:
         options |= dump_options(cfg.dump_keep, out_dir / DUMP_DIR)
     traced = out_dir is not None and cfg.breakdown
-    if traced:
+    if traced and "xla_dump_to" not in options:
         # JAX reuses an identical compile of this process (a sweep's, a test's): a breakdown
-        # needs XLA to compile, so the options differ by a dump filter that dumps nothing
-        # (no xla_dump_to). The executable is the same; the key never sees these options.
+        # needs XLA to compile, so the options differ by a dump filter that dumps nothing (there
+        # is no xla_dump_to; a dump's own folder already makes the options differ). The
+        # executable is the same; the key never sees these options.
         options["xla_dump_hlo_module_re"] = f"jaxaot-breakdown-{uuid.uuid4().hex}"
 
     def compile_now() -> Any:
@@ -475,7 +480,8 @@ def run(
         compiled = start(cfg, target or prepare(cfg, lowered), ctx.out_dir)()
     if cfg.dump:
         record_dump(ctx, ctx.out_dir / DUMP_DIR)
-    breakdown = record_breakdown(ctx) if cfg.breakdown else None
+    if cfg.breakdown:
+        record_breakdown(ctx)
     if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
         from jaxaot.stages import topology
 
@@ -514,7 +520,6 @@ def run(
             "convention": convention_of(
                 compiled
             ).to_json(),  # for people: load checks the executable
-            **({"breakdown": breakdown} if breakdown else {}),
         },
     )
     return Compiled(

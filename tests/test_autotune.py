@@ -310,6 +310,8 @@ def test_multi_objective_options_are_checked() -> None:
         AutotuneOptions(
             objectives=["execute.median_s", "compile.temp_bytes"], directions=["minimize"]
         ).check("execute")
+    with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.directions: set with hydra"):
+        AutotuneOptions(directions=["maximize"]).check("execute")
     with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.objectives: expected two or more"):
         AutotuneOptions(objectives=["execute.median_s"]).check("execute")
     with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.objectives: expected one of"):

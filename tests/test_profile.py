@@ -95,7 +95,7 @@ def test_the_sweep_report_shows_the_top_op(tmp_path: Path) -> None:
 
 def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> None:
     """compile.breakdown=true (issue 18, item 3): XLA's phases and hot spots from a trace of the
-    compile, in compiled.json, the summary, the sweep report and jaxaot-diff; not in the key."""
+    compile, in compile_trace/breakdown.json and the manifest, the summary, the sweep report and jaxaot-diff; not in the key."""
     import subprocess
     import sys
 
@@ -108,10 +108,12 @@ def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> N
     )
     stage = traced.manifest["stages"]["compile"]
     assert stage["status"] == "ran" and stage["key"] == plain.manifest["stages"]["compile"]["key"]
-    breakdown = json.loads((tmp_path / "traced" / "compile" / "compiled.json").read_text())[
-        "breakdown"
-    ]
+    trace = tmp_path / "traced" / "compile" / "compile_trace"
+    breakdown = json.loads((trace / "breakdown.json").read_text())
     assert breakdown == stage["compile_trace"]["breakdown"]
+    # not in compiled.json: a stored artifact, which a store hit would hand to another run
+    compiled = json.loads((tmp_path / "traced" / "compile" / "compiled.json").read_text())
+    assert "breakdown" not in compiled
     assert breakdown["threads_s"] > 0
     roots = [p for p in breakdown["phases"] if p["depth"] == 0]
     assert any("Compile" in p["name"] for p in roots)  # the compiler's own outermost event
@@ -174,3 +176,15 @@ def test_the_sweep_report_has_the_compile_breakdown(tmp_path: Path) -> None:
     head, row = to_csv(table).splitlines()[:2]
     cols = dict(zip(head.split(","), row.split(","), strict=True))
     assert float(cols["compile.breakdown_threads_s"]) > 0 and cols["compile.breakdown_top"]
+
+
+def test_a_dump_and_a_breakdown_together(tmp_path: Path) -> None:
+    """Both of one compile: the dump is written (the breakdown's own way to make XLA compile
+    again must not filter it away) and the breakdown is taken."""
+    cfg = jaxaot.compose(
+        ["program=mlp", "compile.dump=true", "compile.breakdown=true", "store.enabled=false"]
+    )
+    stage = jaxaot.run(cfg, run_dir=tmp_path / "r").manifest["stages"]["compile"]
+    assert stage["xla_dump"]["files"] and stage["metrics"]["xla_dump_files"] > 0
+    assert stage["compile_trace"]["breakdown"]["threads_s"] > 0
+    assert any(n.endswith("after_optimizations.txt") for n in stage["xla_dump"]["files"])

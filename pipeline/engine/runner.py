@@ -13,6 +13,7 @@ Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -315,11 +316,11 @@ class _Runner:
         except JaxaotError as exc:
             ctx.metrics.update(getattr(exc, "metrics", None) or {})  # DoesNotFit's verdict
             self.manifest.record_stage(
-                ctx, getattr(exc, "run_status", "failed"), time.perf_counter() - t0
+                ctx, getattr(exc, "run_status", "failed"), time.perf_counter() - t0, **ctx.extra
             )
             raise
         except Exception as exc:
-            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0)
+            self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0, **ctx.extra)
             raise StageError(node.name, one_line(exc)) from exc
         if how == "recompute":
             self._compare_with_checkpoint(node, ctx)
@@ -389,10 +390,15 @@ class _Runner:
     def _compute(
         self, node: Node, ctx: StageContext, up: dict[str, Any]
     ) -> tuple[Any, str, dict[str, Any]]:
+        keyed = self._key(node, up)  # first: if it raises, close() releases a lock taken ahead
         ahead = self._ahead.pop(node.name, None)
-        keyed = self._key(node, up)
         if ahead is not None and (keyed is None or ahead.keyed.key != keyed.key):
-            if ahead.lock is not None:  # begun on an early record that keys differently
+            # Begun on an early record that keys differently: not this run's result. Let it end
+            # first (it writes into this node's folder too: dumps, traces), then compute.
+            if ahead.future is not None:
+                with contextlib.suppress(Exception):
+                    ahead.future.result()
+            if ahead.lock is not None:
                 ahead.lock.release()
             ahead = None
         if keyed is None or keyed.key is None:
@@ -449,7 +455,7 @@ class _Runner:
             log.info("[%s] cache miss %s: computed in %.2f s", node.name, key[:12], seconds)
             self.store.record(node.name, key, hit=False)
         # What is stored must be what the key says (and what a hit will be checked against).
-        wrong = node.storable(record, keyed) if node.storable is not None else None
+        wrong = node.storable(record, keyed) if store_on and node.storable is not None else None
         if wrong:
             ctx.warn(wrong)
         elif store_on and all(name in ctx.artifacts for name in node.required):
@@ -503,13 +509,25 @@ class _Runner:
             lock = KeyLock(self.store, node.name, keyed.key)
             if not lock.acquire(blocking=False):
                 continue  # another job computes this key: the node waits, then hits
-            if self.store.enabled:
-                entry = self.store.get(node.name, keyed.key, expect=self._compat(node))
-                if entry is not None:
-                    lock.release()
-                    self._ahead[node.name] = _Ahead(keyed, entry=entry)
-                    continue
-            job = node.begin(self.cfg, keyed, self.run_dir / node.name)
+            try:
+                entry = (
+                    self.store.get(node.name, keyed.key, expect=self._compat(node))
+                    if self.store.enabled
+                    else None
+                )
+                job = (
+                    None
+                    if entry is not None
+                    else node.begin(self.cfg, keyed, self.run_dir / node.name)
+                )
+            except BaseException:
+                lock.release()  # the node computes in its turn, and reports what failed
+                raise
+            if entry is not None:
+                lock.release()
+                self._ahead[node.name] = _Ahead(keyed, entry=entry)
+                continue
+            assert job is not None
 
             def timed(job: Callable[[], Any] = job) -> tuple[Any, float]:
                 t0 = time.perf_counter()

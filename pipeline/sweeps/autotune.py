@@ -81,6 +81,11 @@ class AutotuneOptions:
 
     def check(self, stop_after: str) -> None:
         """Refuse a search that cannot produce its objective, naming the key."""
+        if self.directions and not self.objectives:
+            raise ConfigError(
+                "hydra.sweeper.directions: set with hydra.sweeper.objectives (for one objective, "
+                f"hydra.sweeper.direction); found directions={self.directions} and no objectives"
+            )
         if self.objectives and self.directions and len(self.directions) != len(self.objectives):
             raise ConfigError(
                 f"hydra.sweeper.directions: expected one per objective ({len(self.objectives)}), "
@@ -339,8 +344,25 @@ def optimize(
 
 def _pareto(study: Any, trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trials of the Pareto front (a multi-objective study's result), this sweep's only."""
-    numbers = {t.number for t in study.best_trials}
-    return [t for t in trials if t["number"] in numbers]
+    mine = {t["number"]: t for t in trials}
+    front = []
+    for best in study.best_trials:  # an earlier sweep's trials too (hydra.sweeper.storage)
+        if best.number in mine:
+            front.append(mine[best.number])
+        else:
+            params = {k: str(v) for k, v in best.params.items()}
+            front.append(
+                {
+                    "number": best.number,
+                    "job": None,
+                    "value": None,
+                    "values": list(best.values),
+                    "error": None,
+                    "params": params,
+                    "overrides": [shown(f"{k}={v}") for k, v in params.items()],
+                }
+            )
+    return front
 
 
 VIEWS = {  # Optuna's matplotlib views, written into <sweep>/plots/ with the report
@@ -379,6 +401,7 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
             for name in ("autotune_optuna_history", "autotune_importances", "autotune_parallel"):
                 kw = {"target": (lambda t, i=i: t.values[i]), "target_name": objective}
                 jobs.append((f"{name}_{i}", VIEWS[name], kw))
+    before = set(plt.get_fignums())
     for name, plot, kwargs in jobs:
         try:
             with warnings.catch_warnings():
@@ -391,7 +414,8 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
         except Exception as exc:
             done[name] = f"skipped: {' '.join(str(exc).split())[:200]}"
         finally:
-            plt.close("all")
+            for number in set(plt.get_fignums()) - before:  # only the figures Optuna opened
+                plt.close(number)
     data = read_json(sweep_dir / AUTOTUNE_NAME) or {}
     if data:
         data["views"] = done

@@ -320,7 +320,10 @@ def to_markdown(table: SweepTable) -> str:
             f"{d} `{o}`"
             for o, d in zip(table.autotune["objectives"], table.autotune["directions"], strict=True)
         )
-        jobs = ", ".join(str(t["job"]) for t in table.autotune["pareto"])
+        jobs = ", ".join(
+            str(t["job"]) if t.get("job") is not None else "one of an earlier sweep"
+            for t in table.autotune["pareto"]
+        )
         lines.append(
             f"Pareto front ({targets}): jobs {jobs or 'none'} (marked **pareto** below); "
             "Optuna's views are in plots/."
