@@ -42,8 +42,9 @@ from jaxaot.stages.executable import (
     mesh_metrics,
     serialize,
     stage_metrics,
+    write_analysis,
 )
-from jaxaot.stages.jax_mesh import concrete_mesh, describe_shardings
+from jaxaot.stages.jax_mesh import concrete_mesh
 from jaxaot.stages.jaxenv import devices, platform_of
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
@@ -486,18 +487,7 @@ def run(
         from jaxaot.stages import topology
 
         return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
-    ctx.write("optimized.hlo.txt", compiled.as_text() or "")
-    if lowered.meta.get("mesh"):
-        shardings = describe_shardings(compiled)
-        shardings |= {"mesh": lowered.meta["mesh"], "devices": _nr_devices(lowered)}
-        ctx.write_json("shardings.json", shardings)
-        mesh_metrics(ctx, shardings)
-    cost, memory = cost_of(compiled), memory_of(compiled)
-    if cost:
-        ctx.write_json("cost_analysis.json", cost)
-    if memory:
-        ctx.write_json("memory_analysis.json", memory)
-    stage_metrics(ctx, cost, memory)
+    _, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), _nr_devices(lowered))
     local_devices = compiled.runtime_executable().local_devices()
     device_ids = [d.id for d in local_devices]
     try:

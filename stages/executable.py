@@ -100,4 +100,34 @@ def serialize(compiled: Any) -> bytes:
     return pickle.dumps((bytes(payload), in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-__all__ = ["cost_of", "export_lowering", "memory_of", "mesh_metrics", "serialize", "stage_metrics"]
+def write_analysis(
+    ctx: StageContext, compiled: Any, mesh: dict[str, Any] | None, devices: int
+) -> tuple[str, dict[str, float] | None, dict[str, int] | None]:
+    """What every compile writes about its executable: the optimized HLO, its shardings on the
+    mesh (if any), cost and memory analysis, and their metrics; returns (hlo, cost, memory)."""
+    from jaxaot.stages.jax_mesh import describe_shardings
+
+    hlo = compiled.as_text() or ""
+    ctx.write("optimized.hlo.txt", hlo)
+    if mesh:
+        shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
+        ctx.write_json("shardings.json", shardings)
+        mesh_metrics(ctx, shardings)
+    cost, memory = cost_of(compiled), memory_of(compiled)
+    if cost:
+        ctx.write_json("cost_analysis.json", cost)
+    if memory:
+        ctx.write_json("memory_analysis.json", memory)
+    stage_metrics(ctx, cost, memory)
+    return hlo, cost, memory
+
+
+__all__ = [
+    "cost_of",
+    "export_lowering",
+    "memory_of",
+    "mesh_metrics",
+    "serialize",
+    "stage_metrics",
+    "write_analysis",
+]

@@ -28,10 +28,10 @@ from jaxaot.errors import BackendError, DoesNotFit, StageError
 from jaxaot.stages.executable import (
     cost_of,
     export_lowering,
-    memory_of,
     mesh_metrics,
     serialize,
     stage_metrics,
+    write_analysis,
 )
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
@@ -251,23 +251,10 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
 
     ``record(compiled, cost, memory)`` builds the stage's Compiled record.
     """
-    from jaxaot.stages.jax_mesh import describe_shardings
 
     cfg = ctx.cfg.compile
     target = target_of(cfg)
-    hlo = compiled.as_text() or ""
-    ctx.write("optimized.hlo.txt", hlo)
-    if lowered.meta.get("mesh"):
-        shardings = describe_shardings(compiled)
-        shardings |= {"mesh": lowered.meta["mesh"], "devices": target.devices}
-        ctx.write_json("shardings.json", shardings)
-        mesh_metrics(ctx, shardings)
-    cost, memory = cost_of(compiled), memory_of(compiled)
-    if cost:
-        ctx.write_json("cost_analysis.json", cost)
-    if memory:
-        ctx.write_json("memory_analysis.json", memory)
-    stage_metrics(ctx, cost, memory)
+    hlo, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), target.devices)
     info = analysis(target, hlo, cost, memory)
     if info["roofline"] is None and target.generation.platform == "cuda":
         info["roofline"] = _lowering_roofline(target, lowered)  # issue 16

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import jaxaot
+import numpy as np
 import pytest
 from jaxaot.engine.summary import render
 from jaxaot.stages.profile import _self_times
@@ -188,3 +189,24 @@ def test_a_dump_and_a_breakdown_together(tmp_path: Path) -> None:
     assert stage["xla_dump"]["files"] and stage["metrics"]["xla_dump_files"] > 0
     assert stage["compile_trace"]["breakdown"]["threads_s"] > 0
     assert any(n.endswith("after_optimizations.txt") for n in stage["xla_dump"]["files"])
+
+
+def test_an_executable_compiled_for_a_breakdown_serves_later_runs_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    """A traced compile carries an extra (no-op) dump filter and is stored under the plain key:
+    the run it serves from the store computes exactly what a fresh compile does."""
+    from jaxaot.stages.execute import load_outputs
+
+    traced = jaxaot.run(
+        jaxaot.compose(["program=mlp", "compile.breakdown=true"]), run_dir=tmp_path / "t"
+    )
+    assert traced.manifest["stages"]["compile"]["status"] == "ran"  # a miss: now stored
+    hit = jaxaot.run(jaxaot.compose(["program=mlp"]), run_dir=tmp_path / "hit")
+    assert hit.manifest["stages"]["compile"]["status"] == "cached"
+    fresh = jaxaot.run(
+        jaxaot.compose(["program=mlp", "store.enabled=false"]), run_dir=tmp_path / "fresh"
+    )
+    a, b = load_outputs(tmp_path / "hit" / "execute"), load_outputs(tmp_path / "fresh" / "execute")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert fresh.manifest["stages"]["compile"]["status"] == "ran"

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.util.fsio import atomic_write_text, sha256_file
-from jaxaot.util.hlo_parse import Computation, Instruction, module_name, parse_hlo
+from jaxaot.util.hlo_parse import COLLECTIVES, Computation, Instruction, module_name, parse_hlo
 
 GRAPH_DIR = "graph"
 _LAYOUT = re.compile(r"\{[^{}]*\}|/\*.*?\*/")
 _CONTROL = ("while", "conditional", "call")
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _FOLDED = ("constant", "get-tuple-element")
 _CLUSTER_DEPTH = 3
 
@@ -59,7 +58,7 @@ def _ops_summary(comps: dict[str, Computation], name: str, limit: int = 4) -> st
 def _style(ins: Instruction, fused: str) -> str:
     if ins.opcode == "parameter":
         color, shape = "#d9f2d9", "ellipse"
-    elif ins.opcode in _COLLECTIVES or ins.opcode.split("-start")[0] in _COLLECTIVES:
+    elif ins.opcode in COLLECTIVES or ins.opcode.split("-start")[0] in COLLECTIVES:
         color, shape = "#f8d7da", "box"
     elif ins.opcode in _CONTROL:
         color, shape = "#e2d9f3", "box"

@@ -16,12 +16,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxaot.util.hlo_parse import COLLECTIVES, array_bytes, collectives, parse_hlo
+from jaxaot.util.hlo_parse import (
+    COLLECTIVES,
+    Instruction,
+    array_bytes,
+    collectives,
+    parse_hlo,
+    parse_instruction,
+)
 
-_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.*?)\s(?P<op>[\w-]+)\(")
-_KIND = re.compile(r"\bkind=(k\w+)")
 _LAYOUT = re.compile(r"\{[\d,]*(?::[^}]*)?\}")
-_CALLS = re.compile(r"\bcalls=%?([\w.-]+)")
+_SKIP_LAYOUT = ("parameter", "constant", "tuple", "get-tuple-element")  # no layout decision
 TOP_FUSIONS = 5
 LAYOUT_EXAMPLES = 8
 
@@ -38,72 +43,49 @@ class Structure:
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _lines_jaxlib(text: str) -> tuple[list[tuple[str, bool, str]], set[str]]:
-    """(computation, fused?, instruction line) via jaxlib's parser; raises if it refuses."""
-    from jaxlib import _hlo  # type: ignore[attr-defined]  # HLO bindings, no JAX import
+def _computations(text: str) -> tuple[str, dict[str, list[Instruction]]]:
+    """Each computation's instructions: jaxlib's parser reads the module and prints each
+    instruction as XLA does (which :func:`parse_instruction` reads); the regex reader when
+    jaxlib refuses the text (or is not there)."""
+    try:
+        from jaxlib import _hlo  # type: ignore[attr-defined]  # HLO bindings, no JAX import
 
-    module = _hlo.hlo_module_from_text(text)
-    lines = [
-        (c.name, False, i.to_string()) for c in module.computations() for i in c.instructions()
-    ]
-    return lines, _fused_names([line for _, _, line in lines])
-
-
-def _lines_regex(text: str) -> tuple[list[tuple[str, bool, str]], set[str]]:
-    comps = parse_hlo(text)
-
-    def operand(o: str) -> str:
-        return f"%{o}" if re.match(r"^[A-Za-z_][\w.-]*$", o) else o
-
-    lines = [
-        (
-            c.name,
-            False,
-            f"%{i.name} = {i.shape} {i.opcode}({', '.join(map(operand, i.operands))}){i.attrs}",
-        )
-        for c in comps.values()
-        for i in c.instructions
-    ]
-    return lines, _fused_names([line for _, _, line in lines])
-
-
-def _fused_names(lines: list[str]) -> set[str]:
-    """The computations that fusion instructions call: their ops are a fusion's insides."""
-    return {m.group(1) for line in lines if " fusion(" in line for m in _CALLS.finditer(line)}
+        module = _hlo.hlo_module_from_text(text)
+        comps = {
+            c.name: [
+                i for i in map(parse_instruction, (x.to_string() for x in c.instructions())) if i
+            ]
+            for c in module.computations()
+        }
+        return "jaxlib", comps
+    except Exception:  # another XLA's text, or no jaxlib: the regex reader
+        return "regex", {n: list(c.instructions) for n, c in parse_hlo(text).items()}
 
 
 def structure(text: str) -> Structure:
-    try:
-        lines, fused = _lines_jaxlib(text)
-        parser = "jaxlib"
-    except Exception:  # another XLA's text, or no jaxlib: the regex reader
-        lines, fused = _lines_regex(text)
-        parser = "regex"
+    parser, comps = _computations(text)
     out = Structure(parser=parser)
-    shapes: dict[str, str] = {}
-    parsed = []
-    for comp, _, line in lines:
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        shapes[m["name"]] = m["shape"]
-        parsed.append((comp, m, line))
-    for comp, m, line in parsed:
-        op = m["op"]
-        out.opcodes[op] += 1
-        inside = comp in fused
-        if op == "fusion":
-            kind = _KIND.search(line)
-            out.fusion_kinds[kind.group(1) if kind else "?"] += 1
-            operands = re.findall(r"%([\w.-]+)", line.split(f"{op}(", 1)[1].split(")", 1)[0])
-            touched = sum(array_bytes(m["shape"])) + sum(
-                sum(array_bytes(shapes.get(o, ""))) for o in operands
-            )
-            out.fusion_bytes[m["name"]] = touched
-        if not inside and op not in ("parameter", "constant", "tuple", "get-tuple-element"):
-            layout = " ".join(_LAYOUT.findall(m["shape"]))
-            if layout:
-                out.layouts[m["name"]] = layout
+    shapes = {i.name: i.shape for instrs in comps.values() for i in instrs}
+    fused = {
+        callee
+        for instrs in comps.values()
+        for i in instrs
+        if i.opcode == "fusion"
+        for role, callee in i.callees
+        if role == "calls"
+    }
+    for name, instrs in comps.items():
+        for ins in instrs:
+            out.opcodes[ins.opcode] += 1
+            if ins.opcode == "fusion":
+                out.fusion_kinds[ins.attr("kind") or "?"] += 1
+                out.fusion_bytes[ins.name] = sum(array_bytes(ins.shape)) + sum(
+                    sum(array_bytes(shapes.get(o, ""))) for o in ins.operands
+                )
+            if name not in fused and ins.opcode not in _SKIP_LAYOUT:
+                layout = " ".join(_LAYOUT.findall(ins.shape))
+                if layout:
+                    out.layouts[ins.name] = layout
     out.collectives = {k: v for k, v in collectives(text).items() if v["count"]}
     return out
 
