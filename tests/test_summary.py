@@ -167,11 +167,11 @@ def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
 ) -> None:
     import json
 
-    from jaxaot.stages import compile as compile_stage
+    from jaxaot.stages import executable  # where every compile takes its cost analysis
 
-    real = compile_stage.cost_of
+    real = executable.cost_of
     monkeypatch.setattr(
-        compile_stage, "cost_of", lambda compiled: {**(real(compiled) or {}), "flops": -2.0}
+        executable, "cost_of", lambda compiled: {**(real(compiled) or {}), "flops": -2.0}
     )
     result = compose_run("program=axpy", "program.args=[f32[4],f32[4]]")
     cost = json.loads((result.run_dir / "compile" / "cost_analysis.json").read_text())
