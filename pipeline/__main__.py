@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxaot.cli.main import main
+from jaxaot.cli.server import entry
 
 if __name__ == "__main__":
-    main()
+    entry()  # through a running `jaxaot server`, else in this process

@@ -44,10 +44,40 @@ def nothing_left_where_pytest_runs() -> Iterator[None]:
     assert not left, f"the tests left {left} in {cwd}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def test_server() -> Iterator[str | None]:
+    """``JAXAOT_TEST_SERVER=1`` (``make test-server``): the suite's ``jaxaot`` runs go through
+    one resident server (jaxaot.cli.server) on a private socket; otherwise every run is
+    in-process. Yields that socket's path, or None."""
+    if os.environ.get("JAXAOT_TEST_SERVER", "") in ("", "0"):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="jaxaot-test-server-") as tmp:
+        env = cli_env(JAXAOT_SERVER_SOCKET=str(Path(tmp) / "server.sock"))
+        env.pop("JAXAOT_SERVER", None)
+        cmd = [sys.executable, "-m", "jaxaot.cli.main", "server"]
+        started = subprocess.run([*cmd, "start"], env=env, capture_output=True, text=True)
+        assert started.returncode == 0, started.stderr
+        try:
+            yield env["JAXAOT_SERVER_SOCKET"]
+        finally:
+            subprocess.run([*cmd, "stop"], env=env, capture_output=True, text=True)
+
+
 @pytest.fixture(autouse=True)
-def isolated_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_server: str | None
+) -> Path:
     store = tmp_path / "store"
     monkeypatch.setenv("JAXAOT_STORE_DIR", str(store))
+    # No test's `jaxaot` reaches a developer's server; with JAXAOT_TEST_SERVER=1 every one
+    # reaches the suite's own (tests/test_server.py starts its own per test).
+    if test_server is None:
+        monkeypatch.setenv("JAXAOT_SERVER", "0")
+        monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(tmp_path / "no-server" / "server.sock"))
+    else:
+        monkeypatch.delenv("JAXAOT_SERVER", raising=False)
+        monkeypatch.setenv("JAXAOT_SERVER_SOCKET", test_server)
     return store
 
 

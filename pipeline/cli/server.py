@@ -1,0 +1,703 @@
+"""A resident ``jaxaot`` server: Python, JAX and Hydra imported once, a fresh child per run.
+
+A warm ``jaxaot`` run spends most of its time starting up: importing JAX, Hydra and jaxaot
+costs more than loading the executable and running it (issue 19). ``jaxaot server start``
+keeps one process with those imports done and one config composed (no JAX backend started:
+that happens per run). Every later ``jaxaot ...`` sends its argv, cwd, environment, and its
+stdin/stdout/stderr (the file descriptors themselves, SCM_RIGHTS) over a per-user Unix socket;
+the server forks a child that runs exactly what ``jaxaot`` would have run in-process. Each run
+gets its own backend, device count and JAX config; output goes straight to the client's
+terminal or pipes; Ctrl-C and SIGTERM are forwarded to the child's process group; the client
+exits with the child's status; a client that dies takes its run with it. (Prior art: Bazel's
+client/server, mypy's dmypy, Nailgun.)
+
+The server never serves a run it could get wrong. It declines, and the client runs
+in-process as if there were no server, when:
+- an environment variable that JAX, XLA or Python read at import differs from the server's;
+- the client would import another copy of a pre-imported package (another checkout or venv);
+- a file of any module the server imported changed since it started (the server then
+  re-executes itself, so the next run is served by fresh code);
+- the request comes from a run the server itself forked (``jaxaot`` called from a run):
+  a served run never waits on another served run, so runs cannot multiply through the
+  server; and at most :data:`MAX_RUNS` runs are in flight.
+
+This module imports only the standard library at its top: the client side must cost
+milliseconds. One server per user and Python environment; it exits after
+``JAXAOT_SERVER_IDLE`` seconds (default 3 hours) without a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# The real os._exit, taken before anything can wrap it (a run guards os._exit while user code
+# runs, jaxaot.util.exits): a forked child must end here, whatever happened, and never return
+# into the server's accept loop.
+_exit_now = os._exit
+
+PROTOCOL = 2
+MAX_RUNS = 32  # runs in flight at once; more run in-process
+IDLE_SECONDS = 3 * 3600
+# Set in a served run's environment (so also in everything it starts): its own `jaxaot`
+# calls run in-process, and the server refuses requests that carry it.
+CHILD_MARK = "JAXAOT_SERVED_BY"
+# Packages imported in the server, whose origin a client must agree with.
+_PREIMPORT = ("jax", "jaxlib", "numpy", "hydra", "omegaconf", "jaxaot")
+# Variables read at import time (JAX's config defaults, XLA/TF logging, BLAS threads, Python's
+# own): a run whose values differ cannot use the server's imports.
+_IMPORT_ENV = re.compile(
+    r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO)"
+)
+_HEADER = struct.Struct("!I")
+_SERVE = "from jaxaot.cli.server import serve_forever; serve_forever()"
+
+
+def socket_path() -> Path:
+    """``$XDG_RUNTIME_DIR/jaxaot/`` (else ``/tmp/jaxaot-$UID/``) ``server-<env>.sock``, one per
+    Python environment; ``JAXAOT_SERVER_SOCKET`` overrides it."""
+    override = os.environ.get("JAXAOT_SERVER_SOCKET")
+    if override:
+        return Path(override)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "jaxaot" if runtime else Path(f"/tmp/jaxaot-{os.getuid()}")
+    env = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
+    return base / f"server-{env}.sock"
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` owner-only, and refuse one that another user owns or can write."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{path} is not owned by you alone; remove it")
+
+
+def _import_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if _IMPORT_ENV.match(k)}
+
+
+def _origins() -> dict[str, str | None]:
+    """Where this process imports (or imported) each pre-imported package from."""
+    import importlib.util
+
+    out: dict[str, str | None] = {}
+    for name in _PREIMPORT:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        out[name] = spec.origin if spec is not None else None
+    return out
+
+
+def _send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    if fds:
+        socket.send_fds(sock, [_HEADER.pack(len(data)) + data], fds)
+    else:
+        sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    if maxfds:
+        first, fds, _, _ = socket.recv_fds(sock, 65536, maxfds)
+    else:
+        first, fds = sock.recv(65536), []
+    while 0 < len(first) < _HEADER.size:
+        more = sock.recv(_HEADER.size - len(first))
+        if not more:
+            break
+        first += more
+    if len(first) < _HEADER.size:
+        return None, fds
+    (size,) = _HEADER.unpack_from(first)
+    data = first[_HEADER.size :]
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None, fds
+        data += chunk
+    return json.loads(data[:size]), fds
+
+
+# ---------------------------------------------------------------------------------- client
+
+
+def _connect() -> socket.socket | None:
+    path = socket_path()
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or not stat.S_ISSOCK(st.st_mode):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def wanted() -> bool:
+    """Whether this ``jaxaot`` may use a server: not inside a served run, and not
+    ``JAXAOT_SERVER=0``. (``JAXAOT_SERVER=1`` also starts one for the runs after this one.)"""
+    if os.environ.get(CHILD_MARK):
+        return False
+    return os.environ.get("JAXAOT_SERVER", "").lower() not in ("0", "false", "no", "off")
+
+
+def run_via_server(argv: list[str]) -> int | None:
+    """Run ``jaxaot argv`` in a child of the server; its exit status, or None when there is
+    no server or it declined (then the caller runs in-process, nothing having happened)."""
+    sock = _connect()
+    if sock is None:
+        return None
+    with sock:
+        request = {
+            "v": PROTOCOL,
+            "argv": argv,
+            "argv0": sys.argv[0],
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "path": sys.path,
+            "origins": _origins(),
+            "isatty": [os.isatty(fd) for fd in (0, 1, 2)],
+        }
+        try:
+            _send(sock, request, [0, 1, 2])
+            reply, _ = _recv(sock)
+        except (OSError, ValueError):
+            return None
+        if reply is None or "pid" not in reply:
+            return None  # declined (stale code, another environment): run in-process
+        group = int(reply["pid"])  # the child leads its own process group
+
+        def forward(signum: int, _frame: Any) -> None:
+            # As a terminal's Ctrl-C reaches every process of an in-process run.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, forward)
+        try:
+            done, _ = _recv(sock)
+        except (OSError, ValueError):
+            done = None
+        if done is None or "exit" not in done:
+            print("jaxaot: error: the jaxaot server went away during the run", file=sys.stderr)
+            return 1
+        return int(done["exit"])
+
+
+# ---------------------------------------------------------------------------------- server
+
+
+class _Run:
+    """A served run: the child's pid and pidfd, its client's connection, when it was told to
+    stop (a client that went away)."""
+
+    def __init__(self, pid: int, conn: socket.socket) -> None:
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        self.conn = conn
+        self.killed_at: float | None = None
+
+
+class _Server:
+    def __init__(
+        self, path: Path, env_before: dict[str, str], warned: list[Any], lock: Any
+    ) -> None:
+        self.path = path
+        self.lock = lock  # the one-server-per-socket flock: a child must not hold it
+        self.warned = warned  # warnings the warm-up raised: an in-process run prints them too
+        self.env_before = env_before
+        self.env = _import_env(env_before)
+        # What the imports themselves set (JAX and jaxaot quiet C++ logging this way): an
+        # in-process run has them too, so every child gets them on top of its client's.
+        self.added = {k: v for k, v in os.environ.items() if env_before.get(k) != v}
+        self.origins = _origins()
+        self.files = self._module_files()
+        self.started = time.time()
+        self.last_request = time.monotonic()
+        self.idle = float(os.environ.get("JAXAOT_SERVER_IDLE", IDLE_SECONDS))
+        self.served = 0
+        self.declined = 0
+        self.restart_requested = False
+        self.sel = selectors.DefaultSelector()
+        self.runs: dict[int, _Run] = {}  # by pidfd
+
+    @staticmethod
+    def _module_files() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for mod in list(sys.modules.values()):
+            f = getattr(mod, "__file__", None)
+            if f and f not in out:
+                with contextlib.suppress(OSError):
+                    out[f] = os.stat(f).st_mtime_ns
+        return out
+
+    def stale(self) -> str | None:
+        for f, mtime in self.files.items():
+            try:
+                if os.stat(f).st_mtime_ns != mtime:
+                    return f
+            except OSError:
+                return f
+        return None
+
+    def declines(self, req: dict[str, Any]) -> str | None:
+        """Why this request cannot be served by this server's imports, or None."""
+        if req.get("v") != PROTOCOL:
+            return "protocol"
+        if req["env"].get(CHILD_MARK):
+            return "a run of this server"
+        if len(self.runs) >= MAX_RUNS:
+            return f"{len(self.runs)} runs in flight"
+        theirs = _import_env(req["env"])
+        if theirs != self.env:
+            keys = sorted(
+                k for k in theirs.keys() | self.env.keys() if theirs.get(k) != self.env.get(k)
+            )
+            return f"environment ({', '.join(keys)})"
+        for name, origin in self.origins.items():
+            if req.get("origins", {}).get(name) != origin:
+                return f"import path ({name})"
+        return None
+
+    def child(self, req: dict[str, Any], fds: list[int], listener: socket.socket) -> None:
+        """In the forked child: become the client's ``jaxaot`` process and run it; never
+        returns."""
+        code: Any = 1
+        try:
+            listener.close()
+            self.lock.close()
+            self.sel.close()
+            for run in self.runs.values():  # other runs' descriptors: not this child's
+                os.close(run.pidfd)
+                run.conn.close()
+            os.setsid()  # its own process group: signals come from its client only
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(req["cwd"])
+            os.environ.clear()
+            os.environ.update({**req["env"], **self.added, CHILD_MARK: str(os.getppid())})
+            sys.path[:] = req["path"]
+            sys.argv = [req.get("argv0") or "jaxaot", *req["argv"]]
+            tty = req.get("isatty", [False] * 3)
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            sys.stdout = open(1, "w", buffering=1 if tty[1] else -1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            import warnings
+
+            for w in self.warned:  # e.g. Hydra's "Error importing plugin ...", as in-process
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+            try:
+                from jaxaot.cli.main import main
+
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code
+            code = _finish_like_python(code)
+        except BaseException:
+            import traceback
+
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+            code = 2
+        finally:
+            _exit_now(code if isinstance(code, int) else 1)
+
+    def serve(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(tmp))
+        finally:
+            os.umask(old)
+        os.chmod(tmp, 0o600)
+        listener.listen(64)
+        os.replace(tmp, self.path)  # atomically the socket clients connect to
+        self.path.with_suffix(".pid").write_text(f"{os.getpid()}\n")
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGHUP, _interrupt)
+        try:
+            while not self.restart_requested:
+                if not self.runs and time.monotonic() - self.last_request > self.idle:
+                    break
+                for key, _ in self.sel.select(timeout=self._timeout()):
+                    if key.data == "listen":
+                        conn, _ = listener.accept()
+                        self.accept(conn, listener)
+                    elif key.data == "client":
+                        self.client_event(key.fileobj)  # type: ignore[arg-type]
+                    else:
+                        self.finish(key.fd)
+                self.escalate()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            listener.close()
+            self._unlink_if_mine()
+            for pidfd in list(self.runs):  # runs in flight end as they would have
+                self.finish(pidfd)
+        if self.restart_requested:  # an imported file changed: start again from fresh code
+            # With the environment it started with, not the one its imports added to.
+            os.execve(sys.executable, [sys.executable, "-c", _SERVE], self.env_before)
+
+    def _timeout(self) -> float:
+        if any(r.killed_at is not None for r in self.runs.values()):
+            return 1.0
+        return max(1.0, min(60.0, self.idle))
+
+    def finish(self, pidfd: int) -> None:
+        """Reap a child and send its exit status (128 + signal when killed) to its client."""
+        run = self.runs.pop(pidfd)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(pidfd)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(run.conn)
+        os.close(pidfd)
+        _, status = os.waitpid(run.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        with contextlib.suppress(OSError), run.conn:
+            _send(run.conn, {"exit": 128 - code if code < 0 else code})
+        self.last_request = time.monotonic()
+
+    def client_event(self, conn: socket.socket) -> None:
+        """A client's connection became readable while its run goes on: it went away (killed,
+        say). Its run is ended as an in-process run would be with it: SIGTERM to the run's
+        process group, SIGKILL 10 s later if it is still there."""
+        try:
+            data = conn.recv(1, socket.MSG_PEEK)
+        except OSError:
+            data = b""
+        if data:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        for run in self.runs.values():
+            if run.conn is conn and run.killed_at is None:
+                run.killed_at = time.monotonic()
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(run.pid, signal.SIGTERM)
+
+    def escalate(self) -> None:
+        now = time.monotonic()
+        for run in self.runs.values():
+            if run.killed_at is not None and now - run.killed_at > 10:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(run.pid, signal.SIGKILL)
+
+    def _unlink_if_mine(self) -> None:
+        with contextlib.suppress(OSError):
+            pid_file = self.path.with_suffix(".pid")
+            if pid_file.read_text().strip() == str(os.getpid()):  # not a newer server's
+                self.path.unlink()
+                pid_file.unlink()
+
+    def accept(self, conn: socket.socket, listener: socket.socket) -> None:
+        conn.settimeout(10)  # a client sends its request at once; never hang the server
+        try:
+            req, fds = _recv(conn, maxfds=3)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        conn.settimeout(None)
+        if req is None:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        if req.get("op") == "status":
+            with conn:
+                _send(
+                    conn,
+                    {
+                        "pid": os.getpid(),
+                        "started": self.started,
+                        "served": self.served,
+                        "declined": self.declined,
+                        "running": len(self.runs),
+                        "python": sys.executable,
+                    },
+                )
+            return
+        if req.get("op") == "stop":
+            with conn:
+                _send(conn, {"stopping": os.getpid()})
+            raise KeyboardInterrupt
+        self.last_request = time.monotonic()
+        changed = self.stale()
+        reason = f"changed: {changed}" if changed else self.declines(req)
+        if reason or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            with conn:
+                _send(conn, {"declined": reason or "no descriptors"})
+            self.declined += 1
+            if changed:
+                self.restart_requested = True
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.child(req, fds, listener)
+            finally:
+                _exit_now(70)  # child() always exits; this is the line it cannot get past
+        for fd in fds:
+            os.close(fd)
+        self.served += 1
+        run = _Run(pid, conn)
+        self.runs[run.pidfd] = run
+        self.sel.register(run.pidfd, selectors.EVENT_READ, "child")
+        try:
+            _send(conn, {"pid": pid})
+        except OSError:  # the client is gone already
+            run.killed_at = time.monotonic()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            return
+        self.sel.register(conn, selectors.EVENT_READ, "client")
+
+
+def _finish_like_python(code: Any) -> int:
+    """What the interpreter does after ``main`` returns or raises SystemExit, short of tearing
+    down the (forked) interpreter: print a non-integer exit message, join non-daemon threads,
+    run atexit handlers, flush; the exit status."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    import atexit
+    import threading
+
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return status
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _preimport() -> None:
+    """What every run imports and warms up, short of starting a JAX backend: JAX, Hydra,
+    jaxaot and its stages, Hydra's plugins, one composition (Hydra's first costs ~0.3 s more
+    than later ones: lazy imports, plugin discovery, OmegaConf's grammar) and one trace."""
+    import importlib
+
+    import jax
+    import jax.numpy as jnp
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+
+    for name in (
+        "jax.export",
+        "jax.experimental.serialize_executable",
+        "jax.experimental.shard_map",
+        "jaxaot.cli.main",
+        "jaxaot.engine.runner",
+        "jaxaot.engine.summary",
+        "jaxaot.sweeps.callbacks",
+        "jaxaot.stages.stage_out",
+        "jaxaot.stages.lower",
+        "jaxaot.stages.compile",
+        "jaxaot.stages.execute",
+        "jaxaot.stages.inputs",
+    ):
+        importlib.import_module(name)
+    from jaxaot.api import compose
+
+    Plugins.instance()  # discovers Hydra's plugins (search path, launchers, sweepers) once
+    compose(["program=axpy"])
+    GlobalHydra.instance().clear()  # each run initializes its own
+    spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_backends", None):  # forked children must start their own
+        raise RuntimeError("jaxaot server: a JAX backend started while warming up")
+
+
+def serve_forever() -> None:
+    """The server process, started by :func:`start` (detached, logging next to its socket)."""
+    import fcntl
+    import warnings
+
+    path = socket_path()
+    _private_dir(path.parent)
+    lock = path.with_suffix(".lock").open("a")
+    try:  # one server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    env_before = dict(os.environ)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("default")  # what an in-process run shows, once each
+        _preimport()
+    _Server(path, env_before, list(warned), lock).serve()
+
+
+# -------------------------------------------------------------------------------- commands
+
+
+def _ask(op: str) -> dict[str, Any] | None:
+    sock = _connect()
+    if sock is None:
+        return None
+    with sock:
+        try:
+            _send(sock, {"v": PROTOCOL, "op": op})
+            return _recv(sock)[0]
+        except (OSError, ValueError):
+            return None
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    path = socket_path()
+    _private_dir(path.parent)
+    env = {k: v for k, v in os.environ.items() if k != CHILD_MARK}
+    with path.with_suffix(".log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", _SERVE],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            cwd="/",  # no user folder on its sys.path, none kept busy
+            start_new_session=True,
+        )
+
+
+def start(wait: float = 120.0) -> int:
+    if (info := _ask("status")) is not None:
+        print(f"jaxaot server: already running (pid {info['pid']}, {socket_path()})")
+        return 0
+    path = socket_path()
+    proc = _spawn()
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if (info := _ask("status")) is not None:
+            print(f"jaxaot server: started (pid {info['pid']}, {path})")
+            return 0
+        if proc.poll() is not None:
+            print(
+                f"jaxaot: error: the server exited with status {proc.returncode}; see "
+                f"{path.with_suffix('.log')}",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(0.05)
+    print(
+        f"jaxaot: error: the server did not start within {wait:.0f} s; see "
+        f"{path.with_suffix('.log')}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def stop() -> int:
+    reply = _ask("stop")
+    if reply is None:
+        print(f"jaxaot server: not running ({socket_path()})")
+        return 0
+    pid = int(reply["stopping"])
+    for _ in range(400):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.025)
+    print(f"jaxaot server: stopped (pid {pid})")
+    return 0
+
+
+def status() -> int:
+    info = _ask("status")
+    if info is None:
+        print(f"jaxaot server: not running ({socket_path()})")
+        return 3
+    up = time.time() - float(info["started"])
+    print(
+        f"jaxaot server: running (pid {info['pid']}, {socket_path()}, up {up:.0f} s, "
+        f"{info['running']} running, {info['declined']} declined, {info['served']} runs served)"
+    )
+    return 0
+
+
+def command(args: list[str]) -> int:
+    """``jaxaot server start|stop|status|restart``."""
+    verb = args[0] if len(args) == 1 else " ".join(args)
+    if verb == "start":
+        return start()
+    if verb == "stop":
+        return stop()
+    if verb == "status":
+        return status()
+    if verb == "restart":
+        stop()
+        return start()
+    print(
+        f"jaxaot: error: jaxaot server: expected start, stop, status or restart; found {verb!r}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def try_server(argv: list[str]) -> None:
+    """Handle ``jaxaot server ...``, or run ``jaxaot argv`` through a running server and exit
+    with its status; return (having done nothing) when the run belongs in this process."""
+    if argv[:1] == ["server"]:
+        sys.exit(command(argv[1:]))
+    if not wanted():
+        return
+    code = run_via_server(argv)
+    if code is not None:
+        sys.exit(code)
+    if os.environ.get("JAXAOT_SERVER") == "1" and _ask("status") is None:
+        with contextlib.suppress(OSError):
+            _spawn()  # serves the next run; this one runs in-process, as it would have
+
+
+def entry() -> None:
+    """The ``jaxaot`` command: through the server when one is running, else in-process."""
+    try_server(sys.argv[1:])
+    from jaxaot.cli.main import main
+
+    main()
+
+
+__all__ = ["CHILD_MARK", "command", "entry", "run_via_server", "serve_forever", "socket_path"]

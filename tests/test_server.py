@@ -1,0 +1,284 @@
+"""The resident server (jaxaot.cli.server): runs through it are the runs without it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli_env, read_manifest, run_cli
+
+AXPY = ["program=axpy", "program.args=[3,4]", "execute.repeats=1"]
+SERVER = [sys.executable, "-m", "jaxaot", "server"]
+
+
+def _same(text: str) -> str:
+    """Output with what differs between any two runs (times, dated run dirs) masked."""
+    text = re.sub(r"\d+(\.\d+)? ?(ms|us|s)\b", "<t>", text)
+    text = re.sub(r"run dir: .*", "run dir: <dir>", text)
+    text = re.sub(r"\[\d{4}-\d\d-\d\d [\d:,]+\]", "[<when>]", text)
+    return re.sub(r" +", " ", text)  # columns are as wide as the times in them
+
+
+def _status(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SERVER, "status"], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _count(env: dict[str, str], what: str = "runs served") -> int:
+    m = re.search(rf"(\d+) {what}", _status(env).stdout)
+    return int(m[1]) if m else -1
+
+
+def _stop(env: dict[str, str]) -> None:
+    subprocess.run([*SERVER, "stop"], env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A server on a private socket; yields the environment whose ``jaxaot`` uses it."""
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
+    env.pop("JAXAOT_SERVER", None)
+    start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0 and "started" in start.stdout, start.stderr
+    try:
+        yield env
+    finally:
+        _stop(env)
+
+
+def test_socket_is_owner_only(server: dict[str, str]) -> None:
+    sock = Path(server["JAXAOT_SERVER_SOCKET"])
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+
+
+def test_runs_through_the_server_match_runs_without_it(server, tmp_path: Path) -> None:
+    alone = {**server, "JAXAOT_SERVER": "0"}
+    cases = [
+        [*AXPY, "--cfg", "job"],  # printed config
+        ["--info"],  # Hydra's view of the app
+        ["program=axpy", "execute.nope=1"],  # a one-line error, exit 1
+        ["program=axpy", "program.args=[3]"],  # an error from the run itself
+        ["--version"],
+    ]
+    for args in cases:
+        via = run_cli(args, cwd=tmp_path, env=server)
+        direct = run_cli(args, cwd=tmp_path, env=alone)
+        assert (via.returncode, _same(via.stdout)) == (direct.returncode, _same(direct.stdout))
+        assert _same(via.stderr) == _same(direct.stderr)
+    assert _count(server) == len(cases)
+    # A whole run: relative run dir under the client's cwd, the client's store, same outputs,
+    # through each of the three ways to call jaxaot.
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**server, "JAXAOT_STORE_DIR": "mystore"}
+    jaxaot_script = str(Path(sys.executable).with_name("jaxaot"))
+    ways = {
+        "script": [jaxaot_script],
+        "module": [sys.executable, "-m", "jaxaot"],
+        "cli": [sys.executable, "-m", "jaxaot.cli.main"],
+    }
+    for name, cmd in ways.items():
+        via = subprocess.run(
+            [*cmd, *AXPY, f"hydra.run.dir=rel/{name}"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert via.returncode == 0, via.stderr
+    direct = run_cli([*AXPY, "hydra.run.dir=rel/direct"], cwd=work, env={**env, "JAXAOT_SERVER": "0"})
+    assert direct.returncode == 0, direct.stderr
+    # The served runs stored the executable in the client's ./mystore: the direct run loads it.
+    assert (work / "mystore").is_dir() and re.search(r"^compile\s+cached", direct.stdout, re.M)
+    outs = [
+        np.load(work / "rel" / d / "execute" / "outputs.npz")["out0"] for d in (*ways, "direct")
+    ]
+    assert all(o.tobytes() == outs[-1].tobytes() for o in outs) and float(outs[0]) == 10.0
+    assert _count(server) == len(cases) + len(ways)
+
+
+def test_another_jax_environment_runs_in_process(server, tmp_path: Path) -> None:
+    env = {**server, "JAX_ENABLE_X64": "1"}  # JAX reads it at import: the server's imports differ
+    proc = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "program:" in proc.stdout
+    assert (_count(server), _count(server, "declined")) == (0, 1)
+
+
+NESTED = """
+import os, subprocess, sys
+
+def f(x):
+    # `jaxaot` called from inside a run: it must run in this process's child, never through
+    # the server that forked this run (that is how runs multiplied before).
+    out = subprocess.run([sys.executable, "-m", "jaxaot.cli.main", "program=axpy", "--cfg",
+                          "job"], capture_output=True, text=True)
+    with open(os.environ["NESTED_OUT"], "w") as fh:
+        fh.write(f"{out.returncode} {os.environ.get('JAXAOT_SERVED_BY', '')}\\n{out.stdout}")
+    return x * 2
+"""
+
+
+def test_jaxaot_called_from_a_served_run_runs_in_process(tmp_path: Path) -> None:
+    (tmp_path / "nested_prog.py").write_text(NESTED)
+    out = tmp_path / "nested.txt"
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"), NESTED_OUT=str(out))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env.pop("JAXAOT_SERVER", None)
+    start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True)
+    assert start.returncode == 0, start.stderr
+    try:
+        proc = run_cli(
+            ["program.target=nested_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"],
+            cwd=tmp_path,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr
+        code, marked = out.read_text().splitlines()[0].split(" ")
+        assert code == "0" and int(marked) > 0  # it ran, in a child the server forked
+        assert "program:" in out.read_text()
+        assert (_count(env), _count(env, "declined")) == (1, 0)
+    finally:
+        _stop(env)
+
+
+def test_a_changed_module_restarts_the_server(server, tmp_path: Path) -> None:
+    assert run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=server).returncode == 0
+    assert _count(server) == 1
+    import jaxaot.errors as mod  # imported by the server (and by every run)
+
+    path = Path(mod.__file__)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    try:
+        proc = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=server)  # declined: in-process
+        assert proc.returncode == 0 and "program:" in proc.stdout
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _count(server) != 0:  # re-executed: count reset
+            time.sleep(0.1)
+        assert _count(server) == 0
+        proc = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=server)
+        assert proc.returncode == 0 and _count(server) == 1  # the fresh server serves again
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.05)
+    assert path.exists(), path
+
+
+def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "program=transformer_train",
+            "store.enabled=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=server,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(tmp_path / "run" / "stage_out")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.splitlines()[-1]
+    assert read_manifest(tmp_path / "run")["status"] == "interrupted"
+    assert _count(server) == 1
+
+
+def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot.cli.main",
+            "program=transformer_train",
+            "store.enabled=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=server,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(tmp_path / "run" / "stage_out")
+    proc.kill()  # SIGKILL: the client cannot forward anything
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _count(server, "running") != 0:
+        time.sleep(0.1)
+    assert _count(server, "running") == 0  # the server ended the orphaned run (SIGTERM)
+    assert read_manifest(tmp_path / "run")["status"] == "interrupted"
+
+
+def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> None:
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "none" / "server.sock"))
+    assert _status(env).returncode == 3 and "not running" in _status(env).stdout
+    bad = subprocess.run([*SERVER, "bogus"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "jaxaot: error: jaxaot server: expected start, stop, status or restart; found 'bogus'"
+    )
+
+
+def test_jaxaot_server_1_starts_one_for_the_next_runs(tmp_path: Path) -> None:
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "auto" / "server.sock"), JAXAOT_SERVER="1")
+    try:
+        first = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)  # in-process
+        assert first.returncode == 0 and "program:" in first.stdout
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _count(env) < 0:
+            time.sleep(0.1)
+        second = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)
+        assert (second.returncode, second.stdout) == (0, first.stdout)
+        assert _count(env) == 1
+    finally:
+        _stop(env)
+
+
+def test_an_idle_server_exits(tmp_path: Path) -> None:
+    env = cli_env(
+        JAXAOT_SERVER_SOCKET=str(tmp_path / "idle" / "server.sock"), JAXAOT_SERVER_IDLE="1"
+    )
+    assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _status(env).returncode == 0:
+        time.sleep(0.2)
+    assert _status(env).returncode == 3
+    assert not Path(env["JAXAOT_SERVER_SOCKET"]).exists()
+
+
+def test_what_the_server_declines(tmp_path: Path) -> None:
+    from jaxaot.cli import server as srv
+
+    s = srv._Server(tmp_path / "s.sock", dict(os.environ), [], lock=None)
+    req = {"v": srv.PROTOCOL, "env": dict(os.environ), "origins": srv._origins()}
+    assert s.declines(req) is None
+    assert s.declines({**req, "v": 1}) == "protocol"
+    marked = {**req, "env": {**req["env"], srv.CHILD_MARK: "1"}}
+    assert s.declines(marked) == "a run of this server"
+    other = {**req, "env": {**req["env"], "XLA_FLAGS": "--xla_dump_to=/x"}}
+    assert s.declines(other) == "environment (XLA_FLAGS)"
+    moved = {**req, "origins": {**req["origins"], "jax": "/elsewhere/jax/__init__.py"}}
+    assert s.declines(moved) == "import path (jax)"
+    s.runs = dict.fromkeys(range(srv.MAX_RUNS))  # type: ignore[arg-type]
+    assert s.declines(req) == f"{srv.MAX_RUNS} runs in flight"
