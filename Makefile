@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.jaxaot-installed
 EXTRAS ?= dev,sweep,tpu,cuda-aot,profile
 
-.PHONY: run test lint bench clean venv graphviz slurm
+.PHONY: run test test-server lint bench clean venv graphviz slurm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ run: $(STAMP)
 
 test: $(STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The same suite with every `jaxaot` run going through one resident `jaxaot server`.
+test-server: $(STAMP) graphviz slurm
+	JAXAOT_TEST_SERVER=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
 # (pyproject.toml's package-dir), laid out as symlinks in .typecheck/ (mypy does not run the

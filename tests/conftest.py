@@ -1,7 +1,7 @@
 """Shared fixtures: an isolated store per test, the CLI in a subprocess, configs composed in-process.
 
 Every test gets its own ``JAXAOT_STORE_DIR`` so runs never share cache entries by accident.
-CLI tests run ``python -m jaxaot.cli.main`` with this checkout first on PYTHONPATH, so they test
+CLI tests run ``python -m jaxaot`` with this checkout first on PYTHONPATH, so they test
 the code in the tree (also from a git worktree), not whatever is installed.
 """
 
@@ -55,7 +55,7 @@ def test_server() -> Iterator[str | None]:
     with tempfile.TemporaryDirectory(prefix="jaxaot-test-server-") as tmp:
         env = cli_env(JAXAOT_SERVER_SOCKET=str(Path(tmp) / "server.sock"))
         env.pop("JAXAOT_SERVER", None)
-        cmd = [sys.executable, "-m", "jaxaot.cli.main", "server"]
+        cmd = [sys.executable, "-m", "jaxaot", "server"]
         started = subprocess.run([*cmd, "start"], env=env, capture_output=True, text=True)
         assert started.returncode == 0, started.stderr
         try:
@@ -93,11 +93,12 @@ def run_cli(
     args: Sequence[str],
     *,
     cwd: Path,
-    module: str = "jaxaot.cli.main",
+    module: str = "jaxaot",
     timeout: float = 300,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``jaxaot <args>`` (as ``python -m jaxaot.cli.main``) in ``cwd``; never raises on rc."""
+    """Run ``jaxaot <args>`` (as ``python -m jaxaot``: through the suite's server under
+    ``make test-server``) in ``cwd``; never raises on rc."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,

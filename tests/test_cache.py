@@ -191,7 +191,7 @@ def test_eight_processes_on_one_key_all_succeed_and_leave_one_entry(tmp_path, is
             [
                 sys.executable,
                 "-m",
-                "jaxaot.cli.main",
+                "jaxaot",
                 "program=mlp",
                 "stop_after=compile",
                 f"hydra.run.dir={tmp_path / f'p{i}'}",

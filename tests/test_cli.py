@@ -132,7 +132,7 @@ def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
 
 def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -> None:
     ok = _closed_stdout(
-        ["-m", "jaxaot.cli.main", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path
+        ["-m", "jaxaot", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path
     )
     assert ok.returncode == 0, ok.stderr
     assert "BrokenPipe" not in ok.stderr and "Traceback" not in ok.stderr
@@ -140,7 +140,7 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -
     bad = _closed_stdout(
         [
             "-m",
-            "jaxaot.cli.main",
+            "jaxaot",
             "program=axpy",
             "program.args=[f32[3],f32[4]]",
             f"hydra.run.dir={tmp_path / 'b'}",

@@ -101,7 +101,7 @@ def test_a_signal_ends_the_run_as_interrupted(
         [
             sys.executable,
             "-m",
-            "jaxaot.cli.main",
+            "jaxaot",
             "program.target=exit_targets:sleeps",
             "program.args=[f32[4]]",
             f"hydra.run.dir={run_dir}",
@@ -142,7 +142,7 @@ def test_ctrl_c_during_a_compile_exits_without_waiting_for_xla(
         [
             sys.executable,
             "-m",
-            "jaxaot.cli.main",
+            "jaxaot",
             "program.target=exit_targets:compiles_slowly",
             "program.args=[f32[64]]",
             "stop_after=compile",

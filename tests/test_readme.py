@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ COMMAND = re.compile(
 MARKER = re.compile(r"^<!-- readme-test: (skip|file) (.+?) -->$")
 # Console scripts as the tests run them: from this checkout, whatever is installed.
 SCRIPTS = {
-    "jaxaot": "jaxaot.cli.main",
+    "jaxaot": "jaxaot",  # the console script's path: through a running server, else in-process
     "jaxaot-store": "jaxaot.cli.store_cmd",
     "jaxaot-diff": "jaxaot.cli.diff_cmd",
     "jaxaot-graph": "jaxaot.cli.graph_cmd",
@@ -144,7 +145,7 @@ SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if not b.skip))
 
 
 @pytest.fixture(scope="module")
-def readme_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def readme_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     bin_dir = tmp_path_factory.mktemp("bin")
     for name, module in SCRIPTS.items():
         script = bin_dir / name
@@ -152,9 +153,16 @@ def readme_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         script.chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     store = tmp_path_factory.mktemp("store")
-    return cli_env(
-        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", JAXAOT_STORE_DIR=str(store)
+    env = cli_env(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        JAXAOT_STORE_DIR=str(store),
+        # The README's `jaxaot server start` starts the examples' own server, not a developer's.
+        JAXAOT_SERVER_SOCKET=str(tmp_path_factory.mktemp("server") / "server.sock"),
     )
+    env.pop("JAXAOT_SERVER", None)
+    yield env
+    # A failed example may leave its server running: none outlives the tests.
+    subprocess.run([sys.executable, "-m", "jaxaot", "server", "stop"], env=env, capture_output=True)
 
 
 def _run(block: Block, cwd: Path, env: dict[str, str], n: int) -> None:

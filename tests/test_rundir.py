@@ -27,7 +27,7 @@ def _env() -> dict[str, str]:
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "jaxaot.cli.main", *args],
+        [sys.executable, "-m", "jaxaot", *args],
         cwd=cwd,
         env=_env(),
         stdout=subprocess.PIPE,

@@ -180,7 +180,7 @@ def test_two_fresh_processes_give_byte_identical_snapshots(tmp_path: Path) -> No
         cmd = [
             sys.executable,
             "-m",
-            "jaxaot.cli.main",
+            "jaxaot",
             "program=mlp",
             "program.target=snapmod:mlp",
             "stop_after=compile",
@@ -219,7 +219,7 @@ def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "jaxaot.cli.main",
+            "jaxaot",
             "-m",
             "program=axpy,mlp",
             "stop_after=lower",

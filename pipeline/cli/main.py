@@ -7,17 +7,11 @@ Errors that jaxaot raises on purpose are printed as one line on stderr with a no
 
 from __future__ import annotations
 
-import sys
-
-if __name__ == "__main__":  # `python -m jaxaot.cli.main`: a running server first, before Hydra
-    from jaxaot.cli.server import try_server
-
-    try_server(sys.argv[1:])  # exits when the server ran it; else the run happens here
-
 import logging
 import os
 import re
 import signal
+import sys
 import traceback
 from typing import Any
 

@@ -63,6 +63,7 @@ _IMPORT_ENV = re.compile(
     r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO)"
 )
 _HEADER = struct.Struct("!I")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _SERVE = "from jaxaot.cli.server import serve_forever; serve_forever()"
 
 
@@ -168,6 +169,19 @@ def run_via_server(argv: list[str]) -> int | None:
     sock = _connect()
     if sock is None:
         return None
+    group: int | None = None  # the child leads its own process group
+    pending: list[int] = []  # signals that came before the child existed
+
+    def forward(signum: int, _frame: Any) -> None:
+        # As a terminal's Ctrl-C reaches every process of an in-process run.
+        if group is None:
+            pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+    # Installed before asking, so that no Ctrl-C falls between the fork and the handler.
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     with sock:
         request = {
             "v": PROTOCOL,
@@ -183,18 +197,17 @@ def run_via_server(argv: list[str]) -> int | None:
             _send(sock, request, [0, 1, 2])
             reply, _ = _recv(sock)
         except (OSError, ValueError):
-            return None
-        if reply is None or "pid" not in reply:
-            return None  # declined (stale code, another environment): run in-process
-        group = int(reply["pid"])  # the child leads its own process group
-
-        def forward(signum: int, _frame: Any) -> None:
-            # As a terminal's Ctrl-C reaches every process of an in-process run.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, forward)
+            reply = None
+        if reply is None or "pid" not in reply:  # declined (stale code, another environment)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if pending:  # interrupted before anything ran
+                print("jaxaot: interrupted before the run started", file=sys.stderr)
+                return 128 + pending[0]
+            return None  # the caller runs in-process, nothing having happened
+        group = int(reply["pid"])
+        for signum in pending:
+            forward(signum, None)
         try:
             done, _ = _recv(sock)
         except (OSError, ValueError):
@@ -291,7 +304,10 @@ class _Server:
             for run in self.runs.values():  # other runs' descriptors: not this child's
                 os.close(run.pidfd)
                 run.conn.close()
-            os.setsid()  # its own process group: signals come from its client only
+            # Its own process group (the server sets it too, before telling the client: no race),
+            # so a client's signals reach the run and whatever the run started, nothing else.
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)
             for target, fd in enumerate(fds[:3]):
                 os.dup2(fd, target)
                 os.close(fd)
@@ -469,6 +485,8 @@ class _Server:
                 self.child(req, fds, listener)
             finally:
                 _exit_now(70)  # child() always exits; this is the line it cannot get past
+        with contextlib.suppress(OSError):  # EACCES if the child got there first (and did it)
+            os.setpgid(pid, pid)
         for fd in fds:
             os.close(fd)
         self.served += 1
