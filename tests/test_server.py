@@ -273,7 +273,12 @@ def test_what_the_server_declines(tmp_path: Path) -> None:
     from jaxaot.cli import server as srv
 
     s = srv._Server(tmp_path / "s.sock", dict(os.environ), [], lock=None)
-    req = {"v": srv.PROTOCOL, "env": dict(os.environ), "origins": srv._origins()}
+    req = {
+        "v": srv.PROTOCOL,
+        "env": dict(os.environ),
+        "origins": srv._origins(),
+        "process": srv._process(),
+    }
     assert s.declines(req) is None
     assert s.declines({**req, "v": 1}) == "protocol"
     marked = {**req, "env": {**req["env"], srv.CHILD_MARK: "1"}}
@@ -282,5 +287,63 @@ def test_what_the_server_declines(tmp_path: Path) -> None:
     assert s.declines(other) == "environment (XLA_FLAGS)"
     moved = {**req, "origins": {**req["origins"], "jax": "/elsewhere/jax/__init__.py"}}
     assert s.declines(moved) == "import path (jax)"
+    proc = req["process"]
+    assert s.declines({**req, "process": {**proc, "nice": proc["nice"] + 1}}) == "priority"
+    limits = {**proc["limits"], "RLIMIT_AS": [2**30, proc["limits"]["RLIMIT_AS"][1]]}
+    assert s.declines({**req, "process": {**proc, "limits": limits}}) == "resource limits"
+    flags = [*proc["python"][:-1], {"importtime": True}]
+    assert s.declines({**req, "process": {**proc, "python": flags}}) == "interpreter or its options"
     s.runs = dict.fromkeys(range(srv.MAX_RUNS))  # type: ignore[arg-type]
     assert s.declines(req) == f"{srv.MAX_RUNS} runs in flight"
+
+
+PROCESS_FACTS = """
+import os
+
+def f(x):
+    with open(os.environ["FACTS_OUT"], "w") as fh:
+        fh.write(f"{sorted(os.sched_getaffinity(0))} {os.getcwd()}")
+    return x + 1
+"""
+
+
+def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
+    (tmp_path / "facts_prog.py").write_text(PROCESS_FACTS)
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env.pop("JAXAOT_SERVER", None)
+    assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
+
+    def client() -> None:  # what `umask 027; taskset -c 0 jaxaot ...` gives the client
+        os.umask(0o027)
+        os.sched_setaffinity(0, {0})
+
+    try:
+        facts = {}
+        for name, run_env in (("via", env), ("direct", {**env, "JAXAOT_SERVER": "0"})):
+            out = tmp_path / f"{name}.txt"
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "jaxaot",
+                    "program.target=facts_prog:f",
+                    "program.args=[f32[2]]",
+                    "stop_after=stage_out",
+                    f"hydra.run.dir={name}",
+                ],
+                cwd=tmp_path,
+                env={**run_env, "FACTS_OUT": str(out)},
+                preexec_fn=client,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert proc.returncode == 0, proc.stderr
+            mode = stat.S_IMODE((tmp_path / name / "manifest.json").stat().st_mode)
+            facts[name] = (out.read_text(), mode)
+        assert facts["via"] == facts["direct"]
+        assert facts["via"] == (f"[0] {tmp_path}", 0o640)
+        assert (_count(env), _count(env, "declined")) == (1, 0)
+    finally:
+        _stop(env)

@@ -60,7 +60,19 @@ _PREIMPORT = ("jax", "jaxlib", "numpy", "hydra", "omegaconf", "jaxaot")
 # Variables read at import time (JAX's config defaults, XLA/TF logging, BLAS threads, Python's
 # own): a run whose values differ cannot use the server's imports.
 _IMPORT_ENV = re.compile(
-    r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO)"
+    r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO"
+    r"|LANG$|LC_)"  # the locale: stdio's encoding is decided at start-up
+)
+_LIMITS = (
+    "RLIMIT_AS",
+    "RLIMIT_DATA",
+    "RLIMIT_NOFILE",
+    "RLIMIT_STACK",
+    "RLIMIT_CORE",
+    "RLIMIT_CPU",
+    "RLIMIT_FSIZE",
+    "RLIMIT_NPROC",
+    "RLIMIT_MEMLOCK",
 )
 _HEADER = struct.Struct("!I")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -103,6 +115,23 @@ def _origins() -> dict[str, str | None]:
             spec = None
         out[name] = spec.origin if spec is not None else None
     return out
+
+
+def _process() -> dict[str, Any]:
+    """What a process has that a forked child does not take from its request's environment:
+    the interpreter and its options, resource limits and priority (compared: a run with other
+    values is declined), umask and CPU affinity (given to the child)."""
+    import resource
+
+    umask = os.umask(0)
+    os.umask(umask)
+    return {
+        "python": [sys.executable, sys.version, repr(sys.flags), sys.warnoptions, sys._xoptions],
+        "limits": {n: list(resource.getrlimit(getattr(resource, n))) for n in _LIMITS},
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "umask": umask,
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
 
 
 def _send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -192,6 +221,7 @@ def run_via_server(argv: list[str]) -> int | None:
             "path": sys.path,
             "origins": _origins(),
             "isatty": [os.isatty(fd) for fd in (0, 1, 2)],
+            "process": _process(),
         }
         try:
             _send(sock, request, [0, 1, 2])
@@ -282,6 +312,12 @@ class _Server:
             return "a run of this server"
         if len(self.runs) >= MAX_RUNS:
             return f"{len(self.runs)} runs in flight"
+        mine, proc = _process(), req.get("process") or {}
+        for what in ("python", "limits", "nice"):
+            if proc.get(what) != mine[what]:
+                return {"python": "interpreter or its options", "nice": "priority"}.get(
+                    what, "resource limits"
+                )
         theirs = _import_env(req["env"])
         if theirs != self.env:
             keys = sorted(
@@ -312,6 +348,9 @@ class _Server:
                 os.dup2(fd, target)
                 os.close(fd)
             os.chdir(req["cwd"])
+            os.umask(req["process"]["umask"])
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, req["process"]["affinity"])
             os.environ.clear()
             os.environ.update({**req["env"], **self.added, CHILD_MARK: str(os.getppid())})
             sys.path[:] = req["path"]
@@ -319,7 +358,7 @@ class _Server:
             tty = req.get("isatty", [False] * 3)
             sys.stdin = open(0, closefd=False)  # noqa: SIM115
             sys.stdout = open(1, "w", buffering=1 if tty[1] else -1, closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
