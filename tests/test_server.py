@@ -242,6 +242,15 @@ def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> No
     )
 
 
+def test_a_socket_path_too_long_is_one_line(tmp_path: Path) -> None:
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / ("d" * 100) / "server.sock"))
+    proc = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("jaxaot: error: server socket path ")
+    assert proc.stderr.rstrip().endswith("set JAXAOT_SERVER_SOCKET to a shorter path")
+    assert len(proc.stderr.splitlines()) == 1
+
+
 def test_jaxaot_server_1_starts_one_for_the_next_runs(tmp_path: Path) -> None:
     env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "auto" / "server.sock"), JAXAOT_SERVER="1")
     try:

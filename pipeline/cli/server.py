@@ -664,6 +664,13 @@ def start(wait: float = 120.0) -> int:
         print(f"jaxaot server: already running (pid {info['pid']}, {socket_path()})")
         return 0
     path = socket_path()
+    if len(os.fsencode(path.with_name(f".{path.name}.{2**22}"))) > 107:  # sun_path's 108 bytes
+        print(
+            f"jaxaot: error: server socket path {str(path)!r} is too long for a Unix socket "
+            "(at most ~95 bytes); set JAXAOT_SERVER_SOCKET to a shorter path",
+            file=sys.stderr,
+        )
+        return 2
     proc = _spawn()
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
