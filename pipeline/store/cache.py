@@ -61,7 +61,14 @@ from jaxaot.store.maintenance import (
     VerifyResult,
     parse_size,
 )
-from jaxaot.util.fsio import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
+from jaxaot.util.fsio import (
+    FILE_MODE,
+    TEMP_PREFIX,
+    canonical_json,
+    make_temp_dir,
+    trust_from_env,
+)
+from jaxaot.util.links import link_into
 
 ENV_STORE_DIR = "JAXAOT_STORE_DIR"
 DEFAULT_STORE_DIR = Path("outputs/store")
@@ -92,9 +99,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_file(dest: Path, src: bytes | Path) -> FileRecord:
-    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size."""
+    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size. A big
+    file on this file system is hard-linked instead, read-only (a run directory's executable:
+    one copy on disk, :mod:`jaxaot.util.links`), and hashed through the new name."""
     h = hashlib.sha256()
     size = 0
+    if not isinstance(src, bytes | bytearray | memoryview) and link_into(Path(src), dest):
+        with open(dest, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return FileRecord(sha256=h.hexdigest(), size=size)
     with open(dest, "xb") as out:
         if isinstance(src, bytes | bytearray | memoryview):
             data = bytes(src)
