@@ -386,7 +386,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
                 pytree_types = _register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives (issue 17).
-                exported_bytes = bytes(exported.serialize(vjp_order=cfg.lower.vjp_order))
+                exported_bytes = _serialize(exported, cfg.lower.vjp_order)
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(
@@ -424,6 +424,26 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         meta=meta,
     )
     return for_compile(ctx, record) if polymorphic else record
+
+
+def _serialize(exported: Any, vjp_order: int) -> bytearray:
+    """``exported.serialize(vjp_order)``: the same bytes, with the flatbuffer built at its
+    final size at once. jax's starts at 64 KiB and doubles, copying a module that embeds a
+    51 MB constant ten times over (issue 19); the builder's output does not depend on where
+    it started (alignment counts from the buffer's end). Derivatives (``vjp_order`` > 0) carry
+    modules of their own: jax's own call."""
+    try:
+        import flatbuffers
+        from jax._src.export import serialization  # no public sizing in jax 0.10
+
+        build = serialization._serialize_exported
+    except (ImportError, AttributeError):
+        build = None
+    if build is None or vjp_order:
+        return exported.serialize(vjp_order=vjp_order)
+    builder = flatbuffers.Builder(len(exported.mlir_module_serialized) + (1 << 16))
+    builder.Finish(build(builder, exported, vjp_order))
+    return builder.Output()
 
 
 def _has_symbolic(*trees: Any) -> bool:

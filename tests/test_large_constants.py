@@ -124,3 +124,37 @@ def test_module_digest_ignores_locations_and_names_but_not_values() -> None:
     )
     assert dg == da  # another name, another source line: the same program
     assert db != da  # one value of the captured constant differs
+
+
+def test_module_digest_is_the_sha256_of_the_whole_stripped_bytecode() -> None:
+    """The digest is hashed while the bytecode is written (no copy of the constants): the
+    same value as hashing the written bytes."""
+    import hashlib
+    import io
+
+    from jax._src.lib.mlir import ir, passmanager
+
+    lowered = jax.jit(project_a).lower(jax.ShapeDtypeStruct((4, 64), jnp.float32))
+    module = lowered.compiler_ir("stablehlo")
+    with module.context:
+        op = module.operation.clone()
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
+        op.attributes["sym_name"] = ir.StringAttr.get("main_module")
+        buf = io.BytesIO()
+        op.write_bytecode(buf)
+        op.erase()
+    assert len(buf.getvalue()) > _A.nbytes  # the constant's every byte is in what is hashed
+    assert module_text.module_digest(lowered) == hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def test_exported_bin_is_byte_for_byte_jax_serialize() -> None:
+    """exported.bin's flatbuffer is built at its final size at once: the same bytes as jax's
+    ``serialize()`` (derivatives, vjp_order > 0, go through jax's own call)."""
+    from jaxaot.stages.lower import _serialize
+
+    exported = jax.export.export(jax.jit(project_a))(jax.ShapeDtypeStruct((4, 64), jnp.float32))
+    ours = _serialize(exported, 0)
+    assert bytes(ours) == bytes(exported.serialize())
+    back = jax.export.deserialize(bytearray(ours))
+    x = jnp.ones((4, 64), jnp.float32)
+    assert np.array_equal(np.asarray(back.call(x)), np.asarray(project_a(x)))
