@@ -38,7 +38,7 @@ def make_read_only(path: Path | str, st: os.stat_result | None = None) -> None:
         os.chmod(path, mode & ~0o222, follow_symlinks=False)
 
 
-def _same_bytes(path: Path, data: bytes | memoryview) -> bool:
+def _same_bytes(path: Path, data: bytes | bytearray | memoryview) -> bool:
     view = memoryview(data)
     at = 0
     with open(path, "rb") as f:
@@ -49,7 +49,7 @@ def _same_bytes(path: Path, data: bytes | memoryview) -> bool:
     return at == len(view)
 
 
-def link_same(src: Path, dest: Path, data: bytes | memoryview) -> bool:
+def link_same(src: Path, dest: Path, data: bytes | bytearray | memoryview) -> bool:
     """Make ``dest`` a read-only hard link to ``src`` when ``src`` is a regular file holding
     exactly ``data`` (read back through the new link, so what was compared is what the name
     now holds); True when done. False leaves ``dest`` as it was: another file system, links
