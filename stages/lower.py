@@ -426,7 +426,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     return for_compile(ctx, record) if polymorphic else record
 
 
-def _serialize(exported: Any, vjp_order: int) -> bytearray:
+def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
     """``exported.serialize(vjp_order)``: the same bytes, with the flatbuffer built at its
     final size at once. jax's starts at 64 KiB and doubles, copying a module that embeds a
     51 MB constant ten times over (issue 19); the builder's output does not depend on where
@@ -443,7 +443,7 @@ def _serialize(exported: Any, vjp_order: int) -> bytearray:
         return exported.serialize(vjp_order=vjp_order)
     builder = flatbuffers.Builder(len(exported.mlir_module_serialized) + (1 << 16))
     builder.Finish(build(builder, exported, vjp_order))
-    return builder.Output()
+    return memoryview(builder.Bytes)[builder.Head() :]  # Output() without its copy
 
 
 def _has_symbolic(*trees: Any) -> bool:

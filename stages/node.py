@@ -72,7 +72,7 @@ class StageContext:
         self.extra.clear()
         self.same_as = {}
 
-    def write(self, name: str, data: bytes | bytearray | str) -> Artifact:
+    def write(self, name: str, data: bytes | bytearray | memoryview | str) -> Artifact:
         raw = data.encode() if isinstance(data, str) else data
         path = self.out_dir / name
         src = self.same_as.get(name)
