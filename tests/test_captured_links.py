@@ -120,6 +120,25 @@ def test_link_same_refuses_other_bytes_and_leaves_the_file(tmp_path: Path) -> No
     assert sorted(p.name for p in dest.parent.iterdir()) == ["dest.bin"]  # no temp left
 
 
+def test_a_link_has_the_owner_and_group_a_copy_would_have(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of another group is copied, not linked: in a team store (setgid folder) a run
+    directory's file of the user's private group would fail every teammate's trust check."""
+    src = tmp_path / "src.bin"
+    data = os.urandom(links.LINK_MIN_BYTES)
+    src.write_bytes(data)
+    (tmp_path / "entry").mkdir()
+    gid = src.stat().st_gid
+    monkeypatch.setattr(links.os, "getegid", lambda: gid + 1)  # new files here get gid + 1
+    assert not links.link_into(src, tmp_path / "entry" / "x.bin")
+    assert not links.link_same(src, tmp_path / "run" / "x.bin", data)
+    assert src.stat().st_nlink == 1 and _writable(src)
+    monkeypatch.setattr(links.os, "getegid", lambda: gid)
+    assert links.link_into(src, tmp_path / "entry" / "x.bin")
+    assert src.stat().st_nlink == 2 and not _writable(src)
+
+
 def test_a_run_resumes_from_its_own_directory_after_the_store_is_cleared(
     tmp_path: Path, isolated_store: Path
 ) -> None:

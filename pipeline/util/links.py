@@ -10,7 +10,9 @@ the entry's file into the run directory. Across file systems, or where links are
 Sharing an inode is sound because nothing writes these files in place: jaxaot writes a file
 only to a new temp name that is then renamed over the old one (:mod:`jaxaot.util.fsio`), the
 store puts and removes whole entry folders by rename and deletes them by unlinking, and a link
-is made read-only so that nobody else writes it by accident. Every reader checks sha256 against
+is made read-only so that nobody else writes it by accident, and only where a copy would have
+had the same owner and group (a team store's setgid group: issue 12), so that a link changes
+nobody's trust in a file. Every reader checks sha256 against
 its own manifest anyway (the run's ``manifest.json`` or the entry's ``entry.json``), so a file
 changed behind jaxaot's back is refused, never served; removing an entry (``jaxaot-store gc``,
 ``verify --remove``) only drops the store's name, and the run directory keeps its file.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 import uuid
 from pathlib import Path
 
@@ -38,6 +41,22 @@ def make_read_only(path: Path | str, st: os.stat_result | None = None) -> None:
         os.chmod(path, mode & ~0o222, follow_symlinks=False)
 
 
+def _group_of_new_file(folder: Path) -> int:
+    """The group a file created in ``folder`` gets: the folder's when it is setgid (a team
+    store) or on BSD-like systems, else this process's."""
+    st = os.stat(folder)
+    if st.st_mode & stat.S_ISGID or not sys.platform.startswith("linux"):
+        return st.st_gid
+    return os.getegid()
+
+
+def _as_if_created_in(st: os.stat_result, folder: Path) -> bool:
+    """True when a file with stat ``st`` has the owner and group a copy made in ``folder``
+    would have: a link must not hand a team store a file of a private group (its members
+    could not vouch for it: issue 12), nor a run directory another user's file."""
+    return st.st_uid == os.geteuid() and st.st_gid == _group_of_new_file(folder)
+
+
 def _same_bytes(path: Path, data: bytes | bytearray | memoryview) -> bool:
     view = memoryview(data)
     at = 0
@@ -53,10 +72,12 @@ def link_same(src: Path, dest: Path, data: bytes | bytearray | memoryview) -> bo
     """Make ``dest`` a read-only hard link to ``src`` when ``src`` is a regular file holding
     exactly ``data`` (read back through the new link, so what was compared is what the name
     now holds); True when done. False leaves ``dest`` as it was: another file system, links
-    refused, the bytes differ, or ``src`` is gone."""
+    refused, the bytes differ, ``src`` is gone or belongs to another owner or group."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f"{TEMP_PREFIX}{dest.name}.{uuid.uuid4().hex[:12]}"
     try:
+        if not _as_if_created_in(os.lstat(src), dest.parent):
+            return False
         os.link(src, tmp, follow_symlinks=False)
     except OSError:
         return False
@@ -82,7 +103,8 @@ def link_into(src: Path, dest: Path) -> bool:
     caller hashes ``dest`` afterwards: what it records is what the shared inode holds."""
     try:
         st = os.lstat(src)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < LINK_MIN_BYTES:
+        big = stat.S_ISREG(st.st_mode) and st.st_size >= LINK_MIN_BYTES
+        if not big or not _as_if_created_in(st, dest.parent):
             return False
         os.link(src, dest, follow_symlinks=False)
     except OSError:
