@@ -26,7 +26,7 @@ from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
-from jaxaot.util import memo
+from jaxaot.util import heap, memo
 from jaxaot.util.canonical import canonical_stablehlo
 from jaxaot.util.humanize import human_count
 
@@ -348,12 +348,20 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         mesh_context = jax.sharding.use_abstract_mesh(amesh)
     jitted = jax.jit(fn, **opts)
     scoped = scoped_metadata(cfg)
-    with mesh_context, with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated:
+    heap_tuning = contextlib.ExitStack()
+    with (
+        mesh_context,
+        with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated,
+        heap_tuning,
+    ):
         # Reuse stage_out's trace unless lowering options change the jit (then trace again).
         reuse = fn is staged.fn and opts == staged.jit_options and not annotated
         traced = staged.traced if reuse and staged.traced else jitted.trace(*staged.args, **kwargs)
         with ctx.capture_warnings():
             lowered = traced.lower(lowering_platforms=platforms)
+        # The texts and the export copy every embedded constant a dozen times: with big ones,
+        # freed buffers are kept for reuse until the stage ends (issue 19).
+        heap_tuning.enter_context(heap.reusing_big_buffers(_embeds_big_constants(lowered)))
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
         same = getattr(lowered, "_lowering", None)
@@ -444,6 +452,12 @@ def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
     builder = flatbuffers.Builder(len(exported.mlir_module_serialized) + (1 << 16))
     builder.Finish(build(builder, exported, vjp_order))
     return memoryview(builder.Bytes)[builder.Head() :]  # Output() without its copy
+
+
+def _embeds_big_constants(lowered: Any) -> bool:
+    """Whether the module's captured constants come to :data:`heap.WORTH_BYTES` or more."""
+    found = module_text.large_constants(lowered, 1024)
+    return sum(c.nbytes for c in found) >= heap.WORTH_BYTES
 
 
 def _has_symbolic(*trees: Any) -> bool:
