@@ -15,6 +15,11 @@ pickle-based executable deserializer never sees bytes whose hash was not checked
 that fails verification is a miss, logged once on ``jaxaot.store`` and removed, so the next
 put recomputes it.
 
+A put hard-links a big payload file (a run directory's executable) instead of copying it when
+both sit on one file system, read-only; a hit is linked into the run directory the same way
+(:mod:`jaxaot.util.links`). Removing an entry only drops the store's name: the disk is freed
+once no run directory links the file, and ``gc --max-size`` counts entries at their full size.
+
 The on-disk form of one entry (format version, manifest records, verification) lives in
 :mod:`jaxaot.store.entries`, and ls/stats/verify/gc in :mod:`jaxaot.store.maintenance`;
 every public name of both is importable from here.
