@@ -66,13 +66,7 @@ from jaxaot.store.maintenance import (
     VerifyResult,
     parse_size,
 )
-from jaxaot.util.fsio import (
-    FILE_MODE,
-    TEMP_PREFIX,
-    canonical_json,
-    make_temp_dir,
-    trust_from_env,
-)
+from jaxaot.util.fsio import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
 from jaxaot.util.links import link_into
 
 ENV_STORE_DIR = "JAXAOT_STORE_DIR"
