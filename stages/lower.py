@@ -455,9 +455,8 @@ def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
 
 
 def _embeds_big_constants(lowered: Any) -> bool:
-    """Whether the module's captured constants come to :data:`heap.WORTH_BYTES` or more."""
-    found = module_text.large_constants(lowered, 1024)
-    return sum(c.nbytes for c in found) >= heap.WORTH_BYTES
+    """Whether the module's captured constants are big enough to lower with the heap tuned."""
+    return heap.worth_it(sum(c.nbytes for c in module_text.large_constants(lowered, 1024)))
 
 
 def _has_symbolic(*trees: Any) -> bool:

@@ -187,8 +187,12 @@ def test_the_heap_is_tuned_while_lowering_big_constants_and_put_back_after(
     monkeypatch.setattr(heap, "_libc", lambda: fake)
     monkeypatch.setattr(heap, "WORTH_BYTES", 10 << 30)  # _A (16 KiB) is not worth it
     plain = _run(compose_run, "project_a", "store.enabled=false")
+    monkeypatch.setattr(heap, "WORTH_BYTES", 1)
+    monkeypatch.setattr(heap, "MAX_BYTES", _A.nbytes - 1)  # too big to afford
+    _run(compose_run, "project_a", "store.enabled=false", "stop_after=lower")
     assert fake.calls == []
     monkeypatch.setattr(heap, "WORTH_BYTES", _A.nbytes)
+    monkeypatch.setattr(heap, "MAX_BYTES", _A.nbytes)
     tuned = _run(compose_run, "project_a", "store.enabled=false")
     mmap, trim = heap._M_MMAP_THRESHOLD, heap._M_TRIM_THRESHOLD
     assert fake.calls == [

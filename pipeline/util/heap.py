@@ -7,7 +7,8 @@ allocation over its mmap threshold (at most 32 MiB) with fresh pages from the ke
 unmaps them at free, so each copy of a 51 MB constant first faults in 51 MB of zeroed pages:
 measured, about a third of the lower stage. Raising the mmap and trim thresholds lets such
 buffers come from the heap and be reused. Nothing a program computes changes; the process
-just keeps up to :data:`LIMIT` of freed memory while lowering, and returns it after.
+just keeps freed memory (up to a few copies of the constants) while lowering, and returns it
+after: used for constants of :data:`WORTH_BYTES` to :data:`MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ LIMIT = 1 << 30
 # Programs whose embedded constants come to less than this are left alone: glibc's own
 # adaptive threshold already reuses buffers up to 32 MiB.
 WORTH_BYTES = 32 << 20
+# ... and so are those with more than this: the heap keeps a few freed copies of the constants
+# (peak memory +~3x their size, measured +~150 MB for 51 MB), which bigger ones cannot afford.
+MAX_BYTES = 256 << 20
 
 # glibc's own values, put back afterwards: the adaptive mmap threshold's ceiling, and the
 # default trim threshold.
@@ -52,6 +56,11 @@ def _set(libc: Any, mmap: int, trim: int) -> bool:
         return False
 
 
+def worth_it(constant_bytes: int) -> bool:
+    """Whether a module embedding this many bytes of constants lowers with the heap tuned."""
+    return WORTH_BYTES <= constant_bytes <= MAX_BYTES
+
+
 @contextlib.contextmanager
 def reusing_big_buffers(enabled: bool = True) -> Iterator[bool]:
     """Inside, glibc keeps freed buffers up to :data:`LIMIT` for reuse; on leaving, its own
@@ -74,4 +83,4 @@ def reusing_big_buffers(enabled: bool = True) -> Iterator[bool]:
                 libc.malloc_trim(0)
 
 
-__all__ = ["LIMIT", "WORTH_BYTES", "reusing_big_buffers"]
+__all__ = ["LIMIT", "MAX_BYTES", "WORTH_BYTES", "reusing_big_buffers", "worth_it"]
