@@ -26,7 +26,7 @@ from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
-from jaxaot.util import memo
+from jaxaot.util import heap, memo
 from jaxaot.util.canonical import canonical_stablehlo
 from jaxaot.util.humanize import human_count
 
@@ -348,12 +348,20 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         mesh_context = jax.sharding.use_abstract_mesh(amesh)
     jitted = jax.jit(fn, **opts)
     scoped = scoped_metadata(cfg)
-    with mesh_context, with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated:
+    heap_tuning = contextlib.ExitStack()
+    with (
+        mesh_context,
+        with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated,
+        heap_tuning,
+    ):
         # Reuse stage_out's trace unless lowering options change the jit (then trace again).
         reuse = fn is staged.fn and opts == staged.jit_options and not annotated
         traced = staged.traced if reuse and staged.traced else jitted.trace(*staged.args, **kwargs)
         with ctx.capture_warnings():
             lowered = traced.lower(lowering_platforms=platforms)
+        # The texts and the export copy every embedded constant a dozen times: with big ones,
+        # freed buffers are kept for reuse until the stage ends (issue 19).
+        heap_tuning.enter_context(heap.reusing_big_buffers(_embeds_big_constants(lowered)))
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
         same = getattr(lowered, "_lowering", None)
@@ -386,7 +394,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
                 pytree_types = _register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives (issue 17).
-                exported_bytes = bytes(exported.serialize(vjp_order=cfg.lower.vjp_order))
+                exported_bytes = _serialize(exported, cfg.lower.vjp_order)
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(
@@ -424,6 +432,31 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         meta=meta,
     )
     return for_compile(ctx, record) if polymorphic else record
+
+
+def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
+    """``exported.serialize(vjp_order)``: the same bytes, with the flatbuffer built at its
+    final size at once. jax's starts at 64 KiB and doubles, copying a module that embeds a
+    51 MB constant ten times over (issue 19); the builder's output does not depend on where
+    it started (alignment counts from the buffer's end). Derivatives (``vjp_order`` > 0) carry
+    modules of their own: jax's own call."""
+    try:
+        import flatbuffers
+        from jax._src.export import serialization  # no public sizing in jax 0.10
+
+        build = serialization._serialize_exported
+    except (ImportError, AttributeError):
+        build = None
+    if build is None or vjp_order:
+        return exported.serialize(vjp_order=vjp_order)
+    builder = flatbuffers.Builder(len(exported.mlir_module_serialized) + (1 << 16))
+    builder.Finish(build(builder, exported, vjp_order))
+    return memoryview(builder.Bytes)[builder.Head() :]  # Output() without its copy
+
+
+def _embeds_big_constants(lowered: Any) -> bool:
+    """Whether the module's captured constants are big enough to lower with the heap tuned."""
+    return heap.worth_it(sum(c.nbytes for c in module_text.large_constants(lowered, 1024)))
 
 
 def _has_symbolic(*trees: Any) -> bool:

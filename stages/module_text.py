@@ -12,6 +12,7 @@ therefore never share a compile key, however the texts print.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 from dataclasses import dataclass
@@ -49,6 +50,24 @@ def stablehlo_text(lowered: Any, elide_over: int | None, debug: bool = False) ->
     )
 
 
+class _HashingSink(io.RawIOBase):
+    """A write-only file that keeps only the sha256 of what is written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hash = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._hash.update(data)
+        return memoryview(data).nbytes
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
 def module_digest(lowered: Any) -> str:
     """sha256 of the module's bytecode without locations or module name: what is compiled.
 
@@ -66,11 +85,11 @@ def module_digest(lowered: Any) -> str:
             try:
                 passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
                 op.attributes["sym_name"] = ir.StringAttr.get("main_module")
-                buf = io.BytesIO()
-                op.write_bytecode(buf)
+                sink = _HashingSink()
+                op.write_bytecode(sink)  # hashed as it is written: no copy of the constants
             finally:
                 op.erase()
-        return sha256_bytes(buf.getvalue())
+        return sink.hexdigest()
     except Exception:  # an MLIR binding without these APIs: hash the whole canonical text
         return sha256_bytes(canonical_stablehlo(str(lowered.as_text())).encode())
 

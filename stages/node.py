@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.util.fsio import atomic_write_bytes
+from jaxaot.util.fsio import atomic_write_bytes, sha256_bytes
+from jaxaot.util.links import LINK_MIN_BYTES, link_same
 
 if TYPE_CHECKING:
     from jaxaot.config.argspec import BoundArgs
@@ -60,16 +61,25 @@ class StageContext:
     # Set by the runner: a stage calls it with an early record (lower: the module exists, the
     # export does not yet) so that a consumer's Node.begin can start on it (compile-ahead).
     publish_early: Callable[[Any], None] | None = None
+    # Set by the runner while a store hit loads: file name -> the entry's verified file. A big
+    # artifact with exactly those bytes is hard-linked from there, not copied (issue 19).
+    same_as: dict[str, Path] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget what a load that failed half-way wrote, before computing instead."""
         self.artifacts.clear()
         self.metrics.clear()
         self.extra.clear()
+        self.same_as = {}
 
-    def write(self, name: str, data: bytes | str) -> Artifact:
+    def write(self, name: str, data: bytes | bytearray | memoryview | str) -> Artifact:
         raw = data.encode() if isinstance(data, str) else data
         path = self.out_dir / name
+        src = self.same_as.get(name)
+        if src is not None and len(raw) >= LINK_MIN_BYTES and link_same(src, path, raw):
+            art = Artifact(path=path, sha256=sha256_bytes(raw), size=len(raw))
+            self.artifacts[name] = art
+            return art
         digest = atomic_write_bytes(path, raw)
         art = Artifact(path=path, sha256=digest, size=len(raw))
         self.artifacts[name] = art

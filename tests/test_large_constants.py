@@ -124,3 +124,111 @@ def test_module_digest_ignores_locations_and_names_but_not_values() -> None:
     )
     assert dg == da  # another name, another source line: the same program
     assert db != da  # one value of the captured constant differs
+
+
+def test_module_digest_is_the_sha256_of_the_whole_stripped_bytecode() -> None:
+    """The digest is hashed while the bytecode is written (no copy of the constants): the
+    same value as hashing the written bytes."""
+    import hashlib
+    import io
+
+    from jax._src.lib.mlir import ir, passmanager
+
+    lowered = jax.jit(project_a).lower(jax.ShapeDtypeStruct((4, 64), jnp.float32))
+    module = lowered.compiler_ir("stablehlo")
+    with module.context:
+        op = module.operation.clone()
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
+        op.attributes["sym_name"] = ir.StringAttr.get("main_module")
+        buf = io.BytesIO()
+        op.write_bytecode(buf)
+        op.erase()
+    assert len(buf.getvalue()) > _A.nbytes  # the constant's every byte is in what is hashed
+    assert module_text.module_digest(lowered) == hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def test_exported_bin_is_byte_for_byte_jax_serialize() -> None:
+    """exported.bin's flatbuffer is built at its final size at once: the same bytes as jax's
+    ``serialize()`` (derivatives, vjp_order > 0, go through jax's own call)."""
+    from jaxaot.stages.lower import _serialize
+
+    exported = jax.export.export(jax.jit(project_a))(jax.ShapeDtypeStruct((4, 64), jnp.float32))
+    ours = _serialize(exported, 0)
+    assert bytes(ours) == bytes(exported.serialize())
+    back = jax.export.deserialize(bytearray(ours))
+    x = jnp.ones((4, 64), jnp.float32)
+    assert np.array_equal(np.asarray(back.call(x)), np.asarray(project_a(x)))
+
+
+class _FakeLibc:
+    """Records mallopt/malloc_trim calls instead of changing this process's heap."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append(("mallopt", param, value))
+        return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        self.calls.append(("malloc_trim", pad, 0))
+        return 1
+
+
+def test_the_heap_is_tuned_while_lowering_big_constants_and_put_back_after(
+    compose_run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program whose constants reach heap.WORTH_BYTES lowers with glibc's thresholds raised,
+    put back (and the kept memory trimmed) when the stage ends; every artifact and output is
+    byte for byte what an untuned run writes."""
+    from jaxaot.util import heap
+
+    fake = _FakeLibc()
+    monkeypatch.setattr(heap, "_libc", lambda: fake)
+    monkeypatch.setattr(heap, "WORTH_BYTES", 10 << 30)  # _A (16 KiB) is not worth it
+    plain = _run(compose_run, "project_a", "store.enabled=false")
+    monkeypatch.setattr(heap, "WORTH_BYTES", 1)
+    monkeypatch.setattr(heap, "MAX_BYTES", _A.nbytes - 1)  # too big to afford
+    _run(compose_run, "project_a", "store.enabled=false", "stop_after=lower")
+    assert fake.calls == []
+    monkeypatch.setattr(heap, "WORTH_BYTES", _A.nbytes)
+    monkeypatch.setattr(heap, "MAX_BYTES", _A.nbytes)
+    tuned = _run(compose_run, "project_a", "store.enabled=false")
+    mmap, trim = heap._M_MMAP_THRESHOLD, heap._M_TRIM_THRESHOLD
+    assert fake.calls == [
+        ("mallopt", mmap, heap.LIMIT),
+        ("mallopt", trim, heap.LIMIT),
+        ("mallopt", mmap, heap._MMAP_DEFAULT),
+        ("mallopt", trim, heap._TRIM_DEFAULT),
+        ("malloc_trim", 0, 0),
+    ]
+    assert not heap._active
+    for rel in ("lower/exported.bin", "lower/module.stablehlo.mlir", "lower/module.hlo.txt"):
+        assert (Path(tuned.run_dir) / rel).read_bytes() == (Path(plain.run_dir) / rel).read_bytes()
+    assert _out(tuned).tobytes() == _out(plain).tobytes()
+
+
+def test_heap_tuning_nests_and_is_skipped_where_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxaot.util import heap
+
+    fake = _FakeLibc()
+    monkeypatch.setattr(heap, "_libc", lambda: fake)
+    with heap.reusing_big_buffers(False) as tuned:
+        assert tuned is False and fake.calls == []
+    with heap.reusing_big_buffers() as outer:
+        with heap.reusing_big_buffers() as inner:
+            assert outer and inner and len(fake.calls) == 2  # set once, by the outer
+        assert len(fake.calls) == 2 and heap._active
+    assert len(fake.calls) == 5 and not heap._active
+    monkeypatch.setattr(heap, "_libc", lambda: None)  # not glibc (macOS, musl)
+    with heap.reusing_big_buffers() as tuned:
+        assert tuned is False
+
+
+def test_heap_tuning_works_on_this_c_library() -> None:
+    from jaxaot.util import heap
+
+    glibc = heap._libc() is not None
+    with heap.reusing_big_buffers() as tuned:
+        assert tuned is glibc
+    assert not heap._active

@@ -425,6 +425,7 @@ class _Runner:
         if entry is not None and node.load is not None:
             t0 = time.perf_counter()
             stored = Entry(label=label, read=entry.read_bytes, compat=entry.compat, source="store")
+            ctx.same_as = {name: entry.path(name) for name in entry.files}  # one copy on disk
             try:
                 record = node.load(ctx, up, stored, keyed)
             except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)

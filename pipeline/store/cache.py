@@ -15,6 +15,11 @@ pickle-based executable deserializer never sees bytes whose hash was not checked
 that fails verification is a miss, logged once on ``jaxaot.store`` and removed, so the next
 put recomputes it.
 
+A put hard-links a big payload file (a run directory's executable) instead of copying it when
+both sit on one file system, read-only; a hit is linked into the run directory the same way
+(:mod:`jaxaot.util.links`). Removing an entry only drops the store's name: the disk is freed
+once no run directory links the file, and ``gc --max-size`` counts entries at their full size.
+
 The on-disk form of one entry (format version, manifest records, verification) lives in
 :mod:`jaxaot.store.entries`, and ls/stats/verify/gc in :mod:`jaxaot.store.maintenance`;
 every public name of both is importable from here.
@@ -62,6 +67,7 @@ from jaxaot.store.maintenance import (
     parse_size,
 )
 from jaxaot.util.fsio import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
+from jaxaot.util.links import link_into
 
 ENV_STORE_DIR = "JAXAOT_STORE_DIR"
 DEFAULT_STORE_DIR = Path("outputs/store")
@@ -92,9 +98,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_file(dest: Path, src: bytes | Path) -> FileRecord:
-    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size."""
+    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size. A big
+    file on this file system is hard-linked instead, read-only (a run directory's executable:
+    one copy on disk, :mod:`jaxaot.util.links`), and hashed through the new name."""
     h = hashlib.sha256()
     size = 0
+    if not isinstance(src, bytes | bytearray | memoryview) and link_into(Path(src), dest):
+        with open(dest, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return FileRecord(sha256=h.hexdigest(), size=size)
     with open(dest, "xb") as out:
         if isinstance(src, bytes | bytearray | memoryview):
             data = bytes(src)

@@ -27,7 +27,7 @@ FILE_MODE = 0o666
 DIR_MODE = 0o777
 
 
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -86,7 +86,7 @@ def make_temp_dir(parent: Path, prefix: str) -> Path:
     raise FileExistsError(f"no free temp folder name in {parent}")  # pragma: no cover
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> str:
+def atomic_write_bytes(path: Path, data: bytes | bytearray | memoryview) -> str:
     """Write ``data`` to ``path`` atomically and return its sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
