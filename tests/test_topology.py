@@ -364,6 +364,42 @@ def test_hbm_rejection_is_a_verdict(tmp_path: Path) -> None:
     assert manifest["stages"]["compile"]["metrics"]["hbm_bytes_needed"] > 16 * GiB
 
 
+def test_hbm_rejection_of_a_compile_begun_ahead_is_a_verdict(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a mesh the compile starts ahead, on the runner's worker thread (the live lowering):
+    XLA's refusal is still the stage's verdict, and libtpu says nothing while it compiles."""
+    import threading
+
+    calls: list[tuple[bool, str]] = []
+    compile_for = topology.compile_for
+
+    def spy(lowered: Any, target: Any, options: Any, live: Any = None) -> Any:
+        calls.append((live is not None, threading.current_thread().name))
+        return compile_for(lowered, target, options, live)
+
+    monkeypatch.setattr(topology, "compile_for", spy)
+    capfd.readouterr()
+    with pytest.raises(DoesNotFit, match=r"^does not fit: needs [\d.]+ GiB of 15.75 GiB") as info:
+        _run(
+            tmp_path,
+            f"program.target={HERE}:big_sort",
+            "program.args=[f32[16384,16384]]",
+            "mesh.shape=[4]",
+            "mesh.axes=[data]",
+            "lower.in_shardings=[[data,null]]",
+            "compile.topology=v5e:2x2",
+        )
+    assert info.value.fit["source"] == "xla" and info.value.fit["hbm_bytes_needed"] > 16 * GiB
+    manifest = _json(next(tmp_path.glob("run*")), "manifest.json")
+    assert manifest["stages"]["lower"]["status"] == "ran"
+    assert manifest["stages"]["compile"]["status"] == "does_not_fit"
+    assert len(calls) == 1 and calls[0][0] and calls[0][1].startswith("jaxaot-ahead")
+    out, err = capfd.readouterr()
+    for noise in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle", "libtpu"):
+        assert noise not in out + err
+
+
 def test_arguments_count_against_hbm(tmp_path: Path) -> None:
     # 16 GiB of bf16 arguments and no temporaries: XLA refuses it too (it counts arguments).
     with pytest.raises(DoesNotFit, match=r"needs 16.0 GiB of 15.75 GiB"):
