@@ -52,7 +52,8 @@ def rebound(live: Any, client: Any) -> Any | None:
     """``live`` (a ``jax.stages.Lowered`` made in this process, for another platform, against an
     ``AbstractMesh``) compiling on ``client`` (a topology's compile-only client) instead of this
     host's backend; None for a lowering bound to this host's devices (no mesh: JAX placed it on
-    the default device), or where this jax lays its lowerings out otherwise.
+    the default device), one with constants hoisted to arguments, or where this jax lays its
+    lowerings out otherwise.
 
     An AbstractMesh lowering names no devices: JAX binds it to the default backend's client
     only to compile it, and ``compile(device_assignment=)`` takes any devices of that client.
@@ -72,6 +73,8 @@ def rebound(live: Any, client: Any) -> Any | None:
             return None
         if comp._device_list is not None:  # bound to this host's devices (no AbstractMesh)
             return None
+        if comp.const_args:  # constants hoisted to arguments (jax_use_simplified_jaxpr_
+            return None  # constants): jax 0.10 cannot serialize that executable; the export can
         rebound_comp = copy.copy(comp)
         rebound_comp.compile_args = {**args, "backend": client}
         rebound_comp._executable = None  # a copy must not share the CPU lowering's cache

@@ -330,6 +330,28 @@ def test_the_live_compile_is_plain_jaxs_and_agrees_with_the_export_path(tmp_path
     assert off.manifest["fit"] == hit.manifest["fit"] == live.manifest["fit"]
 
 
+def test_rebinding_refuses_what_it_cannot_compile_elsewhere() -> None:
+    """Only a lowering against an AbstractMesh, with no hoisted constants (an executable jax
+    0.10 cannot serialize), in the layout jax 0.10 gives it, is rebound; the rest goes through
+    the export. The original is never changed."""
+    from types import SimpleNamespace
+
+    from jaxaot.stages.executable import rebound
+
+    def lowering(**over: Any) -> Any:
+        comp = {"compile_args": {"backend": "cpu"}, "_device_list": None, "const_args": []}
+        return SimpleNamespace(_lowering=SimpleNamespace(**(comp | over)))
+
+    live = lowering()
+    out = rebound(live, "tpu client")
+    assert out is not None and out._lowering.compile_args == {"backend": "tpu client"}
+    assert live._lowering.compile_args == {"backend": "cpu"}
+    assert rebound(lowering(_device_list=["cpu:0"]), "tpu client") is None
+    assert rebound(lowering(const_args=[1.0]), "tpu client") is None
+    assert rebound(lowering(compile_args={}), "tpu client") is None
+    assert rebound(SimpleNamespace(), "tpu client") is None
+
+
 def test_multi_slice(tmp_path: Path) -> None:
     r = _run(
         tmp_path,
