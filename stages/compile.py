@@ -92,7 +92,8 @@ class Target:
 
     ``form`` is ``lowered`` (the program's own lowering, compiled as is) or ``exported``
     (``jax.jit(exported.call)`` lowered for one platform: a resumed run, or a multi-platform
-    lowering). ``module_sha256`` identifies what is compiled: the canonical module text of the
+    lowering); for ``compile.topology``, ``topology-lowered`` (the program's own lowering on
+    the topology's devices) or ``topology`` (through the export). ``module_sha256`` identifies what is compiled: the canonical module text of the
     live lowering, or the sha256 of the serialized export (``exported.bin``'s very bytes, never
     a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
     a store hit needs just the hash and the convention.
@@ -166,21 +167,30 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     lowering when there is one for exactly this platform, else the export."""
     import jax
 
-    if cfg.topology:  # issue 15: through the export, onto libtpu's compile-only devices
+    if cfg.topology:  # issue 15: onto libtpu's compile-only devices
         from jaxaot.stages import topology
 
-        job = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
-        exp = lowered.export()
+        plan = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
 
         def no_lowering() -> Any:
             raise AssertionError("a topology compile is its compile_job")
 
+        if plan.live:  # the live lowering itself: keyed like the lowered form, on the topology
+            assert lowered.lowered is not None
+            return Target(
+                form="topology-lowered",
+                module_sha256=lowered.module_sha256,
+                convention=convention_of(lowered.lowered),
+                lower=no_lowering,
+                compile_job=plan.job,
+            )
+        exp = lowered.export()
         return Target(
             form="topology",
             module_sha256=sha256_bytes(bytes(exp.serialize())),
             convention=export_conventions(lowered)[1],
             lower=no_lowering,
-            compile_job=job,
+            compile_job=plan.job,
         )
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)

@@ -1,6 +1,7 @@
 """What every executable gets, whichever stage compiled it (compile or topology):
 ``jax.jit(exported.call)`` lowered for a platform (resumed, multi-platform and topology
-compiles), XLA's cost and memory analysis as metrics, and the serialized executable."""
+compiles), a live lowering rebound to another client's devices (topology compiles), XLA's cost
+and memory analysis as metrics, and the serialized executable."""
 
 from __future__ import annotations
 
@@ -45,6 +46,43 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
     jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
     return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+
+
+def rebound(live: Any, client: Any) -> Any | None:
+    """``live`` (a ``jax.stages.Lowered`` made in this process, for another platform, against an
+    ``AbstractMesh``) compiling on ``client`` (a topology's compile-only client) instead of this
+    host's backend; None for a lowering bound to this host's devices (no mesh: JAX placed it on
+    the default device), one with constants hoisted to arguments, or where this jax lays its
+    lowerings out otherwise.
+
+    An AbstractMesh lowering names no devices: JAX binds it to the default backend's client
+    only to compile it, and ``compile(device_assignment=)`` takes any devices of that client.
+    Rebound, it is the module, shardings and calling convention a plain
+    ``jit(f).lower(...).compile()`` over the topology's mesh compiles (tests/test_topology.py
+    checks the optimized HLO equal), without lowering the program again through its export
+    (issue 15). jax 0.10 has no public way to say which client compiles a lowering: the copy
+    replaces ``compile_args["backend"]`` of the private ``MeshComputation``, and never touches
+    ``live`` itself.
+    """
+    import copy
+
+    try:
+        comp = live._lowering
+        args = comp.compile_args
+        if not isinstance(args, dict) or "backend" not in args:
+            return None
+        if comp._device_list is not None:  # bound to this host's devices (no AbstractMesh)
+            return None
+        if comp.const_args:  # constants hoisted to arguments (jax_use_simplified_jaxpr_
+            return None  # constants): jax 0.10 cannot serialize that executable; the export can
+        rebound_comp = copy.copy(comp)
+        rebound_comp.compile_args = {**args, "backend": client}
+        rebound_comp._executable = None  # a copy must not share the CPU lowering's cache
+        out = copy.copy(live)
+        out._lowering = rebound_comp
+    except AttributeError:
+        return None
+    return out
 
 
 def cost_of(compiled: Any) -> dict[str, float] | None:
@@ -127,6 +165,7 @@ __all__ = [
     "export_lowering",
     "memory_of",
     "mesh_metrics",
+    "rebound",
     "serialize",
     "stage_metrics",
     "write_analysis",

@@ -2,9 +2,12 @@
 
 With ``compile.topology`` (and libtpu installed) the program compiles on this host for libtpu's
 compile-only devices of that topology: the real TPU-optimized HLO, per-device memory and cost
-analysis, and a serializable executable. The mesh is laid over the topology's devices; the
-compile goes through the lowering's ``jax.export`` (its shardings rebound to those devices),
-since the live lowering is bound to this host's backend.
+analysis, and a serializable executable. The mesh is laid over the topology's devices. A
+program lowered in this run for TPU alone compiles as it was lowered, rebound to the topology's
+client (:func:`live_lowering`): one lowering, as a plain ``jit(f).lower(...).compile()`` has,
+and the compile starts ahead, while the lower stage still exports and writes. Any other (a
+resumed lowering, several platforms, NVIDIA targets) compiles through the lowering's
+``jax.export``, its shardings rebound to those devices.
 
 On top of what any compile writes, ``compiled.json`` (and the stage's metrics) carry the
 **fit verdict** (HBM needed per device vs what XLA allows on the generation), the collectives
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
@@ -88,15 +92,47 @@ def _hybrid(mesh: MeshSpec, devs: list[Any], num_slices: int) -> Any:
     return jax.sharding.Mesh(grid, mesh.axes, axis_types=axis_types(mesh))
 
 
-def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> Any:
-    """The lowering's export compiled for ``target``'s compile-only devices."""
+def _placement(lowered: Lowered, target: Target) -> tuple[Any, tuple[Any, ...]]:
+    """(the concrete mesh over the topology's devices or None, the devices the program is
+    compiled for in the mesh's order: its device assignment)."""
     devs = topology_devices(target)
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
-    on_mesh = None
-    if mesh is not None and mesh.size > 1:
-        on_mesh = (
-            _mesh(mesh, devs) if target.num_slices == 1 else _hybrid(mesh, devs, target.num_slices)
-        )
+    if mesh is None or mesh.size <= 1:
+        return None, (devs[0],)
+    on_mesh = (
+        _mesh(mesh, devs) if target.num_slices == 1 else _hybrid(mesh, devs, target.num_slices)
+    )
+    return on_mesh, tuple(on_mesh.devices.flat)
+
+
+def live_lowering(lowered: Lowered, target: Target) -> Any | None:
+    """The program's own lowering, rebound to the topology's compile-only client, when the
+    compile can take it as is (what a plain ``jit(f).lower(...).compile()`` over the topology's
+    mesh compiles: one lowering, and the compile can start before the export exists); None
+    where it goes through the export: a resumed or polymorphic lowering (no live one), one
+    for several platforms, NVIDIA targets (issue 16), or a jax whose lowerings this cannot
+    rebind."""
+    from jaxaot.stages.executable import rebound
+
+    platform = target.generation.platform
+    if platform != "tpu" or lowered.lowered is None or lowered.state not in ("early", "live"):
+        return None
+    if lowered.platforms != (platform,):
+        return None
+    _, assignment = _placement(lowered, target)
+    if int(lowered.meta.get("nr_devices") or 1) != len(assignment):
+        return None
+    return rebound(lowered.lowered, assignment[0].client)
+
+
+def compile_for(lowered: Lowered, target: Target, options: dict[str, Any], live: Any = None) -> Any:
+    """``live`` (from :func:`live_lowering`) or else the lowering's export compiled for
+    ``target``'s compile-only devices."""
+    on_mesh, assignment = _placement(lowered, target)
+    if live is not None:
+        # libtpu's start-up noise is behind it (topology_devices): nothing to hide on fd 2,
+        # which this may hold while the lower stage still writes, on the compile-ahead thread.
+        return live.compile(compiler_options=options or None, device_assignment=assignment)
     platform = target.generation.platform
     if platform == "cuda":  # ptxas/libdevice of the plugin's CUDA major, this compile only
         from jaxaot.targets.cuda import compile_options
@@ -104,13 +140,23 @@ def compile_for(lowered: Lowered, target: Target, options: dict[str, Any]) -> An
         options = compile_options(options)
     with quiet_libtpu():
         export = export_lowering(
-            lowered, platform, mesh=on_mesh, device=devs[0] if on_mesh is None else None
+            lowered, platform, mesh=on_mesh, device=assignment[0] if on_mesh is None else None
         )
         return export.compile(compiler_options=options or None)
 
 
-def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
-    """Like ``jaxaot.stages.compile.start`` for a topology: check, then return the compile to run."""
+@dataclass(frozen=True)
+class Plan:
+    """How a topology compile goes: the job to run (on the compile-ahead thread or in the
+    compile stage), and whether it compiles the live lowering (else the export): what the
+    compile key must name."""
+
+    job: Callable[[], Any]
+    live: bool
+
+
+def start(cfg: Any, lowered: Lowered) -> Plan:
+    """Like ``jaxaot.stages.compile.start`` for a topology: check, then plan the compile."""
     target = target_of(cfg)
     platform = target.generation.platform
     if platform not in lowered.platforms:
@@ -118,27 +164,28 @@ def start(cfg: Any, lowered: Lowered) -> Callable[[], Any]:
             f"compile.topology={cfg.topology}: the program was lowered for "
             f"{list(lowered.platforms)}; expected {platform} among lower.platforms"
         )
-    if lowered.exported is None:
-        # Also the runner's compile-ahead, before the export exists: it leaves the compile to
-        # the compile stage, which has the export.
+    topology_devices(target)  # a clear error without libtpu, before the worker thread
+    live = live_lowering(lowered, target)
+    if live is None and lowered.exported is None:
+        # Also the runner's compile-ahead of a lowering that compiles through its export,
+        # before the export exists: it leaves the compile to the compile stage, which has it.
         raise StageError(
             "compile",
             f"compile.topology={cfg.topology} compiles through the lowering's jax.export, and "
             "there is none (see lower's warnings)",
         )
-    topology_devices(target)  # a clear error without libtpu, before the worker thread
     options = dict(cfg.compiler_options)
 
     def compile_now() -> Any:
         try:
-            return compile_for(lowered, target, options)
+            return compile_for(lowered, target, options, live)
         except Exception as exc:
             verdict = rejected_for_hbm(exc, target)
             if verdict is None:
                 raise
             raise verdict from None
 
-    return compile_now
+    return Plan(job=compile_now, live=live is not None)
 
 
 def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
@@ -407,12 +454,14 @@ def topology_summary(m: Mapping[str, Any]) -> list[str]:
 __all__ = [
     "COLLECTIVES",
     "EXECUTE_NOTE",
+    "Plan",
     "analysis",
     "check_resume",
     "collectives",
     "compile_for",
     "does_not_fit_message",
     "fit_of",
+    "live_lowering",
     "load",
     "metrics",
     "needed_bytes",

@@ -231,6 +231,127 @@ def test_a_mesh_lies_over_the_topology_and_collectives_are_counted(tmp_path: Pat
     assert shard["inputs"][0]["shard_shape"] == [32, 64]
 
 
+_MATMUL_ON_2X2 = (
+    f"program.target={HERE}:matmul",
+    "program.args=[f32[64,128],f32[128,32]]",
+    "mesh.shape=[2,2]",
+    "mesh.axes=[data,model]",
+    "compile.topology=v5e:2x2",
+    "lower.in_shardings=[[data,model],[model,null]]",
+)
+
+
+def _without_source_info(hlo: str) -> str:
+    """Optimized HLO less what says where the program's source lines are (its call stacks
+    differ between a jaxaot run and a test calling jax.jit itself)."""
+    import re
+
+    hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
+    kept, skipping = [], False
+    for line in hlo.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            skipping = True
+        elif skipping and not line:
+            skipping = False
+        elif not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def test_the_live_compile_is_plain_jaxs_and_agrees_with_the_export_path(tmp_path: Path) -> None:
+    """A program lowered here for TPU compiles its own lowering on the topology's devices
+    (ahead, while lower still exports): the executable a plain jit(...).lower(...).compile()
+    over the topology's mesh gives, and the verdict the export path (a resumed run) gives."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from jaxaot.stages.executable import cost_of, memory_of
+
+    live = _run(tmp_path, *_MATMUL_ON_2X2)
+    stage = live.manifest["stages"]["compile"]
+    assert stage["status"] == "ran" and "overlapped_seconds" in stage  # begun ahead
+    rd = live.run_dir
+    hlo = (rd / "compile" / "optimized.hlo.txt").read_text()
+
+    target = resolve("v5e:2x2")
+    with accelerators.quiet_libtpu():
+        topo = topologies.get_topology_desc(
+            platform="tpu", topology_name="v5e:2x2", chip_config_name=target.generation.chip_config
+        )
+    mesh = topologies.make_mesh(topo, (2, 2), ("data", "model"))
+    x = jax.ShapeDtypeStruct(
+        (64, 128), jnp.float32, sharding=NamedSharding(mesh, P("data", "model"))
+    )
+    w = jax.ShapeDtypeStruct((128, 32), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
+    plain = jax.jit(matmul).lower(x, w).compile()
+    assert hlo.startswith("HloModule jit_matmul,")
+    assert _without_source_info(hlo) == _without_source_info(plain.as_text())
+    assert _json(rd, "compile/memory_analysis.json") == memory_of(plain)
+    assert _json(rd, "compile/cost_analysis.json") == cost_of(plain)
+
+    # The export path (a resumed lowering has no live one): another key, the same verdict.
+    cfg = jaxaot.compose([*_MATMUL_ON_2X2, f"resume_from={rd}", "start_at=compile"])
+    resumed = jaxaot.run(cfg, run_dir=tmp_path / "resumed", overrides=[])
+    r_stage = resumed.manifest["stages"]["compile"]
+    assert [resumed.manifest["stages"][s]["status"] for s in ("lower", "compile")] == [
+        "resumed",
+        "ran",
+    ]
+    assert "overlapped_seconds" not in r_stage and r_stage["key"] != stage["key"]
+    info, r_info = (
+        _json(rd, "compile/compiled.json"),
+        _json(resumed.run_dir, "compile/compiled.json"),
+    )
+    assert info["fit"]["fits"] is True and info["fit"] == r_info["fit"]
+    assert info["collectives"] == r_info["collectives"] and info["roofline"] == r_info["roofline"]
+    assert _json(rd, "compile/memory_analysis.json") == _json(
+        resumed.run_dir, "compile/memory_analysis.json"
+    )
+
+    # Store off and a store hit: the same artifacts, byte for byte.
+    off = _run(tmp_path, *_MATMUL_ON_2X2, "store.enabled=false", name="off")
+    hit = _run(tmp_path, *_MATMUL_ON_2X2, name="hit")
+    assert hit.manifest["stages"]["compile"]["status"] == "cached"
+    assert hit.manifest["stages"]["compile"]["key"] == stage["key"]
+    for other in (off, hit):
+        for name in (
+            "optimized.hlo.txt",
+            "memory_analysis.json",
+            "cost_analysis.json",
+            "compiled.json",
+            "shardings.json",
+            "executable.bin",
+        ):
+            assert (other.run_dir / "compile" / name).read_bytes() == (
+                rd / "compile" / name
+            ).read_bytes(), name
+    assert off.manifest["fit"] == hit.manifest["fit"] == live.manifest["fit"]
+
+
+def test_rebinding_refuses_what_it_cannot_compile_elsewhere() -> None:
+    """Only a lowering against an AbstractMesh, with no hoisted constants (an executable jax
+    0.10 cannot serialize), in the layout jax 0.10 gives it, is rebound; the rest goes through
+    the export. The original is never changed."""
+    from types import SimpleNamespace
+
+    from jaxaot.stages.executable import rebound
+
+    def lowering(**over: Any) -> Any:
+        comp = {"compile_args": {"backend": "cpu"}, "_device_list": None, "const_args": []}
+        return SimpleNamespace(_lowering=SimpleNamespace(**(comp | over)))
+
+    live = lowering()
+    out = rebound(live, "tpu client")
+    assert out is not None and out._lowering.compile_args == {"backend": "tpu client"}
+    assert live._lowering.compile_args == {"backend": "cpu"}
+    assert rebound(lowering(_device_list=["cpu:0"]), "tpu client") is None
+    assert rebound(lowering(const_args=[1.0]), "tpu client") is None
+    assert rebound(lowering(compile_args={}), "tpu client") is None
+    assert rebound(SimpleNamespace(), "tpu client") is None
+
+
 def test_multi_slice(tmp_path: Path) -> None:
     r = _run(
         tmp_path,
@@ -263,6 +384,42 @@ def test_hbm_rejection_is_a_verdict(tmp_path: Path) -> None:
     assert manifest["status"] == "does_not_fit" and manifest["fit"]["fits"] is False
     assert manifest["stages"]["compile"]["status"] == "does_not_fit"
     assert manifest["stages"]["compile"]["metrics"]["hbm_bytes_needed"] > 16 * GiB
+
+
+def test_hbm_rejection_of_a_compile_begun_ahead_is_a_verdict(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a mesh the compile starts ahead, on the runner's worker thread (the live lowering):
+    XLA's refusal is still the stage's verdict, and libtpu says nothing while it compiles."""
+    import threading
+
+    calls: list[tuple[bool, str]] = []
+    compile_for = topology.compile_for
+
+    def spy(lowered: Any, target: Any, options: Any, live: Any = None) -> Any:
+        calls.append((live is not None, threading.current_thread().name))
+        return compile_for(lowered, target, options, live)
+
+    monkeypatch.setattr(topology, "compile_for", spy)
+    capfd.readouterr()
+    with pytest.raises(DoesNotFit, match=r"^does not fit: needs [\d.]+ GiB of 15.75 GiB") as info:
+        _run(
+            tmp_path,
+            f"program.target={HERE}:big_sort",
+            "program.args=[f32[16384,16384]]",
+            "mesh.shape=[4]",
+            "mesh.axes=[data]",
+            "lower.in_shardings=[[data,null]]",
+            "compile.topology=v5e:2x2",
+        )
+    assert info.value.fit["source"] == "xla" and info.value.fit["hbm_bytes_needed"] > 16 * GiB
+    manifest = _json(next(tmp_path.glob("run*")), "manifest.json")
+    assert manifest["stages"]["lower"]["status"] == "ran"
+    assert manifest["stages"]["compile"]["status"] == "does_not_fit"
+    assert len(calls) == 1 and calls[0][0] and calls[0][1].startswith("jaxaot-ahead")
+    out, err = capfd.readouterr()
+    for noise in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle", "libtpu"):
+        assert noise not in out + err
 
 
 def test_arguments_count_against_hbm(tmp_path: Path) -> None:
