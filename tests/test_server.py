@@ -356,3 +356,92 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
         assert (_count(env), _count(env, "declined")) == (1, 0)
     finally:
         _stop(env)
+
+
+MEMO_CHECK = """
+import os, pickle, sys
+from collections import OrderedDict
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from jaxaot.api import CONF_DIR
+from jaxaot.cli import served_compose
+from jaxaot.schema import register_configs
+
+register_configs()
+
+def compose(overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides, return_hydra_config=True)
+
+cases = [
+    ["program=transformer_train"],
+    ["program=mlp", "execute.seed=3", "hydra.run.dir=x", "+extra=1"],
+    ["program=axpy", "execute.repeats=2", "hydra.job.name=foo"],
+]
+def look(cfg):
+    flags = (OmegaConf.is_struct(cfg), OmegaConf.is_readonly(cfg.hydra))
+    return OmegaConf.to_yaml(cfg), flags
+hydras = [look(compose(c)) for c in cases]
+memo = OrderedDict()
+fd = os.open("reports", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+served_compose.install(memo, fd)
+for _ in range(2):  # the first round composes and reports, the second reuses
+    for case, expected in zip(cases, hydras):
+        assert look(compose(case)) == expected, case
+    with open("reports", "rb") as fh:
+        reports = served_compose.read_reports(fh.read())
+    os.ftruncate(fd, 0)
+    print(sum(1 for _, p in reports if p), sum(1 for _, p in reports if not p))
+    memo.update((k, p) for k, p in reports if p)
+"""
+
+
+def test_a_remembered_composition_is_hydras_own(tmp_path: Path) -> None:
+    """jaxaot.cli.served_compose: compositions reused from the server's memo (base config plus
+    value overrides applied as Hydra does) equal Hydra's own, flags included."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMO_CHECK],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["3", "0", "0", "3"]  # 3 reported, then 3 reused
+
+
+def test_an_edited_config_file_is_read_again(server, tmp_path: Path) -> None:
+    conf = tmp_path / "myconf" / "experiment"
+    conf.mkdir(parents=True)
+    mine = conf / "mine.yaml"
+    args = ["--config-dir", str(tmp_path / "myconf"), "experiment=mine", "program=axpy"]
+    seen = []
+    for seed in (5, 5, 6):
+        if f"seed: {seed}" not in (mine.read_text() if mine.exists() else ""):
+            mine.write_text(f"# @package _global_\nexecute:\n  seed: {seed}\n")
+        proc = run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)
+        assert proc.returncode == 0, proc.stderr
+        seen.append(re.search(r"^  seed: (\d+)", proc.stdout, re.M)[1])  # type: ignore[index]
+    assert seen == ["5", "5", "6"]
+    assert _count(server, "compositions reused") == 1  # the second run; the edit is a miss
+
+
+def test_a_reused_composition_gives_the_run_hydras_files(server, tmp_path: Path) -> None:
+    outs = {}
+    for name, env in (
+        ("first", server),
+        ("again", server),
+        ("alone", {**server, "JAXAOT_SERVER": "0"}),
+    ):
+        proc = run_cli([*AXPY, "stop_after=lower", f"hydra.run.dir={name}"], cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        hydra_dir = tmp_path / name / ".hydra"
+        outs[name] = [
+            (hydra_dir / f).read_text().replace(name, "<dir>")
+            for f in ("config.yaml", "hydra.yaml", "overrides.yaml")
+        ]
+    assert _count(server, "compositions reused") == 1
+    assert outs["again"] == outs["alone"] == outs["first"]

@@ -41,6 +41,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,11 @@ class _Server:
         self.restart_requested = False
         self.sel = selectors.DefaultSelector()
         self.runs: dict[int, _Run] = {}  # by pidfd
+        # Hydra compositions the runs reported (jaxaot.cli.served_compose), and the reports
+        # being read (by pipe fd).
+        self.composed: OrderedDict[str, bytes] = OrderedDict()
+        self.reports: dict[int, bytearray] = {}
+        self.compositions_reused = 0
 
     @staticmethod
     def _module_files() -> dict[str, int]:
@@ -329,7 +335,9 @@ class _Server:
                 return f"import path ({name})"
         return None
 
-    def child(self, req: dict[str, Any], fds: list[int], listener: socket.socket) -> None:
+    def child(
+        self, req: dict[str, Any], fds: list[int], listener: socket.socket, report: int
+    ) -> None:
         """In the forked child: become the client's ``jaxaot`` process and run it; never
         returns."""
         code: Any = 1
@@ -340,6 +348,8 @@ class _Server:
             for run in self.runs.values():  # other runs' descriptors: not this child's
                 os.close(run.pidfd)
                 run.conn.close()
+            for fd in self.reports:
+                os.close(fd)
             # Its own process group (the server sets it too, before telling the client: no race),
             # so a client's signals reach the run and whatever the run started, nothing else.
             with contextlib.suppress(OSError):
@@ -368,7 +378,9 @@ class _Server:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
             try:
                 from jaxaot.cli.main import main
+                from jaxaot.cli.served_compose import install
 
+                install(self.composed, report)
                 main()
                 code = 0
             except SystemExit as exc:
@@ -410,6 +422,8 @@ class _Server:
                         self.accept(conn, listener)
                     elif key.data == "client":
                         self.client_event(key.fileobj)  # type: ignore[arg-type]
+                    elif key.data == "report":
+                        self.read_report(key.fd)
                     else:
                         self.finish(key.fd)
                 self.escalate()
@@ -418,6 +432,9 @@ class _Server:
         finally:
             listener.close()
             self._unlink_if_mine()
+            for fd in list(self.reports):  # a run still reporting gets EPIPE, never blocks
+                os.close(fd)
+            self.reports.clear()
             for pidfd in list(self.runs):  # runs in flight end as they would have
                 self.finish(pidfd)
         if self.restart_requested:  # an imported file changed: start again from fresh code
@@ -442,6 +459,30 @@ class _Server:
         with contextlib.suppress(OSError), run.conn:
             _send(run.conn, {"exit": 128 - code if code < 0 else code})
         self.last_request = time.monotonic()
+
+    def read_report(self, fd: int) -> None:
+        """What a run reports about its Hydra compositions: kept (up to
+        ``served_compose.KEEP``, least recently used dropped) for the runs forked after."""
+        try:
+            data = os.read(fd, 1 << 20)
+        except OSError:
+            data = b""
+        if data:
+            self.reports[fd] += data
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        from jaxaot.cli.served_compose import KEEP, read_reports
+
+        for key, payload in read_reports(bytes(self.reports.pop(fd))):
+            if payload:
+                self.composed[key] = payload
+            elif key in self.composed:
+                self.compositions_reused += 1
+            if key in self.composed:
+                self.composed.move_to_end(key)
+        while len(self.composed) > KEEP:
+            self.composed.popitem(last=False)
 
     def client_event(self, conn: socket.socket) -> None:
         """A client's connection became readable while its run goes on: it went away (killed,
@@ -498,6 +539,7 @@ class _Server:
                         "served": self.served,
                         "declined": self.declined,
                         "running": len(self.runs),
+                        "compositions": [len(self.composed), self.compositions_reused],
                         "python": sys.executable,
                     },
                 )
@@ -518,12 +560,17 @@ class _Server:
             if changed:
                 self.restart_requested = True
             return
+        report, report_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
-                self.child(req, fds, listener)
+                os.close(report)
+                self.child(req, fds, listener, report_w)
             finally:
                 _exit_now(70)  # child() always exits; this is the line it cannot get past
+        os.close(report_w)
+        self.reports[report] = bytearray()
+        self.sel.register(report, selectors.EVENT_READ, "report")
         with contextlib.suppress(OSError):  # EACCES if the child got there first (and did it)
             os.setpgid(pid, pid)
         for fd in fds:
@@ -570,6 +617,40 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# Modules a run imports on its way (lowering rules, store, snapshots, examples), measured with
+# a sys.modules diff around a warm run of program=transformer_train.
+_RUN_IMPORTS = (
+    "hydra._internal.logging_config",
+    "jax._src.checkify",
+    "jax._src.lib.triton",
+    "jax._src.pallas.core",
+    "jax._src.pallas.mosaic.interpret.params",
+    "jax._src.pallas.mosaic_gpu.interpret.params",
+    "jax.experimental.multihost_utils",
+    "jax.extend",
+    "jax.extend.backend",
+    "jax.extend.core",
+    "jax.extend.core.primitives",
+    "jax.extend.linear_util",
+    "jax.extend.mlir",
+    "jax.extend.random",
+    "jax.extend.sharding",
+    "jax.extend.source_info_util",
+    "jaxlib.mlir.dialects.mhlo",
+    "jaxlib.mlir.dialects.builtin",
+    "jaxaot.examples.axpy",
+    "jaxaot.examples.collectives",
+    "jaxaot.examples.mlp",
+    "jaxaot.examples.transformer",
+    "jaxaot.snapshots.snapshot",
+    "jaxaot.store.cache",
+    "jaxaot.store.maintenance",
+    "jaxaot.sweeps.snapshot_check",
+    "jaxaot.targets.cuda",
+    "jaxaot.util.textdiff",
+)
+
+
 def _preimport() -> None:
     """What every run imports and warms up, short of starting a JAX backend: JAX, Hydra,
     jaxaot and its stages, Hydra's plugins, one composition (Hydra's first costs ~0.3 s more
@@ -596,6 +677,9 @@ def _preimport() -> None:
         "jaxaot.stages.inputs",
     ):
         importlib.import_module(name)
+    for name in _RUN_IMPORTS:  # what a run imports as it goes (~80 ms): optional, none starts
+        with contextlib.suppress(Exception):  # a backend (checked below)
+            importlib.import_module(name)
     from jaxaot.api import compose
 
     Plugins.instance()  # discovers Hydra's plugins (search path, launchers, sweepers) once
@@ -625,6 +709,12 @@ def serve_forever() -> None:
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("default")  # what an in-process run shows, once each
         _preimport()
+    import gc
+
+    # What the imports made stays put: children's collections skip it, and fewer of its pages
+    # are copied into each child (CPython's gc.freeze, meant for exactly this).
+    gc.collect()
+    gc.freeze()
     _Server(path, env_before, list(warned), lock).serve()
 
 
@@ -717,7 +807,8 @@ def status() -> int:
     up = time.time() - float(info["started"])
     print(
         f"jaxaot server: running (pid {info['pid']}, {socket_path()}, up {up:.0f} s, "
-        f"{info['running']} running, {info['declined']} declined, {info['served']} runs served)"
+        f"{info['running']} running, {info['declined']} declined, {info['served']} runs served, "
+        f"{info['compositions'][1]} compositions reused)"
     )
     return 0
 
