@@ -77,9 +77,24 @@ def register_configs() -> None:
     register_help()  # ${jaxaot_help:...} in hydra.help.template (pipeline/config/help_text.py)
     cs = ConfigStore.instance()
     for name, (group, schema) in _SCHEMAS.items():
+        entry = _stored_entry(cs, group, name)
+        if entry is not None and entry is _STORED.get(name):
+            continue  # ours, still there (a second run in one process: the jaxaot server's)
         node = OmegaConf.structured(schema)
         writable(node)
         cs.store(name=name, group=group, node=node)
+        _STORED[name] = _stored_entry(cs, group, name)
+
+
+# The ConfigStore entries register_configs made, to know them again (~50 ms to remake).
+_STORED: dict[str, Any] = {}
+
+
+def _stored_entry(cs: Any, group: str | None, name: str) -> Any:
+    cur = cs.repo
+    for part in group.split("/") if group else []:
+        cur = cur.get(part, {})
+    return cur.get(f"{name}.yaml")
 
 
 def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:

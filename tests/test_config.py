@@ -257,3 +257,20 @@ def test_the_cli_says_unknown_key_for_a_plus_override_in_one_line(tmp_path: Any)
         "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"
     ]
     assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_register_configs_keeps_its_entries_and_restores_a_removed_one() -> None:
+    """register_configs runs once per run; a second run in one process (the jaxaot server's
+    children) keeps the entries it made instead of rebuilding every schema (~50 ms)."""
+    from hydra.core.config_store import ConfigStore
+    from jaxaot.schema import register_configs
+
+    register_configs()
+    repo = ConfigStore.instance().repo
+    first, program = repo["base_config.yaml"], repo["program"]["base_program.yaml"]
+    register_configs()
+    assert repo["base_config.yaml"] is first and repo["program"]["base_program.yaml"] is program
+    del repo["base_config.yaml"]
+    register_configs()
+    again = ConfigStore.instance().repo["base_config.yaml"]
+    assert again is not first and again.node == first.node
