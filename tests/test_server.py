@@ -182,7 +182,8 @@ def _wait_for(path: Path, seconds: float = 120) -> None:
     assert path.exists(), path
 
 
-def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path) -> None:
+def _long_run(server: dict[str, str], tmp_path: Path, out: int) -> subprocess.Popen[str]:
+    """A served run of the train step, once it is inside its first stage."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -194,11 +195,16 @@ def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path
         ],
         cwd=tmp_path,
         env=server,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=out,
+        stderr=out,
         text=True,
     )
     _wait_for(tmp_path / "run" / "stage_out")
+    return proc
+
+
+def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path) -> None:
+    proc = _long_run(server, tmp_path, subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -208,21 +214,7 @@ def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path
 
 
 def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jaxaot",
-            "program=transformer_train",
-            "store.enabled=false",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-        env=server,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_for(tmp_path / "run" / "stage_out")
+    proc = _long_run(server, tmp_path, subprocess.DEVNULL)
     proc.kill()  # SIGKILL: the client cannot forward anything
     proc.wait(timeout=60)
     deadline = time.monotonic() + 60
@@ -287,6 +279,8 @@ def test_what_the_server_declines(tmp_path: Path) -> None:
         "env": dict(os.environ),
         "origins": srv._origins(),
         "process": srv._process(),
+        "path": sys.path,
+        "cwd": os.getcwd(),
     }
     assert s.declines(req) is None
     assert s.declines({**req, "v": 1}) == "protocol"
@@ -310,8 +304,9 @@ PROCESS_FACTS = """
 import os
 
 def f(x):
+    passed = os.pread(int(os.environ["FACTS_FD"]), 5, 0).decode()  # `3<file`, say
     with open(os.environ["FACTS_OUT"], "w") as fh:
-        fh.write(f"{sorted(os.sched_getaffinity(0))} {os.getcwd()}")
+        fh.write(f"{sorted(os.sched_getaffinity(0))} {os.getcwd()} {passed}")
     return x + 1
 """
 
@@ -327,6 +322,10 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
         os.umask(0o027)
         os.sched_setaffinity(0, {0})
 
+    (tmp_path / "passed.txt").write_text("hello")
+    fd = os.open(tmp_path / "passed.txt", os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    env["FACTS_FD"] = str(fd)
     try:
         facts = {}
         for name, run_env in (("via", env), ("direct", {**env, "JAXAOT_SERVER": "0"})):
@@ -344,6 +343,7 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
                 cwd=tmp_path,
                 env={**run_env, "FACTS_OUT": str(out)},
                 preexec_fn=client,
+                pass_fds=(fd,),
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -352,9 +352,10 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
             mode = stat.S_IMODE((tmp_path / name / "manifest.json").stat().st_mode)
             facts[name] = (out.read_text(), mode)
         assert facts["via"] == facts["direct"]
-        assert facts["via"] == (f"[0] {tmp_path}", 0o640)
+        assert facts["via"] == (f"[0] {tmp_path} hello", 0o640)
         assert (_count(env), _count(env, "declined")) == (1, 0)
     finally:
+        os.close(fd)
         _stop(env)
 
 
@@ -422,6 +423,8 @@ def test_an_edited_config_file_is_read_again(server, tmp_path: Path) -> None:
     for seed in (5, 5, 6):
         if f"seed: {seed}" not in (mine.read_text() if mine.exists() else ""):
             mine.write_text(f"# @package _global_\nexecute:\n  seed: {seed}\n")
+            if seed == 5:  # files changed in the last 2 s are not remembered (clock ticks)
+                time.sleep(2.1)
         proc = run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)
         assert proc.returncode == 0, proc.stderr
         seen.append(re.search(r"^  seed: (\d+)", proc.stdout, re.M)[1])  # type: ignore[index]
@@ -445,3 +448,128 @@ def test_a_reused_composition_gives_the_run_hydras_files(server, tmp_path: Path)
         ]
     assert _count(server, "compositions reused") == 1
     assert outs["again"] == outs["alone"] == outs["first"]
+
+
+def _seed(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr
+    return re.search(r"^  seed: (\d+)", proc.stdout, re.M)[1]  # type: ignore[index]
+
+
+def test_compositions_follow_what_they_read(server, tmp_path: Path) -> None:
+    """Reported by review: a primary config's own hydra.searchpath, a symlinked group folder
+    and an environment variable in a defaults list are all read again when they change."""
+    exp = "# @package _global_\nexecute:\n  seed: {}\n"
+    # A primary config whose hydra.searchpath adds a folder.
+    (tmp_path / "sp" / "experiment").mkdir(parents=True)
+    (tmp_path / "sp" / "experiment" / "demo.yaml").write_text(exp.format(5))
+    (tmp_path / "cd").mkdir()
+    (tmp_path / "cd" / "myconf.yaml").write_text(
+        f"defaults:\n  - config\n  - _self_\nhydra:\n  searchpath:\n"
+        f"    - file://{tmp_path / 'sp'}\n    - pkg://jaxaot.conf\n"
+    )
+    # A group folder that is a symlink, and a defaults list that reads the environment.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "demo2.yaml").write_text(exp.format(5))
+    (tmp_path / "cd2").mkdir()
+    (tmp_path / "cd2" / "experiment").symlink_to(tmp_path / "real")
+    (tmp_path / "cd3" / "experiment").mkdir(parents=True)
+    for name, seed in (("a", 1), ("b", 2)):
+        (tmp_path / "cd3" / "experiment" / f"{name}.yaml").write_text(exp.format(seed))
+    (tmp_path / "cd3" / "envconf.yaml").write_text(
+        "defaults:\n  - config\n  - override experiment: ${oc.env:PICK}\n  - _self_\n"
+        "hydra:\n  searchpath:\n    - pkg://jaxaot.conf\n"
+    )
+    time.sleep(2.1)  # old enough to be remembered
+    cases = {
+        "searchpath": (
+            ["-cd", str(tmp_path / "cd"), "-cn", "myconf", "experiment=demo"],
+            tmp_path / "sp" / "experiment" / "demo.yaml",
+        ),
+        "symlink": (
+            ["-cd", str(tmp_path / "cd2"), "experiment=demo2"],
+            tmp_path / "real" / "demo2.yaml",
+        ),
+    }
+    for name, (args, edited) in cases.items():
+        seen = [_seed(run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)) for _ in range(2)]
+        edited.write_text(exp.format(7))
+        seen.append(_seed(run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)))
+        assert seen == ["5", "5", "7"], name
+    env_args = ["-cd", str(tmp_path / "cd3"), "-cn", "envconf", "--cfg", "job"]
+    picks = [_seed(run_cli(env_args, cwd=tmp_path, env={**server, "PICK": pick})) for pick in "aab"]
+    assert picks == ["1", "1", "2"]
+    assert _count(server, "compositions reused") == 2  # the second run of the first two cases
+
+
+def test_the_run_has_the_clients_time_zone(server, tmp_path: Path) -> None:
+    args = ["program=axpy", "--cfg", "hydra", "--resolve", "-p", "hydra.run.dir"]
+    env = {**server, "TZ": "Asia/Tokyo"}
+    via = run_cli(args, cwd=tmp_path, env=env)
+    direct = run_cli(args, cwd=tmp_path, env={**env, "JAXAOT_SERVER": "0"})
+    assert via.returncode == direct.returncode == 0, via.stderr
+    assert via.stdout[:24] == direct.stdout[:24]  # the date and hour of the run dir
+    assert _count(server) == 1
+
+
+def test_a_run_ignores_the_signals_its_client_ignores(server, tmp_path: Path) -> None:
+    """`nohup jaxaot ...`: SIGHUP to the client neither reaches nor stops the run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxaot", *AXPY, "stop_after=compile", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        env=server,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    _wait_for(tmp_path / "run" / ".hydra")
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert read_manifest(tmp_path / "run")["status"] == "ok"
+
+
+def test_messages_arrive_whole_and_one_at_a_time() -> None:
+    """Reported by review: a client that reads late got the pid and the exit status in one
+    read, dropped the second and exited 1."""
+    import socket
+
+    from jaxaot.cli import server as srv
+
+    a, b = socket.socketpair()
+    with a, b:
+        srv._send(a, {"pid": 7})
+        srv._send(a, {"exit": 0, "pad": "x" * 100_000})
+        assert srv._recv(b) == ({"pid": 7}, [])
+        assert srv._recv(b)[0] == {"exit": 0, "pad": "x" * 100_000}
+
+
+def test_a_server_that_goes_away_before_replying_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a silent in-process rerun: the server may have started the run already."""
+    import socket
+    import threading
+
+    from jaxaot.cli import server as srv
+
+    path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def accept_and_vanish() -> None:
+        conn, _ = listener.accept()
+        for fd in srv._recv(conn, maxfds=3)[1]:
+            os.close(fd)
+        conn.close()
+
+    thread = threading.Thread(target=accept_and_vanish)
+    thread.start()
+    monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(path))
+    try:
+        assert srv.run_via_server(["program=axpy"]) == 1
+    finally:
+        thread.join(10)
+        listener.close()
+    assert "went away before the run started" in capsys.readouterr().err

@@ -6,14 +6,20 @@ directory, the job name, and the config files on Hydra's search path. So a serve
 composes (Hydra's RUN mode) reports the result to the server under a key over all of that, and
 a later run with the same key starts from a copy instead of composing.
 
-The key covers every file under every ``file://`` and ``pkg://`` search-path folder by path,
+The key covers every file and folder under every ``file://`` and ``pkg://`` source Hydra reads
+(the primary config's own ``hydra.searchpath`` included, symlinks followed) by path, target,
 size, inode, and modification and change times (any write to a file changes its ctime, which no
-user can set back); search-path kinds it cannot fingerprint, and compositions that copy
-environment variables (``hydra.job.env_copy``), are never remembered. Structured configs
-(Hydra's ConfigStore) are registered by jaxaot's own modules, which the server watches: it
-restarts when one changes. OmegaConf's resolver cache is cleared both ways, so no resolved
-value (a timestamp) travels from one run to another. ``tests/test_server.py`` checks a
-remembered composition equals Hydra's own, and that an edited config file is read again.
+user can set back). Not remembered: a composition whose defaults list calls an OmegaConf
+resolver (``- experiment: ${oc.env:PICK}``), one that copies environment variables
+(``hydra.job.env_copy``), one with a source it cannot fingerprint or over 5000 files, and one
+whose files changed in the last 2 s (a change within the same clock tick would look the same,
+as Git's "racily clean" files). Structured configs (Hydra's ConfigStore) are registered by
+jaxaot's own modules, which the server watches: it restarts when one changes. OmegaConf's
+resolver cache is cleared, so no resolved value (the ``${now:...}`` of a run dir, resolved
+while composing) travels from one run to another: each run resolves its own.
+``tests/test_server.py`` checks a remembered composition equals Hydra's own, and that edited
+files, a primary config's search path, a symlinked folder and an environment variable in a
+defaults list are read again.
 """
 
 from __future__ import annotations
@@ -24,25 +30,49 @@ import importlib.util
 import json
 import os
 import pickle
+import re
 import struct
+import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 _RECORD = struct.Struct("!II")  # key length, payload length (0: a hit)
 KEEP = 64  # compositions the server keeps, least recently used dropped
 
 
-def _tree(root: str) -> list[Any]:
-    """Every file under ``root`` (Python caches aside) as path, size, inode, mtime, ctime."""
+MAX_FILES = 5000  # a search path this big (`--config-dir .` over a run tree) is not remembered
+RACY_NS = 2_000_000_000  # files changed this recently may change again unseen (coarse clocks)
+
+
+def _tree(root: str, newest: list[int]) -> list[Any] | None:
+    """Every folder and file under ``root`` (symlinks followed, Python caches aside) by path,
+    where it leads, size, inode, mtime and ctime; None past :data:`MAX_FILES`. ``newest[0]``
+    becomes the latest mtime/ctime seen."""
     out: list[Any] = []
-    for folder, dirs, files in os.walk(root):
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a link loop: walked already
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
+        for path in [folder, *(os.path.join(folder, name) for name in sorted(files))]:
+            try:
                 st = os.stat(path)
-                out.append([path, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+            except OSError:
+                out.append([path, None])
+                continue
+            newest[0] = max(newest[0], st.st_mtime_ns, st.st_ctime_ns)
+            real = os.path.realpath(path)
+            out.append([path, real, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+        if len(out) > MAX_FILES:
+            return None
     return out
 
 
@@ -54,29 +84,66 @@ def _folder(search_path: str) -> str | None:
     if scheme == "file":
         return os.path.abspath(rest)
     if scheme == "pkg":
-        spec = importlib.util.find_spec(rest.replace("/", "."))
+        try:
+            spec = importlib.util.find_spec(rest.replace("/", "."))
+        except (ImportError, ValueError):  # Hydra reports the missing package itself
+            return None
         locations = list(spec.submodule_search_locations or []) if spec else []
         return locations[0] if len(locations) == 1 else None
     return None
 
 
-def composition_key(loader: Any, config_name: str | None, parts: list[Any]) -> str | None:
-    """The key of a composition, or None when it is not one to remember."""
+def composition_key(sources: list[Any], config_name: str | None, parts: list[Any]) -> str | None:
+    """The key of a composition read from ``sources`` (Hydra's ConfigSources, the primary
+    config's own ``hydra.searchpath`` included), or None when it is not one to remember: a
+    source it cannot fingerprint, too many files, or a file changed in the last 2 s (a later
+    change within the same clock tick would look the same)."""
     from hydra.core.utils import JobRuntime
     from omegaconf import OmegaConf
 
     files: list[Any] = []
-    for element in loader.get_search_path().get_path():
-        if element.path.startswith("structured://"):
-            files.append([element.provider, element.path])
+    newest = [0]
+    for source in sources:
+        where = f"{source.scheme()}://{source.path}"
+        if source.scheme() == "structured":
+            files.append([source.provider, where])
             continue
-        folder = _folder(element.path)
-        if folder is None:
+        folder = _folder(where)
+        tree = _tree(folder, newest) if folder is not None else None
+        if tree is None:
             return None
-        files.append([element.provider, element.path, folder, _tree(folder)])
+        files.append([source.provider, where, folder, tree])
+    if time.time_ns() - newest[0] < RACY_NS:
+        return None
     job = OmegaConf.select(JobRuntime.instance().conf, "name")
     blob = json.dumps([config_name, parts, os.getcwd(), job, files], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_RESOLVER = re.compile(r"\$\{\s*[\w.]+\s*:")  # ${oc.env:X}, ${now:%H}: not ${program}
+
+
+@contextlib.contextmanager
+def _defaults_resolvers() -> Iterator[list[str]]:
+    """Defaults-list entries resolved with an OmegaConf resolver while composing inside
+    (``- experiment: ${oc.env:PICK}``: the choice depends on more than the files): such a
+    composition is not remembered. Interpolations of other choices (``${program}``) depend on
+    the files alone."""
+    from hydra.core.default_element import InputDefault
+
+    found: list[str] = []
+    real = InputDefault._resolve_interpolation_impl
+
+    def resolve(self: Any, known_choices: Any, val: str | None) -> str:
+        if val is not None and _RESOLVER.search(val):
+            found.append(val)
+        return real(self, known_choices, val)
+
+    InputDefault._resolve_interpolation_impl = resolve  # type: ignore[method-assign]
+    try:
+        yield found
+    finally:
+        InputDefault._resolve_interpolation_impl = real  # type: ignore[method-assign]
 
 
 def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
@@ -109,20 +176,25 @@ def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
         # As a sweep job is composed (jaxaot.sweeps.compose_cache): the group overrides pick
         # the defaults list, whose composition is what is remembered; the value overrides
         # (hydra.run.dir=..., execute.seed=3) are applied to a copy as Hydra applies them.
-        split = SweepConfigLoader(self)._split(config_name, list(overrides))
+        splitter = SweepConfigLoader(self)
+        split = splitter._split(config_name, list(overrides))
         if run_mode != RunMode.RUN or split is None:
             return real(self, *args)
         parsed, values = split
         later = {id(o) for o in values}
         groups = [str(o.input_line) for o in parsed if id(o) not in later]
-        key = composition_key(self, config_name, [groups, from_shell, validate_sweep_overrides])
+        sources = splitter._repos[config_name].get_sources()
+        key = composition_key(sources, config_name, [groups, from_shell, validate_sweep_overrides])
         kept = memo.get(key) if key is not None else None
         if kept is not None:
             cfg = pickle.loads(zlib.decompress(kept))
             report(key, b"")  # type: ignore[arg-type]
         else:
-            cfg = real(self, config_name, groups, run_mode, from_shell, validate_sweep_overrides)
-            if key is not None and not cfg.hydra.job.get("env_copy"):
+            with _defaults_resolvers() as called:
+                cfg = real(
+                    self, config_name, groups, run_mode, from_shell, validate_sweep_overrides
+                )
+            if key is not None and not called and not cfg.hydra.job.get("env_copy"):
                 base = pickle.loads(pickle.dumps(cfg))
                 OmegaConf.clear_cache(base)  # no resolved value (a timestamp) is remembered
                 # Compressed: one report stays well inside a pipe's buffer (~4 of 64 KiB).

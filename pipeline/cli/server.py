@@ -29,6 +29,7 @@ milliseconds. One server per user and Python environment; it exits after
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -118,6 +119,11 @@ def _origins() -> dict[str, str | None]:
     return out
 
 
+def _stat(path: str) -> tuple[int, ...]:
+    st = os.stat(path)
+    return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _process() -> dict[str, Any]:
     """What a process has that a forked child does not take from its request's environment:
     the interpreter and its options, resource limits and priority (compared: a run with other
@@ -130,9 +136,43 @@ def _process() -> dict[str, Any]:
         "python": [sys.executable, sys.version, repr(sys.flags), sys.warnoptions, sys._xoptions],
         "limits": {n: list(resource.getrlimit(getattr(resource, n))) for n in _LIMITS},
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "identity": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
+        "place": _place(),  # cgroup (a batch job's limits) and namespaces (a container's view)
         "umask": umask,
         "affinity": sorted(os.sched_getaffinity(0)),
+        "ignored": [int(sig) for sig in _FORWARDED if signal.getsignal(sig) == signal.SIG_IGN],
+        "stdio": [getattr(f, "errors", None) for f in (sys.stdin, sys.stdout, sys.stderr)],
+        "inherited_fds": _inherited_fds(),
     }
+
+
+def _place() -> list[Any]:
+    out: list[Any] = []
+    with contextlib.suppress(OSError):
+        out.append(Path("/proc/self/cgroup").read_text())
+    for ns in ("mnt", "pid", "user", "net", "ipc", "uts"):
+        with contextlib.suppress(OSError):
+            out.append(os.stat(f"/proc/self/ns/{ns}").st_ino)
+    return out
+
+
+MAX_FDS = 200  # descriptors above 2 passed to a run (one SCM_RIGHTS message holds 253)
+
+
+def _inherited_fds() -> list[int]:
+    """Descriptors above 2 that a child process would inherit (``3<file``, ``/dev/fd/63``, a
+    make jobserver): passed to the run at the same numbers."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                if os.get_inheritable(fd):
+                    out.append(fd)
+    return out
 
 
 def _send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -144,25 +184,31 @@ def _send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None
 
 
 def _recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message (and the descriptors sent with it): exactly its bytes, never a byte of the
+    next one (the reply with the pid and the one with the exit status may arrive together)."""
     if maxfds:
-        first, fds, _, _ = socket.recv_fds(sock, 65536, maxfds)
+        first, fds, _, _ = socket.recv_fds(sock, _HEADER.size, maxfds)
     else:
-        first, fds = sock.recv(65536), []
-    while 0 < len(first) < _HEADER.size:
-        more = sock.recv(_HEADER.size - len(first))
-        if not more:
-            break
-        first += more
-    if len(first) < _HEADER.size:
+        first, fds = sock.recv(_HEADER.size), []
+    header = _recv_exact(sock, first, _HEADER.size)
+    if header is None:
         return None, fds
-    (size,) = _HEADER.unpack_from(first)
-    data = first[_HEADER.size :]
+    (size,) = _HEADER.unpack(header)
+    data = _recv_exact(sock, b"", size)
+    return (json.loads(data) if data is not None else None), fds
+
+
+def _recv_exact(sock: socket.socket, data: bytes, size: int) -> bytes | None:
+    if not data and size:
+        data = sock.recv(size)
+        if not data:
+            return None
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            return None, fds
+            return None
         data += chunk
-    return json.loads(data[:size]), fds
+    return data
 
 
 # ---------------------------------------------------------------------------------- client
@@ -210,43 +256,69 @@ def run_via_server(argv: list[str]) -> int | None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signum)
 
-    # Installed before asking, so that no Ctrl-C falls between the fork and the handler.
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    with sock:
-        request = {
-            "v": PROTOCOL,
-            "argv": argv,
-            "argv0": sys.argv[0],
-            "cwd": os.getcwd(),
-            "env": dict(os.environ),
-            "path": sys.path,
-            "origins": _origins(),
-            "isatty": [os.isatty(fd) for fd in (0, 1, 2)],
-            "process": _process(),
-        }
-        try:
-            _send(sock, request, [0, 1, 2])
-            reply, _ = _recv(sock)
-        except (OSError, ValueError):
-            reply = None
-        if reply is None or "pid" not in reply:  # declined (stale code, another environment)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if pending:  # interrupted before anything ran
-                print("jaxaot: interrupted before the run started", file=sys.stderr)
-                return 128 + pending[0]
-            return None  # the caller runs in-process, nothing having happened
-        group = int(reply["pid"])
-        for signum in pending:
-            forward(signum, None)
-        try:
-            done, _ = _recv(sock)
-        except (OSError, ValueError):
-            done = None
-        if done is None or "exit" not in done:
-            print("jaxaot: error: the jaxaot server went away during the run", file=sys.stderr)
-            return 1
-        return int(done["exit"])
+    # Installed before asking, so that no Ctrl-C falls between the fork and the handler; not
+    # for a signal this process ignores (`nohup`, `cmd &`): the run ignores it too.
+    previous = {
+        sig: signal.signal(sig, forward)
+        for sig in _FORWARDED
+        if signal.getsignal(sig) != signal.SIG_IGN
+    }
+    try:
+        with sock:
+            process = _process()
+            request = {
+                "v": PROTOCOL,
+                "argv": argv,
+                "argv0": sys.argv[0],
+                "cwd": os.getcwd(),
+                "env": dict(os.environ),
+                "path": sys.path,
+                "origins": _origins(),
+                "isatty": [os.isatty(fd) for fd in (0, 1, 2)],
+                "process": process,
+            }
+            try:
+                _send(sock, request, [0, 1, 2, *process["inherited_fds"]])
+            except OSError:
+                reply: dict[str, Any] | None = {"declined": "not sent"}  # nothing can have run
+            else:
+                try:
+                    reply, _ = _recv(sock)
+                except (OSError, ValueError):
+                    reply = None
+            if reply is None:  # the server went away: it may have started the run, so not again
+                print(
+                    "jaxaot: error: the jaxaot server went away before the run started or while "
+                    "it started (it may have run); run again (JAXAOT_SERVER=0 runs in this process)",
+                    file=sys.stderr,
+                )
+                return 1
+            if "pid" not in reply:  # declined (stale code, another environment)
+                if pending:  # interrupted before anything ran
+                    print("jaxaot: interrupted before the run started", file=sys.stderr)
+                    return 128 + pending[0]
+                return None  # the caller runs in-process, nothing having happened
+            group = int(reply["pid"])
+            for signum in pending:
+                forward(signum, None)
+            try:
+                done, _ = _recv(sock)
+            except (OSError, ValueError):
+                done = None
+            if done is None or "exit" not in done:
+                forward(signal.SIGTERM, None)  # no run goes on writing to a terminal given back
+                print("jaxaot: error: the jaxaot server went away during the run", file=sys.stderr)
+                return 1
+            if done.get("signal"):  # killed by a signal: this process ends the same way
+                sig = signal.Signals(int(done["signal"]))
+                sys.stdout.flush()
+                previous[sig] = signal.SIG_DFL
+                signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)
+            return int(done["exit"])
+    finally:  # this process's own handlers back (run_via_server is also called in tests)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------- server
@@ -276,6 +348,7 @@ class _Server:
         # in-process run has them too, so every child gets them on top of its client's.
         self.added = {k: v for k, v in os.environ.items() if env_before.get(k) != v}
         self.origins = _origins()
+        self.sys_path = list(sys.path)
         self.files = self._module_files()
         self.started = time.time()
         self.last_request = time.monotonic()
@@ -290,25 +363,53 @@ class _Server:
         self.composed: OrderedDict[str, bytes] = OrderedDict()
         self.reports: dict[int, bytearray] = {}
         self.compositions_reused = 0
+        self.listener_fd = -1
 
     @staticmethod
-    def _module_files() -> dict[str, int]:
-        out: dict[str, int] = {}
-        for mod in list(sys.modules.values()):
-            f = getattr(mod, "__file__", None)
+    def _module_files() -> dict[str, tuple[int, ...] | None]:
+        """By size, inode, mtime and ctime: every imported module's file, the site-packages
+        folders (a package installed or removed, a new .pth file), and each sys.path entry's
+        hydra_plugins folder, there or not (Hydra's plugins were looked up at start)."""
+        import site
+
+        names = [getattr(mod, "__file__", None) for mod in list(sys.modules.values())]
+        names += [*site.getsitepackages(), site.getusersitepackages()]
+        names += [os.path.join(p, "hydra_plugins") for p in sys.path if p]
+        out: dict[str, tuple[int, ...] | None] = {}
+        for f in names:
             if f and f not in out:
-                with contextlib.suppress(OSError):
-                    out[f] = os.stat(f).st_mtime_ns
+                try:
+                    out[f] = _stat(f)
+                except OSError:
+                    out[f] = None  # absent: its appearing counts as a change
         return out
 
     def stale(self) -> str | None:
-        for f, mtime in self.files.items():
+        for f, seen in self.files.items():
             try:
-                if os.stat(f).st_mtime_ns != mtime:
-                    return f
+                now: tuple[int, ...] | None = _stat(f)
             except OSError:
+                now = None
+            if now != seen:
                 return f
         return None
+
+    def fd_clash(self, targets: list[int], passing: list[int], conn: socket.socket) -> str | None:
+        """A number the run's descriptors need that a child keeps open (one the server's
+        libraries opened): such a run is not served, rather than a library's file clobbered."""
+        mine = {run.pidfd for run in self.runs.values()} | set(self.reports) | set(passing)
+        mine.add(conn.fileno())
+        mine |= {run.conn.fileno() for run in self.runs.values()}
+        mine |= {self.sel.fileno(), self.listener_fd}
+        if self.lock is not None:
+            mine.add(self.lock.fileno())
+        try:
+            open_now = {int(n) for n in os.listdir("/proc/self/fd")}
+        except OSError:
+            return None
+        kept = open_now - mine  # what a child still has after closing the server's own
+        clash = sorted(t for t in targets[3:] if t in kept)
+        return f"descriptor {clash[0]} is taken in the server" if clash else None
 
     def declines(self, req: dict[str, Any]) -> str | None:
         """Why this request cannot be served by this server's imports, or None."""
@@ -319,11 +420,21 @@ class _Server:
         if len(self.runs) >= MAX_RUNS:
             return f"{len(self.runs)} runs in flight"
         mine, proc = _process(), req.get("process") or {}
-        for what in ("python", "limits", "nice"):
+        reasons = {
+            "python": "interpreter or its options",
+            "limits": "resource limits",
+            "nice": "priority",
+            "identity": "user or groups",
+            "place": "cgroup or namespaces",
+        }
+        for what, reason in reasons.items():
             if proc.get(what) != mine[what]:
-                return {"python": "interpreter or its options", "nice": "priority"}.get(
-                    what, "resource limits"
-                )
+                return reason
+        if len(proc.get("inherited_fds", [])) > MAX_FDS:
+            return f"more than {MAX_FDS} open descriptors"
+        for key, value in self.added.items():  # set by the imports: a client's own must agree
+            if key in req["env"] and req["env"][key] != value:
+                return f"environment ({key})"
         theirs = _import_env(req["env"])
         if theirs != self.env:
             keys = sorted(
@@ -333,16 +444,29 @@ class _Server:
         for name, origin in self.origins.items():
             if req.get("origins", {}).get(name) != origin:
                 return f"import path ({name})"
+        # Hydra's plugins were found on the server's sys.path: a client path entry the server
+        # lacks with plugins of its own (a project's hydra_plugins/) is not served.
+        for entry in req["path"]:
+            if entry not in self.sys_path and os.path.isdir(
+                os.path.join(entry or req["cwd"], "hydra_plugins")
+            ):
+                return f"import path (hydra_plugins in {entry or req['cwd']})"
         return None
 
     def child(
-        self, req: dict[str, Any], fds: list[int], listener: socket.socket, report: int
+        self,
+        req: dict[str, Any],
+        fds: list[int],
+        listener: socket.socket,
+        conn: socket.socket,
+        report: int,
     ) -> None:
         """In the forked child: become the client's ``jaxaot`` process and run it; never
         returns."""
         code: Any = 1
         try:
             listener.close()
+            conn.close()  # the server's end: if the server dies, its client hears it at once
             self.lock.close()
             self.sel.close()
             for run in self.runs.values():  # other runs' descriptors: not this child's
@@ -354,7 +478,12 @@ class _Server:
             # so a client's signals reach the run and whatever the run started, nothing else.
             with contextlib.suppress(OSError):
                 os.setpgid(0, 0)
-            for target, fd in enumerate(fds[:3]):
+            targets = [0, 1, 2, *req["process"]["inherited_fds"]]
+            high = max(targets) + 1  # first out of every target's way, then into place
+            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]
+            for fd in fds:
+                os.close(fd)
+            for target, fd in zip(targets, moved, strict=True):
                 os.dup2(fd, target)
                 os.close(fd)
             os.chdir(req["cwd"])
@@ -363,15 +492,21 @@ class _Server:
                 os.sched_setaffinity(0, req["process"]["affinity"])
             os.environ.clear()
             os.environ.update({**req["env"], **self.added, CHILD_MARK: str(os.getppid())})
+            time.tzset()  # TZ as the client has it (${now:...}, run dir names, manifests)
             sys.path[:] = req["path"]
             sys.argv = [req.get("argv0") or "jaxaot", *req["argv"]]
             tty = req.get("isatty", [False] * 3)
-            sys.stdin = open(0, closefd=False)  # noqa: SIM115
-            sys.stdout = open(1, "w", buffering=1 if tty[1] else -1, closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+            errors = req["process"]["stdio"]  # strict, or surrogateescape in a C locale
+            sys.stdin = open(0, errors=errors[0], closefd=False)  # noqa: SIM115
+            sys.stdout = open(  # noqa: SIM115
+                1, "w", buffering=1 if tty[1] else -1, errors=errors[1], closefd=False
+            )
+            sys.stderr = open(2, "w", buffering=1, errors=errors[2], closefd=False)  # noqa: SIM115
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            for sig in req["process"]["ignored"]:  # `nohup jaxaot ...`: ignored as the client did
+                signal.signal(sig, signal.SIG_IGN)
             import warnings
 
             for w in self.warned:  # e.g. Hydra's "Error importing plugin ...", as in-process
@@ -391,7 +526,9 @@ class _Server:
 
             with contextlib.suppress(BaseException):
                 traceback.print_exc()
-            code = 2
+                sys.stdout.flush()
+                sys.stderr.flush()
+            code = 1  # as Python exits on an uncaught exception
         finally:
             _exit_now(code if isinstance(code, int) else 1)
 
@@ -410,6 +547,7 @@ class _Server:
         os.replace(tmp, self.path)  # atomically the socket clients connect to
         self.path.with_suffix(".pid").write_text(f"{os.getpid()}\n")
         self.sel.register(listener, selectors.EVENT_READ, "listen")
+        self.listener_fd = listener.fileno()
         signal.signal(signal.SIGTERM, _interrupt)
         signal.signal(signal.SIGHUP, _interrupt)
         try:
@@ -435,6 +573,8 @@ class _Server:
             for fd in list(self.reports):  # a run still reporting gets EPIPE, never blocks
                 os.close(fd)
             self.reports.clear()
+            if not self.restart_requested:  # a new server may start while these runs end
+                self.lock.close()
             for pidfd in list(self.runs):  # runs in flight end as they would have
                 self.finish(pidfd)
         if self.restart_requested:  # an imported file changed: start again from fresh code
@@ -456,8 +596,9 @@ class _Server:
         os.close(pidfd)
         _, status = os.waitpid(run.pid, 0)
         code = os.waitstatus_to_exitcode(status)
+        done = {"exit": 128 - code, "signal": -code} if code < 0 else {"exit": code}
         with contextlib.suppress(OSError), run.conn:
-            _send(run.conn, {"exit": 128 - code if code < 0 else code})
+            _send(run.conn, done)
         self.last_request = time.monotonic()
 
     def read_report(self, fd: int) -> None:
@@ -489,7 +630,7 @@ class _Server:
         say). Its run is ended as an in-process run would be with it: SIGTERM to the run's
         process group, SIGKILL 10 s later if it is still there."""
         try:
-            data = conn.recv(1, socket.MSG_PEEK)
+            data = conn.recv(4096)  # a client sends nothing after its request: dropped
         except OSError:
             data = b""
         if data:
@@ -517,17 +658,21 @@ class _Server:
                 pid_file.unlink()
 
     def accept(self, conn: socket.socket, listener: socket.socket) -> None:
-        conn.settimeout(10)  # a client sends its request at once; never hang the server
-        try:
-            req, fds = _recv(conn, maxfds=3)
-        except (OSError, ValueError):
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():  # the socket is 0600; and yet
             conn.close()
             return
+        conn.settimeout(2)  # a client sends its request at once; never hold the server up
+        try:
+            req, fds = _recv(conn, maxfds=3 + MAX_FDS)
+        except (OSError, ValueError):
+            req, fds = None, []
         conn.settimeout(None)
-        if req is None:
+        if req is None:  # nothing forked: the client may run in-process
             for fd in fds:
                 os.close(fd)
-            conn.close()
+            with contextlib.suppress(OSError), conn:
+                _send(conn, {"declined": "incomplete request"})
             return
         if req.get("op") == "status":
             with conn:
@@ -551,7 +696,12 @@ class _Server:
         self.last_request = time.monotonic()
         changed = self.stale()
         reason = f"changed: {changed}" if changed else self.declines(req)
-        if reason or len(fds) != 3:
+        targets = [0, 1, 2, *req.get("process", {}).get("inherited_fds", [])]
+        if not reason and len(fds) != len(targets):
+            reason = "descriptors not received"
+        if not reason:
+            reason = self.fd_clash(targets, fds, conn)
+        if reason:
             for fd in fds:
                 os.close(fd)
             with conn:
@@ -561,11 +711,20 @@ class _Server:
                 self.restart_requested = True
             return
         report, report_w = os.pipe()
+        if report_w in targets or report in targets:  # pipe() took a number the run needs
+            high = max(targets) + 1
+            moved = (
+                fcntl.fcntl(report, fcntl.F_DUPFD_CLOEXEC, high),
+                fcntl.fcntl(report_w, fcntl.F_DUPFD_CLOEXEC, high),
+            )
+            os.close(report)
+            os.close(report_w)
+            report, report_w = moved
         pid = os.fork()
         if pid == 0:
             try:
                 os.close(report)
-                self.child(req, fds, listener, report_w)
+                self.child(req, fds, listener, conn, report_w)
             finally:
                 _exit_now(70)  # child() always exits; this is the line it cannot get past
         os.close(report_w)
@@ -622,10 +781,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 _RUN_IMPORTS = (
     "hydra._internal.logging_config",
     "jax._src.checkify",
-    "jax._src.lib.triton",
     "jax._src.pallas.core",
     "jax._src.pallas.mosaic.interpret.params",
-    "jax._src.pallas.mosaic_gpu.interpret.params",
     "jax.experimental.multihost_utils",
     "jax.extend",
     "jax.extend.backend",
