@@ -213,15 +213,47 @@ def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path
     assert _count(server) == 1
 
 
-def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> None:
-    proc = _long_run(server, tmp_path, subprocess.DEVNULL)
-    proc.kill()  # SIGKILL: the client cannot forward anything
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _count(server, "running") != 0:
-        time.sleep(0.1)
-    assert _count(server, "running") == 0  # the server ended the orphaned run (SIGTERM)
-    assert read_manifest(tmp_path / "run")["status"] == "interrupted"
+SLEEPER = """
+import time
+
+def f(x):
+    time.sleep(60)  # while tracing: the run is busy until a signal ends it
+    return x
+"""
+
+
+def test_a_client_that_dies_takes_its_run_with_it(tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env.pop("JAXAOT_SERVER", None)
+    assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jaxaot",
+                "program.target=sleeper:f",
+                "program.args=[f32[2]]",
+                "hydra.run.dir=run",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for(tmp_path / "run" / "stage_out")
+        proc.kill()  # SIGKILL: the client cannot forward anything
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 50
+        while time.monotonic() < deadline and _count(env, "running") != 0:
+            time.sleep(0.1)
+        log = (tmp_path / "srv" / "server.log").read_text()[-2000:]
+        assert _count(env, "running") == 0, log  # the server ended the orphaned run (SIGTERM)
+        assert read_manifest(tmp_path / "run")["status"] == "interrupted", log
+    finally:
+        _stop(env)
 
 
 def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> None:
@@ -318,9 +350,12 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
     env.pop("JAXAOT_SERVER", None)
     assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
 
-    def client() -> None:  # what `umask 027; taskset -c 0 jaxaot ...` gives the client
-        os.umask(0o027)
-        os.sched_setaffinity(0, {0})
+    # What `umask 027; taskset -c 0 jaxaot ...` gives the client (no preexec_fn: forking this
+    # JAX-using test process would warn).
+    client = (
+        "import os, sys; os.umask(0o027); os.sched_setaffinity(0, {0}); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'jaxaot', *sys.argv[1:]])"
+    )
 
     (tmp_path / "passed.txt").write_text("hello")
     fd = os.open(tmp_path / "passed.txt", os.O_RDONLY)
@@ -333,8 +368,8 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
             proc = subprocess.run(
                 [
                     sys.executable,
-                    "-m",
-                    "jaxaot",
+                    "-c",
+                    client,
                     "program.target=facts_prog:f",
                     "program.args=[f32[2]]",
                     "stop_after=stage_out",
@@ -342,7 +377,6 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
                 ],
                 cwd=tmp_path,
                 env={**run_env, "FACTS_OUT": str(out)},
-                preexec_fn=client,
                 pass_fds=(fd,),
                 capture_output=True,
                 text=True,
@@ -513,14 +547,17 @@ def test_the_run_has_the_clients_time_zone(server, tmp_path: Path) -> None:
 
 def test_a_run_ignores_the_signals_its_client_ignores(server, tmp_path: Path) -> None:
     """`nohup jaxaot ...`: SIGHUP to the client neither reaches nor stops the run."""
+    nohup = (  # as `nohup` starts it, without forking this JAX-using test process
+        "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'jaxaot', *sys.argv[1:]])"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxaot", *AXPY, "stop_after=compile", "hydra.run.dir=run"],
+        [sys.executable, "-c", nohup, *AXPY, "stop_after=compile", "hydra.run.dir=run"],
         cwd=tmp_path,
         env=server,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
     )
     _wait_for(tmp_path / "run" / ".hydra")
     proc.send_signal(signal.SIGHUP)
