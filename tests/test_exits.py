@@ -44,6 +44,15 @@ TARGETS = textwrap.dedent(
         open(os.environ["JAXAOT_TEST_MARKER"], "w").close()  # tracing has begun
         time.sleep(60)
         return x * 2
+
+    class _SignalsWhenCollected:
+        def __del__(self):  # Python drops what a __del__ raises (as for JAX's gc callback)
+            os.kill(os.getpid(), int(os.environ["JAXAOT_TEST_SIGNAL"]))
+            time.sleep(0.5)  # the handler runs here, and its exception is dropped
+
+    def signalled_where_python_drops_it(x):
+        _SignalsWhenCollected()
+        return x * 2
     """
 )
 
@@ -203,6 +212,37 @@ def test_a_sweep_jobs_exit_is_that_jobs_failure_row(
 
 
 # --- in-process: the guards, and jaxaot.run from Python ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [
+        (signal.SIGINT, 130, "interrupted by Ctrl-C (SIGINT)"),
+        (signal.SIGTERM, 143, "terminated by SIGTERM"),
+    ],
+)
+def test_an_interrupt_python_drops_still_ends_the_run(
+    tmp_path: Path, user_env: dict[str, str], sig: int, code: int, line: str
+) -> None:
+    """A signal whose exception is raised where Python drops it (a __del__, JAX's gc callback)
+    ends the run after the stage: it was seen finishing as ``ok`` (issue 19's server tests)."""
+    proc = run_cli(
+        [
+            "program.target=exit_targets:signalled_where_python_drops_it",
+            "program.args=[f32[4]]",
+            "hydra.run.dir=run",
+        ],
+        cwd=tmp_path,
+        env={**user_env, "JAXAOT_TEST_SIGNAL": str(int(sig))},
+    )
+    assert proc.returncode == code, proc.stderr
+    assert "Exception ignored in" in proc.stderr  # Python did drop it
+    manifest = read_manifest(tmp_path / "run")
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"] == f"{line} during stage 'stage_out'"
+    # The stage finished (the signal's exception was dropped inside it); no later one ran.
+    assert manifest["stages"]["stage_out"]["status"] == "ran"
+    assert "lower" not in manifest["stages"]
 
 
 def test_os_exit_is_guarded_only_inside_the_block() -> None:

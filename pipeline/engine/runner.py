@@ -159,6 +159,7 @@ def run(
     current: str | None = None  # the stage in progress, for an exit or interrupt
     restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
     phase, t_stage = "set-up", t_start
+    exits.clear_pending()  # one from before this run (a sweep's earlier job) is not its
     with exits.signals_raise(), exits.guard_os_exit():
         try:
             try:
@@ -191,6 +192,7 @@ def run(
                         assert checkpoint is not None
                         checkpoint.require(node.name, typed.start_at)
                     records[node.name] = runner.step(node, how)
+                    exits.raise_pending()  # an interrupt Python dropped (a gc callback)
                 current, phase = None, "the graph and snapshot step"
                 for node in NODES:
                     if node.finish is not None:
@@ -198,6 +200,7 @@ def run(
                 from jaxaot.snapshots.snapshot import after_run
 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
+                exits.raise_pending()
                 manifest.status = "ok"
             except SystemExit as exc:  # sys.exit / os._exit in user code: a failed stage
                 if (why := exits.preempted()) is not None:  # the job system's exit, not ours
@@ -212,6 +215,7 @@ def run(
                 manifest.extra["fit"] = exc.fit  # type: ignore[attr-defined]
             raise
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
+            exits.clear_pending()
             _record_unfinished(manifest, current, "interrupted", t_stage)
             manifest.status = "interrupted"
             manifest.error = f"{exits.describe_interrupt(exc)} during {phase}"

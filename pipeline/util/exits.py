@@ -77,14 +77,40 @@ def preempted() -> str | None:
     return _preempted
 
 
+# The interrupt a handler raised that the run has not seen yet. Python drops an exception
+# raised where it cannot propagate (a garbage-collection callback such as JAX's, a __del__):
+# the run would go on to the end and say ``ok``. The runner calls :func:`raise_pending` between
+# stages, so a dropped interrupt still ends the run, a stage later.
+_pending: list[KeyboardInterrupt] = []
+
+
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
     """A signal handler: raise :class:`Terminated` where the main thread is."""
-    raise Terminated(signum)
+    _pending[:] = [Terminated(signum)]
+    raise _pending[0]
+
+
+def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    """Python's Ctrl-C handler, remembered until the run sees it (:func:`raise_pending`)."""
+    _pending[:] = [KeyboardInterrupt()]
+    raise _pending[0]
+
+
+def raise_pending() -> None:
+    """Raise the interrupt a handler raised where Python dropped it, if there is one."""
+    if _pending:
+        raise _pending.pop()
+
+
+def clear_pending() -> None:
+    """The interrupt reached the run: nothing left to raise."""
+    _pending.clear()
 
 
 @contextlib.contextmanager
 def signals_raise(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
-    """Within the block, ``signals`` raise :class:`Terminated` in the main thread.
+    """Within the block, ``signals`` raise :class:`Terminated` in the main thread, and Ctrl-C
+    raises ``KeyboardInterrupt`` through :func:`raise_interrupted` (remembered until seen).
 
     Only where a signal still has its default action (a caller's own handler is left alone),
     and only in the main thread (Python delivers signals there); restored afterwards.
@@ -96,6 +122,8 @@ def signals_raise(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None
     for s in signals:
         if signal.getsignal(s) is signal.SIG_DFL:
             saved[s] = signal.signal(s, raise_terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        saved[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupted)
     try:
         yield
     finally:
