@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jaxaot.util.canonical import canonical_hlo
+
 REPO = Path(__file__).resolve().parent.parent
 
 # (layers, d_model, heads, d_head, d_ff, vocab, batch, seq)
@@ -104,20 +106,6 @@ def _run(cmd: list[str], cwd: Path) -> tuple[float, float, int, int, str, float 
     return wall, cpu, usage.ru_maxrss * 1024, proc.returncode, out, max(compiles, default=None)
 
 
-def _without_source_info(hlo: str) -> str:
-    """Optimized HLO less its source locations (the two sides' call stacks differ)."""
-    hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
-    kept, skipping = [], False
-    for line in hlo.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            skipping = True
-        elif skipping and not line:
-            skipping = False
-        elif not skipping:
-            kept.append(line)
-    return "\n".join(kept)
-
-
 def _check_seconds(out: str) -> float:
     """The plain script's seconds writing its optimized HLO for the bench's check."""
     try:
@@ -133,7 +121,8 @@ def _same_program(work: Path, run_dir: Path) -> bool:
         mine = (run_dir / "compile" / "optimized.hlo.txt").read_text()
     except OSError:
         return False
-    return _without_source_info(plain) == _without_source_info(mine)
+    # Less source locations and stack frames (the two sides' call stacks differ).
+    return canonical_hlo(plain) == canonical_hlo(mine)
 
 
 def main(argv: list[str] | None = None) -> int:

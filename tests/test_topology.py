@@ -18,6 +18,7 @@ from jaxaot.schema import validate
 from jaxaot.stages import topology
 from jaxaot.targets import tpu as accelerators
 from jaxaot.targets.tpu import GENERATIONS, GiB, default_shape, resolve
+from jaxaot.util.canonical import canonical_hlo
 
 HERE = "test_topology"  # this module, importable as a program target (tests/ is on sys.path)
 
@@ -241,23 +242,6 @@ _MATMUL_ON_2X2 = (
 )
 
 
-def _without_source_info(hlo: str) -> str:
-    """Optimized HLO less what says where the program's source lines are (its call stacks
-    differ between a jaxaot run and a test calling jax.jit itself)."""
-    import re
-
-    hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
-    kept, skipping = [], False
-    for line in hlo.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            skipping = True
-        elif skipping and not line:
-            skipping = False
-        elif not skipping:
-            kept.append(line)
-    return "\n".join(kept)
-
-
 def test_the_live_compile_is_plain_jaxs_and_agrees_with_the_export_path(tmp_path: Path) -> None:
     """A program lowered here for TPU compiles its own lowering on the topology's devices
     (ahead, while lower still exports): the executable a plain jit(...).lower(...).compile()
@@ -287,7 +271,8 @@ def test_the_live_compile_is_plain_jaxs_and_agrees_with_the_export_path(tmp_path
     w = jax.ShapeDtypeStruct((128, 32), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))
     plain = jax.jit(matmul).lower(x, w).compile()
     assert hlo.startswith("HloModule jit_matmul,")
-    assert _without_source_info(hlo) == _without_source_info(plain.as_text())
+    # Less what says where the source lines are (the call stacks differ) and the module name.
+    assert canonical_hlo(hlo) == canonical_hlo(plain.as_text())
     assert _json(rd, "compile/memory_analysis.json") == memory_of(plain)
     assert _json(rd, "compile/cost_analysis.json") == cost_of(plain)
 
