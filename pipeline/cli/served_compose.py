@@ -150,12 +150,9 @@ def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
     """In a served run: Hydra's RUN-mode compositions come from ``memo`` (the server's, as
     forked) when their key is there; each one is reported to the server on ``report_fd``."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.errors import ConfigCompositionException
     from hydra.types import RunMode
-    from jaxaot.sweeps.compose_cache import SweepConfigLoader
-    from jaxaot.sweeps.compose_cache import _apply as apply_overrides
+    from jaxaot.sweeps.compose_cache import SweepConfigLoader, apply_value_overrides
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     real = ConfigLoaderImpl.load_configuration
 
@@ -176,19 +173,18 @@ def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
         # As a sweep job is composed (jaxaot.sweeps.compose_cache): the group overrides pick
         # the defaults list, whose composition is what is remembered; the value overrides
         # (hydra.run.dir=..., execute.seed=3) are applied to a copy as Hydra applies them.
-        splitter = SweepConfigLoader(self)
-        split = splitter._split(config_name, list(overrides))
-        if run_mode != RunMode.RUN or split is None:
+        if run_mode != RunMode.RUN:
             return real(self, *args)
-        parsed, values = split
-        later = {id(o) for o in values}
-        groups = [str(o.input_line) for o in parsed if id(o) not in later]
-        sources = splitter._repos[config_name].get_sources()
-        key = composition_key(sources, config_name, [groups, from_shell, validate_sweep_overrides])
-        kept = memo.get(key) if key is not None else None
-        if kept is not None:
+        split = SweepConfigLoader(self).split(config_name, list(overrides))
+        if split is None:
+            return real(self, *args)
+        groups = [str(o.input_line) for o in split.groups]
+        key = composition_key(
+            split.repo.get_sources(), config_name, [groups, from_shell, validate_sweep_overrides]
+        )
+        if key is not None and (kept := memo.get(key)) is not None:
             cfg = pickle.loads(zlib.decompress(kept))
-            report(key, b"")  # type: ignore[arg-type]
+            report(key, b"")
         else:
             with _defaults_resolvers() as called:
                 cfg = real(
@@ -199,10 +195,7 @@ def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
                 OmegaConf.clear_cache(base)  # no resolved value (a timestamp) is remembered
                 # Compressed: one report stays well inside a pipe's buffer (~4 of 64 KiB).
                 report(key, zlib.compress(pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)))
-        try:
-            apply_overrides(cfg, parsed, values)
-        except OmegaConfBaseException as exc:  # as Hydra's load_configuration reports it
-            raise ConfigCompositionException().with_traceback(exc.__traceback__) from exc
+        apply_value_overrides(cfg, split)
         return cfg
 
     ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]

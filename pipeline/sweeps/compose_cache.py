@@ -27,6 +27,7 @@ import copy
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_loader import ConfigLoader
@@ -102,23 +103,18 @@ class SweepConfigLoader(ConfigLoader):
             return kept
         lines = [*map(str, master_config.hydra.overrides.hydra), *sweep_overrides]
         config_name = master_config.hydra.job.config_name
-        split = self._split(config_name, lines)
+        split = self.split(config_name, lines)
         if split is None:
             return self.inner.load_sweep_config(master_config, sweep_overrides)
-        parsed, config_overrides = split
-        applied_later = {id(o) for o in config_overrides}
-        cfg = self._base(config_name, [o for o in parsed if id(o) not in applied_later])
-        try:
-            _apply(cfg, parsed, config_overrides)
-        except OmegaConfBaseException as exc:  # as Hydra's load_configuration reports it
-            raise ConfigCompositionException().with_traceback(exc.__traceback__) from exc
+        cfg = self._base(config_name, split.groups)
+        apply_value_overrides(cfg, split)
         OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
         return cfg
 
-    def _split(
-        self, config_name: str | None, lines: list[str]
-    ) -> tuple[list[Override], list[Override]] | None:
-        """The parsed overrides and, among them, those Hydra applies after composing."""
+    def split(self, config_name: str | None, lines: list[str]) -> Split | None:
+        """``lines`` parsed and split into group and value overrides, or None where Hydra's
+        own path must compose (sweep syntax, ``hydra.searchpath``, another loader, an illegal
+        group override: Hydra reports it)."""
         from hydra._internal.defaults_list import Overrides
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -133,7 +129,7 @@ class SweepConfigLoader(ConfigLoader):
         if repo is None:
             repo = self._repos[config_name] = make_repo(config_name, [])[1]
         try:
-            return parsed, Overrides(repo, parsed).config_overrides
+            return Split(parsed, Overrides(repo, parsed).config_overrides, repo)
         except Exception:  # an illegal group override: Hydra's own path reports it
             return None
 
@@ -183,8 +179,34 @@ class SweepConfigLoader(ConfigLoader):
         return self.inner.compute_defaults_list(config_name, overrides, run_mode)
 
 
+@dataclass(frozen=True)
+class Split:
+    """A job's overrides as Hydra composes them: ``values`` (``execute.seed=3``, ``+x=1``,
+    ``~y``) are applied one by one to the config that the others (``groups``: the defaults
+    list) compose; ``repo`` is the config repository that told them apart (its sources are
+    what the composition reads)."""
+
+    parsed: list[Override]
+    values: list[Override]
+    repo: Any
+
+    @property
+    def groups(self) -> list[Override]:
+        later = {id(o) for o in self.values}
+        return [o for o in self.parsed if id(o) not in later]
+
+
+def apply_value_overrides(cfg: DictConfig, split: Split) -> None:
+    """What ``ConfigLoaderImpl._load_configuration_impl`` does after composing: the value
+    overrides applied to ``cfg`` (the groups' composition, changed in place) and the ``hydra``
+    fields that depend on the override list recomputed; errors reported as Hydra reports them."""
+    try:
+        _apply(cfg, split.parsed, split.values)
+    except OmegaConfBaseException as exc:
+        raise ConfigCompositionException().with_traceback(exc.__traceback__) from exc
+
+
 def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[Override]) -> None:
-    """What ``ConfigLoaderImpl._load_configuration_impl`` does after composing, for these overrides."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 
     ConfigLoaderImpl._apply_overrides_to_config(config_overrides, cfg)
@@ -253,4 +275,12 @@ class LaunchingSweeper(Sweeper):
         self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
 
 
-__all__ = ["LaunchingSweeper", "SweepConfigLoader", "clear", "stats", "with_sweep_loader"]
+__all__ = [
+    "LaunchingSweeper",
+    "Split",
+    "SweepConfigLoader",
+    "apply_value_overrides",
+    "clear",
+    "stats",
+    "with_sweep_loader",
+]
