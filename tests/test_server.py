@@ -43,8 +43,11 @@ def _stop(env: dict[str, str]) -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A server on a private socket; yields the environment whose ``jaxaot`` uses it."""
+    """A server on a private socket; yields the environment whose ``jaxaot`` uses it. The
+    test's folder is on PYTHONPATH (read at start-up, so the server's too): the user programs
+    a test writes there import in the runs."""
     env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
     env.pop("JAXAOT_SERVER", None)
     start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=120)
     assert start.returncode == 0 and "started" in start.stdout, start.stderr
@@ -131,27 +134,19 @@ def f(x):
 """
 
 
-def test_jaxaot_called_from_a_served_run_runs_in_process(tmp_path: Path) -> None:
+def test_jaxaot_called_from_a_served_run_runs_in_process(server, tmp_path: Path) -> None:
     (tmp_path / "nested_prog.py").write_text(NESTED)
     out = tmp_path / "nested.txt"
-    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"), NESTED_OUT=str(out))
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    env.pop("JAXAOT_SERVER", None)
-    start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True)
-    assert start.returncode == 0, start.stderr
-    try:
-        proc = run_cli(
-            ["program.target=nested_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"],
-            cwd=tmp_path,
-            env=env,
-        )
-        assert proc.returncode == 0, proc.stderr
-        code, marked = out.read_text().splitlines()[0].split(" ")
-        assert code == "0" and int(marked) > 0  # it ran, in a child the server forked
-        assert "program:" in out.read_text()
-        assert (_count(env), _count(env, "declined")) == (1, 0)
-    finally:
-        _stop(env)
+    proc = run_cli(
+        ["program.target=nested_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"],
+        cwd=tmp_path,
+        env={**server, "NESTED_OUT": str(out)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    code, marked = out.read_text().splitlines()[0].split(" ")
+    assert code == "0" and int(marked) > 0  # it ran, in a child the server forked
+    assert "program:" in out.read_text()
+    assert (_count(server), _count(server, "declined")) == (1, 0)
 
 
 def test_a_changed_module_restarts_the_server(server, tmp_path: Path) -> None:
@@ -222,38 +217,31 @@ def f(x):
 """
 
 
-def test_a_client_that_dies_takes_its_run_with_it(tmp_path: Path) -> None:
+def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> None:
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    env.pop("JAXAOT_SERVER", None)
-    assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
-    try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jaxaot",
-                "program.target=sleeper:f",
-                "program.args=[f32[2]]",
-                "hydra.run.dir=run",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_for(tmp_path / "run" / "stage_out")
-        proc.kill()  # SIGKILL: the client cannot forward anything
-        proc.wait(timeout=60)
-        deadline = time.monotonic() + 50
-        while time.monotonic() < deadline and _count(env, "running") != 0:
-            time.sleep(0.1)
-        log = (tmp_path / "srv" / "server.log").read_text()[-2000:]
-        assert _count(env, "running") == 0, log  # the server ended the orphaned run (SIGTERM)
-        assert read_manifest(tmp_path / "run")["status"] == "interrupted", log
-    finally:
-        _stop(env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot",
+            "program.target=sleeper:f",
+            "program.args=[f32[2]]",
+            "hydra.run.dir=run",
+        ],
+        cwd=tmp_path,
+        env=server,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(tmp_path / "run" / "stage_out")
+    proc.kill()  # SIGKILL: the client cannot forward anything
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 50
+    while time.monotonic() < deadline and _count(server, "running") != 0:
+        time.sleep(0.1)
+    log = (tmp_path / "srv" / "server.log").read_text()[-2000:]
+    assert _count(server, "running") == 0, log  # the server ended the orphaned run (SIGTERM)
+    assert read_manifest(tmp_path / "run")["status"] == "interrupted", log
 
 
 def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> None:
@@ -343,12 +331,8 @@ def f(x):
 """
 
 
-def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
+def test_the_run_has_the_clients_umask_affinity_and_cwd(server, tmp_path: Path) -> None:
     (tmp_path / "facts_prog.py").write_text(PROCESS_FACTS)
-    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    env.pop("JAXAOT_SERVER", None)
-    assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
 
     # What `umask 027; taskset -c 0 jaxaot ...` gives the client (no preexec_fn: forking this
     # JAX-using test process would warn).
@@ -360,7 +344,7 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
     (tmp_path / "passed.txt").write_text("hello")
     fd = os.open(tmp_path / "passed.txt", os.O_RDONLY)
     os.set_inheritable(fd, True)
-    env["FACTS_FD"] = str(fd)
+    env = {**server, "FACTS_FD": str(fd)}
     try:
         facts = {}
         for name, run_env in (("via", env), ("direct", {**env, "JAXAOT_SERVER": "0"})):
@@ -390,7 +374,6 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(tmp_path: Path) -> None:
         assert (_count(env), _count(env, "declined")) == (1, 0)
     finally:
         os.close(fd)
-        _stop(env)
 
 
 MEMO_CHECK = """
