@@ -94,8 +94,9 @@ class Target:
     (``jax.jit(exported.call)`` lowered for one platform: a resumed run, or a multi-platform
     lowering); for ``compile.topology``, ``topology-lowered`` (the program's own lowering on
     the topology's devices) or ``topology`` (through the export). ``module_sha256`` identifies
-    what is compiled: the canonical module text of the live lowering, or the sha256 of the serialized export (``exported.bin``'s very bytes, never
-    a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
+    what is compiled: the canonical module text of the live lowering, or the sha256 of the
+    serialized export (``exported.bin``'s very bytes, never a side file). The export form's
+    lowering is made only when it is compiled (:meth:`lower`):
     a store hit needs just the hash and the convention.
     """
 
