@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -247,6 +248,57 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
 
 
 # -- no cluster needed ----------------------------------------------------------------------
+
+# submitit's preemption handler as SLURM's timing may have it: the launcher's checkpoint (what
+# submitit calls first), then `scontrol requeue`, after which SLURM kills the job KillWait
+# seconds later (submitit ignores the SIGTERM): here at once, before submitit's SystemExit.
+PREEMPTED_THEN_KILLED = """
+import os, signal, sys
+import jaxaot
+from hydra_plugins.jaxaot_slurm_launcher.slurm_launcher import JaxaotSlurmLauncher
+
+def preempt(signum, frame):
+    JaxaotSlurmLauncher.checkpoint(JaxaotSlurmLauncher.__new__(JaxaotSlurmLauncher))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+signal.signal(signal.SIGUSR2, preempt)
+cfg = jaxaot.compose(["program.target=slurm_programs:slow_compile", "program.args=[f32[64]]"])
+jaxaot.run(cfg, run_dir=sys.argv[1])
+"""
+
+
+def test_a_preempted_run_is_recorded_before_the_job_is_requeued(tmp_path: Path) -> None:
+    """The checkpoint hook writes the manifest itself: a run killed right after it (while its
+    compile still runs on a worker thread) says interrupted, and in which stage."""
+    run_dir = tmp_path / "run"
+    env = cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = f"{REPO}:{TESTS}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PREEMPTED_THEN_KILLED, str(run_dir)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for("lower to finish", lambda: _finished(run_dir, "lower") or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert not _finished(run_dir, "compile"), "slow_compile compiled too fast"
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"] == (
+        "preempted by SLURM (submitit checkpointed and requeued the job) during stage 'compile'"
+    )
+    assert _stages(run_dir) == {"stage_out": "ran", "lower": "ran", "compile": "interrupted"}
+    assert manifest["wall_seconds"] > 0
 
 
 def _manifest(**stages: str) -> dict[str, Any]:

@@ -131,36 +131,57 @@ def run(
     manifest = Manifest(run_dir=out, config=to_container(typed))
     if checkpoint is not None:
         manifest.extra["resumed_from"] = str(checkpoint.run_dir.resolve())
-    claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # a new dir, or a one-line refusal
-
-    from jaxaot.stages import jaxenv
-    from jaxaot.store.cache import Store, resolve_store_root
-
-    store = Store(
-        resolve_store_root(typed.store.dir),
-        enabled=typed.store.enabled,
-        trust=typed.store.trust or None,
-    )
-    # What each node does in this run: resumed from the checkpoint (before start_at; computed
-    # again when the first node needs it live), run, or skipped (after stop_after).
-    live = set(NODES[first].live_inputs) if first > 0 else set()
-    plan = [
-        ("recompute" if n.name in live else "resume")
-        if i < first
-        else "run"
-        if i <= last
-        else "skip"
-        for i, n in enumerate(NODES)
-    ]
-    records: dict[str, Any] = {}
-    computed = {n.name for n, how in zip(NODES, plan, strict=True) if how in ("run", "recompute")}
-    runner = _Runner(typed, out, manifest, store, checkpoint, records, bound, running=computed)
     t_start = time.perf_counter()
     current: str | None = None  # the stage in progress, for an exit or interrupt
-    restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
     phase, t_stage = "set-up", t_start
+    claimed = False  # the run directory is this run's: its manifest may be written
+
+    def record_preempted(why: str) -> None:
+        """The job system is ending this run (exits.note_preempted, from submitit's signal
+        handler, before it requeues the job): record it as interrupted now, unless it has
+        ended already (ok or failed). Whatever the handler interrupted may be iterating
+        ``manifest.stages``: a new dict replaces it."""
+        if not claimed or manifest.status != "running":
+            return
+        manifest.stages = dict(manifest.stages)
+        _record_unfinished(manifest, current, "interrupted", t_stage)
+        manifest.status, manifest.error = "interrupted", f"{why} during {phase}"
+        manifest.extra = {**manifest.extra, "wall_seconds": round(time.perf_counter() - t_start, 6)}
+        manifest.write()
+
     exits.clear_pending()  # one from before this run (a sweep's earlier job) is not its
-    with exits.signals_raise(), exits.guard_os_exit():
+    with (
+        exits.recording_preemption(record_preempted),
+        exits.signals_raise(),
+        exits.guard_os_exit(),
+    ):
+        claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # new, or a one-line refusal
+        claimed = True
+        from jaxaot.stages import jaxenv
+        from jaxaot.store.cache import Store, resolve_store_root
+
+        store = Store(
+            resolve_store_root(typed.store.dir),
+            enabled=typed.store.enabled,
+            trust=typed.store.trust or None,
+        )
+        # What each node does in this run: resumed from the checkpoint (before start_at; computed
+        # again when the first node needs it live), run, or skipped (after stop_after).
+        live = set(NODES[first].live_inputs) if first > 0 else set()
+        plan = [
+            ("recompute" if n.name in live else "resume")
+            if i < first
+            else "run"
+            if i <= last
+            else "skip"
+            for i, n in enumerate(NODES)
+        ]
+        records: dict[str, Any] = {}
+        computed = {
+            n.name for n, how in zip(NODES, plan, strict=True) if how in ("run", "recompute")
+        }
+        runner = _Runner(typed, out, manifest, store, checkpoint, records, bound, running=computed)
+        restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
         try:
             try:
                 restore = jaxenv.configure(
@@ -206,6 +227,8 @@ def run(
                 if (why := exits.preempted()) is not None:  # the job system's exit, not ours
                     _record_unfinished(manifest, current, "interrupted", t_stage)
                     manifest.status, manifest.error = "interrupted", f"{why} during {phase}"
+                    manifest.write()  # recorded already (record_preempted); now with wall time
+                    runner.abandon()  # SLURM's SIGKILL follows: do not wait for a compile
                     raise
                 _record_unfinished(manifest, current, "failed", t_stage)
                 raise StageError(current or "set-up", exits.describe_exit(exc)) from exc

@@ -17,12 +17,15 @@ shell's convention for a process ended by a signal.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
+
+log = logging.getLogger("jaxaot")
 
 
 class Terminated(KeyboardInterrupt):
@@ -65,11 +68,42 @@ def describe_exit(exc: SystemExit) -> str:
 # SystemExit that follows is a preemption, not the program's own exit.
 _preempted: str | None = None
 
+# What records a preemption in the manifest of the run in progress (the runner's, for the
+# length of a run). submitit's handler (submitit 1.5) calls the checkpoint hook, then runs
+# ``scontrol requeue``, then raises SystemExit; SLURM sends SIGTERM (which submitit ignores)
+# and SIGKILL ``KillWait`` seconds after the requeue. The runner's own handling of that
+# SystemExit may still be waiting for an XLA compile on a worker thread when the SIGKILL
+# comes, so the record is written here, synchronously, before the hook returns.
+_recorders: list[Callable[[str], None]] = []
+
 
 def note_preempted(why: str) -> None:
-    """Say that the coming SystemExit is the job system preempting this run (see runner)."""
+    """Say that the coming SystemExit is the job system preempting this run, and record the
+    run in progress as interrupted now (:func:`recording_preemption`), before the job system
+    is told to requeue it. A recorder's error is logged, not raised: the requeue matters more.
+    """
     global _preempted
     _preempted = why
+    for record in list(_recorders):
+        try:
+            record(why)
+        except Exception as exc:  # e.g. a full disk
+            log.error("could not record the preemption (%s): %s", why, exc)
+
+
+@contextlib.contextmanager
+def recording_preemption(record: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, :func:`note_preempted` calls ``record(why)`` before it returns.
+
+    ``record`` runs in a signal handler: in the main thread, between two bytecodes of whatever
+    the run was doing then; it must leave what it interrupted intact (replace containers that
+    code may be iterating, do not update them in place) and write atomically.
+    """
+    _recorders.append(record)
+    try:
+        yield
+    finally:
+        _recorders.remove(record)
 
 
 def preempted() -> str | None:
@@ -163,5 +197,6 @@ __all__ = [
     "note_preempted",
     "preempted",
     "raise_terminated",
+    "recording_preemption",
     "signals_raise",
 ]
