@@ -258,7 +258,11 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #   1: module, platforms, donation, compiler options, backend.
 #   2 (issue 12): the module actually compiled (the export's for the export form), the form,
 #     the calling convention, XLA flags and JAX config values, device topology.
-_KEY_VERSION = 2
+#   3: the flag variables the compiling platform reads, parsed as XLA/libtpu parse them (the
+#     last value of a flag wins, XLA_FLAGS' file read, LIBTPU_INIT_ARGS for tpu only) with
+#     XLA's own parse of XLA_FLAGS; environment variables the compiler reads; the host CPU
+#     (cpu); registered HLO module transformations.
+_KEY_VERSION = 3
 ARTIFACTS = (
     "optimized.hlo.txt",
     "cost_analysis.json",
@@ -285,7 +289,7 @@ def cache_key(
         "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
         "compiler_options": dict(cfg.compile.compiler_options),
         "backend": backend,  # platform + version, device kind + count + topology, jax + jaxlib
-        "environment": environment,  # XLA flags in effect, JAX config values
+        "environment": environment,  # flags, env, host CPU, HLO passes, JAX config values
     }
 
 
@@ -606,6 +610,7 @@ def keyed(cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]) -> Keyed:
     """The store key of the executable, and the Target it compiles; no key when jax does not
     say which arguments the executable keeps (a key without them could serve another program)."""
     from jaxaot.stages.jaxenv import key_environment
+    from jaxaot.stages.xla_passes import Unkeyable
 
     lowered = up["lower"]
     target = prepare(cfg.compile, lowered)
@@ -614,8 +619,22 @@ def keyed(cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]) -> Keyed:
             "this jax does not say which arguments an executable keeps; compiled without the store"
         )
         return Keyed(None, target, why=why)
-    key = key_of(cache_key(cfg, lowered, target, dict(backend), key_environment()))
+    try:
+        environment = key_environment(compile_platform(cfg.compile))
+    except Unkeyable as exc:  # an HLO module transformation that cannot be identified
+        return Keyed(None, target, why=str(exc))
+    key = key_of(cache_key(cfg, lowered, target, dict(backend), environment))
     return Keyed(key, target)
+
+
+def compile_platform(comp: CompileConfig) -> str:
+    """The platform whose compiler builds the executable: a topology's (libtpu for TPU
+    topologies, the CUDA plugin for GPU ones), else the backend's."""
+    if comp.topology:
+        from jaxaot.targets.tpu import resolve
+
+        return resolve(comp.topology, comp.num_slices).generation.platform
+    return platform_of(comp.backend)
 
 
 def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Compiled:
@@ -735,6 +754,7 @@ __all__ = [
     "cache_key",
     "check_platform",
     "compile_lowered",
+    "compile_platform",
     "convention_of",
     "cost_of",
     "execution_devices",

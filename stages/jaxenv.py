@@ -5,10 +5,12 @@ backend the virtual device count (``jax_num_cpu_devices``) can only change befor
 initializes, so when a later run in the same process (a sweep job under the basic launcher)
 needs another count, the backends are cleared and started again.
 
-It also says what of the process environment a compiled executable depends on (issue 12):
-the XLA flags in effect (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``; XLA reads them once per process,
-when the first backend starts) and JAX's config values. Both go into the compile key and the
-run manifest.
+It also says what of the process a compiled executable depends on (issue 12), for the compile
+key and the run manifest: the flag variables the compiling backend reads, parsed as XLA and
+libtpu parse them (:mod:`jaxaot.stages.xla_flags`; XLA reads them once per process, when the
+first backend starts), XLA's own parse of ``XLA_FLAGS``, the environment variables and host CPU
+the compiler reads, the registered HLO module transformations
+(:mod:`jaxaot.stages.xla_passes`) and JAX's config values.
 """
 
 from __future__ import annotations
@@ -21,7 +23,20 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from jaxaot.errors import BackendError
+from jaxaot.errors import BackendError, ConfigError
+from jaxaot.stages import xla_passes
+from jaxaot.stages.xla_flags import (
+    FLAG_ENV_VARS,
+    OUTPUT_ONLY_XLA_FLAGS,
+    READ_BY,
+    XLA_FLAGS,
+    FlagSource,
+    ParsedFlags,
+    error_line,
+    parse,
+    read_source,
+)
+from jaxaot.stages.xla_inputs import debug_options_sha256, host_cpu, keyed_env
 from jaxaot.util import memo
 
 log = logging.getLogger("jaxaot")
@@ -33,42 +48,6 @@ def platform_of(backend: str) -> str:
     """The lowering platform for a compile backend (``gpu`` lowers for ``cuda``)."""
     return _PLATFORM_OF_BACKEND[backend]
 
-
-# Environment variables whose flags XLA (or libtpu) applies to every compile of the process.
-FLAG_ENV_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-
-# Flags that change only what XLA writes out (dumps) or what it is told about the host, never
-# the executable: JAX's own persistent-cache key leaves out exactly these
-# (jax/_src/cache_key.py ``xla_flags_to_exclude_from_cache_key``, jax 0.10.2). The device count
-# flag is left out because the compile key has the device count itself.
-OUTPUT_ONLY_XLA_FLAGS = frozenset(
-    {
-        "--xla_dump_compress_protos",
-        "--xla_dump_module_metadata",
-        "--xla_dump_max_hlo_modules",
-        "--xla_dump_include_timestamp",
-        "--xla_dump_hlo_pass_re",
-        "--xla_dump_hlo_module_re",
-        "--xla_dump_hlo_snapshots",
-        "--xla_dump_fusion_visualization",
-        "--xla_dump_hlo_as_url",
-        "--xla_dump_hlo_as_proto",
-        "--xla_dump_hlo_as_text",
-        "--xla_dump_hlo_as_long_text",
-        "--xla_dump_hlo_as_html",
-        "--xla_dump_hlo_as_dot",
-        "--xla_dump_to",
-        "--xla_force_host_platform_device_count",
-        "--xla_dump_disable_metadata",
-        "--xla_dump_hlo_pipeline_re",
-        "--xla_tpu_sdc_checker_streamz_metric",
-        "--xla_tpu_sdc_checker_enable_sdc_event_callbacks",
-        "--xla_tpu_sdc_checker_enable_coresweep_ng_callbacks",
-        "--xla_tpu_sdc_checker_no_logging_if_callbacks_are_present",
-        "--xla_gpu_cuda_data_dir",
-        "--xla_gpu_experimental_autotune_cache_mode",
-    }
-)
 
 # JAX config values that cannot change a lowering, an executable or its calling convention:
 # logging, dumps, caches of JAX's own, timeouts, guards and checks made at dispatch, and what
@@ -136,15 +115,18 @@ CONFIG_NOT_IN_KEY = frozenset(
 )
 
 
-def _flag_env() -> dict[str, str]:
-    return {name: os.environ.get(name, "") for name in FLAG_ENV_VARS}
-
-
 # What the flag variables held when this module was imported, and (set by the first
-# `configure`) what they held when XLA read them: XLA parses XLA_FLAGS once per process, when
-# the first backend starts; clear_backends() does not read it again (probed on jaxlib 0.10.2).
-_AT_IMPORT = _flag_env()
-_in_effect: dict[str, str] | None = None
+# `configure`) what they held when XLA read them: XLA parses XLA_FLAGS (and the file it names)
+# once per process, when the first backend starts; clear_backends() does not read it again
+# (probed on jaxlib 0.10.2).
+def _flag_sources() -> dict[str, FlagSource]:
+    return {name: read_source(name) for name in FLAG_ENV_VARS}
+
+
+_AT_IMPORT = _flag_sources()
+if "jax" in sys.modules:  # a server warming up, a library user: watch before anything registers
+    xla_passes.watch()
+_in_effect: dict[str, FlagSource] | None = None
 _warned_changed = False
 
 
@@ -158,32 +140,38 @@ def _backends_started() -> bool:
 
 
 def _note_flags() -> None:
-    """Fix the flags in effect for this process (the first call), and warn once when the
-    environment says otherwise later (a changed XLA_FLAGS has no effect after start-up)."""
+    """Fix the flags in effect for this process (the first call: the variables and the file
+    XLA_FLAGS names, read now, just before the backends start), refuse a flag file XLA could
+    not read (XLA would end the process), and warn once when the environment says otherwise
+    later (a changed XLA_FLAGS, or a changed file, has no effect after start-up)."""
     global _in_effect, _warned_changed
-    now = _flag_env()
+    now = _flag_sources()
     if _in_effect is None:
         _in_effect = now if not _backends_started() else _AT_IMPORT
-    if now != _in_effect and not _warned_changed:
+    for src in _in_effect.values():
+        if src.error is not None:
+            raise ConfigError(error_line(src))
+    changed = [n for n in FLAG_ENV_VARS if now[n] != _in_effect[n]]
+    if changed and not _warned_changed:
         _warned_changed = True
-        changed = ", ".join(f"{n}={now[n]!r}" for n in FLAG_ENV_VARS if now[n] != _in_effect[n])
         log.warning(
             "%s changed after XLA read it at start-up; this process still compiles with %s "
             "(the compile key and manifest say so); start a new process to use the new flags",
-            changed,
-            ", ".join(f"{n}={_in_effect[n]!r}" for n in FLAG_ENV_VARS if now[n] != _in_effect[n]),
+            ", ".join(_describe(now[n]) for n in changed),
+            ", ".join(_describe(_in_effect[n]) for n in changed),
         )
 
 
-def all_xla_flags() -> list[str]:
-    """Every flag of ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS`` in effect in this process, sorted."""
-    env = _in_effect if _in_effect is not None else _AT_IMPORT
-    return sorted(flag for name in FLAG_ENV_VARS for flag in env[name].split())
+def _describe(src: FlagSource) -> str:
+    if src.path is None:
+        return f"{src.var}={src.raw!r}"
+    return f"{src.var}={src.raw!r} (the file: {src.text!r})"
 
 
-def xla_flags() -> list[str]:
-    """The flags in effect that can change an executable: all but the output-only ones."""
-    return [f for f in all_xla_flags() if f.split("=", 1)[0] not in OUTPUT_ONLY_XLA_FLAGS]
+def flags_in_effect() -> dict[str, ParsedFlags]:
+    """Each flag variable as its reader parsed it in this process."""
+    sources = _in_effect if _in_effect is not None else _AT_IMPORT
+    return {name: parse(sources[name]) for name in FLAG_ENV_VARS}
 
 
 def _json_value(value: Any) -> Any:
@@ -203,24 +191,52 @@ def jax_config() -> dict[str, Any]:
     return {name: _json_value(v) for name, v in sorted(jax.config.values.items())}
 
 
-def key_environment() -> dict[str, Any]:
-    """What of the environment an executable depends on: XLA flags, JAX config values."""
-    config = {k: v for k, v in jax_config().items() if k not in CONFIG_NOT_IN_KEY}
-    return {"xla_flags": xla_flags(), "jax_config": config}
+def key_environment(platform: str) -> dict[str, Any]:
+    """What of the process an executable for ``platform`` (a lowering platform: cpu, cuda,
+    rocm, tpu) depends on besides the program: each flag variable that platform's compiler
+    reads (its flags in effect, and for XLA_FLAGS XLA's own parse), the environment variables
+    it reads, the host CPU (cpu), the registered HLO module transformations, and JAX's config
+    values. :class:`~jaxaot.stages.xla_passes.Unkeyable` where a transformation cannot be
+    identified."""
+    flags = flags_in_effect()
+    keyed: dict[str, Any] = {}
+    for name, parsed in flags.items():
+        if platform not in READ_BY[name]:
+            continue
+        keyed[name] = {"effective": parsed.effective}
+        if name == XLA_FLAGS:
+            keyed[name]["debug_options_sha256"] = debug_options_sha256()
+    out: dict[str, Any] = {
+        "flags": keyed,
+        "env": keyed_env(platform),
+        "hlo_transformations": xla_passes.key_of(platform),
+        "jax_config": {k: v for k, v in jax_config().items() if k not in CONFIG_NOT_IN_KEY},
+    }
+    if platform == "cpu":
+        out["host_cpu"] = host_cpu()
+    return out
 
 
 def environment() -> dict[str, Any]:
-    """The manifest's record of the environment: every XLA flag and JAX config value in effect,
-    and which of them the compile key leaves out."""
-    flags = all_xla_flags()
-    keyed = set(xla_flags())
+    """The manifest's record of the environment: each flag variable (its raw value, the file
+    it names, the words its reader sees, the flags in effect, which backends read it), XLA's
+    own parse of XLA_FLAGS, the HLO module transformations registered, and every JAX config
+    value, with what the compile key leaves out."""
+    flags = flags_in_effect()
+    xla = flags[XLA_FLAGS]
     config = jax_config()
-    return {
-        "xla_flags": [f for f in flags if f in keyed],
-        "xla_flags_not_in_key": [f for f in flags if f not in keyed],
+    out: dict[str, Any] = {
+        "xla_flags": [f"{k}={v}" for k, v in xla.effective.items()],
+        "xla_flags_not_in_key": list(xla.output_only),
+        "flag_variables": {name: parsed.to_json() for name, parsed in flags.items()},
+        "xla_debug_options_sha256": debug_options_sha256(),
+        "hlo_transformations": xla_passes.registered(),
         "jax_config": config,
         "jax_config_not_in_key": sorted(CONFIG_NOT_IN_KEY & set(config)),
     }
+    if xla_passes.blind() is not None:
+        out["hlo_transformations_unknown"] = xla_passes.blind()
+    return out
 
 
 def configure(
@@ -232,6 +248,7 @@ def configure(
     if "jax" not in sys.modules:
         with _without_plugin_noise():
             import jax  # noqa: F401  (jaxlib's GPU modules print at import)
+    xla_passes.watch()  # before any program code can register an HLO transformation
     _configure(backend, num_devices)
     previous = run_config(jax_config or {}, needs_x64=x64)
     start_backends(backend)
@@ -253,6 +270,7 @@ def run_config(values: Mapping[str, Any], *, needs_x64: bool) -> dict[str, Any]:
     what the process has (JAX's default, or ``JAX_ENABLE_X64`` from the environment).
     """
     import jax
+    from jaxaot.config import jax_options
     from jaxaot.errors import ConfigError
 
     known = jax.config.values
@@ -268,6 +286,9 @@ def run_config(values: Mapping[str, Any], *, needs_x64: bool) -> dict[str, Any]:
                 f"jax.config.{name}: not a JAX config option in jax {jax.__version__}"
                 + (f" (similar: {', '.join(close)})" if close else "")
             )
+        jax_options.check_option(name, wanted[name])  # JAX's type for it (one line)
+    # A null boolean leaves the option as the process has it (bool(None) would turn it off).
+    wanted = {k: v for k, v in wanted.items() if v is not None or not jax_options.is_boolean(k)}
     x64 = wanted.get("jax_enable_x64")
     if x64 is None and needs_x64:
         wanted["jax_enable_x64"] = True
@@ -305,9 +326,19 @@ def restore_config(previous: Mapping[str, Any]) -> None:
         jax.config.update(name, value)
 
 
+def _jex_backend() -> Any:
+    """``jax.extend.backend``, imported only after the HLO module transformation registry is
+    watched (importing ``jax.extend`` imports the registration API)."""
+    xla_passes.watch()
+    from jax.extend import backend
+
+    return backend
+
+
 def _configure(backend: str, num_devices: int | None) -> None:
     import jax
-    from jax.extend import backend as jex_backend
+
+    jex_backend = _jex_backend()
 
     _note_flags()
     _only_needed_platforms(backend)
@@ -337,7 +368,8 @@ def _only_needed_platforms(backend: str) -> None:
     start ("Unable to load CUDA"). Deviceless topology compiles do not need the plugin's
     backend, only its compiler."""
     import jax
-    from jax.extend import backend as jex_backend
+
+    jex_backend = _jex_backend()
 
     global _platforms_restricted, _started
     if os.environ.get("JAX_PLATFORMS"):
@@ -481,7 +513,8 @@ def run_backend(comp: Any) -> dict[str, Any]:
 def backend_info(backend: str) -> dict[str, Any]:
     """Platform, version, device kind and count: what a compiled artifact depends on."""
     import jax
-    from jax.extend import backend as jex_backend
+
+    jex_backend = _jex_backend()
 
     devs = devices(backend)
     client = jex_backend.get_backend(backend)
@@ -533,18 +566,20 @@ __all__ = [
     "CONFIG_NOT_IN_KEY",
     "FLAG_ENV_VARS",
     "OUTPUT_ONLY_XLA_FLAGS",
-    "all_xla_flags",
     "backend_info",
     "configure",
+    "debug_options_sha256",
     "devices",
     "environment",
+    "flags_in_effect",
+    "host_cpu",
     "jax_config",
     "key_environment",
+    "keyed_env",
     "platform_of",
     "restore_config",
     "run_config",
     "start_backends",
     "target_info",
     "versions",
-    "xla_flags",
 ]

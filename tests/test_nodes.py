@@ -148,9 +148,19 @@ def test_a_checkpoint_from_another_jax_is_not_loaded_by_the_stores_rule(
 
 # The compile key's inputs for program=axpy with the run's backend and environment fixed: the
 # bytes hashed into a store key. A change here orphans every existing store: bump
-# stages/compile.py's _KEY_VERSION on purpose, and update the pin with it. The value is what the
-# code before the redesign (commit ae7c3d6, the flat `pipeline` package) computes.
-GOLDEN_AXPY_KEY = "d9abdfd774dc2ab2b4419a9374f54ab2bd2f93049741b51fa8a2988bb292b7a3"  # = ae7c3d6
+# stages/compile.py's _KEY_VERSION on purpose, and update the pin with it. Key version 2 (the
+# flat `pipeline` package, commit ae7c3d6, up to the flags parsed as XLA parses them) pinned
+# d9abdfd774dc2ab2b4419a9374f54ab2bd2f93049741b51fa8a2988bb292b7a3; version 3's environment has
+# the flag variables per platform, env, host CPU and HLO transformations (key_environment).
+GOLDEN_AXPY_KEY = "b48c98b1c9647a98b3a892ba10ee6ea4605b702bebe0fa3a619027db2a9433ce"  # v3
+# key_environment("cpu")'s shape with every value fixed.
+PINNED_ENVIRONMENT = {
+    "flags": {"XLA_FLAGS": {"effective": {}, "debug_options_sha256": "pinned"}},
+    "env": {},
+    "hlo_transformations": [],
+    "jax_config": {"jax_enable_x64": False},
+    "host_cpu": {"machine": "pinned"},
+}
 
 
 def test_the_compile_key_of_a_reference_program_is_pinned(tmp_path: Path) -> None:
@@ -164,7 +174,7 @@ def test_the_compile_key_of_a_reference_program_is_pinned(tmp_path: Path) -> Non
     cfg = jaxaot.validate(jaxaot.compose(["program=axpy"]))
     target = compile_stage.prepare(cfg.compile, lowered)
     backend = {"platform": "cpu", "platform_version": "pinned", "jax": "j", "jaxlib": "l"}
-    inputs = compile_stage.cache_key(cfg, lowered, target, backend, {"xla_flags": []})
+    inputs = compile_stage.cache_key(cfg, lowered, target, backend, PINNED_ENVIRONMENT)
     assert sorted(inputs) == [
         "backend",
         "compiler_options",
@@ -180,6 +190,12 @@ def test_the_compile_key_of_a_reference_program_is_pinned(tmp_path: Path) -> Non
     ]
     digest = hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
     assert digest == GOLDEN_AXPY_KEY, json.dumps(inputs, indent=1, sort_keys=True)
+    # The pinned environment has the shape the run's has (a new part needs a new pin).
+    from jaxaot.stages.jaxenv import key_environment
+
+    live = key_environment("cpu")
+    assert sorted(live) == sorted(PINNED_ENVIRONMENT)
+    assert sorted(live["flags"]["XLA_FLAGS"]) == ["debug_options_sha256", "effective"]
 
 
 def test_the_stage_name_check_catches_a_planted_branch(tmp_path: Path) -> None:

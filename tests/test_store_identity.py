@@ -22,6 +22,7 @@ from conftest import cli_env, read_manifest, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jaxaot.stages import jaxenv
+from jaxaot.stages.xla_flags import FlagSource
 from jaxaot.store.cache import Store
 from jaxaot.util import memo
 
@@ -217,6 +218,14 @@ def test_xla_flags_are_keyed_and_an_executable_is_never_served_across_them(tmp_p
     assert outs["fast_again"].tobytes() == outs["fast"].tobytes()
 
 
+def _sources(xla_flags: str) -> dict[str, FlagSource]:
+    """What XLA read at start-up (jaxenv fixes it once per process: see its docstring)."""
+    return {
+        "XLA_FLAGS": FlagSource("XLA_FLAGS", xla_flags),
+        "LIBTPU_INIT_ARGS": FlagSource("LIBTPU_INIT_ARGS", ""),
+    }
+
+
 def test_output_only_xla_flags_do_not_change_the_key(compose_run: Any, monkeypatch: Any) -> None:
     args = ("program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=compile")
     monkeypatch.setattr(jaxenv, "_warned_changed", True)  # the variable itself is unchanged
@@ -226,8 +235,7 @@ def test_output_only_xla_flags_do_not_change_the_key(compose_run: Any, monkeypat
         ("dump", "--xla_dump_to=/tmp/d --xla_dump_hlo_as_text"),
         ("fast", "--xla_cpu_enable_fast_math=true"),
     ):
-        # What XLA read at start-up (jaxenv fixes it once per process: see its docstring).
-        monkeypatch.setattr(jaxenv, "_in_effect", {"XLA_FLAGS": flags, "LIBTPU_INIT_ARGS": ""})
+        monkeypatch.setattr(jaxenv, "_in_effect", _sources(flags))
         keys[name] = _compile(compose_run(*args))["key"]
     assert keys["none"] == keys["dump"] != keys["fast"]
 
@@ -393,11 +401,12 @@ def test_a_changed_xla_flags_variable_in_process_is_warned_and_not_keyed(
     import logging
 
     # XLA read XLA_FLAGS (empty) when the backend started; setting it now changes nothing.
-    monkeypatch.setattr(jaxenv, "_in_effect", {"XLA_FLAGS": "", "LIBTPU_INIT_ARGS": ""})
+    monkeypatch.setattr(jaxenv, "_in_effect", _sources(""))
     monkeypatch.setattr(jaxenv, "_warned_changed", False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
     with caplog.at_level(logging.WARNING, logger="jaxaot"):
         jaxenv._note_flags()
         jaxenv._note_flags()
     assert len([r for r in caplog.records if "changed after XLA read it" in r.getMessage()]) == 1
-    assert jaxenv.xla_flags() == []  # what the backend compiles with, not the variable
+    # What the backend compiles with, not the variable.
+    assert jaxenv.flags_in_effect()["XLA_FLAGS"].effective == {}

@@ -1,0 +1,107 @@
+"""What XLA and libtpu read besides the program and the flags' words, for the compile key: XLA's
+own parse of ``XLA_FLAGS``, the environment variables a backend's compiler (or the libraries it
+calls) reads, and the host CPU XLA:CPU compiles for."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from jaxaot.stages.xla_flags import OUTPUT_ONLY_XLA_FLAGS
+
+
+def debug_options_sha256() -> str | None:
+    """The sha256 of XLA's own parse of ``XLA_FLAGS`` in this process: the options a compile
+    starts from (``CompileOptions()``, which jaxlib fills from the flags XLA read), output-only
+    fields reset as JAX's cache key resets them. It holds what XLA applied, whatever the
+    variable says now, and every flag form and repeat as XLA read it. None where this jaxlib
+    does not expose them."""
+    try:
+        from jax._src.lib import xla_client
+
+        options = xla_client.CompileOptions()
+        debug = options.executable_build_options.debug_options
+    except Exception:  # another jaxlib
+        return None
+    for flag in OUTPUT_ONLY_XLA_FLAGS:
+        name = flag[2:]
+        if not hasattr(debug, name):
+            continue  # not exposed: when set, it changes the digest (a miss, never a wrong hit)
+        with contextlib.suppress(Exception):
+            value = getattr(debug, name)
+            setattr(debug, name, 0 if isinstance(value, enum.Enum) else type(value)())
+    return hashlib.sha256(options.SerializeAsString()).hexdigest()
+
+
+# Environment variables a backend's compiler or the libraries it calls read, which change the
+# executable or its numerics, by lowering platform: NVIDIA's TF32 override (cuBLAS, cuDNN) and
+# the cuDNN knobs whose names the CUDA plugin holds (jax-cuda12-plugin 0.10.2); libtpu's
+# megacore mode. For tpu every set XLA_* variable is keyed too (libtpu 0.0.42 holds dozens of
+# XLA_TPU_*/XLA_MSA_* names that may be read as overrides; unset ones key nothing).
+KEYED_ENV_VARS: Mapping[str, tuple[str, ...]] = {
+    "cuda": (
+        "NVIDIA_TF32_OVERRIDE",
+        "TF_ENABLE_WINOGRAD_NONFUSED",
+        "TF_FP16_CONV_USE_FP32_COMPUTE",
+        "TF_FP16_RNN_USE_FP32_COMPUTE",
+        "TF_USE_CUDNN_BATCHNORM_SPATIAL_PERSISTENT",
+    ),
+    "rocm": ("TF_USE_ROCM_NHWC", "TF_FP16_CONV_USE_FP32_COMPUTE"),
+    "tpu": ("TPU_MEGACORE",),
+}
+_NOT_XLA_OPTIONS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_")  # keyed apart; the host allocator's
+
+
+def keyed_env(platform: str) -> dict[str, str]:
+    """The set environment variables of :data:`KEYED_ENV_VARS` for ``platform``."""
+    names = set(KEYED_ENV_VARS.get(platform, ()))
+    if platform == "tpu":
+        names |= {
+            n for n in os.environ if n.startswith("XLA_") and not n.startswith(_NOT_XLA_OPTIONS)
+        }
+    return {n: os.environ[n] for n in sorted(names) if n in os.environ}
+
+
+_CPU_FIELDS = (
+    "vendor_id",
+    "cpu family",
+    "model",
+    "flags",
+    "CPU implementer",
+    "CPU architecture",
+    "CPU variant",
+    "CPU part",
+    "Features",
+    "isa",
+)
+
+
+@functools.cache
+def host_cpu() -> dict[str, Any]:
+    """What XLA:CPU compiles for: it targets the host's CPU (LLVM's host CPU name and features,
+    e.g. znver3 with +avx2,+fma in the executable), so an executable from another CPU can use
+    instructions this one lacks or round differently (FMA). The CPU's identity and feature list
+    from /proc/cpuinfo where there is one."""
+    import platform
+
+    info: dict[str, Any] = {"machine": platform.machine()}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            first = fh.read().split("\n\n", 1)[0]
+    except OSError:
+        return info | {"processor": platform.processor()}
+    for line in first.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in _CPU_FIELDS:
+            words = value.split()
+            info[name] = " ".join(sorted(words) if name in ("flags", "Features") else words)
+    return info
+
+
+__all__ = ["KEYED_ENV_VARS", "debug_options_sha256", "host_cpu", "keyed_env"]

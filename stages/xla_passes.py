@@ -1,0 +1,325 @@
+"""HLO module transformations registered with ``jax.extend.xla.register_hlo_module_transformation``
+(jax 0.10.2): Python compiler passes XLA runs inside every compile of the process. They change
+the executable, and no key has them (JAX's persistent-cache key does not either), so the
+compile key has each live registration, in the order XLA runs them, with what identifies its
+callback (:func:`identify`). Where a registration cannot be identified, or may have happened
+before jaxaot could see it, the compile runs without the store (:class:`Unkeyable`).
+
+jaxlib's registry (``jaxlib._xla``, 0.10.2) has no way to list its entries, so :func:`watch`
+wraps its four functions and mirrors it: ``register_xla_transform(name, stage, callback)`` (the
+in-process CPU client) and ``register_xla_transform_c_api(client, name, stage, callback)`` (a
+plugin's client, called when that backend starts) append to a queue per stage; XLA runs the
+PRE_SCHEDULER queue, then POST_SCHEDULER, each in order; a name may repeat, and
+``clear_xla_transform[_c_api]`` removes the first entry of that name and stage.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import inspect
+import logging
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from jaxaot.errors import JaxaotError
+
+
+class Unkeyable(JaxaotError):
+    """What the executable depends on cannot be told: compile without the store."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    platform: str  # "cpu" for the in-process registry, else the plugin client's platform
+    stage: int
+    name: str
+    callback: Any
+
+
+_lock = threading.Lock()
+_entries: list[_Entry] = []
+_watching = False
+_blind: str | None = None  # why registrations made before watch() cannot be ruled out
+_PLATFORM = {"gpu": "cuda"}  # a client's platform name -> the lowering platform
+
+
+def watch() -> None:
+    """Start mirroring jaxlib's registry (once per process; call before any program code runs:
+    registrations made earlier cannot be listed). Imports jax."""
+    global _watching, _blind
+    with _lock:
+        if _watching:
+            return
+        _watching = True
+        from jax._src.lib import _xla
+
+        if _xla is None or not hasattr(_xla, "register_xla_transform"):
+            return  # this jaxlib has no registry
+        if "jax._src.xla_transform" in sys.modules:
+            _blind = (
+                "jax.extend.xla was imported before jaxaot could watch its HLO module "
+                "transformations, so one registered before then cannot be ruled out"
+            )
+        _wrap(_xla)
+
+
+def _wrap(xla: Any) -> None:
+    register, clear = xla.register_xla_transform, xla.clear_xla_transform
+    register_c, clear_c = xla.register_xla_transform_c_api, xla.clear_xla_transform_c_api
+
+    @functools.wraps(register)
+    def register_xla_transform(name: str, stage: int, callback: Any) -> Any:
+        out = register(name, stage, callback)
+        with _lock:
+            _entries.append(_Entry("cpu", int(stage), name, callback))
+        return out
+
+    @functools.wraps(clear)
+    def clear_xla_transform(name: str, stage: int) -> Any:
+        cleared = clear(name, stage)
+        if cleared:
+            _drop("cpu", name, int(stage))
+        return cleared
+
+    @functools.wraps(register_c)
+    def register_xla_transform_c_api(client: Any, name: str, stage: int, callback: Any) -> Any:
+        out = register_c(client, name, stage, callback)
+        with _lock:
+            _entries.append(_Entry(_platform(client), int(stage), name, callback))
+        return out
+
+    @functools.wraps(clear_c)
+    def clear_xla_transform_c_api(client: Any, name: str, stage: int) -> Any:
+        cleared = clear_c(client, name, stage)
+        if cleared:
+            _drop(_platform(client), name, int(stage))
+        return cleared
+
+    xla.register_xla_transform = register_xla_transform
+    xla.clear_xla_transform = clear_xla_transform
+    xla.register_xla_transform_c_api = register_xla_transform_c_api
+    xla.clear_xla_transform_c_api = clear_xla_transform_c_api
+
+
+def _platform(client: Any) -> str:
+    name = str(getattr(client, "platform", "?"))
+    return _PLATFORM.get(name, name)
+
+
+def _drop(platform: str, name: str, stage: int) -> None:
+    with _lock:
+        for i, e in enumerate(_entries):
+            if (e.platform, e.name, e.stage) == (platform, name, stage):
+                del _entries[i]
+                return
+
+
+def key_of(platform: str) -> list[dict[str, Any]]:
+    """The transformations XLA runs in a compile for ``platform``, in the order it runs them,
+    each with its callback's identity; :class:`Unkeyable` where that cannot be told. A plugin's
+    registrations on every client it had in this process are included (a miss, never a wrong
+    hit, after a backend restarts)."""
+    if _blind is not None:
+        raise Unkeyable(f"compiled without the store: {_blind}")
+    with _lock:
+        entries = [e for e in _entries if e.platform == platform]
+    out = []
+    for e in sorted(entries, key=lambda e: e.stage):  # stable: registration order per stage
+        ident = identify(e.callback)
+        if ident is None:
+            raise Unkeyable(
+                f"compiled without the store: the HLO module transformation {e.name!r} "
+                f"({type(e.callback).__name__} {_qualname(e.callback)}) cannot be identified; "
+                "register a plain function (its code, constants, closure, defaults and the "
+                "globals it reads are keyed) to use the store"
+            )
+        out.append({"stage": e.stage, "name": e.name, "callback": ident})
+    return out
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj)[:60])}"
+
+
+_DEPTH = 6  # functions reached through globals and closures, identified this deep
+
+
+def identify(
+    fn: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()
+) -> dict[str, Any] | None:
+    """What a callback's behaviour depends on, as JSON: for a plain function its module,
+    qualified name, code (bytecode, constants, names; not line numbers), defaults, closure, the
+    globals it reads (values, or functions identified in turn) and the sha256 of its module's
+    source file; for a ``functools.partial`` its function and arguments. None for anything else
+    (a callable object, a bound method, a builtin) or a value of a kind not listed in
+    :func:`_value`."""
+    if _depth > _DEPTH:
+        return None
+    if id(fn) in _seen:  # recursion: the function is being identified already
+        return {"recursive": _qualname(fn)}
+    seen = _seen | {id(fn)}
+    if isinstance(fn, functools.partial):
+        inner = identify(fn.func, _depth + 1, seen)
+        args = _value(list(fn.args), _depth, seen)
+        kwargs = _value(dict(fn.keywords), _depth, seen)
+        if inner is None or args is None or kwargs is None:
+            return None
+        return {"partial": inner, "args": args, "keywords": kwargs}
+    if not isinstance(fn, types.FunctionType):
+        return None
+    code = fn.__code__
+    parts: dict[str, Any] = {
+        "module": fn.__module__,
+        "qualname": fn.__qualname__,
+        "code": _code_sha256(code),
+    }
+    values = {
+        "defaults": list(fn.__defaults__ or ()),
+        "kwdefaults": dict(fn.__kwdefaults__ or {}),
+        "closure": [_cell(c) for c in fn.__closure__ or ()],
+        "globals": {
+            n: fn.__globals__[n] for n in sorted(_global_names(code)) if n in fn.__globals__
+        },
+    }
+    for what, value in values.items():
+        ident = _value(value, _depth, seen)
+        if ident is None:
+            return None
+        parts[what] = ident
+    source = _source_sha256(fn)
+    if source is not None:
+        parts["source_sha256"] = source
+    return parts
+
+
+_EMPTY = object()
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # not yet assigned
+        return _EMPTY
+
+
+def _value(v: Any, depth: int, seen: frozenset[int]) -> Any:
+    """A JSON identity of a value a callback reads, or None when its kind is not known to be
+    identified by its contents."""
+    if v is _EMPTY:
+        return "<empty cell>"
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float | complex | bytes):
+        return {type(v).__name__: repr(v)}
+    if isinstance(v, enum.Enum):
+        return {"enum": f"{type(v).__module__}.{type(v).__qualname__}.{v.name}"}
+    if isinstance(v, list | tuple | frozenset | set):
+        items = [_value(x, depth, seen) for x in v]
+        if any(x is None and y is not None for x, y in zip(items, v, strict=True)):
+            return None
+        if isinstance(v, frozenset | set):
+            items = sorted(items, key=repr)
+        return {type(v).__name__: items}
+    if isinstance(v, dict):
+        pairs = [[_value(k, depth, seen), _value(x, depth, seen)] for k, x in v.items()]
+        if any(
+            (a is None and k is not None) or (b is None and x is not None)
+            for (a, b), (k, x) in zip(pairs, v.items(), strict=True)
+        ):
+            return None
+        return {"dict": sorted(pairs, key=repr)}
+    if isinstance(v, types.ModuleType):
+        version = getattr(v, "__version__", None)
+        return {"module": v.__name__, "version": version if isinstance(version, str) else None}
+    if isinstance(v, type):
+        return {"class": _qualname(v), "source_sha256": _source_sha256(v)}
+    if isinstance(v, logging.Logger):
+        return {"logger": v.name}  # writes logs, never the module
+    if isinstance(v, types.FunctionType | functools.partial):
+        return identify(v, depth + 1, seen)
+    if isinstance(v, types.BuiltinFunctionType):
+        return {"builtin": _qualname(v)}
+    if type(v).__module__ == "numpy" and hasattr(v, "tobytes") and hasattr(v, "dtype"):
+        data = hashlib.sha256(v.tobytes()).hexdigest()
+        return {"numpy": str(v.dtype), "shape": list(getattr(v, "shape", ())), "sha256": data}
+    return None
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Every name the code (and code nested in it) looks up: globals among them."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _code_sha256(code: types.CodeType) -> str:
+    h = hashlib.sha256()
+    for part in _code_parts(code):
+        h.update(part)
+    return h.hexdigest()
+
+
+def _code_parts(code: types.CodeType) -> list[bytes]:
+    out = [
+        code.co_code,
+        repr(
+            (
+                code.co_names,
+                code.co_varnames,
+                code.co_freevars,
+                code.co_cellvars,
+                code.co_argcount,
+                code.co_posonlyargcount,
+                code.co_kwonlyargcount,
+                code.co_flags,
+            )
+        ).encode(),
+    ]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out.append(b"code:" + _code_sha256(const).encode())
+        else:
+            out.append(f"{type(const).__name__}:{const!r}".encode())
+    return out
+
+
+def _source_sha256(obj: Any) -> str | None:
+    """The sha256 of the source file that defines ``obj``, where there is one: any edit to the
+    module (a helper, a constant) changes the key."""
+    try:
+        path = inspect.getsourcefile(obj)
+        if path is None:
+            return None
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def registered() -> list[dict[str, Any]]:
+    """Every registration seen, for the manifest (names, stages, platforms; no identities)."""
+    with _lock:
+        return [
+            {
+                "platform": e.platform,
+                "stage": e.stage,
+                "name": e.name,
+                "callback": _qualname(e.callback),
+            }
+            for e in _entries
+        ]
+
+
+def blind() -> str | None:
+    """Why registrations made before :func:`watch` cannot be ruled out, or None."""
+    return _blind
+
+
+__all__ = ["Unkeyable", "blind", "identify", "key_of", "registered", "watch"]
