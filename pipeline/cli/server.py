@@ -4,7 +4,9 @@ A warm ``jaxaot`` run spends most of its time starting up: importing JAX, Hydra 
 costs more than loading the executable and running it (issue 19). ``jaxaot server start``
 keeps one process with those imports done and one config composed (no JAX backend started:
 that happens per run). Every later ``jaxaot ...`` sends its argv, cwd, environment, and its
-stdin/stdout/stderr (the file descriptors themselves, SCM_RIGHTS) over a per-user Unix socket;
+stdin/stdout/stderr (the file descriptors themselves, SCM_RIGHTS) over a per-user Unix socket
+(jaxaot.cli.server_socket: it sends nothing unless the socket's folder is the user's alone and
+the process listening runs as the user; else one warning line and the run goes on in-process);
 the server forks a child that runs exactly what ``jaxaot`` would have run in-process. Each run
 gets its own backend, device count and JAX config; output goes straight to the client's
 terminal or pipes; Ctrl-C and SIGTERM are forwarded to the child's process group; the client
@@ -21,23 +23,22 @@ in-process as if there were no server, when:
   a served run never waits on another served run, so runs cannot multiply through the
   server; and at most :data:`MAX_RUNS` runs are in flight.
 
-This module imports only the standard library at its top: the client side must cost
-milliseconds. One server per user and Python environment; it exits after
-``JAXAOT_SERVER_IDLE`` seconds (default 3 hours) without a request.
+This module imports only the standard library (and jaxaot.cli.server_socket, which does too)
+at its top: the client side must cost milliseconds. One server per user and Python
+environment; it exits after ``JAXAOT_SERVER_IDLE`` seconds (default 3 hours) without a
+request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
 import selectors
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -45,6 +46,16 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+from jaxaot.cli.server_socket import (
+    OVERRIDE,
+    UnsafeSocketError,
+    check_folder,
+    connect,
+    peer_credentials,
+    peer_problem,
+    socket_path,
+)
 
 # The real os._exit, taken before anything can wrap it (a run guards os._exit while user code
 # runs, jaxaot.util.exits): a forked child must end here, whatever happened, and never return
@@ -79,26 +90,6 @@ _LIMITS = (
 _HEADER = struct.Struct("!I")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _SERVE = "from jaxaot.cli.server import serve_forever; serve_forever()"
-
-
-def socket_path() -> Path:
-    """``$XDG_RUNTIME_DIR/jaxaot/`` (else ``/tmp/jaxaot-$UID/``) ``server-<env>.sock``, one per
-    Python environment; ``JAXAOT_SERVER_SOCKET`` overrides it."""
-    override = os.environ.get("JAXAOT_SERVER_SOCKET")
-    if override:
-        return Path(override)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "jaxaot" if runtime else Path(f"/tmp/jaxaot-{os.getuid()}")
-    env = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
-    return base / f"server-{env}.sock"
-
-
-def _private_dir(path: Path) -> None:
-    """Create ``path`` owner-only, and refuse one that another user owns or can write."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(f"{path} is not owned by you alone; remove it")
 
 
 def _import_env(env: dict[str, str]) -> dict[str, str]:
@@ -214,21 +205,19 @@ def _recv_exact(sock: socket.socket, data: bytes, size: int) -> bytes | None:
 # ---------------------------------------------------------------------------------- client
 
 
-def _connect() -> socket.socket | None:
-    path = socket_path()
+def _connect(quiet: bool = False) -> socket.socket | None:
+    """A connection to this user's own server, nothing sent yet (server_socket.connect checks
+    the socket's folder and the listening process's uid first); None when there is none, or
+    when it is someone else's: then one warning line (unless ``quiet``), nothing sent."""
     try:
-        st = path.stat()
-    except OSError:
+        return connect(socket_path())
+    except UnsafeSocketError as exc:
+        if not quiet:
+            print(
+                f"jaxaot: warning: jaxaot server not used, running in this process: {exc}",
+                file=sys.stderr,
+            )
         return None
-    if st.st_uid != os.getuid() or not stat.S_ISSOCK(st.st_mode):
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 def wanted() -> bool:
@@ -658,8 +647,7 @@ class _Server:
                 pid_file.unlink()
 
     def accept(self, conn: socket.socket, listener: socket.socket) -> None:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        if struct.unpack("3i", creds)[1] != os.getuid():  # the socket is 0600; and yet
+        if peer_problem(*peer_credentials(conn)):  # the socket is 0600; and yet
             conn.close()
             return
         conn.settimeout(2)  # a client sends its request at once; never hold the server up
@@ -856,7 +844,11 @@ def serve_forever() -> None:
     import warnings
 
     path = socket_path()
-    _private_dir(path.parent)
+    try:
+        check_folder(path.parent, create=True)
+    except UnsafeSocketError as exc:
+        print(f"jaxaot: error: {exc}", file=sys.stderr)  # to the log: `start` said it first
+        sys.exit(2)
     lock = path.with_suffix(".lock").open("a")
     try:  # one server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -878,8 +870,8 @@ def serve_forever() -> None:
 # -------------------------------------------------------------------------------- commands
 
 
-def _ask(op: str) -> dict[str, Any] | None:
-    sock = _connect()
+def _ask(op: str, quiet: bool = False) -> dict[str, Any] | None:
+    sock = _connect(quiet)
     if sock is None:
         return None
     with sock:
@@ -891,9 +883,12 @@ def _ask(op: str) -> dict[str, Any] | None:
 
 
 def _spawn() -> subprocess.Popen[bytes]:
+    """Start a server in the background; UnsafeSocketError when its folder is not the user's
+    alone (nothing started)."""
     path = socket_path()
-    _private_dir(path.parent)
+    check_folder(path.parent, create=True)
     env = {k: v for k, v in os.environ.items() if k != CHILD_MARK}
+    env[OVERRIDE] = str(path)  # absolute: the server runs in /, and finds what clients find
     with path.with_suffix(".log").open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-c", _SERVE],
@@ -907,10 +902,11 @@ def _spawn() -> subprocess.Popen[bytes]:
 
 
 def start(wait: float = 120.0) -> int:
-    if (info := _ask("status")) is not None:
-        print(f"jaxaot server: already running (pid {info['pid']}, {socket_path()})")
-        return 0
     path = socket_path()
+    check_folder(path.parent, create=True)  # UnsafeSocketError: one line (command)
+    if (info := _ask("status")) is not None:
+        print(f"jaxaot server: already running (pid {info['pid']}, {path})")
+        return 0
     if len(os.fsencode(path.with_name(f".{path.name}.{2**22}"))) > 107:  # sun_path's 108 bytes
         print(
             f"jaxaot: error: server socket path {str(path)!r} is too long for a Unix socket "
@@ -971,17 +967,21 @@ def status() -> int:
 
 
 def command(args: list[str]) -> int:
-    """``jaxaot server start|stop|status|restart``."""
+    """``jaxaot server start|stop|status|restart``; a socket folder that is not the user's
+    alone, or one that cannot be made, is one line and status 2."""
     verb = args[0] if len(args) == 1 else " ".join(args)
-    if verb == "start":
-        return start()
-    if verb == "stop":
-        return stop()
-    if verb == "status":
-        return status()
-    if verb == "restart":
-        stop()
-        return start()
+    verbs = {"start": start, "stop": stop, "status": status}
+    if verb in verbs or verb == "restart":
+        try:
+            with contextlib.suppress(FileNotFoundError):  # no folder: no server
+                check_folder(socket_path().parent, create=False)
+            if verb == "restart":
+                stop()
+                return start()
+            return verbs[verb]()
+        except OSError as exc:  # UnsafeSocketError, or the log or socket cannot be made
+            print(f"jaxaot: error: jaxaot server {verb}: {exc}", file=sys.stderr)
+            return 2
     print(
         f"jaxaot: error: jaxaot server: expected start, stop, status or restart; found {verb!r}",
         file=sys.stderr,
@@ -999,7 +999,7 @@ def try_server(argv: list[str]) -> None:
     code = run_via_server(argv)
     if code is not None:
         sys.exit(code)
-    if os.environ.get("JAXAOT_SERVER") == "1" and _ask("status") is None:
+    if os.environ.get("JAXAOT_SERVER") == "1" and _ask("status", quiet=True) is None:
         with contextlib.suppress(OSError):
             _spawn()  # serves the next run; this one runs in-process, as it would have
 

@@ -1,0 +1,227 @@
+"""Where the ``jaxaot server``'s socket lives, and whom a client may talk to through it.
+
+A client hands its server its whole environment (tokens included), argv, cwd and terminal
+descriptors, so it must reach its own user's server and nobody else's. Two checks, both
+before the first byte is sent:
+
+- **The folder.** The socket's folder is the user's alone: owned by them, mode 0700, and
+  every folder on its path is a real folder (no symbolic link) that no one else can write to,
+  unless it is sticky (``/tmp``: others cannot rename or remove what is not theirs there). A
+  folder that someone else made first (``/tmp/jaxaot-<uid>`` is a name anyone can take) is
+  refused with one line; it is created with :func:`os.mkdir`, which fails if anything is
+  there already, and checked through descriptors opened with ``O_NOFOLLOW``.
+- **The peer.** After ``connect``, ``SO_PEERCRED`` gives the uid of the process listening on
+  the socket; one that is not the client's own euid gets nothing.
+
+Standard library only: the client side must cost milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+from jaxaot.errors import JaxaotError
+
+OVERRIDE = "JAXAOT_SERVER_SOCKET"
+_FIX = f"set {OVERRIDE} to a path in a folder of your own (e.g. ~/.jaxaot/server.sock)"
+_PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_OPEN = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeSocketError(JaxaotError, PermissionError):
+    """The server socket's folder, or the process listening on the socket, is not this
+    user's own: nothing is sent through it."""
+
+
+def runtime_dir() -> Path | None:
+    """``$XDG_RUNTIME_DIR`` when it is what systemd makes it: a directory (not a symbolic
+    link) owned by this user with mode 0700; else None."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not os.path.isabs(runtime):
+        return None
+    try:
+        st = os.lstat(runtime)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return Path(runtime)
+
+
+def default_folder() -> Path:
+    """``$XDG_RUNTIME_DIR/jaxaot`` (see :func:`runtime_dir`), else ``jaxaot-<uid>`` in the
+    temp dir (``$TMPDIR``, else ``/tmp``)."""
+    runtime = runtime_dir()
+    if runtime is not None:
+        return runtime / "jaxaot"
+    tmp = os.environ.get("TMPDIR", "")
+    if not (os.path.isabs(tmp) and os.path.isdir(tmp)):
+        tmp = "/tmp"
+    return Path(tmp) / f"jaxaot-{os.geteuid()}"
+
+
+def socket_path() -> Path:
+    """``JAXAOT_SERVER_SOCKET`` (made absolute), else ``server-<env>.sock`` in
+    :func:`default_folder`: one server per user and Python environment."""
+    override = os.environ.get(OVERRIDE)
+    if override:
+        return Path(os.path.abspath(os.path.expanduser(override)))
+    env = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
+    return default_folder() / f"server-{env}.sock"
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def _ancestor_problem(where: str, st: os.stat_result) -> str | None:
+    """Why a folder on the way to the socket's folder lets someone else swap what is in it."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{where} is owned by uid {st.st_uid}, neither you nor root"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{where} is writable by others and not sticky ({_mode(st)})"
+    return None
+
+
+def folder_problem(st: os.stat_result) -> str | None:
+    """Why a folder (stat'ed without following a symbolic link) is not this user's alone."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    me = os.geteuid()
+    if st.st_uid != me:
+        return f"is owned by uid {st.st_uid}, not by you (uid {me}): someone else made it"
+    if st.st_mode & 0o077:
+        return f"has {_mode(st)}, not 0700: others have access"
+    return None
+
+
+def _refuse(folder: Path, problem: str, fix: str = _FIX) -> UnsafeSocketError:
+    return UnsafeSocketError(f"server socket folder {folder} {problem}; {fix}")
+
+
+def _open_dir(folder: Path, here: Path, dir_fd: int) -> int:
+    """An ``O_PATH`` descriptor of ``here`` (a name in the folder ``dir_fd``), not following a
+    symbolic link; UnsafeSocketError for a link or a file, FileNotFoundError when absent."""
+    try:
+        return os.open(here.name, _OPEN, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # ELOOP or ENOTDIR: a symbolic link or not a folder
+        try:
+            st = os.lstat(here.name, dir_fd=dir_fd)
+        except OSError:
+            raise _refuse(folder, f"cannot be opened: {here}: {exc.strerror}") from None
+        what = "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder"
+        raise _refuse(folder, what if here == folder else f"is unsafe: {here} {what}") from None
+
+
+def check_folder(folder: Path, *, create: bool) -> None:
+    """Raise UnsafeSocketError (one line naming the folder, what is wrong and the fix) unless
+    ``folder`` is this user's alone; FileNotFoundError when it is missing and not ``create``
+    (missing folders are made 0700 when ``create``). Walked component by component through
+    ``O_PATH|O_NOFOLLOW`` descriptors: what is checked is what the next step opens."""
+    folder = Path(os.path.abspath(folder))
+    fds = [os.open("/", _OPEN)]
+    try:
+        names = folder.parts[1:]
+        if not names and (problem := folder_problem(os.fstat(fds[0]))):
+            raise _refuse(folder, problem)
+        for i in range(len(names)):
+            here = Path("/", *names[: i + 1])
+            try:
+                fd = _open_dir(folder, here, fds[-1])
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(here.name, 0o700, dir_fd=fds[-1])
+                    # What this process just made, in a folder no one else can swap it out
+                    # of (checked on the way here): 0700 whatever the umask.
+                    os.chmod(here.name, 0o700, dir_fd=fds[-1])
+                except FileExistsError:  # made meanwhile: checked below as any other
+                    pass
+                except OSError as exc:
+                    raise _refuse(folder, f"cannot be made: {here}: {exc.strerror}") from None
+                fd = _open_dir(folder, here, fds[-1])
+            fds.append(fd)
+            st = os.fstat(fd)
+            if here == folder:
+                if problem := folder_problem(st):
+                    own = st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode)
+                    fix = f"chmod 700 {folder}, or {_FIX}" if own else _FIX
+                    raise _refuse(folder, problem, fix)
+            elif problem := _ancestor_problem(str(here), st):
+                raise _refuse(folder, f"is unsafe: {problem}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def peer_problem(pid: int, uid: int, gid: int) -> str | None:
+    """Why a process with these credentials (``SO_PEERCRED``) is not to be trusted with a
+    request: it runs as another user. (gid is not judged: a user's server may run with any
+    of their groups.)"""
+    me = os.geteuid()
+    if uid != me:
+        return f"runs as uid {uid} (pid {pid}), not as you (uid {me})"
+    return None
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a connected Unix socket: for a
+    client, the one that listened (as it was at ``listen``); for a server, the one that
+    connected."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def connect(path: Path) -> socket.socket | None:
+    """A connection to this user's own server at ``path``, nothing sent yet; None when there
+    is no server there. Raises UnsafeSocketError when the folder or the listening process is
+    someone else's (the connection closed, nothing sent)."""
+    try:
+        check_folder(path.parent, create=False)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if isinstance(exc, UnsafeSocketError):
+            raise
+        return None
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+        raise UnsafeSocketError(
+            f"server socket {path} is not a socket of yours (owner uid {st.st_uid}); {_FIX}"
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        problem = peer_problem(*peer_credentials(sock))
+    except OSError:
+        sock.close()
+        return None
+    if problem:
+        sock.close()
+        raise UnsafeSocketError(f"the process listening on {path} {problem}; {_FIX}")
+    return sock
+
+
+__all__ = [
+    "UnsafeSocketError",
+    "check_folder",
+    "connect",
+    "default_folder",
+    "folder_problem",
+    "peer_credentials",
+    "peer_problem",
+    "runtime_dir",
+    "socket_path",
+]
