@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jaxaot.schema import JaxaotConfig
 
+from jaxaot.config.jax_options import check_before_import
 from jaxaot.config.mesh import check_parallel
 from jaxaot.config.order import STAGES
 from jaxaot.config.topology_config import check_topology
@@ -126,12 +127,13 @@ def check_shared(cfg: JaxaotConfig) -> None:
         raise ConfigError(
             f"program.target: expected 'package.module:function', found {cfg.program.target!r}"
         )
-    for name in cfg.jax.config:
+    for name, value in cfg.jax.config.items():
         if not str(name).startswith("jax_"):
             raise ConfigError(
                 f"jax.config.{name}: expected a JAX config option (jax_enable_x64, "
                 "jax_default_matmul_precision, ...: the names jax.config.update takes)"
             )
+        check_before_import(str(name), value)  # the rest once JAX is imported (jaxenv)
 
 
 def check_relations(cfg: JaxaotConfig) -> None:
