@@ -21,6 +21,7 @@ from jaxaot.config.argspec import (
     parse_type,
     quote_array_types,
     short_name,
+    symbols,
     to_static_value,
 )
 from jaxaot.errors import ArgSpecError, ConfigError
@@ -99,13 +100,135 @@ def test_symbolic_dimensions_and_weak_types_parse() -> None:
         spec.concrete({}, "x")
 
 
+_GRAMMAR = (
+    r"; expected an integer, or an expression of dimension variables and integers with \+ - \*, "
+    r"\^<integer>, floordiv\(a, b\), mod\(a, b\), max\(a, b\), min\(a, b\) \(e\.g\. b, "
+    r"2\*b \+ 1, floordiv\(b, 2\)\)$"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "f32[1e3]",
+            r"'1e3' of 'f32\[1e3\]': '1e3' is not an integer: write sizes in digits \(1000\)",
+        ),
+        ("f32[b+,4]", r"'b\+' of 'f32\[b\+,4\]': a variable or an integer is missing at the end"),
+        ("f32[2b]", r"'2b' of 'f32\[2b\]': '2b': write a product with \* \(2\*b\)"),
+        ("f32[b**2]", r"'b\*\*2' of 'f32\[b\*\*2\]': write a power with \^ \(b\^2\), not \*\*"),
+        ("f32[(b+1)*2]", r"'\(b\+1\)\*2' of .*: JAX's dimension expressions have no grouping"),
+        ("f32[max(b)]", r"'max\(b\)' of .*: ',' is missing before '\)'"),
+        ("f32[b c]", r"'b c' of .*: unexpected 'c' after 'b'"),
+        ("f32[1.5]", r"'1\.5' of .*: '1\.5' is not an integer"),
+        ("f32[_]", r"'_' of .*: '_' is not a dimension variable name"),
+    ],
+)
+def test_a_bad_dimension_is_named_with_the_argument_and_the_grammar(text: str, why: str) -> None:
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[0\]: cannot parse the dimension " + why + ".*" + _GRAMMAR,
+    ):
+        parse_leaf_or_tree(text, "program.args[0]")
+
+
+def test_a_bad_dimension_in_a_mapping_names_its_shape_key() -> None:
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[1\]\.shape: cannot parse the dimension 'b\+' of shape "
+        r"\['b\+', 4\]: a variable or an integer is missing at the end",
+    ):
+        parse_leaf_or_tree({"shape": ["b+", 4]}, "program.args[1]")
+
+
+EXPRESSIONS = [
+    "b", "2*b", "b + 1", "-b + 8", "b*-2", "b - -2", "b^2", "b ^ 2", "2*b*c", "1_000",
+    "floordiv(b, 2)", "mod(b, 3)", "max(b, c)", "min(b, 4)", "floordiv(b+1, 2) * 4",
+    "max(2*b, c + 1) - min(b, c)", "mod(floordiv(b, 2), 3) + c^2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", EXPRESSIONS)
+def test_the_dimension_grammar_agrees_with_jax(text: str) -> None:
+    """What jax.export.symbolic_shape reads, dim_expr reads, to the same value."""
+    import jax
+    from jaxaot.config import dim_expr
+
+    (jax_dim,) = jax.export.symbolic_shape(text)
+    tree = dim_expr.parse(text)
+    for sizes in ({"b": 7, "c": 3}, {"b": 16, "c": 40}):
+        want = jax_dim if isinstance(jax_dim, int) else jax_dim._evaluate(sizes)  # jax 0.10
+        assert dim_expr.evaluate(tree, sizes) == int(want)
+    spec = parse_type(f"f32[{text}]", "x")
+    assert spec is not None and spec.symbolic == bool(dim_expr.variables(tree))
+
+
+@pytest.mark.parametrize("text", ["(b+1)*2", "1e3", "b+", "2b", "b**2", "non_negative(b)", "_"])
+def test_what_jax_refuses_is_refused(text: str) -> None:
+    import jax
+    from jaxaot.config import dim_expr
+
+    with pytest.raises(ValueError, match="syntax error in symbolic shape"):
+        jax.export.symbolic_shape(text)
+    with pytest.raises(dim_expr.DimSyntaxError):
+        dim_expr.parse(text)
+
+
+def test_calls_in_dimensions_parse_evaluate_and_name_their_variables() -> None:
+    spec = parse_type("f32[floordiv(b, 2), max(b, c)]", "x")
+    assert spec is not None and spec.shape == ("floordiv(b, 2)", "max(b, c)")
+    assert symbols("floordiv(b, 2) + max(b, c)") == ["b", "c"]
+    assert spec.concrete({"b": 9, "c": 4}, "x").shape == (4, 9)
+    const = parse_type("f32[2*3, 4]", "x")  # no variables: folded, as JAX folds it
+    assert const is not None and const.shape == (6, 4) and not const.symbolic
+    with pytest.raises(
+        ArgSpecError, match=r"^x: the dimension '3-5' of 'f32\[3-5\]' is -2; expected"
+    ):
+        parse_type("f32[3-5]", "x")
+
+
+def test_shapes_at_compile_sizes_must_fit_xla() -> None:
+    spec = parse_type("f32[b,b]", "program.args[0]")
+    assert spec is not None
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[0\] at compile\.shapes: f32\[10000000000,10000000000\] has 1e\+20 "
+        r"elements .*XLA sizes arrays in int64",
+    ):
+        spec.concrete({"b": 10**10}, "program.args[0]")
+    with pytest.raises(ConfigError, match=r"^compile\.shapes: program\.args\[0\] is f32\[b - 4\]"):
+        parse_type("f32[b - 4]", "x").concrete({"b": 2}, "program.args[0]")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "weak"), [("f32[]~weak", True), ("f32[]~strong", False), ("f32[2] ~ strong", False)]
+)
+def test_suffixes_say_weak_or_strong(text: str, weak: bool) -> None:
+    spec = parse_type(text, "x")
+    assert spec is not None and spec.weak_type is weak
+
+
+@pytest.mark.parametrize("text", ["f32[]~bogus", "f32[]~", "f32[2]~Weak"])
+def test_an_unknown_suffix_lists_the_accepted_ones(text: str) -> None:
+    with pytest.raises(
+        ArgSpecError,
+        match=r"^program\.args\[0\]: unknown suffix '~\w*' in .*; expected ~weak \(weakly typed, "
+        r"as a Python scalar\) or ~strong \(the default: the dtype as written\), or none$",
+    ):
+        parse_leaf_or_tree(text, "program.args[0]")
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
         ("x32[3]", r"program\.args\[0\]: unknown dtype 'x32'"),
         ("f32[3,]", r"program\.args\[0\]: cannot parse array type 'f32\[3,\]': empty dimension"),
         ("f32[,]", r"cannot parse array type 'f32\[,\]'"),
-        ("f32[a/b]", r"program\.args\[0\]: cannot parse array type 'f32\[a/b\]'"),
+        (
+            "f32[a/b]",
+            r"program\.args\[0\]: cannot parse the dimension 'a/b' of 'f32\[a/b\]': '/' is not "
+            r"allowed in a dimension; expected an integer, or an expression",
+        ),
         ("f32[3", r"cannot parse array type 'f32\[3'"),
         ("notatype[2]", r"unknown dtype 'notatype'"),
     ],
@@ -286,6 +409,10 @@ def test_a_dict_of_arguments_is_not_mistaken_for_a_spec() -> None:
         # unknown dtypes and bad shapes are quoted too, so argspec (not Hydra) reports them
         ("program.args=[x32[3]]", "program.args=['x32[3]']"),
         ("program.args=[f32[a,b]]", "program.args=['f32[a,b]']"),
+        # every ~suffix and a dimension with a call: argspec names a bad one, not Hydra's lexer
+        ("program.args=[f32[]~strong,f32[]~weak]", "program.args=['f32[]~strong','f32[]~weak']"),
+        ("program.args=[f32[]~bogus]", "program.args=['f32[]~bogus']"),
+        ("program.args=[f32[floordiv(b,2),4]]", "program.args=['f32[floordiv(b,2),4]']"),
     ],
 )
 def test_quote_array_types_quotes_types(override: str, quoted: str) -> None:

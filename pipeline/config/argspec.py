@@ -9,11 +9,13 @@ A leaf is one of
 A dimension may be symbolic (shape polymorphism): ``f32[b,512]``, ``f32[2*b,c]``, constrained
 by ``stage_out.shape_constraints`` (``["b >= 16"]``); the program lowers to one polymorphic
 ``jax.export`` artifact, and ``compile.shapes`` (``{b: 32}``) gives the sizes it is compiled and
-executed at.
+executed at. A dimension is checked against the grammar ``jax.export.symbolic_shape`` reads
+(pipeline/config/dim_expr.py: names, integers, ``+ - *``, ``^``, ``floordiv/mod/max/min(a, b)``)
+here, so that a typo is refused naming the argument.
 
 An array type may end in ``~weak`` (``f32[]~weak``; in a mapping ``weak_type: true``): the
 argument is weakly typed, as a Python scalar is, so it takes the other operand's dtype in
-promotion.
+promotion. ``~strong`` (``weak_type: false``) says the default: the dtype as written.
 
 Leaves may sit in nested lists and dicts (pytrees), and in any other pytree container named by
 import path with a tagged mapping (:class:`PytreeNode`)::
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.config import dim_expr
 from jaxaot.errors import ArgSpecError, ConfigError
 
 if TYPE_CHECKING:
@@ -97,18 +100,15 @@ PYTREE_ARGS = "_args_"
 # array aborts the process (SIGABRT in XLA's shape checks) instead of raising (issue 12).
 MAX_ARRAY_BYTES = 2**63 - 1
 
-_TYPE_RE = re.compile(
-    r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[\s*([A-Za-z0-9_,\s*+\-]*)\]\s*(~\s*weak)?\s*$"
-)
-# A symbolic dimension (shape polymorphism, jax.export): a name or an expression of names and
-# ints as jax.export.symbolic_shape reads it (``b``, ``2*b``, ``b + 1``).
-_SYMBOLIC_DIM = re.compile(
-    r"^[A-Za-z_][A-Za-z0-9_]*$|^[A-Za-z0-9_\s*+\-]*[A-Za-z_][A-Za-z0-9_\s*+\-]*$"
-)
+# ``dtype[dims]`` and an optional ``~suffix``; the dims are parsed by dim_expr, the suffix is
+# one of SUFFIXES (anything else is refused by name rather than read as a string).
+_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*\[([^\[\]]*)\]\s*(~\s*[A-Za-z0-9_]*)?\s*$")
+# The suffixes of an array type: whether it is weakly typed.
+SUFFIXES: dict[str, bool] = {"weak": True, "strong": False}
 # Something written like an array type (``name[dims]``) inside a longer override value, for
 # quoting it before Hydra parses the line. Any name, not only known dtypes: an unknown dtype or a
 # malformed shape should reach parse_type (which names it) rather than fail Hydra's grammar.
-_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}()'\"=]*\](?:~weak)?")
+_TYPE_IN_TEXT_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\[[^\[\]{}'\"=]*\](?:~[A-Za-z0-9_]*)?")
 # Characters after which a value (a list item, a dict value) can start in Hydra's grammar.
 _VALUE_START = frozenset("[,:{( \t")
 
@@ -153,10 +153,13 @@ class ArraySpec:
         """This spec with its symbolic dimensions evaluated with ``sizes`` (``compile.shapes``)."""
         if not self.symbolic:
             return self
-        return replace(
-            self,
-            shape=tuple(d if isinstance(d, int) else eval_dim(d, sizes, where) for d in self.shape),
-        )
+        shape = tuple(d if isinstance(d, int) else eval_dim(d, sizes, where) for d in self.shape)
+        if any(d < 0 for d in shape):
+            raise ConfigError(
+                f"compile.shapes: {where} is {self.type_str}, which is "
+                f"[{','.join(map(str, shape))}] at these sizes; expected sizes >= 0"
+            )
+        return _check_size(replace(self, shape=shape), f"{where} at compile.shapes")
 
 
 @dataclass(frozen=True)
@@ -280,9 +283,16 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+# Names in a dimension that are no variables: dim_expr's operations, and the one more that
+# JAX prints (jax 0.10 writes some constraints' dimensions with non_negative(...)).
+_NOT_VARIABLES = frozenset(dim_expr.OPERATIONS) | {"non_negative"}
+
+
 def symbols(dim: str) -> list[str]:
-    """The dimension variables of a symbolic dimension (``2*b + c`` -> ``[b, c]``)."""
-    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*", dim)
+    """The dimension variables of a symbolic dimension (``2*b + c`` -> ``[b, c]``), as written
+    here or as JAX prints one (``floordiv(b, 2)`` -> ``[b]``)."""
+    found = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", dim)
+    return [v for i, v in enumerate(found) if v not in _NOT_VARIABLES and v not in found[:i]]
 
 
 def eval_dim(dim: str, sizes: Mapping[str, int], where: str) -> int:
@@ -293,18 +303,34 @@ def eval_dim(dim: str, sizes: Mapping[str, int], where: str) -> int:
             f"compile.shapes: {where} has the symbolic dimension {dim!r}; expected a size for "
             f"{', '.join(repr(m) for m in missing)} (e.g. compile.shapes={{{missing[0]}: 32}})"
         )
-    expr = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: str(int(sizes[m.group(0)])), dim)
-    if not re.fullmatch(r"[0-9\s*+\-]+", expr) or "**" in expr:
-        raise ArgSpecError(f"{where}: cannot evaluate the symbolic dimension {dim!r}")
-    return int(eval(expr, {"__builtins__": {}}, {}))  # digits, + - * and spaces only
+    try:
+        return dim_expr.evaluate(dim_expr.parse(dim), sizes)
+    except (dim_expr.DimSyntaxError, ZeroDivisionError) as exc:
+        raise ArgSpecError(
+            f"{where}: cannot evaluate the symbolic dimension {dim!r} ({exc})"
+        ) from None
 
 
-def _dim(text: str, where: str) -> int | str:
+def _dim(text: str, where: str, written: str) -> int | str:
+    """One dimension of the array type ``written``: an int, or a symbolic expression (its text
+    with blanks normalized, as jax.export.symbolic_shape is given it)."""
     if text.isdigit():
         return int(text)
-    if not _SYMBOLIC_DIM.match(text):
-        raise ArgSpecError(f"{where}: cannot parse the dimension {text!r}")
-    return " ".join(text.split())
+    try:
+        tree = dim_expr.parse(text)
+    except dim_expr.DimSyntaxError as exc:
+        raise ArgSpecError(
+            f"{where}: cannot parse the dimension {text!r} of {written}: {exc}; expected "
+            f"{dim_expr.GRAMMAR}"
+        ) from None
+    if dim_expr.variables(tree):
+        return " ".join(text.split())
+    size = dim_expr.evaluate(tree, {})  # JAX folds an expression of integers alike
+    if size < 0:
+        raise ArgSpecError(
+            f"{where}: the dimension {text!r} of {written} is {size}; expected a size >= 0"
+        )
+    return size
 
 
 def _check_size(spec: ArraySpec, where: str) -> ArraySpec:
@@ -343,13 +369,23 @@ def parse_type(text: str, where: str) -> ArraySpec | None:
     m = _TYPE_RE.match(text)
     if not m:
         return None
-    dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
-    if m.group(2).strip() and len(dims) != m.group(2).count(",") + 1:
-        raise ArgSpecError(f"{where}: cannot parse array type {text!r}: empty dimension")
+    dtype = canonical_dtype(m.group(1), where)
+    dims = [d.strip() for d in dim_expr.split_dims(m.group(2))] if m.group(2).strip() else []
+    if "" in dims:
+        raise ArgSpecError(
+            f"{where}: cannot parse array type {text!r}: empty dimension; expected sizes "
+            "separated by commas (f32[4,8]; f32[] for a scalar)"
+        )
+    suffix = "".join((m.group(3) or "").split())[1:] if m.group(3) else None
+    if suffix is not None and suffix not in SUFFIXES:
+        raise ArgSpecError(
+            f"{where}: unknown suffix '~{suffix}' in {text!r}; expected ~weak (weakly typed, as "
+            "a Python scalar) or ~strong (the default: the dtype as written), or none"
+        )
     spec = ArraySpec(
-        shape=tuple(_dim(d, where) for d in dims),
-        dtype=canonical_dtype(m.group(1), where),
-        weak_type=m.group(3) is not None,
+        shape=tuple(_dim(d, where, repr(text.strip())) for d in dims),
+        dtype=dtype,
+        weak_type=SUFFIXES.get(suffix or "strong", False),
     )
     return _check_size(spec, where)
 
@@ -388,7 +424,10 @@ def _parse_mapping(spec: Mapping[str, Any], where: str) -> ArraySpec:
             for d in raw
         ):
             raise ArgSpecError(f"{where}.shape: expected non-negative ints, found {list(raw)}")
-        shape = tuple(d if isinstance(d, int) else _dim(d, f"{where}.shape") for d in raw)
+        shape = tuple(
+            d if isinstance(d, int) else _dim(d, f"{where}.shape", f"shape {list(raw)}")
+            for d in raw
+        )
         dtype = canonical_dtype(spec.get("dtype", "float32"), f"{where}.dtype")
     for key in ("scale", "low", "high"):
         v = spec.get(key)
