@@ -30,6 +30,7 @@ from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.sections import check_indices
 from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 from jaxaot.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
+from jaxaot.stages.array_limits import check_traced
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.util import memo
@@ -402,6 +403,10 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         if missing is not None:
             raise StageError("stage_out", missing) from None
         raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
+    # An array XLA cannot size aborts the process at compile: refused here, in one line.
+    memo.derived(
+        traced.jaxpr, "sizes", lambda: check_traced(traced.jaxpr, bound, cfg.program.target)
+    )
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
     signature["parameters"] = names
