@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -536,8 +537,13 @@ def check(cfg: JaxaotConfig) -> None:
     if ex.repeats < 1:
         raise ConfigError(f"execute.repeats: expected >= 1, found {ex.repeats}")
     for key, tol in (("execute.rtol", ex.rtol), ("execute.atol", ex.atol)):
-        if tol is not None and tol < 0:
-            raise ConfigError(f"{key}: expected >= 0 or null, found {tol}")
+        # nan compares false with everything (``tol < 0`` let it through, and then no element
+        # passed); an infinite tolerance is no check, which execute.check=none says plainly.
+        if tol is not None and not (math.isfinite(tol) and tol >= 0):
+            raise ConfigError(
+                f"{key}: expected a finite number >= 0 or null, found {tol}; null takes the "
+                "output dtype's default, execute.check=none skips the comparison"
+            )
 
 
 def summarize(m: Mapping[str, Any]) -> str:
@@ -578,7 +584,11 @@ def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any
 
 
 def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:
-    check_inputs_fit(bound)  # the inputs this stage builds, before any work
+    from jaxaot.config.argspec import concrete_bound
+
+    # The inputs this stage builds, before any work: a polymorphic program's at the sizes it
+    # runs at (compile.shapes), each also refused when XLA could not size it.
+    check_inputs_fit(concrete_bound(bound, cfg.compile.shapes))
 
 
 EXECUTE = Node(

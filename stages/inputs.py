@@ -8,6 +8,10 @@ change the values of the others and two runs with the same seed get the same inp
 
 from __future__ import annotations
 
+import math
+import os
+import zipfile
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +42,39 @@ def np_dtype(name: str) -> np.dtype[Any]:
         return np.dtype(getattr(ml_dtypes, name))
 
 
+def load_error(exc: BaseException) -> str:
+    """numpy's reason a file did not load, in one line, never its advice to unpickle: an
+    array file is loaded with ``allow_pickle=False`` and stays so."""
+    text = " ".join(str(exc).split())
+    if "pickle" in text.lower():
+        return (
+            "it holds pickled Python objects (an object array, or no numpy format at all), "
+            "which jaxaot never loads"
+        )
+    return text[:300] or type(exc).__name__
+
+
 def materialize(spec: ArraySpec, rng: np.random.Generator, where: str) -> np.ndarray:
     import numpy as np
 
     dtype = np_dtype(spec.dtype)
     if spec.init == "file":
         assert spec.path is not None
-        arr = np.load(spec.path, allow_pickle=False)
+        try:
+            arr = np.load(spec.path, allow_pickle=False)
+        except FileNotFoundError:
+            raise ArgSpecError(f"{where}: .npy file {spec.path!r} does not exist") from None
+        except (OSError, ValueError, EOFError) as exc:
+            raise ArgSpecError(
+                f"{where}: {spec.path!r} is not a readable .npy file ({load_error(exc)}); "
+                "expected an array written by numpy.save"
+            ) from None
+        if not isinstance(arr, np.ndarray):  # a zip (.npz) named .npy
+            arr.close()
+            raise ArgSpecError(
+                f"{where}: {spec.path!r} is a .npz archive, not a .npy file; expected one array "
+                "written by numpy.save"
+            )
         if tuple(arr.shape) != spec.shape:
             raise ArgSpecError(
                 f"{where}: {spec.path!r} has shape {list(arr.shape)}, expected {list(spec.shape)}"
@@ -114,25 +144,94 @@ def _same_structure(spec: Any, given: Any, where: str) -> None:
         raise ConfigError(f"{where}: expected one array (.npy path) or literal, found {given!r}")
 
 
-def _check_leaves(spec: Any, given: Any, where: str, declared: str) -> None:
-    """Each given array has the declared dtype and shape: JAX would silently narrow a float64
-    file to the float32 an x64-off executable takes, so a mismatch is refused here."""
+def _checked(spec: Any, given: Any, where: str, declared: str) -> Any:
+    """``given`` (parsed) checked against ``spec``, numbers made the declared type: each given
+    array has the declared dtype and shape (JAX would silently narrow a float64 file to the
+    float32 an x64-off executable takes, so a mismatch is refused here)."""
     if isinstance(spec, dict):
-        for k in spec:
-            _check_leaves(spec[k], given[k], f"{where}.{k}", f"{declared}.{k}")
-    elif isinstance(spec, list):
-        for i, (s, g) in enumerate(zip(spec, given, strict=True)):
-            _check_leaves(s, g, f"{where}[{i}]", f"{declared}[{i}]")
-    elif isinstance(given, Literal) and isinstance(given.value, str):
+        return {k: _checked(spec[k], given[k], f"{where}.{k}", f"{declared}.{k}") for k in spec}
+    if isinstance(spec, list):
+        return [
+            _checked(s, g, f"{where}[{i}]", f"{declared}[{i}]")
+            for i, (s, g) in enumerate(zip(spec, given, strict=True))
+        ]
+    if isinstance(given, Literal) and isinstance(given.value, str):
         hint = (
             "an archive names every argument: give it alone, execute.inputs=<file>.npz"
             if given.value.endswith(".npz")
             else "expected a .npy path or a number"
         )
         raise ConfigError(f"{where}: {given.value!r} is a string; {hint}")
-    elif isinstance(spec, ArraySpec) and isinstance(given, ArraySpec):
+    if isinstance(spec, ArraySpec) and isinstance(given, ArraySpec):
         what = f"{where}: {given.path!r}" if given.path else where
         _same_type(spec, given.shape, given.dtype, what, declared)
+    elif isinstance(spec, ArraySpec) and isinstance(given, Literal):
+        return Literal(_number_as(spec, given.value, where, declared))
+    elif isinstance(spec, Literal) and isinstance(given, Literal):
+        return Literal(_number_like(spec.value, given.value, where, declared))
+    return given
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the bool {value!r}"
+    return f"{'an int' if isinstance(value, int) else 'a float'} scalar {value!r}"
+
+
+def _number_as(spec: ArraySpec, value: Any, where: str, declared: str) -> Any:
+    """A number given for an array argument: only for a scalar (``f32[]``), as that dtype
+    (a float rounded to it as JAX rounds a Python float; never a float into an int or bool,
+    an int out of range, or a finite number that overflows the dtype)."""
+    import numpy as np
+
+    fix = (
+        f"give a .npy file holding {spec.type_str} (numpy.save), or an .npz archive of every "
+        "input (execute.inputs=<file>.npz)"
+    )
+    if spec.shape != ():
+        raise ConfigError(
+            f"{where}: expected {spec.type_str} (as {declared} declares), found {_kind(value)}; "
+            f"{fix}"
+        )
+    import ml_dtypes
+
+    dtype = np_dtype(spec.dtype)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if spec.dtype == "bool":
+        fits = isinstance(value, bool)
+    elif spec.dtype.startswith(("int", "uint")):
+        info = ml_dtypes.iinfo(dtype)
+        fits = number and isinstance(value, int) and info.min <= value <= info.max
+    else:  # floating and complex
+        fits = number
+    if fits:
+        with np.errstate(over="ignore"):
+            arr = np.asarray(value, dtype=dtype)
+        if not (number and math.isfinite(value) and not np.all(np.isfinite(arr))):
+            return arr  # not a finite number that overflowed the dtype (1e39 as f32)
+    raise ConfigError(
+        f"{where}: expected {spec.type_str} (as {declared} declares), found {_kind(value)}, "
+        f"which is no {spec.dtype} value; give a number of that type, or {fix}"
+    )
+
+
+def _number_like(want: Any, value: Any, where: str, declared: str) -> Any:
+    """A number given where the program traced a literal (a weakly typed scalar of the
+    literal's Python type): the same type, or an int where a float was traced."""
+    if not isinstance(want, bool | int | float) or not isinstance(value, bool | int | float):
+        return value
+    if isinstance(want, bool) != isinstance(value, bool) or (
+        isinstance(want, int) and isinstance(value, float)
+    ):
+        traced = type(want).__name__
+        a = "an" if traced == "int" else "a"
+        raise ConfigError(
+            f"{where}: expected {a} {traced} ({declared} is {want!r}, traced as a weakly typed "
+            f"{traced} scalar), found {_kind(value)}; give {a} {traced}, or change {declared}"
+        )
+    return float(value) if isinstance(want, float) else value
 
 
 def _same_type(
@@ -180,13 +279,20 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
     import numpy as np
 
     where = f"execute.inputs={path!r}"
+    fix = "expected a .npz archive of arrays, as numpy.savez writes"
+    if not os.path.exists(path):
+        raise ConfigError(f"{where}: no such file; {fix}")
+    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle
+        raise ConfigError(f"{where}: not a .npz archive (not a zip file); {fix}")
+    arrays: dict[str, Any] = {}
+    name = ""
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{where}: not a readable .npz archive ({exc})") from None
+            for name in archive.files:
+                arrays[name] = archive[name]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        member = f" (array {name!r})" if name else ""
+        raise ConfigError(f"{where}: unreadable{member}: {load_error(exc)}; {fix}") from None
     trees = [
         (f"args[{i}]", f"program.args[{i}]", a)
         for i, a in enumerate(bound.args)
@@ -302,10 +408,14 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     _same_structure(traced_kw, kw, "execute.inputs.kwargs")
     parsed_pos = [parse_leaf_or_tree(p, f"execute.inputs[{i}]") for i, p in enumerate(pos)]
     parsed_kw = {k: parse_leaf_or_tree(v, f"execute.inputs.kwargs.{k}") for k, v in kw.items()}
-    for i, (spec, given) in enumerate(zip(traced_pos, parsed_pos, strict=True)):
-        _check_leaves(spec, given, f"execute.inputs[{i}]", f"program.args[{positions[i]}]")
-    for k, given in parsed_kw.items():
-        _check_leaves(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
+    parsed_pos = [
+        _checked(spec, given, f"execute.inputs[{i}]", f"program.args[{positions[i]}]")
+        for i, (spec, given) in enumerate(zip(traced_pos, parsed_pos, strict=True))
+    ]
+    parsed_kw = {
+        k: _checked(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
+        for k, given in parsed_kw.items()
+    }
     counter = [0]
     return (
         [

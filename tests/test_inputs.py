@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jaxaot.config.argspec import bind
 from jaxaot.errors import ConfigError
-from jaxaot.stages.inputs import expected_keys
+from jaxaot.stages.inputs import expected_keys, user_inputs
 
 AXPY = "program=axpy"
 TREE = (
@@ -131,11 +131,16 @@ def test_npz_errors_name_the_archive_and_the_key(
 
 
 def test_a_missing_or_unreadable_npz_is_one_line(compose_run: Any, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^execute\.inputs='.*nope\.npz': no such file$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^execute\.inputs='.*nope\.npz': no such file; expected a \.npz archive of arrays",
+    ):
         compose_run(AXPY, "program.args=[f32[4],f32[4]]", f"execute.inputs={tmp_path}/nope.npz")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
-    with pytest.raises(ConfigError, match=r"^execute\.inputs='.*bad\.npz': not a readable \.npz"):
+    with pytest.raises(
+        ConfigError, match=r"^execute\.inputs='.*bad\.npz': not a \.npz archive \(not a zip file\)"
+    ):
         compose_run(AXPY, "program.args=[f32[4],f32[4]]", f"execute.inputs={bad}")
 
 
@@ -171,3 +176,105 @@ def test_expected_keys_of_positional_dict_and_keyword_arguments() -> None:
         "args[1]",
         "kwargs['z']",
     ]
+
+
+# --- numbers and unreadable files, checked against the specs (user_inputs) --------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "value", "match"),
+    [
+        (
+            "f32[4]",
+            3.5,
+            r"^execute\.inputs\[0\]: expected f32\[4\] \(as program\.args\[0\] declares\), found "
+            r"a float scalar 3\.5; give a \.npy file holding f32\[4\] \(numpy\.save\), or an "
+            r"\.npz archive of every input \(execute\.inputs=<file>\.npz\)$",
+        ),
+        ("i32[]", 3.5, r"^execute\.inputs\[0\]: expected i32\[\] .*found a float scalar 3\.5, "),
+        ("i32[]", 2**40, r"found an int scalar 1099511627776, which is no int32 value"),
+        ("f32[]", True, r"found the bool True, which is no float32 value"),
+        ("bool[]", 1, r"found an int scalar 1, which is no bool value"),
+        ("f32[]", 1e39, r"found a float scalar 1e\+39, which is no float32 value"),
+    ],
+)
+def test_a_number_for_an_array_is_refused_unless_it_is_that_scalar(
+    spec: str, value: Any, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        user_inputs(bind([spec], {}), [value])
+
+
+def test_a_number_for_a_scalar_array_is_given_its_declared_dtype() -> None:
+    (f,), _ = user_inputs(bind(["f32[]"], {}), [3.5])
+    assert isinstance(f, np.ndarray) and f.dtype == np.float32 and f.shape == () and f == 3.5
+    (i,), _ = user_inputs(bind(["u8[]"], {}), [255])
+    assert i.dtype == np.uint8 and i == 255
+    (w,), _ = user_inputs(bind(["f32[]~weak"], {}), [2])
+    assert w.dtype == np.float32 and w.weak_type and float(w) == 2.0
+
+
+def test_a_number_for_a_traced_literal_keeps_the_literal_type() -> None:
+    bound = bind([3, 1.5], {})
+    args, _ = user_inputs(bound, [4, 2])
+    assert args == [4, 2.0] and isinstance(args[1], float)
+    with pytest.raises(
+        ConfigError,
+        match=r"^execute\.inputs\[0\]: expected an int \(program\.args\[0\] is 3, traced as a "
+        r"weakly typed int scalar\), found a float scalar 3\.5; give an int, or change "
+        r"program\.args\[0\]$",
+    ):
+        user_inputs(bound, [3.5, 1.0])
+
+
+def _never_advises_unpickling(message: str) -> None:
+    assert "allow_pickle" not in message and "pickle.load" not in message
+
+
+def test_a_truncated_npy_names_the_file_and_the_key(tmp_path: Path) -> None:
+    good = tmp_path / "x.npy"
+    np.save(good, np.arange(4, dtype=np.float32))
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(good.read_bytes()[:-5])  # the header is whole, the data is not
+    with pytest.raises(ConfigError) as info:
+        user_inputs(bind(["f32[4]"], {}), [str(cut)])
+    assert str(info.value).startswith(
+        f"execute.inputs[0]: {str(cut)!r} is not a readable .npy file (Failed to read all data"
+    )
+    assert str(info.value).endswith("; expected an array written by numpy.save")
+    _never_advises_unpickling(str(info.value))
+
+
+def test_a_truncated_npy_init_names_the_argument(tmp_path: Path) -> None:
+    from jaxaot.stages.inputs import spec_inputs
+
+    good = tmp_path / "x.npy"
+    np.save(good, np.arange(4, dtype=np.float32))
+    bound = bind([{"init": str(good)}], {})
+    good.write_bytes(good.read_bytes()[:-5])  # cut after the spec read its header
+    with pytest.raises(
+        ConfigError, match=r"^program\.args\[0\]: '.*x\.npy' is not a readable \.npy"
+    ):
+        spec_inputs(bound, 0)
+
+
+def test_a_npz_that_is_no_zip_or_holds_objects_is_never_unpickled(tmp_path: Path) -> None:
+    pickled = tmp_path / "p.npz"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (tmp_path / "p.npz.npy").rename(pickled)  # a pickle-bearing .npy named .npz
+    bound = bind(["f32[4]"], {})
+    with pytest.raises(ConfigError) as info:
+        user_inputs(bound, str(pickled))
+    assert str(info.value) == (
+        f"execute.inputs={str(pickled)!r}: not a .npz archive (not a zip file); expected a .npz "
+        "archive of arrays, as numpy.savez writes"
+    )
+    objects = tmp_path / "o.npz"
+    np.savez(objects, **{"args[0]": np.array([None, 1], dtype=object)})
+    with pytest.raises(ConfigError) as info:
+        user_inputs(bound, str(objects))
+    assert str(info.value).startswith(
+        f"execute.inputs={str(objects)!r}: unreadable (array 'args[0]'): it holds pickled Python "
+        "objects"
+    )
+    _never_advises_unpickling(str(info.value))
