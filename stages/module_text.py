@@ -120,7 +120,12 @@ def _used_at(op: Any) -> str:
 
 
 def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
-    """The constant ops with more than ``over_elements`` elements (splats excluded), in order."""
+    """The constant ops with more than ``over_elements`` elements (splats excluded), in order.
+
+    Read from each op's result type and its elided printed form, never from its ``value``
+    attribute: the MLIR bindings cannot hand a complex dense attribute to Python (jaxlib
+    0.10 raises TypeError by name and aborts the process by index; older ones abort), and one
+    constant that cannot be read must not hide the others."""
     from jax._src.lib.mlir import ir
 
     module = lowered.compiler_ir("stablehlo")
@@ -128,25 +133,45 @@ def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
 
     def visit(op: Any) -> Any:
         if op.name == "stablehlo.constant":
-            attr = op.attributes["value"]
-            shaped = ir.ShapedType(attr.type)
-            count = math.prod(shaped.shape) if shaped.has_static_shape else 0
             try:
-                splat = ir.DenseElementsAttr(attr).is_splat
-            except (ValueError, TypeError):
-                splat = False  # resource-backed: never a splat
-            if count > over_elements and not splat:
-                width = getattr(shaped.element_type, "width", 32)  # int and float types have one
-                nbytes = count * max(1, int(width) // 8)
-                found.append(LargeConstant(str(attr.type), nbytes, _used_at(op)))
+                big = _large_constant(ir, op, over_elements)
+            except Exception:  # advice only: skip what this binding cannot read
+                big = None
+            if big is not None:
+                found.append(big)
         return ir.WalkResult.ADVANCE
 
     try:
         with module.context:
             module.operation.walk(visit)
     except Exception:  # the warning is advice: an MLIR binding without these APIs gives none
-        return []
+        return found
     return found
+
+
+def element_bytes(ir: Any, element_type: Any) -> int:
+    """Bytes of one element of an MLIR element type: a complex number is two of its parts
+    (``complex<f32>``: 8), sub-byte types round up to 1; a type without a width counts 4."""
+    if isinstance(element_type, ir.ComplexType):
+        return 2 * element_bytes(ir, element_type.element_type)
+    width = getattr(element_type, "width", None)  # integer and float types have one
+    return max(1, int(width) // 8) if width is not None else 4
+
+
+def _large_constant(ir: Any, op: Any, over_elements: int) -> LargeConstant | None:
+    result_type = op.results[0].type
+    shaped = ir.ShapedType(result_type)
+    count = math.prod(shaped.shape) if shaped.has_static_shape else 0
+    if count <= over_elements:
+        return None
+    # A splat prints as its one value (dense<1.0>, dense<(1.0,2.0)>) whatever the limit; a
+    # large one elided (dense_resource<__elided__>, or older MLIR's opaque/hex forms).
+    text = op.get_asm(large_elements_limit=1)
+    value = text.split("stablehlo.constant", 1)[-1].strip()
+    if value.startswith("dense<") and value[len("dense<") : len("dense<") + 1] not in '["':
+        return None
+    nbytes = count * element_bytes(ir, shaped.element_type)
+    return LargeConstant(str(result_type), nbytes, _used_at(op))
 
 
 def warning(constants: list[LargeConstant]) -> str | None:

@@ -114,6 +114,41 @@ def test_warning_names_large_captured_constants() -> None:
     assert module_text.large_constants(zeros, 1024) == []
 
 
+def test_complex_constants_are_named_with_their_bytes_beside_the_others() -> None:
+    """A complex constant is two parts an element (complex64: 8 bytes), and reading it cannot
+    hide the module's other constants: the MLIR bindings cannot hand its attribute to Python
+    (jaxlib 0.10: TypeError by name, an abort by index), so the sizes come from its type."""
+    c64 = (np.arange(600 * 600, dtype=np.complex64) * (1 + 2j)).reshape(600, 600)
+    real = np.arange(300 * 300, dtype=np.float32).reshape(300, 300)
+
+    def f(x: jax.Array) -> jax.Array:
+        return (x @ jnp.asarray(c64)).real[:300, :300] + jnp.asarray(real)
+
+    lowered = jax.jit(f).lower(jax.ShapeDtypeStruct((600, 600), jnp.complex64))
+    found = module_text.large_constants(lowered, 1024)
+    assert [(c.type, c.nbytes) for c in found] == [
+        ("tensor<600x600xcomplex<f32>>", 600 * 600 * 8),
+        ("tensor<300x300xf32>", 300 * 300 * 4),
+    ]
+    line = module_text.warning(found)
+    assert line is not None and "\n" not in line
+    assert line.startswith("the program captures 1 large constant(s), 2.9 MB in all: ")
+    assert "tensor<600x600xcomplex<f32>> (2.9 MB) used at test_large_constants.py:" in line
+    # A complex splat is no captured data, and complex128 takes 16 bytes an element.
+    with jax.enable_x64(True):
+        c128 = c64.astype(np.complex128)[:200, :200]
+        splat = jax.jit(lambda x: x + jnp.full((500, 500), 1 + 2j, jnp.complex64)).lower(
+            jax.ShapeDtypeStruct((500, 500), jnp.complex64)
+        )
+        wide = jax.jit(lambda x: x + jnp.asarray(c128)).lower(
+            jax.ShapeDtypeStruct((200, 200), jnp.complex128)
+        )
+    assert module_text.large_constants(splat, 1024) == []
+    assert [(c.type, c.nbytes) for c in module_text.large_constants(wide, 1024)] == [
+        ("tensor<200x200xcomplex<f64>>", 200 * 200 * 16)
+    ]
+
+
 def test_module_digest_ignores_locations_and_names_but_not_values() -> None:
     def g(x: jax.Array) -> jax.Array:
         return jnp.tanh(x @ jnp.asarray(_A))
