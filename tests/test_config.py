@@ -190,8 +190,23 @@ def test_a_key_added_to_a_free_form_dict_is_kept() -> None:
         ),
         (_cfg(execute={"warmup": -1}), r"^execute\.warmup: expected >= 0, found -1"),
         (_cfg(execute={"repeats": 0}), r"^execute\.repeats: expected >= 1, found 0"),
-        (_cfg(execute={"rtol": -1}), r"^execute\.rtol: expected >= 0 or null, found -1"),
-        (_cfg(execute={"atol": -0.5}), r"^execute\.atol: expected >= 0 or null, found -0\.5"),
+        (
+            _cfg(execute={"rtol": -1}),
+            r"^execute\.rtol: expected a finite number >= 0 or null, found -1\.0;",
+        ),
+        (
+            _cfg(execute={"atol": -0.5}),
+            r"^execute\.atol: expected a finite number >= 0 or null, found -0\.5;",
+        ),
+        (
+            _cfg(execute={"rtol": float("nan")}),
+            r"^execute\.rtol: expected a finite number >= 0 or null, found nan; null takes the "
+            r"output dtype's default, execute\.check=none skips the comparison$",
+        ),
+        (
+            _cfg(execute={"atol": float("inf")}),
+            r"^execute\.atol: expected a finite number >= 0 or null, found inf;",
+        ),
     ],
 )
 def test_check_errors(cfg: dict[str, Any], match: str) -> None:
@@ -217,6 +232,10 @@ _NO_JAX = textwrap.dedent(
         (["program=axpy", "program.args=[x32[3]]"], ArgSpecError, "unknown dtype 'x32'"),
         (["program=axpy", "program.args=[ij,1]"], ArgSpecError, "static_argnums"),
         (["program=axpy", "stage_out.static_argnums=[7]"], ConfigError, "out of range"),
+        (["program=axpy", "+jax.config.jax_enable_x64=banana"], ConfigError, "found 'banana'"),
+        (["program=axpy", "program.args=[f32[1e3],1]"], ArgSpecError, "dimension '1e3'"),
+        (["program=axpy", "program.args=[f32[]~heavy,1]"], ArgSpecError, "suffix '~heavy'"),
+        (["program=axpy", "execute.rtol=nan"], ConfigError, "execute.rtol"),
     ]
     for overrides, error, words in bad:
         try:
