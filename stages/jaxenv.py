@@ -206,6 +206,8 @@ def key_environment(platform: str) -> dict[str, Any]:
         keyed[name] = {"effective": parsed.effective}
         if name == XLA_FLAGS:
             keyed[name]["debug_options_sha256"] = debug_options_sha256()
+    if _recorded is not None:  # the run's manifest: registrations the program made since
+        _recorded["hlo_transformations"] = xla_passes.registered()
     out: dict[str, Any] = {
         "flags": keyed,
         "env": keyed_env(platform),
@@ -220,8 +222,9 @@ def key_environment(platform: str) -> dict[str, Any]:
 def environment() -> dict[str, Any]:
     """The manifest's record of the environment: each flag variable (its raw value, the file
     it names, the words its reader sees, the flags in effect, which backends read it), XLA's
-    own parse of XLA_FLAGS, the HLO module transformations registered, and every JAX config
-    value, with what the compile key leaves out."""
+    own parse of XLA_FLAGS, the HLO module transformations registered (brought up to date when
+    the compile key is made), and every JAX config value, with what the compile key leaves
+    out."""
     flags = flags_in_effect()
     xla = flags[XLA_FLAGS]
     config = jax_config()
@@ -236,7 +239,14 @@ def environment() -> dict[str, Any]:
     }
     if xla_passes.blind() is not None:
         out["hlo_transformations_unknown"] = xla_passes.blind()
+    global _recorded
+    _recorded = out
     return out
+
+
+# The last environment() record (a run's manifest.environment): the program registers HLO
+# transformations on import, after the record is made, so key_environment brings it up to date.
+_recorded: dict[str, Any] | None = None
 
 
 def configure(

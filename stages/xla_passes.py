@@ -124,6 +124,7 @@ def key_of(platform: str) -> list[dict[str, Any]]:
     each with its callback's identity; :class:`Unkeyable` where that cannot be told. A plugin's
     registrations on every client it had in this process are included (a miss, never a wrong
     hit, after a backend restarts)."""
+    watch()  # not watched yet: only if nothing could have registered (else "blind")
     if _blind is not None:
         raise Unkeyable(f"compiled without the store: {_blind}")
     with _lock:
