@@ -272,7 +272,8 @@ def test_matmul_precision_is_lowered_and_keyed(compose_run: Any) -> None:
         ("+jax.config.jax_nope=1", r"jax\.config\.jax_nope: not a JAX config option"),
         (
             "+jax.config.jax_default_matmul_precision=bogus",
-            r"jax\.config\.jax_default_matmul_precision: JAX refused 'bogus'",
+            r"jax\.config\.jax_default_matmul_precision: expected one of default, high, "
+            r"highest, .*, found 'bogus' \(a string\); use one of those values",
         ),
         (
             "+jax.config.jax_num_cpu_devices=4",
