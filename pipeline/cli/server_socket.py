@@ -13,7 +13,7 @@ before the first byte is sent:
 - **The peer.** After ``connect``, ``SO_PEERCRED`` gives the uid of the process listening on
   the socket; one that is not the client's own euid gets nothing.
 
-Standard library only: the client side must cost milliseconds.
+The standard library and jaxaot.errors only: the client side must cost milliseconds.
 """
 
 from __future__ import annotations
@@ -191,11 +191,9 @@ def connect(path: Path) -> socket.socket | None:
     try:
         check_folder(path.parent, create=False)
         st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if isinstance(exc, UnsafeSocketError):
-            raise
+    except UnsafeSocketError:
+        raise
+    except OSError:  # no folder, no socket: no server
         return None
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
         raise UnsafeSocketError(
