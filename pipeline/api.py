@@ -38,8 +38,11 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from jaxaot.config.trust import install_composition_guards
 
     register_configs()
+    # trust.* and store.trust come from these overrides, never from a config file (refused).
+    install_composition_guards()
     GlobalHydra.instance().clear()
     overrides = [quote_array_types(o) for o in overrides]
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):

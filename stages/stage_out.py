@@ -82,8 +82,8 @@ def resolve_target(
     where = f"{key}={target!r}"
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
+    cwd_importable()  # ./mypkg resolves as under `python -m` (issue 14), and is judged as such
     check_name(target, key, policy)
-    cwd_importable()  # ./mypkg resolves as under `python -m` (issue 14)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

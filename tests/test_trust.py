@@ -1,8 +1,12 @@
-"""The import policy (``jaxaot.config.trust``): every importable name in a config goes through it."""
+"""The import policy (``jaxaot.config.trust``): an allow list, set from the user's side only,
+over every name jaxaot or Hydra imports. Each bypass an audit found has a test here that runs
+it the way it ran and shows it refused: nothing imported, nothing run, one line."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -11,123 +15,180 @@ from typing import Any
 import jaxaot
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import REPO, cli_env, run_cli
 from jaxaot.config.trust import (
-    DEFAULT_DENIED,
-    check_hydra_callbacks,
-    guard_hydra_callbacks,
+    BUILTIN_RULES,
+    ENV_COMMAND_LINE,
+    install_instantiation_guards,
     make_policy,
+    user_policy,
 )
 from jaxaot.config.xla_metadata import Scoped
 from jaxaot.errors import ConfigError, TargetError
 from jaxaot.stages.stage_out import resolve_target
-from omegaconf import OmegaConf
+
+
+@pytest.fixture(autouse=True)
+def users_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No rules from the developer's own environment or user file; the user file's folder."""
+    for name in ("JAXAOT_ALLOW_IMPORTS", "JAXAOT_TRUST_STORE", ENV_COMMAND_LINE):
+        monkeypatch.delenv(name, raising=False)
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    return xdg / "jaxaot"
 
 
 def _validate(*overrides: str) -> Any:
     return jaxaot.validate(jaxaot.compose(["program=axpy", *overrides]))
 
 
+def _allow_line(name: str) -> str:
+    return (
+        f"if you trust it, add trust.allow_imports=[{name}] to the command line or set "
+        f"JAXAOT_ALLOW_IMPORTS={name}"
+    )
+
+
+# --- the default is an allow list ------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
-    ("target", "rule"),
+    "target",
     [
-        ("os:system", "os"),
-        ("os.path:join", "os"),
-        ("posix:system", "posix"),
-        ("subprocess:run", "subprocess"),
-        ("shutil:rmtree", "shutil"),
-        ("sys:exit", "sys"),
-        ("builtins:eval", "builtins"),
-        ("builtins:exec", "builtins"),
-        ("builtins:__import__", "builtins"),
-        ("builtins:open", "builtins"),
-        ("importlib:import_module", "importlib"),
-        ("runpy:run_path", "runpy"),
-        ("pickle:loads", "pickle"),
-        ("marshal:loads", "marshal"),
-        ("ctypes:CDLL", "ctypes"),
-        ("signal:raise_signal", "signal"),
-        ("multiprocessing:Process", "multiprocessing"),
-        ("pty:spawn", "pty"),
-        ("socket:socket", "socket"),
-        ("code:interact", "code"),
-        ("pdb:set_trace", "pdb"),
-        ("numpy:load", "numpy.load"),
+        # Not on the old deny list, and each ran code or touched files with exit 0.
+        "yaml:unsafe_load",
+        "timeit:timeit",
+        "cProfile:run",
+        "profile:run",
+        "distutils.spawn:spawn",
+        "joblib:load",
+        "logging.config:fileConfig",
+        "numpy:fromfile",
+        "gzip:open",
+        "urllib.request:urlopen",
+        # The old deny list's, still refused.
+        "os:system",
+        "subprocess:run",
+        "builtins:eval",
+        "builtins:__import__",
+        "importlib:import_module",
+        "pickle:loads",
+        "ctypes:CDLL",
+        "socket:socket",
+        "shutil:rmtree",
+        "numpy:load",
     ],
 )
-def test_process_control_and_code_execution_targets_are_refused(target: str, rule: str) -> None:
+def test_names_outside_the_allow_list_are_refused(target: str) -> None:
     with pytest.raises(ConfigError) as info:
         _validate(f"program.target={target}")
     message = str(info.value)
     name = target.replace(":", ".")
-    assert message == (
-        f"program.target={target!r} imports {name!r}, which the built-in import deny list "
-        f"refuses (rule {rule!r}: process control, code execution, file access); if this config "
-        f"is trusted, allow it with trust.allow_imports=[{name}]"
+    assert message.startswith(
+        f"program.target={target!r} imports {name!r}, which the import policy does not allow: "
+        f"{name.split('.')[0]!r} is "
     )
+    assert "neither the JAX ecosystem nor this project's own code" in message
+    assert message.endswith(_allow_line(name))
     assert "\n" not in message
 
 
-def test_a_rule_matches_whole_components_only() -> None:
-    policy = make_policy([], [])
-    assert policy.rule_for("osmosis.f") == (True, None)
-    assert policy.rule_for("os.path.join") == (False, "os")
-    assert policy.rule_for("jax.numpy.einsum") == (True, None)
-    assert policy.rule_for("jax.numpy.load") == (False, "jax.numpy.load")
-    assert {"os", "subprocess", "sys", "builtins", "importlib", "pickle"} <= set(DEFAULT_DENIED)
-    _validate("program.target=osmosis:f")  # only the string is checked at validation
-
-
-def test_the_longest_rule_decides_and_allow_wins_a_tie() -> None:
-    policy = make_policy(["os.path"], ["jax.numpy"])
-    assert policy.rule_for("os.path.join") == (True, "os.path")
-    assert policy.rule_for("os.system") == (False, "os")
-    assert policy.rule_for("jax.numpy.einsum") == (False, "jax.numpy")
-    assert make_policy(["jax.numpy.einsum"], ["jax.numpy"]).rule_for("jax.numpy.einsum") == (
-        True,
-        "jax.numpy.einsum",
-    )
-    assert make_policy(["os"], []).rule_for("os.system") == (True, "os")
-
-
-def test_allow_imports_lets_a_refused_target_in_and_it_runs(compose_run: Any) -> None:
-    with pytest.raises(ConfigError, match=r"trust\.allow_imports=\[builtins\.abs\]"):
-        _validate("program.target=builtins:abs", "program.args=[f32[3]]")
-    result = compose_run(
-        "program=axpy",
-        "program.target=builtins:abs",
-        "program.args=[{shape: [3], dtype: f32, init: arange}]",
-        "trust.allow_imports=[builtins.abs]",
-    )
-    assert result.ok
-    with np.load(result.run_dir / "execute" / "outputs.npz") as out:
-        np.testing.assert_array_equal(out["out0"], np.abs(np.arange(3, dtype=np.float32)))
-    assert json.loads((result.run_dir / "manifest.json").read_text())["config"]["trust"] == {
-        "allow_imports": ["builtins.abs"],
-        "deny_imports": [],
-    }
-
-
-def test_allow_star_drops_the_builtin_list_but_not_the_configs_own_denials() -> None:
-    typed = _validate("program.target=subprocess:run", "trust.allow_imports=['*']")
-    assert typed.trust.allow_imports == ["*"]
-    with pytest.raises(
-        ConfigError, match=r"which trust\.deny_imports refuses \(rule 'subprocess'\)"
-    ):
-        _validate(
-            "program.target=subprocess:run",
-            "trust.allow_imports=['*']",
-            "trust.deny_imports=[subprocess]",
-        )
-
-
-def test_deny_imports_adds_rules_naming_the_key() -> None:
+@pytest.mark.parametrize(
+    ("target", "rule"),
+    [
+        ("jax.numpy:load", "jax.numpy.load"),
+        ("jax.numpy:save", "jax.numpy.save"),
+        ("jax.profiler:start_trace", "jax.profiler"),
+        ("jax.profiler:start_server", "jax.profiler"),
+        (
+            "jax.experimental.serialize_executable:deserialize_and_load",
+            "jax.experimental.serialize_executable",
+        ),
+        ("jax.config:update", "jax.config"),
+        ("jax:print_environment_info", "jax.print_environment_info"),
+        ("jax.distributed:initialize", "jax.distributed"),
+        (
+            "jax.experimental.compilation_cache.compilation_cache:set_cache_dir",
+            "jax.experimental.compilation_cache",
+        ),
+        ("jax._src.numpy.lax_numpy:load", "jax._src.numpy.lax_numpy.load"),
+        ("flax.training.checkpoints:restore_checkpoint", "flax.training.checkpoints"),
+        ("equinox:tree_deserialise_leaves", "equinox.tree_deserialise_leaves"),
+    ],
+)
+def test_file_process_network_and_pickle_surfaces_of_allowed_packages_are_refused(
+    target: str, rule: str
+) -> None:
     with pytest.raises(ConfigError) as info:
-        _validate("program.target=jax.numpy:einsum", "trust.deny_imports=[jax.numpy]")
+        _validate(f"program.target={target}")
+    name = target.replace(":", ".")
+    why = next(r.why for r in BUILTIN_RULES if r.prefix == rule and not r.allow)
     assert str(info.value) == (
-        "program.target='jax.numpy:einsum' imports 'jax.numpy.einsum', which "
-        "trust.deny_imports refuses (rule 'jax.numpy')"
+        f"program.target={target!r} imports {name!r}, which the import policy refuses "
+        f"(rule {rule!r}: {why}); {_allow_line(name)}"
     )
+
+
+@pytest.mark.parametrize(
+    ("target", "resolved"),
+    [
+        ("jax.numpy:can_cast", "numpy.can_cast"),  # jax.numpy re-exports some of NumPy's
+        ("jax.numpy:array_repr", "numpy.array_repr"),
+        ("jax:devices", "jax._src.xla_bridge.devices"),
+    ],
+)
+def test_an_allowed_looking_name_that_resolves_outside_is_refused(
+    target: str, resolved: str
+) -> None:
+    with pytest.raises(TargetError) as info:
+        resolve_target(target, policy=make_policy())
+    assert str(info.value).startswith(f"program.target={target!r} resolves to {resolved!r}, which")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "jax.numpy:einsum",
+        "jax.nn:dot_product_attention",
+        "jax.lax:add",
+        "jax.scipy.special:logsumexp",
+        "jax.random:normal",
+        "jaxaot.examples.axpy:axpy",
+        "jaxaot.examples.transformer:_rms_norm",
+    ],
+)
+def test_the_jax_ecosystem_and_the_examples_are_allowed(target: str) -> None:
+    assert callable(resolve_target(target, policy=make_policy()))
+    _validate(f"program.target={target}")
+
+
+def test_every_shipped_program_and_hydra_callback_passes_the_default() -> None:
+    from jaxaot.api import conf_dir
+
+    for path in sorted((conf_dir() / "program").glob("*.yaml")):
+        typed = _validate(f"program={path.stem}")
+        assert callable(resolve_target(typed.program.target, policy=make_policy()))
+    policy = make_policy()
+    for name in (
+        "jaxaot.sweeps.callbacks.SweepCallback",
+        "jaxaot.sweeps.snapshot_check.SnapshotSweepCheck",
+    ):
+        assert policy.decide(name, "hydra").allowed
+        assert not policy.decide(name, "target").allowed  # a Hydra callback, not a program
+
+
+def test_a_rule_matches_whole_components_and_the_longest_decides() -> None:
+    policy = make_policy(["os.path"], ["jax.numpy"])
+    assert policy.decide("os.path.join").allowed
+    assert not policy.decide("os.system").allowed
+    assert not policy.decide("jax.numpy.einsum").allowed  # the user's deny beats "jax"
+    assert policy.decide("jax.lax.add").allowed
+    assert not make_policy().decide("jaxtyping.Array").allowed  # "jax" is not a prefix of it
+    # A user rule beats a built-in one of the same length; "*" drops the built-in rules.
+    assert make_policy(["jax.profiler"]).decide("jax.profiler.start_trace").allowed
+    star = make_policy(["*"], ["subprocess"])
+    assert star.decide("os.system").allowed
+    assert not star.decide("subprocess.run").allowed
 
 
 @pytest.mark.parametrize(
@@ -149,61 +210,64 @@ def test_bad_rules_are_refused(overrides: list[str], match: str) -> None:
         _validate(*overrides)
 
 
-def test_a_scoped_metadata_target_goes_through_the_same_check() -> None:
-    entry = '+lower.scoped_metadata=[{target: "pickle:loads", fuse_limit: true}]'
-    with pytest.raises(ConfigError) as info:
-        _validate(entry)
-    assert str(info.value).startswith(
-        "lower.scoped_metadata[0].target='pickle:loads' imports 'pickle.loads', which the "
-        "built-in import deny list refuses"
-    )
-    typed = _validate(entry, "trust.allow_imports=[pickle.loads]")
-    assert typed.lower.scoped_metadata[0]["target"] == "pickle:loads"
-
-
 def test_a_dunder_path_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"reaches through the dunder attribute '__class__'"):
         _validate("program.target=jaxaot.examples.axpy:axpy.__class__")
 
 
+# --- the user's own code ---------------------------------------------------------------------
+
+
 @pytest.fixture
-def alias_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A harmless-looking module that re-exports os and eval under innocent names."""
-    (tmp_path / "trust_alias_mod.py").write_text(
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project folder on sys.path with modules that re-export dangerous names."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "trust_alias_mod.py").write_text(
         textwrap.dedent(
             """
+            import functools
             import os
             run = os.system
             evaluate = eval
+            later = functools.partial(os.system, "true")
+            def double(x):
+                return x * 2
             """
         )
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(folder))
     monkeypatch.delitem(sys.modules, "trust_alias_mod", raising=False)
-    return "trust_alias_mod"
+    return folder
+
+
+def test_the_projects_own_modules_are_allowed(project: Path) -> None:
+    assert callable(resolve_target("trust_alias_mod:double", policy=make_policy()))
 
 
 @pytest.mark.parametrize(
     ("attr", "resolved"),
-    [("os.system", "os"), ("run", "posix.system"), ("evaluate", "builtins.eval")],
+    [
+        ("os.system", "os"),
+        ("run", "posix.system"),
+        ("evaluate", "builtins.eval"),
+        ("later", "posix.system"),
+    ],
 )
-def test_what_a_target_resolves_to_is_checked_too(
-    alias_module: str, attr: str, resolved: str
-) -> None:
-    target = f"{alias_module}:{attr}"
-    policy = make_policy([], [])
+def test_what_user_code_resolves_to_is_judged_too(project: Path, attr: str, resolved: str) -> None:
+    target = f"trust_alias_mod:{attr}"
     with pytest.raises(TargetError) as info:
-        resolve_target(target, policy=policy)
+        resolve_target(target, policy=make_policy())
     assert str(info.value).startswith(f"program.target={target!r} resolves to {resolved!r}")
-    assert f"trust.allow_imports=[{alias_module}.{attr}]" in str(info.value)
-    # Allowed explicitly, the config's name is trusted with whatever it resolves to.
-    assert callable(resolve_target(target, policy=make_policy([f"{alias_module}.{attr}"], [])))
+    assert _allow_line(f"trust_alias_mod.{attr}") in str(info.value)
+    # Allowed explicitly, the name is trusted with whatever it resolves to.
+    assert callable(resolve_target(target, policy=make_policy([f"trust_alias_mod.{attr}"])))
 
 
-def test_a_scoped_target_is_resolved_under_its_configs_policy(alias_module: str) -> None:
+def test_a_scoped_target_is_resolved_under_its_configs_policy(project: Path) -> None:
     from jaxaot.stages.jax_metadata import with_metadata
 
-    entry = Scoped(f"{alias_module}:run", fuse_limit=True, policy=make_policy([], []))
+    entry = Scoped("trust_alias_mod:run", fuse_limit=True, policy=make_policy())
     refused = pytest.raises(TargetError, match=r"lower\.scoped_metadata\[0\]\.target=.*resolves to")
     with refused, with_metadata({}, [entry]):
         pass
@@ -215,7 +279,7 @@ def test_a_denied_module_is_never_imported(tmp_path: Path, monkeypatch: pytest.M
         f"open({str(marker)!r}, 'w').close()\ndef f(x):\n    return x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match="trust_marker_mod"):
+    with pytest.raises(ConfigError, match=r"which trust\.deny_imports refuses"):
         jaxaot.run(
             jaxaot.compose(
                 [
@@ -230,35 +294,111 @@ def test_a_denied_module_is_never_imported(tmp_path: Path, monkeypatch: pytest.M
     assert not (tmp_path / "run").exists()
 
 
-def test_hydra_callback_targets_are_checked_before_hydra_instantiates_them() -> None:
-    from hydra._internal.callbacks import Callbacks
-
-    guard_hydra_callbacks()
-    guard_hydra_callbacks()  # idempotent
-    evil = {"hydra": {"callbacks": {"x": {"_target_": "os.getpid"}}}}
-    with pytest.raises(ConfigError, match=r"^hydra\.callbacks\.x\._target_='os\.getpid' imports"):
-        Callbacks(OmegaConf.create(evil))
-    allowed = OmegaConf.create({**evil, "trust": {"allow_imports": ["os.getpid"]}})
-    check_hydra_callbacks(allowed)
-    shipped = jaxaot.compose([], config_name="config")
-    check_hydra_callbacks(
-        OmegaConf.create(
-            {
-                "hydra": {
-                    "callbacks": {"sweep": {"_target_": "jaxaot.sweeps.callbacks.SweepCallback"}}
-                },
-                "trust": shipped.trust,
-            }
+def test_project_modules_named_like_the_standard_librarys_are_user_code(tmp_path: Path) -> None:
+    """A project's ``code.py`` and ``nt.py`` run (the old deny list refused them); the
+    standard library's ``code`` is refused, and so is ``io`` whatever the project holds:
+    Python imports its own at start-up, so that name always means the standard library's."""
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in ("code", "nt"):
+        (user / f"{name}.py").write_text("def f(x):\n    return x * 2\n")
+    for name in ("code", "nt"):
+        proc = run_cli(
+            [
+                f"program.target={name}:f",
+                "program.args=[{shape: [3], dtype: f32, init: arange}]",
+                f"hydra.run.dir={tmp_path / name}",
+            ],
+            cwd=user,
         )
+        assert proc.returncode == 0, proc.stderr
+        with np.load(tmp_path / name / "execute" / "outputs.npz") as out:
+            np.testing.assert_array_equal(out["out0"], [0.0, 2.0, 4.0])
+    (user / "io.py").write_text("def f(x):\n    return x\n")
+    stdlib = run_cli(["program.target=code:interact", "program.args=[]"], cwd=tmp_path)
+    assert stdlib.returncode == 1
+    assert "'code' is the standard library's (" in stdlib.stderr, stdlib.stderr
+    shadowed = run_cli(["program.target=io:f", "program.args=[f32[3]]"], cwd=user)
+    assert shadowed.returncode == 1
+    assert "'io' is the standard library's (frozen into Python)" in shadowed.stderr, shadowed.stderr
+
+
+# --- the policy comes from the user's side only ----------------------------------------------
+
+
+def test_allow_imports_on_the_command_line_lets_a_name_in_and_it_runs(compose_run: Any) -> None:
+    with pytest.raises(ConfigError, match=r"trust\.allow_imports=\[builtins\.abs\]"):
+        _validate("program.target=builtins:abs", "program.args=[f32[3]]")
+    result = compose_run(
+        "program=axpy",
+        "program.target=builtins:abs",
+        "program.args=[{shape: [3], dtype: f32, init: arange}]",
+        "trust.allow_imports=[builtins.abs]",
     )
+    assert result.ok
+    with np.load(result.run_dir / "execute" / "outputs.npz") as out:
+        np.testing.assert_array_equal(out["out0"], np.abs(np.arange(3, dtype=np.float32)))
+    assert json.loads((result.run_dir / "manifest.json").read_text())["config"]["trust"] == {
+        "allow_imports": ["builtins.abs"],
+        "deny_imports": [],
+    }
 
 
-def test_the_cli_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
+def test_the_environment_and_the_user_file_allow_and_deny(
+    users_side: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXAOT_ALLOW_IMPORTS", "builtins.abs, operator")
+    _validate("program.target=builtins:abs")
+    _validate("program.target=operator:add")
+    monkeypatch.delenv("JAXAOT_ALLOW_IMPORTS")
+    users_side.mkdir(parents=True)
+    (users_side / "trust.yaml").write_text(
+        "allow_imports: [builtins.abs]\ndeny_imports: [jax.lax]\n"
+    )
+    _validate("program.target=builtins:abs")
+    with pytest.raises(ConfigError) as info:
+        _validate("program.target=jax.lax:add")
+    assert str(info.value) == (
+        f"program.target='jax.lax:add' imports 'jax.lax.add', which deny_imports in "
+        f"{users_side / 'trust.yaml'} refuses (rule 'jax.lax')"
+    )
+    (users_side / "trust.yaml").write_text("allow: [x]\n")
+    with pytest.raises(ConfigError, match=r"trust\.yaml: expected a mapping with allow_imports"):
+        _validate()
+
+
+@pytest.fixture
+def travelling(tmp_path: Path) -> Path:
+    """A config folder that travels, whose presets widen their own policy."""
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "open.yaml").write_text(
+        "# @package _global_\ntrust:\n  allow_imports: ['*']\nprogram:\n  target: os:system\n"
+    )
+    (conf / "experiment" / "trusting.yaml").write_text(
+        "# @package _global_\nstore:\n  trust: true\n"
+    )
+    (conf / "experiment" / "denying.yaml").write_text(
+        "# @package _global_\ntrust:\n  deny_imports: [jax.numpy]\n"
+    )
+    (conf / "experiment" / "sweeps.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      trust.allow_imports: '[os]'\n"
+    )
+    (conf / "experiment" / "env.yaml").write_text(
+        "# @package _global_\nhydra:\n  job:\n    env_set:\n      JAXAOT_ALLOW_IMPORTS: '*'\n"
+    )
+    return conf
+
+
+def test_a_travelling_preset_widening_its_own_policy_runs_nothing(
+    tmp_path: Path, travelling: Path
+) -> None:
     marker = tmp_path / "pwned"
     proc = run_cli(
         [
-            "program=axpy",
-            "program.target=os:system",
+            "--config-dir",
+            str(travelling),
+            "experiment=open",
             f"program.args=['touch {marker}']",
             "stage_out.static_argnums=[0]",
             f"hydra.run.dir={tmp_path / 'run'}",
@@ -266,11 +406,261 @@ def test_the_cli_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 1
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == [
-        "jaxaot: error: program.target='os:system' imports 'os.system', which the built-in "
-        "import deny list refuses (rule 'os': process control, code execution, file access); "
-        "if this config is trusted, allow it with trust.allow_imports=[os.system]"
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
+        f"jaxaot: error: trust.allow_imports=['*'] comes from experiment/open.yaml in "
+        f"file://{travelling}: only your command line, environment or "
+        f"{tmp_path / 'xdg' / 'jaxaot' / 'trust.yaml'} may change what jaxaot trusts, never a "
+        "config; if you trust it, give trust.allow_imports=['*'] on the command line or set "
+        "JAXAOT_ALLOW_IMPORTS='*'"
     ]
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("preset", "message"),
+    [
+        (
+            "trusting",
+            r"^store\.trust=true comes from experiment/trusting\.yaml in file://.*JAXAOT_TRUST_STORE=1$",
+        ),
+        ("denying", r"^trust\.deny_imports=\[jax\.numpy\] comes from experiment/denying\.yaml"),
+        ("sweeps", r"^hydra\.sweeper\.params\.trust\.allow_imports: a sweep parameter sets trust"),
+        ("env", r"^hydra\.job\.env_set\.JAXAOT_ALLOW_IMPORTS='\*' \(from experiment/env\.yaml"),
+    ],
+)
+def test_no_config_sets_trust_store_trust_sweeps_or_the_environment(
+    travelling: Path, preset: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        jaxaot.compose(
+            ["program=axpy", f"experiment={preset}"], config_dir=_with_shipped(travelling)
+        )
+
+
+def _with_shipped(conf: Path) -> Path:
+    """``conf`` plus the shipped config, as one primary config folder (jaxaot.compose's
+    ``config_dir`` replaces the shipped one)."""
+    import shutil
+
+    from jaxaot.api import conf_dir
+
+    merged = conf.parent / "merged"
+    if not merged.exists():
+        shutil.copytree(conf_dir(), merged, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+        shutil.copytree(conf, merged, dirs_exist_ok=True)
+    return merged
+
+
+def test_the_command_line_wins_over_a_preset_and_is_what_the_run_records(travelling: Path) -> None:
+    cfg = jaxaot.compose(
+        ["program=axpy", "experiment=open", "trust.allow_imports=[os.getpid]"],
+        config_dir=_with_shipped(travelling),
+    )
+    assert list(cfg.trust.allow_imports) == ["os.getpid"]
+
+
+def test_store_trust_on_the_command_line_is_the_users(compose_run: Any) -> None:
+    assert _validate("store.trust=true").store.trust is True
+
+
+def test_the_user_file_may_not_lie_in_a_config_search_path(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    (conf / "jaxaot").mkdir(parents=True)
+    (conf / "jaxaot" / "trust.yaml").write_text("allow_imports: ['*']\n")
+    proc = run_cli(
+        [
+            "--config-dir",
+            str(conf),
+            "program=axpy",
+            "stop_after=stage_out",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(XDG_CONFIG_HOME=str(conf)),
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"jaxaot: error: {conf / 'jaxaot' / 'trust.yaml'} lies inside the config search path "
+        f"file://{conf}: a config folder that travels would carry its own import policy; move "
+        "the file out, or point XDG_CONFIG_HOME elsewhere"
+    )
+
+
+def test_a_sweep_over_the_policy_is_refused() -> None:
+    from jaxaot.config.trust.sources import parse_argv
+
+    with pytest.raises(ConfigError, match=r"^trust\.allow_imports: one value on the command line"):
+        parse_argv(["-m", "trust.allow_imports=[a],[b]"])
+    assert parse_argv(["-m", "trust.allow_imports=[a]", "store.trust=true"]).store_trust is True
+
+
+def test_a_resumed_runs_config_does_not_widen_the_policy(compose_run: Any, tmp_path: Path) -> None:
+    first = compose_run("program=axpy", "stop_after=compile").run_dir
+    manifest = json.loads((first / "manifest.json").read_text())
+    manifest["config"]["trust"] = {"allow_imports": ["*"], "deny_imports": []}
+    manifest["config"]["program"]["target"] = "os:system"
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"^program\.target='os:system' imports 'os\.system'"):
+        jaxaot.run(
+            jaxaot.compose([f"resume_from={first}", "start_at=execute"]), run_dir=tmp_path / "again"
+        )
+
+
+# --- what Hydra instantiates -----------------------------------------------------------------
+
+
+def _refused_and_not_run(proc: Any, marker: Path, key: str) -> None:
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"jaxaot: error: {key}="), proc.stderr
+    assert "'distutils.spawn.spawn', which the import policy does not allow" in lines[0]
+    assert _allow_line("distutils.spawn.spawn") in lines[0]
+    assert not marker.exists()
+
+
+def test_a_nested_target_in_a_hydra_callback_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    callback = (
+        "+hydra.callbacks.x={_target_: jaxaot.sweeps.callbacks.SweepCallback, "
+        f"y: {{_target_: distutils.spawn.spawn, cmd: [touch, {marker}]}}}}"
+    )
+    proc = run_cli(["program=axpy", callback, f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
+    _refused_and_not_run(proc, marker, "hydra.callbacks.x.y._target_")
+
+
+def test_a_nested_target_in_the_sweeper_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    sweeper = f"+hydra.sweeper.x={{_target_: distutils.spawn.spawn, cmd: [touch, {marker}]}}"
+    proc = run_cli(
+        ["-m", "program=axpy", sweeper, f"hydra.sweep.dir={tmp_path / 's'}"], cwd=tmp_path
+    )
+    _refused_and_not_run(proc, marker, "hydra.sweeper.x._target_")
+
+
+def test_a_logging_factory_from_a_config_dir_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    conf = tmp_path / "conf" / "hydra" / "job_logging"
+    conf.mkdir(parents=True)
+    (conf / "evil.yaml").write_text(
+        textwrap.dedent(
+            f"""
+            version: 1
+            handlers:
+              console: {{class: logging.StreamHandler, stream: ext://sys.stdout}}
+              x: {{"()": distutils.spawn.spawn, cmd: [touch, {marker}]}}
+            root: {{handlers: [console]}}
+            """
+        )
+    )
+    proc = run_cli(
+        [
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "hydra/job_logging=evil",
+            "program=axpy",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+    )
+    _refused_and_not_run(proc, marker, "hydra.job_logging.handlers.x.()")
+    assert "(from hydra/job_logging/evil.yaml in file://" in proc.stderr
+
+
+def test_a_search_path_module_is_not_imported(tmp_path: Path) -> None:
+    """``pkg://<module>`` makes Hydra import the module: the standard library's ``this``
+    prints the Zen of Python when imported."""
+    proc = run_cli(["program=axpy", "hydra.searchpath=[pkg://this]"], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "Beautiful is better" not in proc.stdout + proc.stderr
+    assert proc.stderr.startswith(
+        "jaxaot: error: hydra.searchpath entry 'pkg://this' (hydra.searchpath in command-line)="
+        "'this' imports 'this', which the import policy does not allow"
+    ), proc.stderr
+
+
+def test_hydras_own_resolution_is_guarded_at_any_depth(tmp_path: Path) -> None:
+    """Behind the composed-config check, Hydra's own resolution of ``_target_`` and of
+    logging names goes through the policy too."""
+    from hydra._internal.logging_config import HydraDictConfigurator
+    from hydra.utils import instantiate
+
+    install_instantiation_guards()
+    marker = tmp_path / "pwned"
+    nested = {
+        "_target_": "jax.numpy.zeros",
+        "y": {"_target_": "distutils.spawn.spawn", "cmd": ["touch", str(marker)]},
+    }
+    with pytest.raises(
+        ConfigError, match=r"^Hydra _target_ at y='distutils\.spawn\.spawn' imports"
+    ):
+        instantiate(nested)
+    factory = {
+        "version": 1,
+        "handlers": {"x": {"()": "distutils.spawn.spawn", "cmd": ["touch", str(marker)]}},
+    }
+    with pytest.raises(ValueError) as info:
+        HydraDictConfigurator(factory).configure()
+    assert "a Hydra logging config" in str(info.value.__cause__)
+    assert not marker.exists()
+    assert instantiate({"_target_": "jax.numpy.zeros", "shape": [2]}).shape == (2,)
+
+
+def test_the_cli_refuses_yaml_unsafe_load_with_a_command_in_a_config_string(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    proc = run_cli(
+        [
+            "program=axpy",
+            "program.target=yaml:unsafe_load",
+            f"program.args=['!!python/object/apply:os.system [\"touch {marker}\"]']",
+            "stage_out.static_argnums=[0]",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "jaxaot: error: program.target='yaml:unsafe_load' imports 'yaml.unsafe_load', which the "
+        "import policy does not allow: 'yaml' is an installed package ("
+    )
+    assert lines[0].endswith(_allow_line("yaml.unsafe_load"))
     assert not marker.exists()
     assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_a_launched_jobs_policy_is_the_submitting_command_lines(tmp_path: Path) -> None:
+    """A joblib worker runs the job under the command line that started the sweep."""
+    marker = tmp_path / "pwned"
+    args = [
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=1",
+        "program=axpy",
+        "program.target=os:system",
+        f"program.args=['touch {marker}']",
+        "stage_out.static_argnums=[0]",
+        "execute.seed=1,2",
+    ]
+    refused = run_cli([*args, f"hydra.sweep.dir={tmp_path / 's1'}"], cwd=tmp_path)
+    assert refused.returncode == 1 and not marker.exists()
+    assert "program.target='os:system' imports 'os.system'" in refused.stdout + refused.stderr
+    allowed = run_cli(
+        [*args, "trust.allow_imports=[os.system]", f"hydra.sweep.dir={tmp_path / 's2'}"],
+        cwd=tmp_path,
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert marker.exists()
+
+
+def test_the_readme_table_lists_every_built_in_rule() -> None:
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Trust model") : text.index("## Sweeps, launchers")]
+    missing = [r.prefix for r in BUILTIN_RULES if f"`{r.prefix}`" not in section]
+    assert not missing, f"README's trust table leaves out {missing}"
+    assert user_policy().rules == ()  # nothing from this test's environment
+
+
+def test_partial_objects_are_judged_by_what_they_wrap() -> None:
+    from jaxaot.config.trust.policy import resolved_names
+
+    assert resolved_names([], functools.partial(os.system, "x"))[-1] == "posix.system"

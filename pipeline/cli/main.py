@@ -19,7 +19,7 @@ import hydra
 from hydra.core.object_type import ObjectType
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
-from jaxaot.config.trust import guard_hydra_callbacks
+from jaxaot.config.trust import check_task_config, install_command_line, install_guards
 from jaxaot.errors import JaxaotError
 from jaxaot.rundir.dirs import check_user_dirs, print_only, register_resolver
 from jaxaot.schema import register_configs
@@ -33,6 +33,9 @@ log = logging.getLogger("jaxaot")
 # conf/config.yaml's run and sweep dirs use ${unique_dir:...}; registered on import too, so a
 # launcher's worker process that unpickles this module's task function can resolve them.
 register_resolver()
+# What Hydra composes, instantiates and logs with goes through the import policy, in this
+# process and in every launcher worker or SLURM job that unpickles the task function below.
+install_guards()
 
 
 def _debug(cfg: DictConfig | None) -> bool:
@@ -98,6 +101,7 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
     snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
+        check_task_config(cfg)  # trust.* and store.trust: the command line's, in every job
         result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
         if _debug(cfg):
@@ -229,7 +233,6 @@ def main() -> None:
 
 def _main() -> None:
     register_configs()
-    guard_hydra_callbacks()  # hydra.callbacks._target_ under trust.* before Hydra imports it
     args = [quote_array_types(a) for a in sys.argv[1:]]
     _skip_mode_probe(args)
     _share_help_repository(args)
@@ -240,6 +243,10 @@ def _main() -> None:
     # a hint about HYDRA_FULL_ERROR; with it set they reach us and become one line here.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        # The import policy's command-line rules, read before Hydra composes or instantiates
+        # anything; the guards again, outermost (a served run's composition memo wraps Hydra's).
+        install_command_line(args)
+        install_guards()
         # A run dir named on the command line that holds a run: refused before Hydra writes in it.
         check_user_dirs(args, _is_multirun_argv(args))
         _app()

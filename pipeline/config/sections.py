@@ -75,10 +75,11 @@ class SnapshotConfig:
 
 @dataclass(frozen=True)
 class TrustConfig:
-    """Which importable names this config may reach (pipeline/config/trust.py): dotted prefixes."""
+    """The command line's import rules (pipeline/config/trust/): dotted prefixes. Only the
+    command line sets them; a value from a config file is refused when composing."""
 
-    allow_imports: list[str] = field(default_factory=list)  # let in, beating the deny list
-    deny_imports: list[str] = field(default_factory=list)  # refuse, on top of the built-in list
+    allow_imports: list[str] = field(default_factory=list)  # let in beyond the default allow list
+    deny_imports: list[str] = field(default_factory=list)  # refuse, although otherwise allowed
 
 
 @dataclass(frozen=True)

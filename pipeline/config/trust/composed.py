@@ -1,0 +1,251 @@
+"""Checks of a composed config, before Hydra instantiates or configures anything from it.
+
+- ``trust.*`` and ``store.trust`` hold what the command line said and nothing else: a value
+  from a config group file, a preset, ``--config-dir``, a sweep parameter or a resumed run's
+  saved config is refused, naming the file it came from and the line that would allow it;
+- ``hydra.job.env_set`` sets no variable that decides what jaxaot trusts or which code a
+  process loads (``JAXAOT_*`` trust variables, ``HOME``, ``XDG_CONFIG_HOME``, ``PATH``,
+  ``PYTHON*``, ``LD_*``), unless the command line sets it;
+- the user file ``~/.config/jaxaot/trust.yaml`` is outside every config search path;
+- every name Hydra will import goes through the policy: each ``_target_`` at any depth of
+  ``hydra.callbacks``, ``hydra.sweeper`` and ``hydra.launcher``, and each ``class``, ``()``
+  and ``ext://`` name of ``hydra.job_logging`` and ``hydra.hydra_logging``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from jaxaot.config.trust.policy import ALLOW_KEY, DENY_KEY, ENV_ALLOW, ImportPolicy, check_name
+from jaxaot.config.trust.rules import HYDRA, LOGGING
+from jaxaot.config.trust.sources import (
+    ENV_COMMAND_LINE,
+    ENV_STORE,
+    STORE_KEY,
+    CommandLine,
+    command_line,
+    user_file,
+)
+from jaxaot.errors import ConfigError
+
+Origin = Callable[[str], "str | None"]
+_ABSENT = object()
+_SENSITIVE = frozenset({ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, "HOME", "XDG_CONFIG_HOME", "PATH"})
+_SENSITIVE_PREFIXES = ("PYTHON", "LD_", "DYLD_")
+_TARGET_ROOTS = ("hydra.callbacks", "hydra.sweeper", "hydra.launcher")
+_LOGGING_ROOTS = ("hydra.job_logging", "hydra.hydra_logging")
+
+
+def _no_origin(_key: str) -> str | None:
+    return None
+
+
+def quoted(rule: Any) -> str:
+    """A rule as a Hydra override list item: ``'*'`` needs quotes, dotted names do not."""
+    return str(rule) if str(rule).replace(".", "").replace("_", "").isalnum() else f"'{rule}'"
+
+
+def _shown(key: str, value: Any) -> str:
+    if key == STORE_KEY:
+        return f"{key}={'true' if value else 'false'}"
+    return f"{key}=[{','.join(map(quoted, value))}]"
+
+
+def check_trust_values(
+    cfg: Any, expected: CommandLine, origin: Origin = _no_origin, where: str = ""
+) -> None:
+    """``trust.*`` and ``store.trust`` in ``cfg`` are what ``expected`` (the command line's)
+    says; anything else came from a config and is refused."""
+    from omegaconf import OmegaConf
+
+    for key in (ALLOW_KEY, DENY_KEY, STORE_KEY):
+        node = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_resolution_failure=False)
+        if node is _ABSENT or node is None:
+            continue
+        value = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+        want = expected.value(key)
+        same = value == want if key == STORE_KEY else _dotted_list(value) == _dotted_list(want)
+        if same:
+            continue
+        came = origin(key) or where or "a config file, not the command line"
+        fix = f"give {_shown(key, value)} on the command line"
+        if key == ALLOW_KEY and isinstance(value, list):
+            fix += f" or set {ENV_ALLOW}={','.join(map(quoted, value))}"
+        elif key == STORE_KEY:
+            fix += f" or set {ENV_STORE}=1"
+        raise ConfigError(
+            f"{_shown(key, value)} comes from {came}: only your command line, environment or "
+            f"{user_file()} may change what jaxaot trusts, never a config; if you trust it, {fix}"
+        )
+
+
+def _dotted_list(value: Any) -> list[str] | Any:
+    if isinstance(value, list | tuple):
+        return [str(v).strip().replace(":", ".") for v in value]
+    return value
+
+
+def check_env_set(cfg: Any, expected: CommandLine, origin: Origin = _no_origin) -> None:
+    from omegaconf import OmegaConf
+
+    env_set = OmegaConf.select(cfg, "hydra.job.env_set", default=None)
+    if not env_set:
+        return
+    for name in env_set:
+        name = str(name)
+        if name in expected.env_set:
+            continue
+        if name not in _SENSITIVE and not name.startswith(_SENSITIVE_PREFIXES):
+            continue
+        key = f"hydra.job.env_set.{name}"
+        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if value is not None and str(value) == os.environ.get(name):
+            continue  # env_copy, or the value it has anyway
+        came = origin(key) or "a config file, not the command line"
+        raise ConfigError(
+            f"{key}={value!r} (from {came}) would set a variable that decides what jaxaot "
+            "trusts or which code a process loads; a config may not: set it in your shell, "
+            f"or give {key}=... on the command line"
+        )
+
+
+def check_sweep_parameters(cfg: Any, origin: Origin = _no_origin) -> None:
+    """No ``trust.*`` or ``store.trust`` among a sweeper's parameters (they become each job's
+    overrides)."""
+    from omegaconf import OmegaConf
+
+    sweeper = OmegaConf.select(cfg, "hydra.sweeper", default=None)
+    if sweeper is None:
+        return
+    tree = OmegaConf.to_container(sweeper, resolve=False)
+    for path, text, is_key in _strings_and_keys(tree, "hydra.sweeper"):
+        key = text.lstrip("+~").split("=", 1)[0].strip()
+        setting = key in ("trust", STORE_KEY) or key.startswith("trust.")
+        if setting and (is_key or "=" in text):
+            raise ConfigError(
+                f"{path}: a sweep parameter sets {key} (from {origin(path) or 'a config'}); "
+                "the import policy comes from your command line, the same for every job"
+            )
+
+
+def _strings_and_keys(tree: Any, path: str) -> Iterator[tuple[str, str, bool]]:
+    """(path, text, is_key) of every dict key and string value in a plain tree."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield f"{path}.{k}", str(k), True
+            yield from _strings_and_keys(v, f"{path}.{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _strings_and_keys(v, f"{path}[{i}]")
+    elif isinstance(tree, str):
+        yield path, tree, False
+
+
+def _source_folder(path: str, schema: str) -> Path | None:
+    if schema == "file":
+        return Path(path).resolve()
+    if schema == "pkg":  # allowed by the search-path guard already, and imported by Hydra
+        try:
+            spec = importlib.util.find_spec(path.replace("/", "."))
+        except (ImportError, ValueError):
+            return None
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        return Path(locations[0]).resolve() if locations else None
+    return None
+
+
+def check_user_file_location(sources: list[tuple[str, str]]) -> None:
+    """The user file lies outside every config search path folder (``(path, schema)``)."""
+    path = user_file()
+    if not path.is_file():
+        return
+    real = path.resolve()
+    for where, schema in sources:
+        folder = _source_folder(where, schema)
+        if folder is not None and (folder == real.parent or folder in real.parents):
+            raise ConfigError(
+                f"{path} lies inside the config search path {schema}://{where}: a config folder "
+                "that travels would carry its own import policy; move the file out, or point "
+                "XDG_CONFIG_HOME elsewhere"
+            )
+
+
+def _leaf_origin(origin: Origin, path: str) -> str | None:
+    return origin(path.rsplit(".", 1)[0]) if "." in path else None
+
+
+def hydra_names(cfg: Any) -> Iterator[tuple[str, str, str]]:
+    """(key, name, scope) of every import path Hydra will resolve from ``cfg``."""
+    from omegaconf import OmegaConf
+
+    for root in _TARGET_ROOTS:
+        node = OmegaConf.select(cfg, root, default=None, throw_on_resolution_failure=False)
+        if node is not None and OmegaConf.is_config(node):
+            tree = OmegaConf.to_container(node, resolve=False)
+            for path, value in _keyed(tree, root, ("_target_",)):
+                yield path, _resolved(cfg, path, value), HYDRA
+    for root in _LOGGING_ROOTS:
+        node = OmegaConf.select(cfg, root, default=None, throw_on_resolution_failure=False)
+        if node is not None and OmegaConf.is_config(node):
+            tree = OmegaConf.to_container(node, resolve=False)
+            for path, value in _keyed(tree, root, ("class", "()", "queue", "listener")):
+                yield path, _resolved(cfg, path, value), LOGGING
+            for path, value, is_key in _strings_and_keys(tree, root):
+                if not is_key and value.startswith("ext://"):
+                    yield path, value[len("ext://") :], LOGGING
+
+
+def _keyed(tree: Any, path: str, keys: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if k in keys and isinstance(v, str):
+                yield f"{path}.{k}", v
+            else:
+                yield from _keyed(v, f"{path}.{k}", keys)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _keyed(v, f"{path}[{i}]", keys)
+
+
+def _resolved(cfg: Any, path: str, value: str) -> str:
+    """An interpolated name resolved as Hydra will (``${...}``); as written when it cannot be
+    yet (Hydra's own guard checks it when it resolves)."""
+    if "${" not in value:
+        return value
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False)
+    try:
+        return str(node[leaf]) if node is not None else value
+    except Exception:
+        return value
+
+
+def check_hydra_names(cfg: Any, policy: ImportPolicy, origin: Origin = _no_origin) -> None:
+    for key, name, scope in hydra_names(cfg):
+        if "${" in name:
+            continue
+        check_name(name, key, policy, scope, origin=_leaf_origin(origin, key))
+
+
+def check_task_config(cfg: Any) -> None:
+    """In the ``jaxaot`` task function (any process, any launcher): the job's ``trust.*`` and
+    ``store.trust`` are the command line's."""
+    if os.environ.get(ENV_COMMAND_LINE):
+        check_trust_values(cfg, command_line(), where="a config or a sweep parameter")
+
+
+__all__ = [
+    "check_env_set",
+    "check_hydra_names",
+    "check_sweep_parameters",
+    "check_task_config",
+    "check_trust_values",
+    "check_user_file_location",
+    "hydra_names",
+]

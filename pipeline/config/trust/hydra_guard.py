@@ -1,0 +1,240 @@
+"""Hydra's own import points, put under the import policy: every private Hydra touch of the
+trust model is in this module (hydra-core 1.3).
+
+Composition (installed by ``jaxaot`` and by :func:`jaxaot.compose`):
+
+- ``ConfigLoaderImpl.load_configuration``: each composed config is checked
+  (jaxaot.config.trust.composed) before Hydra configures logging or instantiates anything
+  from it; ``_compose_config_from_defaults_list`` is watched so a refusal can name the config
+  file a value came from;
+- ``ConfigRepository.initialize_sources``: a ``pkg://`` or ``structured://`` search-path entry
+  is a module Hydra imports (``pkg://antigravity`` opens a browser): its name goes through the
+  policy before Hydra reads it.
+
+Instantiation (installed by ``jaxaot``, in its process and in the launcher workers and SLURM
+jobs that import its task function):
+
+- ``_instantiate2._resolve_target``: every ``_target_`` Hydra resolves, at any depth, for
+  callbacks, sweepers, launchers and their nested parameters, string or class;
+- ``HydraDictConfigurator.resolve``: every ``class``, ``()`` factory and ``ext://`` name of a
+  logging config Hydra applies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from jaxaot.config.trust.composed import (
+    check_env_set,
+    check_hydra_names,
+    check_sweep_parameters,
+    check_trust_values,
+    check_user_file_location,
+)
+from jaxaot.config.trust.policy import check_name, check_resolved, dotted
+from jaxaot.config.trust.rules import HYDRA, LOGGING
+from jaxaot.config.trust.sources import (
+    ENV_COMMAND_LINE,
+    STORE_KEY,
+    CommandLine,
+    command_line,
+    hydra_policy,
+    parse_overrides,
+    user_policy,
+)
+from jaxaot.errors import ConfigError
+
+_MARK = "_jaxaot_trust_guard"
+# (loader, defaults, repository) of the latest composition in this process, for origins.
+_LAST: list[Any] = [None]
+
+
+def _marked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(fn, _MARK, True)
+    return fn
+
+
+def _is_guard(fn: Any) -> bool:
+    return bool(getattr(fn, _MARK, False))
+
+
+def _override_key(line: str) -> str:
+    return line.lstrip("+~").split("=", 1)[0].split("@", 1)[0].strip()
+
+
+def origin_finder(overrides: list[str]) -> Callable[[str], str | None]:
+    """``origin(key)``: the override or config file that set ``key`` in the latest composition
+    ("the command line (...)", "experiment/open.yaml in file:///..."), or None if unknown."""
+    from omegaconf import OmegaConf
+
+    keys = [(_override_key(line), line) for line in overrides]
+    last = _LAST[0]
+
+    def origin(key: str) -> str | None:
+        for k, line in keys:
+            if k and (key == k or key.startswith(k + ".") or k.startswith(key + ".")):
+                return f"the command line: {line if len(line) <= 60 else k + '=...'}"
+        if last is None:
+            return None
+        loader, defaults, repo = last
+        for default in reversed(defaults):
+            try:
+                loaded = loader._load_single_config(default=default, repo=repo)
+                found = OmegaConf.select(
+                    loaded.config, key, default=_MARK, throw_on_resolution_failure=False
+                )
+            except Exception:
+                continue
+            if found is not _MARK and not getattr(loaded, "is_schema_source", False):
+                return f"{default.config_path}.yaml in {loaded.path}"
+        return None
+
+    return origin
+
+
+def _same_as_command_line(given: CommandLine, cl: CommandLine, overrides: list[str]) -> None:
+    """The trust overrides a composition got (a sweep job's: the command line's plus its
+    sweep parameters) are the ``jaxaot`` command line's."""
+    for key, mine, theirs in (
+        ("trust.allow_imports", given.allow, cl.allow),
+        ("trust.deny_imports", given.deny, cl.deny),
+        (STORE_KEY, given.store_trust, cl.store_trust),
+    ):
+        if mine is not None and mine != theirs:
+            line = next((o for o in overrides if _override_key(o) == key), key)
+            raise ConfigError(
+                f"{line!r} is an override of this job that the jaxaot command line did not "
+                "give (a sweep parameter?); the import policy comes from your command line only"
+            )
+
+
+def check_composition(cfg: Any, overrides: list[str], origin: Callable[[str], str | None]) -> None:
+    """Everything jaxaot.config.trust.composed checks, for one composed config of jaxaot's."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.select(cfg, "trust", default=None) is None:
+        return  # not jaxaot's config (another Hydra app in the same process)
+    given = parse_overrides(overrides)
+    if os.environ.get(ENV_COMMAND_LINE):
+        cl = command_line()
+        _same_as_command_line(given, cl, overrides)
+        given = CommandLine(given.allow, given.deny, given.store_trust, given.env_set + cl.env_set)
+    check_trust_values(cfg, given, origin)
+    if OmegaConf.select(cfg, "hydra", default=None) is None:
+        return
+    check_env_set(cfg, given, origin)
+    check_sweep_parameters(cfg, origin)
+    sources = OmegaConf.select(cfg, "hydra.runtime.config_sources", default=None) or []
+    check_user_file_location([(str(s.path), str(s.schema)) for s in sources])
+    check_hydra_names(cfg, user_policy(given.allow or (), given.deny or ()), origin)
+
+
+def install_composition_guards() -> None:
+    """Check every composed config, and every module a config search path names (idempotent;
+    re-wraps a loader another wrapper replaced since, so this check runs outermost)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_repository import ConfigRepository
+
+    load = ConfigLoaderImpl.load_configuration
+    if not _is_guard(load):
+
+        def load_configuration(
+            self: Any,
+            config_name: str | None,
+            overrides: list[str],
+            run_mode: Any,
+            from_shell: bool = True,
+            validate_sweep_overrides: bool = True,
+        ) -> Any:
+            _LAST[0] = None
+            cfg = load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+            check_composition(cfg, list(overrides), origin_finder(list(overrides)))
+            return cfg
+
+        ConfigLoaderImpl.load_configuration = _marked(load_configuration)  # type: ignore[method-assign]
+
+    compose = ConfigLoaderImpl._compose_config_from_defaults_list
+    if not _is_guard(compose):
+
+        def _compose_config_from_defaults_list(self: Any, defaults: Any, repo: Any) -> Any:
+            cfg = compose(self, defaults, repo)
+            _LAST[0] = (self, list(defaults), repo)
+            return cfg
+
+        ConfigLoaderImpl._compose_config_from_defaults_list = _marked(  # type: ignore[method-assign]
+            _compose_config_from_defaults_list
+        )
+
+    init = ConfigRepository.initialize_sources
+    if not _is_guard(init):
+
+        def initialize_sources(self: Any, config_search_path: Any) -> None:
+            policy = hydra_policy()
+            for entry in config_search_path.get_path():
+                scheme, _, module = str(entry.path).partition("://")
+                if module and scheme in ("pkg", "structured"):
+                    key = f"hydra.searchpath entry {entry.path!r} ({entry.provider})"
+                    check_name(module.replace("/", ".").strip("."), key, policy, HYDRA)
+            init(self, config_search_path)
+
+        ConfigRepository.initialize_sources = _marked(initialize_sources)  # type: ignore[method-assign]
+
+
+def _resolve(real: Callable[..., Any], target: Any, key: str, scope: str, *args: Any) -> Any:
+    policy = hydra_policy()
+    if isinstance(target, str):
+        check_name(target, key, policy, scope)
+    obj = real(*args)
+    if isinstance(target, str):
+        check_resolved(target, key, policy, [], obj, scope)
+    else:  # a class or callable given as is (Hydra's plugins): judged by where it lives
+        module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        if isinstance(module, str) and isinstance(name, str):
+            check_name(dotted(f"{module}.{name}"), key, policy, scope)
+    return obj
+
+
+def install_instantiation_guards() -> None:
+    """Every ``_target_`` Hydra resolves and every name a Hydra logging config resolves go
+    through the policy of this ``jaxaot`` command line (idempotent)."""
+    from hydra._internal.instantiate import _instantiate2
+
+    real_target = _instantiate2._resolve_target
+    if not _is_guard(real_target):
+
+        def _resolve_target(target: Any, full_key: str) -> Any:
+            key = f"Hydra _target_{f' at {full_key}' if full_key else ''}"
+            return _resolve(real_target, target, key, HYDRA, target, full_key)
+
+        _instantiate2._resolve_target = _marked(_resolve_target)
+
+    try:
+        from hydra._internal.logging_config import HydraDictConfigurator as configurator
+    except ImportError:  # a Hydra 1.3 without it applies logging.config.dictConfig itself
+        import logging.config
+
+        configurator = logging.config.BaseConfigurator  # type: ignore[assignment,misc]
+    real_name = configurator.resolve
+    if not _is_guard(real_name):
+
+        def resolve(self: Any, s: str) -> Any:
+            key = "a Hydra logging config (hydra.job_logging or hydra.hydra_logging)"
+            return _resolve(real_name, s, key, LOGGING, self, s)
+
+        configurator.resolve = _marked(resolve)  # type: ignore[method-assign]
+
+
+def install_guards() -> None:
+    install_composition_guards()
+    install_instantiation_guards()
+
+
+__all__ = [
+    "check_composition",
+    "install_composition_guards",
+    "install_guards",
+    "install_instantiation_guards",
+    "origin_finder",
+]
