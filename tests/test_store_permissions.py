@@ -20,7 +20,7 @@ import pytest
 from jaxaot.errors import StoreError
 from jaxaot.store.cache import Store
 from jaxaot.store.locks import KeyLock
-from jaxaot.util.fsio import ENV_TRUST, atomic_write_bytes, key_of
+from jaxaot.util.fsio import ENV_TRUST, atomic_write_bytes, key_of, untrusted_path
 
 KEY = key_of({"test": "permissions"})
 REPO = Path(__file__).resolve().parents[1]
@@ -248,3 +248,112 @@ def test_a_run_refuses_an_untrusted_store_before_any_stage(tmp_path: Path) -> No
     # a run that does not read the store is not refused
     lower_only = ["program=axpy", "stop_after=lower"]
     jaxaot.run(jaxaot.compose(lower_only), run_dir=tmp_path / "l", overrides=lower_only)
+
+
+# -- symbolic links: the target and its folders are judged, never the link's own mode ----------
+
+
+def test_a_symlinked_store_is_judged_by_its_target(tmp_path: Path) -> None:
+    with umask(0o022):
+        real = Store(tmp_path / "real")
+        assert real.put("compile", KEY, FILES) is not None
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    linked = Store(tmp_path / "link")
+    linked.check_trusted()  # a link's mode (lrwxrwxrwx) is no reason to refuse
+    entry = linked.get("compile", KEY)
+    assert entry is not None and entry.read_bytes("executable.bin") == FILES["executable.bin"]
+    assert linked.put("compile", key_of({"other": 1}), FILES) is not None
+    # The target others can write: refused, naming the resolved folder.
+    (tmp_path / "real").chmod(0o777)
+    with pytest.raises(StoreError) as err:
+        linked.get("compile", KEY)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"store at {tmp_path / 'link'} (a symbolic link to {tmp_path / 'real'})" in msg
+    assert f"{tmp_path / 'real'} is writable by every user (mode drwxrwxrwx)" in msg
+    assert "lrwxrwxrwx" not in msg
+
+
+def test_a_symlinked_store_whose_target_sits_in_a_folder_others_can_write(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with umask(0o022):
+        assert Store(scratch / "store").put("compile", KEY, FILES) is not None
+    (tmp_path / "link").symlink_to(scratch / "store")
+    scratch.chmod(0o1777)  # sticky, like /tmp: fine
+    assert Store(tmp_path / "link").get("compile", KEY) is not None
+    scratch.chmod(0o777)  # anyone may swap the store folder behind the link
+    with pytest.raises(StoreError, match=f"{scratch} is writable by every user"):
+        Store(tmp_path / "link").get("compile", KEY)
+
+
+def test_a_link_in_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
+    """Whoever can write the folder holding a link can repoint it, at a store of their own."""
+    with umask(0o022):
+        assert Store(tmp_path / "real").put("compile", KEY, FILES) is not None
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open" / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(StoreError, match=f"{tmp_path / 'open'} is writable by every user"):
+        Store(tmp_path / "open" / "link").get("compile", KEY)
+
+
+def test_a_link_above_the_store_is_followed(tmp_path: Path) -> None:
+    (tmp_path / "projects").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "projects")
+    with umask(0o022):
+        store = Store(tmp_path / "alias" / "team" / "store")
+        assert store.put("compile", KEY, FILES) is not None
+    assert untrusted_path(store.entry_dir("compile", KEY), store.root) is None
+    assert store.get("compile", KEY) is not None
+
+
+@as_root
+def test_a_strangers_link_in_a_sticky_folder_is_refused(tmp_path: Path) -> None:
+    """In a sticky folder such as /tmp a link's owner may replace it: a stranger's is refused."""
+    with umask(0o022):
+        assert Store(tmp_path / "real").put("compile", KEY, FILES) is not None
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    link = sticky / "store"
+    link.symlink_to(tmp_path / "real")
+    assert Store(link).get("compile", KEY) is not None  # root's own link
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(StoreError, match=f"{link} is a symbolic link .*uid {NOBODY}"):
+        Store(link).get("compile", KEY)
+
+
+def test_resume_from_a_symlinked_run_dir(tmp_path: Path, compose_run) -> None:  # type: ignore[no-untyped-def]
+    first = compose_run("program=axpy", "store.enabled=false").run_dir
+    link = tmp_path / "latest"
+    link.symlink_to(first)
+    resume = ["program=axpy", f"resume_from={link}", "start_at=execute", "store.enabled=false"]
+    result = jaxaot.run(jaxaot.compose(resume), run_dir=tmp_path / "r1", overrides=resume)
+    assert result.manifest["stages"]["compile"]["status"] == "resumed"
+    (first / "compile").chmod(0o777)
+    with pytest.raises(StoreError) as err:
+        jaxaot.run(jaxaot.compose(resume), run_dir=tmp_path / "r2", overrides=resume)
+    msg = str(err.value)
+    assert "\n" not in msg and f"(a symbolic link to {first})" in msg
+    assert f"{first / 'compile'} is writable by every user (mode drwxrwxrwx)" in msg
+
+
+def test_cli_runs_with_a_symlinked_store_and_refuses_an_open_target(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    args = ["program=axpy", "stop_after=compile", f"store.dir={tmp_path / 'link'}"]
+    for i, status in enumerate(("ran", "cached")):
+        proc = run_cli([*args, f"hydra.run.dir={tmp_path / f'run{i}'}"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        manifest = json.loads((tmp_path / f"run{i}" / "manifest.json").read_text())
+        assert manifest["stages"]["compile"]["status"] == status
+    (tmp_path / "real").chmod(0o777)
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run2'}"], cwd=tmp_path)
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"jaxaot: error: store at {tmp_path / 'link'} (a symbolic link")
+    assert f"{tmp_path / 'real'} is writable by every user (mode drwxrwxrwx)" in lines[0]

@@ -21,7 +21,8 @@ from jaxaot.rundir.manifest import load_manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
 from jaxaot.stages.node import Entry
-from jaxaot.util.fsio import trust_from_env, untrusted_path
+from jaxaot.store.entries import shown_with_target
+from jaxaot.util.fsio import folder_problem, trust_from_env, untrusted_path
 
 log = logging.getLogger("jaxaot")
 
@@ -67,7 +68,12 @@ class Checkpoint:
     def __init__(self, run_dir: Path | str) -> None:
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
-            raise StoreError(f"resume_from={str(run_dir)!r}: no such run directory")
+            problem = folder_problem(self.run_dir, write=False, create=False)
+            found = f": {problem}" if problem and str(run_dir) else ""
+            raise StoreError(
+                f"resume_from={str(run_dir)!r}: no such run directory{found}; expected the "
+                "directory of a finished run (the one holding its manifest.json)"
+            )
         self.manifest = load_manifest(self.run_dir)
         # store.trust / $JAXAOT_TRUST_STORE: unpickle executable.bin whatever the permissions.
         self.trust = trust_from_env()
@@ -130,8 +136,10 @@ class Checkpoint:
         except FileNotFoundError:
             return  # reported as missing by the read
         if reason:
+            via = shown_with_target(self.run_dir)[len(str(self.run_dir)) :]
             raise StoreError(
-                f"resume_from={str(self.run_dir)!r}: refusing to unpickle {path.name}: {reason}; "
+                f"resume_from={str(self.run_dir)!r}{via}: refusing to unpickle "
+                f"{path.name}: {reason}; "
                 "make the run directory writable by you (and your team's group) only "
                 "(chmod -R o-w), or set store.trust=true (JAXAOT_TRUST_STORE=1) if you trust "
                 "every user who can write there"

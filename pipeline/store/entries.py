@@ -193,8 +193,15 @@ def check_store_trusted(root: Path, entry_dir: Path) -> None:
     reason = untrusted_path(entry_dir.parent, root)
     if reason:
         raise StoreError(
-            f"store at {root} is not safe to load executables from: {reason}; {TRUST_HINT}"
+            f"store at {shown_with_target(root)} is not safe to load executables from: {reason}; "
+            f"{TRUST_HINT}"
         )
+
+
+def shown_with_target(path: Path) -> str:
+    """``path``, followed by where it leads when it is (or passes through) a symbolic link."""
+    real = os.path.realpath(path)
+    return str(path) if real == os.path.abspath(path) else f"{path} (a symbolic link to {real})"
 
 
 def _check_entry_trusted(path: Path, st: os.stat_result) -> None:

@@ -9,6 +9,7 @@ torn one. An interrupted write leaves only a ``.tmp-*`` file that :func:`remove_
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -160,8 +161,12 @@ def loose_permissions(path: Path, st: os.stat_result, owner_matters: bool = True
     or None. The rule is ssh's for key files, widened to a team: refuse what every user can
     write, what a group you are not in can write, and (``owner_matters``) what belongs to a user
     who is neither you, root, nor in the file's group with you. A sticky world-writable folder
-    (``/tmp``) is fine: others cannot rename or delete what is yours in it."""
+    (``/tmp``) is fine: others cannot rename or delete what is yours in it. A symbolic link's
+    own mode (always ``rwxrwxrwx`` on Linux) says nothing and is not judged here: see
+    :func:`untrusted_path`, which judges what a link leads to and who may repoint it."""
     mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return None
     sticky = stat.S_ISDIR(mode) and bool(mode & stat.S_ISVTX)
     mine = _my_groups()
     if mode & stat.S_IWOTH and not sticky:
@@ -171,33 +176,149 @@ def loose_permissions(path: Path, st: os.stat_result, owner_matters: bool = True
             f"{path} is writable by group {_group(st.st_gid)}, which you are not in "
             f"(mode {stat.filemode(mode)})"
         )
-    if owner_matters and st.st_uid not in (os.geteuid(), 0) and st.st_gid not in mine:
+    if owner_matters and _stranger(st):
         return f"{path} belongs to {_who(st.st_uid)}, who is not in a group with you"
     return None
+
+
+def _stranger(st: os.stat_result) -> bool:
+    """Owned by a user who is neither you, root, nor in the file's group with you."""
+    return st.st_uid not in (os.geteuid(), 0) and st.st_gid not in _my_groups()
+
+
+def _link_problem(link: Path, st: os.stat_result) -> str | None:
+    """Why the symbolic link ``link`` could be repointed by someone you do not trust, or None.
+
+    Only the writers of the folder holding a link can replace it (that folder is judged on its
+    own) and, in a sticky folder such as ``/tmp``, the link's owner as well."""
+    try:
+        parent = link.parent.lstat()
+    except OSError:
+        return None
+    sticky = stat.S_ISDIR(parent.st_mode) and bool(parent.st_mode & stat.S_ISVTX)
+    if sticky and _stranger(st):
+        return (
+            f"{link} is a symbolic link in the sticky folder {link.parent} that belongs to "
+            f"{_who(st.st_uid)}, who is not in a group with you and may repoint it"
+        )
+    return None
+
+
+def _judge(path: Path, owner_matters: bool) -> str | None:
+    try:
+        st = path.lstat()
+    except OSError:  # not created yet (whoever creates it applies your umask), or unreachable
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return _link_problem(path, st)
+    return loose_permissions(path, st, owner_matters)
 
 
 def untrusted_path(path: Path, root: Path) -> str | None:
     """Why a file under ``root`` (a store or run directory) could have been written by someone
     you do not trust, or None: ``path``, every folder from it up to ``root``, and ``root``'s
     ancestors (those for writability only) are checked, one ``lstat`` each; missing ones are
-    skipped."""
+    skipped.
+
+    Symbolic links (a ``store.dir`` or ``resume_from`` that is a link, a link above them) are
+    followed: the file and folders they lead to are judged under their resolved paths, which the
+    reason names; so are the folders that hold each link (their writers could repoint it), and a
+    link in a sticky folder owned by a stranger is refused (its owner could repoint it)."""
     path, root = Path(os.path.abspath(path)), Path(os.path.abspath(root))
-    chain = [path, *(p for p in path.parents if p == root or root in p.parents)]
-    for p in chain:
-        try:
-            st = p.lstat()
-        except FileNotFoundError:
-            continue  # not created yet: whoever creates it applies your umask
-        reason = loose_permissions(p, st)
+    real_path, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    checks: dict[Path, bool] = {}  # path -> whether its owner matters (those in the tree)
+
+    def add(p: Path, owner_matters: bool) -> None:
+        checks[p] = checks.get(p, False) or owner_matters
+
+    # Resolved paths first, so that a reason names the folder as it is on disk.
+    for chain_path, chain_root in ((real_path, real_root), (path, root)):
+        add(chain_path, True)
+        for p in chain_path.parents:
+            add(p, p == chain_root or chain_root in p.parents)
+        add(chain_root, True)
+        for p in chain_root.parents:
+            add(p, False)
+    for p, owner_matters in checks.items():
+        reason = _judge(p, owner_matters)
         if reason:
             return reason
-    for p in root.parents:
+    return None
+
+
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a folder")
+
+
+def _can(path: Path, mode: int) -> bool:
+    """``os.access`` for this process's effective ids (what a write would be judged by)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def folder_problem(path: Path | str, *, write: bool, create: bool = True) -> str | None:
+    """Why ``path`` cannot serve as a folder that this process reads (and, with ``write``,
+    writes), or None; a path that does not exist yet is fine where its nearest existing
+    ancestor is a folder you may create it in (or, without ``create``, where nothing on the way
+    is a file). Symbolic links are followed. The reason names the path at fault: ``/dev/null``
+    "is a character device", a link loop, a file on the way. Nothing is created."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if not create and exc.errno == errno.ENOENT and not os.path.islink(path):
+            return None
+        return _missing_folder_problem(path, exc)
+    shown = f"{path} (a symbolic link to {os.path.realpath(path)})" if path.is_symlink() else path
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{shown} is {_kind(st.st_mode)}, not a folder"
+    need = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not _can(path, need):
+        what = "write to" if write and _can(path, os.R_OK | os.X_OK) else "read"
+        return f"{shown} is a folder you cannot {what} (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _missing_folder_problem(path: Path, exc: OSError) -> str | None:
+    if exc.errno == errno.ELOOP:
+        return f"{path} cannot be resolved: its symbolic links form a loop"
+    if exc.errno == errno.ENOTDIR:
+        for p in reversed(path.parents):  # the first ancestor that is not a folder
+            try:
+                st = os.stat(p)
+            except OSError:
+                break
+            if not stat.S_ISDIR(st.st_mode):
+                return f"{p} is {_kind(st.st_mode)}, not a folder, so {path} cannot be one"
+        return f"{path}: {exc.strerror}"
+    if exc.errno != errno.ENOENT:
+        return f"{path} cannot be reached ({exc.strerror})"
+    if os.path.islink(path):
+        return (
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist "
+            "(create that folder first)"
+        )
+    for p in path.parents:  # the nearest existing ancestor must let you create the rest
         try:
-            reason = loose_permissions(p, p.lstat(), owner_matters=False)
+            st = os.stat(p)
         except OSError:
             continue
-        if reason:
-            return reason
+        if not stat.S_ISDIR(st.st_mode):  # pragma: no cover - stat said ENOENT, not ENOTDIR
+            return f"{p} is {_kind(st.st_mode)}, not a folder, so {path} cannot be one"
+        if not _can(p, os.W_OK | os.X_OK):
+            return (
+                f"{path} does not exist and cannot be created: {p} is not writable by you "
+                f"(mode {stat.filemode(st.st_mode)})"
+            )
+        return None
     return None
 
 
@@ -248,6 +369,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "canonical_json",
+    "folder_problem",
     "key_of",
     "loose_permissions",
     "make_temp_dir",
