@@ -576,6 +576,105 @@ def test_unwritable_store_simulated_degrades_with_one_warning(
     assert Store(store.root).put("compile", KEY2, {"a": b"x"}) is not None  # a new instance retries
 
 
+def _corrupt(store: Store, key: str = KEY) -> Path:
+    entry_dir = store.entry_dir("compile", key)
+    (entry_dir / MANIFEST_NAME).write_text("{ not json")
+    return entry_dir
+
+
+def _one_bad_entry_is_skipped_alone(
+    store: Store, bad: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a store does with ``bad``, a corrupt entry that cannot be removed: one warning
+    naming it and why, misses and skipped puts for that key, and every other key cached."""
+    caplog.clear()
+    assert store.get("compile", KEY, expect=COMPAT) is None
+    assert store.put("compile", KEY, {"a": b"x"}, compat=COMPAT) is None
+    assert store.get("compile", KEY, expect=COMPAT) is None
+    (line,) = store_warnings(caplog)
+    assert str(bad) in line and "corrupt entry" in line and "cannot be removed" in line
+    assert "not writable" not in line
+    assert not store.read_only
+    for i, other in enumerate((KEY2, KEY3)):
+        assert put(store, key=other, seed=i) is not None
+        assert store.get("compile", other, expect=COMPAT) is not None
+    store.record("compile", KEY2, hit=True)
+    assert len(store_warnings(caplog)) == 1
+    assert store.stats().total.hits == 1
+
+
+def test_an_entry_that_cannot_be_removed_is_skipped_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(store, seed=1)
+    bad = _corrupt(store)
+    real = os.rename
+
+    def refuse(src: object, dst: object, *a: object, **k: object) -> None:
+        if bad in (Path(str(src)), Path(str(dst))):  # like an immutable folder: EPERM
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM), str(src), None, str(dst))
+        real(src, dst, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", refuse)
+    _one_bad_entry_is_skipped_alone(store, bad, caplog)
+    assert os.strerror(errno.EPERM) in store_warnings(caplog)[0]
+
+
+def test_an_entry_in_a_folder_you_cannot_write_is_skipped_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real permissions: the corrupt entry's folder is read-only, so neither removing the entry
+    nor putting a new one there can work; the store goes on for every other key."""
+    with unprivileged() as base:
+        store = Store(base / "store")
+        put(store, seed=1)
+        bad = _corrupt(store)
+        bad.parent.chmod(0o555)
+        assert KEY2[:2] != KEY[:2] and KEY3[:2] != KEY[:2]  # their folders are writable
+        _one_bad_entry_is_skipped_alone(store, bad, caplog)
+        assert os.strerror(errno.EACCES) in store_warnings(caplog)[0]
+
+
+def test_a_folder_in_the_store_that_refuses_entries_is_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with unprivileged() as base:
+        store = Store(base / "store")
+        put(store, seed=1)
+        (store.data_dir / "compile").chmod(0o555)  # no new key folders under compile/
+        caplog.clear()
+        assert store.put("compile", KEY2, {"a": b"x"}, compat=COMPAT) is None
+        assert store.put("compile", KEY3, {"a": b"y"}, compat=COMPAT) is None
+        (line,) = store_warnings(caplog)
+        folder = store.data_dir / "compile"
+        assert f"{folder} is not writable" in line and "the rest of the store" in line
+        assert not store.read_only and temps(store.root) == []
+        assert put(store, key=KEY2, seed=2, stage="lower") is not None  # other folders: cached
+        assert store.get("compile", KEY, expect=COMPAT) is not None  # hits still served
+        assert len(store_warnings(caplog)) == 1
+
+
+def test_a_hit_miss_log_that_cannot_be_written_never_stops_caching(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(store, seed=1)
+    real = os.open
+
+    def refuse(path: object, *a: object, **k: object) -> int:
+        if str(path).endswith("stats.jsonl"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refuse)
+    caplog.clear()
+    store.record("compile", KEY, hit=True)
+    store.record("compile", KEY, hit=False)
+    assert put(store, key=KEY2, seed=2) is not None
+    (line,) = store_warnings(caplog)
+    assert "cannot record hits and misses" in line and "stats.jsonl" in line
+    assert "still cached" in line and not store.read_only
+
+
 # -- maintenance -------------------------------------------------------------------------------
 
 

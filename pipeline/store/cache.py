@@ -74,10 +74,10 @@ DEFAULT_STORE_DIR = Path("outputs/store")
 
 log = logging.getLogger("jaxaot.store")
 
-# errno values that mean "this store cannot take writes", as opposed to a one-off failure.
-_DEGRADE_ERRNOS = frozenset(
-    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-)
+# errno values that mean "this file system takes no more writes", wherever they come from.
+_FULL_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# ... and these too where the store root itself refuses a write (creating a temp folder in it).
+_DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 _PUT_ATTEMPTS = 3
 
 
@@ -87,6 +87,47 @@ def resolve_store_root(configured: str | Path | None = None) -> Path:
         return Path(configured).expanduser()
     env = os.environ.get(ENV_STORE_DIR, "")
     return Path(env).expanduser() if env else DEFAULT_STORE_DIR
+
+
+def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None:
+    """Refuse a store root that cannot be one, naming ``store.dir`` and the path: called when the
+    config is validated, before any JAX work.
+
+    Which store problems fail a run and which only cost caching:
+
+    - A root that is unusable when the run starts (``store.dir=/dev/null``, a regular file, a
+      symbolic link loop or a dangling link, a folder you cannot read, a path that cannot be
+      created) is a :class:`~jaxaot.errors.ConfigError`, also when it comes from
+      ``$JAXAOT_STORE_DIR`` or the default: running on uncached would hide the mistake in a
+      shared config and recompile on every run.
+    - An existing folder you may read but not write is a read-only store: hits are served and
+      puts are skipped, with one warning (:meth:`Store.put`).
+    - A store that becomes unusable while a run goes on (a full disk or quota, a file system
+      remounted read-only, its root removed or no longer writable) costs one warning, and the
+      run goes on uncached.
+    - One entry that cannot be removed or placed (a folder inside the store you may not write)
+      costs one warning naming it; that entry is skipped and the rest of the store is used.
+    """
+    if not enabled:
+        return
+    from jaxaot.errors import ConfigError
+    from jaxaot.util.fsio import folder_problem
+
+    root = resolve_store_root(configured)
+    problem = folder_problem(root, write=False)
+    if problem is None:
+        return
+    if configured is not None and str(configured) != "":
+        key = f"store.dir={configured}"
+    elif os.environ.get(ENV_STORE_DIR, ""):
+        key = f"store.dir (unset, so ${ENV_STORE_DIR}={os.environ[ENV_STORE_DIR]})"
+    else:
+        key = f"store.dir (unset, so the default {DEFAULT_STORE_DIR})"
+    raise ConfigError(
+        f"{key}: expected a folder for the checkpoint store (or a path where one can be "
+        f"created), but {problem}; point store.dir at such a folder, or set "
+        "store.enabled=false to run without the store"
+    )
 
 
 def _fsync_dir(path: Path) -> None:
@@ -135,6 +176,10 @@ def _touch(path: Path) -> None:
         os.utime(path, ns=(now, now))
 
 
+def _why_not_removed(entry_dir: Path, err: OSError) -> str:
+    return f"moving it out of {entry_dir.parent}: {err.strerror or err}"
+
+
 class Store:
     """The checkpoint store at ``root``; ``enabled=False`` makes get/put/record no-ops."""
 
@@ -144,6 +189,9 @@ class Store:
         # True: load entries whatever their permissions (store.trust, $JAXAOT_TRUST_STORE).
         self.trust = trust_from_env() if trust is None else trust
         self._read_only = False  # set on the first "cannot write here" error, warned once
+        self._skipped: set[Path] = set()  # entries this process leaves alone, each warned once
+        self._unplaceable: set[Path] = set()  # folders an entry could not be put in, warned once
+        self._no_log = False  # the hit/miss log cannot be appended to (warned once)
 
     def __repr__(self) -> str:
         return f"Store(root={str(self.root)!r}, enabled={self.enabled})"
@@ -156,7 +204,10 @@ class Store:
 
     @property
     def read_only(self) -> bool:
-        """True once a write failed with EACCES/EROFS/ENOSPC/...: puts are then skipped."""
+        """True once the store as a whole refused a write: its root (EACCES/EPERM creating a
+        temp folder in it, or the root gone or no longer a folder), or its file system
+        (EROFS/ENOSPC/EDQUOT/EFBIG anywhere). Puts are then skipped; hits are still served.
+        One entry or one inner folder that refuses a write never sets it."""
         return self._read_only
 
     @property
@@ -180,6 +231,9 @@ class Store:
         """
         entry_dir = self.entry_dir(stage, key)
         if not self.enabled:
+            return None
+        if entry_dir in self._skipped:
+            log.debug("store miss: %s: skipped (warned above)", _label(stage, key))
             return None
         try:
             entry = _load(entry_dir, stage, key, expect, self.trust)
@@ -218,15 +272,19 @@ class Store:
         meta_d = dict(meta or {})
         compat_d = dict(compat or {})
         json.dumps([meta_d, compat_d])  # a non-JSON value is a caller bug: fail before any I/O
-        if not self.enabled or self._read_only:
+        if not self.enabled or self._read_only or entry_dir in self._skipped:
             return None
         tmp: Path | None = None
         try:
             existing = self._existing(entry_dir, stage, key, compat_d)
-            if existing is not None:
+            if existing is not None or entry_dir in self._skipped:
                 return existing
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = make_temp_dir(self.root, f"{TEMP_PREFIX}put-{stage}-{key[:12]}-")
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                tmp = make_temp_dir(self.root, f"{TEMP_PREFIX}put-{stage}-{key[:12]}-")
+            except OSError as exc:  # the root itself: gone, not a folder, not writable, full
+                self._degrade(exc)
+                return None
             records = {name: _write_file(tmp / name, src) for name, src in files.items()}
             created = time.time()
             doc = {
@@ -243,36 +301,22 @@ class Store:
             _write_file(tmp / MANIFEST_NAME, manifest)
             _touch(tmp / MANIFEST_NAME)
             _fsync_dir(tmp)
-            entry_dir.parent.mkdir(parents=True, exist_ok=True)
-            for _ in range(_PUT_ATTEMPTS):
-                try:
-                    os.rename(tmp, entry_dir)
-                except OSError as exc:
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                        raise
-                    existing = self._existing(entry_dir, stage, key, compat_d)
-                    if existing is not None:
-                        log.debug(
-                            "store put: %s: another writer stored it first", _label(stage, key)
-                        )
-                        return existing
-                    continue
-                tmp = None
-                with contextlib.suppress(
-                    OSError
-                ):  # the entry is in place; durability is best-effort
-                    _fsync_dir(entry_dir.parent)
-                break
-            else:
-                log.warning(
-                    "store put %s: an invalid entry kept reappearing at %s; result not cached",
-                    _label(stage, key),
-                    entry_dir,
-                )
+            try:
+                placed = self._place(tmp, entry_dir, stage, key, compat_d)
+            except OSError as exc:
+                if exc.errno in _DENIED_ERRNOS:  # a folder inside the store, not its root
+                    self._unplaceable_folder(entry_dir, stage, key, exc)
+                    return None
+                raise
+            if isinstance(placed, StoreEntry):  # another writer's
+                return placed
+            if not placed:
                 return None
+            tmp = None
         except OSError as exc:
-            if exc.errno in _DEGRADE_ERRNOS:
-                self._degrade(exc)
+            ours = exc.filename is None or str(exc.filename).startswith(str(tmp))
+            if exc.errno in _FULL_ERRNOS or (exc.errno in _DENIED_ERRNOS and ours):
+                self._degrade(exc)  # writing into our own temp folder in the root
             else:
                 log.warning("store put %s failed, result not cached: %s", _label(stage, key), exc)
             return None
@@ -291,6 +335,35 @@ class Store:
             compute_seconds=float(compute_seconds),
         )
 
+    def _place(
+        self, tmp: Path, entry_dir: Path, stage: str, key: str, compat: Mapping[str, Any]
+    ) -> bool | StoreEntry:
+        """Rename the finished ``tmp`` to ``entry_dir``: True when placed, the entry another
+        writer placed first, or False when an invalid entry is in the way (warned)."""
+        entry_dir.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(_PUT_ATTEMPTS):
+            try:
+                os.rename(tmp, entry_dir)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                existing = self._existing(entry_dir, stage, key, compat)
+                if existing is not None:
+                    log.debug("store put: %s: another writer stored it first", _label(stage, key))
+                    return existing
+                if entry_dir in self._skipped:  # a bad entry that cannot be removed: warned
+                    return False
+                continue
+            with contextlib.suppress(OSError):  # the entry is in place; durability is best-effort
+                _fsync_dir(entry_dir.parent)
+            return True
+        log.warning(
+            "store put %s: an invalid entry kept reappearing at %s; result not cached",
+            _label(stage, key),
+            entry_dir,
+        )
+        return False
+
     def _existing(
         self, entry_dir: Path, stage: str, key: str, compat: Mapping[str, Any]
     ) -> StoreEntry | None:
@@ -304,21 +377,54 @@ class Store:
     def discard(self, stage: str, key: str, reason: str) -> str:
         """Remove the entry for (stage, key), which verified but cannot be used (its executable
         does not load here, or serves another calling convention: issue 12), so that the next
-        put stores a good one. Returns what happened, for the caller's one warning."""
+        put stores a good one. Returns what happened, for the caller's one warning; an entry
+        that cannot be removed is skipped by this process from then on."""
         entry_dir = self.entry_dir(stage, key)
-        outcome = self._remove(entry_dir)
+        err = _remove_entry(self.root, entry_dir)
+        if err is None:
+            outcome = "entry removed"
+        else:
+            outcome = f"could not remove it ({_why_not_removed(entry_dir, err)})"
+            self._skipped.add(entry_dir)
         log.debug("store discard: %s: %s; %s", _label(stage, key), reason, outcome)
         return outcome
 
-    def _remove(self, entry_dir: Path) -> str:
-        err = _remove_entry(self.root, entry_dir)
-        return "entry removed" if err is None else f"could not remove it ({err})"
-
     def _discard(self, entry_dir: Path, stage: str, key: str, bad: _Bad, during: str) -> None:
         what = "incompatible" if bad.incompatible else "corrupt"
-        outcome = self._remove(entry_dir)
+        err = _remove_entry(self.root, entry_dir)
+        if err is None:
+            log.warning(
+                "%s: %s: %s entry: %s; entry removed", during, _label(stage, key), what, bad.reason
+            )
+            return
+        self._skipped.add(entry_dir)
         log.warning(
-            "%s: %s: %s entry: %s; %s", during, _label(stage, key), what, bad.reason, outcome
+            "%s: %s: %s entry at %s: %s; it cannot be removed (%s), so this process skips it "
+            "and does not cache that result; the rest of the store is used as usual (remove it "
+            "as a user who may: jaxaot-store verify --remove)",
+            during,
+            _label(stage, key),
+            what,
+            entry_dir,
+            bad.reason,
+            _why_not_removed(entry_dir, err),
+        )
+
+    def _unplaceable_folder(self, entry_dir: Path, stage: str, key: str, exc: OSError) -> None:
+        """A put whose entry cannot go into a folder inside the store (EACCES/EPERM): warned
+        once per folder; other entries are still cached."""
+        folder = next((p for p in entry_dir.parents if p.is_dir()), entry_dir.parent)
+        if folder in self._unplaceable:
+            log.debug("store put %s: %s is not writable (warned above)", _label(stage, key), folder)
+            return
+        self._unplaceable.add(folder)
+        log.warning(
+            "store put %s: cannot create entry %s: %s is not writable (%s); results that go "
+            "there are not cached by this process, the rest of the store is used as usual",
+            _label(stage, key),
+            entry_dir,
+            folder,
+            exc.strerror or exc,
         )
 
     def _degrade(self, exc: OSError) -> None:
@@ -337,7 +443,7 @@ class Store:
         """Append one hit/miss line to ``v1/stats.jsonl`` (one O_APPEND write: safe across processes)."""
         _check_stage(stage)
         _check_key(key)
-        if not self.enabled or self._read_only:
+        if not self.enabled or self._read_only or self._no_log:
             return
         line = canonical_json(
             {
@@ -362,15 +468,17 @@ class Store:
                 finally:
                     os.close(fd)
         except OSError as exc:
-            if exc.errno in _DEGRADE_ERRNOS:
+            if exc.errno in _FULL_ERRNOS:
                 self._degrade(exc)
-            else:
-                log.warning(
-                    "store: could not record %s for %s: %s",
-                    "hit" if hit else "miss",
-                    _label(stage, key),
-                    exc,
-                )
+                return
+            # The log alone: entries are still read and written.
+            self._no_log = True
+            log.warning(
+                "store: cannot record hits and misses in %s (%s); `jaxaot-store stats` will "
+                "not count this process's; stage results are still cached",
+                self.data_dir / STATS_LOG_NAME,
+                exc.strerror or exc,
+            )
 
     # -- maintenance (jaxaot.store.maintenance) ------------------------------------------------
 
@@ -412,6 +520,7 @@ __all__ = [
     "StoreStats",
     "VerifyReport",
     "VerifyResult",
+    "check_store_dir",
     "parse_size",
     "resolve_store_root",
 ]
