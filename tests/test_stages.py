@@ -33,7 +33,7 @@ from jaxaot.errors import (
     TargetError,
 )
 from jaxaot.stages import Compiled, Executed, Lowered, StagedOut
-from jaxaot.stages.execute import InputTypeError, _compare
+from jaxaot.stages.execute import _compare
 from jaxaot.stages.inputs import spec_inputs
 
 # The file names the issue fixes, per stage folder (stages may write more).
@@ -670,12 +670,12 @@ def test_execute_inputs_of_other_types_are_refused_before_jax_sees_them(
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
 
 
-def test_execute_inputs_of_other_types_fail_with_jaxs_message(compose_run) -> None:
-    # Literals are not arrays with a declared type: JAX's own check names the mismatch.
+def test_execute_inputs_of_other_types_are_refused_naming_the_input(compose_run) -> None:
+    # A number is no i32[3]: refused before JAX's "Argument types differ" check.
     with pytest.raises(
-        InputTypeError,
-        match=r"Argument types differ from the types for which this computation was compiled\..*"
-        r"Argument 'x' compiled with int32\[3\] and called with float32\[\]",
+        ConfigError,
+        match=r"^execute\.inputs\[0\]: expected i32\[3\] \(as program\.args\[0\] declares\), "
+        r"found a float scalar 1\.5; give a \.npy file holding i32\[3\]",
     ):
         compose_run(AXPY, "program.args=[i32[3],i32[3]]", "execute.inputs=[1.5,2]")
 
