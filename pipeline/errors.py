@@ -71,6 +71,10 @@ class StoreError(JaxaotError, OSError):
     """A checkpoint or store entry is missing, corrupt or from an incompatible version."""
 
 
+class RunDirError(JaxaotError, OSError):
+    """The run directory cannot take the run's manifest (a full disk, a read-only file system)."""
+
+
 class SnapshotError(JaxaotError, OSError):
     """A golden snapshot is missing, hand-edited, from another format, or would be overwritten."""
 
@@ -96,6 +100,7 @@ __all__ = [
     "ConfigError",
     "DoesNotFit",
     "JaxaotError",
+    "RunDirError",
     "SnapshotError",
     "SnapshotMismatch",
     "StageError",

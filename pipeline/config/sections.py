@@ -144,6 +144,12 @@ def check_relations(cfg: JaxaotConfig) -> None:
     check_imports(cfg)
     _check_snapshot(cfg.snapshot)
     check_topology(cfg)
+    # Last, the only checks that look at the file system: where the store and snapshots go.
+    from jaxaot.snapshots.snapshot import check_snapshot_dirs
+    from jaxaot.store.cache import check_store_dir
+
+    check_store_dir(cfg.store.dir, cfg.store.enabled)
+    check_snapshot_dirs(cfg.snapshot)
 
 
 def check_indices(key: str, values: list[int]) -> None:

@@ -25,8 +25,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from jaxaot.errors import ConfigError
+from jaxaot.errors import ConfigError, RunDirError
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.util.fsio import folder_problem
 
 RESOLVER = "unique_dir"
 SWEEP_MARKERS = ("multirun.yaml", ".jaxaot")  # what a sweep leaves in hydra.sweep.dir
@@ -112,7 +113,14 @@ def claim(run_dir: Path, first_manifest: dict[str, Any], *, key: str) -> None:
     never sees a partial file. Where hard links are not supported, an exclusive create does it.
     ``key`` names where the directory came from, for the error.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = folder_problem(run_dir, write=True) or f"it cannot be created ({exc.strerror})"
+        raise ConfigError(
+            f"{key}={str(run_dir)!r}: expected a folder for the run (new or empty), but "
+            f"{problem}; choose another"
+        ) from None
     why = taken_reason(run_dir)
     if why is not None:
         raise _refusal(run_dir, key, why)
@@ -130,8 +138,21 @@ def claim(run_dir: Path, first_manifest: dict[str, Any], *, key: str) -> None:
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             except FileExistsError:
                 raise _refusal(run_dir, key, f"holds an earlier run ({MANIFEST_NAME})") from None
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError:  # never leave a torn manifest that would claim the directory
+                with contextlib.suppress(OSError):
+                    os.unlink(target)
+                raise
+    except OSError as exc:
+        raise RunDirError(
+            f"{key}={str(run_dir)!r}: cannot write {MANIFEST_NAME} ({exc.strerror or exc}); "
+            "the run did not start; free space on that file system (or choose a folder on "
+            "another one) and run again"
+        ) from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -7,14 +7,17 @@ stage, so an interrupted run still leaves a consistent record of the stages that
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jaxaot.errors import StoreError
+from jaxaot.errors import RunDirError, StoreError
 from jaxaot.util.fsio import atomic_write_json
+
+log = logging.getLogger("jaxaot")
 
 
 class StageOutcome(Protocol):
@@ -54,6 +57,8 @@ class Manifest:
     error: str | None = None
     started: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The error of a failed write: a later write failing while the run ends with it is quiet.
+    _unwritable: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def path(self) -> Path:
@@ -95,7 +100,27 @@ class Manifest:
         }
 
     def write(self) -> None:
-        atomic_write_json(self.path, self.to_json())
+        """Rewrite ``manifest.json`` atomically. A failure (a full disk, a file system gone
+        read-only) is one :class:`RunDirError` line naming the run dir and the cause; the last
+        complete manifest stays in place, never a torn one."""
+        try:
+            atomic_write_json(self.path, self.to_json())
+        except OSError as exc:
+            err = (
+                exc
+                if isinstance(exc, RunDirError)
+                else RunDirError(
+                    f"run dir {self.run_dir}: cannot write {MANIFEST_NAME} "
+                    f"({exc.strerror or exc}); the last complete one is kept there; free space "
+                    "on that file system (or run with hydra.run.dir on another one) and run again"
+                )
+            )
+            if self._unwritable is not None and self.error == self._unwritable:
+                # The run is ending with this very error, which its caller reports once.
+                log.debug("%s", err)
+                return
+            self._unwritable = " ".join(str(err).split())
+            raise err from exc
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:

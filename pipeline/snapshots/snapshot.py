@@ -17,14 +17,15 @@ processes. A run with ``write`` or ``verify`` also keeps its own snapshot in
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.order import STAGES
-from jaxaot.errors import SnapshotError, SnapshotMismatch
+from jaxaot.errors import ConfigError, SnapshotError, SnapshotMismatch
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.util.canonical import (
     ARTIFACT_BY_PATH,
@@ -32,13 +33,12 @@ from jaxaot.util.canonical import (
     CanonicalArtifact,
     dump_json,
 )
-from jaxaot.util.fsio import atomic_write_text, sha256_bytes
+from jaxaot.util.fsio import atomic_write_text, folder_problem, sha256_bytes
 from jaxaot.util.textdiff import bounded, changed_keys, unified
 
 if TYPE_CHECKING:
+    from jaxaot.config.sections import SnapshotConfig
     from jaxaot.schema import JaxaotConfig
-
-    pass
 
 # Snapshot format history:
 #   1 (2026-11-22): snapshot.json {format_version, program, stages, files{path: {sha256, size}}};
@@ -52,6 +52,42 @@ _UNPINNED_CONFIG_KEYS = ("snapshot", "store", "resume_from", "debug")
 _PINNED_VERSIONS = ("jax", "jaxlib", "python", "numpy")
 _PINNED_BACKEND = ("platform", "platform_version", "device_kind", "device_count")
 OK_STATUSES = ("written", "unchanged", "match", "updated", "created")
+
+
+def check_snapshot_dirs(snap: SnapshotConfig) -> None:
+    """Refuse, when the config is validated (before any JAX work), a ``snapshot.write`` or
+    ``snapshot.verify`` path that cannot be a snapshot folder (a regular file, ``/dev/null``, a
+    symbolic link loop, a folder you cannot write where one is written), naming the key and the
+    path. A golden that is not there yet is reported after the run, with how to write it."""
+    for key, where, write in (
+        ("snapshot.write", snap.write, True),
+        ("snapshot.verify", snap.verify, snap.update),
+    ):
+        if not where:
+            continue
+        problem = folder_problem(where, write=write, create=write)
+        if problem is not None:
+            raise ConfigError(
+                f"{key}={where}: expected a folder for a golden snapshot "
+                f"{'(new, empty, or holding one)' if write else 'holding one'}, but {problem}; "
+                "choose another folder"
+            )
+
+
+@contextlib.contextmanager
+def _writing(what: str) -> Iterator[None]:
+    """An OSError while writing ``what`` (a full disk, a file in the way) as one SnapshotError
+    line naming it and the file; files already written stay whole (each write is atomic)."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, SnapshotError):
+            raise
+        name = f" {exc.filename}" if exc.filename else ""
+        raise SnapshotError(
+            f"{what}: cannot write{name} ({exc.strerror or exc}); free space there or choose "
+            "another folder, then run again"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -154,6 +190,8 @@ def load_snapshot(folder: Path, *, check: bool = True) -> Snapshot:
                     f"the snapshot with snapshot.verify={folder} snapshot.update=true"
                 ) from None
             continue
+        except OSError as exc:
+            raise SnapshotError(f"{folder / rel}: unreadable ({exc.strerror or exc})") from None
         if check and sha256_bytes(raw) != entry.get("sha256"):
             raise SnapshotError(
                 f"{folder / rel}: sha256 {sha256_bytes(raw)[:12]} but {INDEX_NAME} records "
@@ -286,11 +324,14 @@ def after_run(cfg: JaxaotConfig, manifest: Manifest, *, print_output: bool = Fal
         return
     record["status"] = "error"  # until write or verify says otherwise
     actual = from_run(manifest.run_dir, manifest.to_json())
-    write_snapshot(actual, manifest.run_dir / RUN_SNAPSHOT_DIR)
+    with _writing(f"run dir {manifest.run_dir}: the run's snapshot"):
+        write_snapshot(actual, manifest.run_dir / RUN_SNAPSHOT_DIR)
     if snap.write:
-        _write_golden(actual, snap.write, record, say)
+        with _writing(f"snapshot.write={snap.write}"):
+            _write_golden(actual, snap.write, record, say)
     else:
-        _verify(actual, snap.verify or "", cfg, manifest.run_dir, record, say)
+        with _writing(f"snapshot.verify={snap.verify}"):
+            _verify(actual, snap.verify or "", cfg, manifest.run_dir, record, say)
 
 
 def _write_golden(
@@ -399,6 +440,7 @@ __all__ = [
     "Comparison",
     "Snapshot",
     "after_run",
+    "check_snapshot_dirs",
     "compare",
     "diff_lines",
     "from_run",
