@@ -12,9 +12,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-# Unrolled steps: tracing and lowering take well under a second, XLA:CPU's compile a few
-# seconds (~4 s on one busy core), which is the window the preemption test signals the job in.
-SLOW_STEPS = 1000
+# Unrolled steps: tracing and lowering take about a second, XLA:CPU's compile several: the
+# window the preemption tests signal the job in (the signal lands 0.2-0.9 s after lower ends).
+# Measured with jax 0.10 on 2 vCPUs: 400 steps 4.4 s alone, 10-15 s in the SLURM jobs with 4
+# busy loops besides. XLA's compile time grows faster than the step count: 1000 steps took
+# 29 s alone and 55-62 s in those jobs, most of the requeue test's time limit.
+SLOW_STEPS = 400
 
 
 def slow_compile(x: jax.Array) -> jax.Array:

@@ -232,8 +232,9 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
         assert rows[n]["status"] == "ok" and rows[n]["requeued"] == "1"
         assert (rows[n]["slurm_state"], rows[n]["slurm_state_source"]) == ("COMPLETED", "squeue")
     # USR2 landed mid-compile: submitit's checkpoint ran, the attempt recorded itself as
-    # interrupted (preempted) before its compile finished, and the requeued one compiled. (After `scontrol requeue` the old
-    # processes live until SIGKILL, KillWait later, and may finish the compile first.)
+    # interrupted (preempted) before submitit requeued it, and the requeued one compiled.
+    # (After `scontrol requeue` the old processes live until SIGKILL, KillWait later, and may
+    # finish the compile first.)
     preempted = read_manifest(sweep / ".jaxaot/requeued/0/attempt-1")
     assert preempted["status"] == "interrupted"  # not the program's exit: no failed stage
     assert preempted["error"].startswith("preempted by SLURM"), preempted["error"]

@@ -147,7 +147,9 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         import submitit
         from jaxaot.util import exits
 
-        # submitit exits (SystemExit) right after this: the run records it as interrupted.
+        # Records the run in progress as interrupted (its manifest written) before returning:
+        # submitit then runs `scontrol requeue` and raises SystemExit, and SLURM kills the job
+        # KillWait seconds after the requeue, maybe before the runner sees the SystemExit.
         exits.note_preempted("preempted by SLURM (submitit checkpointed and requeued the job)")
         attempt = int(kwargs.pop("attempt", 0)) + 1
         log.warning(

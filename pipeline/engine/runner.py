@@ -7,8 +7,9 @@ imported.
 
 Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from the store),
 ``resumed`` (loaded from ``resume_from``), ``skipped`` (after ``stop_after``), ``failed``,
-``interrupted`` (Ctrl-C or SIGTERM while it ran). A target that calls ``sys.exit`` or
-``os._exit`` fails its stage instead of ending the process (jaxaot.util.exits).
+``interrupted`` (Ctrl-C, SIGTERM or a job system's preemption while it ran). A target that
+calls ``sys.exit`` or ``os._exit`` fails its stage instead of ending the process
+(jaxaot.util.exits).
 """
 
 from __future__ import annotations
