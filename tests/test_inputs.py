@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,24 @@ def test_a_npz_that_is_no_zip_or_holds_objects_is_never_unpickled(tmp_path: Path
         "objects"
     )
     _never_advises_unpickling(str(info.value))
+
+
+def test_an_npy_of_objects_or_strings_names_the_file_and_is_never_unpickled(
+    tmp_path: Path,
+) -> None:
+    objects, strings = tmp_path / "o.npy", tmp_path / "s.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(strings, np.array(["ab"]))
+    bound = bind(["f32[1]"], {})
+    with pytest.raises(ConfigError) as info:
+        user_inputs(bound, [str(objects)])
+    assert str(info.value) == (
+        f"execute.inputs[0]: {str(objects)!r} holds Python objects (dtype object), which jaxaot "
+        "never loads (no unpickling); expected a numeric array"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=rf"^execute\.inputs\[0\]: '{re.escape(str(strings))}': unknown dtype 'str64'; "
+        "expected one of bool, ",
+    ):
+        user_inputs(bound, [str(strings)])

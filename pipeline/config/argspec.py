@@ -361,7 +361,12 @@ def _npy_header(path: str, where: str) -> tuple[tuple[int, ...], str]:
         raise ArgSpecError(f"{where}: .npy file {path!r} does not exist") from None
     except (OSError, ValueError) as exc:
         raise ArgSpecError(f"{where}: {path!r} is not a readable .npy file ({exc})") from None
-    return tuple(int(d) for d in shape), canonical_dtype(dtype.name, where)
+    if dtype.hasobject:  # numpy would need to unpickle it (allow_pickle): never done here
+        raise ArgSpecError(
+            f"{where}: {path!r} holds Python objects (dtype {dtype}), which jaxaot never loads "
+            "(no unpickling); expected a numeric array"
+        )
+    return tuple(int(d) for d in shape), canonical_dtype(dtype.name, f"{where}: {path!r}")
 
 
 def parse_type(text: str, where: str) -> ArraySpec | None:
