@@ -837,3 +837,20 @@ def test_resolve_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert resolve_store_root(None) == tmp_path / "env"
     assert resolve_store_root("") == tmp_path / "env"
     assert resolve_store_root(tmp_path / "cfg") == tmp_path / "cfg"
+
+
+def test_a_store_root_replaced_by_a_file_mid_run_is_one_warning(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(store, seed=1)
+    shutil.rmtree(store.root)
+    store.root.write_text("not a folder")
+    caplog.clear()
+    assert store.get("compile", KEY, expect=COMPAT) is None
+    store.record("compile", KEY, hit=False)
+    assert store.put("compile", KEY, {"a": b"x"}, compat=COMPAT) is None
+    store.record("compile", KEY2, hit=False)
+    assert store.put("compile", KEY2, {"a": b"y"}, compat=COMPAT) is None
+    (line,) = store_warnings(caplog)
+    assert f"store at {store.root} is not writable" in line and store.read_only
+    assert store.root.read_text() == "not a folder"

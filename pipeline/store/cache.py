@@ -468,7 +468,7 @@ class Store:
                 finally:
                     os.close(fd)
         except OSError as exc:
-            if exc.errno in _FULL_ERRNOS:
+            if exc.errno in _FULL_ERRNOS or not self.root.is_dir():  # the store, not its log
                 self._degrade(exc)
                 return
             # The log alone: entries are still read and written.
