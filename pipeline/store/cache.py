@@ -13,7 +13,8 @@ either complete or absent. A get verifies size and sha256 of every file before i
 entry, and :meth:`StoreEntry.read_bytes` verifies again the very bytes it hands out: the
 pickle-based executable deserializer never sees bytes whose hash was not checked. Anything
 that fails verification is a miss, logged once on ``jaxaot.store`` and removed, so the next
-put recomputes it.
+put recomputes it; one that cannot be removed is skipped by this process, alone (which store
+problems fail a run and which only cost caching: :func:`check_store_dir`).
 
 A put hard-links a big payload file (a run directory's executable) instead of copying it when
 both sit on one file system, read-only; a hit is linked into the run directory the same way
