@@ -17,8 +17,9 @@ XLA (xla/parse_flags_from_env.cc and xla/tsl/util/command_line_flags.cc, as in j
 - Flags apply in order, so the last value of a flag wins. A bool flag takes ``--name`` or
   ``--name=true|false|1|0`` (true/false in any case); ``--noname`` is an unknown flag.
 
-libtpu reads ``LIBTPU_INIT_ARGS`` (tensorflow/core/tpu/tpu_initializer_helper.cc: the value
-split at single spaces, no quoting, no file); how it parses the words is not public, so a
+Only libtpu reads ``LIBTPU_INIT_ARGS`` (the tpu backend, and compile.topology's TPU compiles);
+TensorFlow's loader (tensorflow/core/tpu/tpu_initializer_helper.cc) splits it at single spaces,
+with no quoting and no file, and hands the words to libtpu, whose parser is not public: a
 repeated flag keys every value in order rather than assuming that the last wins.
 """
 
@@ -90,8 +91,9 @@ class FlagSource:
 
     @property
     def flag_text(self) -> str:
-        """The text the flags are parsed from: the file's contents or the value itself."""
-        return self.text if self.path is not None else self.raw
+        """The text the flags are parsed from: the file's contents (none when unreadable) or
+        the value itself."""
+        return (self.text or "") if self.path is not None else self.raw
 
 
 def read_source(var: str, environ: Mapping[str, str] | None = None) -> FlagSource:
