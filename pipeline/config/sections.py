@@ -146,7 +146,7 @@ def check_relations(cfg: JaxaotConfig) -> None:
     check_topology(cfg)
     # Last, the only checks that look at the file system: where the store and snapshots go.
     from jaxaot.snapshots.snapshot import check_snapshot_dirs
-    from jaxaot.store.cache import check_store_dir
+    from jaxaot.store.root import check_store_dir
 
     check_store_dir(cfg.store.dir, cfg.store.enabled)
     check_snapshot_dirs(cfg.snapshot)

@@ -14,7 +14,7 @@ entry, and :meth:`StoreEntry.read_bytes` verifies again the very bytes it hands 
 pickle-based executable deserializer never sees bytes whose hash was not checked. Anything
 that fails verification is a miss, logged once on ``jaxaot.store`` and removed, so the next
 put recomputes it; one that cannot be removed is skipped by this process, alone (which store
-problems fail a run and which only cost caching: :func:`check_store_dir`).
+problems fail a run and which only cost caching: :func:`jaxaot.store.root.check_store_dir`).
 
 A put hard-links a big payload file (a run directory's executable) instead of copying it when
 both sit on one file system, read-only; a hit is linked into the run directory the same way
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +41,6 @@ from typing import Any
 
 from jaxaot.store import maintenance as _maintenance
 from jaxaot.store.entries import (
-    _CHUNK,
     MANIFEST_NAME,
     STATS_LOG_NAME,
     STORE_FORMAT_VERSION,
@@ -52,9 +50,12 @@ from jaxaot.store.entries import (
     _check_file_name,
     _check_key,
     _check_stage,
+    _fsync_dir,
     _label,
     _load,
     _remove_entry,
+    _touch,
+    _write_file,
     check_store_trusted,
 )
 from jaxaot.store.locks import LOCKS_DIR, STATS_LOCK, file_lock
@@ -67,11 +68,13 @@ from jaxaot.store.maintenance import (
     VerifyResult,
     parse_size,
 )
+from jaxaot.store.root import (
+    DEFAULT_STORE_DIR,
+    ENV_STORE_DIR,
+    check_store_dir,
+    resolve_store_root,
+)
 from jaxaot.util.fsio import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
-from jaxaot.util.links import link_into
-
-ENV_STORE_DIR = "JAXAOT_STORE_DIR"
-DEFAULT_STORE_DIR = Path("outputs/store")
 
 log = logging.getLogger("jaxaot.store")
 
@@ -80,101 +83,6 @@ _FULL_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # ... and these too where the store root itself refuses a write (creating a temp folder in it).
 _DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 _PUT_ATTEMPTS = 3
-
-
-def resolve_store_root(configured: str | Path | None = None) -> Path:
-    """The store root: ``configured`` if set, else ``$JAXAOT_STORE_DIR``, else ``outputs/store``."""
-    if configured is not None and str(configured) != "":
-        return Path(configured).expanduser()
-    env = os.environ.get(ENV_STORE_DIR, "")
-    return Path(env).expanduser() if env else DEFAULT_STORE_DIR
-
-
-def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None:
-    """Refuse a store root that cannot be one, naming ``store.dir`` and the path: called when the
-    config is validated, before any JAX work.
-
-    Which store problems fail a run and which only cost caching:
-
-    - A root that is unusable when the run starts (``store.dir=/dev/null``, a regular file, a
-      symbolic link loop or a dangling link, a folder you cannot read, a path that cannot be
-      created) is a :class:`~jaxaot.errors.ConfigError`, also when it comes from
-      ``$JAXAOT_STORE_DIR`` or the default: running on uncached would hide the mistake in a
-      shared config and recompile on every run.
-    - An existing folder you may read but not write is a read-only store: hits are served and
-      puts are skipped, with one warning (:meth:`Store.put`).
-    - A store that becomes unusable while a run goes on (a full disk or quota, a file system
-      remounted read-only, its root removed or no longer writable) costs one warning, and the
-      run goes on uncached.
-    - One entry that cannot be removed or placed (a folder inside the store you may not write)
-      costs one warning naming it; that entry is skipped and the rest of the store is used.
-    """
-    if not enabled:
-        return
-    from jaxaot.errors import ConfigError
-    from jaxaot.util.fsio import folder_problem
-
-    root = resolve_store_root(configured)
-    problem = folder_problem(root, write=False)
-    if problem is None:
-        return
-    if configured is not None and str(configured) != "":
-        key = f"store.dir={configured}"
-    elif os.environ.get(ENV_STORE_DIR, ""):
-        key = f"store.dir (unset, so ${ENV_STORE_DIR}={os.environ[ENV_STORE_DIR]})"
-    else:
-        key = f"store.dir (unset, so the default {DEFAULT_STORE_DIR})"
-    raise ConfigError(
-        f"{key}: expected a folder for the checkpoint store (or a path where one can be "
-        f"created), but {problem}; point store.dir at such a folder, or set "
-        "store.enabled=false to run without the store"
-    )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(dest: Path, src: bytes | Path) -> FileRecord:
-    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size. A big
-    file on this file system is hard-linked instead, read-only (a run directory's executable:
-    one copy on disk, :mod:`jaxaot.util.links`), and hashed through the new name."""
-    h = hashlib.sha256()
-    size = 0
-    if not isinstance(src, bytes | bytearray | memoryview) and link_into(Path(src), dest):
-        with open(dest, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-                size += len(chunk)
-        return FileRecord(sha256=h.hexdigest(), size=size)
-    with open(dest, "xb") as out:
-        if isinstance(src, bytes | bytearray | memoryview):
-            data = bytes(src)
-            out.write(data)
-            h.update(data)
-            size = len(data)
-        else:
-            with open(src, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    out.write(chunk)
-                    h.update(chunk)
-                    size += len(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    return FileRecord(sha256=h.hexdigest(), size=size)
-
-
-def _touch(path: Path) -> None:
-    # Last use is the manifest's mtime. Set from time_ns() rather than the filesystem clock
-    # (which may be coarse) so that LRU order follows the order of calls.
-    # A read-only store still serves hits; its LRU order just goes stale.
-    now = time.time_ns()
-    with contextlib.suppress(OSError):
-        os.utime(path, ns=(now, now))
 
 
 def _why_not_removed(entry_dir: Path, err: OSError) -> str:

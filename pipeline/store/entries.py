@@ -1,4 +1,5 @@
-"""One store entry on disk: its format version, names, manifest records, parsing and checks.
+"""One store entry on disk: its format version, names, manifest records, how its files are
+written, parsing and checks.
 
 The layout these describe is in :mod:`jaxaot.store.cache`. :func:`_load` is the only way an entry
 is read back: it parses ``entry.json``, checks the compat dict and re-hashes every payload
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from typing import Any
 
 from jaxaot.errors import StoreError
 from jaxaot.util.fsio import TEMP_PREFIX, canonical_json, loose_permissions, untrusted_path
+from jaxaot.util.links import link_into
 
 # Store format history (bump when entry.json or the layout changes incompatibly; a store
 # reader refuses entries of any other version, naming both):
@@ -288,6 +291,52 @@ def _load(
         compute_seconds=float(doc["compute_seconds"]),
         format_version=doc["format_version"],
     )
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(dest: Path, src: bytes | Path) -> FileRecord:
+    """Write ``src`` to ``dest`` (a new file), fsync it, and return its hash and size. A big
+    file on this file system is hard-linked instead, read-only (a run directory's executable:
+    one copy on disk, :mod:`jaxaot.util.links`), and hashed through the new name."""
+    h = hashlib.sha256()
+    size = 0
+    if not isinstance(src, bytes | bytearray | memoryview) and link_into(Path(src), dest):
+        with open(dest, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return FileRecord(sha256=h.hexdigest(), size=size)
+    with open(dest, "xb") as out:
+        if isinstance(src, bytes | bytearray | memoryview):
+            data = bytes(src)
+            out.write(data)
+            h.update(data)
+            size = len(data)
+        else:
+            with open(src, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    out.write(chunk)
+                    h.update(chunk)
+                    size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return FileRecord(sha256=h.hexdigest(), size=size)
+
+
+def _touch(path: Path) -> None:
+    # Last use is the manifest's mtime. Set from time_ns() rather than the filesystem clock
+    # (which may be coarse) so that LRU order follows the order of calls.
+    # A read-only store still serves hits; its LRU order just goes stale.
+    now = time.time_ns()
+    with contextlib.suppress(OSError):
+        os.utime(path, ns=(now, now))
 
 
 def _remove_entry(root: Path, entry_dir: Path) -> OSError | None:
