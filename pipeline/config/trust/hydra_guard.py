@@ -110,14 +110,19 @@ def _same_as_command_line(given: CommandLine, cl: CommandLine, overrides: list[s
             )
 
 
-def check_composition(cfg: Any, overrides: list[str], origin: Callable[[str], str | None]) -> None:
-    """Everything jaxaot.config.trust.composed checks, for one composed config of jaxaot's."""
+def check_composition(
+    cfg: Any, overrides: list[str], origin: Callable[[str], str | None], from_shell: bool = True
+) -> None:
+    """Everything jaxaot.config.trust.composed checks, for one composed config of jaxaot's.
+    ``overrides`` are its command line (Hydra's compose API: :func:`jaxaot.compose`'s, with
+    ``from_shell`` False), or for ``jaxaot``'s own compositions the command line's plus a
+    sweep job's parameters, whose trust settings must then be the command line's."""
     from omegaconf import OmegaConf
 
     if OmegaConf.select(cfg, "trust", default=None) is None:
         return  # not jaxaot's config (another Hydra app in the same process)
     given = parse_overrides(overrides)
-    if os.environ.get(ENV_COMMAND_LINE):
+    if from_shell and os.environ.get(ENV_COMMAND_LINE):
         cl = command_line()
         _same_as_command_line(given, cl, overrides)
         given = CommandLine(given.allow, given.deny, given.store_trust, given.env_set + cl.env_set)
@@ -150,7 +155,7 @@ def install_composition_guards() -> None:
         ) -> Any:
             _LAST[0] = None
             cfg = load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
-            check_composition(cfg, list(overrides), origin_finder(list(overrides)))
+            check_composition(cfg, list(overrides), origin_finder(list(overrides)), from_shell)
             return cfg
 
         ConfigLoaderImpl.load_configuration = _marked(load_configuration)  # type: ignore[method-assign]
