@@ -165,7 +165,8 @@ def _note_flags() -> None:
 def _describe(src: FlagSource) -> str:
     if src.path is None:
         return f"{src.var}={src.raw!r}"
-    return f"{src.var}={src.raw!r} (the file: {src.text!r})"
+    text = src.text if src.text is not None else src.error or ""
+    return f"{src.var}={src.raw!r} (the file: {text[:160]!r})"
 
 
 def flags_in_effect() -> dict[str, ParsedFlags]:
