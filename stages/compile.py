@@ -57,6 +57,7 @@ log = logging.getLogger("jaxaot")
 
 if TYPE_CHECKING:
     import jax
+    from jaxaot.config.argspec import BoundArgs
     from jaxaot.schema import JaxaotConfig
 
 
@@ -710,6 +711,14 @@ def _finish(
     extra["fit"] = fit_of(record, cfg.compile)
 
 
+def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:
+    from jaxaot.config.argspec import concrete_bound
+
+    # A polymorphic program compiles at compile.shapes: arguments XLA could not size at those
+    # sizes are refused here, before JAX (XLA aborts the process on them).
+    concrete_bound(bound, cfg.compile.shapes)
+
+
 COMPILE = Node(
     name="compile",
     noun="executable",
@@ -718,6 +727,7 @@ COMPILE = Node(
     inputs=("lower",),
     run=_run_node,
     check=check,
+    before_run=_before_run,
     load=_load_node,
     compat=compat,
     cache_key=keyed,

@@ -64,6 +64,18 @@ def _refused(proc: Any, run_dir: Path, line: str, manifest: str | None) -> None:
             "failed",
         ),
         (
+            (
+                SIN[0],
+                "program.args=[f32[b,b]]",
+                "+compile.shapes={b: 10000000000}",
+                "stop_after=compile",  # no execute: compile alone must refuse the sizes
+            ),
+            r"jaxaot: error: program\.args\[0\] at compile\.shapes: "
+            r"f32\[10000000000,10000000000\] has 1e\+20 elements \(4e\+20 bytes\); XLA sizes "
+            r"arrays in int64, so expected at most 9223372036854775807 bytes .*",
+            None,  # before JAX: XLA aborted the process compiling it
+        ),
+        (
             (SIN[0], "program.args=[f32[1e3]]"),
             r"jaxaot: error: program\.args\[0\]: cannot parse the dimension '1e3' of 'f32\[1e3\]': "
             r"'1e3' is not an integer: write sizes in digits \(1000\); expected an integer, .*",
