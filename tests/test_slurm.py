@@ -253,29 +253,43 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
 # submitit's preemption handler as SLURM's timing may have it: the launcher's checkpoint (what
 # submitit calls first), then `scontrol requeue`, after which SLURM kills the job KillWait
 # seconds later (submitit ignores the SIGTERM): here at once, before submitit's SystemExit.
+# "signal": on SIGUSR2, sent by the test; "after lower": right after the manifest write that
+# records lower, before the run's loop reaches compile (already computing on a worker thread).
 PREEMPTED_THEN_KILLED = """
 import os, signal, sys
 import jaxaot
 from hydra_plugins.jaxaot_slurm_launcher.slurm_launcher import JaxaotSlurmLauncher
+from jaxaot.rundir.manifest import Manifest
 
 def preempt(signum, frame):
     JaxaotSlurmLauncher.checkpoint(JaxaotSlurmLauncher.__new__(JaxaotSlurmLauncher))
     os.kill(os.getpid(), signal.SIGKILL)
 
-signal.signal(signal.SIGUSR2, preempt)
+write = Manifest.write
+
+def write_then_preempt(self):
+    write(self)
+    if "lower" in self.stages and "compile" not in self.stages:
+        preempt(None, None)
+
+if sys.argv[2] == "signal":
+    signal.signal(signal.SIGUSR2, preempt)
+else:
+    Manifest.write = write_then_preempt
 cfg = jaxaot.compose(["program.target=slurm_programs:slow_compile", "program.args=[f32[64]]"])
 jaxaot.run(cfg, run_dir=sys.argv[1])
 """
 
 
-def test_a_preempted_run_is_recorded_before_the_job_is_requeued(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["signal", "after lower"])
+def test_a_preempted_run_is_recorded_before_the_job_is_requeued(tmp_path: Path, when: str) -> None:
     """The checkpoint hook writes the manifest itself: a run killed right after it (while its
     compile still runs on a worker thread) says interrupted, and in which stage."""
     run_dir = tmp_path / "run"
     env = cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = f"{REPO}:{TESTS}:{env.get('PYTHONPATH', '')}".rstrip(":")
     proc = subprocess.Popen(
-        [sys.executable, "-c", PREEMPTED_THEN_KILLED, str(run_dir)],
+        [sys.executable, "-c", PREEMPTED_THEN_KILLED, str(run_dir), when],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -283,10 +297,11 @@ def test_a_preempted_run_is_recorded_before_the_job_is_requeued(tmp_path: Path) 
         text=True,
     )
     try:
-        _wait_for("lower to finish", lambda: _finished(run_dir, "lower") or proc.poll() is not None)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert not _finished(run_dir, "compile"), "slow_compile compiled too fast"
-        proc.send_signal(signal.SIGUSR2)
+        if when == "signal":
+            _wait_for("lower", lambda: _finished(run_dir, "lower") or proc.poll() is not None)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert not _finished(run_dir, "compile"), "slow_compile compiled too fast"
+            proc.send_signal(signal.SIGUSR2)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -137,6 +137,19 @@ def run(
     phase, t_stage = "set-up", t_start
     claimed = False  # the run directory is this run's: its manifest may be written
 
+    def interrupted() -> tuple[str | None, str, float]:
+        """The stage an interrupt or a preemption ended, the phase for its message, and when
+        that stage began here: ``current``; or, when ``current`` is recorded already (between
+        two stages) and the next one is computing ahead on a worker thread (compile, begun
+        while lower finished), that next one."""
+        if current is None or current not in manifest.stages:
+            return current, phase, t_stage
+        todo = [n.name for n, how in zip(NODES, plan, strict=True) if how != "skip"]
+        later = todo[todo.index(current) + 1 :] if current in todo else []
+        if later and runner.computing_ahead(later[0]):
+            return later[0], f"stage {later[0]!r}", time.perf_counter()
+        return current, phase, t_stage
+
     def record_preempted(why: str) -> None:
         """The job system is ending this run (exits.note_preempted, from submitit's signal
         handler, before it requeues the job): record it as interrupted now, unless it has
@@ -144,9 +157,10 @@ def run(
         ``manifest.stages``: a new dict replaces it."""
         if not claimed or manifest.status != "running":
             return
+        stage, during, t0 = interrupted()
         manifest.stages = dict(manifest.stages)
-        _record_unfinished(manifest, current, "interrupted", t_stage)
-        manifest.status, manifest.error = "interrupted", f"{why} during {phase}"
+        _record_unfinished(manifest, stage, "interrupted", t0)
+        manifest.status, manifest.error = "interrupted", f"{why} during {during}"
         manifest.extra = {**manifest.extra, "wall_seconds": round(time.perf_counter() - t_start, 6)}
         manifest.write()
 
@@ -226,10 +240,11 @@ def run(
                 manifest.status = "ok"
             except SystemExit as exc:  # sys.exit / os._exit in user code: a failed stage
                 if (why := exits.preempted()) is not None:  # the job system's exit, not ours
-                    _record_unfinished(manifest, current, "interrupted", t_stage)
-                    manifest.status, manifest.error = "interrupted", f"{why} during {phase}"
-                    manifest.write()  # recorded already (record_preempted); now with wall time
-                    runner.abandon()  # SLURM's SIGKILL follows: do not wait for a compile
+                    if manifest.status == "running":  # not recorded by record_preempted
+                        stage, during, t0 = interrupted()
+                        _record_unfinished(manifest, stage, "interrupted", t0)
+                        manifest.status, manifest.error = "interrupted", f"{why} during {during}"
+                    runner.abandon()  # SLURM's SIGKILL follows: write now, not after a compile
                     raise
                 _record_unfinished(manifest, current, "failed", t_stage)
                 raise StageError(current or "set-up", exits.describe_exit(exc)) from exc
@@ -240,9 +255,10 @@ def run(
             raise
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
             exits.clear_pending()
-            _record_unfinished(manifest, current, "interrupted", t_stage)
+            stage, during, t0 = interrupted()
+            _record_unfinished(manifest, stage, "interrupted", t0)
             manifest.status = "interrupted"
-            manifest.error = f"{exits.describe_interrupt(exc)} during {phase}"
+            manifest.error = f"{exits.describe_interrupt(exc)} during {during}"
             manifest.write()
             runner.abandon()  # an XLA compile cannot be stopped: do not wait for it
             exc.add_note(f"{manifest.error}; recorded as interrupted in {manifest.path}")
@@ -316,6 +332,11 @@ class _Runner:
             if ahead.lock is not None:
                 ahead.lock.release()
         self._ahead.clear()
+
+    def computing_ahead(self, name: str) -> bool:
+        """Whether node ``name`` was started on the worker thread before its turn."""
+        ahead = self._ahead.get(name)
+        return ahead is not None and ahead.future is not None
 
     def abandon(self) -> None:
         """Ctrl-C: do not wait for a job started ahead (an XLA compile cannot be stopped)."""
