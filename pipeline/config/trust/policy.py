@@ -59,28 +59,35 @@ class ImportPolicy:
 
     def decide(self, name: str, scope: str = TARGET) -> Decision:
         candidates = [r for r in self.rules if r.matches(name)]
+        top = name.split(".", 1)[0]
+        location = None
         if not self.allow_all:
             candidates += [
                 r for r in BUILTIN_RULES if r.scope in ("any", scope) and r.matches(name)
             ]
-            code = user_code_rule(name)
-            if code is not None:
-                candidates.append(code)
+            # The user's-code rule is as long as the top-level name: a longer rule decides alone.
+            if not any(len(r.prefix) >= len(top) for r in candidates if r.prefix != ALL):
+                location = locate(top)
+                if location.user:
+                    candidates.append(user_code_rule(top, location))
         if not candidates:
-            return Decision(False, None, locate(name.split(".", 1)[0]))
+            return Decision(False, None, location or locate(top))
         best = max(candidates, key=Rule.rank)
         return Decision(best.allow, best)
 
     def explicitly_allowed(self, name: str, scope: str = TARGET) -> bool:
         """Allowed by one of the user's own rules naming it (not by ``'*'``)."""
-        d = self.decide(name, scope)
-        return d.allowed and d.rule is not None and d.rule.user and d.rule.prefix != ALL
+        return _explicit(self.decide(name, scope))
 
     def allow_line(self, name: str) -> str:
         """The exact line that lets ``name`` in, from the user's side."""
         cmd = ",".join(dict.fromkeys([*self.command_line_allow, name]))
         env = ",".join(dict.fromkeys([*self.env_allow, name]))
         return f"add {ALLOW_KEY}=[{cmd}] to the command line or set {ENV_ALLOW}={env}"
+
+
+def _explicit(d: Decision) -> bool:
+    return d.allowed and d.rule is not None and d.rule.user and d.rule.prefix != ALL
 
 
 DEFAULT_POLICY = ImportPolicy()
@@ -142,7 +149,7 @@ def check_name(
         if decision.rule is None and location is not None and not location.found:
             return  # nothing by that name to import: the import itself says so
         raise ConfigError(refusal(policy, key, target, name, decision, origin=origin))
-    if policy.explicitly_allowed(name, scope):
+    if _explicit(decision):
         return
     for part in name.split("."):
         if part.startswith("__") and part.endswith("__"):

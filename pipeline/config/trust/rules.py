@@ -197,10 +197,22 @@ def _importing_path() -> Iterator[None]:
         sys.path[:] = saved
 
 
-def _user_folders() -> set[Path]:
+_FOLDERS: dict[tuple[str, ...], frozenset[Path]] = {}
+
+
+def _user_folders() -> frozenset[Path]:
     """Folders of the import path outside the installation."""
+    path = tuple(_search_path())
+    key = (os.getcwd(), *path)
+    if key not in _FOLDERS:
+        _FOLDERS.clear()  # the latest import path only
+        _FOLDERS[key] = frozenset(_folders(path))
+    return _FOLDERS[key]
+
+
+def _folders(path: tuple[str, ...]) -> set[Path]:
     out: set[Path] = set()
-    for entry in _search_path():
+    for entry in path:
         folder = Path(entry or os.getcwd())
         if folder.is_dir():
             resolved = folder.resolve()
@@ -268,15 +280,9 @@ def locate(top: str) -> Location:
     return Location(True, all(f in user for f in folders), shown)
 
 
-def user_code_rule(name: str) -> Rule | None:
-    """The allow rule for ``name``'s top-level package when it is the user's own code."""
-    top = name.split(".", 1)[0]
-    if not top.isidentifier():
-        return None
-    loc = locate(top)
-    if not loc.user:
-        return None
-    return Rule(top, True, f"this project ({loc.where})", "your own code")
+def user_code_rule(top: str, location: Location) -> Rule:
+    """The allow rule for a top-level package that :func:`locate` found to be the user's."""
+    return Rule(top, True, f"this project ({location.where})", "your own code")
 
 
 __all__ = [

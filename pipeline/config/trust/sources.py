@@ -43,6 +43,8 @@ STORE_KEY = "store.trust"
 ENV_STORE = "JAXAOT_TRUST_STORE"
 ENV_COMMAND_LINE = "JAXAOT_TRUST_COMMAND_LINE"
 _RULE = re.compile(r"\*|[A-Za-z_]\w*(?:[.:][A-Za-z_]\w*)*")
+# Overrides that may set a trust key (the parser, ~5 ms to build, sees only these).
+_MAY_SET = re.compile(r"^[+~]*\s*(trust\b|store\.trust\b|hydra\.job\.env_set\b)")
 
 
 def check_rules(key: str, rules: Any) -> tuple[str, ...]:
@@ -81,10 +83,13 @@ def parse_overrides(overrides: Iterable[str]) -> CommandLine:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    lines = [line for line in overrides if _MAY_SET.match(line.strip())]
+    if not lines:
+        return CommandLine()
     parser = OverridesParser.create()
     found: dict[str, Any] = {}
     env_set: list[str] = []
-    for line in overrides:
+    for line in lines:
         try:
             ov = parser.parse_override(line)
         except (HydraException, ValueError):
