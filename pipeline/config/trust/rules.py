@@ -189,8 +189,12 @@ def _search_path() -> list[str]:
 
 @contextlib.contextmanager
 def _importing_path() -> Iterator[None]:
+    path = _search_path()
+    if path is sys.path:
+        yield
+        return
     saved = list(sys.path)
-    sys.path[:] = _search_path()
+    sys.path[:] = path
     try:
         yield
     finally:
@@ -242,7 +246,7 @@ class Location:
             return f"an installed package ({self.where})"
         if _in_installation(path.parent):
             return f"the standard library's ({self.where})"
-        return f"not in a folder on sys.path under its own name ({self.where})"
+        return f"imported from {self.where}, not from a folder on sys.path (an import hook?)"
 
 
 def locate(top: str) -> Location:
