@@ -70,6 +70,11 @@ def isolated_store(
 ) -> Path:
     store = tmp_path / "store"
     monkeypatch.setenv("JAXAOT_STORE_DIR", str(store))
+    # The import policy is the user's: a developer's own trust file or variables never reach
+    # the suite (a test that needs them sets them).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    for name in ("JAXAOT_ALLOW_IMPORTS", "JAXAOT_TRUST_STORE", "JAXAOT_TRUST_COMMAND_LINE"):
+        monkeypatch.delenv(name, raising=False)
     # No test's `jaxaot` reaches a developer's server; with JAXAOT_TEST_SERVER=1 every one
     # reaches the suite's own (tests/test_server.py starts its own per test).
     if test_server is None:
