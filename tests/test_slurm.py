@@ -258,7 +258,7 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
 PREEMPTED_THEN_KILLED = """
 import os, signal, sys
 import jaxaot
-from hydra_plugins.jaxaot_slurm_launcher.slurm_launcher import JaxaotSlurmLauncher
+from jaxaot.sweeps.slurm_launcher import JaxaotSlurmLauncher
 from jaxaot.rundir.manifest import Manifest
 
 def preempt(signum, frame):

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.order import STAGES
-from jaxaot.errors import ConfigError, SnapshotError, SnapshotMismatch
+from jaxaot.config.sections import check_snapshot_dirs
+from jaxaot.errors import SnapshotError, SnapshotMismatch
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.util.canonical import (
     ARTIFACT_BY_PATH,
@@ -33,11 +34,10 @@ from jaxaot.util.canonical import (
     CanonicalArtifact,
     dump_json,
 )
-from jaxaot.util.fsio import atomic_write_text, folder_problem, sha256_bytes
+from jaxaot.util.fsio import atomic_write_text, sha256_bytes
 from jaxaot.util.textdiff import bounded, changed_keys, unified
 
 if TYPE_CHECKING:
-    from jaxaot.config.sections import SnapshotConfig
     from jaxaot.schema import JaxaotConfig
 
 # Snapshot format history:
@@ -52,26 +52,6 @@ _UNPINNED_CONFIG_KEYS = ("snapshot", "store", "resume_from", "debug")
 _PINNED_VERSIONS = ("jax", "jaxlib", "python", "numpy")
 _PINNED_BACKEND = ("platform", "platform_version", "device_kind", "device_count")
 OK_STATUSES = ("written", "unchanged", "match", "updated", "created")
-
-
-def check_snapshot_dirs(snap: SnapshotConfig) -> None:
-    """Refuse, when the config is validated (before any JAX work), a ``snapshot.write`` or
-    ``snapshot.verify`` path that cannot be a snapshot folder (a regular file, ``/dev/null``, a
-    symbolic link loop, a folder you cannot write where one is written), naming the key and the
-    path. A golden that is not there yet is reported after the run, with how to write it."""
-    for key, where, write in (
-        ("snapshot.write", snap.write, True),
-        ("snapshot.verify", snap.verify, snap.update),
-    ):
-        if not where:
-            continue
-        problem = folder_problem(where, write=write, create=write)
-        if problem is not None:
-            raise ConfigError(
-                f"{key}={where}: expected a folder for a golden snapshot "
-                f"{'(new, empty, or holding one)' if write else 'holding one'}, but {problem}; "
-                "choose another folder"
-            )
 
 
 @contextlib.contextmanager
