@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from jaxaot.errors import BackendError, ConfigError
-from jaxaot.stages import xla_passes
+from jaxaot.stages import xla_inputs, xla_passes
 from jaxaot.stages.xla_flags import (
     FLAG_ENV_VARS,
     OUTPUT_ONLY_XLA_FLAGS,
@@ -124,9 +124,11 @@ def _flag_sources() -> dict[str, FlagSource]:
 
 
 _AT_IMPORT = _flag_sources()
+_ENV_AT_IMPORT = xla_inputs.env_snapshot()  # the variables keyed_env reads, read as XLA_FLAGS is
 if "jax" in sys.modules:  # a server warming up, a library user: watch before anything registers
     xla_passes.watch()
 _in_effect: dict[str, FlagSource] | None = None
+_env_in_effect: dict[str, str] | None = None
 _warned_changed = False
 
 
@@ -144,10 +146,12 @@ def _note_flags() -> None:
     XLA_FLAGS names, read now, just before the backends start), refuse a flag file XLA could
     not read (XLA would end the process), and warn once when the environment says otherwise
     later (a changed XLA_FLAGS, or a changed file, has no effect after start-up)."""
-    global _in_effect, _warned_changed
+    global _in_effect, _env_in_effect, _warned_changed
     now = _flag_sources()
     if _in_effect is None:
-        _in_effect = now if not _backends_started() else _AT_IMPORT
+        started = _backends_started()
+        _in_effect = now if not started else _AT_IMPORT
+        _env_in_effect = xla_inputs.env_snapshot() if not started else _ENV_AT_IMPORT
     for src in _in_effect.values():
         if src.error is not None:
             raise ConfigError(error_line(src))
@@ -160,6 +164,10 @@ def _note_flags() -> None:
             ", ".join(_describe(now[n]) for n in changed),
             ", ".join(_describe(_in_effect[n]) for n in changed),
         )
+
+
+def _env_snapshot() -> dict[str, str]:
+    return _env_in_effect if _env_in_effect is not None else _ENV_AT_IMPORT
 
 
 def _describe(src: FlagSource) -> str:
@@ -198,7 +206,7 @@ def key_environment(platform: str) -> dict[str, Any]:
     reads (its flags in effect, and for XLA_FLAGS XLA's own parse), the environment variables
     it reads, the host CPU (cpu), the registered HLO module transformations, and JAX's config
     values. :class:`~jaxaot.stages.xla_passes.Unkeyable` where a transformation cannot be
-    identified."""
+    identified or a keyed variable changed after the backends started."""
     flags = flags_in_effect()
     keyed: dict[str, Any] = {}
     for name, parsed in flags.items():
@@ -211,7 +219,7 @@ def key_environment(platform: str) -> dict[str, Any]:
         _recorded["hlo_transformations"] = xla_passes.registered()
     out: dict[str, Any] = {
         "flags": keyed,
-        "env": keyed_env(platform),
+        "env": xla_inputs.keyed_env_in_effect(platform, _env_snapshot()),
         "hlo_transformations": xla_passes.key_of(platform),
         "jax_config": {k: v for k, v in jax_config().items() if k not in CONFIG_NOT_IN_KEY},
     }

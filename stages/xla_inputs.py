@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxaot.stages.xla_flags import OUTPUT_ONLY_XLA_FLAGS
+from jaxaot.stages.xla_passes import Unkeyable
 
 
 def debug_options_sha256() -> str | None:
@@ -57,14 +58,53 @@ KEYED_ENV_VARS: Mapping[str, tuple[str, ...]] = {
 _NOT_XLA_OPTIONS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_")  # keyed apart; the host allocator's
 
 
-def keyed_env(platform: str) -> dict[str, str]:
-    """The set environment variables of :data:`KEYED_ENV_VARS` for ``platform``."""
+_ALL_KEYED = frozenset(n for names in KEYED_ENV_VARS.values() for n in names)
+
+
+def _keyable(name: str) -> bool:
+    return name in _ALL_KEYED or (name.startswith("XLA_") and not name.startswith(_NOT_XLA_OPTIONS))
+
+
+def env_snapshot() -> dict[str, str]:
+    """The set variables :func:`keyed_env` may key for any platform, as they are now: the GPU
+    plugin, cuBLAS, cuDNN and libtpu read them once per process, as the backends start, like
+    XLA_FLAGS."""
+    return {n: v for n, v in sorted(os.environ.items()) if _keyable(n)}
+
+
+def keyed_env(platform: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The set environment variables of :data:`KEYED_ENV_VARS` for ``platform``, in
+    ``environ`` (default: the process's environment now)."""
+    env = os.environ if environ is None else environ
     names = set(KEYED_ENV_VARS.get(platform, ()))
     if platform == "tpu":
-        names |= {
-            n for n in os.environ if n.startswith("XLA_") and not n.startswith(_NOT_XLA_OPTIONS)
-        }
-    return {n: os.environ[n] for n in sorted(names) if n in os.environ}
+        names |= {n for n in env if n.startswith("XLA_") and not n.startswith(_NOT_XLA_OPTIONS)}
+    return {n: env[n] for n in sorted(names) if n in env}
+
+
+def env_changes(snapshot: Mapping[str, str], platform: str) -> list[str]:
+    """``NAME='now' (was 'then')`` for each variable keyed for ``platform`` that differs now
+    from ``snapshot``."""
+    then, now = keyed_env(platform, snapshot), keyed_env(platform)
+    return [
+        f"{n}={now.get(n)!r} (was {then.get(n)!r})"
+        for n in sorted(set(then) | set(now))
+        if then.get(n) != now.get(n)
+    ]
+
+
+def keyed_env_in_effect(platform: str, snapshot: Mapping[str, str]) -> dict[str, str]:
+    """:func:`keyed_env` of the snapshot taken as the backends started;
+    :class:`~jaxaot.stages.xla_passes.Unkeyable` when the environment says otherwise now
+    (which value a library compiles with is then not known for certain)."""
+    changed = env_changes(snapshot, platform)
+    if changed:
+        raise Unkeyable(
+            f"compiled without the store: {', '.join(changed)} changed after the backends "
+            "started, and their libraries read it once per process; start a new process to "
+            "use the new value"
+        )
+    return keyed_env(platform, snapshot)
 
 
 _CPU_FIELDS = (
@@ -104,4 +144,12 @@ def host_cpu() -> dict[str, Any]:
     return info
 
 
-__all__ = ["KEYED_ENV_VARS", "debug_options_sha256", "host_cpu", "keyed_env"]
+__all__ = [
+    "KEYED_ENV_VARS",
+    "debug_options_sha256",
+    "env_changes",
+    "env_snapshot",
+    "host_cpu",
+    "keyed_env",
+    "keyed_env_in_effect",
+]

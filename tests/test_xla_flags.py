@@ -107,6 +107,7 @@ def test_a_flag_file_that_cannot_be_read_is_refused(
     assert parse(src).effective == {}  # never keyed as "no flags": _note_flags refuses it
     monkeypatch.setenv("XLA_FLAGS", value)
     monkeypatch.setattr(jaxenv, "_in_effect", None)
+    monkeypatch.setattr(jaxenv, "_env_in_effect", None)
     monkeypatch.setattr(jaxenv, "_backends_started", lambda: False)
     with pytest.raises(ConfigError, match=r"^XLA_FLAGS=.*expected flags .* or a readable file"):
         jaxenv._note_flags()
@@ -119,6 +120,7 @@ def test_the_flag_file_is_snapshot_when_xla_reads_it(
     flags.write_text(f"{FAST}=true")
     monkeypatch.setenv("XLA_FLAGS", str(flags))
     monkeypatch.setattr(jaxenv, "_in_effect", None)
+    monkeypatch.setattr(jaxenv, "_env_in_effect", None)
     monkeypatch.setattr(jaxenv, "_warned_changed", False)
     monkeypatch.setattr(jaxenv, "_backends_started", lambda: False)
     jaxenv._note_flags()  # XLA reads the file as the backends start, right after this
@@ -149,8 +151,30 @@ def test_each_platform_keys_the_variables_it_reads(monkeypatch: Any) -> None:
     moved = jaxenv.key_environment("cpu")
     assert moved["flags"]["XLA_FLAGS"]["effective"] == {}
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    monkeypatch.setattr(jaxenv, "_env_in_effect", {"NVIDIA_TF32_OVERRIDE": "0"})
     assert jaxenv.key_environment("cuda")["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}
     assert jaxenv.key_environment("cpu")["env"] == {}
+
+
+def test_a_variable_changed_after_the_backends_started_is_not_keyed(monkeypatch: Any) -> None:
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    monkeypatch.delenv("TF_FP16_CONV_USE_FP32_COMPUTE", raising=False)
+    monkeypatch.setattr(jaxenv, "_in_effect", None)
+    monkeypatch.setattr(jaxenv, "_env_in_effect", None)
+    monkeypatch.setattr(jaxenv, "_backends_started", lambda: False)
+    jaxenv._note_flags()  # the backends start right after: cuBLAS reads the snapshot's value
+    assert jaxenv.key_environment("cuda")["env"]["NVIDIA_TF32_OVERRIDE"] == "0"
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")  # a sweep job's env_set, same process
+    jaxenv._note_flags()  # the next job's configure keeps the first snapshot
+    with pytest.raises(xla_passes.Unkeyable, match=r"NVIDIA_TF32_OVERRIDE='1' \(was '0'\)"):
+        jaxenv.key_environment("cuda")
+    assert jaxenv.key_environment("cpu")["env"] == {}  # XLA:CPU reads none of them
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    monkeypatch.setenv("TF_FP16_CONV_USE_FP32_COMPUTE", "1")  # set only after the start
+    with pytest.raises(xla_passes.Unkeyable, match=r"TF_FP16_CONV_USE_FP32_COMPUTE='1' \(was None"):
+        jaxenv.key_environment("rocm")
+    monkeypatch.delenv("TF_FP16_CONV_USE_FP32_COMPUTE")
+    assert jaxenv.key_environment("cuda")["env"] == {"NVIDIA_TF32_OVERRIDE": "0"}  # back again
 
 
 # What XLA itself applied, read back from a fresh process (XLA parses XLA_FLAGS once per
