@@ -664,3 +664,151 @@ def test_partial_objects_are_judged_by_what_they_wrap() -> None:
     from jaxaot.config.trust.policy import resolved_names
 
     assert resolved_names([], functools.partial(os.system, "x"))[-1] == "posix.system"
+
+
+# --- what a config may make a process write or run outside Python imports ----------------------
+
+
+def test_a_logging_file_handler_from_a_config_dir_writes_only_log_files(tmp_path: Path) -> None:
+    """A ``.pth`` file in site-packages is code Python runs at every start-up."""
+    pth = tmp_path / "site" / "zz.pth"
+    pth.parent.mkdir()
+    conf = tmp_path / "conf" / "hydra" / "job_logging"
+    conf.mkdir(parents=True)
+    (conf / "evil.yaml").write_text(
+        textwrap.dedent(
+            f"""
+            version: 1
+            formatters:
+              code: {{format: "import os;os.system('touch {tmp_path / "pwned"}') #%(message)s"}}
+            handlers:
+              f: {{class: logging.FileHandler, formatter: code, filename: {pth}}}
+            root: {{handlers: [f]}}
+            """
+        )
+    )
+    proc = run_cli(
+        [
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "hydra/job_logging=evil",
+            "program=axpy",
+            "stop_after=stage_out",
+            f"hydra.run.dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (
+        f"jaxaot: error: hydra.job_logging.handlers.f.filename={str(pth)!r} (from "
+        f"hydra/job_logging/evil.yaml in file://{tmp_path / 'conf'}) is a logging file handler's "
+        "file not ending in .log: a log handler may write only *.log files (Python runs a .pth "
+        "file's lines at start-up, a shell its rc file); name a file ending in .log"
+    )
+    assert not pth.exists() and not (tmp_path / "pwned").exists()
+    default = run_cli(
+        ["program=axpy", "stop_after=stage_out", f"hydra.run.dir={tmp_path / 'ok'}"],
+        cwd=tmp_path,
+    )
+    assert default.returncode == 0, default.stderr
+    assert (tmp_path / "ok" / "jaxaot.log").is_file()
+
+
+def test_a_handler_filename_resolved_when_logging_is_configured_is_checked_too(
+    tmp_path: Path,
+) -> None:
+    import logging.config
+
+    install_instantiation_guards()
+    pth = tmp_path / "zz.pth"
+    configurator = logging.config.DictConfigurator({"version": 1})
+    with pytest.raises(ConfigError, match=r"'.*zz\.pth' \(from a logging config\) is a logging"):
+        configurator.configure_handler({"class": "logging.FileHandler", "filename": str(pth)})
+    assert not pth.exists()
+    handler = configurator.configure_handler(
+        {"class": "logging.FileHandler", "filename": str(tmp_path / "job.log")}
+    )
+    handler.close()
+    assert (tmp_path / "job.log").is_file()
+
+
+def _preset(tmp_path: Path, body: str) -> Path:
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True, exist_ok=True)
+    (conf / "experiment" / "p.yaml").write_text("# @package _global_\n" + textwrap.dedent(body))
+    return _with_shipped(conf)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PJRT_NAMES_AND_LIBRARY_PATHS",
+        "TPU_LIBRARY_PATH",
+        "CUDA_INJECTION64_PATH",
+        "NCCL_NET_PLUGIN",
+        "GCONV_PATH",
+        "XLA_FLAGS",
+        "LIBTPU_INIT_ARGS",
+    ],
+)
+def test_env_set_of_what_jax_xla_cuda_or_glibc_load_is_refused(tmp_path: Path, name: str) -> None:
+    merged = _preset(tmp_path, f"hydra:\n  job:\n    env_set:\n      {name}: /tmp/x\n")
+    with pytest.raises(ConfigError, match=rf"^hydra\.job\.env_set\.{name}='/tmp/x' \(from "):
+        jaxaot.compose(["program=axpy", "experiment=p"], config_dir=merged)
+    cfg = jaxaot.compose(
+        ["program=axpy", "experiment=p", f"hydra.job.env_set.{name}=/tmp/y"], config_dir=merged
+    )
+    assert cfg is not None
+
+
+def test_a_cuda_data_dir_whose_ptxas_runs_comes_from_the_command_line(tmp_path: Path) -> None:
+    key = "compile.compiler_options.xla_gpu_cuda_data_dir"
+    merged = _preset(tmp_path, "compile:\n  compiler_options:\n    xla_gpu_cuda_data_dir: /tmp/c\n")
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose(["program=axpy", "experiment=p"], config_dir=merged)
+    assert str(info.value) == (
+        f"{key}='/tmp/c' (from experiment/p.yaml in file://{merged}) names the folder whose "
+        f"bin/ptxas jaxaot and XLA run; a config may not: give {key}=/tmp/c on the command "
+        "line, or drop it (the installed nvidia-cuda-nvcc-cu12 is used)"
+    )
+    cfg = jaxaot.compose(["program=axpy", "experiment=p", f"{key}=/tmp/c"], config_dir=merged)
+    assert str(cfg.compile.compiler_options.xla_gpu_cuda_data_dir) == "/tmp/c"
+    assert _validate(f"+{key}=/tmp/d").compile.compiler_options["xla_gpu_cuda_data_dir"]
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ("setup: ['touch /tmp/pwned']", "hydra.launcher.setup"),
+        (
+            "additional_parameters: {wrap: 'touch /tmp/pwned'}",
+            "hydra.launcher.additional_parameters.wrap",
+        ),
+    ],
+)
+def test_a_preset_may_not_write_the_slurm_batch_script(tmp_path: Path, body: str, key: str) -> None:
+    merged = _preset(
+        tmp_path,
+        f"defaults:\n  - override /hydra/launcher: slurm\nhydra:\n  launcher:\n    {body}\n",
+    )
+    with pytest.raises(ConfigError, match=rf"^{key}=.* \(from experiment/p\.yaml in file://"):
+        jaxaot.compose(["program=axpy", "experiment=p"], config_dir=merged)
+    line = body.replace(": ", "=", 1) if "additional" not in body else f"{key}='touch /tmp/pwned'"
+    if "additional" not in body:
+        line = f"hydra.launcher.{line}"
+    assert jaxaot.compose(["program=axpy", "experiment=p", line], config_dir=merged) is not None
+
+
+def test_the_shipped_slurm_launcher_and_its_command_line_options_compose(tmp_path: Path) -> None:
+    jaxaot.compose(  # no ConfigError: the command line's options
+        [
+            "program=axpy",
+            "hydra/launcher=slurm",
+            "hydra.launcher.setup=['source ~/venv/bin/activate']",
+            "+hydra.launcher.additional_parameters.constraint=avx512",
+        ]
+    )
+    with pytest.raises(
+        ConfigError, match=r"(?s)^hydra\.launcher\.setup\[0\]=.* holds a line break"
+    ):
+        jaxaot.compose(["program=axpy", "hydra/launcher=slurm", "hydra.launcher.setup=['a\nb']"])

@@ -5,7 +5,16 @@
   saved config is refused, naming the file it came from and the line that would allow it;
 - ``hydra.job.env_set`` sets no variable that decides what jaxaot trusts or which code a
   process loads (``JAXAOT_*`` trust variables, ``HOME``, ``XDG_CONFIG_HOME``, ``PATH``,
-  ``PYTHON*``, ``LD_*``), unless the command line sets it;
+  ``PYTHON*``, ``LD_*``, and what JAX, XLA, CUDA or glibc load code or binaries from:
+  ``PJRT_*``, ``TPU_*``, ``CUDA_*``, ``NCCL_*``, ``GCONV_PATH``, ``XLA_FLAGS``,
+  ``LIBTPU_INIT_ARGS``), unless the command line sets it;
+- a logging file handler's ``filename`` ends in ``.log`` (a ``.pth`` file in site-packages is
+  code Python runs at start-up, a shell rc file code the shell runs);
+- ``compile.compiler_options.xla_gpu_cuda_data_dir`` (whose ``bin/ptxas`` jaxaot and XLA run)
+  comes from the command line or is the installed nvidia-cuda-nvcc package's folder;
+- ``hydra.launcher.setup``, ``srun_args`` and ``additional_parameters`` (lines and options
+  of the SLURM batch script) come from the command line: jaxaot's shipped launcher config sets
+  them empty; no launcher string holds a line break;
 - the user file ``~/.config/jaxaot/trust.yaml`` is outside every config search path;
 - every name Hydra will import goes through the policy: each ``_target_`` at any depth of
   ``hydra.callbacks``, ``hydra.sweeper`` and ``hydra.launcher``, and each ``class``, ``()``
@@ -34,8 +43,16 @@ from jaxaot.errors import ConfigError
 
 Origin = Callable[[str], "str | None"]
 _ABSENT = object()
-_SENSITIVE = frozenset({ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, "HOME", "XDG_CONFIG_HOME", "PATH"})
-_SENSITIVE_PREFIXES = ("PYTHON", "LD_", "DYLD_")
+_SENSITIVE = frozenset(
+    {
+        *(ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, "HOME", "XDG_CONFIG_HOME", "PATH"),
+        *("GCONV_PATH", "XLA_FLAGS", "LIBTPU_INIT_ARGS"),  # path flags: binaries run from a folder
+    }
+)
+# PJRT_NAMES_AND_LIBRARY_PATHS: .so files jax loads; CUDA_INJECTION64_PATH: one libcuda loads.
+_SENSITIVE_PREFIXES = ("PYTHON", "LD_", "DYLD_", "PJRT_", "TPU_", "CUDA_", "NCCL_")
+CUDA_DATA_DIR_KEY = "compile.compiler_options.xla_gpu_cuda_data_dir"
+_LAUNCHER_KEYS = ("setup", "srun_args", "additional_parameters")
 _TARGET_ROOTS = ("hydra.callbacks", "hydra.sweeper", "hydra.launcher")
 _LOGGING_ROOTS = ("hydra.job_logging", "hydra.hydra_logging")
 
@@ -111,6 +128,131 @@ def check_env_set(cfg: Any, expected: CommandLine, origin: Origin = _no_origin) 
             "trusts or which code a process loads; a config may not: set it in your shell, "
             f"or give {key}=... on the command line"
         )
+
+
+def _given(overrides: list[str], key: str) -> Any:
+    """The value the override of exactly ``key`` gives (the last one), or ``_ABSENT``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found: Any = _ABSENT
+    for line in overrides:
+        name = line.lstrip("+~").split("=", 1)[0].strip()
+        if name != key or "=" not in line:
+            continue
+        try:
+            found = OverridesParser.create().parse_override(line).value()
+        except Exception:
+            found = line.split("=", 1)[1]
+    return found
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def check_log_files(cfg: Any, origin: Origin = _no_origin) -> None:
+    """Every logging handler ``filename`` of ``hydra.job_logging`` / ``hydra.hydra_logging``
+    ends in ``.log`` (as written, or resolved where it can be already)."""
+    from omegaconf import OmegaConf
+
+    for root in _LOGGING_ROOTS:
+        node = OmegaConf.select(cfg, root, default=None, throw_on_resolution_failure=False)
+        if node is None or not OmegaConf.is_config(node):
+            continue
+        tree = OmegaConf.to_container(node, resolve=False)
+        for path, value in _keyed(tree, root, ("filename",)):
+            shown = _resolved(cfg, path, value)
+            if value.endswith(".log") and shown.endswith(".log"):
+                continue
+            came = _leaf_origin(origin, path) or "a config file"
+            raise ConfigError(log_file_refusal(path, shown, came))
+
+
+def log_file_refusal(key: str, filename: str, came: str) -> str:
+    return (
+        f"{key}={filename!r} (from {came}) is a logging file handler's file not ending in "
+        ".log: a log handler may write only *.log files (Python runs a .pth file's lines at "
+        "start-up, a shell its rc file); name a file ending in .log"
+    )
+
+
+def _nvcc_dir() -> str | None:
+    """The installed nvidia-cuda-nvcc package's root (jaxaot.targets.cuda.cuda_data_dir's)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("nvidia-cuda-nvcc-cu12") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if str(f).replace("\\", "/").endswith("cuda_nvcc/bin/ptxas"):
+            return str(Path(str(f.locate())).parent.parent.resolve())
+    return None
+
+
+def check_cuda_data_dir(cfg: Any, overrides: list[str], origin: Origin = _no_origin) -> None:
+    """``compile.compiler_options.xla_gpu_cuda_data_dir`` (jaxaot and XLA run its
+    ``bin/ptxas``) is the command line's or the installed nvcc package's folder."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(
+        cfg, CUDA_DATA_DIR_KEY, default=None, throw_on_resolution_failure=False
+    )
+    if value is None or str(value) == "":
+        return
+    if str(_given(overrides, CUDA_DATA_DIR_KEY)) == str(value):
+        return
+    if str(Path(str(value)).expanduser().resolve()) == _nvcc_dir():
+        return
+    came = origin(CUDA_DATA_DIR_KEY) or "a config file, not the command line"
+    raise ConfigError(
+        f"{CUDA_DATA_DIR_KEY}={str(value)!r} (from {came}) names the folder whose bin/ptxas "
+        "jaxaot and XLA run; a config may not: give "
+        f"{CUDA_DATA_DIR_KEY}={value} on the command line, or drop it (the installed "
+        "nvidia-cuda-nvcc-cu12 is used)"
+    )
+
+
+def check_launcher(cfg: Any, overrides: list[str], origin: Origin = _no_origin) -> None:
+    """``hydra.launcher.setup``, ``srun_args`` and each ``additional_parameters`` entry are the
+    command line's (or empty); no launcher string holds a line break."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(cfg, "hydra.launcher", default=None, throw_on_resolution_failure=False)
+    if node is None or not OmegaConf.is_config(node):
+        return
+    tree = OmegaConf.to_container(node, resolve=False)
+    for path, text, _is_key in _strings_and_keys(tree, "hydra.launcher"):
+        if "\n" in text or "\r" in text:
+            came = _leaf_origin(origin, path) or origin(path) or "a config file"
+            raise ConfigError(
+                f"{path}={text!r} (from {came}) holds a line break, which would add a line to "
+                "the batch script; give it as one line"
+            )
+    for name in _LAUNCHER_KEYS:
+        key = f"hydra.launcher.{name}"
+        value = _plain(OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False))
+        if not value:
+            continue
+        given = _given(overrides, key)
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, item in items:
+            leaf = key if sub is None else f"{key}.{sub}"
+            if sub is None:
+                mine = given
+            elif isinstance(given, dict) and sub in given:
+                mine = given[sub]
+            else:
+                mine = _given(overrides, leaf)
+            if mine is not _ABSENT and (mine == item or str(mine) == str(item)):
+                continue
+            came = origin(leaf) or "a config file, not the command line"
+            raise ConfigError(
+                f"{leaf}={item!r} (from {came}) goes into the SLURM batch script, which runs it; "
+                f"a config may not set it: give {leaf}=... on the command line"
+            )
 
 
 def check_sweep_parameters(cfg: Any, origin: Origin = _no_origin) -> None:
@@ -241,11 +383,15 @@ def check_task_config(cfg: Any) -> None:
 
 
 __all__ = [
+    "check_cuda_data_dir",
     "check_env_set",
     "check_hydra_names",
+    "check_launcher",
+    "check_log_files",
     "check_sweep_parameters",
     "check_task_config",
     "check_trust_values",
     "check_user_file_location",
     "hydra_names",
+    "log_file_refusal",
 ]

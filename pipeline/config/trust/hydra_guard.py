@@ -17,7 +17,9 @@ jobs that import its task function):
 - ``_instantiate2._resolve_target``: every ``_target_`` Hydra resolves, at any depth, for
   callbacks, sweepers, launchers and their nested parameters, string or class;
 - ``HydraDictConfigurator.resolve``: every ``class``, ``()`` factory and ``ext://`` name of a
-  logging config Hydra applies.
+  logging config Hydra applies;
+- ``logging.config.DictConfigurator.configure_handler``: a handler's ``filename`` ends in
+  ``.log`` (checked resolved, as the handler would open it).
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxaot.config.trust.composed import (
+    check_cuda_data_dir,
     check_env_set,
     check_hydra_names,
+    check_launcher,
+    check_log_files,
     check_sweep_parameters,
     check_trust_values,
     check_user_file_location,
+    log_file_refusal,
 )
 from jaxaot.config.trust.policy import check_name, check_resolved, dotted
 from jaxaot.config.trust.rules import HYDRA, LOGGING
@@ -127,9 +133,12 @@ def check_composition(
         _same_as_command_line(given, cl, overrides)
         given = CommandLine(given.allow, given.deny, given.store_trust, given.env_set + cl.env_set)
     check_trust_values(cfg, given, origin)
+    check_cuda_data_dir(cfg, overrides, origin)
     if OmegaConf.select(cfg, "hydra", default=None) is None:
         return
     check_env_set(cfg, given, origin)
+    check_log_files(cfg, origin)
+    check_launcher(cfg, overrides, origin)
     check_sweep_parameters(cfg, origin)
     sources = OmegaConf.select(cfg, "hydra.runtime.config_sources", default=None) or []
     check_user_file_location([(str(s.path), str(s.schema)) for s in sources])
@@ -229,6 +238,20 @@ def install_instantiation_guards() -> None:
             return _resolve(real_name, s, key, LOGGING, self, s)
 
         configurator.resolve = _marked(resolve)  # type: ignore[method-assign]
+
+    import logging.config
+
+    real_handler = logging.config.DictConfigurator.configure_handler
+    if not _is_guard(real_handler):
+
+        def configure_handler(self: Any, config: Any) -> Any:
+            filename = config.get("filename") if hasattr(config, "get") else None
+            if filename is not None and not str(filename).endswith(".log"):
+                key = "a Hydra logging config's handler filename"
+                raise ConfigError(log_file_refusal(key, str(filename), "a logging config"))
+            return real_handler(self, config)
+
+        logging.config.DictConfigurator.configure_handler = _marked(configure_handler)  # type: ignore[method-assign]
 
 
 def install_guards() -> None:
