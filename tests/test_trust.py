@@ -773,6 +773,9 @@ def test_a_cuda_data_dir_whose_ptxas_runs_comes_from_the_command_line(tmp_path: 
     )
     cfg = jaxaot.compose(["program=axpy", "experiment=p", f"{key}=/tmp/c"], config_dir=merged)
     assert str(cfg.compile.compiler_options.xla_gpu_cuda_data_dir) == "/tmp/c"
+    sweep = f"hydra:\n  sweeper:\n    params:\n      +{key}: /tmp/a,/tmp/b\n"
+    with pytest.raises(ConfigError, match=rf"^hydra\.sweeper\.params\.\+{key}: a sweep parameter"):
+        jaxaot.compose(["program=axpy", "experiment=p"], config_dir=_preset(tmp_path / "s", sweep))
     assert _validate(f"+{key}=/tmp/d").compile.compiler_options["xla_gpu_cuda_data_dir"]
 
 

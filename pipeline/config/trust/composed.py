@@ -267,6 +267,12 @@ def check_sweep_parameters(cfg: Any, origin: Origin = _no_origin) -> None:
     for path, text, is_key in _strings_and_keys(tree, "hydra.sweeper"):
         key = text.lstrip("+~").split("=", 1)[0].strip()
         setting = key in ("trust", STORE_KEY) or key.startswith("trust.")
+        if key.lstrip("+") == CUDA_DATA_DIR_KEY and (is_key or "=" in text):
+            raise ConfigError(
+                f"{path}: a sweep parameter sets {CUDA_DATA_DIR_KEY} (from "
+                f"{origin(path) or 'a config'}), the folder whose bin/ptxas jaxaot and XLA run; "
+                "a config may not: sweep over it on the command line"
+            )
         if setting and (is_key or "=" in text):
             raise ConfigError(
                 f"{path}: a sweep parameter sets {key} (from {origin(path) or 'a config'}); "
