@@ -20,10 +20,14 @@ import functools
 import hashlib
 import inspect
 import logging
+import site
 import sys
+import sysconfig
 import threading
 import types
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import JaxaotError
@@ -137,7 +141,8 @@ def key_of(platform: str) -> list[dict[str, Any]]:
                 f"compiled without the store: the HLO module transformation {e.name!r} "
                 f"({type(e.callback).__name__} {_qualname(e.callback)}) cannot be identified; "
                 "register a plain function (its code, constants, closure, defaults and the "
-                "globals it reads are keyed) to use the store"
+                "globals it reads are keyed; a module it reads must be the standard library's "
+                "or an installed distribution's, not user code) to use the store"
             )
         out.append({"stage": e.stage, "name": e.name, "callback": ident})
     return out
@@ -235,8 +240,7 @@ def _value(v: Any, depth: int, seen: frozenset[int]) -> Any:
             return None
         return {"dict": sorted(pairs, key=repr)}
     if isinstance(v, types.ModuleType):
-        version = getattr(v, "__version__", None)
-        return {"module": v.__name__, "version": version if isinstance(version, str) else None}
+        return _module(v.__name__, getattr(v, "__file__", None))
     if isinstance(v, type):
         return {"class": _qualname(v), "source_sha256": _source_sha256(v)}
     if isinstance(v, logging.Logger):
@@ -249,6 +253,49 @@ def _value(v: Any, depth: int, seen: frozenset[int]) -> Any:
         data = hashlib.sha256(v.tobytes()).hexdigest()
         return {"numpy": str(v.dtype), "shape": list(getattr(v, "shape", ())), "sha256": data}
     return None
+
+
+@functools.cache
+def _module(name: str, file: str | None) -> dict[str, Any] | None:
+    """A module a callback reads, where what it holds is fixed by a version: the standard
+    library (Python's version) or a file of an installed distribution (its name, version and
+    the sha256 of its RECORD, which lists every file's sha256). None for any other module (user
+    code, an editable install): its source and its attributes may change at run time, and no
+    name or version says so."""
+    top = name.partition(".")[0]
+    if file is None:  # built into the interpreter, or a namespace package
+        return {"module": name, "python": sys.version} if name in sys.builtin_module_names else None
+    path = Path(file).resolve()
+    sites = [Path(p).resolve() for p in {*site.getsitepackages(), *_sysconfig_sites()}]
+    in_site = any(path.is_relative_to(d) for d in sites)
+    if top in sys.stdlib_module_names and not in_site:
+        stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+        return {"module": name, "python": sys.version} if path.is_relative_to(stdlib) else None
+    for dist_name in _distributions().get(top, ()) if in_site else ():  # not a source tree
+        dist = metadata.distribution(dist_name)
+        root = Path(str(dist.locate_file(""))).resolve()
+        if not path.is_relative_to(root) or not dist.version:
+            continue
+        if path.relative_to(root).as_posix() in {f.as_posix() for f in dist.files or ()}:
+            record = dist.read_text("RECORD")
+            digest = hashlib.sha256(record.encode()).hexdigest() if record else None
+            return {
+                "module": name,
+                "distribution": dist_name,
+                "version": dist.version,
+                "record_sha256": digest,
+            }
+    return None
+
+
+def _sysconfig_sites() -> set[str]:
+    paths = sysconfig.get_paths()
+    return {paths["purelib"], paths["platlib"]}
+
+
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
 
 
 def _global_names(code: types.CodeType) -> set[str]:

@@ -273,6 +273,40 @@ def test_identify_keys_code_closures_and_globals(monkeypatch: Any) -> None:
     assert ident(recursive) is not None
 
 
+def test_a_callback_reading_a_user_module_is_unkeyable(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "xp_settings.py").write_text("FACTOR = 2.0\n")
+    (tmp_path / "xp_helpers.py").write_text("def transform(b):\n    return b\n")
+    (tmp_path / "xp_cbs.py").write_text(
+        "import json\nimport math\n\nimport jaxlib._hlo as hlo\nimport numpy as np\n"
+        "import xp_helpers\nimport xp_settings\n\n\n"
+        "def reads(b):\n    return None if xp_settings.FACTOR else b\n\n\n"
+        "def calls(b):\n    return xp_helpers.transform(b)\n\n\n"
+        "def installed(b):\n    return json.dumps([math.pi, np.pi, hlo.__name__]).encode()\n"
+    )
+    xla_passes.watch()  # before jax.extend is imported: jaxaot's runs watch from configure()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import xp_cbs  # type: ignore[import-not-found]
+
+    # settings.FACTOR may change at run time and helpers.py may be edited: no name says so
+    assert xla_passes.identify(xp_cbs.reads) is None
+    assert xla_passes.identify(xp_cbs.calls) is None
+    ident = xla_passes.identify(xp_cbs.installed)
+    assert ident is not None and ident == xla_passes.identify(xp_cbs.installed)
+    keyed = [value for _, value in ident["globals"]["dict"]]
+    modules = {v["module"]: v for v in keyed if isinstance(v, dict) and "module" in v}
+    assert modules["jaxlib._hlo"]["distribution"] == "jaxlib"
+    assert modules["numpy"]["version"] and "python" in modules["json"]
+    from jax.extend import xla as jxla
+
+    jxla.register_hlo_module_transformation(xp_cbs.reads, name="t-user", platforms="cpu")
+    try:
+        with pytest.raises(xla_passes.Unkeyable, match=r"'t-user'.*not user code"):
+            xla_passes.key_of("cpu")
+    finally:
+        while jxla.clear_hlo_module_transformation("t-user", platforms="cpu"):
+            pass
+
+
 def test_the_registry_is_mirrored_in_order_and_on_clear() -> None:
     xla_passes.watch()  # before jax.extend is imported: jaxaot's runs watch from configure()
     from jax.extend import xla as jxla
@@ -323,6 +357,7 @@ TRANSFORM_PROGRAM = """
 import os
 
 import jaxlib._hlo as hlo
+import xprog_settings
 from jax.extend import xla as jxla
 
 
@@ -337,10 +372,16 @@ class Opaque:
         return mul_to_add(proto)
 
 
+def per_setting(proto):  # reads a user module, whose attribute may change at run time
+    return mul_to_add(proto) if xprog_settings.ON else proto
+
+
 if os.environ.get("PROG_TRANSFORM") == "1":
     jxla.register_hlo_module_transformation(mul_to_add, name="mul_to_add", platforms="cpu")
 if os.environ.get("PROG_TRANSFORM") == "opaque":
     jxla.register_hlo_module_transformation(Opaque(), name="opaque", platforms="cpu")
+if os.environ.get("PROG_TRANSFORM") == "user":
+    jxla.register_hlo_module_transformation(per_setting, name="user", platforms="cpu")
 
 
 def f(x):
@@ -352,6 +393,7 @@ class _Run:
     def __init__(self, tmp_path: Path, program: str) -> None:
         self.tmp = tmp_path
         (tmp_path / "xprog.py").write_text(program)
+        (tmp_path / "xprog_settings.py").write_text("ON = True\n")
         base = cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{tmp_path}")
         for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "PROG_TRANSFORM"):
             base.pop(name, None)
@@ -419,11 +461,14 @@ def test_a_registered_hlo_transformation_is_keyed(tmp_path: Path) -> None:
     assert [(t["name"], t["platform"]) for t in key] == [("mul_to_add", "cpu")]
 
 
-def test_an_unidentifiable_hlo_transformation_runs_without_the_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["opaque", "user"])  # a callable object; a user module read
+def test_an_unidentifiable_hlo_transformation_runs_without_the_store(
+    tmp_path: Path, mode: str
+) -> None:
     run = _Run(tmp_path, TRANSFORM_PROGRAM)
-    env = {"PROG_TRANSFORM": "opaque"}
+    env = {"PROG_TRANSFORM": mode}
     for name in ("first", "second"):
         status, _ = run(name, env)
         assert status == "ran"
         warnings = read_manifest(tmp_path / name)["stages"]["compile"]["warnings"]
-        assert any("'opaque'" in w and "cannot be identified" in w for w in warnings), warnings
+        assert any(f"'{mode}'" in w and "cannot be identified" in w for w in warnings), warnings
