@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 from jaxaot.config.jax_options import check_before_import
 from jaxaot.config.mesh import check_parallel
 from jaxaot.config.order import STAGES
+from jaxaot.config.snapshot_dirs import check_snapshot_dirs
 from jaxaot.config.topology_config import check_topology
 from jaxaot.config.trust import check_imports
 from jaxaot.errors import ConfigError
-from jaxaot.util.fsio import folder_problem
 from jaxaot.util.store_root import check_store_dir
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -149,26 +149,6 @@ def check_relations(cfg: JaxaotConfig) -> None:
     # Last, the only checks that look at the file system: where the store and snapshots go.
     check_store_dir(cfg.store.dir, cfg.store.enabled)
     check_snapshot_dirs(cfg.snapshot)
-
-
-def check_snapshot_dirs(snap: SnapshotConfig) -> None:
-    """Refuse, when the config is validated (before any JAX work), a ``snapshot.write`` or
-    ``snapshot.verify`` path that cannot be a snapshot folder (a regular file, ``/dev/null``, a
-    symbolic link loop, a folder you cannot write where one is written), naming the key and the
-    path. A golden that is not there yet is reported after the run, with how to write it."""
-    for key, where, write in (
-        ("snapshot.write", snap.write, True),
-        ("snapshot.verify", snap.verify, snap.update),
-    ):
-        if not where:
-            continue
-        problem = folder_problem(where, write=write, create=write)
-        if problem is not None:
-            raise ConfigError(
-                f"{key}={where}: expected a folder for a golden snapshot "
-                f"{'(new, empty, or holding one)' if write else 'holding one'}, but {problem}; "
-                "choose another folder"
-            )
 
 
 def check_indices(key: str, values: list[int]) -> None:

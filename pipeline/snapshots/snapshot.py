@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.order import STAGES
-from jaxaot.config.sections import check_snapshot_dirs
+from jaxaot.config.snapshot_dirs import check_snapshot_dirs
 from jaxaot.errors import SnapshotError, SnapshotMismatch
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.util.canonical import (
