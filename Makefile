@@ -3,18 +3,26 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.jaxaot-installed
+# `make run` installs jaxaot alone; `make test` adds every extra the tests exercise.
+RUN_STAMP  := $(VENV)/.jaxaot-run
+TEST_STAMP := $(VENV)/.jaxaot-test
 EXTRAS ?= dev,sweep,tpu,cuda-aot,profile
 
-.PHONY: run test test-server lint bench clean venv graphviz slurm
+.PHONY: run test test-fast test-server lint bench clean venv graphviz slurm
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
-venv: $(STAMP)
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $@ $(RUN_STAMP)
+
+venv: $(TEST_STAMP)
 
 # Graphviz renders the optimized-HLO graph; without it jaxaot writes the DOT file only and the
 # rendering tests are skipped (pytest -ra prints why). Installed only as root with apt-get.
@@ -39,14 +47,18 @@ slurm:
 	   >/dev/null) || echo "note: apt-get install slurm-wlm munge failed; the SLURM tests are skipped"; \
 	else echo "note: slurm-wlm/munge not installed (needs root and apt); the SLURM tests are skipped"; fi
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/jaxaot $(ARGS)
 
-test: $(STAMP) graphviz slurm
+test: $(TEST_STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The fast tier: the tests that run no subprocess, cluster or long compile (under a minute).
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
 # The same suite with every `jaxaot` run going through one resident `jaxaot server`.
-test-server: $(STAMP) graphviz slurm
+test-server: $(TEST_STAMP) graphviz slurm
 	JAXAOT_TEST_SERVER=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
@@ -54,7 +66,7 @@ test-server: $(STAMP) graphviz slurm
 # editable install's import hook).
 TYPECHECK := .typecheck
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check pipeline stages jaxaot_examples tests bench hydra_plugins
 	$(BIN)/ruff format --check pipeline stages jaxaot_examples tests bench hydra_plugins
 	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/jaxaot
@@ -64,7 +76,7 @@ lint: $(STAMP)
 	@ln -s "$$PWD/jaxaot_examples" $(TYPECHECK)/jaxaot/examples
 	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml -p jaxaot
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	@echo "bench: jaxaot vs a hand-written jit script, whole processes, 7 rounds of axpy and transformer (a few minutes)"
 	$(BIN)/python bench/pipeline_overhead.py
 

@@ -177,3 +177,40 @@ def compose_run(tmp_path: Path):  # type: ignore[no-untyped-def]
         return jaxaot.run(jaxaot.compose(list(overrides)), run_dir=rd)
 
     return call
+
+
+# The fast tier (`make test-fast`, `pytest -m "not slow"`): the unit tests of the modules below,
+# less any that starts a process (the `cli` fixture, a cluster) or runs a whole pipeline
+# (`compose_run`), and the lint and type check. Every other test is marked `slow`.
+FAST_MODULES = frozenset(
+    {
+        "test_argspec",
+        "test_canonical",
+        "test_config",
+        "test_inputs",
+        "test_jax_options",
+        "test_keylock",
+        "test_layers",
+        "test_memo",
+        "test_report",
+        "test_summary",
+    }
+)
+SLOW_FIXTURES = frozenset({"cli", "compose_run", "slurm"})
+SLOW_TESTS = frozenset({"test_lint_and_types"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: left out of the fast tier (make test-fast)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if item.module is not None else ""
+        fast = (
+            module in FAST_MODULES
+            and getattr(item, "originalname", item.name) not in SLOW_TESTS
+            and not SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+        if not fast:
+            item.add_marker(pytest.mark.slow)
