@@ -537,30 +537,35 @@ def test_a_nested_target_in_the_sweeper_runs_nothing(tmp_path: Path) -> None:
     _refused_and_not_run(proc, marker, "hydra.sweeper.x._target_")
 
 
-def test_a_logging_factory_from_a_config_dir_runs_nothing(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
+def _run_with_job_logging(tmp_path: Path, config: str, *overrides: str) -> Any:
+    """``jaxaot`` with ``hydra/job_logging=evil`` from a ``--config-dir`` holding ``config``."""
     conf = tmp_path / "conf" / "hydra" / "job_logging"
     conf.mkdir(parents=True)
-    (conf / "evil.yaml").write_text(
-        textwrap.dedent(
-            f"""
-            version: 1
-            handlers:
-              console: {{class: logging.StreamHandler, stream: ext://sys.stdout}}
-              x: {{"()": distutils.spawn.spawn, cmd: [touch, {marker}]}}
-            root: {{handlers: [console]}}
-            """
-        )
-    )
-    proc = run_cli(
+    (conf / "evil.yaml").write_text(textwrap.dedent(config))
+    return run_cli(
         [
             "--config-dir",
             str(tmp_path / "conf"),
             "hydra/job_logging=evil",
             "program=axpy",
+            *overrides,
             f"hydra.run.dir={tmp_path / 'r'}",
         ],
         cwd=tmp_path,
+    )
+
+
+def test_a_logging_factory_from_a_config_dir_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    proc = _run_with_job_logging(
+        tmp_path,
+        f"""
+        version: 1
+        handlers:
+          console: {{class: logging.StreamHandler, stream: ext://sys.stdout}}
+          x: {{"()": distutils.spawn.spawn, cmd: [touch, {marker}]}}
+        root: {{handlers: [console]}}
+        """,
     )
     _refused_and_not_run(proc, marker, "hydra.job_logging.handlers.x.()")
     assert "(from hydra/job_logging/evil.yaml in file://" in proc.stderr
@@ -673,30 +678,17 @@ def test_a_logging_file_handler_from_a_config_dir_writes_only_log_files(tmp_path
     """A ``.pth`` file in site-packages is code Python runs at every start-up."""
     pth = tmp_path / "site" / "zz.pth"
     pth.parent.mkdir()
-    conf = tmp_path / "conf" / "hydra" / "job_logging"
-    conf.mkdir(parents=True)
-    (conf / "evil.yaml").write_text(
-        textwrap.dedent(
-            f"""
-            version: 1
-            formatters:
-              code: {{format: "import os;os.system('touch {tmp_path / "pwned"}') #%(message)s"}}
-            handlers:
-              f: {{class: logging.FileHandler, formatter: code, filename: {pth}}}
-            root: {{handlers: [f]}}
-            """
-        )
-    )
-    proc = run_cli(
-        [
-            "--config-dir",
-            str(tmp_path / "conf"),
-            "hydra/job_logging=evil",
-            "program=axpy",
-            "stop_after=stage_out",
-            f"hydra.run.dir={tmp_path / 'r'}",
-        ],
-        cwd=tmp_path,
+    proc = _run_with_job_logging(
+        tmp_path,
+        f"""
+        version: 1
+        formatters:
+          code: {{format: "import os;os.system('touch {tmp_path / "pwned"}') #%(message)s"}}
+        handlers:
+          f: {{class: logging.FileHandler, formatter: code, filename: {pth}}}
+        root: {{handlers: [f]}}
+        """,
+        "stop_after=stage_out",
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip() == (
