@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,11 @@ class Attacker:
         self.sock = folder / sock
         results_r, results_w = os.pipe()
         self.stop_r, self.stop_w = os.pipe()
-        self.pid = os.fork()
+        with warnings.catch_warnings():
+            # JAX's at-fork hook warns once the suite has started a backend; the child only
+            # listens on a socket, never touching JAX.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.pid = os.fork()
         if self.pid == 0:  # the attacker: only what is imported already (nobody cannot read
             os.close(results_r)  # the interpreter's own folder here)
             code = 1

@@ -53,7 +53,7 @@ log = logging.getLogger("jaxaot")
 
 @dataclass
 class JaxaotSlurmLauncherConf(SlurmQueueConf):
-    _target_: str = "jaxaot.sweeps.slurm_launcher.JaxaotSlurmLauncher"
+    _target_: str = "hydra_plugins.jaxaot_slurm_launcher.slurm_launcher.JaxaotSlurmLauncher"
 
 
 ConfigStore.instance().store(

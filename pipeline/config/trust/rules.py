@@ -135,12 +135,6 @@ BUILTIN_RULES: tuple[Rule, ...] = tuple(
         "jaxaot's Hydra callbacks (conf/config.yaml)",
         HYDRA,
     )
-    + _rules(
-        "jaxaot.sweeps.slurm_launcher.JaxaotSlurmLauncher",
-        True,
-        "jaxaot's SLURM launcher (hydra/launcher=slurm)",
-        HYDRA,
-    )
     # Logging configs: the handlers and formatters Hydra's own job_logging uses.
     + _rules(
         "logging.StreamHandler logging.FileHandler logging.NullHandler logging.Formatter "
