@@ -5,7 +5,7 @@ backend the virtual device count (``jax_num_cpu_devices``) can only change befor
 initializes, so when a later run in the same process (a sweep job under the basic launcher)
 needs another count, the backends are cleared and started again.
 
-It also says what of the process a compiled executable depends on (issue 12), for the compile
+It also says what of the process a compiled executable depends on, for the compile
 key and the run manifest: the flag variables the compiling backend reads, parsed as XLA and
 libtpu parse them (:mod:`jaxaot.stages.xla_flags`; XLA reads them once per process, when the
 first backend starts), XLA's own parse of ``XLA_FLAGS``, the environment variables and host CPU

@@ -82,7 +82,7 @@ def resolve_target(
     where = f"{key}={target!r}"
     if not module_name or not attr_path:
         raise TargetError(f"{where}: expected 'package.module:function'")
-    cwd_importable()  # ./mypkg resolves as under `python -m` (issue 14), and is judged as such
+    cwd_importable()  # ./mypkg resolves as under `python -m`, and is judged as such
     check_name(target, key, policy)
     try:
         obj: Any = importlib.import_module(module_name)
