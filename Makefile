@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # `make run` installs jaxaot alone; `make test` adds every extra the tests exercise.
 RUN_STAMP  := $(VENV)/.jaxaot-run
 TEST_STAMP := $(VENV)/.jaxaot-test
-EXTRAS ?= dev,sweep,tpu,cuda-aot,profile
+EXTRAS ?= dev,sweep,tpu,cuda-aot,profile,models
 
 .PHONY: run test test-fast test-server lint bench clean venv graphviz slurm
 

@@ -62,6 +62,7 @@ BUILTIN_RULES: tuple[Rule, ...] = tuple(
     + _rules("ml_dtypes", True, "JAX's extra dtypes (bfloat16, float8): scalar types")
     + _rules("flax optax equinox chex", True, "the JAX ecosystem: layers, optimizers, pytrees")
     + _rules("jaxaot.examples", True, "jaxaot's example programs")
+    + _rules("jaxaot.models", True, "jaxaot's adapters for Flax, Equinox, optax and orbax")
     # Refused inside those: files, processes, the network, pickle, native libraries.
     + _rules(
         "jax.numpy.load jax.numpy.save jax.numpy.savez jax.numpy.fromfile "
