@@ -1,0 +1,1 @@
+"""Adapters for the libraries JAX users have: Flax (NNX, linen), Equinox, optax, orbax."""
