@@ -46,6 +46,7 @@ from jaxaot.stages.executable import (
 )
 from jaxaot.stages.jax_mesh import concrete_mesh
 from jaxaot.stages.jaxenv import devices, platform_of
+from jaxaot.stages.loop_costs import loops_summary
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.topology import topology_summary
@@ -263,10 +264,12 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #     last value of a flag wins, XLA_FLAGS' file read, LIBTPU_INIT_ARGS for tpu only) with
 #     XLA's own parse of XLA_FLAGS; environment variables the compiler reads; the host CPU
 #     (cpu); registered HLO module transformations.
-_KEY_VERSION = 3
+#   4: cost_analysis.json counts while loops per trip (XLA's own figures as *_xla), loops.json.
+_KEY_VERSION = 4
 ARTIFACTS = (
     "optimized.hlo.txt",
     "cost_analysis.json",
+    "loops.json",
     "memory_analysis.json",
     "executable.bin",
     "compiled.json",
@@ -577,6 +580,7 @@ def summarize(m: Mapping[str, Any]) -> str:
     if m.get("bytes_accessed") is not None:
         accessed = m["bytes_accessed"]
         parts.append(f"{human_bytes(accessed)} accessed" if accessed >= 0 else "bytes accessed n/a")
+    parts += loops_summary(m)
     if m.get("temp_bytes") is not None:
         parts.append(
             f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
@@ -743,6 +747,7 @@ COMPILE = Node(
     verb="compiling",
     report=(
         "flops",
+        "flops_xla",
         "bytes_accessed",
         "argument_bytes",
         "output_bytes",

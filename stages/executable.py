@@ -1,7 +1,8 @@
 """What every executable gets, whichever stage compiled it (compile or topology):
 ``jax.jit(exported.call)`` lowered for a platform (resumed, multi-platform and topology
 compiles), a live lowering rebound to another client's devices (topology compiles), XLA's cost
-and memory analysis as metrics, and the serialized executable."""
+analysis with while loops counted per trip (:mod:`jaxaot.stages.loop_costs`; XLA's own figures
+kept as ``flops_xla`` ...) and memory analysis as metrics, and the serialized executable."""
 
 from __future__ import annotations
 
@@ -85,14 +86,51 @@ def rebound(live: Any, client: Any) -> Any | None:
     return out
 
 
-def cost_of(compiled: Any) -> dict[str, float] | None:
+def _raw_cost(obj: Any) -> dict[str, float] | None:
     try:
-        cost = compiled.cost_analysis()
+        cost = obj.cost_analysis()
     except Exception:
         return None
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
     return {str(k): float(v) for k, v in cost.items()} if cost else None
+
+
+def _client(compiled: Any) -> Any:
+    """The client the executable was compiled by, where JAX says (None: a lowering, or a
+    compile-only executable with no runtime one)."""
+    try:
+        return compiled.runtime_executable().local_devices()[0].client
+    except Exception:
+        return None
+
+
+def costs_of(
+    compiled: Any, hlo: str | None = None
+) -> tuple[dict[str, float] | None, dict[str, Any] | None]:
+    """(XLA's cost analysis of ``compiled`` (a ``jax.stages.Compiled`` or ``Lowered``) with
+    flops, transcendentals and bytes accessed counting while loops per trip and XLA's own
+    figures beside as ``<key>_xla``, the loops counted: :mod:`jaxaot.stages.loop_costs`).
+    ``hlo``: the optimized HLO text, where the caller has it."""
+    import jax
+    from jaxaot.stages import loop_costs
+
+    raw = _raw_cost(compiled)
+    if raw is None:
+        return None, None
+    try:
+        if hlo is None:
+            lowering = isinstance(compiled, jax.stages.Lowered)
+            hlo = compiled.as_text(dialect="hlo") if lowering else compiled.as_text()
+        return loop_costs.loop_aware(raw, hlo or "", _client(compiled))
+    except Exception as exc:  # XLA's figures, said to be so, rather than none
+        one = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return raw, {"note": f"{loop_costs.NOTE}; loops not counted here: {one[:200]}"}
+
+
+def cost_of(compiled: Any) -> dict[str, float] | None:
+    """:func:`costs_of`'s cost analysis alone."""
+    return costs_of(compiled)[0]
 
 
 def memory_of(compiled: Any) -> dict[str, int] | None:
@@ -110,6 +148,13 @@ def stage_metrics(
 ) -> None:
     if cost:
         ctx.metrics.update(flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"))
+        if "flops_xla" in cost:  # XLA's own figures: loop bodies counted once
+            ctx.metrics.update(
+                flops_xla=cost.get("flops_xla"),
+                bytes_accessed_xla=cost.get("bytes accessed_xla"),
+                loops=int(cost.get("loops", 0)),
+                loops_unknown_trip_count=int(cost.get("loops_unknown_trip_count", 0)),
+            )
     if memory:
         ctx.metrics.update(
             argument_bytes=memory.get("argument_size_in_bytes"),
@@ -142,7 +187,8 @@ def write_analysis(
     ctx: StageContext, compiled: Any, mesh: dict[str, Any] | None, devices: int
 ) -> tuple[str, dict[str, float] | None, dict[str, int] | None]:
     """What every compile writes about its executable: the optimized HLO, its shardings on the
-    mesh (if any), cost and memory analysis, and their metrics; returns (hlo, cost, memory)."""
+    mesh (if any), cost analysis (counting loops; ``loops.json`` lists them) and memory
+    analysis, and their metrics; returns (hlo, cost, memory)."""
     from jaxaot.stages.jax_mesh import describe_shardings
 
     hlo = compiled.as_text() or ""
@@ -151,9 +197,11 @@ def write_analysis(
         shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
         ctx.write_json("shardings.json", shardings)
         mesh_metrics(ctx, shardings)
-    cost, memory = cost_of(compiled), memory_of(compiled)
+    (cost, loops), memory = costs_of(compiled, hlo), memory_of(compiled)
     if cost:
         ctx.write_json("cost_analysis.json", cost)
+    if loops and (loops.get("loops") or "loops" not in loops):
+        ctx.write_json("loops.json", loops)
     if memory:
         ctx.write_json("memory_analysis.json", memory)
     stage_metrics(ctx, cost, memory)
@@ -162,6 +210,7 @@ def write_analysis(
 
 __all__ = [
     "cost_of",
+    "costs_of",
     "export_lowering",
     "memory_of",
     "mesh_metrics",

@@ -37,6 +37,7 @@ from jaxaot.stages.executable import (
     stage_metrics,
     write_analysis,
 )
+from jaxaot.stages.loop_costs import loop_collectives
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
 from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
@@ -242,8 +243,9 @@ def needed_bytes(memory: dict[str, int]) -> int:
 
 def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | None:
     """An ESTIMATE of one step per device: max(FLOPs / peak bf16, bytes accessed / HBM
-    bandwidth), from XLA's cost analysis and the published peaks. No collectives, no overlap
-    model, no measured efficiency: a lower bound to compare configurations, not a prediction."""
+    bandwidth), from XLA's cost analysis with loops counted per trip (``flops_xla``: XLA's own,
+    loop bodies once) and the published peaks. No collectives, no overlap model, no measured
+    efficiency: a lower bound to compare configurations, not a prediction."""
     if not cost or cost.get("flops") is None:
         return None
     gen = target.generation
@@ -253,6 +255,8 @@ def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | 
         "estimate": True,
         "flops": flops,
         "bytes_accessed": moved,
+        "flops_xla": cost.get("flops_xla"),
+        "bytes_accessed_xla": cost.get("bytes accessed_xla"),
         "compute_s": compute_s,
         "memory_s": memory_s,
         "step_s": max(compute_s, memory_s),
@@ -272,7 +276,8 @@ def analysis(
     return {
         "target": target.to_json(),
         "fit": verdict(target, needed_bytes(memory)) if memory else None,
-        "collectives": collectives(hlo),
+        # Each collective counted as often as it runs (one in a scan's body: per layer).
+        "collectives": loop_collectives(hlo),
         "roofline": roofline(target, cost),
     }
 
