@@ -16,8 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from jaxaot.config.mesh import MeshSpec, check_in_shardings, mesh_spec
+from jaxaot.config.mesh import MeshSpec, input_specs, logical_rules, mesh_spec
+from jaxaot.config.path_shardings import Resolution, is_pattern_form, resolve
 from jaxaot.config.sections import PLATFORMS, check_indices
+from jaxaot.config.sharding import Spec
+from jaxaot.config.tree_paths import leaf_paths, top_names
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError
 from jaxaot.stages import module_text
@@ -43,8 +46,12 @@ class LowerConfig:
     donate_argnums: list[int] = field(default_factory=list)
     donate_argnames: list[str] = field(default_factory=list)
     keep_unused: bool = False
+    # A positional list of specs, or a mapping of leaf-path pattern -> spec
+    # (jaxaot.config.path_shardings).
     in_shardings: Any = None
     out_shardings: Any = None
+    # [[logical axis name, mesh axis | [mesh axes] | null], ...], tried in order (MaxText's form).
+    logical_axis_rules: Any = None
     xla_metadata: dict[str, Any] = field(default_factory=dict)
     scoped_metadata: list[Any] = field(default_factory=list)
     # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).
@@ -119,20 +126,86 @@ def _sharded(
     """The program and jit options with ``lower.in_shardings``/``out_shardings`` on ``mesh``.
 
     jax.jit takes no keyword arguments alongside in_shardings, so the (static) ones are bound
-    into the function.
+    into the function. Path patterns and logical-axis rules are resolved on ``staged.args``,
+    the abstract arguments jax.jit traces; what they decided is written to
+    ``path_shardings.json``.
     """
     cfg = ctx.cfg.lower
     assert staged.fn is not None  # lowering again always traces the program (see the runner)
     fn = functools.partial(staged.fn, **staged.kwargs) if staged.kwargs else staged.fn
     opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
-    opts["in_shardings"] = named(check_in_shardings(ctx.cfg, staged.bound, mesh), amesh)
+    names = staged.signature.get("parameters")
+    specs, ins = input_specs(
+        ctx.cfg, staged.bound, mesh, staged.args, names, getattr(staged, "logical_axes", None)
+    )
+    opts["in_shardings"] = named(specs, amesh)
+    outs = None
     if cfg.out_shardings is not None:
         traced = staged.traced
         assert traced is not None, "out_shardings need the traced program"
-        opts["out_shardings"] = output_shardings(
-            cfg.out_shardings, traced.out_info, traced.out_tree, mesh, amesh
-        )
+        if is_pattern_form(cfg.out_shardings):
+            trees, outs = resolve(
+                [("output", traced.out_info)],
+                cfg.out_shardings,
+                key="lower.out_shardings",
+                mesh=mesh.sizes,
+                logical=logical_rules(ctx.cfg, mesh),
+                others=_input_leaves(staged, specs, names),
+            )
+            opts["out_shardings"] = named(trees[0], amesh)
+        else:
+            opts["out_shardings"] = output_shardings(
+                cfg.out_shardings, traced.out_info, traced.out_tree, mesh, amesh
+            )
+    if ins is not None or outs is not None:
+        _record_paths(ctx, ins, outs)
     return fn, opts
+
+
+def _input_leaves(
+    staged: StagedOut, specs: tuple[Any, ...], names: list[str] | None
+) -> dict[str, tuple[tuple[Any, ...], Spec]]:
+    """Every traced input leaf's shape and spec by path (and ``args[i]`` path), for ``like``
+    in ``out_shardings``; a positional-form spec standing for a subtree is given to each leaf."""
+    import jax
+
+    out: dict[str, tuple[tuple[Any, ...], Spec]] = {}
+    traced = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
+    tops = top_names(len(staged.args), names)
+    for i, spec_tree in zip(traced, specs, strict=True):
+        arg = staged.args[i]
+        full = jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub), spec_tree, arg)
+        flat = jax.tree.leaves(full)
+        for top in dict.fromkeys((tops[i], f"args[{i}]")):
+            for (path, leaf), spec in zip(leaf_paths(arg, top), flat, strict=True):
+                out[path] = (tuple(getattr(leaf, "shape", ())), spec)
+    return out
+
+
+def _record_paths(ctx: StageContext, ins: Resolution | None, outs: Resolution | None) -> None:
+    """``path_shardings.json`` (every leaf's spec and what decided it) and one warning line for
+    the leaves no rule decided and one for the fallbacks."""
+    record: dict[str, Any] = {}
+    for side, res in (("inputs", ins), ("outputs", outs)):
+        if res is None:
+            continue
+        record[side] = res.table()
+        record[f"unmatched_{side}"] = res.unmatched
+        record[f"notes_{side}"] = res.notes
+        key = "lower.in_shardings" if side == "inputs" else "lower.out_shardings"
+        if res.unmatched:
+            shown = ", ".join(res.unmatched[:3])
+            more = f" (+{len(res.unmatched) - 3} more)" if len(res.unmatched) > 3 else ""
+            n = len(res.unmatched)
+            ctx.warn(
+                f"{key}: {n} {'leaf matches' if n == 1 else 'leaves match'} no pattern and "
+                f"{'has' if n == 1 else 'have'} no logical axes, so replicated: {shown}{more} "
+                "(lower/path_shardings.json)"
+            )
+        if res.notes:
+            more = f" (+{len(res.notes) - 1} more)" if len(res.notes) > 1 else ""
+            ctx.warn(f"{key}: {res.notes[0]}{more} (lower/path_shardings.json)")
+    ctx.write_json("path_shardings.json", record)
 
 
 # Containers jax.export serializes itself.
@@ -530,6 +603,7 @@ ARTIFACTS = (
     "exported.bin",
     "cost_analysis.json",
     "lowered.json",
+    "path_shardings.json",
 )
 
 

@@ -199,15 +199,22 @@ def _as_args(
 
 
 def _typed_shardings(
-    cfg: Any, bound: BoundArgs, args: tuple[Any, ...], mesh: Any
+    cfg: Any,
+    bound: BoundArgs,
+    args: tuple[Any, ...],
+    mesh: Any,
+    names: Sequence[str] | None = None,
+    logical_axes: Any = None,
 ) -> tuple[Any, ...]:
     """With explicit mesh axes the input shardings are part of the argument types (issue 17):
-    each traced positional ShapeDtypeStruct carries its ``lower.in_shardings`` entry."""
+    each traced positional ShapeDtypeStruct carries its ``lower.in_shardings`` entry (path
+    patterns and logical-axis rules resolved on ``args``, named by ``names``)."""
     import jax
-    from jaxaot.config.mesh import check_in_shardings
+    from jaxaot.config.mesh import input_specs
     from jaxaot.stages.jax_mesh import abstract_mesh, named
 
-    specs = iter(named(check_in_shardings(cfg, bound, mesh), abstract_mesh(mesh)))
+    found = input_specs(cfg, bound, mesh, args, names, logical_axes)[0]
+    specs = iter(named(found, abstract_mesh(mesh)))
 
     def typed(sds: Any, sharding: Any) -> Any:
         return jax.ShapeDtypeStruct(
@@ -381,7 +388,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         # bare PartitionSpecs, reshard and shard_map without a mesh argument.
         mesh_context = jax.sharding.use_abstract_mesh(abstract_mesh(mesh))
         if "explicit" in mesh.axis_types:
-            args = _typed_shardings(cfg, bound, args, mesh)
+            args = _typed_shardings(cfg, bound, args, mesh, names)
     reference_fn = None
     if env is not None:
         # Keyword arguments are all static here (jaxaot.config.mesh refuses traced ones).

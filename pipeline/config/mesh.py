@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import ArraySpec, BoundArgs, Literal, PytreeNode, bind_config, leaves
+from jaxaot.config.path_shardings import (
+    LogicalRules,
+    Resolution,
+    is_pattern_form,
+    parse_logical_rules,
+    parse_rules,
+    resolve,
+)
 from jaxaot.config.sharding import Leaf, check_axis_names, match_specs
+from jaxaot.config.tree_paths import top_names
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -231,11 +240,49 @@ def traced_kwargs(bound: BoundArgs) -> list[str]:
 
 
 def check_in_shardings(cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec) -> tuple[Any, ...]:
-    """``lower.in_shardings`` matched to the argument tree (null: every argument replicated)."""
+    """``lower.in_shardings`` (the positional form) matched to the argument tree (null: every
+    argument replicated)."""
     tree, names = argument_tree(bound)
     return match_specs(
         cfg.lower.in_shardings, tree, key="lower.in_shardings", names=names, mesh=mesh.sizes
     )
+
+
+def logical_rules(cfg: JaxaotConfig, mesh: MeshSpec) -> LogicalRules:
+    return parse_logical_rules(cfg.lower.logical_axis_rules, mesh.axes)
+
+
+def uses_paths(cfg: JaxaotConfig) -> bool:
+    """Whether input shardings come from path patterns and logical-axis rules (resolved on the
+    abstract arguments) rather than the positional form (matched on the config's specs)."""
+    return is_pattern_form(cfg.lower.in_shardings) or bool(cfg.lower.logical_axis_rules)
+
+
+def input_specs(
+    cfg: JaxaotConfig,
+    bound: BoundArgs,
+    mesh: MeshSpec,
+    args: Sequence[Any],
+    names: Sequence[str] | None = None,
+    logical_axes: Mapping[str, Sequence[str | None] | None] | None = None,
+) -> tuple[tuple[Any, ...], Resolution | None]:
+    """One :class:`Spec` tree per traced positional argument, and the path resolution (None
+    for the positional form). ``args`` are the abstract arguments jax.jit traces, ``names``
+    the parameter names (else ``args[i]``), ``logical_axes`` library metadata by leaf path."""
+    if not uses_paths(cfg):
+        return check_in_shardings(cfg, bound, mesh), None
+    traced = [i for i in range(len(args)) if not bound.is_static(i)]
+    tops = top_names(len(args), names)
+    trees, res = resolve(
+        [(tops[i], args[i]) for i in traced],
+        cfg.lower.in_shardings,
+        key="lower.in_shardings",
+        mesh=mesh.sizes,
+        logical=logical_rules(cfg, mesh),
+        logical_axes=logical_axes,
+        aliases=[f"args[{i}]" if tops[i] != f"args[{i}]" else None for i in traced],
+    )
+    return tuple(trees), res
 
 
 def check_parallel(cfg: JaxaotConfig) -> None:
@@ -258,7 +305,23 @@ def check_parallel(cfg: JaxaotConfig) -> None:
                 f"{key}: a per-replica program (stage_out.axis_env) is split over all its axes "
                 "by jaxaot; expected lower.in_shardings/out_shardings only with mesh.*"
             )
-        check_axis_names(value, key, mesh.axes)
+        if is_pattern_form(value):
+            parse_rules(value, key, mesh.axes, logical_rules(cfg, mesh))
+        else:
+            check_axis_names(value, key, mesh.axes)
+    if low.logical_axis_rules:
+        if mesh is None or mesh.per_replica:
+            raise ConfigError(
+                "lower.logical_axis_rules needs a mesh (mesh=... or mesh.shape and mesh.axes); "
+                "found " + ("stage_out.axis_env" if mesh is not None else "no mesh")
+            )
+        logical_rules(cfg, mesh)
+        if low.in_shardings is not None and not is_pattern_form(low.in_shardings):
+            raise ConfigError(
+                "lower.logical_axis_rules apply to path patterns and library metadata, but "
+                "lower.in_shardings is a positional list; expected it as a mapping of path "
+                "patterns (e.g. {'args[0]': [data, null]}) or null"
+            )
     if mesh is None:
         devices_to_start(cfg)  # compile.num_devices alone: the device limits
         return
@@ -301,7 +364,8 @@ def check_parallel(cfg: JaxaotConfig) -> None:
         )
     # A static_argnames entry may name a positional parameter, which only the target's
     # signature resolves; the lower stage checks the shapes then.
-    if low.in_shardings is not None and set(bound.static_argnames) <= set(bound.kwargs):
+    positional = low.in_shardings is not None and not uses_paths(cfg)
+    if positional and set(bound.static_argnames) <= set(bound.kwargs):
         check_in_shardings(cfg, bound, mesh)
 
 
@@ -316,7 +380,10 @@ __all__ = [
     "check_in_shardings",
     "check_parallel",
     "devices_to_start",
+    "input_specs",
+    "logical_rules",
     "mesh_spec",
     "traced_kwargs",
+    "uses_paths",
     "will_compile",
 ]
