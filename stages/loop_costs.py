@@ -534,7 +534,7 @@ def loops_summary(m: Any) -> list[str]:
 
     parts = []
     xla, flops = m.get("flops_xla"), m.get("flops")
-    if xla is not None and flops is not None and xla != flops:
+    if m.get("loops") and xla is not None and flops is not None and 0 <= xla != flops:
         parts.append(
             f"{m.get('loops')} loop(s) counted per trip (XLA, loop bodies once: "
             f"{human_count(xla, 'FLOP')})"

@@ -1,6 +1,7 @@
 """``execute.roofline=true``: the run against its device's roofline (issue 18, item 5).
 
-Arithmetic intensity (XLA's FLOPs per byte accessed, from the compile's cost analysis),
+Arithmetic intensity (XLA's FLOPs per byte accessed, from the compile's cost analysis with
+while loops counted per trip: :mod:`jaxaot.stages.loop_costs`),
 achieved FLOP/s and bytes/s (from the timed calls) and where that sits under the roof:
 ``min(peak FLOP/s, intensity x peak bytes/s)``. The peaks of a device that is here are
 *calibrated*: measured on it (a large matmul for FLOP/s, a large elementwise pass for bytes/s),
@@ -65,6 +66,9 @@ def analyse(
         "ridge_flops_per_byte": peak_f / peak_b,
         "flops": flops,
         "bytes_accessed": moved,
+        # XLA's own figures (loop bodies counted once); the ones above count loops per trip.
+        "flops_xla": (cost or {}).get("flops_xla"),
+        "bytes_accessed_xla": (cost or {}).get("bytes accessed_xla"),
         "median_s": median_s,
         "achieved_flops_per_s": flops / median_s if flops else None,
         "achieved_bytes_per_s": moved / median_s if moved else None,
