@@ -305,6 +305,57 @@ def _reference(
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 
+def _derived_inputs(
+    ctx: StageContext, staged: StagedOut, exe: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    """The traced arguments of a config with derived nodes: each ``_init_`` made with the
+    executable's input shardings for its leaves, then adapted as stage_out adapted the abstract
+    ones (the static data must be the same)."""
+    from jaxaot.config.trust import policy_of
+    from jaxaot.stages import derived
+    from jaxaot.stages.adapt import adapt
+
+    made, bound = staged.derived, staged.bound
+    assert made is not None
+    if ctx.cfg.execute.inputs is not None:
+        raise ConfigError(
+            "execute.inputs: the arguments hold derived values (_init_, _call_, _ref_, _key_), "
+            "which execute makes itself; expected execute.inputs=null"
+        )
+    derived.check_fit(made.evaluation.derived_values())
+    traced = [i for i in range(len(bound.args)) if not bound.is_static(i)]
+    abstract_traced = (
+        [made.adapted.args[i] for i in traced],
+        {k: v for k, v in made.adapted.kwargs.items() if not bound.is_static(k)},
+    )
+    try:
+        arg_sh, kw_sh = exe.input_shardings
+        by_id = derived.leaf_shardings(abstract_traced, (list(arg_sh), dict(kw_sh)))
+    except (AttributeError, TypeError, ValueError):
+        by_id = {}
+    evaluation = derived.concrete(
+        bound,
+        policy_of(ctx.cfg),
+        ctx.cfg.execute.seed,
+        made.evaluation.values,
+        lambda _path, result: derived.out_shardings(by_id, result),
+    )
+    args, kwargs = evaluation.arguments()
+    adapted = adapt(made.user_fn, args, kwargs, made.names)
+    if adapted.fingerprint != made.adapted.fingerprint:
+        raise JaxaotError(
+            "execute: the static data of the arguments made for real differs from what was "
+            f"traced (fingerprint {adapted.fingerprint[:16] or 'none'}, traced with "
+            f"{made.adapted.fingerprint[:16] or 'none'}): an init whose non-array parts depend "
+            "on its values?"
+        )
+    ctx.metrics["derived_calls"] = sum(evaluation.calls.values())
+    return (
+        [adapted.args[i] for i in traced],
+        {k: v for k, v in adapted.kwargs.items() if not bound.is_static(k)},
+    )
+
+
 def _errors(got: Any, want: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(abs diff, |want|, equal) in float64 (complex128 for complex outputs).
 
@@ -419,7 +470,12 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         from jaxaot.config.argspec import concrete_bound
 
         staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
-    if cfg.inputs is not None:
+    exe = compiled.compiled
+    if exe is None:  # a topology's executable, loaded off its TPU host (refused before this)
+        raise BackendError(f"execute: no executable to run on this host ({compiled.backend})")
+    if staged.derived is not None:
+        host_args, host_kwargs = _derived_inputs(ctx, staged, exe)
+    elif cfg.inputs is not None:
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:
         from jaxaot.config.trust import policy_of
@@ -428,9 +484,6 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         host_args, host_kwargs = spec_inputs(
             staged.bound, cfg.seed, class_resolver(policy_of(ctx.cfg))
         )
-    exe = compiled.compiled
-    if exe is None:  # a topology's executable, loaded off its TPU host (refused before this)
-        raise BackendError(f"execute: no executable to run on this host ({compiled.backend})")
     donated = set(compiled.lowered.donate_argnums)
     # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
     donated_kw = {k for k in staged.bound.donate_argnames if k in host_kwargs}
@@ -586,6 +639,8 @@ def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any
 def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:
     from jaxaot.config.argspec import concrete_bound
 
+    # Derived values (_init_) are sized by eval_shape and checked there (stage_out); the array
+    # specs among their arguments are counted here.
     # The inputs this stage builds, before any work: a polymorphic program's at the sizes it
     # runs at (compile.shapes), each also refused when XLA could not size it.
     check_inputs_fit(concrete_bound(bound, cfg.compile.shapes))

@@ -20,16 +20,19 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
+    Given,
     Literal,
     bind_config,
     build,
     leaves,
+    specs,
     to_static_value,
 )
 from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.sections import check_indices
 from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
-from jaxaot.errors import ConfigError, JaxaotError, StageError, TargetError, one_line
+from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, TargetError, one_line
+from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
@@ -54,6 +57,17 @@ class StageOutConfig:
 
 
 @dataclass(frozen=True)
+class DerivedArgs:
+    """Arguments with derived nodes (``_init_``, ``_call_``, ``_ref_``, ``_key_``): what execute
+    needs to make their values with the executable's shardings."""
+
+    evaluation: Any  # jaxaot.stages.derived.Evaluation (abstract): values by config path
+    user_fn: Callable[..., Any]  # the program as written (adapt is called on it again)
+    names: list[str] | None
+    adapted: Any  # jaxaot.stages.adapt.Adapted of the abstract arguments
+
+
+@dataclass(frozen=True)
 class StagedOut:
     """A traced program and everything the lower stage needs to lower it again."""
 
@@ -68,6 +82,10 @@ class StagedOut:
     # formulation execute.check=reference runs instead of ``fn``.
     replicas: dict[str, Any] | None = None
     reference_fn: Callable[..., Any] | None = None
+    derived: DerivedArgs | None = None
+    # The static data closed over (jaxaot.stages.adapt): its fingerprint, or why it has none.
+    fingerprint: str = ""
+    unfingerprintable: str | None = None
 
 
 def resolve_target(
@@ -132,7 +150,14 @@ def abstract_value(spec: ArraySpec | Literal, scope: Any = None) -> Any:
         shape: Any = spec.shape
         if spec.symbolic:
             shape = jax.export.symbolic_shape(",".join(map(str, spec.shape)), scope=scope)
+        if spec.sharding is not None:  # a ShapeDtypeStruct given from Python (jaxaot.api)
+            return jax.ShapeDtypeStruct(
+                shape, spec.dtype, weak_type=spec.weak_type, sharding=spec.sharding
+            )
         return jax.ShapeDtypeStruct(shape, spec.dtype, weak_type=spec.weak_type)
+    if isinstance(spec, Given):
+        v = spec.value
+        return jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=bool(getattr(v, "weak_type", 0)))
     return spec.value
 
 
@@ -196,6 +221,51 @@ def _as_args(
         for k, v in bound.kwargs.items()
     }
     return args, kwargs
+
+
+def _derive(
+    cfg: Any, bound: BoundArgs, fn: Callable[..., Any], names: list[str] | None, policy: Any
+) -> DerivedArgs:
+    """The abstract arguments of a config with derived nodes (``_init_`` through eval_shape:
+    nothing allocated), adapted for jax.jit (jaxaot.stages.adapt)."""
+    from jaxaot.stages import derived
+
+    symbolic = any(leaf.symbolic for _, tree in bound.traced_args() for _, leaf in specs(tree))
+    scope = symbolic_scope(cfg.stage_out.shape_constraints) if symbolic else None
+    evaluation = derived.abstract(bound, policy, cfg.execute.seed, scope)
+    args, kwargs = evaluation.arguments()
+    return DerivedArgs(evaluation, fn, names, adapt(fn, args, kwargs, names))
+
+
+def _record_static(ctx: StageContext, signature: dict[str, Any], adapted: Any) -> None:
+    """The fingerprint of the static data the traced function closes over, in signature.json
+    (a resumed run re-derives it and must find the same), or why there is none."""
+    if adapted.fingerprint:
+        signature["static_fingerprint"] = adapted.fingerprint
+    if adapted.unfingerprintable is not None:
+        signature["unfingerprintable"] = str(adapted.unfingerprintable)
+        ctx.warn(
+            f"static data with no stable fingerprint at {adapted.unfingerprintable}: this run "
+            "works, but a later run cannot resume from its stage_out or lowering"
+        )
+
+
+def _check_static(signature: Mapping[str, Any], adapted: Any) -> None:
+    """A resumed run binds the static data the checkpoint was traced with, or is refused."""
+    why = signature.get("unfingerprintable")
+    if why:
+        raise StoreError(
+            f"resume_from: the checkpoint's arguments hold static data with no stable "
+            f"fingerprint ({why}), so what it was traced with cannot be checked; start_at=stage_out"
+        )
+    theirs, mine = signature.get("static_fingerprint", ""), adapted.fingerprint
+    if adapted.unfingerprintable is not None or theirs != mine:
+        now = str(adapted.unfingerprintable) if adapted.unfingerprintable else mine[:16] or "none"
+        raise StoreError(
+            "resume_from: the static data in the arguments (graph definitions, static fields, "
+            f"optimizer objects) differs from what the checkpoint was traced with (fingerprint "
+            f"{theirs[:16] or 'none'}, here {now}); start_at=stage_out"
+        )
 
 
 def _typed_shardings(
@@ -343,6 +413,24 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
         bound = bind_config(ctx.cfg, signature["parameters"])
     resolve = class_resolver(policy_of(ctx.cfg))
     mesh = mesh_spec(ctx.cfg)
+    if _uses_derived(bound):  # re-derived by eval_shape; the static data must be the same
+        policy = policy_of(ctx.cfg)
+        if signature.get("unfingerprintable"):
+            _check_static(signature, None)
+        user_fn = resolve_target(ctx.cfg.program.target, policy=policy)
+        made = _derive(ctx.cfg, bound, user_fn, signature.get("parameters"), policy)
+        _check_static(signature, made.adapted)
+        return StagedOut(
+            fn=made.adapted.fn,
+            bound=bound,
+            args=made.adapted.args,
+            kwargs=made.adapted.kwargs,
+            jit_options=_jit_options(bound),
+            traced=None,
+            signature=signature,
+            derived=made,
+            fingerprint=made.adapted.fingerprint,
+        )
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
         return StagedOut(
@@ -376,10 +464,24 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     names = parameter_names(fn)
     bound = bind_config(cfg, names)
     resolve = class_resolver(policy)
-    args, kwargs = _as_args(bound, resolve, cfg.stage_out.shape_constraints)
     jit_options = _jit_options(bound)
     mesh = mesh_spec(cfg)
     env = mesh if mesh is not None and mesh.per_replica else None
+    made: DerivedArgs | None = None
+    if _uses_derived(bound):
+        if env is not None:
+            raise ConfigError(
+                "stage_out.axis_env: derived arguments (_init_, _call_, _ref_, _key_) are not "
+                "supported in a per-replica program; expected plain array specs"
+            )
+        made = _derive(cfg, bound, fn, names, policy)
+        adapted = made.adapted
+        _check_derived_fit(cfg, made)
+    else:
+        args, kwargs = _as_args(bound, resolve, cfg.stage_out.shape_constraints)
+        adapted = adapt(fn, args, kwargs, names)
+    # The traced function and arguments: positions and keyword names are the program's.
+    fn, args, kwargs = adapted.fn, adapted.args, adapted.kwargs
     mesh_context: Any = contextlib.nullcontext()
     if mesh is not None and env is None:
         from jaxaot.stages.jax_mesh import abstract_mesh
@@ -417,6 +519,9 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
     signature["parameters"] = names
+    _record_static(ctx, signature, adapted)
+    if made is not None:
+        ctx.metrics["derived"] = len(made.evaluation.calls)  # _init_ nodes evaluated
     if env is not None:
         signature["axis_env"] = {
             "axes": [[a, n] for a, n in zip(env.axes, env.shape, strict=True)],
@@ -432,7 +537,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         static=len(signature["static"]),
         eqns=len(traced.jaxpr.jaxpr.eqns),
     )
-    return StagedOut(
+    staged = StagedOut(
         fn=fn,
         bound=bound,
         args=args,
@@ -442,7 +547,26 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         signature=signature,
         replicas=env.to_json() if env is not None else None,
         reference_fn=reference_fn,
+        derived=made,
+        fingerprint=adapted.fingerprint,
+        unfingerprintable=str(adapted.unfingerprintable) if adapted.unfingerprintable else None,
     )
+    return staged
+
+
+def _uses_derived(bound: BoundArgs) -> bool:
+    from jaxaot.stages.derived import uses_derived
+
+    return uses_derived(bound)
+
+
+def _check_derived_fit(cfg: Any, made: DerivedArgs) -> None:
+    """The derived values execute will make must fit in memory: known only now (eval_shape)."""
+    from jaxaot.config.order import STAGES
+    from jaxaot.stages.derived import check_fit
+
+    if STAGES.index(cfg.stop_after) >= STAGES.index("execute") and cfg.execute.inputs is None:
+        check_fit(made.evaluation.derived_values())
 
 
 def check(cfg: JaxaotConfig) -> None:
@@ -489,6 +613,7 @@ STAGE_OUT = Node(
 
 __all__ = [
     "STAGE_OUT",
+    "DerivedArgs",
     "StagedOut",
     "abstract_value",
     "parameter_names",

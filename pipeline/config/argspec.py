@@ -41,7 +41,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.config import dim_expr
+from jaxaot.config import derived, dim_expr
+from jaxaot.config.derived import DERIVED_TYPES
 from jaxaot.errors import ArgSpecError, ConfigError
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ class ArraySpec:
     seed: int | None = None
     path: str | None = None
     weak_type: bool = False
+    # A jax.ShapeDtypeStruct's sharding, when one given from Python carries it (jaxaot.api).
+    sharding: Any = field(default=None, compare=False)
 
     @property
     def type_str(self) -> str:
@@ -167,6 +170,45 @@ class Literal:
     """A concrete value: a static argument, or a weakly typed scalar when traced."""
 
     value: Any
+
+
+@dataclass(frozen=True, eq=False)
+class Given:
+    """An array given from Python as it is (jaxaot.api): traced as its shape and dtype,
+    executed with its very values."""
+
+    value: Any
+
+    @property
+    def dtype(self) -> str:
+        return str(self.value.dtype)
+
+    @property
+    def type_str(self) -> str:
+        return f"{short_name(self.dtype)}[{','.join(map(str, self.value.shape))}]"
+
+
+def from_python(value: Any, where: str) -> ArraySpec | Given | None:
+    """A ``jax.ShapeDtypeStruct`` -> the array spec it stands for (its sharding kept); an
+    array (NumPy or JAX) -> :class:`Given`; anything else -> None."""
+    if not (hasattr(value, "shape") and hasattr(value, "dtype")) or isinstance(value, str):
+        return None
+    kind = type(value).__name__
+    if kind != "ShapeDtypeStruct":
+        return Given(value)
+    shape = tuple(value.shape)
+    if not all(isinstance(d, int) for d in shape):
+        raise ArgSpecError(
+            f"{where}: a ShapeDtypeStruct with symbolic dimensions {shape}; write it as an "
+            "array type (f32[b,512]) with stage_out.shape_constraints instead"
+        )
+    spec = ArraySpec(
+        shape=shape,
+        dtype=canonical_dtype(str(value.dtype), where),
+        weak_type=bool(getattr(value, "weak_type", False)),
+        sharding=getattr(value, "sharding", None),
+    )
+    return _check_size(spec, where)
 
 
 @dataclass(frozen=True)
@@ -475,8 +517,12 @@ def is_spec_mapping(value: Mapping[str, Any]) -> bool:
 
 
 def parse_leaf_or_tree(value: Any, where: str) -> Any:
-    """Parse a config value into a pytree of ArraySpec / Literal leaves."""
+    """Parse a config value into a pytree of ArraySpec / Literal leaves, named containers
+    (PytreeNode) and derived nodes (jaxaot.config.derived)."""
     if isinstance(value, Mapping):
+        derived.check_tag_keys(value, where)
+        if derived.is_tagged(value):
+            return derived.parse_derived(value, where, parse_leaf_or_tree)
         if PYTREE_KEY in value:
             return _parse_node(value, where)
         if is_spec_mapping(value):
@@ -497,11 +543,16 @@ def parse_leaf_or_tree(value: Any, where: str) -> Any:
             raise ArgSpecError(f"{where}: cannot parse array type {value!r}")
     if value is None or isinstance(value, bool | int | float | str):
         return Literal(value)
+    given = from_python(value, where)
+    if given is not None:
+        return given
     raise ArgSpecError(f"{where}: unsupported value {value!r} of type {type(value).__name__}")
 
 
-def leaves(tree: Any, where: str = "") -> Iterator[tuple[str, ArraySpec | Literal]]:
-    """(path, leaf) pairs in pytree order (dict keys sorted, as JAX flattens them)."""
+def leaves(tree: Any, where: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) pairs in pytree order (dict keys sorted, as JAX flattens them). A derived
+    node (``_init_``, ``_call_``, ``_ref_``, ``_key_``) is one leaf: its value's structure is
+    known only once it is evaluated (:func:`specs` reaches the array specs inside it)."""
     if isinstance(tree, dict):
         for k in sorted(tree):
             yield from leaves(tree[k], f"{where}.{k}" if where else str(k))
@@ -521,9 +572,16 @@ def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
         return {k: map_tree(fn, v, f"{where}.{k}") for k, v in tree.items()}
     if isinstance(tree, list):
         return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
-    if isinstance(tree, PytreeNode):
+    if isinstance(tree, PytreeNode | DERIVED_TYPES):
         return tree.with_children([map_tree(fn, c, p) for p, c in tree.children(where)])
     return fn(where, tree)
+
+
+def specs(tree: Any, where: str = "") -> Iterator[tuple[str, ArraySpec]]:
+    """Every array spec in a tree, those inside derived nodes (an ``_init_``'s arguments) too."""
+    for path, node in derived.walk(tree, where):
+        if isinstance(node, ArraySpec):
+            yield path, node
 
 
 def to_static_value(tree: Any, where: str) -> Any:
@@ -539,6 +597,18 @@ def to_static_value(tree: Any, where: str) -> Any:
         return tuple(to_static_value(v, f"{where}[{i}]") for i, v in enumerate(tree))
     if isinstance(tree, PytreeNode) and tree.cls == "tuple":
         return tuple(to_static_value(v, p) for p, v in tree.children(where))
+    if isinstance(tree, Given):
+        raise ArgSpecError(
+            f"{where} is marked static but is an array ({tree.type_str}); static arguments "
+            "must be hashable values: remove it from static_argnums/static_argnames"
+        )
+    if isinstance(tree, DERIVED_TYPES):
+        raise ArgSpecError(
+            f"{where} is marked static but is a derived value ({derived.describe(tree)}); "
+            "static arguments are literals: pass it at a traced position (a _call_ object "
+            "there is closed over and fingerprinted), or remove it from "
+            "static_argnums/static_argnames"
+        )
     raise ArgSpecError(
         f"{where} is marked static but is a dict; static arguments must be hashable values "
         "(numbers, strings, bools or lists of them)"
@@ -670,6 +740,10 @@ def bind(
                 f"lower.donate_argnames: {name!r} is static (stage_out.static_argnames); only "
                 "traced array arguments can be donated"
             )
+    derived.check_refs(
+        [(f"program.args[{i}]", a) for i, a in enumerate(parsed_args)]
+        + [(f"program.kwargs.{k}", v) for k, v in parsed_kwargs.items()]
+    )
     for i in sorted(s_nums):
         to_static_value(parsed_args[i], f"program.args[{i}]")
     for k in s_names & set(parsed_kwargs):
@@ -688,7 +762,9 @@ def bind(
         positional = path.startswith("program.args")
         _check_traced(tree, path, f"stage_out.static_argn{'ums' if positional else 'ames'}")
     needs_x64 = any(
-        isinstance(leaf, ArraySpec) and leaf.dtype in SIXTY_FOUR_BIT
+        leaf.dtype in SIXTY_FOUR_BIT for _, tree in bound.traced_args() for _, leaf in specs(tree)
+    ) or any(
+        isinstance(leaf, Given) and leaf.dtype in SIXTY_FOUR_BIT
         for _, tree in bound.traced_args()
         for _, leaf in leaves(tree)
     )
@@ -746,8 +822,8 @@ def check_inputs_fit(bound: BoundArgs, memory: int | None = None) -> None:
         (
             (nbytes(leaf.shape, leaf.dtype), path)
             for top, tree in bound.traced_args()
-            for path, leaf in leaves(tree, top)
-            if isinstance(leaf, ArraySpec) and not leaf.symbolic
+            for path, leaf in specs(tree, top)
+            if not leaf.symbolic
         ),
         reverse=True,
     )
@@ -828,6 +904,7 @@ __all__ = [
     "DTYPES",
     "ArraySpec",
     "BoundArgs",
+    "Given",
     "Literal",
     "PytreeNode",
     "bind",
@@ -846,6 +923,7 @@ __all__ = [
     "parse_type",
     "quote_array_types",
     "short_name",
+    "specs",
     "symbols",
     "to_static_value",
 ]

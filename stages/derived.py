@@ -1,0 +1,475 @@
+"""Evaluating arguments with derived nodes (jaxaot.config.derived): abstract and concrete.
+
+One :class:`Evaluation` per run and mode computes each node of ``program.args``/``kwargs`` once,
+by config path, so a ``_ref_`` shares its target's value and an ``_init_`` feeding another runs
+once.
+
+- ``abstract`` (stage_out, and a resumed run re-deriving its arguments): array specs become
+  ShapeDtypeStructs, an ``_init_`` is ``jax.eval_shape`` of its function (or the callable's
+  ``jaxaot_abstract`` hook): nothing is allocated.
+- ``concrete`` (execute): array specs are drawn from the seed (each numbered by its place in the
+  config, as :func:`jaxaot.stages.inputs.spec_inputs` numbers them), an ``_init_`` runs under
+  ``jax.jit(fn, out_shardings=...)`` with the executable's input shardings for its leaves (or the
+  ``jaxaot_materialize(shardings, ...)`` hook), so a sharded value is made on its devices.
+
+``_call_`` objects are built from values (never abstract) once per process, and ``_key_`` is a
+real ``jax.random.key`` in both modes. Non-array leaves of an ``_init_``'s arguments and result
+(Python numbers, functions, objects) stay static, as ``equinox.filter_eval_shape`` keeps them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxaot.config.argspec import (
+    PYTREE_KEY,
+    ArraySpec,
+    BoundArgs,
+    Given,
+    Literal,
+    PytreeNode,
+    human_size,
+    memory_bytes,
+    to_static_value,
+)
+from jaxaot.config.derived import (
+    DERIVED_TYPES,
+    CallNode,
+    InitNode,
+    KeyNode,
+    RefNode,
+    describe,
+    has_derived,
+    index,
+    walk,
+)
+from jaxaot.errors import ArgSpecError, JaxaotError, TargetError, one_line
+
+# _call_ objects built in this process, by their node (one without references): the same object
+# when stage_out and execute (or a sweep's jobs) name the same call.
+_HOST_OBJECTS: dict[str, Any] = {}
+
+
+def bound_trees(bound: BoundArgs) -> list[tuple[str, Any]]:
+    """(config path, parsed tree) of every argument, static ones too."""
+    return [(f"program.args[{i}]", a) for i, a in enumerate(bound.args)] + [
+        (f"program.kwargs.{k}", v) for k, v in bound.kwargs.items()
+    ]
+
+
+def uses_derived(bound: BoundArgs) -> bool:
+    return has_derived(bound_trees(bound))
+
+
+def spec_numbers(bound: BoundArgs) -> dict[str, int]:
+    """Each traced array spec's number (1, 2, ...) for its seeded generator, by config path: the
+    order :func:`jaxaot.stages.inputs.spec_inputs` draws in (dict keys and fields sorted), an
+    ``_init_``'s target, arguments and sorted keywords in their place."""
+    numbers: dict[str, int] = {}
+
+    def go(node: Any, where: str) -> None:
+        if isinstance(node, ArraySpec):
+            numbers[where] = len(numbers) + 1
+        elif isinstance(node, dict):
+            for k in sorted(node):
+                go(node[k], f"{where}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                go(v, f"{where}[{i}]")
+        elif isinstance(node, PytreeNode):
+            children = node.children(where)
+            n = len(node.args)
+            for p, c in children[:n] + sorted(children[n:], key=lambda pc: pc[0]):
+                go(c, p)
+        elif isinstance(node, InitNode):  # CallNode too
+            children = node.children(where)
+            head = len(children) - len(node.kwargs)
+            for p, c in children[:head] + sorted(children[head:], key=lambda pc: pc[0]):
+                go(c, p)
+
+    for path, tree in bound.traced_args():
+        go(tree, path)
+    return numbers
+
+
+def _is_array(x: Any) -> bool:
+    import jax
+    import numpy as np
+
+    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
+
+
+def _split(tree: Any) -> tuple[list[Any], Any, list[int]]:
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return leaves, treedef, [i for i, x in enumerate(leaves) if _is_array(x)]
+
+
+def _filtered(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``fn`` as a function of the array leaves of ``(args, kwargs)`` returning the array leaves
+    of its result; ``rebuild(arrays)`` puts the result together again with its static leaves."""
+    import jax
+
+    leaves, treedef, dyn = _split((tuple(args), dict(kwargs)))
+    box: dict[str, Any] = {}
+
+    def inner(*arrays: Any) -> list[Any]:
+        full = list(leaves)
+        for i, a in zip(dyn, arrays, strict=True):
+            full[i] = a
+        a, k = jax.tree_util.tree_unflatten(treedef, full)
+        out = fn(*a, **k)
+        out_leaves, out_tree, out_dyn = _split(out)
+        box["tree"], box["leaves"], box["dyn"] = out_tree, out_leaves, out_dyn
+        return [out_leaves[i] for i in out_dyn]
+
+    def rebuild(arrays: Sequence[Any]) -> Any:
+        full = list(box["leaves"])
+        for i, a in zip(box["dyn"], arrays, strict=True):
+            full[i] = a
+        return jax.tree_util.tree_unflatten(box["tree"], full)
+
+    return inner, [leaves[i] for i in dyn], rebuild
+
+
+def eval_shape(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``jax.eval_shape`` of ``fn(*args, **kwargs)``, non-array leaves static (in and out)."""
+    import jax
+
+    inner, arrays, rebuild = _filtered(fn, args, kwargs)
+    return rebuild(jax.eval_shape(inner, *arrays))
+
+
+def materialize(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    shardings: list[Any] | None,
+) -> Any:
+    """``fn(*args, **kwargs)`` under ``jax.jit`` with ``shardings`` (one per array leaf of the
+    result, in order) as its out_shardings: each leaf is made on its devices, never whole on one
+    first. None: jit's own placement."""
+    import jax
+
+    inner, arrays, rebuild = _filtered(fn, args, kwargs)
+    jitted = jax.jit(inner, out_shardings=shardings) if shardings is not None else jax.jit(inner)
+    return rebuild(jitted(*arrays))
+
+
+def _call_text(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    from jaxaot.stages.stage_out import _describe
+
+    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    text = ", ".join(parts)
+    return f"{name}({text if len(text) <= 160 else text[:159] + '…'})"
+
+
+@dataclass
+class Evaluation:
+    """The values of a run's argument nodes, each computed once (by config path)."""
+
+    bound: BoundArgs
+    mode: str  # "abstract" | "concrete"
+    resolve: Callable[[str, str], Any]  # (name, config key) -> the callable (import policy)
+    leaf: Callable[[str, Any], Any]  # (path, ArraySpec | Literal | Given) -> value
+    host_leaf: Callable[[str, Any], Any]  # the same, concrete (a _call_'s arguments)
+    # concrete: (path, abstract result) -> out_shardings of an _init_'s array leaves, or None
+    shardings: Callable[[str, Any], list[Any] | None] | None = None
+    abstract: Mapping[str, Any] = field(default_factory=dict)  # concrete: the abstract values
+    values: dict[str, Any] = field(default_factory=dict)
+    host_values: dict[str, Any] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # _init_ calls made, by path (tests)
+
+    def __post_init__(self) -> None:
+        self.nodes = index(bound_trees(self.bound))
+        self._active: list[str] = []
+
+    # -- the arguments ---------------------------------------------------------------------
+    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Every argument in its position: static ones as their values, traced ones built."""
+        b = self.bound
+        args = tuple(
+            to_static_value(a, f"program.args[{i}]")
+            if b.is_static(i)
+            else self.value(f"program.args[{i}]")
+            for i, a in enumerate(b.args)
+        )
+        kwargs = {
+            k: to_static_value(v, f"program.kwargs.{k}")
+            if b.is_static(k)
+            else self.value(f"program.kwargs.{k}")
+            for k, v in b.kwargs.items()
+        }
+        return args, kwargs
+
+    def derived_values(self) -> dict[str, Any]:
+        """The value of every ``_init_``, ``_call_`` and ``_key_`` node computed, by path."""
+        return {
+            p: v
+            for p, v in self.values.items()
+            if isinstance(self.nodes.get(p), DERIVED_TYPES)
+            and not isinstance(self.nodes.get(p), RefNode)
+        }
+
+    # -- one node ------------------------------------------------------------------------
+    def value(self, path: str, host: bool = False) -> Any:
+        memo = self.host_values if host else self.values
+        if path in memo:
+            return memo[path]
+        if path in self._active:  # bind refuses cycles; a guard, never a hang
+            raise ArgSpecError(f"{path}: a _ref_ cycle ({' -> '.join([*self._active, path])})")
+        self._active.append(path)
+        try:
+            memo[path] = self._compute(self.nodes[path], path, host)
+        finally:
+            self._active.pop()
+        return memo[path]
+
+    def _compute(self, node: Any, where: str, host: bool) -> Any:
+        if isinstance(node, dict):
+            return {k: self.value(f"{where}.{k}", host) for k in node}
+        if isinstance(node, list):
+            return [self.value(f"{where}[{i}]", host) for i in range(len(node))]
+        if isinstance(node, PytreeNode):
+            children = [self.value(p, host) for p, _ in node.children(where)]
+            n = len(node.args)
+            if node.cls == "tuple":
+                return tuple(children)
+            cls = self.resolve(node.cls, f"{where}.{PYTREE_KEY}")
+            fields = {k: v for (k, _), v in zip(node.fields, children[n:], strict=True)}
+            try:
+                return cls(*children[:n], **fields)
+            except TypeError as exc:
+                raise ArgSpecError(f"{where}: cannot build {node.cls} ({exc})") from None
+        if isinstance(node, RefNode):
+            return self.value(node.path, host)
+        if isinstance(node, KeyNode):
+            import jax
+
+            return jax.random.key(node.seed)
+        if isinstance(node, CallNode):
+            return self._host_object(node, where)
+        if isinstance(node, InitNode):
+            if host:
+                raise ArgSpecError(
+                    f"{where}: an _init_ value (derived arrays) where a _call_ object is built "
+                    "from values; make the _call_ an _init_ (its value is then derived too)"
+                )
+            return self._init(node, where)
+        return (self.host_leaf if host else self.leaf)(where, node)
+
+    def _callable(self, node: InitNode, where: str, host: bool) -> tuple[Any, str]:
+        tag = node.tag
+        if isinstance(node.target, str):
+            fn: Any = self.resolve(node.target, f"{where}.{tag}")
+        else:
+            fn = self.value(f"{where}.{tag}", host=True)
+        name = node.name
+        if node.method:
+            if not hasattr(fn, node.method):
+                public = sorted(n for n in dir(fn) if not n.startswith("_"))[:12]
+                raise TargetError(
+                    f"{where}.{'_method_'}: {describe(node.target) if not isinstance(node.target, str) else node.target}"
+                    f" ({type(fn).__name__}) has no attribute {node.method!r} (it has: "
+                    f"{', '.join(public)})"
+                )
+            fn = getattr(fn, node.method)
+        if not callable(fn):
+            raise TargetError(f"{where}: {name} is a {type(fn).__name__}, not a callable")
+        return fn, name
+
+    def _children(self, node: InitNode, where: str, host: bool) -> tuple[list[Any], dict[str, Any]]:
+        start = 0 if isinstance(node.target, str) else 1
+        children = node.children(where)[start:]
+        args = [self.value(p, host) for p, _ in children[: len(node.args)]]
+        kwargs = {
+            k: self.value(p, host)
+            for (k, _), (p, _) in zip(node.kwargs, children[len(node.args) :], strict=True)
+        }
+        return args, kwargs
+
+    def _host_object(self, node: CallNode, where: str) -> Any:
+        key = repr(node)
+        shared = not any(isinstance(n, RefNode) for _, n in walk(node, where))
+        if shared and key in _HOST_OBJECTS:
+            return _HOST_OBJECTS[key]
+        fn, name = self._callable(node, where, host=True)
+        args, kwargs = self._children(node, where, host=True)
+        try:
+            obj = fn(*args, **kwargs)
+        except JaxaotError:
+            raise
+        except Exception as exc:
+            raise ArgSpecError(
+                f"{where}: {_call_text(name, args, kwargs)} raised {one_line(exc)}"
+            ) from None
+        if shared:
+            _HOST_OBJECTS[key] = obj
+        return obj
+
+    def _init(self, node: InitNode, where: str) -> Any:
+        fn, name = self._callable(node, where, host=False)
+        args, kwargs = self._children(node, where, host=False)
+        self.calls[where] = self.calls.get(where, 0) + 1
+        try:
+            if self.mode == "abstract":
+                hook = getattr(fn, "jaxaot_abstract", None)
+                return hook(*args, **kwargs) if hook is not None else eval_shape(fn, args, kwargs)
+            assert self.shardings is not None
+            shardings = self.shardings(where, self.abstract.get(where))
+            hook = getattr(fn, "jaxaot_materialize", None)
+            if hook is not None:
+                return hook(shardings, *args, **kwargs)
+            return materialize(fn, args, kwargs, shardings)
+        except JaxaotError:
+            raise
+        except Exception as exc:
+            how = "under jax.eval_shape" if self.mode == "abstract" else "for its values"
+            raise ArgSpecError(
+                f"{where}: {_call_text(name, args, kwargs)} raised {one_line(exc)} (called {how})"
+            ) from None
+
+
+def resolver(policy: Any) -> Callable[[str, str], Any]:
+    """``resolve(name, key)``: a callable (or a class, for ``_pytree_``) by import path, through
+    the run's import policy."""
+    from jaxaot.stages.stage_out import resolve_target
+
+    @functools.cache
+    def resolve(name: str, key: str) -> Any:
+        if name == "tuple":
+            return tuple
+        return resolve_target(name, key, policy)
+
+    return resolve
+
+
+def abstract(bound: BoundArgs, policy: Any, seed: int, scope: Any = None) -> Evaluation:
+    """The abstract evaluation of a run's arguments (stage_out; a resumed run)."""
+    from jaxaot.stages.stage_out import abstract_value
+
+    def leaf(_path: str, spec: Any) -> Any:
+        if isinstance(spec, Given):
+            import jax
+
+            v = spec.value
+            return jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=getattr(v, "weak_type", False))
+        return abstract_value(spec, scope)
+
+    return Evaluation(
+        bound=bound,
+        mode="abstract",
+        resolve=resolver(policy),
+        leaf=leaf,
+        host_leaf=_concrete_leaf(bound, seed),
+    )
+
+
+def _concrete_leaf(bound: BoundArgs, seed: int) -> Callable[[str, Any], Any]:
+    from jaxaot.stages.inputs import _build, weakly_typed
+
+    numbers = spec_numbers(bound)
+
+    def leaf(path: str, spec: Any) -> Any:
+        if isinstance(spec, Given):
+            return spec.value
+        if isinstance(spec, Literal):
+            return spec.value
+        n = numbers.get(path, len(numbers) + 1)  # every traced spec is numbered
+        value = _build(spec, seed, [n - 1], path)
+        return weakly_typed(value) if spec.weak_type else value
+
+    return leaf
+
+
+def concrete(
+    bound: BoundArgs,
+    policy: Any,
+    seed: int,
+    abstract_values: Mapping[str, Any],
+    shardings: Callable[[str, Any], list[Any] | None],
+) -> Evaluation:
+    """The concrete evaluation (execute): ``shardings(path, abstract result)`` gives an
+    ``_init_``'s out_shardings."""
+    leaf = _concrete_leaf(bound, seed)
+    return Evaluation(
+        bound=bound,
+        mode="concrete",
+        resolve=resolver(policy),
+        leaf=leaf,
+        host_leaf=leaf,
+        shardings=shardings,
+        abstract=abstract_values,
+    )
+
+
+def leaf_shardings(abstract_args: Any, shardings: Any) -> dict[int, Any]:
+    """id(abstract leaf) -> the executable's input sharding for it: ``abstract_args`` and
+    ``shardings`` are the same pytree (the adapted traced arguments and ``input_shardings``)."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(abstract_args)
+    found = jax.tree_util.tree_leaves(shardings)
+    if len(leaves) != len(found):
+        return {}
+    return {id(a): s for a, s in zip(leaves, found, strict=True)}
+
+
+def out_shardings(by_id: Mapping[int, Any], abstract_result: Any) -> list[Any] | None:
+    """The shardings of an ``_init_``'s array leaves (in order) from :func:`leaf_shardings`;
+    None when any leaf is not an input of the executable as it is (then jit places them and
+    the call puts them where the executable wants them)."""
+    if abstract_result is None:
+        return None
+    leaves, _, dyn = _split(abstract_result)
+    found = [by_id.get(id(leaves[i])) for i in dyn]
+    return None if any(s is None for s in found) else found
+
+
+def total_bytes(tree: Any) -> int:
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if _is_array(leaf) and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def check_fit(values: Mapping[str, Any], memory: int | None = None) -> None:
+    """Refuse derived values that cannot all be made in this machine's memory to execute (their
+    sizes are known only once evaluated abstractly)."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None:
+        return
+    sizes = sorted(((total_bytes(v), p) for p, v in values.items()), reverse=True)
+    total = sum(n for n, _ in sizes)
+    if not sizes or total <= memory:
+        return
+    biggest, path = sizes[0]
+    raise ArgSpecError(
+        f"{path} is {human_size(biggest)} (derived values total {human_size(total)}), more than "
+        f"this machine's {human_size(memory)} of memory: executing needs them made; expected "
+        "a smaller model, or stop_after=compile (compiling needs no argument memory)"
+    )
+
+
+__all__ = [
+    "Evaluation",
+    "abstract",
+    "bound_trees",
+    "check_fit",
+    "concrete",
+    "eval_shape",
+    "leaf_shardings",
+    "materialize",
+    "out_shardings",
+    "spec_numbers",
+    "total_bytes",
+    "uses_derived",
+]
