@@ -32,6 +32,7 @@ from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.sections import check_indices
 from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
 from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, TargetError, one_line
+from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
@@ -551,6 +552,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         fingerprint=adapted.fingerprint,
         unfingerprintable=str(adapted.unfingerprintable) if adapted.unfingerprintable else None,
     )
+    arg_table.record(ctx, staged)  # arguments.json/.txt and the summary line
     return staged
 
 

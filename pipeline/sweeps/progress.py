@@ -11,6 +11,7 @@ leaves its progress line in ``.jaxaot/progress/<n>`` and the launching process p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -78,6 +79,57 @@ def override_value(override: str) -> str:
         return value[1:-1].replace("\\" + value[0], value[0])
     # A sweep's values come back escaped for Hydra's grammar: f32\[8\,256\] -> f32[8,256].
     return re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
+
+
+# Characters of an override value that a progress line or a report cell shows whole; a longer
+# value (an argument tree: program.args=[{...}, ...]) is shown by its start, size and hash.
+SHOWN_MAX = 48
+_SHOWN_HEAD = 24
+
+
+def _items(value: str) -> tuple[int, str] | None:
+    """(count, noun) of a list's items or a mapping's keys at the top level of ``value``, as
+    Hydra writes them (quotes and nested brackets skipped); None for anything else."""
+    if len(value) < 2 or (value[0], value[-1]) not in (("[", "]"), ("{", "}")):
+        return None
+    depth, quote, commas, prev = 0, "", 0, ""
+    for ch in value[1:-1]:
+        if quote:
+            quote = "" if ch == quote and prev != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+            if depth < 0:  # "{a: 1}{b: 2}": not one list or mapping
+                return None
+        elif ch == "," and depth == 0 and prev != "\\":
+            commas += 1
+        prev = ch
+    count = commas + 1 if value[1:-1].strip() else 0
+    noun = "item" if value[0] == "[" else "key"
+    return count, noun + ("" if count == 1 else "s")
+
+
+def short_value(value: str, limit: int = SHOWN_MAX) -> str:
+    """An override value as a progress line or a report cell shows it: whole up to ``limit``
+    characters; else its start, its size (items or keys, bytes) and the first 8 hex digits of
+    its sha256, so two long values never read alike:
+    ``[{_init_: mypkg.model:in… <3 items, 5.1 KiB, #1a2b3c4d>``."""
+    if len(value) <= limit:
+        return value
+    raw = value.encode()
+    items = _items(value)
+    count = f"{items[0]} {items[1]}, " if items is not None else ""
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    return f"{value[:_SHOWN_HEAD].rstrip()}… <{count}{human_bytes(len(raw))}, #{digest}>"
+
+
+def short_override(override: str) -> str:
+    """``key=value`` with the value as :func:`short_value` shows it (unescaped for reading)."""
+    key, sep, _ = override.partition("=")
+    return key + sep + short_value(override_value(override)) if sep else override
 
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:
@@ -160,7 +212,9 @@ def progress_line(
     """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job."""
     head = f"[{n}/{total if total is not None else '?'}]"
     names = short_names([override_key(o) for o in overrides])
-    shown = " ".join(f"{names[override_key(o)]}={override_value(o)}" for o in overrides)
+    shown = " ".join(
+        f"{names[override_key(o)]}={short_value(override_value(o))}" for o in overrides
+    )
     shown = shown or "(no overrides)"
     tail = key_figures(manifest) if status == "ok" else (error or "failed")
     return f"{head} {shown} | {status} | {tail}".rstrip(" |")
@@ -348,5 +402,7 @@ __all__ = [
     "read_json",
     "relay_line",
     "short_names",
+    "short_override",
+    "short_value",
     "write_job_record",
 ]

@@ -27,6 +27,7 @@ from jaxaot.sweeps.progress import (
     override_value,
     read_json,
     short_names,
+    short_value,
 )
 from jaxaot.util.fsio import atomic_write_text
 from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
@@ -305,6 +306,12 @@ def _slurm_cell(r: dict[str, Any]) -> str:
     return text + (f", requeued {r['requeued']}x" if r.get("requeued") else "")
 
 
+def _shown(override: str) -> str:
+    """An unescaped ``key=value`` with a long value shortened (sweep.csv keeps it whole)."""
+    key, sep, value = override.partition("=")
+    return key + sep + short_value(value)
+
+
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
     topology, slurm, profiled = table.topology, table.slurm, table.profiled  # each scans every row
@@ -313,7 +320,7 @@ def to_markdown(table: SweepTable) -> str:
     misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
     lines.append(f"{len(table.rows)} jobs: {n_ok} ok{misfits}, {len(table.failed)} failed.")
     if table.fixed:
-        lines.append(f"Fixed overrides: `{' '.join(table.fixed)}`.")
+        lines.append(f"Fixed overrides: `{' '.join(_shown(o) for o in table.fixed)}`.")
     best = (table.autotune or {}).get("best")
     if table.autotune and table.autotune.get("pareto") is not None:
         targets = ", ".join(
@@ -339,7 +346,7 @@ def to_markdown(table: SweepTable) -> str:
             mark = " (marked **best** below)" if best.get("job") is not None else ""
             lines.append(
                 f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
-                f"`{' '.join(best.get('overrides', []))}`{mark}."
+                f"`{' '.join(_shown(o) for o in best.get('overrides', []))}`{mark}."
             )
         else:
             lines.append(f"No trial produced `{obj}`.")
@@ -376,7 +383,7 @@ def to_markdown(table: SweepTable) -> str:
             status += " **pareto**"
         cells = [
             r["job"],
-            *(r.get(k, "") for k in table.varying),
+            *(short_value(str(r.get(k, ""))) for k in table.varying),
             status,
             *(_stage_cell(r, s) for s in STAGES),
             *(

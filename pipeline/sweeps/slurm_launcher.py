@@ -42,6 +42,7 @@ from jaxaot.sweeps.progress import (
     progress_line,
     read_json,
     relay_line,
+    short_override,
     write_job_record,
 )
 from jaxaot.sweeps.requeue import Attempt, prepare, stamp_manifest
@@ -187,7 +188,8 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         job_params: list[Any] = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            shown = " ".join(short_override(o) for o in filter_overrides(overrides))
+            log.info(f"\t#{idx} : {shown}")
             job_params.append(
                 (
                     list(overrides),
