@@ -15,9 +15,10 @@ a device holds the whole argument. Symbolic dimensions have no size: such a leaf
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -438,6 +439,20 @@ def record(ctx: StageContext, staged: StagedOut) -> ArgTable:
     return table
 
 
+def resumed(ctx: StageContext, read: Callable[[str], bytes]) -> None:
+    """A resumed stage_out's table: the checkpoint's files (its lower stage is resumed too, with
+    the same shardings), and its summary line logged again. A checkpoint from before the
+    table has none."""
+    try:
+        raw = read(JSON_NAME)
+        text = read(TEXT_NAME)
+    except (KeyError, FileNotFoundError):
+        return
+    ctx.write(JSON_NAME, raw)
+    ctx.write(TEXT_NAME, text)
+    log.info("[%s] arguments: %s", ctx.stage, json.loads(raw).get("summary", ""))
+
+
 __all__ = [
     "FORMAT_VERSION",
     "JSON_NAME",
@@ -449,6 +464,7 @@ __all__ = [
     "human_number",
     "input_shardings",
     "record",
+    "resumed",
     "row",
     "spec_text",
     "summary_line",

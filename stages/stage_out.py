@@ -409,6 +409,7 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
     """The record of a checkpointed stage_out, without importing the program."""
     for name in ("jaxpr.txt", "signature.json"):
         ctx.write(name, read(name))
+    arg_table.resumed(ctx, read)  # arguments.json/.txt, when the checkpoint has them
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
     if signature.get("parameters") is not None:  # static/donated options through the signature
         bound = bind_config(ctx.cfg, signature["parameters"])

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import jaxaot
 import numpy as np
+import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxaot.stages import arg_table
@@ -170,6 +171,15 @@ def test_a_leaf_keeps_its_own_sharding() -> None:
     assert table.rows[0].shard_shape == (2, 64) and table.rows[0].bytes_per_device == 2 * 64 * 4
 
 
+def test_many_arguments_are_summarised_with_the_rest_counted() -> None:
+    args = [(f"a{i}", S((256,), jnp.float32)) for i in range(9)]
+    table = arg_table.build(args)
+    assert table.summary == (
+        "a0 1.0 KiB, a1 1.0 KiB, a2 1.0 KiB, a3 1.0 KiB, a4 1.0 KiB, a5 1.0 KiB, "
+        "3 more 3.0 KiB; total 9.0 KiB"
+    )
+
+
 def test_human_numbers() -> None:
     assert [arg_table.human_number(n) for n in (42, 12_000, 350_200_000, 7_504_924_672)] == [
         "42",
@@ -210,6 +220,21 @@ def test_arguments_json_matches_the_compiled_input_shardings(compose_run: Any) -
     assert text.splitlines()[-1] == f"summary: {doc['summary']}"
     assert doc["summary"].endswith("over data=2 x model=4")
     assert "stage_out/arguments.json" in result.manifest["stages"]["stage_out"]["artifacts"]
+
+
+def test_a_resumed_run_keeps_the_table_and_says_it_again(
+    compose_run: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ("program=mlp", "mesh=data4_model2", "lower.in_shardings=[null, [data, null]]")
+    first = compose_run(*config, "stop_after=lower")
+    table = (first.run_dir / "stage_out" / "arguments.json").read_bytes()
+    caplog.set_level("INFO", logger="jaxaot")
+    second = compose_run(*config, f"resume_from={first.run_dir}", "start_at=compile")
+    assert second.manifest["stages"]["stage_out"]["status"] == "resumed"
+    assert (second.run_dir / "stage_out" / "arguments.json").read_bytes() == table
+    summary = json.loads(table)["summary"]
+    assert summary.endswith("per device 1.8 MiB over data=4 x model=2")
+    assert f"[stage_out] arguments: {summary}" in caplog.messages
 
 
 def test_no_mesh_run_writes_the_table(compose_run: Any) -> None:
