@@ -34,6 +34,12 @@ def compose(
     """The config ``jaxaot <overrides>`` would run, without starting a Hydra app.
 
     Array types may be written unquoted (``program.args=[f32[8,8]]``), as on the command line.
+    The config returned takes Python objects in ``program.args``/``program.kwargs`` as they are:
+    a ``jax.ShapeDtypeStruct`` (with its ``.sharding``, if any) is an array spec of that shape
+    and dtype, an array (NumPy or JAX) a value executed as it is::
+
+        cfg = jaxaot.compose(["program.target=mypkg.model:step"])
+        cfg.program.args = [jax.ShapeDtypeStruct((8, 128), jnp.bfloat16), np.ones(4)]
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -48,6 +54,9 @@ def compose(
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=overrides)
     name_after_target(cfg, overrides)
+    # OmegaConf refuses objects it cannot represent (a ShapeDtypeStruct, an array) unless this
+    # flag is set; OmegaConf 2.3 has no public setter for it.
+    cfg._set_flag("allow_objects", True)
     return cfg
 
 

@@ -19,6 +19,7 @@ from jaxaot.config.argspec import (
     SIXTY_FOUR_BIT,
     ArraySpec,
     BoundArgs,
+    Given,
     Literal,
     PytreeNode,
     build,
@@ -122,6 +123,8 @@ def _build(tree: Any, seed: int, counter: list[int], where: str) -> Any:
     if isinstance(tree, list):
         return [_build(v, seed, counter, f"{where}[{i}]") for i, v in enumerate(tree)]
     if isinstance(tree, Literal):
+        return tree.value
+    if isinstance(tree, Given):  # an array given from Python (jaxaot.api), executed as it is
         return tree.value
     counter[0] += 1
     rng = np.random.default_rng([seed, counter[0]] if tree.seed is None else [tree.seed])
@@ -379,6 +382,13 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     ``{args: [...], kwargs: {...}}``, each leaf a ``.npy`` path or a literal; or one ``.npz``
     archive keyed by argument path (:func:`npz_inputs`). Every array must have the type its
     spec declares."""
+    from jaxaot.stages.derived import uses_derived
+
+    if uses_derived(bound):
+        raise ConfigError(
+            "execute.inputs: the arguments hold derived values (_init_, _call_, _ref_, _key_), "
+            "which execute makes itself; expected execute.inputs=null"
+        )
     for key, _ in pytree_classes_of(bound):
         raise ConfigError(
             f"execute.inputs: {key.rsplit('.', 1)[0]} is a named pytree container (_pytree_), "
