@@ -3,8 +3,12 @@
 stage_out writes it once it has the abstract arguments (``arguments.json``, ``arguments.txt``)
 and logs one summary line before anything is lowered or compiled::
 
-    arguments: params 7.5 B (13.9 GiB), opt_state 27.9 GiB, tokens 512 KiB; total 41.8 GiB,
-    per device 0.9 GiB over fsdp=32 x model=8
+    [stage_out] arguments: params 7.5 B (14.0 GiB), tokens 512.0 KiB, targets 512.0 KiB,
+    lr 4 B; total 14.0 GiB, per device 56.4 MiB over fsdp=32 x model=8
+
+(``experiment=decoder_8b``). With several arguments it names each; a lone argument (a
+TrainState) is named by its parts; the element count is given for parameter trees
+(:data:`PARAMETER_NAMES`).
 
 A leaf's sharding is its own ``.sharding`` (a ShapeDtypeStruct typed for an explicit mesh, an
 orbax checkpoint's metadata) or the input sharding the run resolves from ``lower.in_shardings``
@@ -19,7 +23,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import human_size, short_name
@@ -36,9 +40,10 @@ log = logging.getLogger("jaxaot")
 
 # arguments.json format history:
 #   1 (2026-11-25): {format_version, mesh, arguments[{path, shape, dtype, sharding, by,
-#                   elements, bytes, shard_shape, bytes_per_device}], subtrees[{name, leaves, elements, bytes,
-#                   bytes_per_device, symbolic, children[...]}], total{...}, static[{path,
-#                   value}], shardings_note, summary}. Sizes are null where a dimension is symbolic.
+#                   elements, bytes, shard_shape, bytes_per_device}], subtrees[{name, leaves,
+#                   elements, bytes, bytes_per_device, symbolic, children[...]}], total{...},
+#                   static[{path, value}], shardings_note, summary}. Sizes are null where a
+#                   dimension is symbolic; per-device ones where the shardings are not known.
 FORMAT_VERSION = 1
 JSON_NAME = "arguments.json"
 TEXT_NAME = "arguments.txt"
@@ -84,7 +89,7 @@ class Total:
     leaves: int
     elements: int
     bytes: int
-    bytes_per_device: int
+    bytes_per_device: int | None  # None when the shardings are not known
     symbolic: int
     children: tuple[Total, ...] = ()
 
@@ -104,13 +109,15 @@ class Total:
 
 @dataclass(frozen=True)
 class ArgTable:
+    """The rows, the totals per top-level argument and overall, and the summary line."""
+
     rows: tuple[Row, ...]
     subtrees: tuple[Total, ...]
     total: Total
     mesh: dict[str, int] | None = None  # axis -> size, when the run has a mesh
     static: tuple[tuple[str, str], ...] = ()  # (path, short value) of non-traced arguments
     shardings_note: str = ""  # why the sharding columns are empty with a mesh
-    summary: str = field(default="")
+    summary: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,8 +175,9 @@ def _shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(out)
 
 
-def row(path: str, leaf: Any, sharding: Any = None) -> Row:
-    """The row of one leaf; ``sharding`` is used when the leaf carries none itself."""
+def row(path: str, leaf: Any, sharding: Any = None, unknown: bool = False) -> Row:
+    """The row of one leaf; ``sharding`` is used when the leaf carries none itself. ``unknown``:
+    the run has a mesh but its shardings were not resolved (no bytes per device then)."""
     shape, dtype, weak = _aval(leaf)
     sharding = getattr(leaf, "sharding", None) or sharding
     dt = short_name(str(dtype)) + (" (weak)" if weak else "")
@@ -177,6 +185,8 @@ def row(path: str, leaf: Any, sharding: Any = None) -> Row:
         return Row(path, shape, dt, spec_text(sharding), None, None, None, None)
     elements = math.prod(shape)
     nbytes = elements * _itemsize(dtype)
+    if sharding is None and unknown:
+        return Row(path, shape, dt, None, elements, nbytes, None, None)
     local = _shard_shape(sharding, shape) if sharding is not None else shape
     per_device = math.prod(local) * _itemsize(dtype)
     return Row(path, shape, dt, spec_text(sharding), elements, nbytes, local, per_device)
@@ -184,12 +194,14 @@ def row(path: str, leaf: Any, sharding: Any = None) -> Row:
 
 # -- the table -------------------------------------------------------------------------------------
 def _sum(name: str, rows: Sequence[Row], children: tuple[Total, ...] = ()) -> Total:
+    # Per device is unknown when a sized leaf's is (shardings not resolved at stage_out).
+    unknown = any(r.bytes is not None and r.bytes_per_device is None for r in rows)
     return Total(
         name=name,
         leaves=len(rows),
         elements=sum(r.elements or 0 for r in rows),
         bytes=sum(r.bytes or 0 for r in rows),
-        bytes_per_device=sum(r.bytes_per_device or 0 for r in rows),
+        bytes_per_device=None if unknown else sum(r.bytes_per_device or 0 for r in rows),
         symbolic=sum(r.bytes is None for r in rows),
         children=children,
     )
@@ -255,7 +267,8 @@ def build(
     for top, tree in arguments:
         leaves = leaf_paths(tree, top)
         shards = _per_leaf((shardings or {}).get(top), tree, len(leaves))
-        rows.extend(row(p, leaf, s) for (p, leaf), s in zip(leaves, shards, strict=True))
+        unknown = bool(shardings_note)
+        rows.extend(row(p, leaf, s, unknown) for (p, leaf), s in zip(leaves, shards, strict=True))
     if sources:
         rows = [replace(r, by=sources.get(r.path)) for r in rows]
     table = ArgTable(
@@ -286,10 +299,13 @@ def _phrase(t: Total) -> str:
 
 
 def _tail_size(t: Total, per_device: bool = False) -> str:
-    """A total's size, or ``symbolic`` when no leaf of it has one."""
+    """A total's size, or ``symbolic`` when no leaf of it has one (``-``: not known)."""
     if t.symbolic == t.leaves and t.leaves:
         return "symbolic"
-    text = human_size(t.bytes_per_device if per_device else t.bytes)
+    n = t.bytes_per_device if per_device else t.bytes
+    if n is None:
+        return "-"
+    text = human_size(n)
     return text + (" + symbolic" if t.symbolic else "")
 
 
@@ -308,7 +324,7 @@ def summary_line(table: ArgTable) -> str:
             sum(g.leaves for g in rest),
             0,
             sum(g.bytes for g in rest),
-            0,
+            None,
             sum(g.symbolic for g in rest),
         )
         shown.append(f"{len(rest)} more {_tail_size(more)}")
@@ -323,8 +339,8 @@ def summary_line(table: ArgTable) -> str:
     return text + ("; " + ", ".join(tail) if tail else "")
 
 
-def _cell_size(n: int | None) -> str:
-    return "symbolic" if n is None else human_size(n)
+def _cell_size(n: int | None, symbolic: bool = True) -> str:
+    return human_size(n) if n is not None else "symbolic" if symbolic else "-"
 
 
 def _total_cells(label: str, t: Total) -> tuple[str, ...]:
@@ -344,7 +360,7 @@ def to_text(table: ArgTable) -> str:
             r.dtype,
             r.sharding or "-",
             _cell_size(r.bytes),
-            _cell_size(r.bytes_per_device),
+            _cell_size(r.bytes_per_device, symbolic=r.bytes is None),
             *([r.by or "-"] if by else []),
         )
         for r in table.rows

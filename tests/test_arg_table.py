@@ -47,7 +47,7 @@ def _arguments() -> list[tuple[str, Any]]:
     return [("params", params), ("opt_state", opt_state), ("tokens", S((8, 128), jnp.int32))]
 
 
-SHARDINGS = {
+SHARDINGS: dict[str, Any] = {
     "params": {
         "embed": _named(None, "fsdp"),
         "layers": {"wq": _named("fsdp", "model"), "b": _named()},
@@ -77,8 +77,7 @@ def test_every_leaf_of_dicts_tuples_and_namedtuples_with_its_shard() -> None:
         "opt_state/1",
         "tokens",
     ]
-    leaves = dict(jax.tree_util.tree_flatten_with_path(dict(_arguments()))[0])
-    assert len(leaves) == len(rows)
+    assert len(rows) == len(_flat())
     expected = {
         "params/embed": SHARDINGS["params"]["embed"],
         "params/layers/wq": SHARDINGS["params"]["layers"]["wq"],
@@ -169,6 +168,21 @@ def test_a_leaf_keeps_its_own_sharding() -> None:
     typed = S((8, 128), jnp.float32, sharding=_named("fsdp", "model"))
     table = arg_table.build([("x", typed)], {"x": _named()}, mesh={"fsdp": 4, "model": 2})
     assert table.rows[0].shard_shape == (2, 64) and table.rows[0].bytes_per_device == 2 * 64 * 4
+
+
+def test_with_a_mesh_but_no_shardings_per_device_is_unknown_not_whole() -> None:
+    note = "lower.in_shardings not resolved at stage_out: boom"
+    table = arg_table.build(_arguments(), mesh={"fsdp": 4, "model": 2}, shardings_note=note)
+    assert all(r.bytes_per_device is None and r.shard_shape is None for r in table.rows)
+    assert (
+        table.total.bytes_per_device is None
+        and table.total.bytes == 3 * (256000 + 4096 + 128) + 4 + 4096
+    )
+    assert table.summary.endswith(f"total 766.4 KiB, per device not known before lower ({note})")
+    assert json.loads(json.dumps(table.to_json()))["total"]["bytes_per_device"] is None
+    lines = arg_table.to_text(table).splitlines()
+    total = next(ln for ln in lines if ln.startswith("= total"))
+    assert total.endswith("766.4 KiB  -") and lines[-2] == f"shardings: {note}"
 
 
 def test_many_arguments_are_summarised_with_the_rest_counted() -> None:
