@@ -431,6 +431,8 @@ def runs(mod: _Module, counter: _Counter) -> dict[str, int]:
 def loop_collectives(hlo_text: str, times: dict[str, int] | None = None) -> dict[str, Any]:
     """:func:`jaxaot.util.hlo_parse.collectives` with each counted as often as its
     computation runs (a collective in a 32-layer scan's body: 32 times)."""
+    if times is None and " while(" not in hlo_text:
+        times = {}
     if times is None:
         mod = _Module(hlo_text, lambda _text: None)
         times = runs(mod, _Counter(mod))
@@ -493,6 +495,9 @@ def loop_aware(
     """(``raw``, XLA's cost analysis of the module ``hlo_text``, with flops, transcendentals
     and bytes accessed counting loops and XLA's figures kept as ``<key>_xla``; a description
     of the loops and collectives counted that way)."""
+    if " while(" not in hlo_text:  # no loop: XLA's figures are the program's (no parse)
+        cost = {**raw, **{f"{k}_xla": raw[k] for k in KEYS if k in raw}}
+        return {**cost, "loops": 0.0, "loops_unknown_trip_count": 0.0}, {"loops": []}
     analyse = analyser(client)
     mod = _Module(hlo_text, analyse)
     counter = _Counter(mod)
