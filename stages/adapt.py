@@ -110,6 +110,31 @@ def adapt(
     )
 
 
+def purify(tree: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``tree`` as adapt passes it (NNX graph nodes as their state dicts, shared Variables
+    once; static leaves as None) and the function that rebuilds the objects from such a pure
+    tree (with other leaves of the same structure: ShapeDtypeStructs, sharded arrays).
+
+    For a derived argument's init: ``jax.eval_shape``/``jax.jit`` return the pure tree (they
+    cannot return functions, and flattening an NNX Module as a pytree copies shared Variables),
+    and the objects are rebuilt outside the trace.
+    """
+    walk = _Walk(listing=False)
+    with walk.split_context():
+        pure, rb = walk.walk(tree, "value", False)
+    splits = walk.splits
+
+    def rebuild(values: Any) -> Any:
+        if not splits:
+            return rb.rebuild(values, _Env(None, splits))
+        from flax import nnx
+
+        with nnx.merge_context() as ctx:
+            return rb.rebuild(values, _Env(ctx, splits))
+
+    return pure, rebuild
+
+
 class _Keep:
     """The pure value is the user's value."""
 
@@ -239,8 +264,9 @@ def _is_literal_aux(aux: Any) -> bool:
 
 
 class _Walk:
-    def __init__(self, output: bool = False) -> None:
-        self.output = output  # walking the function's output: no listing, no fingerprint
+    def __init__(self, output: bool = False, listing: bool = True) -> None:
+        self.output = output  # walking the function's output: no graph split
+        self.listing = listing and not output  # list static leaves and fingerprint them
         self.static_leaves: list[tuple[str, str]] = []
         self.fp_items: list[tuple[str, Any]] = []
         self.logical_axes: dict[str, tuple[str | None, ...] | None] = {}
@@ -265,7 +291,7 @@ class _Walk:
         return opened()
 
     def add_fp(self, path: str, value: Any) -> None:
-        if self.unfp is not None or self.output:
+        if self.unfp is not None or not self.listing:
             return
         try:
             self.fp_items.append((path, fingerprint(value, path)))
@@ -273,7 +299,7 @@ class _Walk:
             self.unfp = Unfingerprintable(exc.path, exc.why)
 
     def add_static(self, path: str, value: Any) -> None:
-        if self.output:
+        if not self.listing:
             return
         self.static_leaves.append((path, _describe(value)))
         self.add_fp(path, value)
@@ -283,7 +309,8 @@ class _Walk:
     ) -> None:
         """The static half of a registered class: a dataclass's non-pytree fields (a
         TrainState's ``apply_fn`` and ``tx``, an Equinox module's static fields) listed and
-        fingerprinted by name; any other class's aux data as one entry."""
+        fingerprinted by name; any other class's aux data as one entry. The aux data is
+        fingerprinted whole in both cases (a class may keep more there than its fields)."""
         import dataclasses
 
         self.add_fp(path + "<node>", node_type)
@@ -291,8 +318,7 @@ class _Walk:
             for f in dataclasses.fields(x):
                 if f.name not in children and hasattr(x, f.name):
                     self.add_static(f"{path}/{f.name}", getattr(x, f.name))
-            return
-        if not self.output:
+        elif self.listing and not _is_literal_aux(aux):
             self.static_leaves.append((path + "<aux>", f"static data of {_describe(x)}"))
         self.add_fp(path + "<aux>", aux)
 
@@ -317,7 +343,8 @@ class _Walk:
             self.splits.append(sp)
             self.logical_axes.update(sp.axes)
             type_name = f"{type(x).__module__}.{type(x).__qualname__}"
-            self.static_leaves.append((path, f"{type_name} graph (flax.nnx GraphDef)"))
+            if self.listing:
+                self.static_leaves.append((path, f"{type_name} graph (flax.nnx GraphDef)"))
             self.add_fp(path, sp.graphdef)
             for leaf_path, value in sp.statics:
                 self.add_static(leaf_path, value)

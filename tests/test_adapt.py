@@ -15,7 +15,7 @@ import optax
 import pytest
 from flax import nnx
 from flax.training import train_state
-from jaxaot.stages.adapt import adapt
+from jaxaot.stages.adapt import adapt, purify
 from jaxaot.stages.stage_out import resolve_target
 
 X = jnp.arange(12, dtype=jnp.float32).reshape(3, 4) / 10
@@ -321,3 +321,39 @@ def test_static_subtrees_are_listed_once_and_positions_kept() -> None:
     assert a.args[1] is None and a.kwargs == {"scale": 2.0}
     assert [p for p, _ in a.static_leaves] == ["args[1]"]
     assert np.array_equal(jax.jit(a.fn)(*a.args, **a.kwargs), X * 2)
+
+
+def test_purify_lets_eval_shape_and_jit_return_nnx_and_equinox_objects() -> None:
+    class Holder(nnx.Module):
+        def __init__(self, lin: nnx.Linear) -> None:
+            self.lin = lin
+
+    def init(key: jax.Array) -> tuple[Holder, Holder, eqx.nn.MLP]:
+        shared = nnx.Linear(2, 2, rngs=nnx.Rngs(key))
+        mlp = eqx.nn.MLP(2, 2, 4, 1, key=key)
+        return Holder(shared), Holder(shared), mlp
+
+    def run(transform: Any) -> Any:
+        box: dict[str, Any] = {}
+
+        def inner(seed: jax.Array) -> Any:
+            pure, box["rebuild"] = purify(init(seed))
+            return pure
+
+        return box, transform(inner, jax.random.key(0))
+
+    box, pure = run(jax.eval_shape)  # abstract
+    h1, h2, mlp = box["rebuild"](pure)
+    assert h1.lin is h2.lin
+    t1, t2 = jax.eval_shape(lambda key: init(key)[:2], jax.random.key(0))
+    assert t1.lin is not t2.lin  # NNX modules as plain pytrees: the shared Linear copied
+    assert isinstance(h1.lin.kernel.get_value(), jax.ShapeDtypeStruct)
+    assert mlp.activation is jax.nn.relu and isinstance(mlp.layers[0].weight, jax.ShapeDtypeStruct)
+    box, pure = run(lambda f, seed: jax.jit(f)(seed))
+    concrete = box["rebuild"](pure)
+    assert concrete[0].lin is concrete[1].lin
+    assert np.array_equal(concrete[0].lin.kernel[...], init(jax.random.key(0))[0].lin.kernel[...])
+    a = adapt(lambda a, b, m: 0, (h1, h2, mlp), {})
+    c = adapt(lambda a, b, m: 0, concrete, {})
+    assert jax.tree.structure(a.args) == jax.tree.structure(c.args)
+    assert a.fingerprint == c.fingerprint
