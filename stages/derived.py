@@ -102,46 +102,62 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
 
 
-def _split(tree: Any) -> tuple[list[Any], Any, list[int]]:
+def _pure(tree: Any) -> tuple[list[Any], list[int], Callable[[Sequence[Any]], Any]]:
+    """(leaves, indices of the array leaves, ``rebuild(arrays)``) of ``tree`` as jax.jit may
+    pass it: library objects made plain by ``jaxaot.stages.adapt.purify`` where it is there
+    (NNX graph nodes as their state, shared Variables once), else flattened as a pytree. The
+    other leaves (Python numbers, functions, objects) stay static in the rebuilt tree."""
     import jax
+    from jaxaot.stages import adapt as adapt_module
 
+    purify = getattr(adapt_module, "purify", None)
+    rebuild_pure: Callable[[Any], Any] = lambda t: t  # noqa: E731
+    if purify is not None:
+        tree, rebuild_pure = purify(tree)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return leaves, treedef, [i for i, x in enumerate(leaves) if _is_array(x)]
+    dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
 
-
-def _filtered(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``fn`` as a function of the array leaves of ``(args, kwargs)`` returning the array leaves
-    of its result; ``rebuild(arrays)`` puts the result together again with its static leaves."""
-    import jax
-
-    leaves, treedef, dyn = _split((tuple(args), dict(kwargs)))
-    box: dict[str, Any] = {}
-
-    def inner(*arrays: Any) -> list[Any]:
+    def rebuild(arrays: Sequence[Any]) -> Any:
         full = list(leaves)
         for i, a in zip(dyn, arrays, strict=True):
             full[i] = a
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        out = fn(*a, **k)
-        out_leaves, out_tree, out_dyn = _split(out)
-        box["tree"], box["leaves"], box["dyn"] = out_tree, out_leaves, out_dyn
+        return rebuild_pure(jax.tree_util.tree_unflatten(treedef, full))
+
+    return leaves, dyn, rebuild
+
+
+def _filtered(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[Callable[..., list[Any]], list[Any], dict[str, Any]]:
+    """``fn`` as a function of the array leaves of ``(args, kwargs)`` returning the array leaves
+    of its result (in :func:`_pure`'s order), those leaves, and a box that holds ``rebuild``
+    (the result put together again with its static leaves) once it has run."""
+    leaves, dyn, rebuild_in = _pure((tuple(args), dict(kwargs)))
+    box: dict[str, Any] = {}
+
+    def inner(*arrays: Any) -> list[Any]:
+        a, k = rebuild_in(arrays)
+        out_leaves, out_dyn, box["rebuild"] = _pure(fn(*a, **k))
         return [out_leaves[i] for i in out_dyn]
 
-    def rebuild(arrays: Sequence[Any]) -> Any:
-        full = list(box["leaves"])
-        for i, a in zip(box["dyn"], arrays, strict=True):
-            full[i] = a
-        return jax.tree_util.tree_unflatten(box["tree"], full)
-
-    return inner, [leaves[i] for i in dyn], rebuild
+    return inner, [leaves[i] for i in dyn], box
 
 
 def eval_shape(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """``jax.eval_shape`` of ``fn(*args, **kwargs)``, non-array leaves static (in and out)."""
+    return _eval_shape(fn, args, kwargs)[0]
+
+
+def _eval_shape(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[Any, list[Any]]:
+    """:func:`eval_shape`, and the result's array leaves in the order :func:`materialize`'s
+    jit returns them."""
     import jax
 
-    inner, arrays, rebuild = _filtered(fn, args, kwargs)
-    return rebuild(jax.eval_shape(inner, *arrays))
+    inner, arrays, box = _filtered(fn, args, kwargs)
+    out = jax.eval_shape(inner, *arrays)
+    return box["rebuild"](out), out
 
 
 def materialize(
@@ -155,9 +171,10 @@ def materialize(
     first. None: jit's own placement."""
     import jax
 
-    inner, arrays, rebuild = _filtered(fn, args, kwargs)
+    inner, arrays, box = _filtered(fn, args, kwargs)
     jitted = jax.jit(inner, out_shardings=shardings) if shardings is not None else jax.jit(inner)
-    return rebuild(jitted(*arrays))
+    out = jitted(*arrays)
+    return box["rebuild"](out)
 
 
 def _call_text(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -177,9 +194,11 @@ class Evaluation:
     resolve: Callable[[str, str], Any]  # (name, config key) -> the callable (import policy)
     leaf: Callable[[str, Any], Any]  # (path, ArraySpec | Literal | Given) -> value
     host_leaf: Callable[[str, Any], Any]  # the same, concrete (a _call_'s arguments)
-    # concrete: (path, abstract result) -> out_shardings of an _init_'s array leaves, or None
+    # concrete: (path, abstract array leaves) -> out_shardings of an _init_'s array leaves
     shardings: Callable[[str, Any], list[Any] | None] | None = None
-    abstract: Mapping[str, Any] = field(default_factory=dict)  # concrete: the abstract values
+    # abstract: each _init_'s array leaves as eval_shape gave them (concrete: the abstract
+    # evaluation's), in the order its jit returns them
+    pure: dict[str, list[Any]] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     host_values: dict[str, Any] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # _init_ calls made, by path (tests)
@@ -272,10 +291,16 @@ class Evaluation:
         if node.method:
             if not hasattr(fn, node.method):
                 public = sorted(n for n in dir(fn) if not n.startswith("_"))[:12]
+                named = node.target if isinstance(node.target, str) else describe(node.target)
+                hint = (
+                    f"; to call a method of what {named} returns, make the target a _call_: "
+                    f"{{{tag}: {{_call_: {named}, ...}}, _method_: {node.method}}}"
+                    if isinstance(node.target, str)
+                    else ""
+                )
                 raise TargetError(
-                    f"{where}.{'_method_'}: {describe(node.target) if not isinstance(node.target, str) else node.target}"
-                    f" ({type(fn).__name__}) has no attribute {node.method!r} (it has: "
-                    f"{', '.join(public)})"
+                    f"{where}._method_: {named} ({type(fn).__name__}) has no attribute "
+                    f"{node.method!r} (it has: {', '.join(public)}){hint}"
                 )
             fn = getattr(fn, node.method)
         if not callable(fn):
@@ -318,9 +343,12 @@ class Evaluation:
         try:
             if self.mode == "abstract":
                 hook = getattr(fn, "jaxaot_abstract", None)
-                return hook(*args, **kwargs) if hook is not None else eval_shape(fn, args, kwargs)
+                if hook is not None:
+                    return hook(*args, **kwargs)
+                value, self.pure[where] = _eval_shape(fn, args, kwargs)
+                return value
             assert self.shardings is not None
-            shardings = self.shardings(where, self.abstract.get(where))
+            shardings = self.shardings(where, self.pure.get(where))
             hook = getattr(fn, "jaxaot_materialize", None)
             if hook is not None:
                 return hook(shardings, *args, **kwargs)
@@ -390,11 +418,11 @@ def concrete(
     bound: BoundArgs,
     policy: Any,
     seed: int,
-    abstract_values: Mapping[str, Any],
+    abstract_pure: Mapping[str, list[Any]],
     shardings: Callable[[str, Any], list[Any] | None],
 ) -> Evaluation:
-    """The concrete evaluation (execute): ``shardings(path, abstract result)`` gives an
-    ``_init_``'s out_shardings."""
+    """The concrete evaluation (execute): ``shardings(path, abstract leaves)`` gives an
+    ``_init_``'s out_shardings (``abstract_pure``: the abstract evaluation's ``pure``)."""
     leaf = _concrete_leaf(bound, seed)
     return Evaluation(
         bound=bound,
@@ -403,7 +431,7 @@ def concrete(
         leaf=leaf,
         host_leaf=leaf,
         shardings=shardings,
-        abstract=abstract_values,
+        pure=dict(abstract_pure),
     )
 
 
@@ -419,14 +447,14 @@ def leaf_shardings(abstract_args: Any, shardings: Any) -> dict[int, Any]:
     return {id(a): s for a, s in zip(leaves, found, strict=True)}
 
 
-def out_shardings(by_id: Mapping[int, Any], abstract_result: Any) -> list[Any] | None:
+def out_shardings(by_id: Mapping[int, Any], pure_leaves: Sequence[Any] | None) -> list[Any] | None:
     """The shardings of an ``_init_``'s array leaves (in order) from :func:`leaf_shardings`;
-    None when any leaf is not an input of the executable as it is (then jit places them and
-    the call puts them where the executable wants them)."""
-    if abstract_result is None:
+    None when any leaf is not an input of the executable as it is, or the abstract value came
+    from a ``jaxaot_abstract`` hook (then jit places them, and the call puts them where the
+    executable wants them)."""
+    if pure_leaves is None:
         return None
-    leaves, _, dyn = _split(abstract_result)
-    found = [by_id.get(id(leaves[i])) for i in dyn]
+    found = [by_id.get(id(leaf)) for leaf in pure_leaves]
     return None if any(s is None for s in found) else found
 
 
