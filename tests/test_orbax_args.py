@@ -4,6 +4,7 @@ asked for."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,14 @@ def _reads() -> dict[str, float]:
 def _delta(before: dict[str, float]) -> dict[str, float]:
     after = _reads()
     return {k: after.get(k, 0) - before.get(k, 0) for k in ("reads", "bytes_read")}
+
+
+@pytest.fixture(autouse=True)
+def cpu_backend() -> Iterator[None]:
+    """The CPU backend alone, as a run starts it (not every installed plugin's)."""
+    previous = jaxenv.configure(backend="cpu", num_devices=None, x64=False)
+    yield
+    jaxenv.restore_config(previous)
 
 
 @pytest.fixture
@@ -233,6 +242,21 @@ def test_saved_shardings_come_from_the_metadata(tmp_path: Path, eight_devices: M
     _same(restored["w"], w)
 
 
+def test_saved_shardings_this_process_cannot_rebuild_are_refused(
+    tmp_path: Path, eight_devices: Mesh
+) -> None:
+    w = jax.device_put(jnp.ones((8, 8)), NamedSharding(eight_devices, P("data", "model")))
+    path = _save(tmp_path / "ckpt", {"w": w})
+    previous = jaxenv.configure(backend="cpu", num_devices=2, x64=False)
+    try:
+        text = _error(str(path), saved_shardings=True)
+        assert abstract(str(path)) == {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+    finally:
+        jaxenv.restore_config(previous)
+    assert text.startswith(f"saved_shardings: path '{path}': 'w' was saved over the mesh ")
+    assert "{'data': 4, 'model': 2}, which this process's 2 device(s) cannot rebuild" in text
+
+
 # --- errors: one line naming the argument, what was expected and found -----------------------
 
 
@@ -303,3 +327,107 @@ def test_64_bit_arrays_need_x64(tmp_path: Path) -> None:
     assert "dtype: f32" not in text  # an integer array cannot be cast
     assert _error(str(path), item="x").endswith("+jax.config.jax_enable_x64=true, or dtype: f32")
     assert abstract(str(path), item="x", dtype="f32") == jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+# --- through jaxaot: a checkpoint as an argument of a run ------------------------------------
+
+
+def _mlp_checkpoint(tmp_path: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """A step of jaxaot.examples.mlp's params (bf16 and f32 layers) beside 2 MiB of optimizer
+    state, and an input batch as .npy: (checkpoint dir, x.npy, params)."""
+    r = np.random.default_rng(7)
+    sizes, dtypes = [(256, 512), (512, 512), (512, 128)], [jnp.bfloat16, jnp.float32, jnp.bfloat16]
+    params = [
+        {
+            "w": jnp.asarray(r.normal(size=s) * 0.05, d),
+            "b": jnp.asarray(r.normal(size=s[1:]) * 0.1, jnp.float32),
+        }
+        for s, d in zip(sizes, dtypes, strict=True)
+    ]
+    opt = {"mu": jnp.ones((512, 1024), jnp.float32)}
+    step = _save_step(tmp_path / "ckpts", 1000, params=params, opt=opt)
+    x = tmp_path / "x.npy"
+    np.save(x, r.normal(size=(64, 256)).astype(np.float32))
+    return step, x, params
+
+
+def _args(step: Path | str, x: Path | str) -> str:
+    ckpt = f"{{_init_:'jaxaot.models.orbax:checkpoint',path:'{step}',item:params}}"
+    return f"program.args=[{ckpt},'{x}']"
+
+
+def _run(run_dir: Path, *overrides: str, in_shardings: Any = None) -> Any:
+    import jaxaot
+
+    cfg = jaxaot.compose(["program=mlp", "execute.warmup=0", "execute.repeats=1", *overrides])
+    if in_shardings is not None:
+        cfg.lower.in_shardings = in_shardings
+    return jaxaot.run(cfg, run_dir=run_dir)
+
+
+def _out(run_dir: Path) -> np.ndarray:
+    with np.load(run_dir / "execute" / "outputs.npz") as z:
+        return np.asarray(z["out0"])
+
+
+def test_a_run_reads_no_array_data_before_execute_and_matches_plain_jax(tmp_path: Path) -> None:
+    from jaxaot.examples.mlp import mlp
+
+    step, x, params = _mlp_checkpoint(tmp_path)
+    before = _reads()
+    lowered = _run(tmp_path / "compiled", _args(step, x), "stop_after=compile")
+    seen = _delta(before)
+    assert lowered.manifest["stages"]["compile"]["status"] in ("ran", "hit")
+    assert seen["reads"] == 0  # stage_out, lower and compile: metadata only
+    assert seen["bytes_read"] < 32 * 1024  # the arrays hold 2.8 MiB
+    before = _reads()
+    _run(tmp_path / "run", _args(step, x))
+    seen = _delta(before)
+    assert seen["reads"] == 6  # execute restores the 6 params arrays, never opt
+    want = jax.jit(mlp)(params, np.load(x))
+    assert _out(tmp_path / "run").tobytes() == np.asarray(want).tobytes()
+
+
+def test_with_a_mesh_the_restored_arrays_carry_the_executables_shardings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxaot.examples.mlp import mlp
+
+    step, x, params = _mlp_checkpoint(tmp_path)
+    seen: dict[str, Any] = {}
+    real = checkpoint.jaxaot_materialize
+
+    def spy(shardings: Any, *args: Any, **kwargs: Any) -> Any:
+        seen["asked"], seen["restored"] = shardings, real(shardings, *args, **kwargs)
+        return seen["restored"]
+
+    monkeypatch.setattr(checkpoint, "jaxaot_materialize", spy)
+    specs = {"params/*/w": [None, "model"], "params/*/b": ["model"], "x": ["data"]}
+    _run(tmp_path / "run", _args(step, x), "mesh=data4_model2", in_shardings=specs)
+    restored = seen["restored"]
+    got = [a.sharding for a in jax.tree.leaves(restored)]
+    assert got == list(jax.tree.leaves(seen["asked"]))  # the executable's, as execute gave them
+    assert [s.spec for s in got] == [P("model"), P(None, "model")] * 3  # b, w per layer
+    assert {len(s.mesh.devices.flat) for s in got} == {8}
+    w0 = restored[0]["w"]
+    assert {sh.data.shape for sh in w0.addressable_shards} == {(256, 256)}
+    _same(restored, params)
+    # Plain JAX, the same tree and shardings on the same mesh: the same bits.
+    mesh = got[0].mesh
+    x_sharding = NamedSharding(mesh, P("data"))
+    in_shardings = (jax.tree.map(lambda a: a.sharding, restored), x_sharding)
+    want = jax.jit(mlp, in_shardings=in_shardings)(restored, np.load(x))
+    assert _out(tmp_path / "run").tobytes() == np.asarray(want).tobytes()
+
+
+def test_the_cli_reads_a_relative_path_from_where_it_runs(tmp_path: Path, cli: Any) -> None:
+    step, x, _ = _mlp_checkpoint(tmp_path)
+    rel = step.relative_to(tmp_path)
+    proc, run_dir = cli("program=mlp", _args(rel, x.name), "stop_after=compile")
+    signature = (run_dir / "stage_out" / "arguments.txt").read_text()
+    assert re.search(r"^params/0/w +\[256, ?512\] +bf16 ", signature, re.M), signature
+    assert re.search(r"^params/1/w +\[512, ?512\] +f32 ", signature, re.M), signature
+    proc, _ = cli("program=mlp", _args("ckpts", x.name), "stop_after=lower", expect_ok=False)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "is a CheckpointManager directory with steps 1000" in last
