@@ -5,6 +5,7 @@ progress lines and reports."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -18,7 +19,15 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxaot.stages import arg_table
 from jaxaot.sweeps import report
-from jaxaot.sweeps.progress import progress_line, short_value, write_job_record
+from jaxaot.sweeps.progress import (
+    LAUNCHER_LOGGERS,
+    ShortOverrides,
+    progress_line,
+    short_value,
+    shorten_launcher_lines,
+    split_overrides,
+    write_job_record,
+)
 
 S = jax.ShapeDtypeStruct
 MESH = AbstractMesh((4, 2), ("fsdp", "model"))
@@ -317,3 +326,27 @@ def test_path_pattern_shardings_and_the_rule_that_gave_each(tmp_path: Path) -> N
         256,
     ]
     assert rows["params/1/b"]["sharding"] == "replicated" and "no rule" in rows["params/1/b"]["by"]
+
+
+def test_overrides_joined_by_spaces_split_outside_quotes_and_brackets() -> None:
+    line = "a=1 b='x y' c=[{k: 1}, {k: 2}] +d.e={f: [1, 2]}"
+    assert split_overrides(line) == ["a=1", "b='x y'", "c=[{k: 1}, {k: 2}]", "+d.e={f: [1, 2]}"]
+
+
+def test_the_launchers_job_line_is_shortened(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger(LAUNCHER_LOGGERS[0])
+    try:
+        shorten_launcher_lines()
+        shorten_launcher_lines()  # installed once
+        assert sum(isinstance(f, ShortOverrides) for f in logger.filters) == 1
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            logger.info(f"\t#3 : program=mlp program.args={TREE} mesh.shape=[4,2]")
+            logger.info("\t#4 : program=mlp")
+        shown = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        assert shown == [
+            f"\t#3 : program=mlp program.args={short_value(TREE)} mesh.shape=[4,2]",
+            "\t#4 : program=mlp",
+        ]
+    finally:
+        for f in [f for f in logger.filters if isinstance(f, ShortOverrides)]:
+            logger.removeFilter(f)

@@ -35,6 +35,7 @@ from jaxaot.sweeps.progress import (
     progress_line,
     read_json,
     relay_line,
+    shorten_launcher_lines,
     write_job_record,
 )
 from jaxaot.sweeps.report import MD_NAME, collect, write_report
@@ -135,6 +136,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         plan = plan_of(config)
         plan.write(sweep_dir)
+        if self.progress:  # the launcher's "#3 : key=value ..." lines, long values shortened
+            shorten_launcher_lines()
         if self.progress and _output_hidden(config):
             _relays[str(sweep_dir)] = ProgressRelay(sweep_dir, plan.total, self.heartbeat_s).start()
         if self.report and self.plots:

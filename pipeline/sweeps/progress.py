@@ -132,6 +132,53 @@ def short_override(override: str) -> str:
     return key + sep + short_value(override_value(override)) if sep else override
 
 
+def split_overrides(line: str) -> list[str]:
+    """Overrides joined by spaces (as Hydra's launchers log a job's) split again: at spaces
+    outside quotes and brackets, so ``program.args=[{a: 1}, {b: 2}]`` stays one."""
+    out, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == " " and depth == 0:
+            out.append(line[start:i])
+            start = i + 1
+    out.append(line[start:])
+    return [o for o in out if o]
+
+
+_JOB_LINE = re.compile(r"(\t#\d+ : )(.*)", re.S)
+# Hydra's launchers that log each job's overrides ("#3 : key=value ...") before it starts.
+LAUNCHER_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+)
+
+
+class ShortOverrides(logging.Filter):
+    """Shortens the overrides in a launcher's "#3 : key=value ..." line as progress lines do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _JOB_LINE.fullmatch(record.msg) if isinstance(record.msg, str) else None
+        if match is not None and not record.args and len(match[2]) > SHOWN_MAX:
+            shown = " ".join(short_override(o) for o in split_overrides(match[2]))
+            record.msg = match[1] + shown
+        return True
+
+
+def shorten_launcher_lines() -> None:
+    """Install :class:`ShortOverrides` on Hydra's launcher loggers (once per process)."""
+    for name in LAUNCHER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ShortOverrides) for f in logger.filters):
+            logger.addFilter(ShortOverrides())
+
+
 def short_names(keys: Sequence[str]) -> dict[str, str]:
     """The shortest dotted suffix of each key that is still unique among ``keys``."""
     out = {}
@@ -385,12 +432,14 @@ class Heartbeat(_Ticker):
 
 __all__ = [
     "JOB_NAME",
+    "LAUNCHER_LOGGERS",
     "LINES_DIR",
     "PLAN_NAME",
     "STATE_DIR",
     "Heartbeat",
     "JobOutcome",
     "ProgressRelay",
+    "ShortOverrides",
     "SweepPlan",
     "claim_finish_slot",
     "key_figures",
@@ -404,5 +453,7 @@ __all__ = [
     "short_names",
     "short_override",
     "short_value",
+    "shorten_launcher_lines",
+    "split_overrides",
     "write_job_record",
 ]
