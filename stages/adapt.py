@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxaot.config.tree_paths import key_text, top_names
 from jaxaot.errors import ArgSpecError
 from jaxaot.models import equinox as _eqx
 from jaxaot.models import linen as _linen
@@ -81,7 +82,7 @@ def adapt(
 ) -> Adapted:
     """``fn`` and its arguments as jax.jit traces them (see the module docstring)."""
     walk = _Walk()
-    tops = [names[i] if names and i < len(names) else f"args[{i}]" for i in range(len(args))]
+    tops = top_names(len(args), names)
     with walk.split_context():
         pure_args = []
         arg_rbs = []
@@ -366,7 +367,7 @@ class _Walk:
                 self.add_fp(path + "<box>", [node_type, aux])
                 return pure, _Box(treedef, rb)
         child_eqx = in_eqx or _eqx.is_module(x)
-        accesses = [_nnx.key_text(kp[0]) for kp, _ in kids]
+        accesses = [key_text(kp[0]) for kp, _ in kids]
         walked = [
             self.walk(child, f"{path}/{a}", child_eqx)
             for a, (_, child) in zip(accesses, kids, strict=True)
@@ -393,7 +394,7 @@ class _Walk:
             return pure_seq, _Node(treedef, list(range(len(kids))), children)
         if aux is not None:
             self.add_node_static(x, path, node_type, aux, accesses)
-        if all(_nnx.key_text(kp[0]) == str(i) for i, (kp, _) in enumerate(kids)):
+        if all(key_text(kp[0]) == str(i) for i, (kp, _) in enumerate(kids)):
             return pures, _Node(treedef, list(range(len(kids))), children)
         if len(set(accesses)) != len(accesses):
             raise ArgSpecError(

@@ -15,6 +15,7 @@ import optax
 import pytest
 from flax import nnx
 from flax.training import train_state
+from jaxaot.config.tree_paths import argument_paths
 from jaxaot.stages.adapt import adapt, purify
 from jaxaot.stages.stage_out import resolve_target
 
@@ -164,6 +165,7 @@ def test_nnx_logical_axes_from_variable_metadata() -> None:
     assert a.logical_axes["model/l1/kernel"] == ("embed", "mlp")
     assert a.logical_axes["model/l1/bias"] is None
     assert "model/layers/1/kernel" in a.logical_axes
+    assert set(a.logical_axes) == {p for p, _ in argument_paths(a.args[:1], {}, ["model"])}
 
 
 def test_equinox_abstract_module_partitions_like_the_concrete_one() -> None:
@@ -259,6 +261,8 @@ def test_train_state_static_fields_closed_over_and_keyed() -> None:
     assert set(a.args[0]) == {"step", "params", "opt_state"}
     assert a.logical_axes["state/params/params/Dense_0/kernel"] == ("embed", "mlp")
     assert a.logical_axes["state/opt_state/0/mu/params/Dense_0/kernel"] == ("embed", "mlp")
+    paths = {p for p, _ in argument_paths(a.args, a.kwargs, ["state", "x"])}
+    assert set(a.logical_axes) <= paths and "state/params/params/Dense_0/bias" in paths
     out = jax.jit(a.fn)(*a.args)
     ref = jax.jit(ts_step)(state, X)
     assert leaves_equal(out["params"], ref.params)

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxaot.config.tree_paths import key_text
+
 Keys = tuple[str, ...]
 
 
@@ -50,14 +52,6 @@ def variable_axes(var: Any) -> tuple[str | None, ...] | None:
     if names is None:
         return None
     return tuple(None if n is None else str(n) for n in names)
-
-
-def key_text(key: Any) -> str:
-    """One component of a leaf path (DictKey -> key, GetAttrKey -> name, index -> index)."""
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
 
 
 def state_keys(keypath: tuple[Any, ...]) -> Keys:
