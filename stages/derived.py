@@ -11,6 +11,9 @@ once.
   config, as :func:`jaxaot.stages.inputs.spec_inputs` numbers them), an ``_init_`` runs under
   ``jax.jit(fn, out_shardings=...)`` with the executable's input shardings for its leaves (or the
   ``jaxaot_materialize(shardings, ...)`` hook), so a sharded value is made on its devices.
+  ``shardings`` is a list with one sharding per array leaf of the value, in the order
+  ``jax.tree_util.tree_leaves`` gives them (of ``jaxaot.stages.adapt.purify(value)`` for
+  library objects), or None where a leaf is no input of the executable as it is.
 
 ``_call_`` objects are built from values (never abstract) once per process, and ``_key_`` is a
 real ``jax.random.key`` in both modes. Non-array leaves of an ``_init_``'s arguments and result
@@ -343,9 +346,12 @@ class Evaluation:
         try:
             if self.mode == "abstract":
                 hook = getattr(fn, "jaxaot_abstract", None)
-                if hook is not None:
-                    return hook(*args, **kwargs)
-                value, self.pure[where] = _eval_shape(fn, args, kwargs)
+                if hook is None:
+                    value, self.pure[where] = _eval_shape(fn, args, kwargs)
+                    return value
+                value = hook(*args, **kwargs)
+                leaves, dyn, _ = _pure(value)
+                self.pure[where] = [leaves[i] for i in dyn]
                 return value
             assert self.shardings is not None
             shardings = self.shardings(where, self.pure.get(where))
@@ -449,9 +455,8 @@ def leaf_shardings(abstract_args: Any, shardings: Any) -> dict[int, Any]:
 
 def out_shardings(by_id: Mapping[int, Any], pure_leaves: Sequence[Any] | None) -> list[Any] | None:
     """The shardings of an ``_init_``'s array leaves (in order) from :func:`leaf_shardings`;
-    None when any leaf is not an input of the executable as it is, or the abstract value came
-    from a ``jaxaot_abstract`` hook (then jit places them, and the call puts them where the
-    executable wants them)."""
+    None when any leaf is not an input of the executable as it is (then jit places them, and
+    the call puts them where the executable wants them)."""
     if pure_leaves is None:
         return None
     found = [by_id.get(id(leaf)) for leaf in pure_leaves]

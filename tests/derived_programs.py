@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 # How often each Python function below ran (a trace counts: eval_shape and jit call it once).
 CALLS: dict[str, int] = {}
+# The shardings each jaxaot_materialize hook was given.
+SHARDINGS: list[Any] = []
 
 
 def _count(name: str) -> None:
@@ -103,6 +105,7 @@ class Hooked:
 
     def jaxaot_materialize(self, shardings: Any, n: int) -> jax.Array:
         _count("materialize_hook")
+        SHARDINGS.append(shardings)
         out = jnp.arange(n, dtype=jnp.float32)
         return jax.device_put(out, shardings[0]) if shardings else out
 

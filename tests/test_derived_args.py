@@ -37,6 +37,7 @@ QUICK = ("execute.warmup=0", "execute.repeats=1")
 def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setattr(progs, "CALLS", {})
+    monkeypatch.setattr(progs, "SHARDINGS", [])
     monkeypatch.setattr(derived, "_HOST_OBJECTS", {})  # _call_ objects: built afresh per test
 
 
@@ -156,6 +157,8 @@ def test_key_is_a_real_key_argument(compose_run: Any) -> None:
 def test_hooks_replace_eval_shape_and_jit(compose_run: Any) -> None:
     result = compose_run(f"{T}:total", "program.args=[{_init_: 'derived_programs:hooked', n: 5}]")
     assert progs.CALLS == {"abstract_hook": 1, "materialize_hook": 1}
+    (given,) = progs.SHARDINGS  # one sharding per array leaf: the executable's input's
+    assert given == [result["compile"].compiled.input_shardings[0][0]]
     assert float(result["execute"].outputs) == 10.0
 
 
