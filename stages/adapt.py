@@ -211,7 +211,8 @@ def _rebuilding(
         with ctx_manager as ctx:
             env = _Env(ctx, splits)
             args = [rb.rebuild(p, env) for rb, p in zip(arg_rbs, pure_args, strict=True)]
-            kwargs = {k: kw_rbs[k].rebuild(p, env) for k, p in pure_kwargs.items()}
+            # In the order they were split (jax.jit hands kwargs back sorted by name).
+            kwargs = {k: rb.rebuild(pure_kwargs[k], env) for k, rb in kw_rbs.items()}
         out = _pure_output(fn(*args, **kwargs))
         if not splits:
             return out

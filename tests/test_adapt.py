@@ -141,6 +141,11 @@ def test_nnx_shared_variables_stay_shared_across_arguments() -> None:
     assert np.array_equal(out, start + 1)
     assert np.array_equal(updates["a"]["lin"]["kernel"], start + 1)
     assert np.array_equal(out, nnx.jit(bump)(*run()))
+    h1, h2 = run()  # as keywords, split in call order, given back by jax.jit sorted by name
+    k = adapt(lambda *, b, a: bump(a, b), (), {"b": h2, "a": h1})
+    assert k.kwargs["a"] == {}
+    out, updates = k.split_output(jax.jit(k.fn)(**k.kwargs))
+    assert np.array_equal(out, start + 1) and np.array_equal(updates["b"]["lin"]["kernel"], out)
     # Flax 0.12's tree mode (an NNX Module as a plain pytree) copies the shared Variable:
     t1, t2 = run()
     assert not np.array_equal(jax.jit(bump)(t1, t2), start + 1)
@@ -361,3 +366,17 @@ def test_purify_lets_eval_shape_and_jit_return_nnx_and_equinox_objects() -> None
     c = adapt(lambda a, b, m: 0, concrete, {})
     assert jax.tree.structure(a.args) == jax.tree.structure(c.args)
     assert a.fingerprint == c.fingerprint
+
+
+def test_nnx_logical_names_need_no_mesh_inside_lazy_sharding() -> None:
+    from jaxaot.models.nnx import lazy_sharding
+
+    def build() -> nnx.Linear:
+        init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+        return nnx.Linear(4, 8, kernel_init=init, rngs=nnx.Rngs(0))
+
+    with pytest.raises(ValueError, match="mesh"):
+        build()  # Flax 0.12 shards at creation by default
+    with lazy_sharding():
+        layer = nnx.eval_shape(build)
+    assert adapt(lambda m: 0, (layer,), {}, ["m"]).logical_axes["m/kernel"] == ("embed", "mlp")

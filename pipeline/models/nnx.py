@@ -137,3 +137,14 @@ def _get(tree: Any, keys: Keys) -> Any:
     for k in keys:
         tree = tree[k]
     return tree
+
+
+def lazy_sharding() -> Any:
+    """A context for calling a user's init: Flax 0.12 shards a Variable with ``out_sharding``
+    metadata at creation (``eager_sharding``), which needs a mesh whose axes are the logical
+    names; inside this context the names stay metadata (jaxaot's ``logical_axes``) and jaxaot's
+    own shardings place the values."""
+    import contextlib
+
+    nnx = _nnx()
+    return nnx.use_eager_sharding(False) if nnx is not None else contextlib.nullcontext()
