@@ -280,3 +280,22 @@ def test_a_tpu_topology_estimate_counts_the_transformer_s_layers(compose_run: An
     assert [(x["trip_count"], x["source"]) for x in loops["loops"]] == [(2, "induction variable")]
     roof = json.loads((scanned.run_dir / "compile" / "compiled.json").read_text())["roofline"]
     assert roof["flops"] == a["flops"] and roof["flops_xla"] == a["flops_xla"]
+
+
+def test_xla_s_analysis_counts_a_loop_once_here_and_one_that_counted_trips_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The correction rests on XLA counting a body once (jaxlib 0.10.2, probed on every
+    analysis); an XLA that counted trips itself would be added nothing."""
+    assert loop_costs.analyser(None).counts_loops() is False
+    real = loop_costs.analyser
+
+    def counting(client: Any = None) -> Any:
+        analyse = real(client)
+        analyse.counts_loops = lambda: True
+        return analyse
+
+    monkeypatch.setattr(loop_costs, "analyser", counting)
+    cost, info = _costs(lp.deep_scan, *_deep_args(8))
+    assert cost["flops"] == cost["flops_xla"]
+    assert "counts loop bodies per trip itself" in info["note"]
