@@ -282,11 +282,11 @@ def test_path_errors(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_manager_root_lists_its_steps(tmp_path: Path) -> None:
+    _save_step(tmp_path / "run1", 200, params=_params())  # listed by number, not as text
     _save_step(tmp_path / "run1", 1000, params=_params())
-    _save_step(tmp_path / "run1", 2000, params=_params())
     text = _error(str(tmp_path / "run1"))
-    assert "is a CheckpointManager directory with steps 1000, 2000" in text
-    assert f"(path: {tmp_path / 'run1' / '2000'})" in text
+    assert "is a CheckpointManager directory with steps 200, 1000" in text
+    assert f"(path: {tmp_path / 'run1' / '1000'})" in text
 
 
 def test_item_errors_list_what_there_is(tmp_path: Path) -> None:

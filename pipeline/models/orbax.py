@@ -133,7 +133,10 @@ def _locate(path: Any, item: Any) -> _Source:
                 f"{', '.join(trees)}{not_trees}"
             )
         return _Source(folder / keys[0], keys[1:], f"path {text!r}", keys[:1])
-    steps = [p.name for p in _children(folder) if (p / STEP_METADATA).is_file()]
+    steps = sorted(
+        (p.name for p in _children(folder) if (p / STEP_METADATA).is_file()),
+        key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name),
+    )
     if steps:
         shown = ", ".join(steps[:8]) + (", ..." if len(steps) > 8 else "")
         raise ArgSpecError(
