@@ -350,3 +350,41 @@ def test_the_launchers_job_line_is_shortened(caplog: pytest.LogCaptureFixture) -
     finally:
         for f in [f for f in logger.filters if isinstance(f, ShortOverrides)]:
             logger.removeFilter(f)
+
+
+def test_derived_arguments_with_path_patterns_match_the_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # derived_programs
+    params = "{_init_: 'derived_programs:init', _args_: [{_key_: 0}], din: 8, dout: 8}"
+    opt = (
+        "{_init_: {_call_: 'derived_programs:Momentum', learning_rate: 0.1}, _method_: init, "
+        "_args_: [{_ref_: 'program.args[0]'}]}"
+    )
+    cfg = jaxaot.compose(
+        [
+            "program.target=derived_programs:train_step",
+            f"program.args=[{params}, {opt}, {{shape: [8, 8], init: arange}}]",
+            "mesh=data4_model2",
+            "stop_after=compile",
+        ]
+    )
+    cfg.lower.in_shardings = {"**/w": [None, "model"], "x": ["data", None]}
+    result = jaxaot.run(cfg, run_dir=tmp_path / "run")
+    doc = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())
+    compiled = jax.tree.leaves(result["compile"].compiled.input_shardings)
+    assert [r["path"] for r in doc["arguments"]] == [
+        "params/b",
+        "params/w",
+        "opt_state/count",
+        "opt_state/mu/b",
+        "opt_state/mu/w",
+        "x",
+    ]
+    for row, sharding in zip(doc["arguments"], compiled, strict=True):
+        assert row["shard_shape"] == list(sharding.shard_shape(tuple(row["shape"])))
+    rows = {r["path"]: r for r in doc["arguments"]}
+    assert rows["opt_state/mu/w"]["shard_shape"] == [8, 4]
+    assert rows["opt_state/mu/w"]["by"] == "'**/w'"
+    assert [t["name"] for t in doc["subtrees"]] == ["params", "opt_state", "x"]
+    assert doc["summary"].startswith("params 72 (288 B), opt_state 292 B, x 256 B; total 836 B")
