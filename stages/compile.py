@@ -747,7 +747,6 @@ COMPILE = Node(
     verb="compiling",
     report=(
         "flops",
-        "flops_xla",
         "bytes_accessed",
         "argument_bytes",
         "output_bytes",

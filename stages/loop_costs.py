@@ -22,24 +22,22 @@ loop, ``n x body + (n + 1) x condition`` less the one run XLA counted, nested lo
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxaot.stages.loop_trips import callee_of, trip_count
 from jaxaot.util.canonical import canonical_hlo
 from jaxaot.util.hlo_parse import COLLECTIVES, Computation, Instruction, array_bytes, parse_hlo
 
 KEYS = ("flops", "transcendentals", "bytes accessed")
 NOTE = "XLA counts loop bodies once"
-_KNOWN_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(-?\d+)"?')
 # Every way a computation names another (for the module built around a loop body).
 _CALLS = re.compile(
     r"\b(?:calls|to_apply|body|condition|true_computation|false_computation|select|scatter|"
     r"comparator)=%?([\w.-]+)"
 )
 _CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_PASS_THROUGH = ("copy", "bitcast", "convert", "reshape", "copy-done")
 
 
 @dataclass
@@ -150,163 +148,6 @@ class _Module:
         return self._xla[name]
 
 
-# --- trip counts ---------------------------------------------------------------------------
-
-
-def _instr(comp: Computation, name: str) -> Instruction | None:
-    for i in comp.instructions:
-        if i.name == name:
-            return i
-    return None
-
-
-def _root(comp: Computation) -> Instruction | None:
-    roots = [i for i in comp.instructions if i.root]
-    return roots[0] if roots else (comp.instructions[-1] if comp.instructions else None)
-
-
-def _ref(ins: Instruction, key: str) -> str:
-    """The computation an instruction's ``key=`` attribute names (no ``%``), or ""."""
-    return (ins.attr(key) or "").lstrip("%")
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _expr(
-    mod: _Module, comp: Computation, name: str, args: list[Any] | None, depth: int = 0
-) -> Any:
-    """A scalar value of ``comp`` as a small expression: ("const", c), ("iv", k) for element k
-    of the loop tuple (``args`` None: ``comp`` is the body or condition), ("op", opcode,
-    direction, a, b) or None; fusions are looked into, parameters mapped to ``args``."""
-    ins = _instr(comp, name)
-    if ins is None or depth > 32:
-        return None
-    op = ins.opcode
-    if op == "constant":
-        c = _int(ins.operands[0]) if ins.operands else None
-        return None if c is None else ("const", c)
-    if op in _PASS_THROUGH and ins.operands:
-        return _expr(mod, comp, ins.operands[0], args, depth + 1)
-    if op == "parameter":
-        idx = _int(ins.operands[0]) if ins.operands else None
-        return args[idx] if args is not None and idx is not None and idx < len(args) else None
-    if op == "get-tuple-element":
-        src = _instr(comp, ins.operands[0]) if ins.operands else None
-        index = _int(ins.attr("index") or "")
-        if src is not None and src.opcode == "parameter" and args is None and index is not None:
-            return ("iv", index)
-        return None
-    if op == "fusion":
-        fused = mod.comps.get(_ref(ins, "calls"))
-        if fused is None:
-            return None
-        inner = [_expr(mod, comp, o, args, depth + 1) for o in ins.operands]
-        root = _root(fused)
-        return _expr(mod, fused, root.name, inner, depth + 1) if root else None
-    if op in ("add", "subtract", "compare") and len(ins.operands) == 2:
-        a, b = (_expr(mod, comp, o, args, depth + 1) for o in ins.operands)
-        return ("op", op, ins.attr("direction"), a, b)
-    return None
-
-
-def _loop_tuple(mod: _Module, comp: Computation, ins: Instruction) -> list[str] | None:
-    """The instruction names that make the while's initial tuple, or None."""
-    src = _instr(comp, ins.operands[0]) if ins.operands else None
-    while src is not None and src.opcode in ("copy", "bitcast"):
-        src = _instr(comp, src.operands[0])
-    return list(src.operands) if src is not None and src.opcode == "tuple" else None
-
-
-def _const_init(mod: _Module, comp: Computation, init: list[str], k: int) -> int | None:
-    if k >= len(init):
-        return None
-    e = _expr(mod, comp, init[k], None)
-    return e[1] if e is not None and e[0] == "const" else None
-
-
-_SWAP = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "NE": "NE", "EQ": "EQ"}
-
-
-def induction_trip_count(mod: _Module, comp: Computation, ins: Instruction) -> int | None:
-    """The trip count of while ``ins`` (in ``comp``) from its induction variable, or None."""
-    cond, body = mod.comps.get(_ref(ins, "condition")), mod.comps.get(_ref(ins, "body"))
-    init = _loop_tuple(mod, comp, ins)
-    if cond is None or body is None or init is None:
-        return None
-    body_root = _root(body)
-    if body_root is None or body_root.opcode != "tuple":
-        return None
-
-    def value(e: Any) -> int | None:
-        """A constant, or a loop-tuple element the body passes through unchanged."""
-        if e is None:
-            return None
-        if e[0] == "const":
-            return e[1]
-        invariant = e[0] == "iv" and e[1] < len(body_root.operands)
-        if invariant and _expr(mod, body, body_root.operands[e[1]], None) == e:
-            return _const_init(mod, comp, init, e[1])
-        return None
-
-    root = _root(cond)
-    test = _expr(mod, cond, root.name, None) if root else None
-    if test is None or test[:2] != ("op", "compare"):
-        return None
-    direction, a, b = test[2], test[3], test[4]
-    if b is not None and b[0] == "iv" and not (a is not None and a[0] == "iv"):
-        a, b, direction = b, a, _SWAP.get(direction or "")
-    if a is None or a[0] != "iv" or direction is None:
-        return None
-    k, bound = a[1], value(b)
-    start = _const_init(mod, comp, init, k)
-    if bound is None or start is None or k >= len(body_root.operands):
-        return None
-    nxt = _expr(mod, body, body_root.operands[k], None)
-    if nxt is None or nxt[0] != "op" or nxt[1] not in ("add", "subtract"):
-        return None
-    x, y = nxt[3], nxt[4]
-    if nxt[1] == "add" and y == ("iv", k):
-        x, y = y, x
-    if x != ("iv", k):
-        return None
-    step = value(y)
-    if not step:
-        return None
-    step = -step if nxt[1] == "subtract" else step
-    return _trips(start, step, bound, direction)
-
-
-def _trips(start: int, step: int, bound: int, direction: str) -> int | None:
-    """Runs of ``for (i = start; i <direction> bound; i += step)``, or None if not finite."""
-    if direction in ("LT", "LE"):
-        if step <= 0:
-            return None
-        end = bound if direction == "LT" else bound + 1
-        return max(0, math.ceil((end - start) / step))
-    if direction in ("GT", "GE"):
-        if step >= 0:
-            return None
-        end = bound if direction == "GT" else bound - 1
-        return max(0, math.ceil((start - end) / -step))
-    if direction == "NE":
-        dist = bound - start
-        return dist // step if dist % step == 0 and dist // step >= 0 else None
-    return None
-
-
-def trip_count(mod: _Module, comp: Computation, ins: Instruction) -> tuple[int | None, str]:
-    m = _KNOWN_TRIP.search(ins.attrs)
-    if m:
-        return int(m.group(1)), "known_trip_count"
-    n = induction_trip_count(mod, comp, ins)
-    return (n, "induction variable") if n is not None else (None, "unknown trip count")
-
-
 # --- the loop-aware totals -----------------------------------------------------------------
 
 
@@ -323,9 +164,9 @@ class _Counter:
     def loop(self, comp: Computation, ins: Instruction) -> Loop:
         key = (comp.name, ins.name)
         if key not in self.loops:
-            n, source = trip_count(self.mod, comp, ins)
+            n, source = trip_count(self.mod.comps, comp, ins)
             self.loops[key] = Loop(
-                ins.name, comp.name, _ref(ins, "body"), _ref(ins, "condition"), n, source
+                ins.name, comp.name, callee_of(ins, "body"), callee_of(ins, "condition"), n, source
             )
         return self.loops[key]
 
@@ -604,5 +445,4 @@ __all__ = [
     "loop_aware",
     "loop_collectives",
     "loops_summary",
-    "trip_count",
 ]

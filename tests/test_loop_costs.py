@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import loop_programs as lp
 import pytest
 from conftest import cli_env, run_cli
-from jaxaot.stages import loop_costs
+from jaxaot.stages import loop_costs, loop_trips
 from jaxaot.stages.executable import costs_of
 
 TESTS = Path(__file__).parent
@@ -173,7 +173,7 @@ def test_a_data_dependent_while_loop_stays_counted_once_and_says_so() -> None:
 def test_trip_counts_of_counted_loops(
     start: int, step: int, bound: int, direction: str, trips: int | None
 ) -> None:
-    assert loop_costs._trips(start, step, bound, direction) == trips
+    assert loop_trips._trips(start, step, bound, direction) == trips
 
 
 _COLLECTIVE_LOOP = """HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
