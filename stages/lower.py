@@ -17,7 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from jaxaot.config.mesh import MeshSpec, input_specs, logical_rules, mesh_spec
-from jaxaot.config.path_shardings import Resolution, is_pattern_form, resolve
+from jaxaot.config.path_shardings import (
+    Resolution,
+    is_pattern_form,
+    resolve,
+    under_flax_rules,
+)
 from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
@@ -133,11 +138,12 @@ def _sharded(
     cfg = ctx.cfg.lower
     assert staged.fn is not None  # lowering again always traces the program (see the runner)
     fn = functools.partial(staged.fn, **staged.kwargs) if staged.kwargs else staged.fn
+    # flax's own logical constraints (nn.with_logical_constraint, LogicallyPartitioned) see
+    # lower.logical_axis_rules while the program is traced.
+    fn = under_flax_rules(fn, logical_rules(ctx.cfg, mesh))
     opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
     names = staged.signature.get("parameters")
-    specs, ins = input_specs(
-        ctx.cfg, staged.bound, mesh, staged.args, names, getattr(staged, "logical_axes", None)
-    )
+    specs, ins = input_specs(ctx.cfg, staged.bound, mesh, staged.args, names, staged.logical_axes)
     opts["in_shardings"] = named(specs, amesh)
     outs = None
     if cfg.out_shardings is not None:

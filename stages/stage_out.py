@@ -87,6 +87,8 @@ class StagedOut:
     # The static data closed over (jaxaot.stages.adapt): its fingerprint, or why it has none.
     fingerprint: str = ""
     unfingerprintable: str | None = None
+    # Library sharding metadata by leaf path (Adapted.logical_axes), for lower.logical_axis_rules.
+    logical_axes: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_target(
@@ -432,6 +434,7 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
             signature=signature,
             derived=made,
             fingerprint=made.adapted.fingerprint,
+            logical_axes=dict(made.adapted.logical_axes),
         )
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
@@ -492,7 +495,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         # bare PartitionSpecs, reshard and shard_map without a mesh argument.
         mesh_context = jax.sharding.use_abstract_mesh(abstract_mesh(mesh))
         if "explicit" in mesh.axis_types:
-            args = _typed_shardings(cfg, bound, args, mesh, names)
+            args = _typed_shardings(cfg, bound, args, mesh, names, adapted.logical_axes)
     reference_fn = None
     if env is not None:
         # Keyword arguments are all static here (jaxaot.config.mesh refuses traced ones).
@@ -552,6 +555,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         derived=made,
         fingerprint=adapted.fingerprint,
         unfingerprintable=str(adapted.unfingerprintable) if adapted.unfingerprintable else None,
+        logical_axes=dict(adapted.logical_axes),
     )
     arg_table.record(ctx, staged)  # arguments.json/.txt and the summary line
     return staged

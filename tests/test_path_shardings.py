@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -430,6 +431,28 @@ def test_metadata_names_without_a_rule_replicate_that_dimension() -> None:
     assert res.specs["p/w"] == Spec((None, "model")) and res.unmatched == []
 
 
+def test_metadata_naming_mesh_axes_applies_without_rules() -> None:
+    # nn.with_partitioning with mesh-axis names: flax's get_partition_spec is the sharding.
+    def part(names: tuple[Any, ...]) -> Any:
+        return nn.with_partitioning(nn.initializers.lecun_normal(), names)
+
+    class Two(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h = nn.Dense(32, kernel_init=part(("fsdp", "model")))(x)
+            return nn.Dense(8, kernel_init=part((("fsdp", "model"), None)))(h)
+
+    boxed = jax.eval_shape(Two().init, jax.random.key(0), jnp.zeros((2, 16)))
+    (specs,), res = _resolve(
+        [("v", flax_meta.unbox(boxed))], None, logical_axes=_logical_axes(boxed, "v")
+    )
+    want = nn.get_partition_spec(boxed)
+    got = jax.tree.map(lambda s: P(*s.entries), specs)
+    assert jax.tree.map(_norm, got) == jax.tree.map(_norm, want)
+    assert specs["params"]["Dense_1"]["kernel"] == Spec((("fsdp", "model"),))
+    assert res.unmatched == ["v/params/Dense_0/bias", "v/params/Dense_1/bias"]
+
+
 def _validate(*overrides: str) -> Any:
     import jaxaot
 
@@ -553,3 +576,50 @@ def test_explicit_axes_take_the_mapping_form(compose_run: Any, monkeypatch: Any)
     assert staged.args[0].sharding.spec == P("data")
     outs = result.records["compile"].compiled.output_shardings
     assert [s.spec for s in outs] == [P("data"), P()]
+
+
+LINEN_RULES = [["embed", "data"], ["mlp", "data"], ["mlp", "model"], ["vocab", "model"]]
+
+
+def test_linen_model_from_its_init_sharded_by_rules_as_flax_would(
+    compose_run: Any, monkeypatch: Any
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # path_sharding_programs
+    import path_sharding_programs as progs  # type: ignore[import-not-found]
+
+    rules = [*LINEN_RULES, ["batch", "data"]]
+    result = compose_run(
+        "program.target=path_sharding_programs:forward",
+        "program.args=[{_init_: 'path_sharding_programs:init_block', _args_: [{_key_: 0}]},"
+        " f32[8,16]]",
+        "mesh=data4_model2",
+        f"lower.logical_axis_rules={json.dumps(rules).replace(chr(34), '')}",
+        "lower.in_shardings={x: [batch]}",
+        "execute.check=reference",
+        "execute.warmup=0",
+        "execute.repeats=1",
+    )
+    assert result["execute"].check["ok"]
+    # Plain JAX and flax: the boxed variables sharded by flax's own mapping, traced under
+    # flax's rules (the hidden activation's logical constraint: batch has no free axis left).
+    flax_rules = [(n, m) for n, m in rules]
+    amesh = AbstractMesh((4, 2), ("data", "model"))
+    boxed = jax.eval_shape(progs.init_block, jax.random.key(0))
+    want = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), amesh, flax_rules)
+    x_sharding = NamedSharding(amesh, P("data"))
+    with nn.logical_axis_rules(flax_rules), jax.sharding.use_abstract_mesh(amesh):
+        plain = jax.jit(progs.forward, in_shardings=(want, x_sharding)).trace(boxed, sds(8, 16))
+        plain_text = plain.lower(lowering_platforms=("cpu",)).as_text()
+    ours = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+
+    def annotations(text: str) -> list[tuple[str, str]]:
+        """Each argument sharding and sharding constraint, in module order."""
+        return re.findall(r"(sdy\.sharding_constraint|sdy\.sharding =)[^<]*<@mesh, ([^>]*)>", text)
+
+    assert annotations(ours) == annotations(plain_text)
+    assert ("sdy.sharding_constraint", '[{}, {"data"}]') in annotations(ours)
+    compiled = json.loads((result.run_dir / "compile" / "shardings.json").read_text())
+    specs = [r["sharding"] for r in compiled["inputs"]]
+    assert specs == [str(s.spec) for s in jax.tree.leaves(want)] + ["P('data',)"]

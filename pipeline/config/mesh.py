@@ -268,8 +268,10 @@ def input_specs(
 ) -> tuple[tuple[Any, ...], Resolution | None]:
     """One :class:`Spec` tree per traced positional argument, and the path resolution (None
     for the positional form). ``args`` are the abstract arguments jax.jit traces, ``names``
-    the parameter names (else ``args[i]``), ``logical_axes`` library metadata by leaf path."""
-    if not uses_paths(cfg):
+    the parameter names (else ``args[i]``), ``logical_axes`` library metadata by leaf path
+    (used with the mapping form or a null ``in_shardings``)."""
+    metadata_alone = cfg.lower.in_shardings is None and bool(logical_axes)
+    if not uses_paths(cfg) and not metadata_alone:
         return check_in_shardings(cfg, bound, mesh), None
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
     tops = top_names(len(args), names)

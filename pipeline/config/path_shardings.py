@@ -23,9 +23,14 @@ containers (optax states, flax ``TrainState``, Equinox modules)::
   logical axis name, or a list of mesh axes), or ``like <path>``: the spec of the leaf under
   ``<path>`` whose path relative to it is the longest suffix of this leaf's path. A leaf with no
   counterpart of the same shape is replicated (optax's ``count``) and noted.
-- A leaf no pattern matches takes its library metadata (``logical_axes``: flax
-  ``nn.Partitioned`` names, NNX sharding metadata) through the rules when it has some, else it
-  is replicated and listed (``Resolution.unmatched``): an explicit pattern beats metadata.
+- A leaf no pattern matches takes its library metadata (``logical_axes``: flax linen
+  partition boxes, NNX sharding metadata) when it has some, else it is replicated and listed
+  (``Resolution.unmatched``): an explicit pattern beats metadata. Metadata is used with the
+  mapping form or a null ``in_shardings`` (a positional list decides every leaf).
+- A name in a spec or in metadata is a logical name when the rules name it (the rules win over
+  a mesh axis of the same name), else a mesh axis; in metadata, a name that is neither is
+  replicated on its dimension (flax: a name no rule maps), so ``nn.with_partitioning`` boxes
+  that name mesh axes shard as ``nn.get_partition_spec`` says, without rules.
 - Logical names map to mesh axes as ``flax.linen.logical_to_mesh_axes`` does (flax 0.12.8):
   the rules are tried in order; a rule applies to a dimension not yet assigned when none of its
   mesh axes is used by another dimension of the same array, else the next rule for that name is
@@ -37,6 +42,10 @@ containers (optax states, flax ``TrainState``, Equinox modules)::
   not divide a dimension, a pattern that matches no leaf (a typo would otherwise replicate
   silently), a ``like`` path with no leaves, a ``like`` that reaches the leaf itself.
 
+While the lower stage traces the program, flax's ``logical_axis_rules`` context holds the same
+rules (:func:`under_flax_rules`), so the model's own ``nn.with_logical_constraint`` and
+``LogicallyPartitioned`` boxes map names as its arguments were.
+
 The checks that need no shapes run before JAX (:func:`parse_rules`,
 :func:`parse_logical_rules`); :func:`resolve_leaves` needs the leaves' paths and shapes, and
 :func:`resolve` walks pytrees (importing JAX then).
@@ -44,8 +53,12 @@ The checks that need no shapes run before JAX (:func:`parse_rules`,
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Mapping, Sequence
+import sys
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,11 +339,11 @@ class _Resolver:
         elif rule is not None:
             spec = self.place(rule.entries or (), leaf, rule.where, None)
             source = repr(rule.pattern)
-        elif names is not None and self.logical.rules:
+        elif names is not None:
             where = f"{path}: library metadata {_yaml(list(names))}"
             if len(set(n for n in names if n is not None)) != len([n for n in names if n]):
                 raise ConfigError(f"{where} names a logical axis twice (flax refuses it too)")
-            spec = self.place(tuple(names), leaf, where, names)
+            spec = self.place(tuple(_meta_entry(n) for n in names), leaf, where, names)
             source = f"metadata {_yaml(list(names))}"
         else:
             spec, source = REPLICATED, "no rule: replicated"
@@ -405,8 +418,14 @@ class _Resolver:
         result: list[Any] = []
         logical_dims: list[str | None] = []
         for dim, entry in enumerate(entries):
-            if isinstance(entry, str) and (metadata is not None or entry in self.logical.names):
-                result.append(_UNASSIGNED)
+            grouped = metadata is not None and isinstance(entry, tuple)
+            if grouped and not all(a in self.mesh for a in entry or ()):
+                entry = None  # a group of names that are not all mesh axes: the rules map names
+            logical = isinstance(entry, str) and entry in self.logical.names
+            if logical or (
+                metadata is not None and isinstance(entry, str) and entry not in self.mesh
+            ):
+                result.append(_UNASSIGNED)  # placed by the rules; no rule: replicated
                 logical_dims.append(entry)
                 continue
             logical_dims.append(None)
@@ -457,6 +476,16 @@ class _Resolver:
                     )
 
 
+def _meta_entry(entry: Any) -> SpecEntry:
+    """One dimension of library metadata: a name, a group of names, or None (also for
+    ``PartitionSpec.UNCONSTRAINED``, which a sharding cannot say)."""
+    if entry is None or isinstance(entry, str):
+        return entry
+    if isinstance(entry, Sequence) and entry and all(isinstance(e, str) for e in entry):
+        return entry[0] if len(entry) == 1 else tuple(entry)
+    return None
+
+
 def _entry_axes(entry: Any) -> tuple[str, ...]:
     if entry is None:
         return ()
@@ -490,6 +519,44 @@ def resolve_leaves(
             )
         out.notes.append(f"{rule.where}: every leaf it matches is decided by an earlier pattern")
     return out
+
+
+def flax_rules_context(logical: LogicalRules) -> contextlib.AbstractContextManager[Any]:
+    """flax's ``logical_axis_rules`` context with these rules while the program is traced, so
+    its own ``nn.with_logical_constraint`` and ``LogicallyPartitioned`` boxes map logical names
+    as the arguments were (flax maps them without the divisibility fallback). Nothing when
+    there are no rules or the program has not loaded flax."""
+    if not logical.rules or "flax" not in sys.modules:
+        return contextlib.nullcontext()
+    try:
+        from flax.core.spmd import logical_axis_rules
+    except ImportError:  # a flax without the linen rules
+        return contextlib.nullcontext()
+    rules = tuple((n, a if a is None or len(a) > 1 else a[0]) for n, a in logical.rules)
+    return logical_axis_rules(rules)
+
+
+_UNDER_RULES: weakref.WeakKeyDictionary[Any, dict[LogicalRules, Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def under_flax_rules(fn: Callable[..., Any], logical: LogicalRules) -> Callable[..., Any]:
+    """``fn`` traced inside :func:`flax_rules_context`: one wrapper per (function, rules), so
+    JAX's trace cache (which knows nothing of flax's rules) never hands a trace made under
+    other rules back. ``fn`` itself when the context would be empty."""
+    if not logical.rules or "flax" not in sys.modules:
+        return fn
+    known = _UNDER_RULES.setdefault(fn, {})
+    if logical not in known:
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with flax_rules_context(logical):
+                return fn(*args, **kwargs)
+
+        known[logical] = traced
+    return known[logical]
 
 
 def _all_paths(leaves: Sequence[PathLeaf]) -> list[str]:
@@ -544,10 +611,12 @@ __all__ = [
     "PathLeaf",
     "Resolution",
     "Rule",
+    "flax_rules_context",
     "is_pattern_form",
     "matches",
     "parse_logical_rules",
     "parse_rules",
     "resolve",
     "resolve_leaves",
+    "under_flax_rules",
 ]
