@@ -10,9 +10,9 @@ and logs one summary line before anything is lowered or compiled::
 TrainState) is named by its parts; the element count is given for parameter trees
 (:data:`PARAMETER_NAMES`).
 
-A leaf's sharding is its own ``.sharding`` (a ShapeDtypeStruct typed for an explicit mesh, an
-orbax checkpoint's metadata) or the input sharding the run resolves from ``lower.in_shardings``
-(:func:`input_shardings`). Per-device bytes use ``sharding.shard_shape(shape)``; without a mesh
+A leaf's sharding is the input sharding the run resolves from ``lower.in_shardings`` with a
+mesh (:func:`input_shardings`, as the lower stage resolves it), else its own ``.sharding`` (a
+ShapeDtypeStruct given with one, an orbax checkpoint's saved shardings). Per-device bytes use ``sharding.shard_shape(shape)``; without a mesh
 a device holds the whole argument. Symbolic dimensions have no size: such a leaf counts as
 "symbolic" and the totals say so.
 """
@@ -176,10 +176,12 @@ def _shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def row(path: str, leaf: Any, sharding: Any = None, unknown: bool = False) -> Row:
-    """The row of one leaf; ``sharding`` is used when the leaf carries none itself. ``unknown``:
-    the run has a mesh but its shardings were not resolved (no bytes per device then)."""
+    """The row of one leaf with ``sharding``, the input sharding resolved for it (what jax.jit
+    gets as in_shardings, which wins), else the leaf's own. ``unknown``: the run has a mesh
+    but its shardings were not resolved (no bytes per device then)."""
     shape, dtype, weak = _aval(leaf)
-    sharding = getattr(leaf, "sharding", None) or sharding
+    if sharding is None:
+        sharding = getattr(leaf, "sharding", None)
     dt = short_name(str(dtype)) + (" (weak)" if weak else "")
     if not all(isinstance(d, int) for d in shape):
         return Row(path, shape, dt, spec_text(sharding), None, None, None, None)
@@ -259,8 +261,8 @@ def build(
     """The table of ``arguments``: (top-level name, abstract pytree) pairs, in call order.
 
     ``shardings`` maps a top-level name to its input sharding: one ``Sharding`` for the whole
-    argument or a tree of them matching it (a pytree prefix, as jax.jit's in_shardings);
-    leaves that carry ``.sharding`` keep their own. ``sources``: leaf path -> the rule that
+    argument or a tree of them matching it (a pytree prefix, as jax.jit's in_shardings); a
+    leaf without one keeps its own ``.sharding``, if any. ``sources``: leaf path -> the rule that
     gave its sharding."""
 
     rows: list[Row] = []

@@ -173,10 +173,12 @@ def test_symbolic_dimensions_have_no_size() -> None:
     assert lines[-2].endswith("254.1 KiB + symbolic  254.1 KiB + symbolic")
 
 
-def test_a_leaf_keeps_its_own_sharding() -> None:
+def test_the_resolved_input_sharding_wins_over_a_leafs_own() -> None:
     typed = S((8, 128), jnp.float32, sharding=_named("fsdp", "model"))
-    table = arg_table.build([("x", typed)], {"x": _named()}, mesh={"fsdp": 4, "model": 2})
-    assert table.rows[0].shard_shape == (2, 64) and table.rows[0].bytes_per_device == 2 * 64 * 4
+    resolved = arg_table.build([("x", typed)], {"x": _named()}, mesh={"fsdp": 4, "model": 2})
+    assert resolved.rows[0].sharding == "replicated" and resolved.rows[0].shard_shape == (8, 128)
+    own = arg_table.build([("x", typed)])  # no mesh: jax.jit takes the leaf's own
+    assert own.rows[0].shard_shape == (2, 64) and own.rows[0].bytes_per_device == 2 * 64 * 4
 
 
 def test_with_a_mesh_but_no_shardings_per_device_is_unknown_not_whole() -> None:
