@@ -100,6 +100,7 @@ def test_nnx_train_step_matches_nnx_jit_bit_for_bit_and_in_flops() -> None:
     assert leaves_equal(updates["optimizer"]["opt_state"], ref_opt_state["opt_state"])
     assert not np.array_equal(updates["model"]["l1"]["kernel"], model.l1.kernel[...])
 
+    assert jax.export.export(jitted)(*a.args).serialize()  # plain dicts: resumable as it is
     ours = jitted.lower(*a.args).compile()
     theirs = ref.lower(*fresh(), X).compile()
     assert flops(ours) == flops(theirs)
