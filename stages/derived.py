@@ -239,7 +239,9 @@ class Evaluation:
 
     # -- one node ------------------------------------------------------------------------
     def value(self, path: str, host: bool = False) -> Any:
-        memo = self.host_values if host else self.values
+        # A _call_ object or a key is the same value whoever asks (one object, not two).
+        shared = isinstance(self.nodes.get(path), CallNode | KeyNode)
+        memo = self.host_values if host and not shared else self.values
         if path in memo:
             return memo[path]
         if path in self._active:  # bind refuses cycles; a guard, never a hang

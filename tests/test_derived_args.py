@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import jaxaot
 import numpy as np
 import pytest
-from jaxaot.config.argspec import Literal, bind
+from jaxaot.config.argspec import Literal, bind, concrete_bound
 from jaxaot.config.derived import CallNode, InitNode, KeyNode, RefNode
 from jaxaot.errors import ArgSpecError, JaxaotError, StoreError
 from jaxaot.stages import adapt as adapt_module
@@ -112,6 +112,13 @@ def test_grammar_errors_name_the_path(args: list[Any], message: str) -> None:
     with pytest.raises(ArgSpecError, match=message) as err:
         bind(args, {})
     assert "\n" not in str(err.value)
+
+
+def test_symbolic_dimensions_in_an_inits_arguments_take_the_compiled_sizes() -> None:
+    bound = bind([{"_init_": "m:init", "_args_": ["f32[b,3]"], "like": {"x": "f32[2*b]"}}], {})
+    (node,) = concrete_bound(bound, {"b": 5}).args
+    assert node.args[0].shape == (5, 3)
+    assert node.kwargs[0][1]["x"].shape == (10,)
 
 
 def test_derived_value_at_a_static_position_is_refused() -> None:

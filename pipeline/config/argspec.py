@@ -572,7 +572,7 @@ def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
         return {k: map_tree(fn, v, f"{where}.{k}") for k, v in tree.items()}
     if isinstance(tree, list):
         return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
-    if isinstance(tree, PytreeNode | DERIVED_TYPES):
+    if isinstance(tree, (PytreeNode, *DERIVED_TYPES)):
         return tree.with_children([map_tree(fn, c, p) for p, c in tree.children(where)])
     return fn(where, tree)
 
