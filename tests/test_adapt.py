@@ -381,3 +381,19 @@ def test_nnx_logical_names_need_no_mesh_inside_lazy_sharding() -> None:
     with lazy_sharding():
         layer = nnx.eval_shape(build)
     assert adapt(lambda m: 0, (layer,), {}, ["m"]).logical_axes["m/kernel"] == ("embed", "mlp")
+
+
+def test_nnx_get_abstract_model_and_jax_eval_shape_models_adapt() -> None:
+    mesh = jax.make_mesh((1, 1), ("embed", "mlp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    graphdef, state = nnx.get_abstract_model(lambda: MLP(nnx.Rngs(0), ("embed", "mlp")), mesh)
+    a = adapt(lambda m, x: m(x), (nnx.merge(graphdef, state), X), {}, ["model", "x"])
+    kernel = a.args[0]["l1"]["kernel"]
+    assert isinstance(kernel, jax.ShapeDtypeStruct)
+    assert kernel.sharding.spec == jax.P("embed", "mlp")  # the ShapeDtypeStruct as it came
+    assert a.logical_axes["model/l1/kernel"] == ("embed", "mlp")
+    # jax.eval_shape of a constructor (tree mode) is fine while no Variable is shared:
+    abstract = jax.eval_shape(lambda: MLP(nnx.Rngs(0)))
+    b = adapt(lambda m, x: m(x), (abstract, X), {}, ["model", "x"])
+    c = adapt(lambda m, x: m(x), (MLP(nnx.Rngs(0)), X), {}, ["model", "x"])
+    assert jax.tree.structure(b.args) == jax.tree.structure(c.args)
+    assert b.fingerprint == c.fingerprint
