@@ -19,15 +19,14 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxaot.stages import arg_table
 from jaxaot.sweeps import report
-from jaxaot.sweeps.progress import (
+from jaxaot.sweeps.overrides import (
     LAUNCHER_LOGGERS,
     ShortOverrides,
-    progress_line,
     short_value,
     shorten_launcher_lines,
     split_overrides,
-    write_job_record,
 )
+from jaxaot.sweeps.progress import progress_line, write_job_record
 
 S = jax.ShapeDtypeStruct
 MESH = AbstractMesh((4, 2), ("fsdp", "model"))

@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from jaxaot.errors import EXIT_DOES_NOT_FIT
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.sweeps.overrides import shorten_launcher_lines
 from jaxaot.sweeps.progress import (
     Heartbeat,
     JobOutcome,
@@ -35,7 +36,6 @@ from jaxaot.sweeps.progress import (
     progress_line,
     read_json,
     relay_line,
-    shorten_launcher_lines,
     write_job_record,
 )
 from jaxaot.sweeps.report import MD_NAME, collect, write_report

@@ -19,6 +19,7 @@ from typing import Any
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.stages import NODES
+from jaxaot.sweeps.overrides import short_value
 from jaxaot.sweeps.progress import (
     JOB_NAME,
     STATE_DIR,
@@ -27,7 +28,6 @@ from jaxaot.sweeps.progress import (
     override_value,
     read_json,
     short_names,
-    short_value,
 )
 from jaxaot.util.fsio import atomic_write_text
 from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured

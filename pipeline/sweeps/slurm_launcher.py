@@ -32,6 +32,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, se
 from hydra.types import TaskFunction
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from jaxaot.sweeps.overrides import short_override
 from jaxaot.sweeps.progress import (
     JOB_NAME,
     JobOutcome,
@@ -42,7 +43,6 @@ from jaxaot.sweeps.progress import (
     progress_line,
     read_json,
     relay_line,
-    short_override,
     write_job_record,
 )
 from jaxaot.sweeps.requeue import Attempt, prepare, stamp_manifest
