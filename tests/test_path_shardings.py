@@ -359,8 +359,9 @@ def test_a_rule_that_does_not_divide_falls_back_and_is_noted() -> None:
         ),
         (
             {"parms/**": ["fsdp"]},
-            r"^lower\.in_shardings\['parms/\*\*'\]: matches no leaf of the arguments \(top "
-            r"level: opt_state, params\)",
+            r"^lower\.in_shardings\['parms/\*\*'\]: matches no leaf of the arguments; expected "
+            r"a pattern over their leaf paths \(params/embed, params/layers/b, params/layers/wq, "
+            r"opt_state/0/count, \.\.\. \(10 in all\)\), or remove it$",
         ),
         (
             {"params/layers/b": ["fsdp", "model"]},

@@ -511,11 +511,12 @@ def resolve_leaves(
     unused = [r for i, r in enumerate(rules) if i not in resolver.used]
     for rule in unused:
         if not any(matches(rule.parts, p.split("/")) for p in _all_paths(leaves)):
-            tops = sorted({p.path.split("/")[0] for p in leaves})
+            what = "outputs" if key.endswith("out_shardings") else "arguments"
+            shown = ", ".join(leaf.path for leaf in leaves[:4])
+            more = f", ... ({len(leaves)} in all)" if len(leaves) > 4 else ""
             raise ConfigError(
-                f"{rule.where}: matches no leaf of the {'outputs' if 'out' in key else 'arguments'}"
-                f" (top level: {', '.join(tops)}); expected a pattern over their leaf paths "
-                "(lower/path_shardings.json lists them), or remove it"
+                f"{rule.where}: matches no leaf of the {what}; expected a pattern over their "
+                f"leaf paths ({shown}{more}), or remove it"
             )
         out.notes.append(f"{rule.where}: every leaf it matches is decided by an earlier pattern")
     return out
