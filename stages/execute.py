@@ -121,6 +121,10 @@ def _put(value: Any, sharding: Any) -> Any:
     import numpy as np
 
     def put(x: Any, s: Any) -> Any:
+        if isinstance(x, jax.Array) and isinstance(s, jax.sharding.Sharding):
+            # A value made on other devices (an _init_ whose leaves jit placed): where the
+            # executable takes it; an executable refuses a committed array sharded otherwise.
+            return x if x.sharding.is_equivalent_to(s, x.ndim) else jax.device_put(x, s)
         if isinstance(x, np.ndarray) and s is not None:
             if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
                 return jax.device_put(x)

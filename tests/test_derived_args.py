@@ -274,6 +274,31 @@ def test_sharded_init_lands_with_the_executables_shardings(
     _same(result["execute"].outputs, want)
 
 
+def test_init_leaves_placed_elsewhere_are_moved_where_the_executable_takes_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Leaves made with other shardings than the executable takes (here replicated: an init
+    # whose leaves could not be matched to the executable's inputs, and were placed by jit on
+    # committed inputs) are moved where the executable takes them.
+    real = derived.out_shardings
+    replicated = jax.sharding.PartitionSpec()
+
+    def elsewhere(by_id: Any, leaves: Any) -> Any:
+        return [jax.sharding.NamedSharding(s.mesh, replicated) for s in real(by_id, leaves)]
+
+    monkeypatch.setattr(derived, "out_shardings", elsewhere)
+    cfg = jaxaot.compose([f"{T}:matmuls", "mesh=data2_model4", *QUICK])
+    x_spec = {"shape": [4, 8], "init": "arange"}
+    cfg.program.args = [{"_init_": "derived_programs:init_2d", "_args_": [{"_key_": 1}]}, x_spec]
+    cfg.lower.in_shardings = {"params/**": ["data", "model"], "x": [None, "data"]}
+    result = jaxaot.run(cfg, run_dir=tmp_path / "run")
+    exe = result["compile"].compiled
+    plain_params = jax.jit(progs.init_2d)(jax.random.key(1))
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    want = jax.jit(progs.matmuls, in_shardings=exe.input_shardings[0])(plain_params, x)
+    _same(result["execute"].outputs, want)
+
+
 # --- resume, the store, the Python API -------------------------------------------------------
 
 
