@@ -389,3 +389,13 @@ def test_derived_arguments_with_path_patterns_match_the_executable(
     assert rows["opt_state/mu/w"]["by"] == "'**/w'"
     assert [t["name"] for t in doc["subtrees"]] == ["params", "opt_state", "x"]
     assert doc["summary"].startswith("params 72 (288 B), opt_state 292 B, x 256 B; total 836 B")
+
+
+def test_a_per_replica_program_is_split_over_its_replicas(compose_run: Any) -> None:
+    result = compose_run("program=collectives", "stop_after=compile")
+    doc = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())
+    (row,) = doc["arguments"]  # x: one f32 per replica, stacked over the 4 x 2 replicas
+    assert (row["shape"], row["shard_shape"], row["bytes_per_device"]) == ([8], [1], 4)
+    (sharding,) = jax.tree.leaves(result["compile"].compiled.input_shardings)
+    assert tuple(row["shard_shape"]) == sharding.shard_shape((8,))
+    assert doc["summary"] == "x 32 B; per device 4 B over i=4 x j=2"
