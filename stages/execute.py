@@ -309,6 +309,12 @@ def _reference(
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 
+def _platform_of(ctx: StageContext) -> str:
+    from jaxaot.stages.jaxenv import platform_of
+
+    return platform_of(ctx.cfg.compile.backend)
+
+
 def _derived_inputs(
     ctx: StageContext, staged: StagedOut, exe: Any
 ) -> tuple[list[Any], dict[str, Any]]:
@@ -326,7 +332,7 @@ def _derived_inputs(
             "execute.inputs: the arguments hold derived values (_init_, _call_, _ref_, _key_), "
             "which execute makes itself; expected execute.inputs=null"
         )
-    derived.check_fit(made.evaluation.derived_values())
+    derived.check_fit(made.evaluation.derived_values(), _platform_of(ctx))
     traced = [i for i in range(len(bound.args)) if not bound.is_static(i)]
     abstract_traced = (
         [made.adapted.args[i] for i in traced],

@@ -571,9 +571,10 @@ def _check_derived_fit(cfg: Any, made: DerivedArgs) -> None:
     """The derived values execute will make must fit in memory: known only now (eval_shape)."""
     from jaxaot.config.order import STAGES
     from jaxaot.stages.derived import check_fit
+    from jaxaot.stages.jaxenv import platform_of
 
     if STAGES.index(cfg.stop_after) >= STAGES.index("execute") and cfg.execute.inputs is None:
-        check_fit(made.evaluation.derived_values())
+        check_fit(made.evaluation.derived_values(), platform_of(cfg.compile.backend))
 
 
 def check(cfg: JaxaotConfig) -> None:

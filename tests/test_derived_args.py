@@ -202,8 +202,9 @@ def _status_kib(field: str) -> int:
 def test_derived_values_must_fit_in_memory_to_execute() -> None:
     big = {"program.args[0]": {"w": jax.ShapeDtypeStruct((1 << 28,), jnp.float32)}}
     with pytest.raises(ArgSpecError, match=r"^program.args\[0\] is 1.0 GiB .* stop_after=compile"):
-        derived.check_fit(big, memory=1 << 29)
-    derived.check_fit(big, memory=1 << 31)
+        derived.check_fit(big, "cpu", memory=1 << 29)
+    derived.check_fit(big, "cpu", memory=1 << 31)
+    derived.check_fit(big, "cuda", memory=1 << 29)  # made on the devices, sharded
 
 
 @pytest.mark.parametrize(
