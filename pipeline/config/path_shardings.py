@@ -313,6 +313,8 @@ class _Resolver:
         self.out.specs = specs
         self.out.sources = {p: self.out.sources[p] for p in self.leaves}
         self.out.shapes = {p: self.leaves[p].shape for p in self.leaves}
+        unmatched = set(self.out.unmatched)  # in leaf order ('like' resolves some early)
+        self.out.unmatched = [p for p in self.leaves if p in unmatched]
         return self.out
 
     def first_rule(self, leaf: PathLeaf) -> Rule | None:
