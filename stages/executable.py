@@ -207,7 +207,8 @@ def write_analysis(
         shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
         ctx.write_json("shardings.json", shardings)
         mesh_metrics(ctx, shardings)
-    _ANALYSING[id(compiled)] = seen = {"hlo": hlo}
+    seen: dict[str, Any] = {"hlo": hlo}
+    _ANALYSING[id(compiled)] = seen
     try:
         cost, memory = cost_of(compiled), memory_of(compiled)
     finally:

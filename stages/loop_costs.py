@@ -384,7 +384,7 @@ def loop_aware(
         if k in raw:
             cost[f"{k}_xla"] = raw[k]
     delta = counter.delta(mod.entry) if mod.entry else {k: 0.0 for k in KEYS}
-    counts_itself = analyse.counts_loops()  # type: ignore[attr-defined]
+    counts_itself = analyse.counts_loops()
     if counts_itself:  # this XLA's figures are the program's already: add nothing
         delta = {k: 0.0 for k in KEYS}
     for k in KEYS:
@@ -404,7 +404,7 @@ def loop_aware(
     info = {
         "note": f"{NOTE}: flops, transcendentals and bytes accessed count each while loop's "
         "body once per trip (nested loops multiplied); the *_xla figures are XLA's own",
-        "body_costs_from": analyse.label() if loops else None,  # type: ignore[attr-defined]
+        "body_costs_from": analyse.label() if loops else None,
         "loops": [lp.to_json() for lp in loops],
     }
     if counts_itself:
