@@ -299,3 +299,19 @@ def test_xla_s_analysis_counts_a_loop_once_here_and_one_that_counted_trips_is_le
     cost, info = _costs(lp.deep_scan, *_deep_args(8))
     assert cost["flops"] == cost["flops_xla"]
     assert "counts loop bodies per trip itself" in info["note"]
+
+
+def test_a_gpu_topology_estimate_from_the_lowering_counts_the_layers(compose_run: Any) -> None:
+    """A deviceless GPU executable has no cost analysis: the estimate comes from the lowering's
+    HLO, whose loops carry no annotation (the induction variable gives their trip counts)."""
+    runs = [
+        compose_run("program=transformer", "compile.topology=h100", *extra)
+        for extra in ([], ["program.target=loop_programs:transformer_unrolled"])
+    ]
+    scanned, unrolled = (
+        json.loads((r.run_dir / "compile" / "compiled.json").read_text())["roofline"] for r in runs
+    )
+    assert scanned["source"].startswith("lowering cost analysis")
+    assert _close(scanned["flops"], unrolled["flops"], 0.01)
+    assert scanned["flops_xla"] < 0.6 * unrolled["flops"]
+    assert _close(scanned["bytes_accessed"], unrolled["bytes_accessed"], 0.05)
