@@ -391,6 +391,12 @@ def test_python_api_takes_shape_dtype_structs_and_arrays(tmp_path: Path) -> None
     _same(result["execute"].outputs, want)
 
 
+def test_python_objects_read_back_from_a_manifest_are_refused() -> None:
+    text = str(jax.ShapeDtypeStruct((2, 3), jnp.float32))  # as the manifest's JSON writes it
+    with pytest.raises(ArgSpecError, match=r"^program.args\[0\]: 'ShapeDtypeStruct\(.* given to"):
+        bind([text], {})
+
+
 def test_python_api_takes_derived_nodes(tmp_path: Path) -> None:
     cfg = jaxaot.compose([f"{T}:forward", *QUICK])
     cfg.program.args = [

@@ -516,6 +516,10 @@ def is_spec_mapping(value: Mapping[str, Any]) -> bool:
     )
 
 
+# How the manifest (JSON, ``default=str``) writes a ShapeDtypeStruct or an array given from Python.
+_PYTHON_OBJECT_TEXT = ("ShapeDtypeStruct(", "Array(", "array(")
+
+
 def parse_leaf_or_tree(value: Any, where: str) -> Any:
     """Parse a config value into a pytree of ArraySpec / Literal leaves, named containers
     (PytreeNode) and derived nodes (jaxaot.config.derived)."""
@@ -530,6 +534,12 @@ def parse_leaf_or_tree(value: Any, where: str) -> Any:
         return {str(k): parse_leaf_or_tree(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [parse_leaf_or_tree(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and value.startswith(_PYTHON_OBJECT_TEXT):
+        raise ArgSpecError(
+            f"{where}: {value[:48]!r} is the text a manifest records for a Python object given "
+            "to jaxaot.compose's config (a ShapeDtypeStruct or an array), which cannot be read "
+            "back; give the object again from Python and start at stage_out"
+        )
     if isinstance(value, str):
         spec = parse_type(value, where)
         if spec is not None:
