@@ -28,6 +28,10 @@ is built as ``cls(*_args_, **fields)``; its import path goes through the trust p
 (pipeline/config/trust.py) like ``program.target``. As in JAX, static-ness comes from
 ``static_argnums``/``static_argnames``, never from the type: a literal at a non-static position
 is traced as a weakly typed scalar and executed with its value.
+
+A value may also be derived from the program's own code (``_init_``, ``_call_``, ``_ref_``,
+``_key_``: pipeline/config/derived.py), and from Python a ``jax.ShapeDtypeStruct`` stands for
+an array spec of its shape and dtype, an array for itself (:class:`Given`).
 """
 
 from __future__ import annotations
