@@ -14,8 +14,9 @@ Which leaves are traced, as jax.jit and eqx.filter_jit decide:
 
 Containers keep their form where they hold no static data (a dict of arrays is passed through
 as it is, the very object). A registered pytree class that holds static data (a
-``TrainState``'s ``apply_fn`` and ``tx``, an Equinox module's activation) becomes a dict of its
-fields (a list for a class without field names), and a subtree with no traced leaf at all is
+``TrainState``'s ``apply_fn`` and ``tx``, an Equinox module's activation) becomes a
+``jaxaot.models.record.Record`` of its fields, in the class's order (a list for a class without
+field names), and a subtree with no traced leaf at all is
 static as a whole (``state/tx``). NNX graph nodes become the plain dict of their state
 (jaxaot.models.nnx); linen partition boxes and NNX Variables become their value, their axis
 names going to ``logical_axes``.
@@ -234,7 +235,7 @@ def _rebuilding(
 
 def _pure_output(out: Any) -> Any:
     """The output with registered classes that hold static data (a TrainState, an Equinox
-    module) as dicts of their traced leaves and static leaves as None: what jax.export
+    module) as Records of their traced leaves and static leaves as None: what jax.export
     serializes (eqx.filter_jit would hand the static leaves back; an AOT executable cannot)."""
     return _Walk(output=True).walk(out, "out", False)[0]
 
@@ -402,7 +403,9 @@ class _Walk:
                 f"argument {path}: a {node_type.__qualname__} has two children with the same "
                 f"name ({accesses}); expected distinct keys; give its fields distinct names"
             )
-        return dict(zip(accesses, pures, strict=True)), _Node(treedef, accesses, children)
+        from jaxaot.models.record import Record
+
+        return Record(accesses, pures), _Node(treedef, accesses, children)
 
     def _drop_under(self, path: str, self_too: bool = False) -> None:
         """Forget the entries the children of ``path`` added: the subtree is listed once."""
