@@ -352,6 +352,7 @@ class _Walk:
             for leaf_path, value in sp.statics:
                 self.add_static(leaf_path, value)
             return sp.pure, _Graph(len(self.splits) - 1)
+        treedef: Any
         kids, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
         if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # not a pytree node: static
             self.add_static(path, x)

@@ -184,7 +184,8 @@ class _Fingerprinter:
                 self.fp(x.keywords, where + ".keywords", depth),
             ]
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a NamedTuple
-            fields = [[f, self.fp(getattr(x, f), f"{where}.{f}", depth)] for f in x._fields]
+            names: tuple[str, ...] = type(x)._fields  # type: ignore[attr-defined]
+            fields = [[f, self.fp(getattr(x, f), f"{where}.{f}", depth)] for f in names]
             return ["namedtuple", self._type(type(x), where, depth), fields]
         if type(x) in (tuple, list):
             return [
