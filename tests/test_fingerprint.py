@@ -137,3 +137,27 @@ def test_sets_and_dicts_do_not_depend_on_order() -> None:
     assert digest(fingerprint({"x", "y"}, "s")) == digest(fingerprint({"y", "x"}, "s"))
     assert digest(fingerprint(1.0, "f")) != digest(fingerprint(1, "f"))
     assert digest(fingerprint(True, "f")) != digest(fingerprint(1, "f"))
+
+
+def test_code_run_with_python_c_is_user_code(tmp_path: Path) -> None:
+    """``__main__`` of ``python -c`` (or a notebook) has no file: still the user's code, keyed
+    by its code and constants, never by its name alone."""
+    code = (
+        "import sys, jax\n"
+        "from jaxaot.models.fingerprint import digest, fingerprint\n"
+        "k = float(sys.argv[1])\n"
+        "@jax.jit\n"
+        "def step(x):\n"
+        "    return x * k\n"
+        "print(digest(fingerprint(step, 'f')))\n"
+    )
+
+    def run(k: str) -> str:
+        env = cli_env(JAX_PLATFORMS="cpu")
+        done = subprocess.run(
+            [sys.executable, "-c", code, k], env=env, capture_output=True, text=True, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert run("2.0") == run("2.0") != run("3.0")

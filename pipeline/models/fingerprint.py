@@ -64,7 +64,7 @@ def _library_roots() -> tuple[str, ...]:
 
 def _is_library(module_name: str | None) -> bool:
     """A module of the standard library or an installed distribution (not the user's code)."""
-    if not module_name:
+    if not module_name or module_name == "__main__":  # a script, `python -c`, a notebook
         return False
     mod = sys.modules.get(module_name)
     if mod is None:
