@@ -161,3 +161,11 @@ def test_code_run_with_python_c_is_user_code(tmp_path: Path) -> None:
         return done.stdout.strip().splitlines()[-1]
 
     assert run("2.0") == run("2.0") != run("3.0")
+
+
+def test_deep_static_data_is_refused_not_crashed() -> None:
+    chain: Any = None
+    for _ in range(5000):
+        chain = [chain]
+    with pytest.raises(NoFingerprint, match="deep"):
+        fingerprint(chain, "cfg")

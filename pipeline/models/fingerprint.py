@@ -33,7 +33,7 @@ import types
 from typing import Any
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
-_MAX_DEPTH = 200
+_MAX_DEPTH = 100
 
 
 class NoFingerprint(Exception):
@@ -52,7 +52,10 @@ def digest(items: Any) -> str:
 
 
 def fingerprint(obj: Any, path: str) -> Any:
-    return _Fingerprinter(path).fp(obj, "", 0)
+    try:
+        return _Fingerprinter(path).fp(obj, "", 0)
+    except RecursionError:
+        raise NoFingerprint(path, "nested too deeply to fingerprint") from None
 
 
 @functools.cache
