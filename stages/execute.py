@@ -282,7 +282,7 @@ def _reference(
 ) -> Any:
     import jax
     from jaxaot.config.trust import policy_of
-    from jaxaot.stages.stage_out import resolve_target
+    from jaxaot.stages.resolving import resolve_target
 
     fn = (
         staged.fn
@@ -322,7 +322,7 @@ def _derived_inputs(
     executable's input shardings for its leaves, then adapted as stage_out adapted the abstract
     ones (the static data must be the same)."""
     from jaxaot.config.trust import policy_of
-    from jaxaot.stages import derived
+    from jaxaot.stages import derived_values as derived
     from jaxaot.stages.adapt import adapt
 
     made, bound = staged.derived, staged.bound
@@ -491,7 +491,7 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:
         from jaxaot.config.trust import policy_of
-        from jaxaot.stages.stage_out import class_resolver
+        from jaxaot.stages.resolving import class_resolver
 
         host_args, host_kwargs = spec_inputs(
             staged.bound, cfg.seed, class_resolver(policy_of(ctx.cfg))

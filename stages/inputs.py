@@ -382,7 +382,7 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     ``{args: [...], kwargs: {...}}``, each leaf a ``.npy`` path or a literal; or one ``.npz``
     archive keyed by argument path (:func:`npz_inputs`). Every array must have the type its
     spec declares."""
-    from jaxaot.stages.derived import uses_derived
+    from jaxaot.config.derived import uses_derived
 
     if uses_derived(bound):
         raise ConfigError(
@@ -474,7 +474,7 @@ def spec_inputs(
         return weakly_typed(value) if isinstance(spec, ArraySpec) and spec.weak_type else value
 
     if resolve is None:  # the default policy (execute passes the run's)
-        from jaxaot.stages.stage_out import class_resolver
+        from jaxaot.stages.resolving import class_resolver
 
         resolve = class_resolver()
 

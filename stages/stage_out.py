@@ -8,11 +8,8 @@ Reads ``program`` and ``stage_out`` options; writes ``jaxpr.txt`` and ``signatur
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 import inspect
 import json
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
-    Given,
-    Literal,
     bind_config,
     build,
     leaves,
@@ -30,15 +25,21 @@ from jaxaot.config.argspec import (
 )
 from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.sections import check_indices
-from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, check_resolved, policy_of
-from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, TargetError, one_line
+from jaxaot.config.trust import policy_of
+from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_line
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
+from jaxaot.stages.resolving import (
+    abstract_value,
+    class_resolver,
+    resolve_target,
+)
+from jaxaot.stages.resolving import describe as _describe
+from jaxaot.stages.resolving import type_str as _type_str
 from jaxaot.util import memo
-from jaxaot.util.console import cwd_importable
 
 if TYPE_CHECKING:
     import jax
@@ -62,7 +63,7 @@ class DerivedArgs:
     """Arguments with derived nodes (``_init_``, ``_call_``, ``_ref_``, ``_key_``): what execute
     needs to make their values with the executable's shardings."""
 
-    evaluation: Any  # jaxaot.stages.derived.Evaluation (abstract): values by config path
+    evaluation: Any  # jaxaot.stages.derived_values.Evaluation (abstract): values by config path
     user_fn: Callable[..., Any]  # the program as written (adapt is called on it again)
     names: list[str] | None
     adapted: Any  # jaxaot.stages.adapt.Adapted of the abstract arguments
@@ -91,49 +92,6 @@ class StagedOut:
     logical_axes: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_target(
-    target: str, key: str = "program.target", policy: ImportPolicy = DEFAULT_POLICY
-) -> Callable[..., Any]:
-    """``"package.module:attr.path"`` -> the callable, or a TargetError naming what is missing.
-
-    ``policy`` (pipeline/config/trust.py) is checked on the string before anything is imported, and
-    on every module the path goes through and the callable it ends at.
-    """
-    module_name, _, attr_path = target.partition(":")
-    where = f"{key}={target!r}"
-    if not module_name or not attr_path:
-        raise TargetError(f"{where}: expected 'package.module:function'")
-    cwd_importable()  # ./mypkg resolves as under `python -m`, and is judged as such
-    check_name(target, key, policy)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise TargetError(
-            f"{where}: cannot import module {module_name!r} ({exc}); is its package installed, "
-            "on PYTHONPATH or in the current directory?"
-        ) from None
-    except Exception as exc:
-        raise TargetError(
-            f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    modules = [obj]
-    for i, part in enumerate(attr_path.split(".")):
-        if not hasattr(obj, part):
-            owner = module_name + "".join("." + p for p in attr_path.split(".")[:i])
-            public = sorted(n for n in dir(obj) if not n.startswith("_"))[:12]
-            raise TargetError(
-                f"{where}: {owner!r} has no attribute {part!r} (it has: {', '.join(public)}"
-                f"{', ...' if len(public) == 12 else ''})"
-            )
-        obj = getattr(obj, part)
-        if isinstance(obj, types.ModuleType):
-            modules.append(obj)
-    check_resolved(target, key, policy, modules, obj)
-    if not callable(obj):
-        raise TargetError(f"{where}: {attr_path!r} is a {type(obj).__name__}, not a callable")
-    return obj
-
-
 def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
     """Names of positional parameters, for mapping static_argnames onto positions."""
     try:
@@ -142,26 +100,6 @@ def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
         return None
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return [p.name for p in sig.parameters.values() if p.kind in kinds]
-
-
-def abstract_value(spec: ArraySpec | Literal, scope: Any = None) -> Any:
-    """What ``jit(...).trace`` gets for a traced leaf: a ShapeDtypeStruct or a Python scalar.
-    Symbolic dimensions become jax.export's, in ``scope`` (one per run: shared variables)."""
-    import jax
-
-    if isinstance(spec, ArraySpec):
-        shape: Any = spec.shape
-        if spec.symbolic:
-            shape = jax.export.symbolic_shape(",".join(map(str, spec.shape)), scope=scope)
-        if spec.sharding is not None:  # a ShapeDtypeStruct given from Python (jaxaot.api)
-            return jax.ShapeDtypeStruct(
-                shape, spec.dtype, weak_type=spec.weak_type, sharding=spec.sharding
-            )
-        return jax.ShapeDtypeStruct(shape, spec.dtype, weak_type=spec.weak_type)
-    if isinstance(spec, Given):
-        v = spec.value
-        return jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=bool(getattr(v, "weak_type", 0)))
-    return spec.value
 
 
 def symbolic_scope(constraints: Sequence[str]) -> Any:
@@ -176,20 +114,6 @@ def symbolic_scope(constraints: Sequence[str]) -> Any:
             f"{' '.join(str(exc).split())[:200]}"
         ) from None
     return scope
-
-
-def class_resolver(policy: ImportPolicy = DEFAULT_POLICY) -> Callable[[str, str], Any]:
-    """``resolve(name, key)``: the class a ``_pytree_`` tag names, imported through the trust
-    policy (pipeline/config/trust.py) as ``program.target`` is."""
-
-    @functools.cache
-    def resolve(name: str, key: str) -> Any:
-        cls = resolve_target(name, key, policy)
-        if not isinstance(cls, type):
-            raise TargetError(f"{key}={name!r}: expected a class, found a {type(cls).__name__}")
-        return cls
-
-    return resolve
 
 
 def _as_args(
@@ -231,7 +155,7 @@ def _derive(
 ) -> DerivedArgs:
     """The abstract arguments of a config with derived nodes (``_init_`` through eval_shape:
     nothing allocated), adapted for jax.jit (jaxaot.stages.adapt)."""
-    from jaxaot.stages import derived
+    from jaxaot.stages import derived_values as derived
 
     symbolic = any(leaf.symbolic for _, tree in bound.traced_args() for _, leaf in specs(tree))
     scope = symbolic_scope(cfg.stage_out.shape_constraints) if symbolic else None
@@ -302,28 +226,9 @@ def _typed_shardings(
     return tuple(a if bound.is_static(i) else prefix(next(specs), a) for i, a in enumerate(args))
 
 
-def _type_str(shape: tuple[int, ...], dtype: Any) -> str:
-    from jaxaot.config.argspec import short_name
-
-    return f"{short_name(str(dtype))}[{','.join(map(str, shape))}]"
-
-
 def _dims(shape: Any) -> list[int | str]:
     """A shape as JSON: symbolic dimensions (shape polymorphism) by their text."""
     return [d if isinstance(d, int) else str(d) for d in shape]
-
-
-def _describe(value: Any) -> str:
-    """One argument as a user wrote it, briefly: ``f32[64,256]``, ``{b, w}``, ``[3 items]``."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return _type_str(tuple(value.shape), value.dtype)
-    if isinstance(value, dict):
-        keys = ", ".join(map(str, list(value)[:4])) + (", ..." if len(value) > 4 else "")
-        return f"{{{keys}}}"
-    if isinstance(value, list | tuple):
-        return f"[{len(value)} item{'s' if len(value) != 1 else ''}]"
-    text = repr(value)
-    return text if len(text) <= 24 else text[:23] + "…"
 
 
 def _traced_as(
@@ -562,7 +467,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
 
 
 def _uses_derived(bound: BoundArgs) -> bool:
-    from jaxaot.stages.derived import uses_derived
+    from jaxaot.config.derived import uses_derived
 
     return uses_derived(bound)
 
@@ -570,7 +475,7 @@ def _uses_derived(bound: BoundArgs) -> bool:
 def _check_derived_fit(cfg: Any, made: DerivedArgs) -> None:
     """The derived values execute will make must fit in memory: known only now (eval_shape)."""
     from jaxaot.config.order import STAGES
-    from jaxaot.stages.derived import check_fit
+    from jaxaot.stages.derived_jit import check_fit
     from jaxaot.stages.jaxenv import platform_of
 
     if STAGES.index(cfg.stop_after) >= STAGES.index("execute") and cfg.execute.inputs is None:

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jaxaot.errors import ConfigError
 
 # How often each Python function below ran (a trace counts: eval_shape and jit call it once).
 CALLS: dict[str, int] = {}
@@ -91,6 +92,18 @@ def total(x: jax.Array) -> jax.Array:
 
 def broken(din: int) -> None:
     raise ValueError(f"no layer of width {din}")
+
+
+def refusing(step: int) -> None:
+    """An init that refuses its input with jaxaot's own error (as jaxaot.models' hooks do)."""
+    raise ConfigError(f"step {step}: no such checkpoint step")
+
+
+class Refusing:
+    """A _call_ target that refuses its input with jaxaot's own error."""
+
+    def __init__(self, step: int) -> None:
+        raise ConfigError(f"step {step}: no such checkpoint step")
 
 
 class Hooked:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from jaxaot.config.argspec import Literal, bind, concrete_bound
 from jaxaot.config.derived import CallNode, InitNode, KeyNode, RefNode
-from jaxaot.errors import ArgSpecError, JaxaotError, StoreError
+from jaxaot.errors import ArgSpecError, ConfigError, JaxaotError, StoreError
 from jaxaot.stages import adapt as adapt_module
-from jaxaot.stages import derived, stage_out
+from jaxaot.stages import derived_values, stage_out
 from jaxaot.stages.adapt import Adapted, Unfingerprintable
 
 T = "program.target=derived_programs"
@@ -38,7 +38,9 @@ def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.setattr(progs, "CALLS", {})
     monkeypatch.setattr(progs, "SHARDINGS", [])
-    monkeypatch.setattr(derived, "_HOST_OBJECTS", {})  # _call_ objects: built afresh per test
+    monkeypatch.setattr(
+        derived_values, "_HOST_OBJECTS", {}
+    )  # _call_ objects: built afresh per test
 
 
 def _x() -> np.ndarray:
@@ -202,9 +204,27 @@ def _status_kib(field: str) -> int:
 def test_derived_values_must_fit_in_memory_to_execute() -> None:
     big = {"program.args[0]": {"w": jax.ShapeDtypeStruct((1 << 28,), jnp.float32)}}
     with pytest.raises(ArgSpecError, match=r"^program.args\[0\] is 1.0 GiB .* stop_after=compile"):
-        derived.check_fit(big, "cpu", memory=1 << 29)
-    derived.check_fit(big, "cpu", memory=1 << 31)
-    derived.check_fit(big, "cuda", memory=1 << 29)  # made on the devices, sharded
+        derived_values.check_fit(big, "cpu", memory=1 << 29)
+    derived_values.check_fit(big, "cpu", memory=1 << 31)
+    derived_values.check_fit(big, "cuda", memory=1 << 29)  # made on the devices, sharded
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "{_init_: 'derived_programs:refusing', step: 7}",
+        "{_init_: {_call_: 'derived_programs:Refusing', step: 7}, _method_: init}",
+    ],
+)
+def test_jaxaots_own_error_from_a_derived_callable_gets_the_path(
+    compose_run: Any, spec: str
+) -> None:
+    # Its class is kept (a ConfigError stays one) and the config path leads the line.
+    with pytest.raises(ConfigError) as err:
+        compose_run(f"{T}:total", f"program.args=[{spec}]", "stop_after=stage_out")
+    assert type(err.value) is ConfigError
+    assert str(err.value).startswith("program.args[0]")
+    assert str(err.value).endswith(": step 7: no such checkpoint step")
 
 
 @pytest.mark.parametrize(
@@ -244,14 +264,14 @@ def test_sharded_init_lands_with_the_executables_shardings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     made: list[tuple[Any, Any]] = []
-    real = derived.materialize
+    real = derived_values.materialize
 
     def recording(fn: Any, args: Any, kwargs: Any, shardings: Any) -> Any:
         out = real(fn, args, kwargs, shardings)
         made.append((shardings, out))
         return out
 
-    monkeypatch.setattr(derived, "materialize", recording)
+    monkeypatch.setattr(derived_values, "materialize", recording)
     cfg = jaxaot.compose([f"{T}:matmuls", "mesh=data2_model4", *QUICK])
     x_spec = {"shape": [4, 8], "init": "arange"}
     cfg.program.args = [{"_init_": "derived_programs:init_2d", "_args_": [{"_key_": 1}]}, x_spec]
@@ -281,13 +301,13 @@ def test_init_leaves_placed_elsewhere_are_moved_where_the_executable_takes_them(
     # Leaves made with other shardings than the executable takes (here replicated: an init
     # whose leaves could not be matched to the executable's inputs, and were placed by jit on
     # committed inputs) are moved where the executable takes them.
-    real = derived.out_shardings
+    real = derived_values.out_shardings
     replicated = jax.sharding.PartitionSpec()
 
     def elsewhere(by_id: Any, leaves: Any) -> Any:
         return [jax.sharding.NamedSharding(s.mesh, replicated) for s in real(by_id, leaves)]
 
-    monkeypatch.setattr(derived, "out_shardings", elsewhere)
+    monkeypatch.setattr(derived_values, "out_shardings", elsewhere)
     cfg = jaxaot.compose([f"{T}:matmuls", "mesh=data2_model4", *QUICK])
     x_spec = {"shape": [4, 8], "init": "arange"}
     cfg.program.args = [{"_init_": "derived_programs:init_2d", "_args_": [{"_key_": 1}]}, x_spec]

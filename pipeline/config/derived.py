@@ -13,7 +13,7 @@ anywhere a leaf may::
 - ``_init_`` is a DERIVED value: ``fn(*_args_, **kwargs)``, any pytree. stage_out, lower and
   compile see only its shapes (``jax.eval_shape``, or the callable's ``jaxaot_abstract`` hook);
   execute computes it for real, placed with the executable's input shardings
-  (jaxaot.stages.derived).
+  (jaxaot.stages.derived_values).
 - ``_call_`` is a HOST object, built once per process and never traced (an optimizer, a module
   config, ``flax.nnx:Rngs``).
 - ``_method_: name`` (with ``_init_`` or ``_call_``) calls ``getattr(target, name)``; the target
@@ -23,7 +23,7 @@ anywhere a leaf may::
 - ``_key_: n`` is ``jax.random.key(n)`` (a typed PRNG key, concrete even under eval_shape).
 
 Parsed here without importing anything; the names go through the run's import policy when they
-are resolved (jaxaot.stages.derived).
+are resolved (jaxaot.stages.derived_values).
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.errors import ArgSpecError
+
+if TYPE_CHECKING:
+    from jaxaot.config.argspec import BoundArgs
 
 INIT_KEY = "_init_"
 CALL_KEY = "_call_"
@@ -271,6 +274,18 @@ def has_derived(trees: Sequence[tuple[str, Any]]) -> bool:
     return any(isinstance(n, DERIVED_TYPES) for _, t in trees for _, n in walk(t, ""))
 
 
+def bound_trees(bound: BoundArgs) -> list[tuple[str, Any]]:
+    """(config path, parsed tree) of every argument, static ones too."""
+    return [(f"program.args[{i}]", a) for i, a in enumerate(bound.args)] + [
+        (f"program.kwargs.{k}", v) for k, v in bound.kwargs.items()
+    ]
+
+
+def uses_derived(bound: BoundArgs) -> bool:
+    """Whether any argument holds an ``_init_``, ``_call_``, ``_ref_`` or ``_key_`` node."""
+    return has_derived(bound_trees(bound))
+
+
 def check_refs(trees: Sequence[tuple[str, Any]]) -> None:
     """Each ``_ref_`` names a node that exists, and no value depends on itself."""
     nodes = index(trees)
@@ -317,6 +332,7 @@ __all__ = [
     "InitNode",
     "KeyNode",
     "RefNode",
+    "bound_trees",
     "canonical_ref",
     "check_refs",
     "check_tag_keys",
@@ -325,5 +341,6 @@ __all__ = [
     "index",
     "is_tagged",
     "parse_derived",
+    "uses_derived",
     "walk",
 ]

@@ -34,8 +34,6 @@ from jaxaot.config.argspec import (
     Given,
     Literal,
     PytreeNode,
-    human_size,
-    memory_bytes,
     to_static_value,
 )
 from jaxaot.config.derived import (
@@ -44,27 +42,30 @@ from jaxaot.config.derived import (
     InitNode,
     KeyNode,
     RefNode,
+    bound_trees,
     describe,
-    has_derived,
     index,
+    uses_derived,
     walk,
 )
 from jaxaot.errors import ArgSpecError, JaxaotError, TargetError, one_line
+from jaxaot.stages.derived_jit import (
+    check_fit,
+    eval_shape,
+    eval_shape_leaves,
+    leaf_shardings,
+    materialize,
+    out_shardings,
+    pure_leaves,
+    total_bytes,
+)
+from jaxaot.stages.inputs import _build, weakly_typed
+from jaxaot.stages.resolving import abstract_value, resolve_target
+from jaxaot.stages.resolving import describe as describe_value
 
 # _call_ objects built in this process, by their node (one without references): the same object
 # when stage_out and execute (or a sweep's jobs) name the same call.
 _HOST_OBJECTS: dict[str, Any] = {}
-
-
-def bound_trees(bound: BoundArgs) -> list[tuple[str, Any]]:
-    """(config path, parsed tree) of every argument, static ones too."""
-    return [(f"program.args[{i}]", a) for i, a in enumerate(bound.args)] + [
-        (f"program.kwargs.{k}", v) for k, v in bound.kwargs.items()
-    ]
-
-
-def uses_derived(bound: BoundArgs) -> bool:
-    return has_derived(bound_trees(bound))
 
 
 def spec_numbers(bound: BoundArgs) -> dict[str, int]:
@@ -98,94 +99,21 @@ def spec_numbers(bound: BoundArgs) -> dict[str, int]:
     return numbers
 
 
-def _is_array(x: Any) -> bool:
-    import jax
-    import numpy as np
-
-    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
-
-
-def _pure(tree: Any) -> tuple[list[Any], list[int], Callable[[Sequence[Any]], Any]]:
-    """(leaves, indices of the array leaves, ``rebuild(arrays)``) of ``tree`` as jax.jit may
-    pass it: library objects made plain by ``jaxaot.stages.adapt.purify`` where it is there
-    (NNX graph nodes as their state, shared Variables once), else flattened as a pytree. The
-    other leaves (Python numbers, functions, objects) stay static in the rebuilt tree."""
-    import jax
-    from jaxaot.stages import adapt as adapt_module
-
-    purify = getattr(adapt_module, "purify", None)
-    rebuild_pure: Callable[[Any], Any] = lambda t: t  # noqa: E731
-    if purify is not None:
-        tree, rebuild_pure = purify(tree)
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
-
-    def rebuild(arrays: Sequence[Any]) -> Any:
-        full = list(leaves)
-        for i, a in zip(dyn, arrays, strict=True):
-            full[i] = a
-        return rebuild_pure(jax.tree_util.tree_unflatten(treedef, full))
-
-    return leaves, dyn, rebuild
-
-
-def _filtered(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> tuple[Callable[..., list[Any]], list[Any], dict[str, Any]]:
-    """``fn`` as a function of the array leaves of ``(args, kwargs)`` returning the array leaves
-    of its result (in :func:`_pure`'s order), those leaves, and a box that holds ``rebuild``
-    (the result put together again with its static leaves) once it has run."""
-    leaves, dyn, rebuild_in = _pure((tuple(args), dict(kwargs)))
-    box: dict[str, Any] = {}
-
-    def inner(*arrays: Any) -> list[Any]:
-        a, k = rebuild_in(arrays)
-        out_leaves, out_dyn, box["rebuild"] = _pure(fn(*a, **k))
-        return [out_leaves[i] for i in out_dyn]
-
-    return inner, [leaves[i] for i in dyn], box
-
-
-def eval_shape(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """``jax.eval_shape`` of ``fn(*args, **kwargs)``, non-array leaves static (in and out)."""
-    return _eval_shape(fn, args, kwargs)[0]
-
-
-def _eval_shape(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> tuple[Any, list[Any]]:
-    """:func:`eval_shape`, and the result's array leaves in the order :func:`materialize`'s
-    jit returns them."""
-    import jax
-
-    inner, arrays, box = _filtered(fn, args, kwargs)
-    out = jax.eval_shape(inner, *arrays)
-    return box["rebuild"](out), out
-
-
-def materialize(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    shardings: list[Any] | None,
-) -> Any:
-    """``fn(*args, **kwargs)`` under ``jax.jit`` with ``shardings`` (one per array leaf of the
-    result, in order) as its out_shardings: each leaf is made on its devices, never whole on one
-    first. None: jit's own placement."""
-    import jax
-
-    inner, arrays, box = _filtered(fn, args, kwargs)
-    jitted = jax.jit(inner, out_shardings=shardings) if shardings is not None else jax.jit(inner)
-    out = jitted(*arrays)
-    return box["rebuild"](out)
-
-
 def _call_text(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    from jaxaot.stages.stage_out import _describe
-
-    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    parts = [describe_value(a) for a in args] + [
+        f"{k}={describe_value(v)}" for k, v in kwargs.items()
+    ]
     text = ", ".join(parts)
     return f"{name}({text if len(text) <= 160 else text[:159] + '…'})"
+
+
+def _placed(exc: JaxaotError, where: str) -> JaxaotError:
+    """jaxaot's own error from a derived node's callable (a jaxaot.models hook), its class
+    kept, led by the node's config path unless it names one already."""
+    text = str(exc)
+    if not text.startswith("program."):
+        exc.args = (f"{where}: {text}",)
+    return exc
 
 
 @dataclass
@@ -331,8 +259,8 @@ class Evaluation:
         args, kwargs = self._children(node, where, host=True)
         try:
             obj = fn(*args, **kwargs)
-        except JaxaotError:
-            raise
+        except JaxaotError as exc:
+            raise _placed(exc, where) from None
         except Exception as exc:
             raise ArgSpecError(
                 f"{where}: {_call_text(name, args, kwargs)} raised {one_line(exc)}"
@@ -349,10 +277,10 @@ class Evaluation:
             if self.mode == "abstract":
                 hook = getattr(fn, "jaxaot_abstract", None)
                 if hook is None:
-                    value, self.pure[where] = _eval_shape(fn, args, kwargs)
+                    value, self.pure[where] = eval_shape_leaves(fn, args, kwargs)
                     return value
                 value = hook(*args, **kwargs)
-                leaves, dyn, _ = _pure(value)
+                leaves, dyn, _ = pure_leaves(value)
                 self.pure[where] = [leaves[i] for i in dyn]
                 return value
             assert self.shardings is not None
@@ -361,8 +289,8 @@ class Evaluation:
             if hook is not None:
                 return hook(shardings, *args, **kwargs)
             return materialize(fn, args, kwargs, shardings)
-        except JaxaotError:
-            raise
+        except JaxaotError as exc:
+            raise _placed(exc, where) from None
         except Exception as exc:
             how = "under jax.eval_shape" if self.mode == "abstract" else "for its values"
             raise ArgSpecError(
@@ -373,7 +301,6 @@ class Evaluation:
 def resolver(policy: Any) -> Callable[[str, str], Any]:
     """``resolve(name, key)``: a callable (or a class, for ``_pytree_``) by import path, through
     the run's import policy."""
-    from jaxaot.stages.stage_out import resolve_target
 
     @functools.cache
     def resolve(name: str, key: str) -> Any:
@@ -386,7 +313,6 @@ def resolver(policy: Any) -> Callable[[str, str], Any]:
 
 def abstract(bound: BoundArgs, policy: Any, seed: int, scope: Any = None) -> Evaluation:
     """The abstract evaluation of a run's arguments (stage_out; a resumed run)."""
-    from jaxaot.stages.stage_out import abstract_value
 
     def leaf(_path: str, spec: Any) -> Any:
         if isinstance(spec, Given):
@@ -406,8 +332,6 @@ def abstract(bound: BoundArgs, policy: Any, seed: int, scope: Any = None) -> Eva
 
 
 def _concrete_leaf(bound: BoundArgs, seed: int) -> Callable[[str, Any], Any]:
-    from jaxaot.stages.inputs import _build, weakly_typed
-
     numbers = spec_numbers(bound)
 
     def leaf(path: str, spec: Any) -> Any:
@@ -440,61 +364,6 @@ def concrete(
         host_leaf=leaf,
         shardings=shardings,
         pure=dict(abstract_pure),
-    )
-
-
-def leaf_shardings(abstract_args: Any, shardings: Any) -> dict[int, Any]:
-    """id(abstract leaf) -> the executable's input sharding for it: ``abstract_args`` and
-    ``shardings`` are the same pytree (the adapted traced arguments and ``input_shardings``)."""
-    import jax
-
-    leaves = jax.tree_util.tree_leaves(abstract_args)
-    found = jax.tree_util.tree_leaves(shardings)
-    if len(leaves) != len(found):
-        return {}
-    return {id(a): s for a, s in zip(leaves, found, strict=True)}
-
-
-def out_shardings(by_id: Mapping[int, Any], pure_leaves: Sequence[Any] | None) -> list[Any] | None:
-    """The shardings of an ``_init_``'s array leaves (in order) from :func:`leaf_shardings`;
-    None when any leaf is not an input of the executable as it is (then jit places them, and
-    the call puts them where the executable wants them)."""
-    if pure_leaves is None:
-        return None
-    found = [by_id.get(id(leaf)) for leaf in pure_leaves]
-    return None if any(s is None for s in found) else found
-
-
-def total_bytes(tree: Any) -> int:
-    import jax
-    import numpy as np
-
-    total = 0
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if _is_array(leaf) and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
-    return total
-
-
-def check_fit(values: Mapping[str, Any], platform: str, memory: int | None = None) -> None:
-    """Refuse derived values that cannot all be made in this machine's memory to execute on
-    ``platform`` ``cpu`` (their sizes are known only once evaluated abstractly). An
-    accelerator's values are made on its devices, sharded: the compile's memory analysis says
-    whether they fit there."""
-    if platform != "cpu":
-        return
-    memory = memory_bytes() if memory is None else memory
-    if memory is None:
-        return
-    sizes = sorted(((total_bytes(v), p) for p, v in values.items()), reverse=True)
-    total = sum(n for n, _ in sizes)
-    if not sizes or total <= memory:
-        return
-    biggest, path = sizes[0]
-    raise ArgSpecError(
-        f"{path} is {human_size(biggest)} (derived values total {human_size(total)}), more than "
-        f"this machine's {human_size(memory)} of memory: executing needs them made; expected "
-        "a smaller model, or stop_after=compile (compiling needs no argument memory)"
     )
 
 
