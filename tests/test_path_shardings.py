@@ -624,3 +624,55 @@ def test_linen_model_from_its_init_sharded_by_rules_as_flax_would(
     compiled = json.loads((result.run_dir / "compile" / "shardings.json").read_text())
     specs = [r["sharding"] for r in compiled["inputs"]]
     assert specs == [str(s.spec) for s in jax.tree.leaves(want)] + ["P('data',)"]
+
+
+# --- the positional form (and none) on derived values and arrays given from Python ----------
+
+INIT_ARGS = "program.args=[{_init_: 'jax.numpy:ones', _args_: [[64, 256]]}, f32[64,256]]"
+
+
+@pytest.mark.parametrize(
+    ("shardings", "want"),
+    [
+        ([], (P(), P())),  # a mesh and no lower.in_shardings: everything replicated
+        (["lower.in_shardings=[[data, model], [data]]"], (P("data", "model"), P("data"))),
+        (["lower.in_shardings=[data]"], (P("data"), P("data"))),  # one spec for every array
+    ],
+)
+def test_positional_specs_stand_for_a_derived_value(
+    compose_run: Any, shardings: list[str], want: tuple[P, P]
+) -> None:
+    result = compose_run(
+        "program=axpy", INIT_ARGS, "mesh=data4_model2", *shardings, "stop_after=compile"
+    )
+    got = result.records["compile"].compiled.input_shardings[0]
+    assert tuple(_norm(s.spec) for s in got) == tuple(_norm(p) for p in want)
+
+
+def test_a_positional_spec_for_a_derived_value_is_checked_against_its_arrays(
+    compose_run: Any,
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        compose_run(
+            "program=axpy",
+            INIT_ARGS,
+            "mesh=data4_model2",
+            "lower.in_shardings=[[data, null, model], null]",
+            "stop_after=lower",
+        )
+    assert str(err.value).startswith("lower.in_shardings: program.args[0] (f32[64,256]): spec")
+    assert "has 3 entries but the array has rank 2" in str(err.value)
+
+
+@pytest.mark.parametrize("shardings", [None, [["data", "model"], ["data"]]])
+def test_an_array_given_from_python_takes_positional_specs(tmp_path: Any, shardings: Any) -> None:
+    import jaxaot
+    import numpy as np
+
+    cfg = jaxaot.compose(["program=axpy", "mesh=data4_model2", "stop_after=compile"])
+    cfg.program.args = [np.ones((64, 256), np.float32), np.zeros((64, 256), np.float32)]
+    cfg.lower.in_shardings = shardings
+    result = jaxaot.run(cfg, run_dir=tmp_path / "run")
+    got = [_norm(s.spec) for s in result["compile"].compiled.input_shardings[0]]
+    want = [P(), P()] if shardings is None else [P("data", "model"), P("data")]
+    assert got == [_norm(p) for p in want]

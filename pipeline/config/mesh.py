@@ -14,7 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.config.argspec import ArraySpec, BoundArgs, Literal, PytreeNode, bind_config, leaves
+from jaxaot.config.argspec import (
+    ArraySpec,
+    BoundArgs,
+    Given,
+    Literal,
+    PytreeNode,
+    bind_config,
+    leaves,
+)
+from jaxaot.config.derived import DERIVED_TYPES, describe
 from jaxaot.config.path_shardings import (
     LogicalRules,
     Resolution,
@@ -23,7 +32,7 @@ from jaxaot.config.path_shardings import (
     parse_rules,
     resolve,
 )
-from jaxaot.config.sharding import Leaf, check_axis_names, match_specs
+from jaxaot.config.sharding import Leaf, Spec, check_axis_names, check_subtree, match_specs
 from jaxaot.config.tree_paths import top_names
 from jaxaot.errors import ConfigError
 
@@ -225,8 +234,54 @@ def _leaf_tree(tree: Any) -> Any:
         # A named container takes one sharding for all its arrays (a pytree prefix, as
         # jax.jit's in_shardings allows): replicated unless a rank-0 spec is given.
         return Leaf((), f"{tree.cls} container (one spec for all its arrays)")
-    assert isinstance(tree, Literal)
-    return Leaf((), f"scalar {tree.value!r}")
+    if isinstance(tree, Given):  # an array or ShapeDtypeStruct given from Python
+        return Leaf(tuple(tree.value.shape), tree.type_str)
+    if isinstance(tree, DERIVED_TYPES):
+        # Its arrays are known once it is evaluated: one spec stands for all of them (a pytree
+        # prefix, as jax.jit's in_shardings allows), checked against them then (input_specs).
+        return Leaf((), f"{describe(tree)}: one spec for all its arrays", subtree=True)
+    if isinstance(tree, Literal):
+        return Leaf((), f"scalar {tree.value!r}")
+    raise ConfigError(f"program.args: cannot shard a {type(tree).__name__} ({tree!r})")
+
+
+def _check_subtrees(
+    cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec, specs: Sequence[Any], args: Sequence[Any]
+) -> None:
+    """The positional form's spec for each derived value against the arrays it turned into
+    (``args``: the abstract arguments jax.jit traces)."""
+    from jaxaot.config.argspec import short_name
+    from jaxaot.config.tree_paths import leaf_paths
+
+    def walk(node: Any, spec: Any, value: Any, where: str) -> None:
+        if isinstance(node, DERIVED_TYPES):
+            if not isinstance(spec, Spec):
+                return
+            arrays = [
+                (
+                    p,
+                    Leaf(
+                        tuple(v.shape), f"{short_name(str(v.dtype))}[{','.join(map(str, v.shape))}]"
+                    ),
+                )
+                for p, v in leaf_paths(value, where)
+                if hasattr(v, "shape") and hasattr(v, "dtype")
+            ]
+            check_subtree(spec, arrays, key="lower.in_shardings", mesh=mesh.sizes)
+        elif isinstance(node, dict) and isinstance(value, Mapping):
+            for k, child in node.items():
+                sub = spec.get(k) if isinstance(spec, Mapping) else spec
+                if k in value:
+                    walk(child, sub, value[k], f"{where}.{k}")
+        elif isinstance(node, list) and isinstance(value, list | tuple):
+            for i, (child, v) in enumerate(zip(node, value, strict=False)):
+                sub = spec[i] if isinstance(spec, list | tuple) else spec
+                walk(child, sub, v, f"{where}[{i}]")
+
+    traced = [i for i in range(len(bound.args)) if not bound.is_static(i)]
+    for spec, i in zip(specs, traced, strict=False):
+        if i < len(args):
+            walk(bound.args[i], spec, args[i], f"program.args[{i}]")
 
 
 def argument_tree(bound: BoundArgs) -> tuple[tuple[Any, ...], list[str]]:
@@ -272,7 +327,9 @@ def input_specs(
     (used with the mapping form or a null ``in_shardings``)."""
     metadata_alone = cfg.lower.in_shardings is None and bool(logical_axes)
     if not uses_paths(cfg) and not metadata_alone:
-        return check_in_shardings(cfg, bound, mesh), None
+        specs = check_in_shardings(cfg, bound, mesh)
+        _check_subtrees(cfg, bound, mesh, specs, args)
+        return specs, None
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
     tops = top_names(len(args), names)
     trees, res = resolve(

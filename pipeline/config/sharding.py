@@ -52,10 +52,15 @@ REPLICATED = Spec()
 
 @dataclass(frozen=True)
 class Leaf:
-    """An array the spec is matched against: its shape and how to print its type."""
+    """An array the spec is matched against: its shape and how to print its type.
+
+    ``subtree``: a value whose arrays the config does not spell out (an ``_init_``, a ``_ref_``):
+    a spec for it stands for every array under it (a pytree prefix) and is checked against
+    those arrays once they are known (:func:`check_subtree`)."""
 
     shape: tuple[int, ...]
     type_str: str
+    subtree: bool = False
 
 
 def _yaml(value: Any) -> str:
@@ -127,6 +132,11 @@ class _Match:
                 f"names, one per dimension), found {_yaml(value)}"
             )
         spec: list[SpecEntry] = [e if e is None or isinstance(e, str) else tuple(e) for e in raw]
+        if leaf.subtree:
+            self.axes(value, spec, where)
+            while spec and spec[-1] is None:
+                spec.pop()
+            return Spec(tuple(spec))
         if len(spec) > len(leaf.shape):
             raise ConfigError(
                 f"{where}: spec {_yaml(value)} has {len(spec)} entries but the array has rank "
@@ -157,6 +167,23 @@ class _Match:
         while spec and spec[-1] is None:
             spec.pop()
         return Spec(tuple(spec))
+
+    def axes(self, value: Any, spec: Sequence[SpecEntry], where: str) -> None:
+        """Every mesh axis a spec names is in the mesh, and on one dimension at most."""
+        seen: set[str] = set()
+        for entry in spec:
+            for name in (entry,) if isinstance(entry, str) else entry or ():
+                if name not in self.mesh:
+                    raise ConfigError(
+                        f"{where}: spec {_yaml(value)} names mesh axis {name!r}; expected one "
+                        f"of {list(self.mesh)} (mesh.axes)"
+                    )
+                if name in seen:
+                    raise ConfigError(
+                        f"{where}: spec {_yaml(value)} uses mesh axis {name!r} twice; expected "
+                        "each axis on at most one dimension"
+                    )
+                seen.add(name)
 
     def tree(self, value: Any, node: Any, path: str, names: Sequence[str] | None = None) -> Any:
         if isinstance(node, Leaf):
@@ -250,12 +277,24 @@ def match_specs(
     return tuple(matched)
 
 
+def check_subtree(
+    spec: Spec, arrays: Sequence[tuple[str, Leaf]], *, key: str, mesh: Mapping[str, int]
+) -> None:
+    """A spec given for a subtree (:attr:`Leaf.subtree`) against each of its arrays (``path``,
+    shape): rank and divisibility, as for an array the config spells out."""
+    value = [list(e) if isinstance(e, tuple) else e for e in spec.entries]
+    match = _Match(key, mesh)
+    for path, leaf in arrays:
+        match.leaf(value, leaf, path)
+
+
 __all__ = [
     "REPLICATED",
     "Leaf",
     "Spec",
     "SpecEntry",
     "check_axis_names",
+    "check_subtree",
     "is_spec_like",
     "match_specs",
 ]
