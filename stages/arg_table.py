@@ -400,12 +400,12 @@ def input_shardings(
     resolved by :func:`jaxaot.config.mesh.input_specs` as the lower stage resolves it."""
     if "in_shardings" in jit_options:  # stage_out.axis_env: the replica-split program
         return list(jit_options["in_shardings"]), {}
-    from jaxaot.config.mesh import input_specs
-    from jaxaot.stages.jax_mesh import abstract_mesh, named
+    from jaxaot.stages.jax_mesh import resolved_inputs
 
-    specs, resolution = input_specs(cfg, bound, mesh, args, names, logical_axes)
-    sources = dict(resolution.sources) if resolution is not None else {}
-    return list(named(specs, abstract_mesh(mesh))), sources
+    inputs = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
+    res = inputs.resolution
+    sources = dict(res.sources) if res is not None else {}
+    return list(inputs.shardings), sources
 
 
 def _short(value: Any, limit: int = 60) -> str:

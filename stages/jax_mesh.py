@@ -59,6 +59,84 @@ def named(tree: Any, mesh: Any) -> Any:
     return jax.tree.map(lambda s: NamedSharding(mesh, PartitionSpec(*s.entries)), tree)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """The input shardings a run lowers with and the arguments it traces."""
+
+    specs: tuple[Any, ...]  # :class:`Spec` trees, one per traced positional argument
+    shardings: tuple[Any, ...]  # NamedShardings on the abstract mesh, one tree per argument
+    resolution: Any  # jaxaot.config.path_shardings.Resolution, or None (positional form)
+    args: tuple[Any, ...]  # every argument; a ShapeDtypeStruct's own sharding replaced
+
+
+def _own(leaf: Any) -> Any:
+    import jax
+
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return getattr(leaf, "sharding", None)
+    return None
+
+
+def _typed(leaf: Any, sharding: Any) -> Any:
+    import jax
+
+    if _own(leaf) is None:
+        return leaf
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type, sharding=sharding)
+
+
+def resolved_inputs(
+    cfg: Any,
+    bound: BoundArgs,
+    mesh: MeshSpec,
+    args: Sequence[Any],
+    names: Sequence[str] | None = None,
+    logical_axes: Any = None,
+) -> Inputs:
+    """``lower.in_shardings`` resolved on the abstract arguments, as jax.jit gets them.
+
+    A ShapeDtypeStruct carrying its own sharding (given from Python, an orbax checkpoint's
+    saved shardings) keeps it where no rule decides its leaf (no ``lower.in_shardings``, or a
+    leaf no pattern or logical axis matches), as jax.jit keeps an argument's own sharding;
+    where a rule decides, the rule's wins. Either way such an argument is traced carrying the
+    sharding chosen, on the abstract mesh (jax.jit refuses an argument whose sharding differs
+    from its in_shardings, jax 0.10.2: "Memory kinds passed to jax.jit does not match"). An own sharding over another
+    mesh than the run's cannot be used on it: the rule's (replicated) stands."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jaxaot.config.mesh import input_specs
+    from jaxaot.config.tree_paths import leaf_paths, top_names
+
+    amesh = abstract_mesh(mesh)
+    specs, res = input_specs(cfg, bound, mesh, args, names, logical_axes)
+    shardings = tuple(named(specs, amesh))
+    traced = [i for i in range(len(args)) if not bound.is_static(i)]
+    if not any(_own(x) is not None for i in traced for x in jax.tree.leaves(args[i])):
+        return Inputs(tuple(specs), shardings, res, tuple(args))
+    undecided_all = cfg.lower.in_shardings is None and res is None
+    unmatched = set(res.unmatched) if res is not None else set()
+    tops = top_names(len(args), names)
+    out, new_args = list(shardings), list(args)
+    for k, i in enumerate(traced):
+        arg = args[i]
+        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), shardings[k], arg)
+        chosen, typed = [], []
+        for (path, leaf), sh in zip(leaf_paths(arg, tops[i]), jax.tree.leaves(full), strict=True):
+            own = _own(leaf)
+            if (
+                isinstance(own, NamedSharding)
+                and (undecided_all or path in unmatched)
+                and tuple(own.mesh.axis_names) == tuple(amesh.axis_names)
+                and tuple(own.mesh.axis_sizes) == tuple(amesh.axis_sizes)
+            ):
+                sh = NamedSharding(amesh, own.spec)
+            chosen.append(sh)
+            typed.append(_typed(leaf, sh))
+        out[k] = jax.tree.unflatten(jax.tree.structure(arg), chosen)
+        new_args[i] = jax.tree.unflatten(jax.tree.structure(arg), typed)
+    return Inputs(tuple(specs), tuple(out), res, tuple(new_args))
+
+
 def output_shardings(value: Any, out_info: Any, out_tree: Any, mesh: MeshSpec, amesh: Any) -> Any:
     """``lower.out_shardings`` matched to the traced outputs, as a pytree like the outputs."""
     import jax
@@ -234,6 +312,7 @@ def replica_reference(fn: Callable[..., Any], staged: Any) -> Callable[..., Any]
 
 
 __all__ = [
+    "Inputs",
     "PerReplica",
     "abstract_mesh",
     "concrete_mesh",
@@ -242,6 +321,7 @@ __all__ = [
     "output_shardings",
     "per_replica",
     "replica_reference",
+    "resolved_inputs",
     "stacked",
     "unbound_axis_error",
 ]

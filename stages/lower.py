@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from jaxaot.config.mesh import MeshSpec, input_specs, logical_rules, mesh_spec
+from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec
 from jaxaot.config.path_shardings import (
     Resolution,
     is_pattern_form,
@@ -29,7 +29,7 @@ from jaxaot.config.tree_paths import leaf_paths, top_names
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError
 from jaxaot.stages import module_text
-from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings
+from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings, resolved_inputs
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
@@ -127,7 +127,7 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
 
 def _sharded(
     ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any, opts: dict[str, Any]
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
     """The program and jit options with ``lower.in_shardings``/``out_shardings`` on ``mesh``.
 
     jax.jit takes no keyword arguments alongside in_shardings, so the (static) ones are bound
@@ -143,8 +143,9 @@ def _sharded(
     fn = under_flax_rules(fn, logical_rules(ctx.cfg, mesh))
     opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
     names = staged.signature.get("parameters")
-    specs, ins = input_specs(ctx.cfg, staged.bound, mesh, staged.args, names, staged.logical_axes)
-    opts["in_shardings"] = named(specs, amesh)
+    inputs = resolved_inputs(ctx.cfg, staged.bound, mesh, staged.args, names, staged.logical_axes)
+    specs, ins = inputs.specs, inputs.resolution
+    opts["in_shardings"] = inputs.shardings
     outs = None
     if cfg.out_shardings is not None:
         traced = staged.traced
@@ -165,7 +166,7 @@ def _sharded(
             )
     if ins is not None or outs is not None:
         _record_paths(ctx, ins, outs)
-    return fn, opts
+    return fn, opts, inputs.args
 
 
 def _input_leaves(
@@ -417,11 +418,12 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
+    args = staged.args
     mesh = mesh_spec(cfg)
     mesh_context: Any = contextlib.nullcontext()
     if mesh is not None and not mesh.per_replica:
         amesh = abstract_mesh(mesh)
-        fn, opts = _sharded(ctx, staged, mesh, amesh, opts)
+        fn, opts, args = _sharded(ctx, staged, mesh, amesh, opts)
         kwargs, mesh_json = {}, mesh.to_json()
         # Lets the program use bare PartitionSpecs (with_sharding_constraint) on this mesh.
         mesh_context = jax.sharding.use_abstract_mesh(amesh)
@@ -435,7 +437,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     ):
         # Reuse stage_out's trace unless lowering options change the jit (then trace again).
         reuse = fn is staged.fn and opts == staged.jit_options and not annotated
-        traced = staged.traced if reuse and staged.traced else jitted.trace(*staged.args, **kwargs)
+        traced = staged.traced if reuse and staged.traced else jitted.trace(*args, **kwargs)
         with ctx.capture_warnings():
             lowered = traced.lower(lowering_platforms=platforms)
         # The texts and the export copy every embedded constant a dozen times: with big ones,

@@ -431,3 +431,33 @@ def test_the_cli_reads_a_relative_path_from_where_it_runs(tmp_path: Path, cli: A
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert "is a CheckpointManager directory with steps 1000" in last
+
+
+@pytest.mark.parametrize(
+    ("specs", "want_w"),
+    [
+        (None, P("data", "model")),  # no lower.in_shardings: each leaf's saved sharding
+        ({"x": ["data"]}, P("data", "model")),  # no pattern matches params: the saved one
+        ({"params/*/w": [None, "model"], "x": ["data"]}, P(None, "model")),  # the rule wins
+        ([["model"], ["data", "model"]], P("model")),  # the positional form decides every leaf
+    ],
+)
+def test_saved_shardings_with_a_mesh_yield_to_the_run_rules(
+    tmp_path: Path, eight_devices: Mesh, specs: Any, want_w: P
+) -> None:
+    from jaxaot.examples.mlp import mlp
+
+    step, x, params = _mlp_checkpoint(tmp_path)
+    on_mesh = [
+        {"w": jax.device_put(p["w"], NamedSharding(eight_devices, P("data", "model"))), "b": p["b"]}
+        for p in params
+    ]
+    saved = _save(tmp_path / "sharded", on_mesh)
+    ckpt = f"{{_init_:'jaxaot.models.orbax:checkpoint',path:'{saved}',saved_shardings:true}}"
+    result = _run(
+        tmp_path / "run", f"program.args=[{ckpt},'{x}']", "mesh=data4_model2", in_shardings=specs
+    )
+    ins = result["compile"].compiled.input_shardings[0][0]
+    assert [layer["w"].spec for layer in ins] == [want_w] * 3
+    want = jax.jit(mlp)(params, np.load(x))
+    np.testing.assert_allclose(_out(tmp_path / "run"), np.asarray(want), rtol=2e-2, atol=2e-2)
