@@ -515,7 +515,8 @@ STAGE_OUT = Node(
     check=check,
     load=_load_node,
     sections=("program", "stage_out", "jax"),  # JAX's config changes what is traced
-    artifacts=("jaxpr.txt", "signature.json"),
+    # arguments.json/.txt: the argument table (stages/arg_table.py), read back on resume.
+    artifacts=("jaxpr.txt", "signature.json", arg_table.JSON_NAME, arg_table.TEXT_NAME),
     recomputed_differs={
         "jaxpr.txt": "the program traces to a different jaxpr than in the checkpoint (code changed?)"
     },

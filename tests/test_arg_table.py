@@ -261,6 +261,15 @@ def test_a_resumed_run_keeps_the_table_and_says_it_again(
     assert f"[stage_out] arguments: {summary}" in caplog.messages
 
 
+def test_stage_outs_artifacts_name_the_tables_files(compose_run: Any) -> None:
+    from jaxaot.stages import NODE_BY_NAME
+
+    result = compose_run("program=mlp", "stop_after=stage_out")
+    written = set(result.manifest["stages"]["stage_out"]["artifacts"])
+    assert written == {f"stage_out/{n}" for n in NODE_BY_NAME["stage_out"].artifacts}
+    assert {"stage_out/arguments.json", "stage_out/arguments.txt"} <= written
+
+
 def test_no_mesh_run_writes_the_table(compose_run: Any) -> None:
     result = compose_run("program=transformer_train", "stop_after=stage_out")
     doc = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())
