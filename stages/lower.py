@@ -29,6 +29,7 @@ from jaxaot.config.tree_paths import leaf_paths, top_names
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError
 from jaxaot.stages import module_text
+from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings, resolved_inputs
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
@@ -392,7 +393,9 @@ def _derive_texts(lowered: Any, elide_over: int | None, debug: bool) -> _Texts:
             hlo += module_text.trailer(module_sha, elide_over, "//")
     except Exception as exc:
         error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    cost = module_text.cost_analysis(lowered, hlo_module)
+    # Loops counted per trip, as the compile stage counts them (XLA counts a body once).
+    raw = module_text.cost_analysis(lowered, hlo_module)
+    cost = costs_of(lowered, hlo, raw)[0] if raw else None
     return _Texts(stablehlo, module_sha, hlo, error, cost, warning)
 
 

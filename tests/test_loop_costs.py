@@ -239,6 +239,20 @@ def test_a_run_reports_loop_aware_costs_and_keeps_xla_s(compose_run: Any) -> Non
     assert ex["flops_per_s"] == pytest.approx(cost["flops"] / ex["median_s"], rel=1e-6)
 
 
+def test_the_lower_stage_s_pre_compile_figure_counts_loops_too(compose_run: Any) -> None:
+    scanned = compose_run("program=transformer", "stop_after=lower")
+    unrolled = compose_run(
+        "program=transformer",
+        "program.target=loop_programs:transformer_unrolled",
+        "stop_after=lower",
+    )
+    cost = json.loads((scanned.run_dir / "lower" / "cost_analysis.json").read_text())
+    full = json.loads((unrolled.run_dir / "lower" / "cost_analysis.json").read_text())
+    assert _close(cost["flops"], full["flops"], 0.01)
+    assert cost["flops_xla"] < 0.6 * full["flops"]
+    assert scanned.manifest["stages"]["lower"]["metrics"]["flops"] == cost["flops"]
+
+
 def test_the_cli_summary_shows_the_loop_aware_figure(tmp_path: Path) -> None:
     from jaxaot.util.humanize import human_count
 
