@@ -407,9 +407,17 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         rep = per_replica(fn, env, bound, kwargs)
         fn, bound, reference_fn, jit_options = rep.fn, rep.bound, rep.reference, rep.jit_options
         args, kwargs = _as_args(bound, resolve)[0], {}
+    traced_fn = fn
+    if mesh is not None and env is None:
+        from jaxaot.config.mesh import logical_rules
+        from jaxaot.config.path_shardings import under_flax_rules
+
+        # flax's own logical constraints see lower.logical_axis_rules, as the lower stage
+        # traces the program: the jaxpr holds the constraints the lowering has.
+        traced_fn = under_flax_rules(fn, logical_rules(cfg, mesh))
     try:
         with mesh_context:
-            traced = jax.jit(fn, **jit_options).trace(*args, **kwargs)
+            traced = jax.jit(traced_fn, **jit_options).trace(*args, **kwargs)
     except JaxaotError:
         raise
     except Exception as exc:  # the program's own error: say what it was traced with

@@ -676,3 +676,29 @@ def test_an_array_given_from_python_takes_positional_specs(tmp_path: Any, shardi
     got = [_norm(s.spec) for s in result["compile"].compiled.input_shardings[0]]
     want = [P(), P()] if shardings is None else [P("data", "model"), P("data")]
     assert got == [_norm(p) for p in want]
+
+
+def test_stage_out_traces_under_the_same_flax_rules_as_lower(
+    compose_run: Any, monkeypatch: Any
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # path_sharding_programs
+    rules = [*LINEN_RULES, ["batch", "data"]]
+    result = compose_run(
+        "program.target=path_sharding_programs:forward",
+        "program.args=[{_init_: 'path_sharding_programs:init_block', _args_: [{_key_: 0}]},"
+        " f32[8,16]]",
+        "mesh=data4_model2",
+        f"lower.logical_axis_rules={json.dumps(rules).replace(chr(34), '')}",
+        "lower.in_shardings={x: [batch]}",
+        "stop_after=lower",
+    )
+    jaxpr = (result.run_dir / "stage_out" / "jaxpr.txt").read_text()
+    module = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    # The hidden activation's logical constraint (batch, mlp), mapped by the rules: batch has
+    # no free axis left once mlp took data, so (None, 'data'), as flax maps it; and the
+    # boxed variables' constraints: as many as the lowered module has.
+    found = re.findall(r"sharding_constraint\[.*?spec=P\(([^)]*)\)\)", jaxpr, re.S)
+    assert "None, 'data'" in found
+    assert len(found) == module.count("sdy.sharding_constraint") > 1
