@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import optax
 

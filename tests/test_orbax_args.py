@@ -447,7 +447,7 @@ def test_saved_shardings_with_a_mesh_yield_to_the_run_rules(
 ) -> None:
     from jaxaot.examples.mlp import mlp
 
-    step, x, params = _mlp_checkpoint(tmp_path)
+    _, x, params = _mlp_checkpoint(tmp_path)
     on_mesh = [
         {"w": jax.device_put(p["w"], NamedSharding(eight_devices, P("data", "model"))), "b": p["b"]}
         for p in params

@@ -587,7 +587,8 @@ def map_tree(fn: Any, tree: Any, where: str = "") -> Any:
     if isinstance(tree, list):
         return [map_tree(fn, v, f"{where}[{i}]") for i, v in enumerate(tree)]
     if isinstance(tree, (PytreeNode, *DERIVED_TYPES)):
-        return tree.with_children([map_tree(fn, c, p) for p, c in tree.children(where)])
+        node: Any = tree  # DERIVED_TYPES is a tuple of classes mypy sees as object
+        return node.with_children([map_tree(fn, c, p) for p, c in node.children(where)])
     return fn(where, tree)
 
 

@@ -428,7 +428,7 @@ class _Resolver:
                 metadata is not None and isinstance(entry, str) and entry not in self.mesh
             ):
                 result.append(_UNASSIGNED)  # placed by the rules; no rule: replicated
-                logical_dims.append(entry)
+                logical_dims.append(entry if isinstance(entry, str) else None)
                 continue
             logical_dims.append(None)
             axes = (entry,) if isinstance(entry, str) else entry or ()

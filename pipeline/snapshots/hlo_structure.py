@@ -48,7 +48,7 @@ def _computations(text: str) -> tuple[str, dict[str, list[Instruction]]]:
     instruction as XLA does (which :func:`parse_instruction` reads); the regex reader when
     jaxlib refuses the text (or is not there)."""
     try:
-        from jaxlib import _hlo  # type: ignore[attr-defined]  # HLO bindings, no JAX import
+        from jaxlib import _hlo  # type: ignore[attr-defined,unused-ignore]  # no JAX import
 
         module = _hlo.hlo_module_from_text(text)
         comps = {
