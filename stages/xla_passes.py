@@ -11,6 +11,11 @@ in-process CPU client) and ``register_xla_transform_c_api(client, name, stage, c
 plugin's client, called when that backend starts) append to a queue per stage; XLA runs the
 PRE_SCHEDULER queue, then POST_SCHEDULER, each in order; a name may repeat, and
 ``clear_xla_transform[_c_api]`` removes the first entry of that name and stage.
+
+Where jax.extend.xla was imported before :func:`watch` (flax and equinox import it), what was
+registered before then is read back where it can be (:func:`_rule_out_earlier`): a plugin's
+registrations from jax's backend-initialization hooks, and the CPU registry by a probe compile;
+anything it cannot establish keeps the store off, as :func:`blind` says.
 """
 
 from __future__ import annotations
@@ -65,11 +70,97 @@ def watch() -> None:
         if _xla is None or not hasattr(_xla, "register_xla_transform"):
             return  # this jaxlib has no registry
         if "jax._src.xla_transform" in sys.modules:
-            _blind = (
-                "jax.extend.xla was imported before jaxaot could watch its HLO module "
-                "transformations, so one registered before then cannot be ruled out"
-            )
+            _blind = _rule_out_earlier()
         _wrap(_xla)
+
+
+_EARLIER = (
+    "jax.extend.xla was imported before jaxaot could watch its HLO module transformations, "
+    "so one registered before then cannot be ruled out"
+)
+_HOOK = "register_hlo_module_transformation.<locals>.register_on_client"
+_PROBE_BYTES = 1 << 18  # the probe module's constant: what a callback would be handed, at least
+
+
+def _rule_out_earlier() -> str | None:
+    """Registrations made through jax.extend.xla before :func:`watch`, mirrored where they can
+    be read: None when every one is in ``_entries``, else why the store stays off. A plugin's
+    are jax's backend-initialization hooks (jax 0.10.2: ``register_on_client`` closures over
+    name, stage_int, callback and platforms_list, run on every backend already initialized and
+    on each one initialized later, which then calls the wrapped registry). The in-process CPU
+    registry cannot be listed: :func:`_cpu_probe` compiles a module and sees whether a Python
+    callback was handed it."""
+    try:
+        from jax._src import xla_bridge
+
+        hooks = list(xla_bridge._backend_initialization_hooks)
+        backends = list(xla_bridge._backends.values())
+    except (ImportError, AttributeError):
+        return f"{_EARLIER} (jax's backend-initialization hooks cannot be read)"
+    found = []
+    for hook in hooks:
+        if getattr(hook, "__qualname__", None) != _HOOK:
+            continue
+        cells = dict(zip(hook.__code__.co_freevars, hook.__closure__ or (), strict=False))
+        try:
+            name, stage = cells["name"].cell_contents, cells["stage_int"].cell_contents
+            callback = cells["callback"].cell_contents
+            platforms = list(cells["platforms_list"].cell_contents)
+        except (KeyError, ValueError, TypeError):
+            return f"{_EARLIER} (a registration hook's closure cannot be read)"
+        for client in backends:  # the hook ran on each; later backends call the wrapper
+            if getattr(client, "platform", None) in platforms:
+                found.append(_Entry(_platform(client), int(stage), str(name), callback))
+    why = _cpu_probe(backends)
+    if why is not None:
+        return f"{_EARLIER} ({why})"
+    _entries[:0] = found
+    return None
+
+
+def _cpu_probe(backends: list[Any]) -> str | None:
+    """None when a compile on the CPU client hands no Python callback its module: XLA calls a
+    registered callback with the serialized HloModuleProto as ``bytes``, on a thread of its own
+    (jaxlib 0.10.2), where ``sys.setprofile``/``threading.setprofile`` see nothing, so the probe
+    traces Python's allocations instead: the module holds a constant of ``_PROBE_BYTES`` random
+    bytes, and the compile's allocation peak tells whether a copy of it was made. Else why
+    not."""
+    import os
+    import tracemalloc
+
+    try:
+        from jaxlib import xla_client as xc
+
+        client = next((c for c in backends if getattr(c, "platform", None) == "cpu"), None)
+        if client is None:  # the in-process registry is the process's, not a client's
+            client = xc._xla.get_tfrt_cpu_client(asynchronous=False, num_devices=1)
+        n = _PROBE_BYTES
+        t = f"tensor<{n}xi8>"
+        module = (
+            f"module @jaxaot_probe {{\n  func.func public @main() -> {t} {{\n"
+            f'    %0 = stablehlo.constant dense<"0x{os.urandom(n).hex()}"> : {t}\n'
+            f"    return %0 : {t}\n  }}\n}}\n"
+        ).encode()
+        devices = xc._xla.DeviceList(tuple(client.devices()[:1]))
+        options = xc.CompileOptions()
+    except Exception as e:  # any failure: the registry stays unknown
+        return f"the CPU probe could not be set up: {type(e).__name__}: {e}"
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        client.compile_and_load(module, devices, options)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    except Exception as e:
+        return f"the CPU probe's compile failed: {type(e).__name__}: {e}"
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    if peak >= n // 2:
+        return f"a compile on CPU handed a {n}-byte module to Python ({peak} bytes allocated)"
+    return None
 
 
 def _wrap(xla: Any) -> None:
