@@ -7,10 +7,11 @@ Every parameter carries logical axis names (``nnx.with_partitioning``), MaxText'
 ``vocab``, ``embed``, ``heads``, ``kv_heads``, ``mlp`` and ``layers`` (the stacked axis, added by
 ``nnx.vmap``'s ``transform_metadata``). ``lower.logical_axis_rules`` maps them onto mesh axes.
 
-Flax 0.12 shards a variable created with such names at creation ("eager sharding", on by
-default), which needs a mesh and rules in context; these initialisers turn it off
-(``eager_sharding=False``), so the model is created as plain arrays anywhere and the names stay
-metadata for whoever lays the arrays out: ``nnx.get_partition_spec``, or jaxaot's rules.
+The model is written the default way: Flax 0.12 shards a variable created with such names at
+creation ("eager sharding", on by default), which needs a mesh and rules in context. jaxaot
+builds it inside ``nnx.use_eager_sharding(False)`` (``jaxaot.models.nnx.lazy_sharding``), where
+the names stay metadata for its ``lower.logical_axis_rules``; in Python, do the same (or set a
+mesh and ``nn.logical_axis_rules``) to create it outside jaxaot.
 
 The programs: :func:`forward` (logits) and :func:`train_step` (AdamW through
 ``nnx.Optimizer``: loss, gradients and the in-place update of model and optimizer), plain
@@ -77,7 +78,7 @@ class LlamaConfig:
 
 
 def _init(base: Any, *names: str | None) -> Any:
-    return nnx.with_partitioning(base, names, eager_sharding=False)
+    return nnx.with_partitioning(base, names)
 
 
 def _dense(

@@ -18,6 +18,11 @@ once.
 ``_call_`` objects are built from values (never abstract) once per process, and ``_key_`` is a
 real ``jax.random.key`` in both modes. Non-array leaves of an ``_init_``'s arguments and result
 (Python numbers, functions, objects) stay static, as ``equinox.filter_eval_shape`` keeps them.
+
+Every ``_init_`` and ``_call_`` runs inside :func:`jaxaot.models.nnx.lazy_sharding`: a Flax 0.12
+Variable created with logical sharding names (``nnx.with_partitioning``, ``out_sharding``) keeps
+them as metadata (the rules of ``lower.logical_axis_rules`` place it) instead of asking for a
+mesh whose axes are those names at creation.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from jaxaot.config.derived import (
     walk,
 )
 from jaxaot.errors import ArgSpecError, JaxaotError, TargetError, one_line
+from jaxaot.models.nnx import lazy_sharding
 from jaxaot.stages.derived_jit import (
     check_fit,
     eval_shape,
@@ -258,7 +264,8 @@ class Evaluation:
         fn, name = self._callable(node, where, host=True)
         args, kwargs = self._children(node, where, host=True)
         try:
-            obj = fn(*args, **kwargs)
+            with lazy_sharding():
+                obj = fn(*args, **kwargs)
         except JaxaotError as exc:
             raise _placed(exc, where) from None
         except Exception as exc:
@@ -274,21 +281,8 @@ class Evaluation:
         args, kwargs = self._children(node, where, host=False)
         self.calls[where] = self.calls.get(where, 0) + 1
         try:
-            if self.mode == "abstract":
-                hook = getattr(fn, "jaxaot_abstract", None)
-                if hook is None:
-                    value, self.pure[where] = eval_shape_leaves(fn, args, kwargs)
-                    return value
-                value = hook(*args, **kwargs)
-                leaves, dyn, _ = pure_leaves(value)
-                self.pure[where] = [leaves[i] for i in dyn]
-                return value
-            assert self.shardings is not None
-            shardings = self.shardings(where, self.pure.get(where))
-            hook = getattr(fn, "jaxaot_materialize", None)
-            if hook is not None:
-                return hook(shardings, *args, **kwargs)
-            return materialize(fn, args, kwargs, shardings)
+            with lazy_sharding():
+                return self._init_value(fn, args, kwargs, where)
         except JaxaotError as exc:
             raise _placed(exc, where) from None
         except Exception as exc:
@@ -296,6 +290,24 @@ class Evaluation:
             raise ArgSpecError(
                 f"{where}: {_call_text(name, args, kwargs)} raised {one_line(exc)} (called {how})"
             ) from None
+
+    def _init_value(self, fn: Any, args: list[Any], kwargs: dict[str, Any], where: str) -> Any:
+        """An ``_init_``'s value: its shapes (abstract) or its values placed (concrete)."""
+        if self.mode == "abstract":
+            hook = getattr(fn, "jaxaot_abstract", None)
+            if hook is None:
+                value, self.pure[where] = eval_shape_leaves(fn, args, kwargs)
+                return value
+            value = hook(*args, **kwargs)
+            leaves, dyn, _ = pure_leaves(value)
+            self.pure[where] = [leaves[i] for i in dyn]
+            return value
+        assert self.shardings is not None
+        shardings = self.shardings(where, self.pure.get(where))
+        hook = getattr(fn, "jaxaot_materialize", None)
+        if hook is not None:
+            return hook(shardings, *args, **kwargs)
+        return materialize(fn, args, kwargs, shardings)
 
 
 def resolver(policy: Any) -> Callable[[str, str], Any]:

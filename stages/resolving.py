@@ -100,15 +100,27 @@ def type_str(shape: tuple[int, ...], dtype: Any) -> str:
 
 
 def describe(value: Any) -> str:
-    """One argument as a user wrote it, briefly: ``f32[64,256]``, ``{b, w}``, ``[3 items]``."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
+    """One argument as a user wrote it, briefly: ``f32[64,256]``, ``{b, w}``, ``[3 items]``.
+    Types are checked, never attributes (a library object such as ``nnx.Rngs`` answers any
+    attribute name), and it never raises: at worst the type's name."""
+    try:
+        return _describe(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def _describe(value: Any) -> str:
+    import jax
+    import numpy as np
+
+    if isinstance(value, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct):
         return type_str(tuple(value.shape), value.dtype)
     if isinstance(value, dict):
         keys = ", ".join(map(str, list(value)[:4])) + (", ..." if len(value) > 4 else "")
         return f"{{{keys}}}"
     if isinstance(value, list | tuple):
         return f"[{len(value)} item{'s' if len(value) != 1 else ''}]"
-    text = repr(value)
+    text = " ".join(repr(value).split())
     return text if len(text) <= 24 else text[:23] + "…"
 
 

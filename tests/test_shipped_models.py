@@ -22,6 +22,7 @@ import jaxaot
 import numpy as np
 import pytest
 from jaxaot.api import conf_dir
+from jaxaot.models.nnx import lazy_sharding
 from jaxaot.util.canonical import canonical_stablehlo
 
 SHIPPED = ("llama_nnx", "llama_nnx_train", "eqx_mlp", "eqx_mlp_train")
@@ -119,7 +120,8 @@ def test_llama_forward_is_flaxs(tmp_path: Path) -> None:
     tokens = _ids(1, (2, 16), 256)
     result = _run(tmp_path, "llama_nnx", {1: tokens})
 
-    model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
+    with lazy_sharding():  # the names stay metadata (no mesh), as jaxaot builds it
+        model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
     logits = nnx.jit(llama.forward)(model, tokens)
     # With NNX arguments the traced function returns (outputs, the Variables it updated: none).
     _same_bits(_outputs(result), {("0",): np.asarray(logits)})
@@ -141,7 +143,8 @@ def test_llama_adamw_step_is_flaxs(tmp_path: Path) -> None:
     result = _run(tmp_path, "llama_nnx_train", {2: tokens, 3: targets})
 
     def fresh() -> tuple[Any, Any]:
-        model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
+        with lazy_sharding():
+            model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
         return model, nnx.Optimizer(model, optax.adamw(1.0e-3), wrt=nnx.Param)
 
     model, optimizer = fresh()
@@ -169,7 +172,10 @@ def test_llama_config_counts_its_parameters() -> None:
     from jaxaot.examples import llama
 
     cfg = llama.LlamaConfig.toy()
-    model = llama.Llama(cfg, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="mesh"):  # Flax's default: sharded at creation
+        llama.Llama(cfg, rngs=nnx.Rngs(0))
+    with lazy_sharding():
+        model = llama.Llama(cfg, rngs=nnx.Rngs(0))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) == cfg.num_params()
     assert llama.LlamaConfig.llama3_8b().num_params() == 8_030_261_248  # Llama 3 8B
     names = {k: v.get_metadata()["out_sharding"] for k, v in nnx.to_flat_state(nnx.state(model))}
