@@ -95,6 +95,18 @@ def test_optax_adamw_state_sharded_like_params() -> None:
     assert res.sources["opt_state/0/mu/layers/wq"] == "'opt_state/**': like params/layers/wq"
 
 
+def test_scalars_no_rule_decides_are_replicated_and_not_listed() -> None:
+    """optax's count and nnx.Optimizer's step have nothing to split: no warning about them."""
+    opt_state = jax.eval_shape(optax.adamw(1e-3).init, PARAMS)
+    tops = [("opt_state", opt_state), ("step", jax.ShapeDtypeStruct((), jnp.uint32))]
+    (opt_specs, step), res = _resolve(tops, {"opt_state/**/wq": ["fsdp", "model"]})
+    assert opt_specs[0].count == step == Spec()
+    assert res.sources["step"] == res.sources["opt_state/0/count"] == "a scalar: replicated"
+    assert res.unmatched == [
+        f"opt_state/0/{m}/{p}" for m in ("mu", "nu") for p in ("embed", "layers/b")
+    ]
+
+
 def test_star_is_one_component_double_star_any_number_and_inner_nodes_cover_subtrees() -> None:
     tree = {"a": {"kernel": sds(8, 4), "x": {"kernel": sds(8, 4)}}, "Dense_0": {"kernel": sds(8)}}
     tops = [("p", tree)]
@@ -152,11 +164,9 @@ def test_flax_train_state_opt_state_like_params() -> None:
     assert specs.params["Dense_0"]["kernel"] == Spec(("fsdp", "model"))
     assert specs.opt_state[0].mu["Dense_1"]["kernel"] == Spec(("fsdp", "model"))
     assert specs.opt_state[0].nu["Dense_0"]["bias"] == Spec()
-    assert sorted(res.unmatched) == [
-        "state/params/Dense_0/bias",
-        "state/params/Dense_1/bias",
-        "state/step",
-    ]
+    # TrainState's step is a scalar: replicated, never listed (nothing to split).
+    assert sorted(res.unmatched) == ["state/params/Dense_0/bias", "state/params/Dense_1/bias"]
+    assert specs.step == Spec() and res.sources["state/step"] == "a scalar: replicated"
     # The spec tree is a valid jax.jit in_shardings for the state: the same structure.
     amesh = AbstractMesh((4, 2), AXES)
     shardings = jax.tree.map(lambda s: NamedSharding(amesh, P(*s.entries)), specs)
@@ -553,7 +563,7 @@ def test_adamw_train_step_by_patterns_and_logical_rules(compose_run: Any, monkey
     assert outs["[2]"] == "P()"
     record = json.loads((result.run_dir / "lower" / "path_shardings.json").read_text())
     assert record["unmatched_inputs"] == ["params/layers/b1"]
-    assert record["unmatched_outputs"] == ["output/2"]
+    assert record["unmatched_outputs"] == []  # output/2, the loss, is a scalar: not listed
     by = {r["path"]: r["by"] for r in record["inputs"]}
     assert by["opt_state/0/mu/layers/w1"] == "'opt_state/**': like params/layers/w1"
     warnings = result.manifest["stages"]["lower"]["warnings"]

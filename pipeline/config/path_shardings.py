@@ -25,7 +25,8 @@ containers (optax states, flax ``TrainState``, Equinox modules)::
   counterpart of the same shape is replicated (optax's ``count``) and noted.
 - A leaf no pattern matches takes its library metadata (``logical_axes``: flax linen
   partition boxes, NNX sharding metadata) when it has some, else it is replicated and listed
-  (``Resolution.unmatched``): an explicit pattern beats metadata. Metadata is used with the
+  (``Resolution.unmatched``; a rank-0 leaf is replicated unlisted: a scalar has nothing to
+  split): an explicit pattern beats metadata. Metadata is used with the
   mapping form or a null ``in_shardings`` (a positional list decides every leaf).
 - A name in a spec or in metadata is a logical name when the rules name it (the rules win over
   a mesh axis of the same name), else a mesh axis; in metadata, a name that is neither is
@@ -347,6 +348,8 @@ class _Resolver:
                 raise ConfigError(f"{where} names a logical axis twice (flax refuses it too)")
             spec = self.place(tuple(_meta_entry(n) for n in names), leaf, where, names)
             source = f"metadata {_yaml(list(names))}"
+        elif not leaf.shape:  # a scalar (optax's count, nnx.Optimizer's step): nothing to split
+            spec, source = REPLICATED, "a scalar: replicated"
         else:
             spec, source = REPLICATED, "no rule: replicated"
             self.out.unmatched.append(path)
