@@ -5,13 +5,13 @@
 
 The model is the library's class itself (``eqx.nn.MLP(in_size, out_size, width_size, depth,
 key=...)``): its weights are array leaves, its activations (functions) are leaves too, which is
-why the optimizer state is built from ``eqx.filter(model, eqx.is_array)`` and why jax.jit cannot
-take the module as it is (``eqx.filter_jit`` can; so can jaxaot).
+why the optimizer state is built from ``eqx.filter(model, eqx.is_array)`` (in
+conf/program/eqx_mlp_train.yaml, from YAML: ``{_init_: equinox:filter, _args_: [model,
+{_get_: equinox:is_array}]}``) and why jax.jit cannot take the module as it is
+(``eqx.filter_jit`` can; so can jaxaot).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -41,9 +41,4 @@ def train_step(
     return eqx.apply_updates(model, updates), opt_state, value
 
 
-def init_opt_state(optimizer: optax.GradientTransformation, model: Any) -> optax.OptState:
-    """``optimizer.init`` of the model's array leaves (Equinox's idiom)."""
-    return optimizer.init(eqx.filter(model, eqx.is_array))
-
-
-__all__ = ["forward", "init_opt_state", "loss", "train_step"]
+__all__ = ["forward", "loss", "train_step"]

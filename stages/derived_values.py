@@ -15,7 +15,8 @@ once.
   ``jax.tree_util.tree_leaves`` gives them (of ``jaxaot.stages.adapt.purify(value)`` for
   library objects), or None where a leaf is no input of the executable as it is.
 
-``_call_`` objects are built from values (never abstract) once per process, and ``_key_`` is a
+``_call_`` objects are built from values (never abstract) once per process, a ``_get_`` is the
+object at its import path (never called), and ``_key_`` is a
 real ``jax.random.key`` in both modes. Non-array leaves of an ``_init_``'s arguments and result
 (Python numbers, functions, objects) stay static, as ``equinox.filter_eval_shape`` keeps them.
 
@@ -44,6 +45,7 @@ from jaxaot.config.argspec import (
 from jaxaot.config.derived import (
     DERIVED_TYPES,
     CallNode,
+    GetNode,
     InitNode,
     KeyNode,
     RefNode,
@@ -66,7 +68,7 @@ from jaxaot.stages.derived_jit import (
     total_bytes,
 )
 from jaxaot.stages.inputs import _build, weakly_typed
-from jaxaot.stages.resolving import abstract_value, resolve_target
+from jaxaot.stages.resolving import abstract_value, resolve_object, resolve_target
 from jaxaot.stages.resolving import describe as describe_value
 
 # _call_ objects built in this process, by their node (one without references): the same object
@@ -128,7 +130,8 @@ class Evaluation:
 
     bound: BoundArgs
     mode: str  # "abstract" | "concrete"
-    resolve: Callable[[str, str], Any]  # (name, config key) -> the callable (import policy)
+    # (name, config key[, get=True: any object]) -> the callable (import policy)
+    resolve: Callable[..., Any]
     leaf: Callable[[str, Any], Any]  # (path, ArraySpec | Literal | Given) -> value
     host_leaf: Callable[[str, Any], Any]  # the same, concrete (a _call_'s arguments)
     # concrete: (path, abstract array leaves) -> out_shardings of an _init_'s array leaves
@@ -174,7 +177,7 @@ class Evaluation:
     # -- one node ------------------------------------------------------------------------
     def value(self, path: str, host: bool = False) -> Any:
         # A _call_ object or a key is the same value whoever asks (one object, not two).
-        shared = isinstance(self.nodes.get(path), CallNode | KeyNode)
+        shared = isinstance(self.nodes.get(path), CallNode | KeyNode | GetNode)
         memo = self.host_values if host and not shared else self.values
         if path in memo:
             return memo[path]
@@ -209,6 +212,8 @@ class Evaluation:
             import jax
 
             return jax.random.key(node.seed)
+        if isinstance(node, GetNode):
+            return self.resolve(node.target, f"{where}._get_", get=True)
         if isinstance(node, CallNode):
             return self._host_object(node, where)
         if isinstance(node, InitNode):
@@ -310,15 +315,15 @@ class Evaluation:
         return materialize(fn, args, kwargs, shardings)
 
 
-def resolver(policy: Any) -> Callable[[str, str], Any]:
+def resolver(policy: Any) -> Callable[..., Any]:
     """``resolve(name, key)``: a callable (or a class, for ``_pytree_``) by import path, through
-    the run's import policy."""
+    the run's import policy; ``resolve(name, key, get=True)``: any object (a ``_get_``)."""
 
     @functools.cache
-    def resolve(name: str, key: str) -> Any:
-        if name == "tuple":
+    def resolve(name: str, key: str, get: bool = False) -> Any:
+        if name == "tuple" and not get:
             return tuple
-        return resolve_target(name, key, policy)
+        return (resolve_object if get else resolve_target)(name, key, policy)
 
     return resolve
 

@@ -24,6 +24,20 @@ def resolve_target(
     ``policy`` (pipeline/config/trust.py) is checked on the string before anything is imported, and
     on every module the path goes through and the callable it ends at.
     """
+    obj = resolve_object(target, key, policy)
+    if not callable(obj):
+        attr_path = target.partition(":")[2]
+        raise TargetError(
+            f"{key}={target!r}: {attr_path!r} is a {type(obj).__name__}, not a callable"
+        )
+    return obj
+
+
+def resolve_object(
+    target: str, key: str = "program.target", policy: ImportPolicy = DEFAULT_POLICY
+) -> Any:
+    """``"package.module:attr.path"`` -> the object there, callable or not (a ``_get_``),
+    through the same import policy checks as :func:`resolve_target`."""
     module_name, _, attr_path = target.partition(":")
     where = f"{key}={target!r}"
     if not module_name or not attr_path:
@@ -54,8 +68,6 @@ def resolve_target(
         if isinstance(obj, types.ModuleType):
             modules.append(obj)
     check_resolved(target, key, policy, modules, obj)
-    if not callable(obj):
-        raise TargetError(f"{where}: {attr_path!r} is a {type(obj).__name__}, not a callable")
     return obj
 
 
@@ -124,4 +136,11 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 24 else text[:23] + "…"
 
 
-__all__ = ["abstract_value", "class_resolver", "describe", "resolve_target", "type_str"]
+__all__ = [
+    "abstract_value",
+    "class_resolver",
+    "describe",
+    "resolve_object",
+    "resolve_target",
+    "type_str",
+]

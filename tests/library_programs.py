@@ -38,3 +38,8 @@ class AnyAttribute:
 class BadRepr:
     def __repr__(self) -> str:
         raise RuntimeError("no repr")
+
+
+def total(tree: Any) -> jax.Array:
+    """The sum of every array leaf of ``tree``."""
+    return sum((x.sum() for x in jax.tree.leaves(tree)), start=jax.numpy.zeros((), "float32"))

@@ -87,7 +87,7 @@ def test_tags_parse_anywhere_a_leaf_may_be() -> None:
         (
             [{"_init_": "m:init", "_arg_": [1]}],
             r"^program.args\[0\]: unknown tag key '_arg_'; expected one of _init_, _call_, "
-            r"_ref_, _key_, _pytree_ \(with _args_, _method_\)$",
+            r"_ref_, _key_, _get_, _pytree_ \(with _args_, _method_\)$",
         ),
         ([{"_int_": "m:init"}], r"^program.args\[0\]: unknown tag key '_int_'"),
         (

@@ -82,3 +82,61 @@ def test_describe_checks_types_never_attributes() -> None:
     assert describe(progs.BadRepr()) == "<BadRepr>"
     assert describe(nnx.Rngs(0)).startswith("Rngs(")
     assert "\n" not in describe(nnx.Rngs(0))
+
+
+# --- _get_: an object by import path, not called ----------------------------------------------
+
+MLP = (
+    "{_init_: 'equinox.nn:MLP', in_size: 4, out_size: 3, width_size: 8, depth: 2, key: {_key_: 0}}"
+)
+
+
+def test_get_parses_and_refuses_other_keys_in_one_line() -> None:
+    from jaxaot.config.argspec import bind
+    from jaxaot.config.derived import GetNode, InitNode
+
+    bound = bind([{"_init_": "equinox:filter", "_args_": [1, {"_get_": "equinox:is_array"}]}], {})
+    node = bound.args[0]
+    assert isinstance(node, InitNode) and node.args[1] == GetNode("equinox:is_array")
+    for bad, message in (
+        ({"_get_": "flax.nnx:Param", "x": 1}, r"^program.args\[0\]: a _get_ takes no other keys"),
+        ({"_get_": 3}, r"^program.args\[0\]._get_: expected 'package.module:attribute'"),
+    ):
+        with pytest.raises(ArgSpecError, match=message):
+            bind([bad], {})
+
+
+def test_get_goes_through_the_import_policy(compose_run: Any) -> None:
+    from jaxaot.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^program.args\[0\].x._get_='os:system' imports"):
+        compose_run(
+            "program.target=library_programs:total",
+            "program.args=[{_init_: 'library_programs:total', x: {_get_: 'os:system'}}]",
+            "stop_after=stage_out",
+        )
+
+
+def test_equinox_filter_of_an_abstract_model_keeps_every_array(compose_run: Any) -> None:
+    """``eqx.filter(model, eqx.is_array)`` as an _init_ of the model's _init_: under
+    jax.eval_shape the model's arrays are tracers (eqx.is_array is True for them; for a
+    ShapeDtypeStruct it is False, which would drop every array): all 6 arrays stay, with
+    the values eqx gives."""
+    import equinox as eqx
+
+    result = compose_run(
+        "program.target=library_programs:total",
+        f"program.args=[{{_init_: 'equinox:filter', _args_: [{MLP}, {{_get_: 'equinox:is_array'}}]}}]",
+        *QUICK,
+    )
+    assert result.ok, result.manifest["error"]
+    table = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())
+    assert len(table["arguments"]) == 6  # 3 layers x (weight, bias)
+    model = eqx.nn.MLP(4, 3, 8, 2, key=jax.random.key(0))
+    want = np.asarray(
+        jax.jit(lambda m: sum(x.sum() for x in jax.tree.leaves(m)))(eqx.filter(model, eqx.is_array))
+    )
+    from jaxaot.stages.execute import load_outputs
+
+    (got,) = load_outputs(result.run_dir / "execute").values()
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -284,6 +284,10 @@ def test_llama3_8b_lowers_for_v5e_256_with_its_own_logical_axes(tmp_path: Path) 
         assert spec[f"{prefix}/embed/embedding"] == "P('model', 'fsdp')"
         assert spec[f"{prefix}/lm_head/kernel"] == "P('fsdp', 'model')"
     assert spec["tokens"] == spec["targets"] == "P('fsdp')"
-    # Only the scalars (AdamW's count, the optimizer's step: nothing to split) have no names.
-    assert set(decided["unmatched_inputs"]) <= {"optimizer/opt_state/0/count", "optimizer/step"}
+    # Every leaf decided: the scalars (AdamW's count, the optimizer's step) are replicated,
+    # not listed (nothing to split), and no warning names them.
+    assert decided["unmatched_inputs"] == []
+    assert spec["optimizer/step"] == spec["optimizer/opt_state/0/count"] == "P()"
+    warnings = result.manifest["stages"]["lower"].get("warnings", [])
+    assert not any("no pattern" in w for w in warnings), warnings
     assert by_path["model/layers/attn/wq/kernel"]["bytes_per_device"] == 32 * 4096 * 4096 * 2 // 256

@@ -30,8 +30,8 @@ is built as ``cls(*_args_, **fields)``; its import path goes through the trust p
 is traced as a weakly typed scalar and executed with its value.
 
 A value may also be derived from the program's own code (``_init_``, ``_call_``, ``_ref_``,
-``_key_``: pipeline/config/derived.py), and from Python a ``jax.ShapeDtypeStruct`` stands for
-an array spec of its shape and dtype, an array for itself (:class:`Given`).
+``_key_``, ``_get_``: pipeline/config/derived.py), and from Python a ``jax.ShapeDtypeStruct``
+stands for an array spec of its shape and dtype, an array for itself (:class:`Given`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ anywhere a leaf may::
      _args_: [{_ref_: program.args[0]}]}                               # adamw(...).init(params)
     {_ref_: program.args[0]}                                           # that node's value, shared
     {_key_: 0}                                                         # jax.random.key(0)
+    {_get_: flax.nnx:Param}                                            # the class, not called
 
 - ``_init_`` is a DERIVED value: ``fn(*_args_, **kwargs)``, any pytree. stage_out, lower and
   compile see only its shapes (``jax.eval_shape``, or the callable's ``jaxaot_abstract`` hook);
@@ -21,6 +22,10 @@ anywhere a leaf may::
 - ``_ref_`` names another node by its config path (``program.args[N]``, ``program.kwargs.name``,
   then ``.key`` / ``[i]`` into the config tree): computed once, shared by every reference.
 - ``_key_: n`` is ``jax.random.key(n)`` (a typed PRNG key, concrete even under eval_shape).
+- ``_get_: pkg.mod:attr`` is the object at that import path as it is, never called (a class
+  such as ``flax.nnx:Param`` for ``nnx.Optimizer(..., wrt=...)``, a filter function such as
+  ``equinox:is_array``): resolved through the import policy as ``_call_``'s name is, static
+  data wherever it is passed (closed over, fingerprinted).
 
 Parsed here without importing anything; the names go through the run's import policy when they
 are resolved (jaxaot.stages.derived_values).
@@ -42,9 +47,10 @@ INIT_KEY = "_init_"
 CALL_KEY = "_call_"
 REF_KEY = "_ref_"
 KEY_KEY = "_key_"
+GET_KEY = "_get_"
 METHOD_KEY = "_method_"
 ARGS_KEY = "_args_"
-TAGS: tuple[str, ...] = (INIT_KEY, CALL_KEY, REF_KEY, KEY_KEY)
+TAGS: tuple[str, ...] = (INIT_KEY, CALL_KEY, REF_KEY, KEY_KEY, GET_KEY)
 # Every tag a mapping may carry (``_pytree_`` is argspec's); any other ``_word_`` key is a typo.
 KNOWN_TAGS: tuple[str, ...] = (*TAGS, "_pytree_")
 _TAG_LIKE = re.compile(r"^_[A-Za-z0-9]+_$")
@@ -120,8 +126,21 @@ class KeyNode:
         return self
 
 
-DerivedNode = InitNode | CallNode | RefNode | KeyNode
-DERIVED_TYPES: tuple[type, ...] = (InitNode, CallNode, RefNode, KeyNode)
+@dataclass(frozen=True)
+class GetNode:
+    """``{_get_: pkg.mod:attr}``: the object at that import path, as it is (not called)."""
+
+    target: str
+
+    def children(self, where: str) -> list[tuple[str, Any]]:
+        return []
+
+    def with_children(self, new: list[Any]) -> GetNode:
+        return self
+
+
+DerivedNode = InitNode | CallNode | RefNode | KeyNode | GetNode
+DERIVED_TYPES: tuple[type, ...] = (InitNode, CallNode, RefNode, KeyNode, GetNode)
 
 
 def describe(node: Any) -> str:
@@ -134,6 +153,8 @@ def describe(node: Any) -> str:
         return f"_ref_ {node.path}"
     if isinstance(node, KeyNode):
         return f"_key_ {node.seed}"
+    if isinstance(node, GetNode):
+        return node.target
     return repr(node)
 
 
@@ -211,6 +232,20 @@ def parse_derived(value: Mapping[str, Any], where: str, parse: Callable[[Any, st
                 f"found {seed!r}"
             )
         return KeyNode(seed)
+    if tag == GET_KEY:
+        name = value[GET_KEY]
+        if len(value) != 1:
+            others = sorted(str(k) for k in value if k != GET_KEY)
+            raise ArgSpecError(
+                f"{where}: a _get_ takes no other keys; found {others} (it names an object; "
+                "to call it, write _call_ or _init_)"
+            )
+        if not (isinstance(name, str) and ":" in name and all(name.split(":", 1))):
+            raise ArgSpecError(
+                f"{where}.{GET_KEY}: expected 'package.module:attribute' (e.g. flax.nnx:Param), "
+                f"found {name!r}"
+            )
+        return GetNode(name.strip())
     raw_target = value[tag]
     if isinstance(raw_target, Mapping):
         target = parse(raw_target, f"{where}.{tag}")
@@ -282,7 +317,8 @@ def bound_trees(bound: BoundArgs) -> list[tuple[str, Any]]:
 
 
 def uses_derived(bound: BoundArgs) -> bool:
-    """Whether any argument holds an ``_init_``, ``_call_``, ``_ref_`` or ``_key_`` node."""
+    """Whether any argument holds an ``_init_``, ``_call_``, ``_ref_``, ``_key_`` or ``_get_``
+    node."""
     return has_derived(bound_trees(bound))
 
 
@@ -322,6 +358,7 @@ __all__ = [
     "ARGS_KEY",
     "CALL_KEY",
     "DERIVED_TYPES",
+    "GET_KEY",
     "INIT_KEY",
     "KEY_KEY",
     "METHOD_KEY",
@@ -329,6 +366,7 @@ __all__ = [
     "TAGS",
     "CallNode",
     "DerivedNode",
+    "GetNode",
     "InitNode",
     "KeyNode",
     "RefNode",
