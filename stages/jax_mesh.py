@@ -152,6 +152,30 @@ def output_shardings(value: Any, out_info: Any, out_tree: Any, mesh: MeshSpec, a
     return jax.tree_util.tree_unflatten(out_tree, jax.tree.leaves(named(flat, amesh)))
 
 
+def update_shardings(
+    updates: Any,
+    args: Sequence[Any],
+    shardings: Sequence[Any],
+    positions: Sequence[int],
+    tops: Sequence[str],
+) -> Any:
+    """The shardings of the NNX updates a program returns (``updates``: the traced outputs'
+    ``{node path: {keys: new value}}``), each the input sharding of the same Variable: the
+    leaf at the same path of the traced arguments ``args[i]`` (``shardings``: one per traced
+    position in ``positions``, a pytree prefix of that argument). A Variable of no traced
+    positional argument (a keyword argument's) gets None: the compiler chooses."""
+    import jax
+    from jaxaot.config.tree_paths import leaf_paths
+
+    by_path: dict[str, Any] = {}
+    for sharding, i in zip(shardings, positions, strict=True):
+        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), sharding, args[i])
+        paths = leaf_paths(args[i], tops[i])
+        by_path.update(zip((p for p, _ in paths), jax.tree.leaves(full), strict=True))
+    chosen = [by_path.get(p) for p, _ in leaf_paths(updates, "")]
+    return jax.tree.unflatten(jax.tree.structure(updates), chosen)
+
+
 def _plain(tree: Any) -> Any:
     """Outputs as dicts, lists, tuples and :class:`Leaf` (the matcher's vocabulary)."""
     import jax
@@ -324,4 +348,5 @@ __all__ = [
     "resolved_inputs",
     "stacked",
     "unbound_axis_error",
+    "update_shardings",
 ]

@@ -30,7 +30,13 @@ from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError
 from jaxaot.stages import module_text
 from jaxaot.stages.cost_figures import costs_of
-from jaxaot.stages.jax_mesh import abstract_mesh, named, output_shardings, resolved_inputs
+from jaxaot.stages.jax_mesh import (
+    abstract_mesh,
+    named,
+    output_shardings,
+    resolved_inputs,
+    update_shardings,
+)
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
@@ -151,20 +157,35 @@ def _sharded(
     if cfg.out_shardings is not None:
         traced = staged.traced
         assert traced is not None, "out_shardings need the traced program"
+        # With NNX arguments the traced function returns (the user's output, the Variables it
+        # updated): lower.out_shardings describe the user's output; each update keeps the
+        # sharding its Variable came in with (a parameter stays laid out as it was).
+        out_info, out_tree = traced.out_info, traced.out_tree
+        if staged.returns_updates:
+            out_info, out_tree = traced.out_info[0], traced.out_tree.children()[0]
         if is_pattern_form(cfg.out_shardings):
             trees, outs = resolve(
-                [("output", traced.out_info)],
+                [("output", out_info)],
                 cfg.out_shardings,
                 key="lower.out_shardings",
                 mesh=mesh.sizes,
                 logical=logical_rules(ctx.cfg, mesh),
                 others=_input_leaves(staged, specs, names),
             )
-            opts["out_shardings"] = named(trees[0], amesh)
+            user = named(trees[0], amesh)
         else:
-            opts["out_shardings"] = output_shardings(
-                cfg.out_shardings, traced.out_info, traced.out_tree, mesh, amesh
+            user = output_shardings(cfg.out_shardings, out_info, out_tree, mesh, amesh)
+        opts["out_shardings"] = user
+        if staged.returns_updates:
+            positions = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
+            updates = update_shardings(
+                traced.out_info[1],
+                staged.args,
+                inputs.shardings,
+                positions,
+                top_names(len(staged.args), names),
             )
+            opts["out_shardings"] = (user, updates)
     if ins is not None or outs is not None:
         _record_paths(ctx, ins, outs)
     return fn, opts, inputs.args

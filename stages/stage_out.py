@@ -90,6 +90,9 @@ class StagedOut:
     unfingerprintable: str | None = None
     # Library sharding metadata by leaf path (Adapted.logical_axes), for lower.logical_axis_rules.
     logical_axes: dict[str, Any] = field(default_factory=dict)
+    # ``fn`` returns (the user's output, NNX updates) (Adapted.returns_updates): lower's
+    # out_shardings apply to the user's output; each update takes its Variable's input sharding.
+    returns_updates: bool = False
 
 
 def parameter_names(fn: Callable[..., Any]) -> list[str] | None:
@@ -340,6 +343,7 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
             derived=made,
             fingerprint=made.adapted.fingerprint,
             logical_axes=dict(made.adapted.logical_axes),
+            returns_updates=made.adapted.returns_updates,
         )
     if mesh is not None and mesh.per_replica:  # the global program's arguments, as run() made
         bound = stacked(bound, mesh.size)
@@ -469,6 +473,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         fingerprint=adapted.fingerprint,
         unfingerprintable=str(adapted.unfingerprintable) if adapted.unfingerprintable else None,
         logical_axes=dict(adapted.logical_axes),
+        returns_updates=adapted.returns_updates,
     )
     arg_table.record(ctx, staged)  # arguments.json/.txt and the summary line
     return staged

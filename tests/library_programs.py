@@ -43,3 +43,10 @@ class BadRepr:
 def total(tree: Any) -> jax.Array:
     """The sum of every array leaf of ``tree``."""
     return sum((x.sum() for x in jax.tree.leaves(tree)), start=jax.numpy.zeros((), "float32"))
+
+
+def scale_step(model: Tiny, x: jax.Array) -> jax.Array:
+    """The layer's output; doubles its kernel in place (an NNX update)."""
+    y = model.dense(x)
+    model.dense.kernel[...] = model.dense.kernel[...] * 2
+    return y

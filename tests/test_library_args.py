@@ -140,3 +140,41 @@ def test_equinox_filter_of_an_abstract_model_keeps_every_array(compose_run: Any)
 
     (got,) = load_outputs(result.run_dir / "execute").values()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- NNX updates and lower.out_shardings -----------------------------------------------------
+
+
+@pytest.mark.parametrize("out_shardings", ["[data]", "{output: [data]}"])
+def test_out_shardings_describe_the_users_output_and_updates_keep_their_input_sharding(
+    compose_run: Any, out_shardings: str
+) -> None:
+    """With NNX arguments the traced function returns (output, updated Variables):
+    lower.out_shardings (positional or by pattern) is the user's output's; the doubled kernel
+    comes out with the sharding it went in with (its logical names through the rules), not
+    the output's spec; execute writes both, the output first."""
+    import library_programs as progs  # type: ignore[import-not-found]
+    from flax import nnx
+    from jaxaot.models.nnx import lazy_sharding
+    from jaxaot.stages.execute import load_outputs
+
+    result = compose_run(
+        "program.target=library_programs:scale_step",
+        f"program.args=[{TINY}, {{shape: [8, 16], init: arange}}]",
+        "mesh=data4_model2",
+        "lower.logical_axis_rules=[[embed, data], [mlp, model]]",
+        f"lower.out_shardings={out_shardings}",
+        *QUICK,
+    )
+    assert result.ok, result.manifest["error"]
+    compiled = json.loads((result.run_dir / "compile" / "shardings.json").read_text())
+    outs = {r["path"]: r["sharding"] for r in compiled["outputs"]}
+    ins = {r["path"]: r["sharding"] for r in compiled["inputs"]}
+    assert outs == {"[0]": "P('data',)", "[1]['model']['dense']['kernel']": "P('data', 'model')"}
+    assert ins["args[0]['dense']['kernel']"] == "P('data', 'model')"
+    got = load_outputs(result.run_dir / "execute")
+    assert list(got) == ["[0]", "[1]['model']['dense']['kernel']"]
+    with lazy_sharding():
+        model = progs.Tiny(nnx.Rngs(0))
+    kernel = np.asarray(model.dense.kernel[...])
+    np.testing.assert_array_equal(got["[1]['model']['dense']['kernel']"], kernel * 2, strict=True)
