@@ -87,6 +87,8 @@ def readme_blocks(text: str | None = None) -> list[Block]:
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
             body = "\n".join(lines[i + 1 : end]) + "\n"
             kind = "python" if lang == "python" else "shell" if _is_command(body) else None
+            if marker and marker[0] == "file":
+                kind = kind or "text"  # a config file (YAML) the next example reads
             if kind:
                 blocks.append(_block(section, i + 2, kind, body, marker))
             marker, i = None, end + 1
@@ -211,7 +213,7 @@ def test_readme_skips_are_explicit() -> None:
     skipped = [b for b in BLOCKS if b.skip]
     for b in skipped:
         print(f"readme-test: not run: {b}: {b.skip}")
-    assert len(skipped) == 9, [str(b) for b in skipped]
+    assert len(skipped) == 10, [str(b) for b in skipped]
     assert len([b for b in BLOCKS if not b.skip and not b.file]) >= 13  # the rest all run
 
 
