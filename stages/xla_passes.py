@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import JaxaotError
+from jaxaot.util.code_names import global_names
 
 
 class Unkeyable(JaxaotError):
@@ -280,7 +281,7 @@ def identify(
         "kwdefaults": dict(fn.__kwdefaults__ or {}),
         "closure": [_cell(c) for c in fn.__closure__ or ()],
         "globals": {
-            n: fn.__globals__[n] for n in sorted(_global_names(code)) if n in fn.__globals__
+            n: fn.__globals__[n] for n in sorted(global_names(code)) if n in fn.__globals__
         },
     }
     for what, value in values.items():
@@ -387,15 +388,6 @@ def _sysconfig_sites() -> set[str]:
 @functools.cache
 def _distributions() -> dict[str, list[str]]:
     return {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    """Every name the code (and code nested in it) looks up: globals among them."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def _code_sha256(code: types.CodeType) -> str:

@@ -142,21 +142,9 @@ class _Match:
                 f"{where}: spec {_yaml(value)} has {len(spec)} entries but the array has rank "
                 f"{len(leaf.shape)}; expected at most {len(leaf.shape)} (one per dimension)"
             )
-        seen: set[str] = set()
+        self.axes(value, spec, where)
         for dim, entry in enumerate(spec):
             names = (entry,) if isinstance(entry, str) else entry or ()
-            for name in names:
-                if name not in self.mesh:
-                    raise ConfigError(
-                        f"{where}: spec {_yaml(value)} names mesh axis {name!r}; expected one "
-                        f"of {list(self.mesh)} (mesh.axes)"
-                    )
-                if name in seen:
-                    raise ConfigError(
-                        f"{where}: spec {_yaml(value)} uses mesh axis {name!r} twice; expected "
-                        "each axis on at most one dimension"
-                    )
-                seen.add(name)
             parts = math.prod(self.mesh[n] for n in names)
             if leaf.shape[dim] % parts:
                 raise ConfigError(

@@ -32,6 +32,8 @@ import sysconfig
 import types
 from typing import Any
 
+from jaxaot.util.code_names import global_names
+
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 _MAX_DEPTH = 100
 
@@ -268,7 +270,7 @@ class _Fingerprinter:
             out.append(_version(module))
         else:
             globs = []
-            for name in sorted(_global_names(f.__code__)):
+            for name in sorted(global_names(f.__code__)):
                 if name in f.__globals__:
                     globs.append([name, self.fp(f.__globals__[name], f"{label}.{name}", depth)])
             out.append(globs)
@@ -352,14 +354,6 @@ class _Fingerprinter:
             f"a {cls.__module__}.{cls.__qualname__} has no fields to fingerprint and its repr "
             "names a memory address",
         )
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
 
 
 def _canonical(x: Any) -> str:
