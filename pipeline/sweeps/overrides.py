@@ -12,6 +12,7 @@ import logging
 import re
 from collections.abc import Sequence
 
+from jaxaot.util.console import LAUNCHER_LOGGERS, add_launcher_filter
 from jaxaot.util.humanize import human_bytes
 
 
@@ -97,10 +98,6 @@ def split_overrides(line: str) -> list[str]:
 
 _JOB_LINE = re.compile(r"(\t#\d+ : )(.*)", re.S)
 # Hydra's launchers that log each job's overrides ("#3 : key=value ...") before it starts.
-LAUNCHER_LOGGERS = (
-    "hydra._internal.core_plugins.basic_launcher",
-    "hydra_plugins.hydra_joblib_launcher._core",
-)
 
 
 class ShortOverrides(logging.Filter):
@@ -116,10 +113,7 @@ class ShortOverrides(logging.Filter):
 
 def shorten_launcher_lines() -> None:
     """Install :class:`ShortOverrides` on Hydra's launcher loggers (once per process)."""
-    for name in LAUNCHER_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, ShortOverrides) for f in logger.filters):
-            logger.addFilter(ShortOverrides())
+    add_launcher_filter(ShortOverrides)
 
 
 def short_names(keys: Sequence[str]) -> dict[str, str]:

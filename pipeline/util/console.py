@@ -139,7 +139,7 @@ def quiet_broken_pipe() -> Iterator[None]:
 
 # Hydra's launchers log each job as "\t#3 : key=value ...", with the values escaped for its
 # grammar (f32\[8\,256\]); jaxaot's sweepers show them as written (issue 14).
-_LAUNCHER_LOGGERS = (
+LAUNCHER_LOGGERS = (  # the loggers of Hydra's launchers' per-job lines
     "hydra._internal.core_plugins.basic_launcher",
     "hydra_plugins.hydra_joblib_launcher._core",
 )
@@ -156,10 +156,15 @@ class _Unescaped(logging.Filter):
 
 def unescape_launch_lines() -> None:
     """Show the launchers' per-job lines with values as the user wrote them (idempotent)."""
-    for name in _LAUNCHER_LOGGERS:
+    add_launcher_filter(_Unescaped)
+
+
+def add_launcher_filter(cls: type[logging.Filter]) -> None:
+    """One ``cls()`` on each launcher logger (idempotent)."""
+    for name in LAUNCHER_LOGGERS:
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _Unescaped) for f in logger.filters):
-            logger.addFilter(_Unescaped())
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
 
 
 def cwd_importable() -> None:
