@@ -27,6 +27,7 @@ from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import BackendError, ConfigError, StageError, one_line
 from jaxaot.stages import custom_calls, profile
+from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.convention import (
     Convention,
     UnusableExecutable,
@@ -86,6 +87,18 @@ class CompileConfig:
     # Where the compile time goes: XLA's phases and passes from a jax.profiler trace of the
     # compile, in compiled.json's "breakdown" (issue 18); not in the compile key.
     breakdown: bool = False
+    # XLA's effort levels for this compile (ExecutableBuildOptions): O0..O3, null = JAX's default
+    # (jax_optimization_level / jax_memory_fitting_level); passed as compiler options, so keyed.
+    optimization_level: str | None = None
+    memory_fitting_level: str | None = None
+    # The buffers live at the peak listed in memory_breakdown.json (largest first).
+    memory_top: int = 10
+    # HBM the platform keeps back from a program, per device: bytes (an int >= 1), a fraction
+    # of the HBM (0 <= f < 1), or null for the platform's own (stages/topology.py).
+    hbm_reserve: Any = None
+    # Host memory per device that host-memory buffers (pinned_host/unpinned_host) are checked
+    # against; null = the target's table.
+    host_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -291,7 +304,7 @@ def cache_key(
         "platforms": list(lowered.platforms),
         "donate_argnums": list(lowered.donate_argnums),
         "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
-        "compiler_options": dict(cfg.compile.compiler_options),
+        "compiler_options": options_of(cfg.compile),
         "backend": backend,  # platform + version, device kind + count + topology, jax + jaxlib
         "environment": environment,  # flags, env, host CPU, HLO passes, JAX config values
     }
@@ -368,8 +381,9 @@ def load(
 
     cost, memory = parsed("cost_analysis.json"), parsed("memory_analysis.json")
     stage_metrics(ctx, cost, memory)
-    if "shardings.json" in files:
-        mesh_metrics(ctx, parsed("shardings.json"))
+    shardings = parsed("shardings.json") if "shardings.json" in files else None
+    if shardings and shardings.get("mesh"):
+        mesh_metrics(ctx, shardings)
     return Compiled(
         compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost, memory=memory
     )
@@ -463,7 +477,7 @@ def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[],
     dumps this compile there and ``compile.breakdown`` traces it there."""
     if target.compile_job is not None:  # a topology's compile (issue 15)
         return target.compile_job
-    options = dict(cfg.compiler_options)
+    options = options_of(cfg)
     if out_dir is not None and cfg.dump:
         options |= dump_options(cfg.dump_keep, out_dir / DUMP_DIR)
     traced = out_dir is not None and cfg.breakdown

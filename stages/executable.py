@@ -162,9 +162,10 @@ def write_analysis(
 
     hlo = compiled.as_text() or ""
     ctx.write("optimized.hlo.txt", hlo)
+    # Every compile's input/output shardings, memory kinds and layouts, on one device too.
+    shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
+    ctx.write_json("shardings.json", shardings)
     if mesh:
-        shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
-        ctx.write_json("shardings.json", shardings)
         mesh_metrics(ctx, shardings)
     seen: dict[str, Any] = {"hlo": hlo}
     _ANALYSING[id(compiled)] = seen

@@ -64,6 +64,14 @@ class LowerConfig:
     out_shardings: Any = None
     # [[logical axis name, mesh axis | [mesh axes] | null], ...], tried in order (MaxText's form).
     logical_axis_rules: Any = None
+    # Memory kind per argument / output leaf (device | pinned_host | unpinned_host): one kind for
+    # every leaf, or a mapping of leaf-path pattern -> kind, as in_shardings' mapping form.
+    in_memory_kinds: Any = None
+    out_memory_kinds: Any = None
+    # Layout per argument / output leaf: auto | default | [major-to-minor dims]: one for every
+    # leaf, or a mapping of leaf-path pattern -> layout.
+    in_layouts: Any = None
+    out_layouts: Any = None
     xla_metadata: dict[str, Any] = field(default_factory=dict)
     scoped_metadata: list[Any] = field(default_factory=list)
     # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).

@@ -29,6 +29,7 @@ from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.errors import BackendError, DoesNotFit, StageError
+from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.executable import (
     cost_of,
     export_lowering,
@@ -175,7 +176,7 @@ def start(cfg: Any, lowered: Lowered) -> Plan:
             f"compile.topology={cfg.topology} compiles through the lowering's jax.export, and "
             "there is none (see lower's warnings)",
         )
-    options = dict(cfg.compiler_options)
+    options = options_of(cfg)
 
     def compile_now() -> Any:
         try:
@@ -373,8 +374,9 @@ def load(
     cost = json.loads(files["cost_analysis.json"]) if "cost_analysis.json" in files else None
     memory = json.loads(files["memory_analysis.json"]) if "memory_analysis.json" in files else None
     stage_metrics(ctx, cost, memory)
-    if "shardings.json" in files:
-        mesh_metrics(ctx, json.loads(files["shardings.json"]))
+    shardings = json.loads(files["shardings.json"]) if "shardings.json" in files else None
+    if shardings and shardings.get("mesh"):
+        mesh_metrics(ctx, shardings)
     # The verdict and estimate from the stored analyses and today's accelerator table, as a
     # fresh compile would give them (the table is not part of the store key).
     target = target_of(ctx.cfg.compile)
