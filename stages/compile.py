@@ -584,6 +584,11 @@ def check(cfg: JaxaotConfig) -> None:
             f"compile.dump=true with compile.topology={comp.topology}: XLA's dumps of a "
             "compile for a topology are not supported yet; dump a compile for this host's backend"
         )
+    from jaxaot.stages.compile_options import check_effort
+    from jaxaot.stages.fit_verdict import check_memory_keys
+
+    check_effort(comp)  # compile.optimization_level, compile.memory_fitting_level
+    check_memory_keys(comp)  # compile.memory_top, compile.hbm_reserve, compile.host_memory_bytes
 
 
 def summarize(m: Mapping[str, Any]) -> str:

@@ -22,7 +22,6 @@ a TPU host loads it like any other (``resume_from=<run> start_at=execute``).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,21 +37,16 @@ from jaxaot.stages.executable import (
     stage_metrics,
     write_analysis,
 )
+from jaxaot.stages.fit_verdict import does_not_fit, pair_text, parse_rejection, verdict
+from jaxaot.stages.fit_verdict import message as does_not_fit_message
+from jaxaot.stages.fit_verdict import metrics as fit_metrics
+from jaxaot.stages.fit_verdict import needed_bytes as needed_bytes
 from jaxaot.stages.loop_costs import loop_collectives
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
-from jaxaot.targets.tpu import GiB, Target, quiet_libtpu, resolve, topology_devices
+from jaxaot.targets.tpu import Target, quiet_libtpu, resolve, topology_devices
 from jaxaot.util.hlo_parse import COLLECTIVES, collectives
 from jaxaot.util.humanize import human_bytes, human_seconds
-
-# XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
-# temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
-_HBM_REJECT = re.compile(r"\(([\d.]+)([KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+)([KMGT]?)\)")
-# and, from its memory-space assignment: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: ...
-# Ran out of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity ..."
-_HBM_OOM = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
-_UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
 
 # The execute stage of a compile.topology run: recorded as skipped, with this note.
 EXECUTE_NOTE = (
@@ -182,64 +176,21 @@ def start(cfg: Any, lowered: Lowered) -> Plan:
         try:
             return compile_for(lowered, target, options, live)
         except Exception as exc:
-            verdict = rejected_for_hbm(exc, target)
-            if verdict is None:
+            refused = rejected_for_hbm(exc, target, cfg)
+            if refused is None:
                 raise
-            raise verdict from None
+            raise refused from None
 
     return Plan(job=compile_now, live=live is not None)
 
 
-def rejected_for_hbm(exc: BaseException, target: Target) -> DoesNotFit | None:
-    """XLA's ``RESOURCE_EXHAUSTED ... exceeds available HBM`` as a :class:`DoesNotFit`."""
-    text = " ".join(str(exc).split())
-    m = _HBM_REJECT.search(text) or _HBM_OOM.search(text)
-    if "RESOURCE_EXHAUSTED" not in text or m is None:
+def rejected_for_hbm(exc: BaseException, target: Target, cfg: Any = None) -> DoesNotFit | None:
+    """XLA's ``RESOURCE_EXHAUSTED ... exceeds available HBM`` as a :class:`DoesNotFit`: a
+    program XLA refused never fits (:func:`jaxaot.stages.fit_verdict.verdict`)."""
+    rejection = parse_rejection(exc)
+    if rejection is None:
         return None
-    needed = int(float(m[1]) * _UNIT[m[2]])
-    available = int(float(m[3]) * _UNIT[m[4]])
-    fit = verdict(target, needed, available, source="xla")
-    return DoesNotFit(does_not_fit_message(fit), fit, metrics({"fit": fit}))
-
-
-def verdict(
-    target: Target, needed: int, available: int | None = None, source: str = "memory_analysis"
-) -> dict[str, Any]:
-    """The fit verdict: bytes needed and available per device, whether it fits, headroom."""
-    avail = target.generation.hbm_usable_bytes if available is None else available
-    return {
-        "topology": target.topology,
-        "generation": target.generation.name,
-        "devices": target.devices,
-        "hbm_bytes_needed": needed,
-        "hbm_bytes_available": avail,
-        "fits": needed <= avail,
-        "headroom_bytes": avail - needed,
-        "headroom_fraction": round((avail - needed) / avail, 6),
-        "source": source,  # memory_analysis (argument+output+temp+code-alias) or xla (rejected)
-    }
-
-
-def does_not_fit_message(fit: dict[str, Any]) -> str:
-    need, have = fit["hbm_bytes_needed"] / GiB, fit["hbm_bytes_available"] / GiB
-    return (
-        f"does not fit: needs {need:.1f} GiB of {have:.2f} GiB per device "
-        f"({fit['generation']}, {fit['topology']})"
-    )
-
-
-def needed_bytes(memory: dict[str, int]) -> int:
-    """HBM one device holds while the step runs: arguments, outputs, temporaries and code, less
-    the outputs that alias (donated) arguments. XLA's own compile-time check (which it words
-    "HLO temporaries", though it counts arguments too) rejects most programs past the HBM
-    first; this is the same sum from its memory analysis, to report headroom."""
-    return (
-        memory.get("argument_size_in_bytes", 0)
-        + memory.get("output_size_in_bytes", 0)
-        + memory.get("temp_size_in_bytes", 0)
-        + memory.get("generated_code_size_in_bytes", 0)
-        - memory.get("alias_size_in_bytes", 0)
-    )
+    return does_not_fit(verdict(target, cfg, rejection=rejection))
 
 
 def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | None:
@@ -271,12 +222,16 @@ def roofline(target: Target, cost: dict[str, float] | None) -> dict[str, Any] | 
 
 
 def analysis(
-    target: Target, hlo: str, cost: dict[str, float] | None, memory: dict[str, int] | None
+    target: Target,
+    hlo: str,
+    cost: dict[str, float] | None,
+    memory: dict[str, int] | None,
+    cfg: Any = None,
 ) -> dict[str, Any]:
-    """What a topology compile adds to ``compiled.json``."""
+    """What a topology compile adds to ``compiled.json`` (``cfg``: the compile section)."""
     return {
         "target": target.to_json(),
-        "fit": verdict(target, needed_bytes(memory)) if memory else None,
+        "fit": verdict(target, cfg, memory=memory) if memory else None,
         # Each collective counted as often as it runs (one in a scan's body: per layer).
         "collectives": loop_collectives(hlo),
         "roofline": roofline(target, cost),
@@ -289,8 +244,7 @@ def metrics(info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "topology": (info.get("target") or {}).get("topology") or fit.get("topology")
     }
-    for k in ("fits", "hbm_bytes_needed", "hbm_bytes_available", "headroom_bytes"):
-        out[k] = fit.get(k)
+    out.update(fit_metrics(fit))
     out["est_step_s"] = roof.get("step_s")
     out["est_bound"] = roof.get("bound")
     if coll:
@@ -308,7 +262,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     cfg = ctx.cfg.compile
     target = target_of(cfg)
     hlo, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), target.devices)
-    info = analysis(target, hlo, cost, memory)
+    info = analysis(target, hlo, cost, memory, cfg)
     if info["roofline"] is None and target.generation.platform == "cuda":
         info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
     ctx.metrics.update(metrics(info))
@@ -381,7 +335,7 @@ def load(
     # fresh compile would give them (the table is not part of the store key).
     target = target_of(ctx.cfg.compile)
     fresh = {
-        "fit": verdict(target, needed_bytes(memory)) if memory else meta.get("fit"),
+        "fit": verdict(target, ctx.cfg.compile, memory=memory) if memory else meta.get("fit"),
         "roofline": roofline(target, cost) or meta.get("roofline"),
     }
     ctx.metrics.update(metrics(meta | fresh))
@@ -390,15 +344,15 @@ def load(
 
 def fit_of(compile_record: Any, cfg: Any) -> dict[str, Any] | None:
     """The fit verdict of a compiled program (None without a memory analysis); raises
-    :class:`DoesNotFit` when the program needs more HBM than the target has
-    by its memory analysis (a program XLA accepted within rounding of the limit: its check and
-    this sum need not agree to the byte)."""
+    :class:`DoesNotFit` when it does not fit: more device memory than available (less the
+    reserve) by its memory analysis (a program XLA accepted within rounding of its limit: its
+    check and this sum need not agree to the byte), or more host memory than the host has."""
     memory = getattr(compile_record, "memory", None)
     if not memory:
         return None
-    fit = verdict(target_of(cfg), needed_bytes(memory))
+    fit = verdict(target_of(cfg), cfg, memory=memory)
     if not fit["fits"]:
-        raise DoesNotFit(does_not_fit_message(fit), fit, metrics({"fit": fit}))
+        raise does_not_fit(fit)
     return fit
 
 
@@ -440,14 +394,21 @@ def tpu_present() -> bool:
 
 
 def topology_summary(m: Mapping[str, Any]) -> list[str]:
-    """``compile.topology``'s fit verdict, collectives and roofline estimate (issue 15)."""
+    """``compile.topology``'s fit verdict (device and host memory, the reserve), collectives
+    and roofline estimate: the figures printed as the verdict compared them."""
     if m.get("fits") is None:
         return []
     need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
-    parts = [
-        f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {human_bytes(need)} of "
-        f"{human_bytes(have)} HBM per device ({m.get('topology')})"
-    ]
+    head = "fits" if m["fits"] else "DOES NOT FIT"
+    hbm = pair_text(need, have) if need is not None and have is not None else "-"
+    reserve = m.get("hbm_reserve_bytes")
+    kept = f", {human_bytes(reserve)} reserved" if reserve else ""
+    parts = [f"{head}: {hbm} HBM per device{kept} ({m.get('topology')})"]
+    host_need, host_have = m.get("host_bytes_needed"), m.get("host_bytes_available")
+    if host_need:
+        host = pair_text(host_need, host_have) if host_have is not None else human_bytes(host_need)
+        mark = " (DOES NOT FIT)" if m.get("host_fits") is False else ""
+        parts.append(f"host memory {host} per device{mark}")
     if m.get("collectives") is not None:
         parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
     if m.get("est_step_s") is not None:

@@ -40,6 +40,7 @@ log = logging.getLogger("jaxaot")
 GiB = 1024**3
 _T = 1e12
 _GB_S = 1e9
+_GB = 10**9  # the host-memory figures' "GB", taken as 10^9 bytes (the smaller reading)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class Generation:
     # NVIDIA GPUs (platform "cuda", issue 16): XLA's target config file, peak dense FP8.
     target_config: str = ""  # pipeline/targets/gpu_targets/<file>
     peak_fp8_flops: float | None = None
+    # Host RAM of one host (TPU VM, GPU server), published: host-memory buffers (pinned_host
+    # arguments, offloaded activations) are checked against it over chips_per_host devices.
+    host_memory_bytes: int = 0
 
     @property
     def hbm_usable_gib(self) -> float:
@@ -79,6 +83,10 @@ class Generation:
 #        per chip, 4 chips per host; v5p-N counts TensorCores.
 #   v6e: "TPU v6e" (Trillium) page: 918 TFLOP/s bf16, 1836 TOP/s int8, 32 GB HBM, 1640 GB/s,
 #        1 TensorCore per chip, 4 chips per host in multi-host slices; v6e-N counts chips.
+# Host memory per host: the 4-chip TPU VM machine types of each page's "system architecture" /
+# "VM types" tables: v4 ct4p-hightpu-4t 407 GB, v5e ct5lp-hightpu-4t 192 GB, v5p
+# ct5p-hightpu-4t 448 GB, v6e ct6e-standard-4t 720 GB (the 1- and 8-chip v5e/v6e machine types
+# have the same memory per chip).
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
@@ -97,6 +105,7 @@ GENERATIONS: dict[str, Generation] = {
             source="cloud.google.com/tpu/docs: TPU v4",
             platform="tpu",
             chips_per_host=4,
+            host_memory_bytes=407 * _GB,
         ),
         Generation(
             name="v5e",
@@ -113,6 +122,7 @@ GENERATIONS: dict[str, Generation] = {
             source="cloud.google.com/tpu/docs: TPU v5e",
             platform="tpu",
             chips_per_host=4,
+            host_memory_bytes=192 * _GB,
         ),
         # The docs' "95 GB" is rounded: XLA allows 95.74 GiB per device.
         Generation(
@@ -130,6 +140,7 @@ GENERATIONS: dict[str, Generation] = {
             source="cloud.google.com/tpu/docs: TPU v5p",
             platform="tpu",
             chips_per_host=4,
+            host_memory_bytes=448 * _GB,
         ),
         Generation(
             name="v6e",
@@ -146,6 +157,7 @@ GENERATIONS: dict[str, Generation] = {
             source="cloud.google.com/tpu/docs: TPU v6e",
             platform="tpu",
             chips_per_host=4,
+            host_memory_bytes=720 * _GB,
         ),
     )
 }
@@ -160,7 +172,10 @@ GENERATIONS: dict[str, Generation] = {
 # datasheets (per GPU: 180 GB HBM3e, 8 TB/s, 2.25 PFLOP/s bf16, 4.5 PFLOP/s FP8 and int8 dense).
 # hbm_bytes is the memory XLA's target config gives (device_memory_size, what the driver reports);
 # hbm_usable_bytes is 75% of it: what JAX's GPU client takes by default
-# (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75), so the fit verdict is JAX's default, not the card's.
+# (XLA_PYTHON_CLIENT_MEM_FRACTION=0.75), so the fit verdict is JAX's default, not the card's:
+# the other 25% is the GPUs' default compile.hbm_reserve (stages/fit_verdict.py).
+# Host memory: the DGX systems' datasheets (DGX A100 640GB, DGX H100, DGX H200, DGX B200: 2 TB
+# of system memory for 8 GPUs; other HGX servers vary: set compile.host_memory_bytes).
 _GPU_HOST = 8  # GPUs per host in "h100x8" (HGX/DGX boards)
 GENERATIONS.update(
     {
@@ -183,6 +198,7 @@ GENERATIONS.update(
                 source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB)",
                 target_config="a100.txtpb",
                 peak_fp8_flops=None,
+                host_memory_bytes=2000 * _GB,
             ),
             Generation(
                 name="h100",
@@ -201,6 +217,7 @@ GENERATIONS.update(
                 source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
                 target_config="h100.txtpb",
                 peak_fp8_flops=1979 * _T,
+                host_memory_bytes=2000 * _GB,
             ),
             Generation(
                 name="h200",
@@ -219,6 +236,7 @@ GENERATIONS.update(
                 source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
                 target_config="h200.txtpb",
                 peak_fp8_flops=1979 * _T,
+                host_memory_bytes=2000 * _GB,
             ),
             Generation(
                 name="b200",
@@ -237,6 +255,7 @@ GENERATIONS.update(
                 source="NVIDIA DGX B200 / HGX B200 datasheets (per GPU)",
                 target_config="b200.txtpb",
                 peak_fp8_flops=4500 * _T,
+                host_memory_bytes=2000 * _GB,
             ),
         )
     }
