@@ -3,7 +3,8 @@
 ``compile.compiler_options`` go to this one compile (never through the process-global
 ``XLA_FLAGS``, so sweep jobs in one process do not leak flags into each other). A program lowered
 for a mesh runs on the backend's first N devices. Writes ``optimized.hlo.txt``,
-``cost_analysis.json``, ``memory_analysis.json``, ``executable.bin`` and, for a mesh,
+``cost_analysis.json``, ``memory_analysis.json``, ``memory_breakdown.json`` (XLA's peak and the
+buffers live at it, :mod:`jaxaot.stages.memory_breakdown`), ``executable.bin`` and
 ``shardings.json`` (each input's and output's compiled sharding).
 
 The compile key covers the calling convention of what is compiled, and every executable
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import BackendError, ConfigError, StageError, one_line
-from jaxaot.stages import custom_calls, profile
+from jaxaot.stages import custom_calls, memory_breakdown, profile
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.convention import (
     Convention,
@@ -287,6 +288,7 @@ ARTIFACTS = (
     "executable.bin",
     "compiled.json",
     "shardings.json",
+    "memory_breakdown.json",
 )
 
 
@@ -381,6 +383,8 @@ def load(
 
     cost, memory = parsed("cost_analysis.json"), parsed("memory_analysis.json")
     stage_metrics(ctx, cost, memory)
+    if memory_breakdown.ARTIFACT in files:
+        memory_breakdown.read_metrics(ctx, files[memory_breakdown.ARTIFACT])
     shardings = parsed("shardings.json") if "shardings.json" in files else None
     if shardings and shardings.get("mesh"):
         mesh_metrics(ctx, shardings)
@@ -605,6 +609,7 @@ def summarize(m: Mapping[str, Any]) -> str:
             f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
             f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
         )
+    parts += memory_breakdown.summary(m)
     parts += topology_summary(m)
     if m.get("breakdown_top"):
         parts.append(
@@ -771,6 +776,8 @@ COMPILE = Node(
         "output_bytes",
         "temp_bytes",
         "code_bytes",
+        "peak_bytes",
+        "peak_top",
         "breakdown_threads_s",
         "breakdown_top",
     ),

@@ -157,7 +157,8 @@ def write_analysis(
 ) -> tuple[str, dict[str, float] | None, dict[str, int] | None]:
     """What every compile writes about its executable: the optimized HLO, its shardings on the
     mesh (if any), cost analysis (counting loops; ``loops.json`` lists them) and memory
-    analysis, and their metrics; returns (hlo, cost, memory)."""
+    analysis, what is live at the peak (``memory_breakdown.json``), and their metrics; returns
+    (hlo, cost, memory)."""
     from jaxaot.stages.jax_mesh import describe_shardings
 
     hlo = compiled.as_text() or ""
@@ -181,7 +182,24 @@ def write_analysis(
     if memory:
         ctx.write_json("memory_analysis.json", memory)
     stage_metrics(ctx, cost, memory)
+    record_breakdown(ctx, compiled, hlo)
     return hlo, cost, memory
+
+
+def record_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
+    """memory_breakdown.json from the executable's serialized buffer assignment, where jaxlib
+    gives one (not for a deviceless TPU compile: its breakdown comes from XLA's dump, in
+    :mod:`jaxaot.stages.topology`). A proto this cannot read is a warning, not a failure."""
+    from jaxaot.stages import memory_breakdown
+
+    top = int(getattr(ctx.cfg.compile, "memory_top", 10))
+    try:
+        found = memory_breakdown.from_proto(compiled, hlo, top)
+    except Exception as exc:  # a jaxlib whose proto differs: the compile itself is fine
+        ctx.warn(f"memory breakdown not written: {type(exc).__name__}: {exc}")
+        return
+    if found is not None:
+        memory_breakdown.write(ctx, found)
 
 
 __all__ = [
@@ -191,6 +209,7 @@ __all__ = [
     "memory_of",
     "mesh_metrics",
     "rebound",
+    "record_breakdown",
     "serialize",
     "stage_metrics",
     "write_analysis",

@@ -21,7 +21,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     ap = argparse.ArgumentParser(
         prog="jaxaot-diff",
-        description="Compare two runs or snapshots stage by stage. "
+        description="Compare two runs or snapshots stage by stage: artifacts, cost and memory, "
+        "and for runs what grew at the memory peak (compile/memory_breakdown.json). "
         "Exit status: 0 same, 1 different, 2 unreadable.",
     )
     ap.add_argument("a", type=Path, help="run directory or snapshot folder")

@@ -5,7 +5,9 @@ Text artifacts compare in canonical form (:mod:`jaxaot.util.canonical`), so path
 module names do not count. Binary artifacts (``exported.bin``, ``executable.bin``) are compared
 by bytes and only reported: they carry source locations, so they differ between call sites
 even for one program. Also shown: jax/jaxlib and config changes, compile cost and memory
-deltas, outputs, and the execute time ratio. Exit status, like diff(1): 0 when every canonical
+deltas, what grew at the memory peak (compile/memory_breakdown.json of runs: the peak, each
+group, the buffers live at the peak that are new or larger), outputs, and the execute time
+ratio. Exit status, like diff(1): 0 when every canonical
 artifact is the same, 1 when one differs, 2 when a side cannot be read.
 """
 
@@ -57,6 +59,7 @@ class Side:
     binaries: dict[str, str]  # artifact path -> sha256 (runs only)
     median_s: float | None
     breakdown: dict[str, Any] | None = None  # compile.breakdown's (runs only)
+    memory: dict[str, Any] | None = None  # compile/memory_breakdown.json (runs only)
 
     def describe(self) -> str:
         v = self.snapshot.meta("versions.json")
@@ -81,7 +84,11 @@ def load_side(path: Path) -> Side:
         timings = path / "execute" / "timings.json"
         median = json.loads(timings.read_text()).get("median_s") if timings.is_file() else None
         trace = manifest.get("stages", {}).get("compile", {}).get("compile_trace") or {}
-        return Side(path, "run", from_run(path, manifest), arts, median, trace.get("breakdown"))
+        peak = path / "compile" / "memory_breakdown.json"
+        memory = json.loads(peak.read_text()) if "compile/memory_breakdown.json" in arts else None
+        return Side(
+            path, "run", from_run(path, manifest), arts, median, trace.get("breakdown"), memory
+        )
     if (path / INDEX_NAME).is_file():
         return Side(path, "snapshot", load_snapshot(path), {}, None)
     raise SnapshotError(
@@ -123,6 +130,73 @@ def _breakdown_deltas(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     rows.sort(key=lambda r: (-abs(r["delta"]), r["name"]))
     ta, tb = a.get("threads_s"), b.get("threads_s")
     return {"threads_s": {"a": ta, "b": tb, "ratio": _ratio(ta, tb)}, "hot": rows[:BREAKDOWN_ROWS]}
+
+
+PEAK_ROWS = 10  # the top buffers jaxaot-diff lists as new or larger
+
+
+def _buffer_key(row: dict[str, Any]) -> str:
+    """What names one buffer in two compiles: an argument's path, else its op name and shape
+    (XLA numbers instructions afresh in every compile)."""
+    if row.get("path"):
+        return row["path"]
+    return f"{row.get('op_name') or row.get('instruction')} {row.get('shape')}"
+
+
+def _flat_groups(groups: dict[str, Any] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in (groups or {}).items():
+        if isinstance(value, dict):
+            prefix = "" if name == "arguments" else f"{name} "
+            out |= {f"{prefix}{k}": int(v) for k, v in value.items()}
+        else:
+            out[name] = int(value)
+    return out
+
+
+def _peak_deltas(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """What grew between two compiles' memory breakdowns: the peak, each group (arguments by
+    subtree, outputs, temporaries, ...), and the buffers live at B's peak that are new or
+    larger than at A's."""
+    figures = [
+        {"key": k, "a": a.get(k), "b": b.get(k), "ratio": _ratio(a.get(k), b.get(k))}
+        for k in ("peak_bytes", "live_peak_bytes")
+    ]
+    ga, gb = _flat_groups(a.get("groups")), _flat_groups(b.get("groups"))
+    groups: list[dict[str, Any]] = [
+        {"key": k, "a": ga.get(k, 0), "b": gb.get(k, 0), "delta": gb.get(k, 0) - ga.get(k, 0)}
+        for k in sorted(set(ga) | set(gb))
+        if ga.get(k, 0) != gb.get(k, 0)
+    ]
+    groups.sort(key=lambda g: -g["delta"])
+    before = {_buffer_key(r): int(r["bytes"]) for r in a.get("top") or []}
+    grew = []
+    for row in b.get("top") or []:
+        key, size = _buffer_key(row), int(row["bytes"])
+        if key not in before or size > before[key]:
+            grew.append({"buffer": key, "a": before.get(key), "b": size, "kind": row.get("kind")})
+    return {"figures": figures, "groups": groups, "grew": grew[:PEAK_ROWS]}
+
+
+def _peak_lines(p: dict[str, Any]) -> list[str]:
+    out = []
+    for d in p["figures"]:
+        label = f"memory: {d['key'].replace('_bytes', '')}"
+        out.append(
+            f"  {label:<26} {human_bytes(d['a'])} -> {human_bytes(d['b'])}{_ratio_text(d['ratio'])}"
+        )
+    for g in p["groups"]:
+        sign = "+" if g["delta"] >= 0 else "-"
+        out.append(
+            f"    {g['key'][:40]:<40} {human_bytes(g['a'])} -> {human_bytes(g['b'])}"
+            f" ({sign}{human_bytes(abs(g['delta']))})"
+        )
+    if p["grew"]:
+        out.append("  live at the peak, new or larger in B:")
+        for r in p["grew"]:
+            was = "new" if r["a"] is None else f"was {human_bytes(r['a'])}"
+            out.append(f"    {r['buffer'][:60]:<60} {human_bytes(r['b'])} ({was}, {r['kind']})")
+    return out
 
 
 def _outputs(a: Side, b: Side) -> str | None:
@@ -198,6 +272,8 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
         from jaxaot.snapshots.hlo_structure import compare as compare_hlo
 
         stages.setdefault("compile", {"artifacts": {}})["hlo_structure"] = compare_hlo(a_hlo, b_hlo)
+    if a.memory and b.memory:
+        stages.setdefault("compile", {"artifacts": {}})["peak"] = _peak_deltas(a.memory, b.memory)
     if a.breakdown and b.breakdown:
         stages.setdefault("compile", {"artifacts": {}})["breakdown"] = _breakdown_deltas(
             a.breakdown, b.breakdown
@@ -287,6 +363,8 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
                     f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
                     f"{_ratio_text(d['ratio'])}"
                 )
+        if info.get("peak"):
+            out += _peak_lines(info["peak"])
         if info.get("hlo_structure"):
             out += _structure_lines(info["hlo_structure"])
         if info.get("breakdown"):

@@ -1,0 +1,118 @@
+"""The protobuf wire format, read by hand: enough to walk XLA's serialized protos
+(``BufferAssignmentProto``, ``HloModuleProto``) without depending on ``google.protobuf``.
+
+A message is a sequence of (field number, wire type, value): varints (type 0), 64- and 32-bit
+fixed values (types 1 and 5, returned as raw bytes) and length-delimited bytes (type 2: a
+nested message, a string, or a packed repeated scalar). Groups (types 3 and 4) are refused:
+proto3 has none. https://protobuf.dev/programming-guides/encoding/
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+
+class WireError(ValueError):
+    """Bytes that are not a protobuf message."""
+
+
+def varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos``: (value, position after it)."""
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise WireError(f"truncated varint at byte {pos}")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise WireError(f"varint longer than 10 bytes at byte {pos}")
+
+
+def signed(value: int) -> int:
+    """A varint read back as the int64 it encodes (negative ones take 10 bytes)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of each field of ``data``, in order."""
+    pos = 0
+    while pos < len(data):
+        key, pos = varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise WireError(f"field number 0 at byte {pos}")
+        value: int | bytes
+        if wire == 0:
+            value, pos = varint(data, pos)
+        elif wire == 2:
+            size, pos = varint(data, pos)
+            if pos + size > len(data):
+                raise WireError(f"field {number}: {size} bytes past the end")
+            value, pos = data[pos : pos + size], pos + size
+        elif wire == 1:
+            value, pos = data[pos : pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = data[pos : pos + 4], pos + 4
+        else:
+            raise WireError(f"field {number}: wire type {wire} (groups) is not proto3")
+        if pos > len(data):
+            raise WireError(f"field {number}: truncated")
+        yield number, wire, value
+
+
+def message(data: bytes) -> dict[int, list[Any]]:
+    """Field number -> its values in order (a repeated field has several; a scalar one)."""
+    out: dict[int, list[Any]] = defaultdict(list)
+    for number, _, value in fields(data):
+        out[number].append(value)
+    return dict(out)
+
+
+def ints(msg: dict[int, list[Any]], number: int) -> list[int]:
+    """A repeated int64 field, packed (proto3's default) or not, as signed ints."""
+    out: list[int] = []
+    for value in msg.get(number, []):
+        if isinstance(value, int):
+            out.append(signed(value))
+            continue
+        pos = 0
+        while pos < len(value):
+            v, pos = varint(value, pos)
+            out.append(signed(v))
+    return out
+
+
+def first_int(msg: dict[int, list[Any]], number: int, default: int = 0) -> int:
+    """A scalar int64/int32/bool/enum field (proto3: absent means 0); the last one wins."""
+    values = [v for v in msg.get(number, []) if isinstance(v, int)]
+    return signed(values[-1]) if values else default
+
+
+def text(msg: dict[int, list[Any]], number: int) -> str:
+    """A string field ("" when absent)."""
+    values = msg.get(number, [])
+    return bytes(values[-1]).decode("utf-8", "replace") if values else ""
+
+
+def messages(msg: dict[int, list[Any]], number: int) -> list[dict[int, list[Any]]]:
+    """A repeated (or single) message field, each decoded."""
+    return [message(bytes(v)) for v in msg.get(number, []) if not isinstance(v, int)]
+
+
+__all__ = [
+    "WireError",
+    "fields",
+    "first_int",
+    "ints",
+    "message",
+    "messages",
+    "signed",
+    "text",
+    "varint",
+]
