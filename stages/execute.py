@@ -91,7 +91,7 @@ def _place(
     import jax
 
     try:
-        arg_sh, kw_sh = compiled.input_shardings
+        arg_sh, kw_sh = input_targets(compiled)
         return (
             [_put(a, s) for a, s in zip(args, arg_sh, strict=True)],
             {k: _put(v, kw_sh[k]) for k, v in kwargs.items()},
@@ -116,15 +116,45 @@ def _as_device(x: Any) -> Any:
     return jax.device_put(x) if isinstance(x, np.ndarray) else x
 
 
+def input_targets(compiled: Any) -> Any:
+    """Where each input goes: ``compiled.input_formats`` (sharding with its memory kind, and
+    layout) where the executable gives them, else its ``input_shardings``."""
+    try:
+        return compiled.input_formats
+    except Exception:  # an executable (backend) that cannot say its layouts
+        return compiled.input_shardings
+
+
+def _relaid(x: Any, fmt: Any) -> Any:
+    """``x`` in the layout of ``fmt`` (a Format): moved only when its own layout differs (a
+    compiled ``auto`` or major-to-minor layout that is not the device's default)."""
+    import jax
+    from jax.experimental.layout import Layout
+
+    layout = getattr(fmt, "layout", None)
+    if not isinstance(layout, Layout) or not isinstance(x, jax.Array):
+        return x
+    own = getattr(getattr(x, "format", None), "layout", None)
+    return x if own == layout else jax.device_put(x, fmt)
+
+
 def _put(value: Any, sharding: Any) -> Any:
     import jax
     import numpy as np
+    from jax.experimental.layout import Format
 
     def put(x: Any, s: Any) -> Any:
+        fmt = s if isinstance(s, Format) else None
+        if fmt is not None:
+            s = fmt.sharding
         if isinstance(x, jax.Array) and isinstance(s, jax.sharding.Sharding):
             # A value made on other devices (an _init_ whose leaves jit placed): where the
-            # executable takes it; an executable refuses a committed array sharded otherwise.
-            return x if x.sharding.is_equivalent_to(s, x.ndim) else jax.device_put(x, s)
+            # executable takes it; an executable refuses a committed array sharded otherwise
+            # (in another memory kind too).
+            same = x.sharding.is_equivalent_to(s, x.ndim) and x.sharding.memory_kind == (
+                s.memory_kind
+            )
+            return _relaid(x if same else jax.device_put(x, s), fmt)
         if isinstance(x, np.ndarray) and s is not None:
             if tuple(x.shape) != tuple(getattr(s, "shape", x.shape) or x.shape):
                 return jax.device_put(x)
@@ -134,7 +164,7 @@ def _put(value: Any, sharding: Any) -> Any:
                 # (so does device_put to the executable's input format); the executable's own
                 # transfer of the host array is packed, so it is left to the call (issue 17).
                 return x
-            return jax.device_put(x, s)
+            return _relaid(jax.device_put(x, s), fmt)
         return x
 
     try:
@@ -500,15 +530,16 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
     donated_kw = {k for k in staged.bound.donate_argnames if k in host_kwargs}
     dev_args, dev_kwargs = _place(exe, host_args, host_kwargs)
+    targets = input_targets(exe)
 
     def call() -> tuple[Any, float, list[Any]]:
         # A donated buffer is gone after a call: put a fresh copy before each one (untimed).
         args = [
-            _put(_fresh(host_args[i]), exe.input_shardings[0][i]) if i in donated else a
+            _put(_fresh(host_args[i]), targets[0][i]) if i in donated else a
             for i, a in enumerate(dev_args)
         ]
         kwargs = {
-            k: _put(_fresh(host_kwargs[k]), exe.input_shardings[1][k]) if k in donated_kw else v
+            k: _put(_fresh(host_kwargs[k]), targets[1][k]) if k in donated_kw else v
             for k, v in dev_kwargs.items()
         }
         t0 = time.perf_counter()

@@ -295,14 +295,45 @@ def unbound_axis_error(exc: NameError, mesh: MeshSpec | None) -> ConfigError | N
     )
 
 
+def _layouts(formats: Any, n: int) -> list[dict[str, Any] | None]:
+    """Each leaf's compiled layout (major_to_minor, tiling) from ``compiled.input_formats`` /
+    ``output_formats``; None where the executable does not say (a backend without layouts)."""
+    import jax
+    from jax.experimental.layout import Format, Layout
+
+    try:
+        flat = jax.tree.leaves(formats, is_leaf=lambda x: isinstance(x, Format))
+    except Exception:  # an executable that cannot give its formats
+        return [None] * n
+    out: list[dict[str, Any] | None] = []
+    for f in flat:
+        layout = getattr(f, "layout", None)
+        if isinstance(layout, Layout):
+            tiling = [list(t) for t in layout.tiling] if layout.tiling is not None else None
+            out.append({"major_to_minor": list(layout.major_to_minor), "tiling": tiling})
+        else:
+            out.append(None)
+    return out if len(out) == n else [None] * n
+
+
 def describe_shardings(compiled: Any) -> dict[str, Any]:
-    """Each compiled input's and output's sharding, shard shape and whether it is replicated."""
+    """Each compiled input's and output's sharding, shard shape, whether it is replicated, its
+    memory kind and its layout (``compiled.input_formats``/``output_formats``), mesh or not."""
     import jax
 
-    def rows(shardings: Any, infos: Any, inputs: bool) -> list[dict[str, Any]]:
+    def formats(name: str) -> Any:
+        try:
+            return getattr(compiled, name)
+        except Exception:  # e.g. a backend without layouts
+            return None
+
+    def rows(shardings: Any, infos: Any, inputs: bool, fmts: Any) -> list[dict[str, Any]]:
         flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
+        layouts = _layouts(fmts, len(flat)) if fmts is not None else [None] * len(flat)
         out = []
-        for (path, sharding), info in zip(flat, jax.tree.leaves(infos), strict=False):
+        for (path, sharding), info, layout in zip(
+            flat, jax.tree.leaves(infos), layouts, strict=False
+        ):
             shape = tuple(info.shape)
             name = jax.tree_util.keystr(path)
             if inputs:  # input_shardings is (args, kwargs)
@@ -316,13 +347,19 @@ def describe_shardings(compiled: Any) -> dict[str, Any]:
                     "sharding": str(spec) if spec is not None else str(sharding),
                     "shard_shape": list(sharding.shard_shape(shape)),
                     "replicated": bool(sharding.is_fully_replicated),
+                    "memory_kind": getattr(sharding, "memory_kind", None),
+                    "layout": layout,
                 }
             )
         return out
 
     return {
-        "inputs": rows(compiled.input_shardings, compiled.args_info, True),
-        "outputs": rows(compiled.output_shardings, compiled.out_info, False),
+        "inputs": rows(
+            compiled.input_shardings, compiled.args_info, True, formats("input_formats")
+        ),
+        "outputs": rows(
+            compiled.output_shardings, compiled.out_info, False, formats("output_formats")
+        ),
     }
 
 

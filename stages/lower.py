@@ -23,6 +23,7 @@ from jaxaot.config.path_shardings import (
     resolve,
     under_flax_rules,
 )
+from jaxaot.config.placement import check_placement
 from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
@@ -38,6 +39,7 @@ from jaxaot.stages.jax_mesh import (
     update_shardings,
 )
 from jaxaot.stages.jax_metadata import with_metadata
+from jaxaot.stages.jax_placement import placed
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
@@ -453,12 +455,23 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     args = staged.args
     mesh = mesh_spec(cfg)
     mesh_context: Any = contextlib.nullcontext()
+    amesh = None
     if mesh is not None and not mesh.per_replica:
         amesh = abstract_mesh(mesh)
         fn, opts, args = _sharded(ctx, staged, mesh, amesh, opts)
         kwargs, mesh_json = {}, mesh.to_json()
         # Lets the program use bare PartitionSpecs (with_sharding_constraint) on this mesh.
         mesh_context = jax.sharding.use_abstract_mesh(amesh)
+    # lower.{in,out}_memory_kinds and lower.{in,out}_layouts on the shardings just made.
+    placement = placed(cfg, staged, fn, opts, tuple(args), kwargs, platforms, amesh)
+    fn, opts, args, kwargs = placement.fn, placement.opts, placement.args, placement.kwargs
+    if placement.replicated_outputs:
+        outs = placement.replicated_outputs
+        more = f" (+{len(outs) - 3} more)" if len(outs) > 3 else ""
+        ctx.warn(
+            f"lower.out_memory_kinds/out_layouts: {len(outs)} output leaves placed with no "
+            f"lower.out_shardings, so replicated on the mesh: {', '.join(outs[:3])}{more}"
+        )
     jitted = jax.jit(fn, **opts)
     scoped = scoped_metadata(cfg)
     heap_tuning = contextlib.ExitStack()
@@ -504,7 +517,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             ctx.warn(f"no HLO text for platforms {list(platforms)}: {texts.hlo_error}")
         try:  # inside the mesh and metadata contexts: the export traces again
             with ctx.capture_warnings():
-                exported = jax.export.export(jitted, platforms=platforms)(*staged.args, **kwargs)
+                # Placed arguments carry the memory kind jax.jit is given for them.
+                export_args = args if placement.record else staged.args
+                exported = jax.export.export(jitted, platforms=platforms)(*export_args, **kwargs)
                 pytree_types = _register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives (issue 17).
                 exported_bytes = _serialize(exported, cfg.lower.vjp_order)
@@ -529,6 +544,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     }
     if pytree_types:  # what a resumed run registers before deserializing exported.bin
         meta["namedtuples"] = pytree_types
+    if placement.record:  # what lower.*_memory_kinds / *_layouts asked for, per flat leaf
+        meta["placement"] = placement.record
     if mesh_json is not None:
         meta |= early
         ctx.metrics.update(
@@ -706,6 +723,7 @@ def check(cfg: JaxaotConfig) -> None:
             f"every constant in the texts; found {elide!r}"
         )
     check_metadata(cfg)
+    check_placement(cfg)
 
 
 def summarize(m: Mapping[str, Any]) -> str:

@@ -149,7 +149,8 @@ def is_pattern_form(value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
-def _pattern_parts(pattern: Any, key: str) -> tuple[str, ...]:
+def pattern_parts(pattern: Any, key: str) -> tuple[str, ...]:
+    """A path pattern's ``/``-separated components, checked (one line naming ``key``)."""
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError(f"{key}: expected path patterns as keys, found {pattern!r}")
     parts = tuple(pattern.split("/"))
@@ -211,7 +212,7 @@ def parse_rules(
     """The mapping form's rules, in config order, with every name checked (before JAX)."""
     rules = []
     for pattern, spec in value.items():
-        parts = _pattern_parts(pattern, key)
+        parts = pattern_parts(pattern, key)
         where = f"{key}[{pattern!r}]"
         if spec is None:
             rules.append(Rule(key, pattern, parts, None))
@@ -516,13 +517,7 @@ def resolve_leaves(
     unused = [r for i, r in enumerate(rules) if i not in resolver.used]
     for rule in unused:
         if not any(matches(rule.parts, p.split("/")) for p in _all_paths(leaves)):
-            what = "outputs" if key.endswith("out_shardings") else "arguments"
-            shown = ", ".join(leaf.path for leaf in leaves[:4])
-            more = f", ... ({len(leaves)} in all)" if len(leaves) > 4 else ""
-            raise ConfigError(
-                f"{rule.where}: matches no leaf of the {what}; expected a pattern over their "
-                f"leaf paths ({shown}{more}), or remove it"
-            )
+            raise no_match_error(rule.where, key, leaves)
         out.notes.append(f"{rule.where}: every leaf it matches is decided by an earlier pattern")
     return out
 
@@ -569,6 +564,49 @@ def _all_paths(leaves: Sequence[PathLeaf]) -> list[str]:
     return [p for leaf in leaves for p in (leaf.path, leaf.alias) if p]
 
 
+def path_leaves(
+    tops: Sequence[tuple[str, Any]], aliases: Sequence[str | None] | None = None
+) -> tuple[list[tuple[list[str], Any]], list[PathLeaf]]:
+    """Every leaf of ``tops`` (``[(top-level name, tree)]``) as a :class:`PathLeaf` (with its
+    ``args[i]`` path when ``aliases`` names one), in flatten order, and per top its leaf paths
+    and treedef (to build a tree like it from values by path)."""
+    import jax
+    from jaxaot.config.tree_paths import join
+
+    flats: list[tuple[list[str], Any]] = []
+    leaves: list[PathLeaf] = []
+    for i, (top, tree) in enumerate(tops):
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        alias = aliases[i] if aliases is not None else None
+        paths = [join(top, keys) for keys, _ in flat]
+        flats.append((paths, treedef))
+        for (keys, leaf), path in zip(flat, paths, strict=True):
+            shape = tuple(getattr(leaf, "shape", ()))
+            leaves.append(PathLeaf(path, shape, join(alias, keys) if alias else None))
+    return flats, leaves
+
+
+def first_match(patterns: Sequence[tuple[str, ...]], leaf: PathLeaf) -> int | None:
+    """The index of the first pattern (its parts) matching ``leaf`` by path or ``args[i]`` path."""
+    comps = leaf.path.split("/")
+    alias = leaf.alias.split("/") if leaf.alias else None
+    for i, parts in enumerate(patterns):
+        if matches(parts, comps) or (alias is not None and matches(parts, alias)):
+            return i
+    return None
+
+
+def no_match_error(where: str, key: str, leaves: Sequence[PathLeaf]) -> ConfigError:
+    """A pattern that matches no leaf: one line naming it and some leaf paths to choose from."""
+    what = "outputs" if "out_" in key else "arguments"
+    shown = ", ".join(leaf.path for leaf in leaves[:4])
+    more = f", ... ({len(leaves)} in all)" if len(leaves) > 4 else ""
+    return ConfigError(
+        f"{where}: matches no leaf of the {what}; expected a pattern over their "
+        f"leaf paths ({shown}{more}), or remove it"
+    )
+
+
 def resolve(
     tops: Sequence[tuple[str, Any]],
     value: Mapping[Any, Any] | None,
@@ -584,17 +622,8 @@ def resolve(
     traces, or its outputs); ``aliases`` the ``args[i]`` name of each (or None). Returns one
     :class:`Spec` tree per top, shaped like its tree, and the :class:`Resolution`."""
     import jax
-    from jaxaot.config.tree_paths import join
 
-    flats, leaves = [], []
-    for i, (top, tree) in enumerate(tops):
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        alias = aliases[i] if aliases is not None else None
-        paths = [join(top, keys) for keys, _ in flat]
-        flats.append((paths, treedef))
-        for (keys, leaf), path in zip(flat, paths, strict=True):
-            shape = tuple(getattr(leaf, "shape", ()))
-            leaves.append(PathLeaf(path, shape, join(alias, keys) if alias else None))
+    flats, leaves = path_leaves(tops, aliases)
     res = resolve_leaves(
         leaves,
         value,
@@ -617,11 +646,15 @@ __all__ = [
     "PathLeaf",
     "Resolution",
     "Rule",
+    "first_match",
     "flax_rules_context",
     "is_pattern_form",
     "matches",
+    "no_match_error",
     "parse_logical_rules",
     "parse_rules",
+    "path_leaves",
+    "pattern_parts",
     "resolve",
     "resolve_leaves",
     "under_flax_rules",

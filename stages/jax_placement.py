@@ -1,0 +1,263 @@
+"""The JAX side of ``lower.{in,out}_memory_kinds`` and ``lower.{in,out}_layouts``.
+
+:mod:`jaxaot.config.placement` says which leaf goes where; this module turns that into what
+``jax.jit`` takes: each leaf's sharding with its memory kind (``sharding.with_memory_kind``; on
+no mesh a ``SingleDeviceSharding`` of ``compile.backend``'s first device), wrapped in
+``jax.experimental.layout.Format(Layout.AUTO | Layout(major_to_minor), sharding)`` when it has a
+layout. The lowered module carries them (``mhlo.memory_kind``, ``mhlo.layout_mode`` on its
+arguments and results), so the module digest and the compile key cover them.
+
+What was asked is recorded in ``lowered.json`` (``placement``: per flat input and output of the
+jit, the path, memory kind and layout) so a compile through the lowering's export can ask for
+the same again (:func:`export_placed`): ``jax.jit(exported.call)`` keeps neither the layouts
+nor, without a mesh, the memory kinds (jax 0.10.2).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jaxaot.config.placement import AUTO, Placement, check_kinds, resolve_placement
+from jaxaot.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The program, jit options and arguments with the placement applied, and its record."""
+
+    fn: Any
+    opts: dict[str, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    record: dict[str, Any] | None  # lowered.json's "placement"; None when nothing is placed
+    replicated_outputs: list[str]  # mesh outputs given a kind/layout but no sharding: replicated
+
+
+def target_devices(cfg: Any, platforms: Sequence[str]) -> list[Any] | None:
+    """The devices the program will run on, to check memory kinds against: a topology's
+    compile-only devices, else ``compile.backend``'s when the lowering is for its platform;
+    None when there are none here (a lowering for another platform, stop_after=lower)."""
+    import jax
+    from jaxaot.stages.jaxenv import platform_of
+
+    comp = cfg.compile
+    if comp.topology:
+        from jaxaot.targets.tpu import resolve, topology_devices
+
+        return topology_devices(resolve(comp.topology, comp.num_slices))
+    if platform_of(comp.backend) not in platforms:
+        return None
+    try:
+        return list(jax.devices(comp.backend))
+    except RuntimeError:
+        return None
+
+
+def memory_kinds_of(device: Any) -> list[str]:
+    """The memory kinds a device has (``device.addressable_memories()``)."""
+    return [m.kind for m in device.addressable_memories()]
+
+
+def _layout(value: Any) -> Any:
+    from jax.experimental.layout import Layout
+
+    return Layout.AUTO if value == AUTO else Layout(major_to_minor=tuple(value))
+
+
+def _apply(p: Placement | None, base: Any, device: Any, mesh: Any) -> Any:
+    """One leaf's jit sharding: ``base`` (a sharding or None) with ``p``'s memory kind and
+    layout. A kind or concrete layout with no sharding takes a whole one: replicated on
+    ``mesh``, else ``device``."""
+    if p is None or p.empty:
+        return base
+    from jax.experimental.layout import Format
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    needs_whole = p.memory_kind is not None or isinstance(p.layout, tuple)
+    if base is None and needs_whole:
+        base = (
+            NamedSharding(mesh, PartitionSpec())
+            if mesh is not None
+            else SingleDeviceSharding(device)
+        )
+    if p.memory_kind is not None:
+        base = base.with_memory_kind(p.memory_kind)
+    if p.layout is None:
+        return base
+    return Format(_layout(p.layout), base)
+
+
+def _sharding_of(spec: Any) -> Any:
+    """The sharding of a jit in/out spec (a Format's own)."""
+    from jax.experimental.layout import Format
+
+    return spec.sharding if isinstance(spec, Format) else spec
+
+
+def _full(prefix: Any, tree: Any) -> list[Any]:
+    """A prefix tree of shardings (one standing for a subtree) expanded to ``tree``'s leaves."""
+    import jax
+
+    if prefix is None:
+        return [None] * len(jax.tree.leaves(tree))
+    full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, tree)
+    return list(jax.tree.leaves(full))
+
+
+def _retyped(leaf: Any, spec: Any) -> Any:
+    """A ShapeDtypeStruct carrying its own sharding, carrying the one chosen instead (jax.jit
+    refuses an argument whose memory kind differs from its in_shardings')."""
+    import jax
+
+    sharding = _sharding_of(spec)
+    if not isinstance(leaf, jax.ShapeDtypeStruct) or getattr(leaf, "sharding", None) is None:
+        return leaf
+    if sharding is None:
+        return leaf
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type, sharding=sharding)
+
+
+def placed(
+    cfg: Any,
+    staged: Any,
+    fn: Any,
+    opts: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    platforms: Sequence[str],
+    amesh: Any = None,
+) -> Placed:
+    """``fn``/``opts``/``args`` (as the lower stage built them: on ``amesh`` when the run has a
+    mesh) with ``lower.{in,out}_memory_kinds`` and ``lower.{in,out}_layouts`` applied."""
+    import jax
+    from jaxaot.config.path_shardings import path_leaves
+    from jaxaot.config.tree_paths import top_names
+
+    low = cfg.lower
+    bound = staged.bound
+    traced = [i for i in range(len(args)) if not bound.is_static(i)]
+    tops = top_names(len(args), staged.signature.get("parameters"))
+    _, in_leaves = path_leaves([(tops[i], args[i]) for i in traced], [f"args[{i}]" for i in traced])
+    ins = resolve_placement(in_leaves, low.in_memory_kinds, low.in_layouts, "in")
+    out_placed = low.out_memory_kinds is not None or low.out_layouts is not None
+    outs: dict[str, Placement] = {}
+    out_leaves: list[Any] = []
+    out_tree: Any = None
+    if out_placed:
+        t = staged.traced
+        assert t is not None, "output placement needs the traced program"
+        out_info, out_tree = t.out_info, t.out_tree
+        if staged.returns_updates:  # (the user's output, the NNX updates): the user's output
+            out_info, out_tree = t.out_info[0], t.out_tree.children()[0]
+        _, out_leaves = path_leaves([("output", out_info)])
+        outs = resolve_placement(out_leaves, low.out_memory_kinds, low.out_layouts, "out")
+    if not ins and not outs:
+        return Placed(fn, opts, args, kwargs, None, [])
+    devices = target_devices(cfg, platforms)
+    if devices:
+        check_kinds({**ins, **outs}, memory_kinds_of(devices[0]), devices[0].device_kind)
+    device = None
+    if amesh is None:
+        if devices is None or cfg.compile.topology:
+            raise ConfigError(
+                "lower.in_memory_kinds/out_memory_kinds/in_layouts/out_layouts without a mesh "
+                f"place leaves on one device of compile.backend={cfg.compile.backend}, and this "
+                f"lowering is for {list(platforms)}; expected a mesh (e.g. mesh.shape=[1] "
+                "mesh.axes=[data]) or lower.platforms=[" + cfg.compile.backend + "]"
+            )
+        device = devices[0]
+        traced_kw = [k for k in kwargs if not bound.is_static(k)]
+        if traced_kw and ins:
+            raise ConfigError(
+                f"program.kwargs.{traced_kw[0]}: lower.in_memory_kinds/in_layouts apply to "
+                "traced arguments given positionally (jax.jit has no shardings for keyword "
+                "arguments); expected it in program.args"
+            )
+        # jax.jit takes no keyword arguments alongside in_shardings: the static ones are bound.
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+            kwargs = {}
+        opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
+    opts = dict(opts)
+    new_args = list(args)
+    record: dict[str, Any] = {"inputs": [], "outputs": []}
+    if ins:
+        base_in = opts.get("in_shardings") or (None,) * len(traced)
+        specs_in = []
+        k = 0
+        for n, i in enumerate(traced):
+            leaves = jax.tree.leaves(args[i])
+            base = _full(base_in[n], args[i])
+            chosen = []
+            for sh in base:
+                path = in_leaves[k].path
+                p = ins[path]
+                chosen.append(_apply(p, sh, device, amesh))
+                if not p.empty:
+                    record["inputs"].append({"index": k, "path": path, **p.to_json()})
+                k += 1
+            treedef = jax.tree.structure(args[i])
+            specs_in.append(jax.tree.unflatten(treedef, chosen))
+            new_args[i] = jax.tree.unflatten(
+                treedef, [_retyped(x, s) for x, s in zip(leaves, chosen, strict=True)]
+            )
+        opts["in_shardings"] = tuple(specs_in)
+    replicated: list[str] = []
+    if outs:
+        existing = opts.get("out_shardings")
+        user = existing[0] if staged.returns_updates and existing is not None else existing
+        base = (
+            [None] * len(out_leaves)
+            if user is None
+            else list(jax.tree.leaves(user, is_leaf=lambda x: x is None))
+        )
+        chosen = []
+        for k, (leaf, sh) in enumerate(zip(out_leaves, base, strict=True)):
+            p = outs[leaf.path]
+            if (
+                amesh is not None
+                and sh is None
+                and not p.empty
+                and (p.memory_kind is not None or isinstance(p.layout, tuple))
+            ):
+                replicated.append(leaf.path)
+            chosen.append(_apply(p, sh, device, amesh))
+            if not p.empty:
+                record["outputs"].append({"index": k, "path": leaf.path, **p.to_json()})
+        user_specs = jax.tree_util.tree_unflatten(out_tree, chosen)
+        if staged.returns_updates:
+            updates = existing[1] if existing is not None else None
+            opts["out_shardings"] = (user_specs, updates)
+        else:
+            opts["out_shardings"] = user_specs
+    return Placed(fn, opts, tuple(new_args), kwargs, record, replicated)
+
+
+def export_placed(
+    record: dict[str, Any] | None,
+    ins_flat: Sequence[Any],
+    outs_flat: Sequence[Any],
+    device: Any = None,
+) -> tuple[list[Any], list[Any]]:
+    """The flat in/out shardings for ``jax.jit(exported.call)`` with the placement the lowering
+    recorded (``lowered.json``'s ``placement``) put back: each recorded leaf's memory kind and
+    layout on its sharding (None: one of ``device``)."""
+    ins, outs = list(ins_flat), list(outs_flat)
+    for side, flat in (("inputs", ins), ("outputs", outs)):
+        for row in (record or {}).get(side, []):
+            p = Placement.from_json(row)
+            base = _sharding_of(flat[row["index"]])
+            flat[row["index"]] = _apply(p, base, device, None)
+    return ins, outs
+
+
+__all__ = [
+    "Placed",
+    "export_placed",
+    "memory_kinds_of",
+    "placed",
+    "target_devices",
+]
