@@ -177,14 +177,15 @@ def _occupied(lives: list[_Live]) -> int:
 def peak_set(lives: list[_Live], end: int) -> tuple[int, int, list[_Live]]:
     """(time, bytes, one value per occupied slice) of the device memory in use at the peak: a
     value is live at t when start <= t < end; values sharing a slice of one allocation (the
-    aliases of one buffer) count once, by the largest."""
+    aliases of one buffer) count once, by the largest. The last step (the entry root's, which
+    only gathers the outputs) is not a candidate, as in XLA's live-range dump."""
     device = [x for x in lives if x.alloc.color == 0]
     events: dict[int, list[_Live]] = defaultdict(list)
     for x in device:
         for t in range(x.start, max(x.end, x.start)):
             events[t].append(x)
     best_t, best_bytes = 0, -1
-    for t in range(end):
+    for t in range(max(end - 1, 1)):
         live = events.get(t, [])
         by_alloc: dict[int, list[_Live]] = defaultdict(list)
         for x in live:
@@ -238,12 +239,13 @@ def subtree(path: str) -> str:
 
 
 def _shape_of(module: Module | None, v: Value) -> tuple[str, str]:
-    """(shape text, dtype) of a value."""
-    if v.shape:
-        text = re.sub(r"\{[^{}]*\}", "", v.shape).strip()  # the layout, not the shape
+    """(shape text, dtype) of a value: from the module (either source names it alike), else
+    as the dump prints it, layout dropped."""
+    ins = module.instrs.get(v.instruction) if module else None
+    if ins is None and v.shape:
+        text = re.sub(r"\{[^{}]*\}", "", v.shape).strip()
         m = ARRAY_SHAPE.match(text)
         return text, (m.group(1) if m else "")
-    ins = module.instrs.get(v.instruction) if module else None
     shape: Any = ins.shape if ins else ("", ())
     for i in v.index:
         shape = shape[i] if isinstance(shape, list) and i < len(shape) else ("", ())

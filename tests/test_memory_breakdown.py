@@ -166,6 +166,18 @@ def test_cpu_breakdown_is_xlas_peak_and_live_set(tmp_path: Path) -> None:
     }
 
 
+def test_cpu_peak_never_the_roots_step(tmp_path: Path) -> None:
+    """With the outputs as large as the rest, the step that only gathers the outputs (the
+    root tuple's) would add its tuple: XLA's dump never takes that step as the peak."""
+    params = {"params": {"w1": jnp.zeros((1024, 2048)), "w2": jnp.zeros((2048, 512))}}
+    compiled = _compiled(_mlp, (params, jnp.zeros((256, 1024))), tmp_path)
+    found = mb.from_proto(compiled, compiled.as_text(), top=100)
+    assert found is not None
+    at, listed = _xla_peak(tmp_path)
+    assert found["peak_time"] == at < found["schedule_length"] - 1
+    assert {_named(r): r["bytes"] for r in found["top"]} == listed
+
+
 def test_cpu_loop_program_live_set_at_xlas_peak(tmp_path: Path) -> None:
     args = ({"ws": jnp.zeros((4, 128, 128))}, jnp.zeros((32, 128)))
     compiled = _compiled(jax.grad(_scan_loss), args, tmp_path)
@@ -192,6 +204,11 @@ def test_cpu_loop_program_live_set_at_xlas_peak(tmp_path: Path) -> None:
     assert sum(mb._occupied(v) for v in by_alloc.values()) == sum(listed.values())
     # this live-range analysis keeps a loop's carried values to the loop's end: never less
     assert found["live_peak_bytes"] >= sum(listed.values())
+    dumped = mb.from_dump(tmp_path, hlo, compiled, top=5)
+    assert dumped is not None
+    assert {k: v for k, v in dumped.items() if k != "source"} == {
+        k: v for k, v in found.items() if k != "source"
+    }
 
 
 # -- a v5e:2x2 topology compile: the dump is the source -----------------------------------------
