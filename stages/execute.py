@@ -135,7 +135,13 @@ def _relaid(x: Any, fmt: Any) -> Any:
     if not isinstance(layout, Layout) or not isinstance(x, jax.Array):
         return x
     own = getattr(getattr(x, "format", None), "layout", None)
-    return x if own == layout else jax.device_put(x, fmt)
+    if isinstance(own, Layout) and (
+        own.major_to_minor == layout.major_to_minor
+        and (own.tiling or ()) == (layout.tiling or ())  # no tiling: None from a user, () from XLA
+        and own.sub_byte_element_size_in_bits == layout.sub_byte_element_size_in_bits
+    ):
+        return x
+    return jax.device_put(x, fmt)
 
 
 def _put(value: Any, sharding: Any) -> Any:
