@@ -116,9 +116,11 @@ class LiveRanges:
             u = self.module.instrs[user]
             if user not in self.time:
                 continue  # inside a fusion or a reducer: its caller's time counts
+            if u.opcode == "get-tuple-element" and index and index[0] != u.tuple_index:
+                continue  # reads another element (a custom call's workspace is not its result)
             end = max(end, self.time[user])
             if u.opcode == "get-tuple-element":
-                if index[:1] == (u.tuple_index,):
+                if index:
                     end = max(end, self.last_use(user, index[1:]))
             elif u.opcode == "tuple":
                 end = max(end, self.last_use(user, (k, *index)))
