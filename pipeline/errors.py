@@ -43,10 +43,12 @@ class StageError(JaxaotError, RuntimeError):
 
 
 class DoesNotFit(JaxaotError, RuntimeError):
-    """``compile.topology``: the program needs more HBM per device than the target has.
+    """``compile.topology``: the program needs more memory per device than the target has
+    (HBM less the reserve, or host memory), by XLA's memory analysis or XLA's own refusal.
 
     A result, not a crash (issue 15): the manifest's status is ``does_not_fit``, the CLI exits
-    with :data:`EXIT_DOES_NOT_FIT`, and ``fit`` holds the verdict (bytes needed, available).
+    with :data:`EXIT_DOES_NOT_FIT`, and ``fit`` holds the verdict (bytes needed, available:
+    ``jaxaot.stages.fit_verdict.verdict``, the one place fits is decided).
     """
 
     run_status = "does_not_fit"
@@ -58,6 +60,9 @@ class DoesNotFit(JaxaotError, RuntimeError):
         super().__init__(message)
         self.fit = fit
         self.metrics = metrics or {}  # the stage's report columns of the verdict
+        # What was live at the peak of a program XLA refused (memory_breakdown.json's content),
+        # where its dump had it; its metrics are in ``metrics``.
+        self.breakdown: dict[str, object] | None = None
 
 
 EXIT_DOES_NOT_FIT = DoesNotFit.exit_code

@@ -240,6 +240,7 @@ def metrics(fit: Mapping[str, Any]) -> dict[str, Any]:
 # The verdict's flat columns (stage metrics, report columns).
 FIT_METRICS: tuple[str, ...] = (
     "fits",
+    "hbm_fits",
     "hbm_bytes_needed",
     "hbm_bytes_available",
     "headroom_bytes",

@@ -28,6 +28,7 @@ from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.errors import BackendError, DoesNotFit, StageError
+from jaxaot.stages import peak_dump
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.executable import (
     cost_of,
@@ -171,15 +172,24 @@ def start(cfg: Any, lowered: Lowered) -> Plan:
             "there is none (see lower's warnings)",
         )
     options = options_of(cfg)
+    folder = peak_dump.folder_for(
+        lowered.module_sha256, target.topology, target.num_slices, live is not None, options
+    )
 
     def compile_now() -> Any:
-        try:
-            return compile_for(lowered, target, options, live)
-        except Exception as exc:
-            refused = rejected_for_hbm(exc, target, cfg)
-            if refused is None:
-                raise
-            raise refused from None
+        with peak_dump.locked(folder):
+            try:
+                compiled = compile_for(lowered, target, options | peak_dump.options(folder), live)
+            except Exception as exc:
+                refused = rejected_for_hbm(exc, target, cfg)
+                if refused is None:
+                    raise
+                # XLA writes the buffer assignment before it checks the limit: what is live at
+                # the peak of the program it refused.
+                peak_dump.attach(refused, peak_dump.read(folder, None, cfg.memory_top))
+                raise refused from None
+            peak_dump.keep(compiled, peak_dump.read(folder, compiled, cfg.memory_top))
+            return compiled
 
     return Plan(job=compile_now, live=live is not None)
 
@@ -262,6 +272,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     cfg = ctx.cfg.compile
     target = target_of(cfg)
     hlo, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), target.devices)
+    peak_dump.record(ctx, compiled)  # memory_breakdown.json from XLA's dump
     info = analysis(target, hlo, cost, memory, cfg)
     if info["roofline"] is None and target.generation.platform == "cuda":
         info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
@@ -328,6 +339,10 @@ def load(
     cost = json.loads(files["cost_analysis.json"]) if "cost_analysis.json" in files else None
     memory = json.loads(files["memory_analysis.json"]) if "memory_analysis.json" in files else None
     stage_metrics(ctx, cost, memory)
+    if "memory_breakdown.json" in files:
+        from jaxaot.stages import memory_breakdown
+
+        memory_breakdown.read_metrics(ctx, files["memory_breakdown.json"])
     shardings = json.loads(files["shardings.json"]) if "shardings.json" in files else None
     if shardings and shardings.get("mesh"):
         mesh_metrics(ctx, shardings)
@@ -409,6 +424,8 @@ def topology_summary(m: Mapping[str, Any]) -> list[str]:
         host = pair_text(host_need, host_have) if host_have is not None else human_bytes(host_need)
         mark = " (DOES NOT FIT)" if m.get("host_fits") is False else ""
         parts.append(f"host memory {host} per device{mark}")
+    if m.get("peak_top") and m.get("peak_bytes") is None:  # XLA refused it: no peak figure
+        parts.append(f"live at the peak: {m['peak_top']}")
     if m.get("collectives") is not None:
         parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
     if m.get("est_step_s") is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.stages import NODES
+from jaxaot.stages.fit_verdict import figures, unit_of
 from jaxaot.sweeps.overrides import short_value
 from jaxaot.sweeps.progress import (
     JOB_NAME,
@@ -35,6 +36,10 @@ from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_
 log = logging.getLogger("jaxaot")
 
 CSV_NAME = "sweep.csv"
+EFFORT_HEADS = {
+    "compile.optimization_level": "opt. level",
+    "compile.memory_fitting_level": "mem. fit level",
+}
 MD_NAME = "sweep.md"
 PLOTS_DIR = "plots"
 AUTOTUNE_NAME = "autotune.json"
@@ -43,13 +48,19 @@ AUTOTUNE_NAME = "autotune.json"
 METRICS: dict[str, tuple[str, str]] = {
     f"{node.name}.{metric}": (node.name, metric) for node in NODES for metric in node.report
 }
-# compile.topology's verdict (issue 15): columns only in sweeps that have a topology job.
+# compile.topology's verdict (issue 15; jaxaot.stages.fit_verdict): columns only in sweeps
+# that have a topology job. Device memory (less the reserve) and host memory, apart.
 _TOPOLOGY_FIELDS = (
     "topology",
     "fits",
     "hbm_bytes_needed",
     "hbm_bytes_available",
     "headroom_bytes",
+    "hbm_fits",
+    "hbm_reserve_bytes",
+    "host_bytes_needed",
+    "host_bytes_available",
+    "host_fits",
     "est_step_s",
     "collectives",
     "collective_bytes",
@@ -57,17 +68,28 @@ _TOPOLOGY_FIELDS = (
 TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
     f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
 }
+# XLA's effort levels each job compiled at (its config, not a metric): columns only in sweeps
+# where a job sets one.
+EFFORT_COLUMNS: tuple[str, ...] = ("compile.optimization_level", "compile.memory_fitting_level")
 STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("status", "seconds"))
 # SLURM jobs (jaxaot's SLURM launcher): job id, state, where the state was read (squeue, sacct,
 # submitit's result file) and how often the job was requeued (resuming from its last stage).
 SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
 # Every numeric column: what an autotuning objective may name.
 # Report metrics that are names, not figures (never an autotune objective or a plot axis).
-TEXT_METRICS: frozenset[str] = frozenset({"execute.profile_top_op", "compile.breakdown_top"})
-NUMERIC_COLUMNS: tuple[str, ...] = (
-    tuple(f"{s}.seconds" for s in STAGES)
-    + tuple(c for c in METRICS if c not in TEXT_METRICS)
-    + ("compile.hbm_bytes_needed", "compile.est_step_s")
+TEXT_METRICS: frozenset[str] = frozenset(
+    {"execute.profile_top_op", "compile.breakdown_top", "compile.peak_top"}
+)
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        tuple(f"{s}.seconds" for s in STAGES)
+        + tuple(c for c in METRICS if c not in TEXT_METRICS)
+        + (
+            "compile.hbm_bytes_needed",
+            "compile.host_bytes_needed",
+            "compile.est_step_s",
+        )
+    )
 )
 # A job whose program does not fit its topology is a result, not a failure (issue 15).
 RESULT_STATUSES: tuple[str, ...] = ("ok", "does_not_fit")
@@ -99,6 +121,25 @@ class SweepTable:
         return any(r.get("compile.fits") is not None for r in self.rows)
 
     @property
+    def effort(self) -> list[str]:
+        """The effort-level columns some job sets (not those a varying override already shows)."""
+        return [
+            c
+            for c in EFFORT_COLUMNS
+            if c not in self.varying and any(r.get(c) is not None for r in self.rows)
+        ]
+
+    @property
+    def host(self) -> bool:
+        """Whether a job holds host memory (its host figures show in the Markdown table)."""
+        return any(r.get("compile.host_bytes_needed") for r in self.rows)
+
+    @property
+    def peaks(self) -> bool:
+        """Whether a job has the buffers live at its peak (compile.peak_top)."""
+        return any(r.get("compile.peak_top") for r in self.rows)
+
+    @property
     def slurm(self) -> bool:
         """Whether the jobs ran as SLURM jobs (their records carry a job id and state)."""
         return any(r.get("slurm_job") for r in self.rows)
@@ -118,6 +159,7 @@ class SweepTable:
         return [
             "job",
             *self.varying,
+            *self.effort,
             "status",
             *best,
             *STAGE_COLUMNS,
@@ -146,6 +188,9 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
         row[col] = value if col in TEXT_METRICS else measured(value)
     for col, (stage, name) in TOPOLOGY_METRICS.items():
         row[col] = metric(stage, name)  # a verdict's headroom is negative when it does not fit
+    comp = ((manifest or {}).get("config") or {}).get("compile") or {}
+    for col in EFFORT_COLUMNS:
+        row[col] = comp.get(col.split(".", 1)[1])
     return row
 
 
@@ -280,17 +325,43 @@ def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
     return str(fmt(r.get(col)))
 
 
-def _topology_cells(r: dict[str, Any]) -> list[str]:
+def _pair(need: Any, have: Any) -> tuple[str, str]:
+    """Needed and available, printed so that they compare as the bytes do (the verdict's)."""
+    if need is None or have is None or have <= 0:
+        return human_bytes(need), human_bytes(have)
+    scale, unit = unit_of(have)
+    a, b = figures(need, have, scale)
+    return f"{a} {unit}", f"{b} {unit}"
+
+
+def _topology_cells(r: dict[str, Any], host: bool) -> list[str]:
     fits = r.get("compile.fits")
     coll = r.get("compile.collectives")
+    need, have = _pair(r.get("compile.hbm_bytes_needed"), r.get("compile.hbm_bytes_available"))
+    reserve = r.get("compile.hbm_reserve_bytes")
+    if reserve:
+        have += f" ({human_bytes(reserve)} reserved)"
+    verdict = "-" if fits is None else ("yes" if fits else "**no**")
+    if fits is False and r.get("compile.host_fits") is False:  # which memory did not fit
+        verdict += " (HBM and host)" if r.get("compile.hbm_fits") is False else " (host)"
+    cells = [r.get("compile.topology") or "-", verdict, need, have]
+    if host:
+        host_need, host_have = _pair(
+            r.get("compile.host_bytes_needed"), r.get("compile.host_bytes_available")
+        )
+        cells.append(f"{host_need} of {host_have}" if r.get("compile.host_bytes_needed") else "-")
     return [
-        r.get("compile.topology") or "-",
-        "-" if fits is None else ("yes" if fits else "**no**"),
-        human_bytes(r.get("compile.hbm_bytes_needed")),
-        human_bytes(r.get("compile.hbm_bytes_available")),
+        *cells,
         human_seconds(r.get("compile.est_step_s")),
         "-" if coll is None else f"{coll} ({human_bytes(r.get('compile.collective_bytes'))})",
     ]
+
+
+def _peak_cell(r: dict[str, Any]) -> str:
+    top, peak = r.get("compile.peak_top"), r.get("compile.peak_bytes")
+    if not top:
+        return "-"
+    return f"{human_bytes(peak)}: {top}" if peak is not None else top
 
 
 def _profile_cell(r: dict[str, Any]) -> str:
@@ -315,6 +386,7 @@ def _shown(override: str) -> str:
 def to_markdown(table: SweepTable) -> str:
     names = short_names(table.varying)
     topology, slurm, profiled = table.topology, table.slurm, table.profiled  # each scans every row
+    effort, host, peaks = table.effort, table.host, table.peaks
     n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
     lines = [f"# Sweep report: {table.sweep_dir}", ""]
     misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
@@ -354,6 +426,7 @@ def to_markdown(table: SweepTable) -> str:
     head = [
         "job",
         *(names[k] for k in table.varying),
+        *(EFFORT_HEADS[c] for c in effort),
         "status",
         *(s for s in STAGES),
         "FLOPs",
@@ -364,11 +437,10 @@ def to_markdown(table: SweepTable) -> str:
         "code",
         "exec median",
         "FLOP/s",
-        *(
-            ("target", "fits", "HBM needed", "HBM available", "est. step (roofline)", "collectives")
-            if topology
-            else ()
-        ),
+        *(("target", "fits", "HBM needed", "HBM available") if topology else ()),
+        *(("host memory needed of available",) if topology and host else ()),
+        *(("est. step (roofline)", "collectives") if topology else ()),
+        *(["peak: live buffers"] if peaks else []),
         *(["top op (share of op time)"] if profiled else []),
         *(["SLURM"] if slurm else []),
         "error",
@@ -384,6 +456,7 @@ def to_markdown(table: SweepTable) -> str:
         cells = [
             r["job"],
             *(short_value(str(r.get(k, ""))) for k in table.varying),
+            *(r.get(c) or "-" for c in effort),
             status,
             *(_stage_cell(r, s) for s in STAGES),
             *(
@@ -399,7 +472,8 @@ def to_markdown(table: SweepTable) -> str:
             ),
             _metric(r, "execute.median_s", human_seconds),
             _metric(r, "execute.flops_per_s", human_count),
-            *(_topology_cells(r) if topology else ()),
+            *(_topology_cells(r, host) if topology else ()),
+            *([_peak_cell(r)] if peaks else []),
             *([_profile_cell(r)] if profiled else []),
             *([_slurm_cell(r)] if slurm else []),
             (r.get("error") or "")[:160],
@@ -437,6 +511,7 @@ def write_report(sweep_dir: Path | str, *, plots: bool = True) -> SweepTable:
 __all__ = [
     "AUTOTUNE_NAME",
     "CSV_NAME",
+    "EFFORT_COLUMNS",
     "MD_NAME",
     "METRICS",
     "NUMERIC_COLUMNS",
