@@ -1,11 +1,14 @@
 """``hydra/sweeper=jaxaot_fit``: bisect an integer override for the largest value that fits.
 
 Each probe is an ordinary sweep job launched with the configured launcher (one compile, stored
-like any other); the job's exit code is the verdict (0 fits, 3 does not fit). The other sweep
-arguments on the command line give one search each (e.g. per ``compile.topology``). Writes
-``fit.json`` in the sweep dir and logs one line per search. No ``from __future__ import
-annotations`` here: Hydra executes plugin modules before registering them in ``sys.modules``,
-where dataclasses would look string annotations up.
+like any other), its task run in a process of its own (jaxaot.sweeps.probe_process) unless
+``hydra.sweeper.isolate=false``; the job's exit code is the verdict (0 fits, 3 does not fit), a
+crash or another failure is no verdict for that value. Every combination of the other sweep
+arguments gets a search; per topology, the choices' largest fits form a Pareto front.
+``fit.json`` in the sweep dir is rewritten before and after every probe, and a search run again
+with the same ``hydra.sweep.dir`` takes the probes recorded there instead of running them again.
+No ``from __future__ import annotations`` here: Hydra executes plugin modules before
+registering them in ``sys.modules``, where dataclasses would look string annotations up.
 """
 
 import logging
@@ -17,22 +20,32 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
-from jaxaot.errors import EXIT_DOES_NOT_FIT
+from hydra.types import HydraContext, TaskFunction
+from jaxaot.errors import EXIT_DOES_NOT_FIT, ConfigError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.compose_cache import LaunchingSweeper
 from jaxaot.sweeps.fit_search import (
+    FIT_FORMAT,
     FIT_NAME,
+    PROBE_METRICS,
     FitOptions,
     Search,
     bisect,
     combinations,
+    front_lines,
+    fronts,
+    initial_bound,
+    shown,
     summary_line,
 )
-from jaxaot.sweeps.progress import JobOutcome, read_json
+from jaxaot.sweeps.probe_process import CRASHED, TIMED_OUT, IsolatedTask
+from jaxaot.sweeps.progress import JobOutcome, SweepPlan, override_key, read_json
 from jaxaot.util.fsio import atomic_write_json
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("jaxaot")
+
+NO_TOPOLOGY = "the job has no fit verdict (set compile.topology)"
 
 
 @dataclass
@@ -42,6 +55,9 @@ class JaxaotFitSweeperConf:
     low: int = 1
     high: int = 1024
     multiple: int = 1
+    isolate: bool = True
+    max_failures: int = 3
+    timeout_s: float = 0.0
 
 
 ConfigStore.instance().store(
@@ -49,30 +65,90 @@ ConfigStore.instance().store(
 )
 
 
-def _verdict(job: JobReturn) -> tuple[bool | None, str | None, dict[str, Any]]:
-    """(fits, error, compile metrics) of one probe job."""
+def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
+    """One probe as fit.json keeps it: the verdict (None: none), its status and figures."""
     value = job._return_value
-    if job.status != JobStatus.COMPLETED:
-        return None, f"job raised {type(value).__name__}: {value}", {}
-    code = value.code if isinstance(value, JobOutcome) else int(value or 0)
     run_dir = Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     metrics = ((manifest or {}).get("stages", {}).get("compile", {}).get("metrics")) or {}
-    if code == 0 and metrics.get("fits") is None:
-        return None, "the job has no fit verdict (set compile.topology)", metrics
-    if code in (0, EXIT_DOES_NOT_FIT):
-        return code == 0, None, metrics
-    return None, (value.error if isinstance(value, JobOutcome) else f"exit code {code}"), metrics
+    fits: bool | None = None
+    error: str | None = None
+    if job.status != JobStatus.COMPLETED:
+        status, error = "failed", f"job raised {type(value).__name__}: {value}"
+    else:
+        code = value.code if isinstance(value, JobOutcome) else int(value or 0)
+        error = value.error if isinstance(value, JobOutcome) else None
+        if code == 0 and metrics.get("fits") is None:
+            status, error = "failed", NO_TOPOLOGY
+        elif code in (0, EXIT_DOES_NOT_FIT):
+            fits = code == 0
+            status = "fits" if fits else "does_not_fit"
+        elif (error or "").startswith(CRASHED):
+            status = "crashed"
+        elif (error or "").startswith(TIMED_OUT):
+            status = "timed_out"
+        else:
+            status, error = "failed", error or f"exit code {code}"
+    record: dict[str, Any] = {"n": n, "fits": fits, "status": status, "job": num}
+    record["error"] = error if fits is None else None
+    record.update({k: metrics.get(k) for k in PROBE_METRICS})
+    return record
+
+
+class _Previous:
+    """The probes an earlier run of this search recorded in fit.json (none for a new one)."""
+
+    def __init__(self, path: Path, opts: FitOptions) -> None:
+        self.probes: dict[tuple[str, ...], dict[int, dict[str, Any]]] = {}
+        self.next_job = 0
+        data = read_json(path)
+        if data is None:
+            return
+        where = f"hydra.sweep.dir={str(path.parent)!r}"
+        if data.get("format") != FIT_FORMAT:
+            raise ConfigError(
+                f"{where}: its {FIT_NAME} is format {data.get('format', 1)}, this jaxaot resumes "
+                f"format {FIT_FORMAT}; choose a new hydra.sweep.dir"
+            )
+        if list(data.get("overrides") or []) != list(opts.overrides):
+            raise ConfigError(
+                f"{where}: its {FIT_NAME} is a search of hydra.sweeper.overrides="
+                f"{data.get('overrides')}, not {opts.overrides}; resume with the same overrides "
+                "or choose a new hydra.sweep.dir"
+            )
+        for s in data.get("searches", []):
+            done = {int(p["n"]): p for p in s.get("probes", []) if p.get("status")}
+            self.probes[tuple(s.get("fixed", []))] = done
+        jobs = [p["job"] for ps in self.probes.values() for p in ps.values()]
+        self.next_job = max(
+            [int(data.get("next_job") or 0), *(j + 1 for j in jobs if j is not None)]
+        )
+
+    def get(self, fixed: Sequence[str], n: int) -> dict[str, Any] | None:
+        found = self.probes.get(tuple(fixed), {}).get(n)
+        return dict(found) if found is not None else None
+
+    @property
+    def count(self) -> int:
+        return sum(len(p) for p in self.probes.values())
 
 
 class JaxaotFitSweeper(LaunchingSweeper):
-    """Bisects ``overrides``' ``{n}`` over [low, high] (multiples of ``multiple``)."""
+    """Bisects ``overrides``' ``{n}`` over [low, high] (multiples of ``multiple``) for every
+    combination of the other sweep arguments."""
 
     def __init__(self, **options: Any) -> None:
         overrides = options.pop("overrides", None) or []
         if OmegaConf.is_config(overrides):
             overrides = OmegaConf.to_container(overrides, resolve=True)
         self.opts = FitOptions(overrides=[str(o) for o in overrides], **options)
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        if self.opts.isolate:
+            task_function = IsolatedTask.of(task_function, self.opts.timeout_s)
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None
@@ -81,49 +157,78 @@ class JaxaotFitSweeper(LaunchingSweeper):
         combos = combinations(parser.parse_overrides(list(arguments)))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        returns: list = []
-        results: list = []
+        previous = _Previous(sweep_dir / FIT_NAME, self.opts)
         common = set.intersection(*(set(c) for c in combos))
-        for fixed in combos:
-            search = Search(fixed=fixed, label=" ".join(o for o in fixed if o not in common))
+        searches = [
+            Search(fixed=fixed, label=" ".join(shown(o) for o in fixed if o not in common))
+            for fixed in combos
+        ]
+        varying = list(dict.fromkeys(override_key(o) for c in combos for o in c if o not in common))
+        varying += [override_key(o) for o in self.opts.overrides]
+        returns: list[list[JobReturn]] = []
+        state = {"next_job": previous.next_job, "reused": 0}
 
-            def probe(n: int, fixed: list = fixed, search: Search = search) -> bool | None:
-                batch = [[*fixed, *self.opts.with_value(n)]]
-                self.validate_batch_is_legal(batch)
-                job = self.launcher.launch(batch, initial_job_idx=sum(map(len, returns)))[0]
-                returns.append([job])
-                fits, error, metrics = _verdict(job)
-                search.probes.append(
-                    {
-                        "n": n,
-                        "fits": fits,
-                        "job": sum(map(len, returns)) - 1,
-                        "error": error,
-                        "hbm_bytes_needed": metrics.get("hbm_bytes_needed"),
-                        "hbm_bytes_available": metrics.get("hbm_bytes_available"),
-                    }
-                )
-                if fits is None:
-                    search.error = f"n={n}: {error}"
-                return fits
+        def write(final: bool = False) -> dict[str, Any]:
+            results = [s.to_json(self.opts) for s in searches]
+            doc = {
+                **self.opts.header(),
+                "next_job": state["next_job"],
+                "reused_probes": state["reused"],
+                "searches": results,
+                "fronts": fronts(results) if final else [],
+            }
+            atomic_write_json(sweep_dir / FIT_NAME, doc)
+            return doc
+
+        def plan(current: Search) -> None:
+            """The sweep's job count as a bound: jobs finished, plus at most this many more."""
+            left = sum(
+                s.remaining if s is current else initial_bound(self.opts)
+                for s in searches
+                if not s.done
+            )
+            total = previous.count + len(returns) + left
+            SweepPlan(total=total, varying=tuple(varying), bound=True).write(sweep_dir)
+
+        for search in searches:
+
+            def probe(n: int, search: Search = search) -> bool | None:
+                record = previous.get(search.fixed, n)
+                if record is not None:
+                    state["reused"] += 1
+                    log.info(
+                        "fit search [%s]: n=%d: %s, as %s records",
+                        search.label or "all jobs",
+                        n,
+                        record["status"],
+                        FIT_NAME,
+                    )
+                else:
+                    batch = [[*search.fixed, *self.opts.with_value(n)]]
+                    self.validate_batch_is_legal(batch)
+                    num = state["next_job"]
+                    state["next_job"] = num + 1
+                    plan(search)
+                    write()  # next_job first: a killed search never reuses this job's folder
+                    job = self.launcher.launch(batch, initial_job_idx=num)[0]
+                    returns.append([job])
+                    record = probe_record(n, job, num)
+                search.probes.append(record)
+                if record["error"] == NO_TOPOLOGY:
+                    search.error = f"n={n}: {NO_TOPOLOGY}"
+                write()
+                return record["fits"]
 
             bisect(self.opts, probe, search)
-            result = search.to_json(self.opts)
-            results.append(result)
-            log.info("%s", summary_line(result))
-            atomic_write_json(
-                sweep_dir / FIT_NAME,
-                {
-                    "overrides": self.opts.overrides,
-                    "low": self.opts.low,
-                    "high": self.opts.high,
-                    "multiple": self.opts.multiple,
-                    "searches": results,
-                },
-            )
-        for result in results:
+            log.info("%s", summary_line(search.to_json(self.opts)))
+        doc = write(final=True)
+        finished = previous.count + len(returns)
+        SweepPlan(total=finished, varying=tuple(varying)).write(sweep_dir)
+        for result in doc["searches"]:
             print(summary_line(result), flush=True)
+        for line in front_lines(doc["fronts"]):
+            print(line, flush=True)
         return returns
 
 
-__all__ = ["JaxaotFitSweeper", "JaxaotFitSweeperConf"]
+__all__ = ["JaxaotFitSweeper", "JaxaotFitSweeperConf", "probe_record"]

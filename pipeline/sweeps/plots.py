@@ -1,9 +1,11 @@
 """PNG plots for the sweep report: each swept parameter against compile time, execute time,
-achieved FLOP/s and memory, the optimisation history of an autotuning search, and the jobs on
-their device's roofline (``execute.roofline=true``).
+achieved FLOP/s and memory, the optimisation history of an autotuning search, the jobs on
+their device's roofline (``execute.roofline=true``), and a fit search's probes and Pareto front.
 
 One figure per varying parameter, its values on the x axis as categories (sweeps are usually
-powers of two or names, where even spacing reads best). The other varying parameters become
+powers of two or names, where even spacing reads best), in the order of the numbers in them
+(``bf16[1024,...]`` before ``bf16[16384,...]``); what all values share is said once, in the
+axis label, and the ticks show what differs. The other varying parameters become
 series (grouped bars), up to ``MAX_SERIES``; beyond that each bar is the median over them.
 Compiles served from the store are hatched, so a cached point is never mistaken for a fast
 compile; failed points are red crosses. Uses matplotlib's object API (no pyplot state).
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.sweeps.progress import short_names
+from jaxaot.sweeps.progress import read_json, short_names
 from jaxaot.util.fsio import atomic_write_bytes
 from jaxaot.util.humanize import human_bytes
 from matplotlib.figure import Figure
@@ -40,17 +42,78 @@ _MEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2")
 Row = dict[str, Any]
 
 
+_CHUNKS = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def _natural(value: str) -> tuple[tuple[int, float, str], ...]:
+    """A sort key that orders the numbers inside values by size: ``f32[8,256]`` before
+    ``f32[16,256]``, ``2.5`` before ``10``, names by their text."""
+    parts = _CHUNKS.split(value)
+    return tuple(
+        (0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts) if p != ""
+    )
+
+
 def _x_values(rows: list[Row], param: str) -> list[str]:
-    """Numbers in numeric order; anything else (shapes, names) in the sweep's own order."""
-    seen = list(dict.fromkeys(str(r.get(param, "")) for r in rows))
-    try:
-        return sorted(seen, key=float)
-    except ValueError:
-        return seen
+    """The parameter's values in the order of the numbers in them (then by text)."""
+    seen = dict.fromkeys(str(r.get(param, "")) for r in rows)
+    return sorted(seen, key=_natural)
+
+
+def _boundary(text: str, at: int, *, end: bool) -> int:
+    """The nearest cut at or inside ``at`` that falls next to a separator (not mid-number)."""
+    while 0 < at < len(text) and (text[at - 1].isalnum() and text[at].isalnum()):
+        at += -1 if end else 1
+    return at
+
+
+def _common_prefix(values: Sequence[str]) -> int:
+    """How many leading characters all ``values`` share."""
+    first, last = min(values), max(values)  # the extremes bound every other value's prefix
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return n
+
+
+def compact(values: Sequence[str]) -> tuple[list[str], str]:
+    """Tick labels and what they share: ``['bf16[1024,1048576]', 'bf16[2048,1048576]']`` ->
+    ``(['1024', '2048'], 'bf16[·,1048576]')``; the values themselves (and "") when they share
+    nothing worth saying or differ in more than one place."""
+    if len(values) < 2:
+        return list(values), ""
+    head = _common_prefix(values)
+    tail = _common_prefix([v[::-1] for v in values])
+    shortest = min(len(v) for v in values)
+    tail = min(tail, shortest - head)
+    head = min(_boundary(v, head, end=True) for v in values)
+    tail = min(len(v) - _boundary(v, len(v) - tail, end=False) for v in values)
+    if head + tail < 4:
+        return list(values), ""
+    cut = [v[head : len(v) - tail] for v in values]
+    if any(not c for c in cut):
+        return list(values), ""
+    v0 = values[0]
+    return cut, f"{v0[:head]}·{v0[len(v0) - tail :]}"
 
 
 def _label(value: str, width: int = 18) -> str:
     return value if len(value) <= width else value[: width - 1] + "…"
+
+
+def _ticks(ax: Axes, labels: Sequence[str]) -> None:
+    """Category ticks that do not overlap: upright when short and few, else slanted and
+    smaller, with long ones shortened."""
+    longest = max((len(t) for t in labels), default=0)
+    upright = len(labels) <= 3 or longest * len(labels) <= 40
+    ax.set_xticks(
+        range(len(labels)),
+        [_label(t) for t in labels],
+        rotation=0 if upright else 45 if longest > 4 else 30,
+        ha="center" if upright else "right",
+        rotation_mode="anchor",
+        fontsize=8 if len(labels) <= 8 else 7,
+    )
 
 
 def _series(rows: list[Row], param: str, others: list[str]) -> dict[str, list[Row]]:
@@ -181,7 +244,8 @@ def _figure(table: SweepTable, param: str) -> Figure:
     groups = _series(rows, param, [k for k in table.varying if k != param])
     executed = any(r.get("execute.median_s") is not None for r in rows)
     panels = 4 if executed else 2
-    fig = Figure(figsize=(3.4 * panels, 3.3), layout="constrained")
+    width = max(3.4, 0.3 * len(xs) * max(len(groups), 1))  # room for every bar's tick
+    fig = Figure(figsize=(width * panels, 3.3), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
     _bars(
         axes[0],
@@ -206,16 +270,11 @@ def _figure(table: SweepTable, param: str) -> Figure:
         )
         _bars(axes[2], xs, param, groups, "achieved FLOP/s", _col("execute.flops_per_s"))
     _memory(axes[-1], xs, param, groups)
+    ticks, shared = compact(xs)
     for ax in axes:
-        ax.set_xticks(
-            range(len(xs)),
-            [_label(x) for x in xs],
-            rotation=30 if len(xs) > 3 else 0,
-            ha="right" if len(xs) > 3 else "center",
-            fontsize=8,
-        )
+        _ticks(ax, ticks)
         ax.tick_params(axis="y", labelsize=8)
-        ax.set_xlabel(param, fontsize=8)
+        ax.set_xlabel(f"{param} = {shared}" if shared else param, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     if len(groups) > 1:
         handles, labels = axes[0].get_legend_handles_labels()
@@ -293,6 +352,115 @@ def _roofline(table: SweepTable) -> Figure | None:
     return fig
 
 
+_STATUS_COLORS = {"fits": "#55A868", "does_not_fit": "#C44E52"}
+_NO_VERDICT_COLOR = "0.6"
+
+
+def _fit_panel(ax: Axes, search: dict[str, Any]) -> None:
+    """One search's probes by value: each bar the HBM it needed, green fits, red does not;
+    a value without a verdict (crashed, timed out, failed) a grey cross named by its status."""
+    probes = sorted(search.get("probes", []), key=lambda p: p["n"])
+    xs = list(range(len(probes)))
+    for x, p in zip(xs, probes, strict=True):
+        need = p.get("hbm_bytes_needed")
+        if p["fits"] is None:
+            ax.plot([x], [0.0], "x", color="red", markersize=9, mew=2)
+            ax.annotate(
+                p["status"].replace("_", " "),
+                (x, 0.0),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                rotation=90,
+                color=_NO_VERDICT_COLOR,
+            )
+            continue
+        ax.bar(x, need or 0.0, 0.7, color=_STATUS_COLORS[p["status"]], edgecolor="black", lw=0.4)
+    avail = next((p["hbm_bytes_available"] for p in probes if p.get("hbm_bytes_available")), None)
+    if avail:
+        ax.axhline(avail, color="black", linestyle="--", lw=1)
+    labels = [str(p["n"]) for p in probes]
+    if labels:
+        _ticks(ax, labels)
+    ax.set_xlabel("n (probes in order of n)", fontsize=8)
+    boundary = search.get("largest_fit")
+    title = search.get("label") or "all jobs"
+    ax.set_title(
+        f"{_label(title, 40)}\nlargest fit: {boundary if boundary else 'none'}", fontsize=8
+    )
+    top = ax.get_ylim()[1]
+    if top > 0:
+        ax.yaxis.set_major_locator(MultipleLocator(2 ** math.floor(math.log2(top / 4))))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
+    ax.tick_params(axis="y", labelsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _fit_figure(fit: dict[str, Any]) -> Figure | None:
+    """A fit search's probes, one panel per search (the dashed line: HBM per device)."""
+    searches = [s for s in fit.get("searches", []) if s.get("probes")]
+    if not searches:
+        return None
+    cols = min(len(searches), 3)
+    rows = math.ceil(len(searches) / cols)
+    widest = max(len(s["probes"]) for s in searches)
+    fig = Figure(figsize=(max(3.6, 0.45 * widest) * cols, 3.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, search in zip(axes, searches, strict=False):
+        _fit_panel(ax, search)
+    for ax in axes[len(searches) :]:
+        ax.set_visible(False)
+    fig.suptitle("fit search: HBM needed per probe (green fits, red does not)", fontsize=10)
+    return fig
+
+
+def _pareto_figure(fit: dict[str, Any]) -> Figure | None:
+    """Per topology with two or more choices: each choice at its largest fit (x) and its
+    estimated step (y); the Pareto front filled and joined, dominated choices hollow."""
+    found = [f for f in fit.get("fronts", []) if len(f.get("points", [])) >= 2]
+    if not found:
+        return None
+    fig = Figure(figsize=(5.5 * len(found), 4), layout="constrained")
+    axes = fig.subplots(1, len(found), squeeze=False)[0]
+    for ax, front in zip(axes, found, strict=True):
+        points = [p for p in front["points"] if p.get("est_step_s") is not None]
+        on = sorted((p for p in points if p["on_front"]), key=lambda p: p["largest_fit"])
+        if on:
+            ax.plot(
+                [p["largest_fit"] for p in on],
+                [p["est_step_s"] for p in on],
+                "-o",
+                color="#4C72B0",
+                label="Pareto front",
+            )
+        off = [p for p in points if not p["on_front"]]
+        if off:
+            ax.plot(
+                [p["largest_fit"] for p in off],
+                [p["est_step_s"] for p in off],
+                "o",
+                mfc="none",
+                color="0.5",
+                label="dominated",
+            )
+        for p in points:
+            ax.annotate(
+                f"{_label(p['choice'], 28)}\n{human_bytes(p['hbm_bytes_needed'])}",
+                (p["largest_fit"], p["est_step_s"]),
+                xytext=(4, 4),
+                textcoords="offset points",
+                fontsize=6,
+            )
+        ax.set_xlabel("largest n that fits", fontsize=8)
+        ax.set_ylabel("estimated step (roofline)", fontsize=8)
+        ax.yaxis.set_major_formatter(EngFormatter(unit="s"))
+        ax.set_title(f"{front['topology']}: choices at their largest fit", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
 def _file_name(param: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", param).strip("_") or "param"
 
@@ -305,6 +473,12 @@ def write_plots(table: SweepTable, out_dir: Path) -> list[Path]:
         figures.append(("autotune_history", _history(table)))
     if (roof := _roofline(table)) is not None:
         figures.append(("roofline", roof))
+    fit = read_json(table.sweep_dir / "fit.json")
+    if fit:
+        if (probes := _fit_figure(fit)) is not None:
+            figures.append(("fit_search", probes))
+        if (front := _pareto_figure(fit)) is not None:
+            figures.append(("fit_pareto", front))
     paths = []
     for name, fig in figures:
         buf = io.BytesIO()
@@ -314,4 +488,4 @@ def write_plots(table: SweepTable, out_dir: Path) -> list[Path]:
     return paths
 
 
-__all__ = ["MAX_SERIES", "write_plots"]
+__all__ = ["MAX_SERIES", "compact", "write_plots"]

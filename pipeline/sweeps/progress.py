@@ -40,12 +40,28 @@ LINES_DIR = "progress"
 _VERB = {node.name: node.verb for node in NODES}  # "still compiling (...)"
 
 
+class AtMost(int):
+    """A job count known as an upper bound only (a fit search decides its next job from the
+    last one's verdict): shown as ``≤14``."""
+
+    def __str__(self) -> str:
+        return f"≤{int(self)}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(self, spec)
+
+
 @dataclass(frozen=True)
 class SweepPlan:
-    """What every job of a sweep needs to know about the whole: its size and what varies."""
+    """What every job of a sweep needs to know about the whole: its size and what varies.
+
+    ``bound``: ``total`` is an upper bound that the sweeper lowers as it learns (it rewrites
+    the plan before each job); jobs show it as ``[3/≤14]``.
+    """
 
     total: int | None
     varying: tuple[str, ...]
+    bound: bool = False
 
     def write(self, sweep_dir: Path) -> None:
         atomic_write_json(Path(sweep_dir) / STATE_DIR / PLAN_NAME, asdict(self))
@@ -54,9 +70,12 @@ class SweepPlan:
     def read(cls, sweep_dir: Path) -> SweepPlan:
         try:
             data = json.loads((Path(sweep_dir) / STATE_DIR / PLAN_NAME).read_text())
-            return cls(total=data.get("total"), varying=tuple(data.get("varying", ())))
         except (OSError, ValueError):
             return cls(total=None, varying=())
+        total, bound = data.get("total"), bool(data.get("bound", False))
+        if bound and total is not None:
+            total = AtMost(total)
+        return cls(total=total, varying=tuple(data.get("varying", ())), bound=bound)
 
 
 @dataclass(frozen=True)
@@ -131,7 +150,8 @@ def progress_line(
     manifest: dict[str, Any] | None,
     error: str | None,
 ) -> str:
-    """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job."""
+    """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job
+    (``[3/≤8]`` where the total is a bound, :class:`AtMost`)."""
     head = f"[{n}/{total if total is not None else '?'}]"
     names = short_names([override_key(o) for o in overrides])
     shown = " ".join(
@@ -310,6 +330,7 @@ __all__ = [
     "LINES_DIR",
     "PLAN_NAME",
     "STATE_DIR",
+    "AtMost",
     "Heartbeat",
     "JobOutcome",
     "ProgressRelay",

@@ -1,0 +1,480 @@
+"""Fit search v2 (issue 27): probes in processes of their own, crashes as rows, resume from
+fit.json, progress bounds that hold, any number of axes and the Pareto front per topology.
+
+The search logic is checked against brute force on fake probes (fast); the sweeper itself on
+v5e/v6e 2x2 topology compiles of tiny programs (tests/fit_programs.py), each probe a fresh
+process of ~3 s (marked slow).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jaxaot.errors import ConfigError
+from jaxaot.sweeps import fit_search
+from jaxaot.sweeps.fit_search import FitOptions, Search, bisect, fronts, initial_bound
+
+HERE = Path(__file__).parent
+SHAPE = "program.args.0=bf16[{n},1048576]"  # 2 MiB per n
+
+
+@pytest.fixture(autouse=True)
+def _on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+# -- the search ----------------------------------------------------------------------------
+
+
+def _search(
+    boundary: int, crash: set[int], low: int, high: int, multiple: int, max_failures: int = 99
+) -> tuple[Search, list[int], list[int]]:
+    """A bisection against ``n <= boundary`` with no verdict at ``crash``; the values probed and
+    each probe's bound (probes so far + at most remaining)."""
+    opts = FitOptions(
+        overrides=["x={n}"], low=low, high=high, multiple=multiple, max_failures=max_failures
+    )
+    search = Search(fixed=[])
+    probed: list[int] = []
+    bounds: list[int] = []
+
+    def probe(n: int) -> bool | None:
+        bounds.append(len(probed) + search.remaining)
+        probed.append(n)
+        verdict = None if n in crash else n <= boundary
+        search.probes.append({"n": n, "fits": verdict, "status": "crashed"})
+        return verdict
+
+    bisect(opts, probe, search)
+    return search, probed, bounds
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "multiple"), [(1, 16, 1), (32, 512, 32), (1, 1000, 1), (4, 4, 4), (2, 6, 2)]
+)
+def test_bisection_takes_at_most_its_bound_and_finds_the_boundary(
+    low: int, high: int, multiple: int
+) -> None:
+    values = list(range(low, high + 1, multiple))
+    worst = 0
+    for boundary in [low - multiple, *values]:
+        search, probed, bounds = _search(boundary, set(), low, high, multiple)
+        expected = boundary if boundary >= low else None
+        assert search.largest_fit == expected
+        assert search.smallest_misfit == (
+            None if expected == high else (low if expected is None else expected + multiple)
+        )
+        assert len(set(probed)) == len(probed) and all(n % multiple == 0 for n in probed)
+        # [k/≤B]: each probe's bound holds, never grows, and is exact at the last probe.
+        assert all(b >= len(probed) for b in bounds)
+        assert bounds == sorted(bounds, reverse=True)
+        worst = max(worst, len(probed))
+    assert worst == initial_bound(
+        FitOptions(overrides=["x={n}"], low=low, high=high, multiple=multiple)
+    )
+
+
+@pytest.mark.parametrize(
+    ("boundary", "crash"),
+    [
+        (7, {8}),  # right above the boundary
+        (7, {16}),  # the top of the range (a crash on the largest shape)
+        (7, {4, 12}),  # the first midpoints
+        (7, {1}),  # the bottom: the next value up is tried
+        (7, {7}),  # the boundary itself: n=6 fits, n=8 does not, n=7 unknown
+        (0, {2}),
+        (16, {9, 16}),
+    ],
+)
+def test_a_value_without_a_verdict_is_searched_around(boundary: int, crash: set[int]) -> None:
+    search, probed, _ = _search(boundary, crash, 1, 16, 1)
+    values = range(1, 17)
+    known_fit = max((n for n in values if n <= boundary and n not in crash), default=None)
+    known_misfit = min((n for n in values if n > boundary and n not in crash), default=None)
+    assert search.largest_fit == known_fit and search.error is None
+    # the smallest misfit found is the first one above the largest fit with a verdict
+    above = [n for n in values if n > (known_fit or 0) and n not in crash]
+    assert search.smallest_misfit == (above[0] if above and above[0] == known_misfit else None)
+    assert len(set(probed)) == len(probed)
+    assert [p["n"] for p in search.probes if p["fits"] is None] == [n for n in probed if n in crash]
+    assert (
+        len(probed)
+        <= initial_bound(FitOptions(overrides=["x={n}"], low=1, high=16)) + len(crash) + 1
+    )
+
+
+def test_max_failures_ends_the_search_and_says_so() -> None:
+    search, probed, _ = _search(7, set(range(1, 17)), 1, 16, 1, max_failures=3)
+    assert probed == [1, 2, 3]
+    assert search.largest_fit is None and search.smallest_misfit is None
+    assert (
+        search.error == "3 probes without a verdict (n=1, n=2, n=3); hydra.sweeper.max_failures=3"
+    )
+    line = fit_search.summary_line(search.to_json(FitOptions(overrides=["x={n}"], low=1, high=16)))
+    assert "stopped: 3 probes without a verdict" in line
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.max_failures: expected >= 1, found 0$"):
+        FitOptions(overrides=["a={n}"], max_failures=0).check()
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.timeout_s: expected seconds >= 0"):
+        FitOptions(overrides=["a={n}"], timeout_s=-1).check()
+
+
+def test_labels_read_as_written() -> None:
+    search = Search(
+        fixed=["compile.topology=v5e\\:2x2", "program.remat=full"],
+        label=" ".join(
+            fit_search.shown(o) for o in ["compile.topology=v5e\\:2x2", "program.remat=full"]
+        ),
+    )
+    assert search.label == "compile.topology=v5e:2x2 program.remat=full"
+    assert search.choice == "program.remat=full" and search.topology == "v5e:2x2"
+    result = search.to_json(FitOptions(overrides=["x={n}"]))
+    assert fit_search.summary_line(result).startswith(
+        "fit search [compile.topology=v5e:2x2 program.remat=full]: "
+    )
+
+
+# -- the Pareto front ----------------------------------------------------------------------
+
+
+def _result(topology: str, choice: str, n: int | None, est: float | None, need: int) -> dict:
+    return {
+        "topology": topology,
+        "choice": choice,
+        "largest_fit": n,
+        "est_step_s_at_fit": est,
+        "hbm_bytes_needed_at_fit": need,
+    }
+
+
+def _brute_front(points: list[dict[str, Any]]) -> set[str]:
+    def key(p: dict[str, Any]) -> tuple[float, float, float]:
+        est = p["est_step_s"] if p["est_step_s"] is not None else float("inf")
+        return (-p["largest_fit"], est, p["hbm_bytes_needed"])
+
+    return {
+        p["choice"]
+        for p in points
+        if not any(
+            all(a <= b for a, b in zip(key(q), key(p), strict=True)) and key(q) != key(p)
+            for q in points
+        )
+    }
+
+
+def test_fronts_per_topology_against_brute_force() -> None:
+    results = [
+        _result("v5e:2x2", "remat=none", 64, 1.0, 15 << 30),
+        _result("v5e:2x2", "remat=full", 128, 2.6, 15 << 30),
+        _result("v5e:2x2", "remat=dots", 64, 1.2, 15 << 30),  # dominated by none
+        _result("v5e:2x2", "remat=offload", 64, 1.0, 12 << 30),  # dominates none
+        _result("v5e:2x2", "remat=broken", None, None, 0),  # nothing fits: not a point
+        _result("v6e:2x2", "remat=none", 256, None, 30 << 30),
+        _result("v6e:2x2", "remat=full", 256, 5.0, 30 << 30),  # a figure beats none
+    ]
+    found = {f["topology"]: f for f in fronts(results)}
+    assert set(found) == {"v5e:2x2", "v6e:2x2"}
+    for f in found.values():
+        on = {p["choice"] for p in f["points"] if p["on_front"]}
+        assert on == _brute_front(f["points"])
+    assert {p["choice"] for p in found["v5e:2x2"]["points"] if p["on_front"]} == {
+        "remat=full",
+        "remat=offload",
+    }
+    assert [r["on_front"] for r in results] == [False, True, False, True, None, False, True]
+    lines = fit_search.front_lines(list(found.values()))
+    assert (
+        lines[0].startswith("fit search: Pareto front on v5e:2x2") and "2 of 4 choices" in lines[0]
+    )
+    assert any(line.startswith("  dominated: remat=dots: n=64") for line in lines)
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_a_bound_reads_as_one(tmp_path: Path) -> None:
+    from jaxaot.sweeps.progress import AtMost, SweepPlan, progress_line
+
+    SweepPlan(total=14, varying=("x",), bound=True).write(tmp_path)
+    plan = SweepPlan.read(tmp_path)
+    assert isinstance(plan.total, AtMost) and plan.total == 14
+    line = progress_line(3, plan.total, ["x=1"], "ok", None, None)
+    assert line.startswith("[3/≤14] x=1 | ok")
+    assert json.loads((tmp_path / ".jaxaot" / "sweep.json").read_text())["total"] == 14
+    SweepPlan(total=5, varying=()).write(tmp_path)
+    assert progress_line(5, SweepPlan.read(tmp_path).total, [], "ok", None, None).startswith(
+        "[5/5]"
+    )
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def test_plot_values_sort_by_their_numbers_and_share_a_label() -> None:
+    from jaxaot.sweeps.plots import _x_values, compact
+
+    values = ["bf16[16384,1048576]", "bf16[1024,1048576]", "bf16[2048,1048576]"]
+    xs = _x_values([{"p": v} for v in values], "p")
+    assert xs == ["bf16[1024,1048576]", "bf16[2048,1048576]", "bf16[16384,1048576]"]
+    assert compact(xs) == (["1024", "2048", "16384"], "bf16[·,1048576]")
+    assert compact(["remat=none", "remat=full"]) == (["none", "full"], "remat=·")
+    assert compact(["a", "b"]) == (["a", "b"], "")
+    assert _x_values([{"p": v} for v in ("10", "9", "1e3")], "p") == ["9", "10", "1e3"]
+
+
+# -- one probe, one process ----------------------------------------------------------------
+
+
+@pytest.fixture
+def in_a_job(tmp_path: Path) -> Iterator[Any]:
+    """Hydra's state as run_job leaves it for a task function (job folder: tmp_path); the
+    task's config, {value: 3}. Hydra's global config is put back after."""
+    from hydra.conf import HydraConf
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"hydra": OmegaConf.structured(HydraConf), "value": 3})
+    cfg.hydra.job_logging = {"version": 1, "root": {"level": "WARNING"}}
+    cfg.hydra.runtime.output_dir = str(tmp_path)
+    saved = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        yield OmegaConf.create({"value": 3})
+    finally:
+        HydraConfig.instance().cfg = saved
+
+
+def test_a_probe_that_crashes_is_an_outcome(tmp_path: Path, in_a_job: Any) -> None:
+    import fit_programs
+    from jaxaot.sweeps.probe_process import IsolatedTask
+    from jaxaot.sweeps.progress import JobOutcome
+
+    task_cfg = in_a_job
+
+    out = IsolatedTask.of(fit_programs.segv_task)(task_cfg)
+    assert out == JobOutcome(128 + signal.SIGSEGV, out.error)
+    assert out.error.startswith("crashed: SIGSEGV before its first stage (Python's stacks: ")
+    assert "fit_programs.py" in (tmp_path / "crash.txt").read_text()
+    assert IsolatedTask.of(fit_programs.returning_task)(task_cfg) == 3
+    with pytest.raises(ValueError, match=r"^no good: 3$"):
+        IsolatedTask.of(fit_programs.raising_task)(task_cfg)
+    assert not (tmp_path / "crash.txt").exists()  # no crash, no stacks file
+
+
+def test_a_probe_past_its_time_is_killed(in_a_job: Any) -> None:
+    import fit_programs
+    from jaxaot.sweeps.probe_process import IsolatedTask
+
+    task_cfg = in_a_job
+
+    t0 = time.monotonic()
+    out = IsolatedTask.of(fit_programs.sleeping_task, timeout_s=1.0)(task_cfg)
+    assert time.monotonic() - t0 < 20
+    assert out.code == 124 and out.error == "timed out after 1 s before its first stage"
+
+
+def test_where_a_probe_stopped(tmp_path: Path) -> None:
+    from jaxaot.sweeps.probe_process import where_it_stopped
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"start_at": "stage_out", "stop_after": "execute"})
+    assert where_it_stopped(tmp_path, cfg) == "before its first stage"
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"stages": {}}))
+    assert where_it_stopped(tmp_path, cfg) == "while tracing (stage_out)"
+    manifest.write_text(json.dumps({"stages": {"stage_out": {}, "lower": {}}}))
+    assert where_it_stopped(tmp_path, cfg) == "in the compiler"
+
+
+def test_isolation_needs_a_task_function_importable_by_name() -> None:
+    from jaxaot.sweeps.probe_process import IsolatedTask
+
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.isolate=true: expected a task function"):
+        IsolatedTask.of(lambda cfg: 0)
+
+
+def test_a_fit_json_of_another_search_is_not_resumed(tmp_path: Path) -> None:
+    from hydra_plugins.jaxaot_fit_sweeper.fit_sweeper import _Previous
+
+    opts = FitOptions(overrides=[SHAPE])
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"overrides": [SHAPE], "searches": []}))
+    with pytest.raises(ConfigError, match=r"fit.json is format 1, this jaxaot resumes format 2"):
+        _Previous(path, opts)
+    path.write_text(json.dumps({**opts.header(), "overrides": ["x={n}"], "searches": []}))
+    with pytest.raises(ConfigError, match=r"a search of hydra.sweeper.overrides=\['x=\{n\}'\]"):
+        _Previous(path, opts)
+
+
+def test_report_section_and_plots_from_fit_json(tmp_path: Path) -> None:
+    from jaxaot.sweeps.plots import write_plots
+    from jaxaot.sweeps.report import collect
+
+    opts = FitOptions(overrides=["x={n}"], low=1, high=16)
+    searches = []
+    for choice, boundary in (("remat=none", 7), ("remat=full", 12)):
+        search = Search(fixed=[choice], label=f"compile.topology=v5e:2x2 {choice}")
+
+        def probe(n: int, search: Search = search, boundary: int = boundary) -> bool | None:
+            fits = None if n == 16 else n <= boundary
+            search.probes.append(
+                {
+                    "n": n,
+                    "fits": fits,
+                    "status": "crashed" if fits is None else "fits" if fits else "does_not_fit",
+                    "error": "crashed: SIGSEGV in the compiler" if fits is None else None,
+                    "hbm_bytes_needed": n << 30,
+                    "hbm_bytes_available": 15 << 30,
+                    "est_step_s": n / (1 if "none" in search.label else 2),
+                    "topology": "v5e:2x2",
+                }
+            )
+            return fits
+
+        searches.append(bisect(opts, probe, search).to_json(opts))
+    fit = {**opts.header(), "searches": searches, "fronts": fronts(searches)}
+    (tmp_path / "fit.json").write_text(json.dumps(fit))
+    lines = fit_search.report_section(tmp_path)
+    assert lines[0] == "## Fit search"
+    assert any("| remat=full | v5e:2x2 | 12 | 13 |" in line for line in lines)
+    assert any("n=16 crashed: SIGSEGV in the compiler" in line for line in lines)
+    paths = write_plots(collect(tmp_path), tmp_path / "plots")
+    assert {p.name for p in paths} >= {"fit_search.png", "fit_pareto.png"}
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+# -- the sweeper, end to end (each probe a process of its own) -----------------------------
+
+
+def _fit_args(sweep: Path, target: str, low: int, high: int, multiple: int) -> list[str]:
+    return [
+        "-m",
+        "hydra/sweeper=jaxaot_fit",
+        f"program.target={target}",
+        "program.args=[bf16[8,8]]",
+        f"hydra.sweeper.overrides=['{SHAPE}']",
+        f"hydra.sweeper.low={low}",
+        f"hydra.sweeper.high={high}",
+        f"hydra.sweeper.multiple={multiple}",
+        f"hydra.sweep.dir={sweep}",
+    ]
+
+
+def _probes(sweep: Path) -> list[dict[str, Any]]:
+    try:
+        fit = json.loads((sweep / "fit.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [p for s in fit["searches"] for p in s["probes"]]
+
+
+def _progress(stdout: str) -> list[tuple[int, str]]:
+    return [(int(k), b) for k, b in re.findall(r"^\[(\d+)/(≤?\d+)\] ", stdout, re.M)]
+
+
+@pytest.mark.slow
+def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
+    from conftest import cli_env, run_cli
+
+    sweep = tmp_path / "fit"
+    args = [
+        *_fit_args(sweep, "tests.fit_programs:crash_from", 2048, 16384, 2048),
+        "compile.topology=v5e:2x2",
+    ]
+    env = cli_env()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "jaxaot", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(_probes(sweep)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the search and the probe it is running
+    first.wait()
+    before = {p["n"]: p for p in _probes(sweep)}
+    assert len(before) >= 2
+    assert before[2048]["status"] == "fits"
+
+    proc = run_cli(args, cwd=tmp_path, env=env)
+    fit = json.loads((sweep / "fit.json").read_text())
+    (search,) = fit["searches"]
+    # 2 MiB per n: 6144 (12 GiB) fits in 15.75 GiB, 8192 (16 GiB) does not; n >= 12288 crashes.
+    assert (search["largest_fit"], search["smallest_misfit"]) == (6144, 8192), proc.stderr[-2000:]
+    crash = next(p for p in search["probes"] if p["n"] == 16384)
+    assert crash["fits"] is None and crash["status"] == "crashed"
+    assert crash["error"].startswith("crashed: SIGSEGV while tracing (stage_out)")
+    assert search["no_verdict"] == [16384]
+    # what the first run recorded was not run again: every later job is a new value
+    assert fit["reused_probes"] == len(before)
+    later = [p for p in search["probes"] if p["n"] not in before]
+    assert {p["n"] for p in later}.isdisjoint(before)
+    assert all(p["job"] >= max(q["job"] for q in before.values()) + 1 for p in later)
+    for p in later:
+        record = json.loads((sweep / str(p["job"]) / "job.json").read_text())
+        assert any(f"bf16[{p['n']},1048576]" in o for o in record["overrides"])
+    job = json.loads((sweep / str(crash["job"]) / "job.json").read_text())
+    assert job["code"] == 128 + signal.SIGSEGV and job["error"] == crash["error"]
+    assert "n=6144 fits, n=8192 does not" in proc.stdout
+    assert "no verdict: n=16384 crashed: SIGSEGV" in proc.stdout
+    counts = _progress(proc.stdout)
+    assert counts and all(k <= int(b.lstrip("≤")) for k, b in counts)
+    assert counts[-1][0] >= len(search["probes"])  # finish slots count the first run's jobs too
+    report = (sweep / "sweep.md").read_text()
+    assert "crashed: SIGSEGV while tracing (stage_out)" in report
+
+
+@pytest.mark.slow
+def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
+    from conftest import cli_env, run_cli
+
+    sweep = tmp_path / "fit"
+    args = _fit_args(sweep, "tests.fit_programs:scale,tests.fit_programs:twice", 2048, 8192, 2048)
+    args[-1:-1] = ["compile.topology=v5e:2x2,v6e:2x2"]
+    args = [a.replace("1048576", "524288") for a in args]  # 1 MiB per n
+    proc = run_cli(args, cwd=tmp_path, env=cli_env())
+    fit = json.loads((sweep / "fit.json").read_text())
+    assert len(fit["searches"]) == 4, proc.stderr[-2000:]
+    for s in fit["searches"]:
+        # each boundary is what the probes say: the largest value that fits, the next does not
+        fits = [p["n"] for p in s["probes"] if p["fits"]]
+        misfits = [p["n"] for p in s["probes"] if p["fits"] is False]
+        assert s["largest_fit"] == max(fits) and all(n > s["largest_fit"] for n in misfits)
+        at = next(p for p in s["probes"] if p["n"] == s["largest_fit"])
+        assert s["est_step_s_at_fit"] == at["est_step_s"] and at["est_step_s"] > 0
+        assert s["hbm_bytes_needed_at_fit"] == at["hbm_bytes_needed"]
+        assert "\\" not in s["label"] and s["topology"] in ("v5e:2x2", "v6e:2x2")
+    assert {f["topology"] for f in fit["fronts"]} == {"v5e:2x2", "v6e:2x2"}
+    for f in fit["fronts"]:
+        mine = [s for s in fit["searches"] if s["topology"] == f["topology"]]
+        assert {p["choice"] for p in f["points"]} == {s["choice"] for s in mine}
+        on = {p["choice"] for p in f["points"] if p["on_front"]}
+        assert on == _brute_front(f["points"]) and on
+        assert on == {s["choice"] for s in mine if s["on_front"]}
+        assert f"Pareto front on {f['topology']}" in proc.stdout
+    assert "fit search [program.target=tests.fit_programs:scale compile.topology=v5e:2x2]: " in (
+        proc.stdout
+    )
+    assert "\\:" not in "".join(line for line in proc.stdout.splitlines() if "fit search" in line)
+    counts = _progress(proc.stdout)
+    assert [k for k, _ in counts] == list(range(1, len(counts) + 1))
+    assert len(counts) == sum(s["compiles"] for s in fit["searches"])
+    assert all(k <= int(b.lstrip("≤")) for k, b in counts)
+    assert (sweep / "plots" / "fit_pareto.png").stat().st_size > 1000
+    assert list(itertools.chain.from_iterable(s["no_verdict"] for s in fit["searches"])) == []
