@@ -387,7 +387,9 @@ def _fit_panel(ax: Axes, search: dict[str, Any]) -> None:
     boundary = search.get("largest_fit")
     title = search.get("label") or "all jobs"
     ax.set_title(
-        f"{_label(title, 40)}\nlargest fit: {boundary if boundary else 'none'}", fontsize=8
+        f"{_label(title, 40)}\nlargest fit: {boundary if boundary else 'none'} "
+        "(green fits, red does not)",
+        fontsize=8,
     )
     top = ax.get_ylim()[1]
     if top > 0:
@@ -405,13 +407,13 @@ def _fit_figure(fit: dict[str, Any]) -> Figure | None:
     cols = min(len(searches), 3)
     rows = math.ceil(len(searches) / cols)
     widest = max(len(s["probes"]) for s in searches)
-    fig = Figure(figsize=(max(3.6, 0.45 * widest) * cols, 3.2 * rows), layout="constrained")
+    fig = Figure(figsize=(max(4.8, 0.5 * widest) * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, search in zip(axes, searches, strict=False):
         _fit_panel(ax, search)
     for ax in axes[len(searches) :]:
         ax.set_visible(False)
-    fig.suptitle("fit search: HBM needed per probe (green fits, red does not)", fontsize=10)
+    fig.suptitle("fit search: HBM needed per probe", fontsize=10)
     return fig
 
 
