@@ -172,7 +172,9 @@ def check_user_dirs(overrides: list[str], multirun: bool) -> None:
     path = Path(value)
     if multirun:
         found = next((m for m in SWEEP_MARKERS if (path / m).exists()), None)
-        if found is not None:
+        # A fit search run again in its own sweep dir resumes from the fit.json it left there.
+        fit_search = any(o.lstrip("+") == "hydra/sweeper=jaxaot_fit" for o in overrides)
+        if found is not None and not (fit_search and (path / "fit.json").exists()):
             raise _refusal(path, key, f"holds an earlier sweep ({found})")
     else:
         why = taken_reason(path)
