@@ -419,6 +419,8 @@ def topology_summary(m: Mapping[str, Any]) -> list[str]:
     reserve = m.get("hbm_reserve_bytes")
     kept = f", {human_bytes(reserve)} reserved" if reserve else ""
     parts = [f"{head}: {hbm} HBM per device{kept} ({m.get('topology')})"]
+    if need is not None and have is not None and need > have:
+        parts.append(f"{human_bytes(need - have)} over")
     host_need, host_have = m.get("host_bytes_needed"), m.get("host_bytes_available")
     if host_need:
         host = pair_text(host_need, host_have) if host_have is not None else human_bytes(host_need)
