@@ -279,5 +279,9 @@ def test_program_config_args_fit_its_target(path: Path) -> None:
         new_params, value = out
         assert new_params == args[0]
         assert value == jax.ShapeDtypeStruct((), jnp.float32)
+    elif raw["name"] == "offload_train":  # (loss, new params, new momentum)
+        value, new_params, mu = out
+        assert new_params == args[0] and mu == args[1]
+        assert value == jax.ShapeDtypeStruct((), jnp.float32)
     else:
         assert out == _EXPECTED_OUTPUTS[raw["name"]]

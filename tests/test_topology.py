@@ -650,28 +650,38 @@ def test_resume_a_topology_lowering_for_another_topology(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    ("text", "need", "have"),
+    ("text", "need", "have", "over"),
     [
         (
             "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
             "temporaries (34.53G) exceeds available HBM (15.75G).",
-            34.53,
-            15.75,
+            34.53 * GiB,
+            15.75 * GiB,
+            None,
         ),
         (
             "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out "
             "of memory in memory space hbm. Used 16.44G of 15.75G hbm. Exceeded hbm capacity by "
             "709.08M.",
-            16.44,
-            15.75,
+            16.44 * GiB,
+            15.75 * GiB,
+            709.08 * 1024**2,
         ),
     ],
 )
-def test_both_of_xlas_hbm_messages_are_verdicts(text: str, need: float, have: float) -> None:
+def test_both_of_xlas_hbm_messages_are_verdicts(
+    text: str, need: float, have: float, over: float | None
+) -> None:
+    """Needed is the larger of XLA's rounded 'used' figure and its limit plus the amount it says
+    it was exceeded by, and always more than available."""
     verdict = topology.rejected_for_hbm(RuntimeError(text), resolve("v5e-256"))
     assert verdict is not None
-    assert verdict.fit["hbm_bytes_needed"] == int(need * GiB)
-    assert verdict.fit["hbm_bytes_available"] == int(have * GiB)
+    needed = max(int(need), int(have) + (int(over) if over is not None else 0))
+    assert verdict.fit["hbm_bytes_needed"] == needed > verdict.fit["hbm_bytes_available"]
+    assert verdict.fit["hbm_bytes_available"] == int(have)
+    if over is not None:  # 15.75G + 709.08M is more than the rounded 16.44G
+        assert needed == int(have) + int(over) > int(need)
+    assert verdict.fit["fits"] is False
     assert (
         topology.rejected_for_hbm(
             RuntimeError("RESOURCE_EXHAUSTED: host memory"), resolve("v5e-256")
