@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,7 +100,7 @@ def _program(name: str) -> tuple[Any, list[Any]]:
     return tstep, [params, tokens, tokens]
 
 
-def _figures(compiled: Any) -> dict[str, Any]:
+def _figures(compiled: Any, dump: Path | None = None) -> dict[str, Any]:
     m = compiled.memory_analysis()
     fig = {
         f: int(getattr(m, f))
@@ -121,14 +122,16 @@ def _figures(compiled: Any) -> dict[str, Any]:
         - fig["alias_size_in_bytes"]
     )
     try:
-        sys.path.insert(0, str(ROOT))
         from jaxaot.stages import memory_breakdown  # type: ignore[import-not-found]
 
-        bd = memory_breakdown.from_proto(compiled, compiled.as_text() or "", 3)
+        hlo = compiled.as_text() or ""
+        bd = memory_breakdown.from_proto(compiled, hlo, 3)
+        if bd is None and dump is not None:  # jaxlib gives CUDA compiles no proto: the dump
+            bd = memory_breakdown.from_dump(dump, hlo, compiled, 3)
         if bd:
-            fig["top3"] = [
-                f"{t.get('shape')} {t.get('instruction')} {t.get('bytes')}" for t in bd["top"]
-            ]
+            fig["breakdown_source"] = bd.get("source")
+            fig["live_peak_bytes"] = bd.get("live_peak_bytes")
+            fig["top3"] = memory_breakdown.top_text(bd, 3)
     except Exception as exc:  # jaxaot not importable under this jax: plain figures only
         fig["breakdown_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
     return fig
@@ -172,14 +175,26 @@ def one(name: str, mode: str, exe: Path) -> dict[str, Any]:
         s = SingleDeviceSharding(topo.devices[0])
         specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), args)
         t0 = time.perf_counter()
-        compiled = jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)).compile()
+        lowered = jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
     else:
         specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
         t0 = time.perf_counter()
-        compiled = jax.jit(fn).lower(*specs).compile()
+        lowered = jax.jit(fn).lower(*specs)
+    dump = exe.with_suffix(".dump")
+    compiled = lowered.compile(_dump_options(dump))
     compile_s = time.perf_counter() - t0
     json_pickle_dump(exe, serialize_executable.serialize(compiled))
-    return {"compile_s": compile_s, **_figures(compiled)}
+    return {"compile_s": compile_s, **_figures(compiled, dump)}
+
+
+def _dump_options(folder: Path) -> dict[str, Any]:
+    """XLA's buffer-assignment dump of this compile (what the breakdown reads without a proto)."""
+    try:
+        from jaxaot.stages import memory_breakdown  # type: ignore[import-not-found]
+
+        return memory_breakdown.dump_options(folder)
+    except Exception:
+        return {}
 
 
 def _stats(device: Any) -> dict[str, int]:
@@ -215,8 +230,9 @@ def _fit(gpu: Any, fraction: float) -> dict[str, Any]:
         return x + 1, x * 2, x - 3
 
     spec = jax.ShapeDtypeStruct((n,), jnp.float32)
-    compiled = jax.jit(f).lower(spec).compile()
-    fig = _figures(compiled)
+    dump = Path(os.environ.get("TMPDIR", "/tmp")) / f"fit{fraction}.dump"
+    compiled = jax.jit(f).lower(spec).compile(_dump_options(dump))
+    fig = _figures(compiled, dump)
     verdict = fig["needed"] <= limit
     try:
         x = jnp.zeros((n,), jnp.float32, device=gpu)
@@ -256,6 +272,8 @@ def main(out: Path) -> None:
         print(label, json.dumps(res), flush=True)
     for exe in out.glob("*.exe"):
         exe.unlink()
+    for dump in out.glob("*.dump"):
+        shutil.rmtree(dump)
     import jax
 
     results["jax"] = jax.__version__
@@ -269,8 +287,8 @@ def table(r: dict[str, Any]) -> str:
     mib = 1024**2
     rows = [
         "| program | compiled | XLA peak | needed (args+out+temp) | measured peak (loaded, run) "
-        "| measured/needed | temp | step | compile |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| measured/needed | temp | step | compile | live at the peak (jaxaot) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in PROGRAMS:
         for c in ("gpu", "deviceless"):
@@ -284,7 +302,7 @@ def table(r: dict[str, Any]) -> str:
                 f"| {g.get('peak_memory_in_bytes', 0) / mib:.1f} MiB | {g['needed'] / mib:.1f} MiB "
                 f"| {run['measured_peak'] / mib:.1f} MiB | {run['measured_peak'] / g['needed']:.3f} "
                 f"| {g['temp_size_in_bytes'] / mib:.1f} MiB | {run['step_s'] * 1e3:.2f} ms "
-                f"| {g['compile_s']:.2f} s |"
+                f"| {g['compile_s']:.2f} s | {g.get('top3') or g.get('breakdown_error', '-')} |"
             )
     rows.append("")
     rows.append("| needs (of the allocator's limit) | verdict | ran |")
