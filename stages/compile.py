@@ -729,14 +729,27 @@ def _resume_default(
 def _finish(
     cfg: JaxaotConfig, record: Compiled | None, stages: dict[str, Any], extra: dict[str, Any]
 ) -> None:
-    """A topology compile's fit verdict in the manifest; DoesNotFit (exit code 3) when no."""
+    """A topology compile's fit verdict in the manifest; DoesNotFit (exit code 3) when no.
+
+    The verdict is made here, from the stored or fresh memory analysis and this run's reserve
+    (not part of the key): a program that does not fit by it has the compile stage's status
+    ``does_not_fit``, as one XLA refused has; ``computed`` keeps how the executable came
+    (``ran``, ``cached`` or ``resumed``)."""
     if not cfg.compile.topology or record is None:
         return
+    from jaxaot.errors import DoesNotFit
     from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
 
     if stages.get("execute", {}).get("status") == "skipped":
         stages["execute"]["note"] = EXECUTE_NOTE
-    extra["fit"] = fit_of(record, cfg.compile)
+    try:
+        extra["fit"] = fit_of(record, cfg.compile)
+    except DoesNotFit as exc:
+        stage = stages.get("compile")
+        if stage is not None:
+            stage["computed"] = stage.get("status")
+            stage["status"] = exc.run_status
+        raise
 
 
 def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from jaxaot.engine.summary import render
 from jaxaot.errors import EXIT_DOES_NOT_FIT, ConfigError, DoesNotFit
 from jaxaot.schema import validate
-from jaxaot.stages import fit_verdict
+from jaxaot.stages import fit_verdict, memory_breakdown
 from jaxaot.targets.tpu import GENERATIONS, GiB, resolve
 from test_topology import head  # x[:8]: what it needs is its argument
 
@@ -219,6 +219,13 @@ def test_status_exit_code_manifest_summary_and_report_agree_at_the_boundary(
         assert manifest["fit"]["fits"] is metrics["fits"] is fits, row
         assert manifest["status"] == record["status"] == row["status"]
         assert row["status"] == ("ok" if fits else "does_not_fit")
+        # the compile stage's status too, whether the verdict came from XLA or from its
+        # memory analysis (the executable then still comes from a compile or the store)
+        stage = manifest["stages"]["compile"]
+        assert stage["status"] == row["compile.status"]
+        assert (stage["status"] == "does_not_fit") is not fits
+        if not fits and small:
+            assert stage["computed"] in ("ran", "cached")
         assert record["code"] == (0 if fits else EXIT_DOES_NOT_FIT)
         assert row["compile.fits"] == str(fits)
         summary = render(manifest)
@@ -239,6 +246,14 @@ def test_status_exit_code_manifest_summary_and_report_agree_at_the_boundary(
             assert manifest["fit"]["source"] == "xla" and xla["needed"] == xla["available"]
             assert need == max(xla["needed"], have + 1) and need > have
             assert metrics["peak_top"].startswith(f"bf16[{LIMIT // 2}]")  # what is live
+            # ... and memory_breakdown.json in the run's compile folder (never stored)
+            breakdown = json.loads((job / "compile" / "memory_breakdown.json").read_text())
+            assert "compile/memory_breakdown.json" in stage["artifacts"]
+            assert breakdown["source"] == "xla_dump" and breakdown["peak_bytes"] is None
+            assert breakdown["top"][0]["shape"] == AT_LIMIT
+            assert breakdown["top"][0]["kind"] == "argument"
+            assert metrics["peak_top"] == memory_breakdown.top_text(breakdown)
+            assert "executable.bin" not in str(stage["artifacts"])
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {row['job']} |"))
         assert (" | yes | " in line) is fits and (" | **no** | " in line) is not fits
     plain = next(
@@ -247,6 +262,11 @@ def test_status_exit_code_manifest_summary_and_report_agree_at_the_boundary(
     fit = read_manifest(sweep_dir / plain["dir"])["fit"]
     # the case: XLA's "15.75G of 15.75G" is one byte over what is available
     assert fit["hbm_bytes_available"] == LIMIT and fit["hbm_bytes_needed"] == LIMIT + 1
+    # the store holds the small program's compile (the reserve is not keyed), nothing refused
+    stored = list((tmp_path / "store").glob("v*/compile/*/*/memory_breakdown.json"))
+    assert len(stored) == 1
+    assert json.loads(stored[0].read_text())["source"] == "xla_dump"
+    assert json.loads(stored[0].read_text())["peak_bytes"] is not None
 
 
 def test_host_memory_verdict_of_an_offloading_program(tmp_path: Path) -> None:

@@ -364,6 +364,11 @@ class _Runner:
             record, status, extra = self._compute(node, ctx, up)
         except JaxaotError as exc:
             ctx.metrics.update(getattr(exc, "metrics", None) or {})  # DoesNotFit's verdict
+            breakdown = getattr(exc, "breakdown", None)
+            if breakdown:  # what was live at the peak of a program XLA refused: the run's own
+                from jaxaot.stages import memory_breakdown
+
+                memory_breakdown.write(ctx, breakdown)
             self.manifest.record_stage(
                 ctx, getattr(exc, "run_status", "failed"), time.perf_counter() - t0, **ctx.extra
             )
