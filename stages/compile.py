@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import BackendError, ConfigError, StageError, one_line
-from jaxaot.stages import custom_calls, memory_breakdown, profile
+from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.convention import (
     Convention,
@@ -65,6 +65,11 @@ if TYPE_CHECKING:
 
 
 DEFAULT_DUMP = ("hlo", "buffer_assignment", "memory_usage")  # compile.dump_keep's default
+
+# Platforms whose executables carry no buffer assignment (jaxlib 0.10.2: the serialized
+# BufferAssignmentProto is empty for CUDA compiles, on a GPU and deviceless alike, and for TPU):
+# their memory_breakdown.json comes from XLA's dump of the compile (stages/peak_dump.py).
+BREAKDOWN_FROM_DUMP: frozenset[str] = frozenset({"cuda", "rocm", "tpu"})
 
 
 @dataclass(frozen=True)
@@ -173,10 +178,12 @@ def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
 
 
 def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
-    """The export lowered for ``backend``'s platform, on the program's mesh."""
+    """The export lowered for ``backend``'s platform, on the program's mesh; without one, on
+    the first device when the lowering placed leaves (layouts, memory kinds: they need one)."""
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     concrete = concrete_mesh(mesh, devs) if mesh is not None and len(devs) == mesh.size else None
-    return export_lowering(lowered, platform_of(backend), concrete)
+    device = devs[0] if mesh is None and lowered.meta.get("placement") else None
+    return export_lowering(lowered, platform_of(backend), concrete, device=device)
 
 
 def prepare(cfg: Any, lowered: Lowered) -> Target:
@@ -485,25 +492,42 @@ def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[],
     if out_dir is not None and cfg.dump:
         options |= dump_options(cfg.dump_keep, out_dir / DUMP_DIR)
     traced = out_dir is not None and cfg.breakdown
-    if traced and "xla_dump_to" not in options:
+    folder: Path | None = None  # where XLA dumps the buffer assignment memory_breakdown reads
+    if platform_of(cfg.backend) in BREAKDOWN_FROM_DUMP and "xla_dump_to" not in options:
+        # Named by what is compiled: the executable records the folder. A traced compile must
+        # not be JAX's reuse of an identical one, so its folder is its own.
+        salt = {"jaxaot-trace": uuid.uuid4().hex} if traced else {}
+        folder = peak_dump.folder_for(
+            target.module_sha256, cfg.backend, 1, target.form == "lowered", options | salt
+        )
+    if traced and "xla_dump_to" not in options and folder is None:
         # JAX reuses an identical compile of this process (a sweep's, a test's): a breakdown
         # needs XLA to compile, so the options differ by a dump filter that dumps nothing (there
         # is no xla_dump_to; a dump's own folder already makes the options differ). The
         # executable is the same; the key never sees these options.
         options["xla_dump_hlo_module_re"] = f"jaxaot-breakdown-{uuid.uuid4().hex}"
 
-    def compile_now() -> Any:
+    def compile_with(opts: dict[str, Any]) -> Any:
         try:
             if traced:
                 assert out_dir is not None
                 with profile.trace(out_dir / profile.COMPILE_TRACE_DIR):
-                    return compile_lowered(target, cfg.backend, options)
-            return compile_lowered(target, cfg.backend, options)
+                    return compile_lowered(target, cfg.backend, opts)
+            return compile_lowered(target, cfg.backend, opts)
         except Exception as exc:
-            err = _compile_error(exc, options)
+            err = _compile_error(exc, opts)
             if err is exc:
                 raise
             raise err from exc
+
+    def compile_now() -> Any:
+        if folder is not None:
+            return peak_dump.compile_reading(folder, options, compile_with, cfg.memory_top)
+        compiled = compile_with(options)
+        if platform_of(cfg.backend) in BREAKDOWN_FROM_DUMP and cfg.dump and out_dir is not None:
+            # compile.dump's folder has the buffer assignment, until dump_keep removes it
+            peak_dump.keep(compiled, peak_dump.read(out_dir / DUMP_DIR, compiled, cfg.memory_top))
+        return compiled
 
     return compile_now
 
@@ -524,6 +548,9 @@ def run(
         from jaxaot.stages import topology
 
         return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
+    # From XLA's dump where the platform's executable has no buffer assignment (start); else
+    # write_analysis reads the executable's own.
+    peak_dump.record(ctx, compiled)
     _, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), _nr_devices(lowered))
     local_devices = compiled.runtime_executable().local_devices()
     device_ids = [d.id for d in local_devices]

@@ -30,9 +30,11 @@ _MEMORY_FIELDS = (
 
 def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: Any = None) -> Any:
     """``jax.jit(exported.call)`` lowered for ``platform``: with the export's shardings laid
-    over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained."""
+    over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained; with
+    the layouts and memory kinds the lowering recorded (``placement``) on mesh or device."""
     import jax
     from jax.sharding import SingleDeviceSharding
+    from jaxaot.stages.jax_placement import export_placed
 
     exp = lowered.export()
     shardings: dict[str, Any] = {}
@@ -42,6 +44,11 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
         else:
             one = SingleDeviceSharding(device)
             ins_flat, outs_flat = [one] * len(exp.in_avals), [one] * len(exp.out_avals)
+        # The export keeps neither layouts nor memory kinds (jax 0.10.2): those the lowering
+        # recorded (lower.{in,out}_layouts / _memory_kinds) are asked for again.
+        ins_flat, outs_flat = export_placed(
+            lowered.meta.get("placement"), ins_flat, outs_flat, device
+        )
         ins = jax.tree_util.tree_unflatten(exp.in_tree, ins_flat)
         outs = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
         shardings = {"in_shardings": ins[0], "out_shardings": outs}
@@ -188,10 +195,12 @@ def write_analysis(
 
 def record_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
     """memory_breakdown.json from the executable's serialized buffer assignment, where jaxlib
-    gives one (not for a deviceless TPU compile: its breakdown comes from XLA's dump, in
-    :mod:`jaxaot.stages.topology`). A proto this cannot read is a warning, not a failure."""
+    gives one and the stage has none yet (topology and CUDA compiles: XLA's dump, read by
+    :mod:`jaxaot.stages.peak_dump`). A proto this cannot read is a warning, not a failure."""
     from jaxaot.stages import memory_breakdown
 
+    if memory_breakdown.ARTIFACT in ctx.artifacts:  # from XLA's dump (compile.start)
+        return
     top = int(getattr(ctx.cfg.compile, "memory_top", 10))
     try:
         found = memory_breakdown.from_proto(compiled, hlo, top)

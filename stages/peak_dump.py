@@ -19,8 +19,9 @@ import json
 import logging
 import shutil
 import tempfile
+import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,28 @@ def read(folder: Path, compiled: Any, top: int) -> dict[str, Any] | None:
         return None
 
 
+def compile_reading(
+    folder: Path, base: dict[str, Any], compile_with: Callable[[dict[str, Any]], Any], top: int
+) -> Any:
+    """``compile_with(base + the options that dump into folder)``, its breakdown read and kept for
+    :func:`record`. Where XLA wrote no dump, JAX served an identical compile of this process
+    from its own cache (one lowering, compiled again with the same options: a sweep's job with
+    the store off): the same compile runs again into a folder of its own, only for the dump;
+    the executable stays the one served."""
+    from jaxaot.stages import memory_breakdown
+
+    with locked(folder):
+        compiled = compile_with(base | options(folder))
+        if memory_breakdown.dump_file(folder) is not None:
+            keep(compiled, read(folder, compiled, top))
+            return compiled
+    again = folder.with_name(f"{folder.name}-{uuid.uuid4().hex[:12]}")
+    with locked(again):
+        compile_with(base | options(again))
+        keep(compiled, read(again, compiled, top))
+    return compiled
+
+
 def keep(compiled: Any, breakdown: dict[str, Any] | None) -> None:
     """Hold ``breakdown`` for :func:`record` (the compile may run ahead, on another thread)."""
     _FOUND[compiled] = breakdown
@@ -113,4 +136,14 @@ def attach(refused: DoesNotFit, breakdown: dict[str, Any] | None) -> None:
         refused.metrics.update(memory_breakdown.metrics(breakdown))
 
 
-__all__ = ["ROOT", "attach", "folder_for", "keep", "locked", "options", "read", "record"]
+__all__ = [
+    "ROOT",
+    "attach",
+    "compile_reading",
+    "folder_for",
+    "keep",
+    "locked",
+    "options",
+    "read",
+    "record",
+]

@@ -310,3 +310,44 @@ def test_jaxaot_diff_says_what_grew_at_the_peak(tmp_path: Path) -> None:
     text = render(diff_report(a, b), a, b, lines=0, full=False)
     assert "memory: peak" in text and "live at the peak, new or larger in B:" in text
     assert re.search(r"args\[1\]\s+512\.0 KiB \(was 64\.0 KiB, argument\)", text)
+
+
+def test_a_platform_without_the_proto_gets_the_breakdown_from_xlas_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA executables carry an empty buffer assignment: compile.start has XLA dump it instead.
+    With cpu among those platforms, the dump's breakdown is the proto's for the same compile,
+    the executable the same bytes run to run, and compile.dump's own folder serves as well."""
+    import jaxaot.stages.compile as compile_stage
+
+    proto = _run(tmp_path, "proto", "store.enabled=false")
+    monkeypatch.setattr(compile_stage, "BREAKDOWN_FROM_DUMP", frozenset({"cpu"}))
+    dumped = _run(tmp_path, "dump", "store.enabled=false")
+    # The same lowering compiled with the same options in this process: JAX serves its own
+    # compile and XLA dumps nothing; the dump comes from the same compile run again for it.
+    _run(tmp_path, "again", "store.enabled=false")
+    kept = _run(
+        tmp_path, "kept", "store.enabled=false", "compile.dump=true", "compile.dump_keep=[hlo]"
+    )
+
+    def breakdown(name: str) -> dict[str, Any]:
+        return json.loads((tmp_path / name / "compile" / mb.ARTIFACT).read_text())
+
+    a = breakdown("proto")
+    assert a["source"] == "buffer_assignment_proto" and a["top"]
+    for name in ("dump", "again", "kept"):
+        b = breakdown(name)
+        assert b["source"] == "xla_dump"
+        assert {**b, "source": a["source"]} == a
+    for run in (dumped, kept):
+        m = run.manifest["stages"]["compile"]["metrics"]
+        assert m["peak_bytes"] == proto.manifest["stages"]["compile"]["metrics"]["peak_bytes"]
+        assert m["peak_top"] == proto.manifest["stages"]["compile"]["metrics"]["peak_top"]
+    # The dump folder is named by what is compiled: the executable (which records it) is the
+    # same bytes in two runs.
+    exe = [(tmp_path / n / "compile" / "executable.bin").read_bytes() for n in ("dump", "again")]
+    assert exe[0] == exe[1]
+    # compile.dump: read from the run's dump before dump_keep removed the buffer assignment
+    files = kept.manifest["stages"]["compile"]["xla_dump"]["files"]
+    assert files and not any("buffer-assignment" in f for f in files)
+    assert not list((tmp_path / "kept" / "compile" / "xla_dump").glob("*buffer-assignment*"))
