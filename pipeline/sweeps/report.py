@@ -481,6 +481,11 @@ def to_markdown(table: SweepTable) -> str:
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if names:
         lines += ["", "Columns: " + ", ".join(f"`{v}` = `{k}`" for k, v in names.items()) + "."]
+    from jaxaot.sweeps.fit_search import report_section
+
+    fit = report_section(table.sweep_dir)  # a fit search's boundaries and fronts (fit.json)
+    if fit:
+        lines += ["", *fit]
     if table.plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{p.stem}]({p.relative_to(table.sweep_dir).as_posix()})" for p in table.plots]
