@@ -286,7 +286,9 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #     XLA's own parse of XLA_FLAGS; environment variables the compiler reads; the host CPU
 #     (cpu); registered HLO module transformations.
 #   4: cost_analysis.json counts while loops per trip (XLA's own figures as *_xla), loops.json.
-_KEY_VERSION = 4
+#   5: memory_breakdown.json (XLA's peak and the buffers live at it), and shardings.json for
+#     every compile (memory kinds and layouts in its rows).
+_KEY_VERSION = 5
 ARTIFACTS = (
     "optimized.hlo.txt",
     "cost_analysis.json",

@@ -152,7 +152,9 @@ def test_a_checkpoint_from_another_jax_is_not_loaded_by_the_stores_rule(
 # flat `pipeline` package, commit ae7c3d6, up to the flags parsed as XLA parses them) pinned
 # d9abdfd774dc2ab2b4419a9374f54ab2bd2f93049741b51fa8a2988bb292b7a3; version 3's environment has
 # the flag variables per platform, env, host CPU and HLO transformations (key_environment).
-GOLDEN_AXPY_KEY = "1ac8ccac5fc61aa622f8fbe8fe04012f15d7cba7e34407e16419b0040190ad02"  # v4
+# Version 4 pinned 1ac8ccac5fc61aa622f8fbe8fe04012f15d7cba7e34407e16419b0040190ad02; version 5
+# changed key_version only (memory_breakdown.json and every compile's shardings.json stored).
+GOLDEN_AXPY_KEY = "9796ba951bc86cf123c21684b0377e713847b348d229a70c4e489966c76a39fa"  # v5
 # key_environment("cpu")'s shape with every value fixed.
 PINNED_ENVIRONMENT = {
     "flags": {"XLA_FLAGS": {"effective": {}, "debug_options_sha256": "pinned"}},
