@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import pickle
+import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
-from jaxaot.errors import BackendError, ConfigError, StageError, one_line
+from jaxaot.errors import BackendError, ConfigError, DoesNotFit, StageError, one_line
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.convention import (
@@ -126,8 +127,10 @@ class Target:
     convention: Convention
     lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
     device_assignment: tuple[Any, ...] | None = None
-    # The whole compile, where it is not ``lower().compile()``: a topology's (issue 15).
+    # The whole compile, where it is not ``lower().compile()``: a topology's (issue 15); and
+    # the same compile dumping into (a folder, with these options): compile.dump.
     compile_job: Callable[[], Any] | None = None
+    compile_dumped: Callable[[Path, dict[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
                 convention=convention_of(lowered.lowered),
                 lower=no_lowering,
                 compile_job=plan.job,
+                compile_dumped=plan.dumped,
             )
         exp = lowered.export()
         return Target(
@@ -215,6 +219,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
             convention=export_conventions(lowered)[1],
             lower=no_lowering,
             compile_job=plan.job,
+            compile_dumped=plan.dumped,
         )
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
@@ -448,6 +453,8 @@ def keep_dump(dump_dir: Path, keep: Sequence[str]) -> dict[str, int]:
             kept[path.name] = path.stat().st_size
         elif path.is_file():
             path.unlink()
+        elif path.is_dir():  # libtpu's per-compile folder (module_N.<name>.cl_<id>/): no kind
+            shutil.rmtree(path)
     return kept
 
 
@@ -489,7 +496,19 @@ def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[],
     releases the GIL while it compiles. With ``out_dir`` (the stage's folder), ``compile.dump``
     dumps this compile there and ``compile.breakdown`` traces it there."""
     if target.compile_job is not None:  # a topology's compile (issue 15)
-        return target.compile_job
+        if out_dir is None or not cfg.dump or target.compile_dumped is None:
+            return target.compile_job
+        into = out_dir / DUMP_DIR
+        dumped = target.compile_dumped
+
+        def compile_dumping() -> Any:
+            try:  # its breakdown from this dump too, before dump_keep
+                return dumped(into, dump_options(cfg.dump_keep, into))
+            except DoesNotFit:  # a refused program's dump stays, as dump_keep says
+                keep_dump(into, cfg.dump_keep)
+                raise
+
+        return compile_dumping
     options = options_of(cfg)
     if out_dir is not None and cfg.dump:
         options |= dump_options(cfg.dump_keep, out_dir / DUMP_DIR)
@@ -611,11 +630,6 @@ def check(cfg: JaxaotConfig) -> None:
         raise ConfigError(
             f"compile.breakdown=true with compile.topology={comp.topology}: not supported yet; "
             "trace a compile for this host's backend"
-        )
-    if comp.dump and comp.topology:
-        raise ConfigError(
-            f"compile.dump=true with compile.topology={comp.topology}: XLA's dumps of a "
-            "compile for a topology are not supported yet; dump a compile for this host's backend"
         )
     from jaxaot.stages.compile_options import check_effort
     from jaxaot.stages.fit_verdict import check_memory_keys
@@ -766,7 +780,6 @@ def _finish(
     (``ran``, ``cached`` or ``resumed``)."""
     if not cfg.compile.topology or record is None:
         return
-    from jaxaot.errors import DoesNotFit
     from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
 
     if stages.get("execute", {}).get("status") == "skipped":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
@@ -150,6 +151,8 @@ class Plan:
 
     job: Callable[[], Any]
     live: bool
+    # The same compile dumping into the run's folder (compile.dump): (folder, its options).
+    dumped: Callable[[Path, dict[str, Any]], Any] | None = None
 
 
 def start(cfg: Any, lowered: Lowered) -> Plan:
@@ -176,22 +179,25 @@ def start(cfg: Any, lowered: Lowered) -> Plan:
         lowered.module_sha256, target.topology, target.num_slices, live is not None, options
     )
 
+    def compile_into(into: Path, dump: dict[str, Any]) -> Any:
+        try:
+            compiled = compile_for(lowered, target, options | dump, live)
+        except Exception as exc:
+            refused = rejected_for_hbm(exc, target, cfg)
+            if refused is None:
+                raise
+            # XLA writes the buffer assignment before it checks the limit: what is live at the
+            # peak of the program it refused.
+            peak_dump.attach(refused, peak_dump.read(into, None, cfg.memory_top))
+            raise refused from None
+        peak_dump.keep(compiled, peak_dump.read(into, compiled, cfg.memory_top))
+        return compiled
+
     def compile_now() -> Any:
         with peak_dump.locked(folder):
-            try:
-                compiled = compile_for(lowered, target, options | peak_dump.options(folder), live)
-            except Exception as exc:
-                refused = rejected_for_hbm(exc, target, cfg)
-                if refused is None:
-                    raise
-                # XLA writes the buffer assignment before it checks the limit: what is live at
-                # the peak of the program it refused.
-                peak_dump.attach(refused, peak_dump.read(folder, None, cfg.memory_top))
-                raise refused from None
-            peak_dump.keep(compiled, peak_dump.read(folder, compiled, cfg.memory_top))
-            return compiled
+            return compile_into(folder, peak_dump.options(folder))
 
-    return Plan(job=compile_now, live=live is not None)
+    return Plan(job=compile_now, live=live is not None, dumped=compile_into)
 
 
 def rejected_for_hbm(exc: BaseException, target: Target, cfg: Any = None) -> DoesNotFit | None:

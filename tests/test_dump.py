@@ -88,10 +88,6 @@ def test_a_resumed_compile_can_dump_too(tmp_path: Path) -> None:
             r"^compile\.dump_keep: expected some of hlo, passes",
         ),
         (["compile.dump=true", "compile.dump_keep=[]"], r"^compile\.dump_keep: expected some of"),
-        (
-            ["compile.dump=true", "compile.topology=v5e:2x2"],
-            r"^compile\.dump=true with compile\.topology=v5e:2x2",
-        ),
     ],
 )
 def test_bad_dump_options_are_one_line_errors(overrides: list[str], match: str) -> None:
