@@ -6,11 +6,13 @@ pre-activation (``checkpoint_name(..., "act")``) to pinned host memory for the b
 (``save_and_offload_only_these_names``, MaxText's ``offload`` remat policy), ``save`` keeps it
 on the device, ``recompute`` saves nothing and recomputes it.
 
-The parameters and the momentum (the optimizer state) are moved to device memory first
-(``jax.device_put(..., jax.memory.Space.Device)``: nothing to move where they are already
-there), so the same step runs with them in device memory or, with
-``lower.in_memory_kinds={params/**: pinned_host, opt_state/**: pinned_host}``, offloaded to the
-host between steps (and ``lower.out_memory_kinds`` for the updated ones it returns).
+``train_step`` is written for device memory, as a model usually is: with
+``lower.in_memory_kinds={params/**: pinned_host, opt_state/**: pinned_host}`` the parameters
+and the momentum (the optimizer state) live in host memory between steps, and jaxaot moves them
+to device memory at the step's entry (and ``lower.out_memory_kinds`` puts the updated ones it
+returns back on the host). Plain JAX needs the move written in the program:
+``moved_train_step`` is the same step so written (``jax.device_put(..., jax.memory.Space.Device)``;
+under jaxaot it moves values already in device memory, which copies nothing).
 """
 
 from __future__ import annotations
@@ -60,9 +62,22 @@ def train_step(
     remat: str = "offload",
 ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array]]:
     """One SGD-with-momentum step: (loss, new params, new momentum)."""
-    params = jax.device_put(params, jax.memory.Space.Device)
-    opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
     value, grads = jax.value_and_grad(loss)(params, x, y, remat)
     mu = jax.tree.map(lambda m, g: 0.9 * m + g, dict(opt_state), dict(grads))
     new = jax.tree.map(lambda p, m: p - lr * m, dict(params), mu)
     return value, new, mu
+
+
+def moved_train_step(
+    params: Params,
+    opt_state: Params,
+    x: jax.Array,
+    y: jax.Array,
+    lr: float = 0.01,
+    remat: str = "offload",
+) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array]]:
+    """``train_step`` with the parameters and momentum moved to device memory first, as plain
+    ``jax.jit`` needs it when they are passed in host memory."""
+    params = jax.device_put(params, jax.memory.Space.Device)
+    opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
+    return train_step(params, opt_state, x, y, lr, remat)

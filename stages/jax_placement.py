@@ -7,6 +7,19 @@ no mesh a ``SingleDeviceSharding`` of ``compile.backend``'s first device), wrapp
 layout. The lowered module carries them (``mhlo.memory_kind``, ``mhlo.layout_mode`` on its
 arguments and results), so the module digest and the compile key cover them.
 
+An argument leaf placed in host memory (``pinned_host``/``unpinned_host``) is moved to device
+memory at the program's entry, inside the jitted function (:func:`moving_to_device`:
+``jax.device_put(x, jax.memory.Space.Device)``), so a program written for device memory runs
+with its parameters or optimizer state offloaded by config alone: JAX (0.10.2) refuses
+arithmetic between host and device values at trace time ("memory_space of all inputs passed to
+`add` must be the same"), and XLA runs element-wise work on a host value on the host. The
+copies are in the module, so XLA schedules them (on TPU: asynchronous copy-start/copy-done).
+A program that moves them itself (``jax.device_put(x, jax.memory.Space.Device)``) then moves
+values already in device memory, which copies nothing. An NNX Variable's update keeps the
+sharding and memory kind its Variable came in with (an offloaded optimizer state goes back to
+the host); a plain program's outputs are placed by ``lower.out_memory_kinds`` (the out
+shardings), with no move written.
+
 What was asked is recorded in ``lowered.json`` (``placement``: per flat input and output of the
 jit, the path, memory kind and layout) so a compile through the lowering's export can ask for
 the same again (:func:`export_placed`): ``jax.jit(exported.call)`` keeps neither the layouts
@@ -17,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jaxaot.config.placement import AUTO, Placement, check_kinds, resolve_placement
@@ -34,6 +47,31 @@ class Placed:
     kwargs: dict[str, Any]
     record: dict[str, Any] | None  # lowered.json's "placement"; None when nothing is placed
     replicated_outputs: list[str]  # mesh outputs given a kind/layout but no sharding: replicated
+    moved: list[str] = field(default_factory=list)  # host-placed inputs moved to device at entry
+
+
+HOST_KINDS = ("pinned_host", "unpinned_host")
+
+
+def moving_to_device(fn: Any, flags: dict[int, list[bool]]) -> Any:
+    """``fn`` with the leaves of its positional arguments that ``flags`` marks (per position,
+    one flag per leaf in flatten order) moved to device memory first, inside the trace.
+    ``functools.wraps`` keeps ``fn``'s signature for jax.jit's static and donated names."""
+    import jax
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        moved = list(args)
+        for i, marks in flags.items():
+            leaves, treedef = jax.tree.flatten(moved[i])
+            leaves = [
+                jax.device_put(x, jax.memory.Space.Device) if m else x
+                for x, m in zip(leaves, marks, strict=True)
+            ]
+            moved[i] = jax.tree.unflatten(treedef, leaves)
+        return fn(*moved, **kwargs)
+
+    return entry
 
 
 def target_devices(cfg: Any, platforms: Sequence[str]) -> list[Any] | None:
@@ -131,7 +169,8 @@ def placed(
     amesh: Any = None,
 ) -> Placed:
     """``fn``/``opts``/``args`` (as the lower stage built them: on ``amesh`` when the run has a
-    mesh) with ``lower.{in,out}_memory_kinds`` and ``lower.{in,out}_layouts`` applied."""
+    mesh) with ``lower.{in,out}_memory_kinds`` and ``lower.{in,out}_layouts`` applied, and
+    the host-placed argument leaves moved to device memory at ``fn``'s entry."""
     import jax
     from jaxaot.config.path_shardings import path_leaves
     from jaxaot.config.tree_paths import top_names
@@ -184,6 +223,9 @@ def placed(
     opts = dict(opts)
     new_args = list(args)
     record: dict[str, Any] = {"inputs": [], "outputs": []}
+    host_flags: dict[int, list[bool]] = {}
+    moved: list[str] = []
+    came_in: dict[str, Any] = {}  # input path -> its sharding (an NNX update keeps it)
     if ins:
         base_in = opts.get("in_shardings") or (None,) * len(traced)
         specs_in = []
@@ -192,10 +234,17 @@ def placed(
             leaves = jax.tree.leaves(args[i])
             base = _full(base_in[n], args[i])
             chosen = []
+            flags = []
             for sh in base:
                 path = in_leaves[k].path
                 p = ins[path]
-                chosen.append(_apply(p, sh, device, amesh))
+                spec = _apply(p, sh, device, amesh)
+                chosen.append(spec)
+                flags.append(p.memory_kind in HOST_KINDS)
+                if flags[-1]:
+                    moved.append(path)
+                if spec is not None:
+                    came_in[path] = _sharding_of(spec)
                 if not p.empty:
                     record["inputs"].append({"index": k, "path": path, **p.to_json()})
                 k += 1
@@ -204,7 +253,13 @@ def placed(
             new_args[i] = jax.tree.unflatten(
                 treedef, [_retyped(x, s) for x, s in zip(leaves, chosen, strict=True)]
             )
+            if any(flags):
+                host_flags[i] = flags
         opts["in_shardings"] = tuple(specs_in)
+    if host_flags:
+        fn = moving_to_device(fn, host_flags)
+        if staged.returns_updates:
+            opts["out_shardings"] = _updates_as_came_in(staged, opts.get("out_shardings"), came_in)
     replicated: list[str] = []
     if outs:
         existing = opts.get("out_shardings")
@@ -233,7 +288,31 @@ def placed(
             opts["out_shardings"] = (user_specs, updates)
         else:
             opts["out_shardings"] = user_specs
-    return Placed(fn, opts, tuple(new_args), kwargs, record, replicated)
+    return Placed(fn, opts, tuple(new_args), kwargs, record, replicated, moved)
+
+
+def _updates_as_came_in(staged: Any, existing: Any, came_in: dict[str, Any]) -> Any:
+    """jit's ``(user output, NNX updates)`` out shardings with each update of a Variable that
+    came in as a traced argument (its path in ``came_in``) in the sharding it came in with, its
+    memory kind included: an offloaded optimizer state goes back to the host, and a donated
+    Variable's buffer can hold its update. Others as they were (``existing``'s, or the
+    compiler's choice)."""
+    import jax
+    from jaxaot.config.tree_paths import leaf_paths
+
+    t = staged.traced
+    assert t is not None, "NNX updates need the traced program"
+    updates = t.out_info[1]
+    user, before = (None, None) if existing is None else existing
+    treedef = jax.tree.structure(updates)
+    # lower's update shardings (jax_mesh.update_shardings) have one entry per update leaf.
+    old = (
+        [None] * treedef.num_leaves
+        if before is None
+        else jax.tree.leaves(before, is_leaf=lambda x: x is None)
+    )
+    chosen = [came_in.get(p, o) for (p, _), o in zip(leaf_paths(updates, ""), old, strict=True)]
+    return (user, jax.tree.unflatten(treedef, chosen))
 
 
 def export_placed(

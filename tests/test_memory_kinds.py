@@ -15,7 +15,7 @@ import pytest
 from jaxaot.config.path_shardings import PathLeaf
 from jaxaot.config.placement import Placement, check_kinds, resolve_placement
 from jaxaot.errors import ConfigError
-from jaxaot.examples.offload import train_step
+from jaxaot.examples.offload import moved_train_step
 from jaxaot.stages.execute import load_outputs
 from jaxaot.stages.inputs import spec_inputs
 
@@ -103,11 +103,11 @@ def _host_inputs(result: Any) -> list[Any]:
 
 
 def _plain_outputs(result: Any, in_sh: Any, out_sh: Any) -> tuple[Any, dict[str, np.ndarray]]:
-    """jax.jit(train_step) with the given shardings on the run's inputs: (compiled, outputs by
-    path as execute saves them)."""
+    """jax.jit(moved_train_step) with the given shardings on the run's inputs: (compiled,
+    outputs by path as execute saves them)."""
     args = _host_inputs(result)
     jitted = jax.jit(
-        train_step, static_argnames=("remat",), in_shardings=in_sh, out_shardings=out_sh
+        moved_train_step, static_argnames=("remat",), in_shardings=in_sh, out_shardings=out_sh
     )
     put = [jax.device_put(a, s) if s is not None else a for a, s in zip(args, in_sh, strict=True)]
     compiled = jitted.lower(*put).compile()
@@ -217,7 +217,7 @@ ON_2X2 = (
 
 
 def _plain_topology(remat: str, state_kind: str) -> Any:
-    """plain jax.jit(train_step) over the v5e:2x2 topology's mesh, compiled."""
+    """plain jax.jit(moved_train_step) over the v5e:2x2 topology's mesh, compiled."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -237,7 +237,9 @@ def _plain_topology(remat: str, state_kind: str) -> Any:
     args = (params(st), params(st), sds((256, 512), rows), sds((256, 128), rows))
     lr = jax.ShapeDtypeStruct((), jnp.float32, weak_type=True, sharding=rep)
     state = {"layers": st, "out": st}
-    jitted = jax.jit(train_step, static_argnames=("remat",), out_shardings=(rep, state, state))
+    jitted = jax.jit(
+        moved_train_step, static_argnames=("remat",), out_shardings=(rep, state, state)
+    )
     return jitted.lower(*args, lr, remat=remat).compile()
 
 
