@@ -19,6 +19,13 @@ process and most of the noise, so each process also reports its XLA compile seco
 rest of its wall time ("own work": start-up, tracing, lowering, writing; jaxaot's compile-ahead
 overlaps part of its own with the compile). The last line gives the ratio at equal compile
 seconds: (pooled median compile + each side's median own work), which the load moves far less.
+
+jaxaot's topology compiles also have XLA dump their buffer assignment (what is live at the peak,
+for ``memory_breakdown.json``). ``--plain-dump`` adds a third side, the plain script compiling
+with the same dump options (``xla_dump_to``, ``xla_dump_hlo_as_text``) and nothing else: what
+the dump costs XLA's compile, apart from jaxaot's reading of it.
+
+    python bench/topology_compile.py --scale small --plain-dump
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,7 +82,7 @@ out = (jax.tree.map(lambda x: x.sharding, params), NamedSharding(mesh, P()))
 # fuses the step a little differently and the two sides compile different programs
 lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(mesh, P()), weak_type=True)
 compiled = jax.jit(train_step, out_shardings=out, donate_argnums=0).lower(
-    params, tokens, tokens, lr).compile()
+    params, tokens, tokens, lr).compile({options})
 m = compiled.memory_analysis()
 t0 = time.perf_counter()  # the bench's own check, not the user's work: subtracted from the wall
 open("plain.hlo.txt", "w").write(compiled.as_text())
@@ -131,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mesh", default="16,16", help="fsdp,model sizes")
     ap.add_argument("--scale", choices=sorted(SCALES), default="8b")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--plain-dump", action="store_true", help="a third side: the plain script with XLA's dump"
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))  # this checkout's pipeline, not an installed one
     from jaxaot.targets.tpu import resolve
@@ -139,12 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     mesh = tuple(int(n) for n in args.mesh.split(","))
     dims = SCALES[args.scale]
     L, D, H, K, F, V, B, T = dims
-    plain = _PLAIN.format(
-        dims=dims, topology=target.topology, mesh=mesh, chip_config=target.generation.chip_config
-    )
+
+    def plain(options: str) -> str:
+        return _PLAIN.format(
+            dims=dims,
+            topology=target.topology,
+            mesh=mesh,
+            chip_config=target.generation.chip_config,
+            options=options,
+        )
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "plain.py").write_text(plain)
+        (work / "plain.py").write_text(plain(""))
+        # jaxaot's dump options (stages/memory_breakdown.py dump_options), into a fresh folder
+        dump = {"xla_dump_to": str(work / "dump"), "xla_dump_hlo_as_text": True}
+        (work / "plain_dump.py").write_text(plain(f"compiler_options={dump!r}"))
         jaxaot = [
             sys.executable,
             "-m",
@@ -168,13 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             f"program.args.2.shape=[{B},{T}]",
         ]
         sides = {"plain JAX": [sys.executable, str(work / "plain.py")], "jaxaot": jaxaot}
+        if args.plain_dump:
+            sides["plain + dump"] = [sys.executable, str(work / "plain_dump.py")]
         results: dict[str, list[tuple[float, float, int, float]]] = {k: [] for k in sides}
         for i in range(args.repeats):
             for name, cmd in sides.items():
                 # a fresh run directory each time: a run never reuses another's
                 cmd = [c.replace("RUN_DIR", str(work / f"run{i}")) for c in cmd]
                 wall, cpu, rss, rc, out, xla = _run(cmd, work)
-                if name == "plain JAX":
+                if name.startswith("plain"):
+                    shutil.rmtree(work / "dump", ignore_errors=True)  # each compile its own
                     wall -= _check_seconds(out)
                 if rc not in (0, 3) or xla is None:
                     print(f"{name} failed (rc={rc}, XLA compile line: {xla}):\n{out[-400:]}")
@@ -184,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 results[name].append((wall, cpu, rss, xla))
                 print(
-                    f"  run {i + 1} {name:<9} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
+                    f"  run {i + 1} {name:<12} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
                     f"XLA {xla:6.2f} s  own {wall - xla:5.2f} s  peak RSS {rss / 2**20:7.0f} MiB"
                     f"{'  (does not fit)' if rc == 3 else ''}",
                     flush=True,
@@ -211,13 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {k} | {w:.2f} s | {c:.2f} s | {x:.2f} s | {own:.2f} s | {r / 2**20:.0f} MiB |")
     wall = med["jaxaot"][0] / med["plain JAX"][0]
     cpu = med["jaxaot"][1] / med["plain JAX"][1]
-    xla = statistics.median(x for v in results.values() for _, _, _, x in v)
+    # pooled over the two sides the ratio compares (not the dump side)
+    xla = statistics.median(x for k in ("plain JAX", "jaxaot") for _, _, _, x in results[k])
     fair = (xla + med["jaxaot"][4]) / (xla + med["plain JAX"][4])
     print(f"\njaxaot / plain JAX: wall {wall:.3f}x, CPU {cpu:.3f}x (target <= 1.05x)")
     print(
         f"at equal XLA compile ({xla:.2f} s, the median of all runs): {fair:.3f}x; jaxaot's own "
         f"work {med['jaxaot'][4] - med['plain JAX'][4]:+.2f} s over the plain script's"
     )
+    if "plain + dump" in med:
+        d, p, j = med["plain + dump"], med["plain JAX"], med["jaxaot"]
+        print(
+            f"XLA's dump in the plain script: wall {d[0] - p[0]:+.2f} s ({d[0] / p[0]:.3f}x), "
+            f"XLA compile {d[3] - p[3]:+.2f} s ({d[3] / p[3]:.3f}x); jaxaot / plain + dump: "
+            f"wall {j[0] / d[0]:.3f}x"
+        )
     return 0
 
 
