@@ -3,7 +3,9 @@ XProf and Perfetto read, and per-op time of the executable from it."""
 
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import json
 import re
 from pathlib import Path
@@ -174,8 +176,7 @@ def test_the_sweep_report_has_the_compile_breakdown(tmp_path: Path) -> None:
         run_dir=sweep / "0",
     )
     table = collect(sweep)
-    head, row = to_csv(table).splitlines()[:2]
-    cols = dict(zip(head.split(","), row.split(","), strict=True))
+    cols = next(csv.DictReader(io.StringIO(to_csv(table))))
     assert float(cols["compile.breakdown_threads_s"]) > 0 and cols["compile.breakdown_top"]
 
 

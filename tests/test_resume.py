@@ -270,3 +270,21 @@ def test_a_resumed_execute_draws_the_inputs_of_the_original_run(compose_run, mon
     assert want.keys() == got.keys() and len(want) == 2
     for k in want:
         assert want[k].tobytes() == got[k].tobytes(), k
+
+
+def test_a_run_judged_not_to_fit_keeps_its_executable_for_a_later_try(compose_run, tmp_path):
+    """The memory-analysis verdict is an estimate: the compile stage of a program it says does
+    not fit is ``does_not_fit`` yet has its executable, and ``start_at=execute`` takes it (here it
+    stops at the next check: this host has no TPU), not "no finished compile stage"."""
+    from jaxaot.errors import DoesNotFit
+
+    src = tmp_path / "misfit"
+    with pytest.raises(DoesNotFit):  # XLA accepts it; 99.99999% of the HBM is held back
+        compose_run(
+            "program=axpy", "compile.topology=v5e:2x2", "compile.hbm_reserve=0.9999999", run_dir=src
+        )
+    compile_stage = read_manifest(src)["stages"]["compile"]
+    assert (compile_stage["status"], compile_stage["computed"]) == ("does_not_fit", "ran")
+    assert (src / "compile" / "executable.bin").exists()
+    with pytest.raises(BackendError, match="this host has no TPU"):
+        compose_run(f"resume_from={src}", "start_at=execute")

@@ -84,7 +84,12 @@ class Checkpoint:
         }
 
     def require(self, stage: str, start_at: str) -> None:
-        status = self.manifest.get("stages", {}).get(stage, {}).get("status")
+        record = self.manifest.get("stages", {}).get(stage, {})
+        status = record.get("status")
+        # A program judged not to fit by its memory analysis still has its executable: the
+        # verdict is an estimate, and the hardware may be tried (computed: how it came).
+        if status == "does_not_fit":
+            status = record.get("computed", status)
         if status not in ("ran", "cached", "resumed"):
             raise StoreError(
                 f"resume_from={str(self.run_dir)!r} start_at={start_at}: that run has no "
