@@ -307,7 +307,7 @@ def _updates_as_came_in(staged: Any, existing: Any, came_in: dict[str, Any]) -> 
     treedef = jax.tree.structure(updates)
     # lower's update shardings (jax_mesh.update_shardings) have one entry per update leaf.
     old = (
-        [None] * treedef.num_leaves
+        [None] * len(jax.tree.leaves(updates))
         if before is None
         else jax.tree.leaves(before, is_leaf=lambda x: x is None)
     )
