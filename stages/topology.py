@@ -188,7 +188,10 @@ def start(cfg: Any, lowered: Lowered) -> Plan:
                 raise
             # XLA writes the buffer assignment before it checks the limit: what is live at the
             # peak of the program it refused.
-            peak_dump.attach(refused, peak_dump.read(into, None, cfg.memory_top))
+            # The lowering names the arguments (its args_info and kept inputs), as the
+            # executable would have.
+            named = live if live is not None else lowered.lowered
+            peak_dump.attach(refused, peak_dump.read(into, named, cfg.memory_top))
             raise refused from None
         peak_dump.keep(compiled, peak_dump.read(into, compiled, cfg.memory_top))
         return compiled

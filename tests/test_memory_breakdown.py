@@ -351,3 +351,13 @@ def test_a_platform_without_the_proto_gets_the_breakdown_from_xlas_dump(
     files = kept.manifest["stages"]["compile"]["xla_dump"]["files"]
     assert files and not any("buffer-assignment" in f for f in files)
     assert not list((tmp_path / "kept" / "compile" / "xla_dump").glob("*buffer-assignment*"))
+
+
+def test_the_summary_says_when_xlas_peak_counts_host_memory() -> None:
+    """XLA's peak of a TPU program with buffers in host memory counts them: the summary says
+    so, so that it is not read against the HBM verdict printed beside it."""
+    plain = mb.summary({"peak_bytes": 2048, "peak_top": "f32[512] args[0] (2.0 KiB)"})
+    assert plain == ["peak 2.0 KiB: f32[512] args[0] (2.0 KiB)"]
+    offloaded = mb.summary({"peak_bytes": 2048, "host_bytes_needed": 1024})
+    assert offloaded == ["XLA peak, device + host, 2.0 KiB"]
+    assert mb.summary({"peak_bytes": None}) == []

@@ -252,6 +252,7 @@ def test_status_exit_code_manifest_summary_and_report_agree_at_the_boundary(
             assert breakdown["source"] == "xla_dump" and breakdown["peak_bytes"] is None
             assert breakdown["top"][0]["shape"] == AT_LIMIT
             assert breakdown["top"][0]["kind"] == "argument"
+            assert breakdown["top"][0]["path"] == "args[0]"  # named by the lowering
             assert metrics["peak_top"] == memory_breakdown.top_text(breakdown)
             assert "executable.bin" not in str(stage["artifacts"])
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {row['job']} |"))
