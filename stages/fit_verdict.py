@@ -210,8 +210,13 @@ def unit_of(n: int) -> tuple[int, str]:
 
 
 def pair_text(needed: int, available: int) -> str:
-    """``15.8 GiB of 15.75 GiB``: the two figures in one unit, as :func:`figures` prints them."""
+    """``15.8 GiB of 15.75 GiB``: the two figures in one unit, as :func:`figures` prints them;
+    a need of a smaller unit in its own (``8.7 MiB of 15.75 GiB``: far from the limit)."""
     scale, name = unit_of(max(available, 1))
+    own, own_name = unit_of(needed)
+    if own < scale:
+        need = f"{needed} B" if own == 1 else f"{needed / own:.1f} {own_name}"
+        return f"{need} of {available / scale:.2f} {name}"
     a, b = figures(needed, available, scale)
     return f"{a} {name} of {b} {name}"
 

@@ -330,6 +330,8 @@ def _pair(need: Any, have: Any) -> tuple[str, str]:
     if need is None or have is None or have <= 0:
         return human_bytes(need), human_bytes(have)
     scale, unit = unit_of(have)
+    if unit_of(need)[0] < scale:  # far below the limit: each in its own unit
+        return human_bytes(need), f"{have / scale:.2f} {unit}"
     a, b = figures(need, have, scale)
     return f"{a} {unit}", f"{b} {unit}"
 
