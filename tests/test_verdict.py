@@ -301,3 +301,9 @@ def test_host_memory_verdict_of_an_offloading_program(tmp_path: Path) -> None:
     assert manifest["status"] == "does_not_fit" and manifest["fit"]["host_fits"] is False
     assert manifest["fit"]["hbm_fits"] is True
     assert "host memory" in render(manifest) and "(DOES NOT FIT)" in render(manifest)
+
+
+def test_a_need_far_below_the_limit_reads_in_its_own_unit() -> None:
+    assert fit_verdict.pair_text(9122611, 16911433728) == "8.7 MiB of 15.75 GiB"
+    assert fit_verdict.pair_text(0, 48000000000) == "0 B of 44.70 GiB"
+    assert fit_verdict.pair_text(16911433729, 16911433728) == "15.8 GiB of 15.75 GiB"
