@@ -478,3 +478,11 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     assert all(k <= int(b.lstrip("≤")) for k, b in counts)
     assert (sweep / "plots" / "fit_pareto.png").stat().st_size > 1000
     assert list(itertools.chain.from_iterable(s["no_verdict"] for s in fit["searches"])) == []
+
+
+def test_the_summary_prints_the_boundarys_memory_as_the_verdict_does() -> None:
+    """The limit reads 15.75 GiB, as in the verdict and the run summaries (not 15.8)."""
+    search, _, _ = _search(7, set(), 1, 16, 1)
+    result = search.to_json(FitOptions(overrides=["x={n}"], low=1, high=16))
+    result["hbm_bytes_needed_at_fit"], result["hbm_bytes_available"] = 16231849574, 16911433728
+    assert "15.1 GiB of 15.75 GiB per device at the boundary" in fit_search.summary_line(result)

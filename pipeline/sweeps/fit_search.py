@@ -346,6 +346,7 @@ def _probe_note(p: dict[str, Any]) -> str:
 
 def summary_line(result: dict[str, Any]) -> str:
     """One line per search: boundary, memory at it, values without a verdict, compiles."""
+    from jaxaot.stages.fit_verdict import pair_text
     from jaxaot.util.humanize import human_bytes
 
     where = result.get("label") or "all jobs"
@@ -366,9 +367,14 @@ def summary_line(result: dict[str, Any]) -> str:
         bound = f"n={result['largest_fit']} fits (no verdict above it)"
     else:
         bound = f"n={result['largest_fit']} fits (the whole range fits)"
+    need, have = result["hbm_bytes_needed_at_fit"], result["hbm_bytes_available"]
+    memory = (
+        pair_text(need, have)  # as the verdict prints them
+        if need is not None and have is not None
+        else f"{human_bytes(need)} of {human_bytes(have)}"
+    )
     return (
-        f"fit search [{where}]: {bound}; {human_bytes(result['hbm_bytes_needed_at_fit'])} of "
-        f"{human_bytes(result['hbm_bytes_available'])} per device at the boundary; "
+        f"fit search [{where}]: {bound}; {memory} per device at the boundary; "
         f"{result['compiles']} compiles (a linear scan: {result['linear_scan_compiles']})"
         f"{notes}{stopped}"
     )
