@@ -200,7 +200,21 @@ def placed(
         check_kinds({**ins, **outs}, memory_kinds_of(devices[0]), devices[0].device_kind)
     device = None
     if amesh is None:
-        if devices is None or cfg.compile.topology:
+        if cfg.compile.topology:
+            # A topology compile places leaves through a mesh over the topology's devices
+            # (stages/topology.py); one device of compile.backend is not one of them.
+            keys = [
+                f"lower.{k}"
+                for k in ("in_memory_kinds", "out_memory_kinds", "in_layouts", "out_layouts")
+                if getattr(low, k) is not None
+            ]
+            n = len(devices or ())
+            raise ConfigError(
+                f"{'/'.join(keys)} with compile.topology={cfg.compile.topology} needs a mesh "
+                f"over the topology's {n} devices, found none; add mesh.shape=[{n}] "
+                "mesh.axes=[data]"
+            )
+        if devices is None:
             raise ConfigError(
                 "lower.in_memory_kinds/out_memory_kinds/in_layouts/out_layouts without a mesh "
                 f"place leaves on one device of compile.backend={cfg.compile.backend}, and this "

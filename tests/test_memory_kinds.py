@@ -198,11 +198,25 @@ def test_on_a_mesh_kinds_join_the_shardings_and_keys_cover_them(compose_run: Any
 
 
 def test_without_a_mesh_a_topology_needs_one(tmp_path: Path) -> None:
-    cfg = jaxaot.compose(
-        ["program=offload_train", "compile.topology=v5e:2x2", "lower.in_memory_kinds=pinned_host"]
+    base = [
+        "program=offload_train",
+        "compile.topology=v5e:2x2",
+        "lower.in_memory_kinds=pinned_host",
+    ]
+    with pytest.raises(ConfigError) as err:
+        jaxaot.run(jaxaot.compose(base), run_dir=tmp_path / "r")
+    assert str(err.value) == (
+        "lower.in_memory_kinds with compile.topology=v5e:2x2 needs a mesh over the topology's "
+        "4 devices, found none; add mesh.shape=[4] mesh.axes=[data]"
     )
-    with pytest.raises(ConfigError, match=r"without a mesh .* expected a mesh \(e.g. mesh.shape"):
-        jaxaot.run(cfg, run_dir=tmp_path / "r")
+    both = [*base, "lower.out_layouts=default"]
+    with pytest.raises(ConfigError, match=r"^lower.in_memory_kinds/lower.out_layouts with comp"):
+        jaxaot.run(jaxaot.compose(both), run_dir=tmp_path / "r2")
+    # The fix the message names compiles.
+    fixed = jaxaot.run(
+        jaxaot.compose([*base, "mesh.shape=[4]", "mesh.axes=[data]"]), run_dir=tmp_path / "r3"
+    )
+    assert fixed.manifest["status"] == "ok"
 
 
 # -- a TPU topology: host offload, compared with plain JAX on the same compile ---------------------
