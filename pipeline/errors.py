@@ -7,6 +7,8 @@ alone; ``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback as well.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class JaxaotError(Exception):
     """Root of every error jaxaot raises on purpose."""
@@ -40,15 +42,22 @@ class StageError(JaxaotError, RuntimeError):
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(f"stage {stage!r} failed: {message}")
         self.stage = stage
+        self.reason = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickling calls the class with ``args`` (the one formatted message).
+        return (type(self), (self.stage, self.reason), self.__dict__)
 
 
 class DoesNotFit(JaxaotError, RuntimeError):
     """``compile.topology``: the program needs more memory per device than the target has
     (HBM less the reserve, or host memory), by XLA's memory analysis or XLA's own refusal.
 
-    A result, not a crash (issue 15): the manifest's status is ``does_not_fit``, the CLI exits
-    with :data:`EXIT_DOES_NOT_FIT`, and ``fit`` holds the verdict (bytes needed, available:
-    ``jaxaot.stages.fit_verdict.verdict``, the one place fits is decided).
+    A result, not a crash: the manifest's status is ``does_not_fit``, the CLI exits with
+    :data:`EXIT_DOES_NOT_FIT`, and ``fit`` holds the verdict (bytes needed, available:
+    ``jaxaot.stages.fit_verdict.verdict``, the one place fits is decided). It pickles with its
+    message, ``fit``, ``metrics`` and ``breakdown`` (a probe's task in a process of its own
+    raises it back to the fit search).
     """
 
     run_status = "does_not_fit"
@@ -63,6 +72,11 @@ class DoesNotFit(JaxaotError, RuntimeError):
         # What was live at the peak of a program XLA refused (memory_breakdown.json's content),
         # where its dump had it; its metrics are in ``metrics``.
         self.breakdown: dict[str, object] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickling calls the class with ``args`` (the message alone); the state
+        # (``breakdown`` and any other attribute) follows in ``__dict__``.
+        return (type(self), (str(self), self.fit, self.metrics), self.__dict__)
 
 
 EXIT_DOES_NOT_FIT = DoesNotFit.exit_code

@@ -274,6 +274,26 @@ def test_a_probe_that_crashes_is_an_outcome(tmp_path: Path, in_a_job: Any) -> No
     assert not (tmp_path / "crash.txt").exists()  # no crash, no stacks file
 
 
+def does_not_fit_task(cfg: Any) -> int:
+    """A task function (not jaxaot's own) that raises DoesNotFit with a breakdown."""
+    from jaxaot.errors import DoesNotFit
+
+    exc = DoesNotFit(f"needs {cfg.value} GiB", {"fits": False}, {"hbm_bytes_needed": 3 << 30})
+    exc.breakdown = {"peak_bytes": 3 << 30}
+    raise exc
+
+
+def test_a_probe_raises_does_not_fit_back_whole(in_a_job: Any) -> None:
+    from jaxaot.errors import DoesNotFit
+    from jaxaot.sweeps.probe_process import IsolatedTask
+
+    with pytest.raises(DoesNotFit, match=r"^needs 3 GiB$") as err:
+        IsolatedTask.of(does_not_fit_task)(in_a_job)
+    assert err.value.fit == {"fits": False}
+    assert err.value.metrics == {"hbm_bytes_needed": 3 << 30}
+    assert err.value.breakdown == {"peak_bytes": 3 << 30}
+
+
 def test_a_probe_past_its_time_is_killed(in_a_job: Any) -> None:
     import fit_programs
     from jaxaot.sweeps.probe_process import IsolatedTask
