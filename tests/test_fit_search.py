@@ -339,6 +339,25 @@ def test_a_fit_json_of_another_search_is_not_resumed(tmp_path: Path) -> None:
         _Previous(path, opts)
 
 
+def test_a_resumed_search_takes_only_verdicts(tmp_path: Path) -> None:
+    from hydra_plugins.jaxaot_fit_sweeper.fit_sweeper import _Previous
+
+    opts = FitOptions(overrides=[SHAPE])
+    statuses = ("fits", "does_not_fit", "crashed", "timed_out", "failed")
+    probes = [
+        {"n": n, "fits": {"fits": True, "does_not_fit": False}.get(st), "status": st, "job": n}
+        for n, st in enumerate(statuses)
+    ]
+    search = {"fixed": ["a=1"], "probes": probes}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({**opts.header(), "next_job": 9, "searches": [search]}))
+    previous = _Previous(path, opts)
+    assert [previous.get(["a=1"], n) for n in range(5)] == [*probes[:2], None, None, None]
+    assert [previous.without_verdict(["a=1"], n) for n in range(5)] == [None, None, *probes[2:]]
+    assert previous.get(["a=2"], 0) is None and previous.without_verdict(["a=2"], 2) is None
+    assert (previous.count, previous.next_job) == (5, 9)  # every job done counts
+
+
 def test_report_section_and_plots_from_fit_json(tmp_path: Path) -> None:
     from jaxaot.sweeps.plots import write_plots
     from jaxaot.sweeps.report import collect
@@ -431,6 +450,7 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     before = {p["n"]: p for p in _probes(sweep)}
     assert len(before) >= 2
     assert before[2048]["status"] == "fits"
+    assert before[16384]["status"] == "crashed"  # low, then high: the second probe
 
     proc = run_cli(args, cwd=tmp_path, env=env)
     fit = json.loads((sweep / "fit.json").read_text())
@@ -441,11 +461,15 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     assert crash["fits"] is None and crash["status"] == "crashed"
     assert crash["error"].startswith("crashed: SIGSEGV while tracing (stage_out)")
     assert search["no_verdict"] == [16384]
-    # what the first run recorded was not run again: every later job is a new value
-    assert fit["reused_probes"] == len(before)
-    later = [p for p in search["probes"] if p["n"] not in before]
-    assert {p["n"] for p in later}.isdisjoint(before)
+    # the first run's verdicts were taken; its probes without one ran again, as new jobs
+    verdicts = {n for n, p in before.items() if p["fits"] is not None}
+    assert fit["reused_probes"] == len(verdicts)
+    later = [p for p in search["probes"] if p["n"] not in verdicts]
     assert all(p["job"] >= max(q["job"] for q in before.values()) + 1 for p in later)
+    assert {n for n, p in before.items() if p["fits"] is None} <= {p["n"] for p in later}
+    assert [p["n"] for p in later].count(16384) == 1
+    rerun = "n=16384: fit.json records no verdict (crashed: SIGSEGV while tracing (stage_out)"
+    assert rerun in proc.stdout + proc.stderr
     for p in later:
         record = json.loads((sweep / str(p["job"]) / "job.json").read_text())
         assert any(f"bf16[{p['n']},1048576]" in o for o in record["overrides"])

@@ -6,7 +6,9 @@ like any other), its task run in a process of its own (jaxaot.sweeps.probe_proce
 crash or another failure is no verdict for that value. Every combination of the other sweep
 arguments gets a search; per topology, the choices' largest fits form a Pareto front.
 ``fit.json`` in the sweep dir is rewritten before and after every probe, and a search run again
-with the same ``hydra.sweep.dir`` takes the probes recorded there instead of running them again.
+with the same ``hydra.sweep.dir`` takes the verdicts recorded there (fits, does not fit) instead
+of running those probes again; a probe recorded without a verdict (crashed, timed out, failed)
+runs again, since what ended it may have been transient or fixed since.
 No ``from __future__ import annotations`` here: Hydra executes plugin modules before
 registering them in ``sys.modules``, where dataclasses would look string annotations up.
 """
@@ -96,7 +98,8 @@ def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
 
 
 class _Previous:
-    """The probes an earlier run of this search recorded in fit.json (none for a new one)."""
+    """The probes an earlier run of this search recorded in fit.json (none for a new one):
+    :meth:`get` gives those with a verdict, :meth:`without_verdict` the others."""
 
     def __init__(self, path: Path, opts: FitOptions) -> None:
         self.probes: dict[tuple[str, ...], dict[int, dict[str, Any]]] = {}
@@ -125,11 +128,18 @@ class _Previous:
         )
 
     def get(self, fixed: Sequence[str], n: int) -> dict[str, Any] | None:
+        """The probe of ``n`` recorded with a verdict, to take instead of running it again."""
         found = self.probes.get(tuple(fixed), {}).get(n)
-        return dict(found) if found is not None else None
+        return dict(found) if found is not None and found.get("fits") is not None else None
+
+    def without_verdict(self, fixed: Sequence[str], n: int) -> dict[str, Any] | None:
+        """The probe of ``n`` recorded without a verdict (it runs again)."""
+        found = self.probes.get(tuple(fixed), {}).get(n)
+        return dict(found) if found is not None and found.get("fits") is None else None
 
     @property
     def count(self) -> int:
+        """Jobs the earlier runs finished: every probe recorded, with a verdict or not."""
         return sum(len(p) for p in self.probes.values())
 
 
@@ -204,6 +214,17 @@ class JaxaotFitSweeper(LaunchingSweeper):
                         FIT_NAME,
                     )
                 else:
+                    earlier = previous.without_verdict(search.fixed, n)
+                    if earlier is not None:
+                        log.info(
+                            "fit search [%s]: n=%d: %s records no verdict (%s, job %s); "
+                            "running it again",
+                            search.label or "all jobs",
+                            n,
+                            FIT_NAME,
+                            earlier.get("error") or earlier["status"],
+                            earlier.get("job"),
+                        )
                     batch = [[*search.fixed, *self.opts.with_value(n)]]
                     self.validate_batch_is_legal(batch)
                     num = state["next_job"]
