@@ -1,4 +1,4 @@
-"""Fit search v2 (issue 27): probes in processes of their own, crashes as rows, resume from
+"""Fit search: probes in processes of their own, crashes as rows, resume from
 fit.json, progress bounds that hold, any number of axes and the Pareto front per topology.
 
 The search logic is checked against brute force on fake probes (fast); the sweeper itself on
@@ -161,8 +161,11 @@ def _result(topology: str, choice: str, n: int | None, est: float | None, need: 
 
 
 def _brute_front(points: list[dict[str, Any]]) -> set[str]:
+    """The choices no other beats in every objective: largest n, estimated step per n (the
+    step at the largest fit over that n), HBM needed."""
+
     def key(p: dict[str, Any]) -> tuple[float, float, float]:
-        est = p["est_step_s"] if p["est_step_s"] is not None else float("inf")
+        est = p["est_step_s"] / p["largest_fit"] if p["est_step_s"] is not None else float("inf")
         return (-p["largest_fit"], est, p["hbm_bytes_needed"])
 
     return {
@@ -177,11 +180,13 @@ def _brute_front(points: list[dict[str, Any]]) -> set[str]:
 
 def test_fronts_per_topology_against_brute_force() -> None:
     results = [
-        _result("v5e:2x2", "remat=none", 64, 1.0, 15 << 30),
-        _result("v5e:2x2", "remat=full", 128, 2.6, 15 << 30),
+        # 1.0 s for 64: 15.6 ms per n; full does twice the work in 1.6 s (12.5 ms per n).
+        _result("v5e:2x2", "remat=none", 64, 1.0, 15 << 30),  # dominated by full
+        _result("v5e:2x2", "remat=full", 128, 1.6, 15 << 30),
         _result("v5e:2x2", "remat=dots", 64, 1.2, 15 << 30),  # dominated by none
-        _result("v5e:2x2", "remat=offload", 64, 1.0, 12 << 30),  # dominates none
+        _result("v5e:2x2", "remat=offload", 64, 1.1, 12 << 30),  # the least HBM
         _result("v5e:2x2", "remat=broken", None, None, 0),  # nothing fits: not a point
+        _result("v5e:2x2", "remat=minimal", 32, 0.3, 15 << 30),  # the least time per n
         _result("v6e:2x2", "remat=none", 256, None, 30 << 30),
         _result("v6e:2x2", "remat=full", 256, 5.0, 30 << 30),  # a figure beats none
     ]
@@ -190,15 +195,28 @@ def test_fronts_per_topology_against_brute_force() -> None:
     for f in found.values():
         on = {p["choice"] for p in f["points"] if p["on_front"]}
         assert on == _brute_front(f["points"])
+        for p in f["points"]:
+            per_n = p["est_step_s"] / p["largest_fit"] if p["est_step_s"] is not None else None
+            assert p["est_s_per_n"] == per_n
+    # remat=none has the shortest step of the three at 64 or more, but full's is shorter per n.
     assert {p["choice"] for p in found["v5e:2x2"]["points"] if p["on_front"]} == {
         "remat=full",
         "remat=offload",
+        "remat=minimal",
     }
-    assert [r["on_front"] for r in results] == [False, True, False, True, None, False, True]
+    assert [r["on_front"] for r in results] == [False, True, False, True, None, True, False, True]
+    assert found["v5e:2x2"]["objectives"] == {
+        "largest_fit": "max",
+        "est_s_per_n": "min",
+        "hbm_bytes_needed": "min",
+    }
     lines = fit_search.front_lines(list(found.values()))
-    assert (
-        lines[0].startswith("fit search: Pareto front on v5e:2x2") and "2 of 4 choices" in lines[0]
+    assert lines[0] == (
+        "fit search: Pareto front on v5e:2x2 (largest n, est. step per n, HBM needed at it): "
+        "3 of 5 choices"
     )
+    assert lines[1] == "  remat=full: n=128, 15.0 GiB, est. step 1.60 s, 12.50 ms per n"
+    assert any(line.startswith("  dominated: remat=none: n=64") for line in lines)
     assert any(line.startswith("  dominated: remat=dots: n=64") for line in lines)
 
 

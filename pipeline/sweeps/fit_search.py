@@ -1,4 +1,4 @@
-"""Fit search (issues 15, 27): the largest value of an integer override that still fits a
+"""Fit search: the largest value of an integer override that still fits a
 topology, for every choice of the other sweep arguments, and the Pareto front of the choices.
 
 ``hydra/sweeper=jaxaot_fit`` (hydra_plugins/jaxaot_fit_sweeper) launches one compile per probe,
@@ -15,8 +15,10 @@ Overrides carry the value through a ``{n}`` placeholder, so one value can set se
 
 and every combination of the other sweep arguments (``compile.topology=v5e-256,v6e-256
 program.remat=none,full``) gets a search of its own. Per topology, the choices at their largest
-fit form a Pareto front (larger fit, shorter estimated step, less memory), as MaxText's
-estimator searches batch size x remat policy.
+fit form a Pareto front (a larger fit, a shorter estimated step per unit of n, less HBM needed),
+as MaxText's estimator searches batch size x remat policy. The time objective is per unit of n
+(``est_s_per_n``, the roofline's ``est_step_s`` at the largest fit divided by it): steps at
+different n do different amounts of work, so their times alone would favour the smaller n.
 """
 
 from __future__ import annotations
@@ -33,18 +35,18 @@ from jaxaot.sweeps.overrides import override_value
 log = logging.getLogger("jaxaot")
 
 FIT_NAME = "fit.json"
-# fit.json's format. History:
-#   1 (issue 15): no "format" key; one search per combination, stopped by the first failure.
-#   2 (2026-11-28, issue 27): "format", "next_job" and "fronts"; probes carry "status"
-#     (fits | does_not_fit | crashed | timed_out | failed) and the estimate at each value.
+# fit.json's format. 2: "format", "next_job" and "fronts"; probes carry "status"
+# (fits | does_not_fit | crashed | timed_out | failed) and the estimate at each value.
+# 1 (no "format" key, not resumed): one search per combination, stopped by the first failure.
 FIT_FORMAT = 2
 TOPOLOGY_KEY = "compile.topology"
 # Probe statuses that are no verdict: the value is neither known to fit nor known not to.
 NO_VERDICT: tuple[str, ...] = ("crashed", "timed_out", "failed")
 # The front's objectives, each at a choice's largest fitting value; "min" or "max".
+# est_s_per_n: the estimated step divided by that value (time per unit of work).
 OBJECTIVES: tuple[tuple[str, str], ...] = (
     ("largest_fit", "max"),
-    ("est_step_s", "min"),
+    ("est_s_per_n", "min"),
     ("hbm_bytes_needed", "min"),
 )
 # Figures each probe keeps from its job's compile metrics.
@@ -289,10 +291,12 @@ def initial_bound(opts: FitOptions) -> int:
 
 
 def _point(result: dict[str, Any]) -> dict[str, Any]:
+    n, est = result["largest_fit"], result["est_step_s_at_fit"]
     return {
         "choice": result["choice"],
-        "largest_fit": result["largest_fit"],
-        "est_step_s": result["est_step_s_at_fit"],
+        "largest_fit": n,
+        "est_step_s": est,
+        "est_s_per_n": est / n if est is not None and n else None,
         "hbm_bytes_needed": result["hbm_bytes_needed_at_fit"],
     }
 
@@ -330,9 +334,7 @@ def fronts(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         points = [_point(r) for r in group]
         for r, p in zip(group, points, strict=True):
             p["on_front"] = r["on_front"] = not any(_dominated(p, q) for q in points if q is not p)
-            est = p["est_step_s"]
-            p["est_s_per_n"] = est / p["largest_fit"] if est is not None else None
-        points.sort(key=lambda p: (not p["on_front"], -p["largest_fit"], p["est_step_s"] or 0.0))
+        points.sort(key=lambda p: (not p["on_front"], -p["largest_fit"], p["est_s_per_n"] or 0.0))
         out.append({"topology": topology, "objectives": dict(OBJECTIVES), "points": points})
     return out
 
@@ -398,8 +400,8 @@ def front_lines(found: Sequence[dict[str, Any]]) -> list[str]:
             continue
         on = [p for p in f["points"] if p["on_front"]]
         lines.append(
-            f"fit search: Pareto front on {f['topology']} (largest n, est. step, HBM needed at "
-            f"it): {len(on)} of {len(f['points'])} choices"
+            f"fit search: Pareto front on {f['topology']} (largest n, est. step per n, HBM "
+            f"needed at it): {len(on)} of {len(f['points'])} choices"
         )
         lines += [f"  {_point_text(p)}" for p in on]
         lines += [f"  dominated: {_point_text(p)}" for p in f["points"] if not p["on_front"]]
