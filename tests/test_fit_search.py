@@ -253,6 +253,25 @@ def test_plot_values_sort_by_their_numbers_and_share_a_label() -> None:
     assert _x_values([{"p": v} for v in ("10", "9", "1e3")], "p") == ["9", "10", "1e3"]
 
 
+def test_the_pareto_plot_shows_the_fronts_time_objective() -> None:
+    """y is est_s_per_n (the front's objective), not the step at each choice's own n."""
+    from jaxaot.sweeps.plots import _pareto_figure
+
+    results = [
+        _result("v5e:2x2", "remat=none", 64, 1.0, 15 << 30),
+        _result("v5e:2x2", "remat=full", 128, 1.6, 15 << 30),
+        _result("v5e:2x2", "remat=offload", 64, 1.1, 12 << 30),
+    ]
+    fig = _pareto_figure({"fronts": fronts(results)})
+    assert fig is not None
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "estimated step per n (roofline)"
+    front, dominated = ax.lines
+    assert list(front.get_xdata()) == [64, 128]  # joined along n: offload, then full
+    assert list(front.get_ydata()) == [1.1 / 64, 1.6 / 128]
+    assert list(dominated.get_ydata()) == [1.0 / 64]
+
+
 # -- one probe, one process ----------------------------------------------------------------
 
 

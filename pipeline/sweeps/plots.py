@@ -419,19 +419,20 @@ def _fit_figure(fit: dict[str, Any]) -> Figure | None:
 
 def _pareto_figure(fit: dict[str, Any]) -> Figure | None:
     """Per topology with two or more choices: each choice at its largest fit (x) and its
-    estimated step (y); the Pareto front filled and joined, dominated choices hollow."""
+    estimated step per unit of n (y, the front's time objective, ``est_s_per_n``); the Pareto
+    front filled and joined, dominated choices hollow."""
     found = [f for f in fit.get("fronts", []) if len(f.get("points", [])) >= 2]
     if not found:
         return None
     fig = Figure(figsize=(5.5 * len(found), 4), layout="constrained")
     axes = fig.subplots(1, len(found), squeeze=False)[0]
     for ax, front in zip(axes, found, strict=True):
-        points = [p for p in front["points"] if p.get("est_step_s") is not None]
+        points = [p for p in front["points"] if p.get("est_s_per_n") is not None]
         on = sorted((p for p in points if p["on_front"]), key=lambda p: p["largest_fit"])
         if on:
             ax.plot(
                 [p["largest_fit"] for p in on],
-                [p["est_step_s"] for p in on],
+                [p["est_s_per_n"] for p in on],
                 "-o",
                 color="#4C72B0",
                 label="Pareto front",
@@ -440,7 +441,7 @@ def _pareto_figure(fit: dict[str, Any]) -> Figure | None:
         if off:
             ax.plot(
                 [p["largest_fit"] for p in off],
-                [p["est_step_s"] for p in off],
+                [p["est_s_per_n"] for p in off],
                 "o",
                 mfc="none",
                 color="0.5",
@@ -449,13 +450,13 @@ def _pareto_figure(fit: dict[str, Any]) -> Figure | None:
         for p in points:
             ax.annotate(
                 f"{_label(p['choice'], 28)}\n{human_bytes(p['hbm_bytes_needed'])}",
-                (p["largest_fit"], p["est_step_s"]),
+                (p["largest_fit"], p["est_s_per_n"]),
                 xytext=(4, 4),
                 textcoords="offset points",
                 fontsize=6,
             )
         ax.set_xlabel("largest n that fits", fontsize=8)
-        ax.set_ylabel("estimated step (roofline)", fontsize=8)
+        ax.set_ylabel("estimated step per n (roofline)", fontsize=8)
         ax.yaxis.set_major_formatter(EngFormatter(unit="s"))
         ax.set_title(f"{front['topology']}: choices at their largest fit", fontsize=9)
         ax.grid(alpha=0.3)
