@@ -61,6 +61,63 @@ def test_bad_kinds_are_one_line_errors_before_jax(override: str, match: str) -> 
     assert "\n" not in str(info.value)
 
 
+def test_a_list_of_kinds_is_refused_naming_the_mapping_form() -> None:
+    with pytest.raises(ConfigError) as info:
+        _validate("program=mlp", "lower.in_memory_kinds=[pinned_host]")
+    assert str(info.value) == (
+        "lower.in_memory_kinds: expected a memory kind (device, pinned_host, unpinned_host) for "
+        "every leaf, a mapping {leaf-path pattern: kind} (e.g. "
+        "lower.in_memory_kinds={params/**: pinned_host}) or null, found [pinned_host]"
+    )
+
+
+TPU_MESH = ("compile.topology=v5e:2x2", "mesh.shape=[4]", "mesh.axes=[data]")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "where", "target"),
+    [
+        (
+            (*TPU_MESH, "lower.out_memory_kinds=unpinned_host"),
+            "lower.out_memory_kinds",
+            "compile.topology=v5e:2x2",
+        ),
+        (
+            (*TPU_MESH, "lower.in_memory_kinds={params/**: unpinned_host}"),
+            "lower.in_memory_kinds['params/**']",
+            "compile.topology=v5e:2x2",
+        ),
+        (
+            ("compile.backend=tpu", "lower.in_memory_kinds=unpinned_host"),
+            "lower.in_memory_kinds",
+            "compile.backend=tpu",
+        ),
+    ],
+)
+def test_unpinned_host_is_refused_for_tpu_before_jax(
+    overrides: tuple[str, ...], where: str, target: str
+) -> None:
+    """v5e devices list unpinned_host, but XLA fails on it (jax 0.10.2): refused up front."""
+    with pytest.raises(ConfigError) as info:
+        _validate("program=offload_train", *overrides)
+    message = str(info.value)
+    assert message.startswith(f"{where}: unpinned_host on a TPU target ({target}) fails in XLA")
+    assert message.endswith("use pinned_host") and "\n" not in message
+    # pinned_host is what it says to use, and passes the same check
+    _validate("program=offload_train", *(o.replace("unpinned", "pinned") for o in overrides))
+
+
+def test_unpinned_host_is_refused_on_tpu_devices_and_kept_on_cpu(compose_run: Any) -> None:
+    got = resolve_placement([PathLeaf("x", (2, 4), "args[0]")], "unpinned_host", None, "in")
+    kinds = ["device", "pinned_host", "unpinned_host"]
+    with pytest.raises(ConfigError, match=r"^lower.in_memory_kinds: unpinned_host on a TPU"):
+        check_kinds(got, kinds, "TPU v5 lite")
+    check_kinds(got, kinds, "cpu")
+    result = compose_run(*STEP, "lower.out_memory_kinds={output/1/**: unpinned_host}")
+    shardings = _json(result.run_dir, "compile/shardings.json")
+    assert _kinds(shardings["outputs"])[1:3] == ["unpinned_host"] * 2
+
+
 def test_a_per_replica_program_takes_no_memory_kinds() -> None:
     with pytest.raises(ConfigError, match=r"^lower.in_memory_kinds: a per-replica program"):
         _validate("program=collectives_psum", "lower.in_memory_kinds=pinned_host")

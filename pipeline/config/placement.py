@@ -14,7 +14,9 @@ pattern that matches no leaf is an error)::
 
 - A memory kind is ``device``, ``pinned_host`` or ``unpinned_host`` (``null``: the default,
   device memory); the target's devices must have it (``device.addressable_memories()``, the
-  compile-only devices of ``compile.topology`` too), checked when lowering.
+  compile-only devices of ``compile.topology`` too), checked when lowering. A TPU target
+  (``compile.topology``, ``compile.backend=tpu``) refuses ``unpinned_host`` before JAX: its
+  devices list it, but XLA fails on it there (:data:`TPU_REFUSED_KINDS`); use ``pinned_host``.
 - A layout is ``auto`` (XLA chooses; ``Format(Layout.AUTO)``), ``default`` or ``null`` (no
   Format: the platform's default) or a list of dimensions, major to minor
   (``Layout(major_to_minor=...)``), one per dimension of the leaf. jax 0.10.2 compares a
@@ -72,9 +74,32 @@ class Placement:
 def _kind(value: Any, where: str) -> str | None:
     if value is None or value in MEMORY_KINDS:
         return value
+    kinds = ", ".join(MEMORY_KINDS)
+    if "[" in where:  # a pattern's value: one kind
+        raise ConfigError(
+            f"{where}: expected a memory kind ({kinds}) or null, found {_yaml(value)}"
+        )
     raise ConfigError(
-        f"{where}: expected a memory kind ({', '.join(MEMORY_KINDS)}) or null, found {_yaml(value)}"
+        f"{where}: expected a memory kind ({kinds}) for every leaf, a mapping "
+        f"{{leaf-path pattern: kind}} (e.g. {where}={{params/**: pinned_host}}) or null, "
+        f"found {_yaml(value)}"
     )
+
+
+# Memory kinds a TPU target refuses although its devices list them (jax 0.10.2, libtpu
+# 0.0.x deviceless v5e): unpinned_host outputs fail in XLA ("FAILED_PRECONDITION: Unimplemented
+# DMA from hbm to hbm") and unpinned_host arguments can fail with an INTERNAL shape mismatch.
+TPU_REFUSED_KINDS = ("unpinned_host",)
+
+
+def refuse_on_tpu(where: str, kind: str | None, target: str) -> None:
+    """A memory kind XLA fails on for TPU (:data:`TPU_REFUSED_KINDS`), refused before JAX."""
+    if kind in TPU_REFUSED_KINDS:
+        raise ConfigError(
+            f"{where}: {kind} on a TPU target ({target}) fails in XLA (jax 0.10.2: "
+            "'Unimplemented DMA from hbm to hbm' or a shape mismatch), although TPU devices "
+            "list it; expected pinned_host (or device) there: use pinned_host"
+        )
 
 
 def _layout(value: Any, where: str) -> LayoutValue:
@@ -147,6 +172,13 @@ def check_placement(cfg: Any) -> None:
             f"{first}: a per-replica program (stage_out.axis_env) places its arguments itself; "
             "expected a mesh (mesh.shape, mesh.axes) instead of axis_env, or null"
         )
+    target = _tpu_target(cfg)
+    if target is not None:
+        for name in ("in_memory_kinds", "out_memory_kinds"):
+            r = rules[name]
+            refuse_on_tpu(r.key, r.every, target)
+            for pat, _, v in r.patterns:
+                refuse_on_tpu(f"{r.key}[{pat!r}]", v, target)
     for name in ("in_layouts", "out_layouts"):
         r = rules[name]
         concrete = [(r.key, r.every)] if isinstance(r.every, tuple) else []
@@ -159,6 +191,16 @@ def check_placement(cfg: Any) -> None:
                 f"compares it with their default layout), which {what} lowers without; "
                 "expected auto or default there, or no mesh and no topology"
             )
+
+
+def _tpu_target(cfg: Any) -> str | None:
+    """``compile.topology=...`` or ``compile.backend=tpu`` when the run compiles for TPU."""
+    comp = cfg.compile
+    if comp.topology:
+        return f"compile.topology={comp.topology}"
+    if str(comp.backend or "").lower() == "tpu":
+        return "compile.backend=tpu"
+    return None
 
 
 def _decide(rules: Rules, leaves: Sequence[PathLeaf]) -> dict[str, tuple[Any, str]]:
@@ -210,13 +252,16 @@ def resolve_placement(
 def check_kinds(
     placements: Mapping[str, Placement], accepted: Sequence[str], device_kind: str
 ) -> None:
-    """Every memory kind chosen is one the target's devices have (``accepted``)."""
+    """Every memory kind chosen is one the target's devices have (``accepted``), and none a
+    TPU refuses (:data:`TPU_REFUSED_KINDS`; ``device_kind`` names TPU devices "TPU ...")."""
     for path, p in placements.items():
         if p.memory_kind is not None and p.memory_kind not in accepted:
             raise ConfigError(
                 f"{p.kind_from}: {path} is to be in {p.memory_kind!r}, which "
                 f"{device_kind} devices do not have; expected one of {', '.join(accepted)}"
             )
+        if device_kind.upper().startswith("TPU"):
+            refuse_on_tpu(p.kind_from, p.memory_kind, f"{device_kind} devices")
 
 
 __all__ = [
@@ -224,10 +269,12 @@ __all__ = [
     "DEFAULT",
     "KEYS",
     "MEMORY_KINDS",
+    "TPU_REFUSED_KINDS",
     "Placement",
     "Rules",
     "check_kinds",
     "check_placement",
     "parse",
+    "refuse_on_tpu",
     "resolve_placement",
 ]
