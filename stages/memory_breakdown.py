@@ -15,11 +15,12 @@ When each value is live comes from the optimized module's schedule
 text, which XLA prints in schedule order), flattened as XLA's ``HloLiveRange`` flattens it:
 while loops' condition and body, calls and conditionals' branches before the instruction that
 runs them. A value lives from the instruction that defines it (entry parameters: from the
-start) up to its last use, followed through get-tuple-element, tuple, bitcast and control
-flow; entry parameters and what the entry computation returns live to the end. XLA's
-``*-live-range.txt`` lists the same set at its peak on CPU (tests/test_memory_breakdown.py
-compares them); libtpu 0.0.42 leaves that section empty, which is why the live ranges are
-computed here.
+start) through its last use, both steps included, followed through get-tuple-element, tuple,
+bitcast and control flow; entry parameters and what the entry computation returns live to
+the end, a single-array result from the entry root's own step. XLA's ``*-live-range.txt``
+lists the same set at the same peak step on CPU (tests/test_memory_breakdown.py compares
+them); libtpu's counts on-chip and host memory spaces alike, which is why the device
+memory's live ranges are computed here.
 
 Only the device's default memory space (XLA color 0) counts towards the peak; host memory
 (color 5, ``S(5)``) is its own group; on-chip memory spaces (TPU VMEM/SMEM, colors 1, 2, ...)
@@ -177,30 +178,36 @@ def _occupied(lives: list[_Live]) -> int:
 
 
 def peak_set(lives: list[_Live], end: int) -> tuple[int, int, list[_Live]]:
-    """(time, bytes, one value per occupied slice) of the device memory in use at the peak: a
-    value is live at t when start <= t < end; values sharing a slice of one allocation (the
-    aliases of one buffer) count once, by the largest. The last step (the entry root's, which
-    only gathers the outputs) is not a candidate, as in XLA's live-range dump."""
+    """(time, bytes, one value per occupied slice) of the device memory in use at the peak.
+
+    A value is live at step t when start <= t <= end: from the step that defines it through
+    the step that last reads it (an instruction holds its operands and its result at once),
+    entry parameters and the program's outputs to the end, as XLA's ``HloLiveRange`` bounds
+    are. The peak's step is the one XLA's live-range dump names (``ComputePeakMemoryMoment``):
+    the first step whose values begun by it and not ended before the step before it weigh the
+    most. An output is live from the step that computes it, the entry root's included (a
+    single-array result is computed at the last step). Values sharing a slice of one
+    allocation (the aliases of one buffer, an in-place result and its operand) count once, by
+    the largest, then the one that holds it longest (XLA's dump lists each of them)."""
     device = [x for x in lives if x.alloc.color == 0]
+    weight = [0] * (end + 1)  # XLA's moment: begun by t, ending at t - 1 or later
     events: dict[int, list[_Live]] = defaultdict(list)
     for x in device:
-        for t in range(x.start, max(x.end, x.start)):
+        last = min(x.end, end - 1)
+        for t in range(x.start, min(last + 1, end - 1) + 1):
+            weight[t] += x.value.size
+        for t in range(x.start, last + 1):
             events[t].append(x)
-    best_t, best_bytes = 0, -1
-    for t in range(max(end - 1, 1)):
-        live = events.get(t, [])
-        by_alloc: dict[int, list[_Live]] = defaultdict(list)
-        for x in live:
-            by_alloc[x.alloc.index].append(x)
-        total = sum(_occupied(v) for v in by_alloc.values())
-        if total > best_bytes:
-            best_t, best_bytes = t, total
+    best_t = max(range(max(end, 1)), key=lambda t: (weight[t], -t))
+    by_alloc: dict[int, list[_Live]] = defaultdict(list)
     chosen: dict[tuple[int, int], _Live] = {}
     for x in events.get(best_t, []):
+        by_alloc[x.alloc.index].append(x)
         key = (x.alloc.index, x.value.offset)
-        if key not in chosen or x.value.size > chosen[key].value.size:
+        if key not in chosen or (x.value.size, x.end) > (chosen[key].value.size, chosen[key].end):
             chosen[key] = x
-    return best_t, max(best_bytes, 0), sorted(chosen.values(), key=lambda x: -x.value.size)
+    total = sum(_occupied(v) for v in by_alloc.values())
+    return best_t, total, sorted(chosen.values(), key=lambda x: -x.value.size)
 
 
 # -- arguments by path --------------------------------------------------------------------------

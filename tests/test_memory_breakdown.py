@@ -178,6 +178,58 @@ def test_cpu_peak_never_the_roots_step(tmp_path: Path) -> None:
     assert {_named(r): r["bytes"] for r in found["top"]} == listed
 
 
+def _one_output(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.tanh(x) @ w
+
+
+def _output_row(found: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in found["top"] if r["kind"] == "output")
+
+
+def test_cpu_single_output_is_live_at_the_peak(tmp_path: Path) -> None:
+    """A program's one (non-tuple) result is computed by the entry root's own step: it is live
+    from there to the end, with the arguments and the root's operands, as XLA's dump lists."""
+    args = (jnp.zeros((256, 512)), jnp.zeros((512, 1024)))
+    compiled = _compiled(_one_output, args, tmp_path)
+    hlo = compiled.as_text()
+    found = mb.from_proto(compiled, hlo, top=100)
+    assert found is not None
+    stats = compiled.memory_analysis()
+    out = _output_row(found)
+    assert out["shape"] == "f32[256,1024]" and out["bytes"] == stats.output_size_in_bytes
+    assert found["peak_groups"]["outputs"] == stats.output_size_in_bytes
+    arguments = sum(found["peak_groups"]["arguments"].values())
+    assert arguments == stats.argument_size_in_bytes
+    assert found["live_peak_bytes"] >= arguments + found["peak_groups"]["outputs"]
+    at, listed = _xla_peak(tmp_path)
+    assert found["peak_time"] == at == found["schedule_length"] - 1  # the root's step
+    assert {_named(r): r["bytes"] for r in found["top"]} == listed
+    assert found["live_peak_bytes"] == sum(listed.values())
+    dumped = mb.from_dump(tmp_path, hlo, compiled, top=100)
+    assert dumped is not None
+    assert {k: v for k, v in dumped.items() if k != "source"} == {
+        k: v for k, v in found.items() if k != "source"
+    }
+
+
+def test_cpu_in_place_result_holds_its_operands_slice(tmp_path: Path) -> None:
+    """tanh written over the dot's result: both are live at the root's step in one slice of one
+    allocation, counted once and shown as the program's output (XLA's dump lists both)."""
+    compiled = _compiled(
+        lambda x, w: jnp.tanh(x @ w), (jnp.zeros((256, 512)), jnp.zeros((512, 1024))), tmp_path
+    )
+    found = mb.from_proto(compiled, compiled.as_text(), top=100)
+    assert found is not None
+    at, listed = _xla_peak(tmp_path)
+    out = _output_row(found)
+    assert found["peak_time"] == at and out["opcode"] == "fusion"
+    assert out["live"][1] == found["schedule_length"]
+    mine = {_named(r): r["bytes"] for r in found["top"]}
+    shared = {k: v for k, v in listed.items() if k not in mine}
+    assert len(shared) == 1 and list(shared.values()) == [out["bytes"]]
+    assert found["live_peak_bytes"] == sum(listed.values()) - out["bytes"]
+
+
 def test_cpu_loop_program_live_set_at_xlas_peak(tmp_path: Path) -> None:
     args = ({"ws": jnp.zeros((4, 128, 128))}, jnp.zeros((32, 128)))
     compiled = _compiled(jax.grad(_scan_loss), args, tmp_path)
@@ -197,7 +249,7 @@ def test_cpu_loop_program_live_set_at_xlas_peak(tmp_path: Path) -> None:
     ranges = mb.LiveRanges(module)
     assert {name: int(t) for t, name in sequence} == ranges.time
     at, listed = _xla_peak(tmp_path)
-    live = [x for x in mb._live_values(allocs, ranges) if x.start <= at < x.end]
+    live = [x for x in mb._live_values(allocs, ranges) if x.start <= at <= x.end]
     by_alloc: dict[int, list[Any]] = {}
     for x in live:
         by_alloc.setdefault(x.alloc.index, []).append(x)
@@ -256,6 +308,34 @@ def test_topology_breakdown_from_xlas_dump(tmp_path: Path) -> None:
     assert all(r["kind"] in ("argument", "output", "temporary", "constant") for r in found["top"])
     sizes = [r["bytes"] for r in found["top"]]
     assert sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.slow
+def test_topology_single_output_is_live_at_the_peak(tmp_path: Path) -> None:
+    """v5e:2x2, a program whose result is one array (the entry root computes it): the result
+    is in the live set at the peak with every argument, and XLA's dump names the same step."""
+    from jaxaot.targets.tpu import resolve, topology_devices
+
+    devs = topology_devices(resolve("v5e:2x2", 1))
+    mesh = jax.sharding.Mesh(devs[:4], ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    w = jax.ShapeDtypeStruct((512, 1024), jnp.float32)
+    lowered = jax.jit(_one_output, in_shardings=rep, out_shardings=rep).trace(x, w)
+    compiled = lowered.lower(lowering_platforms=("tpu",)).compile(
+        compiler_options=mb.dump_options(tmp_path)
+    )
+    found = mb.from_dump(tmp_path, compiled.as_text(), compiled, top=10)
+    assert found is not None
+    stats = compiled.memory_analysis()
+    out = _output_row(found)
+    assert out["shape"] == "f32[256,1024]" and out["bytes"] == stats.output_size_in_bytes
+    assert out["live"][1] == found["schedule_length"]  # to the end of the program
+    assert found["peak_groups"]["outputs"] == stats.output_size_in_bytes
+    assert sum(found["peak_groups"]["arguments"].values()) == stats.argument_size_in_bytes
+    needed = stats.argument_size_in_bytes + stats.output_size_in_bytes
+    assert found["live_peak_bytes"] >= needed
+    assert found["peak_time"] == _xla_peak(tmp_path)[0]
 
 
 # -- the pipeline: artifact, metrics, summary, store, jaxaot-diff ------------------------------
