@@ -142,6 +142,9 @@ class Compiled:
     backend: str
     cost: dict[str, float] | None
     memory: dict[str, int] | None
+    # Compiled with options for this run's own dump or trace (compile.dump/breakdown), which
+    # the serialized executable records: never stored, a run without them compiles its own.
+    run_options: bool = False
 
 
 def check_platform(lowered: Lowered, backend: str) -> str:
@@ -568,7 +571,8 @@ def run(
     if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
         from jaxaot.stages import topology
 
-        return topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
+        record = topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))
+        return replace(record, run_options=cfg.dump or cfg.breakdown)
     # From XLA's dump where the platform's executable has no buffer assignment (start); else
     # write_analysis reads the executable's own.
     peak_dump.record(ctx, compiled)
@@ -598,7 +602,12 @@ def run(
         },
     )
     return Compiled(
-        compiled=compiled, lowered=lowered, backend=cfg.backend, cost=cost, memory=memory
+        compiled=compiled,
+        lowered=lowered,
+        backend=cfg.backend,
+        cost=cost,
+        memory=memory,
+        run_options=cfg.dump or cfg.breakdown,
     )
 
 
@@ -740,6 +749,11 @@ def _begin(cfg: JaxaotConfig, keyed: Keyed, out_dir: Path) -> Callable[[], Any]:
 
 
 def _storable(record: Compiled, keyed: Keyed) -> str | None:
+    if record.run_options:
+        return (
+            "executable not stored: compiled with compile.dump/compile.breakdown's options, "
+            "which it records; a run without them compiles and stores its own"
+        )
     wrong = mismatch(convention_of(record.compiled), [keyed.state.convention])
     return f"executable not stored: {wrong} (a jax change?)" if wrong else None
 

@@ -189,11 +189,11 @@ def write_analysis(
     if memory:
         ctx.write_json("memory_analysis.json", memory)
     stage_metrics(ctx, cost, memory)
-    record_breakdown(ctx, compiled, hlo)
+    record_memory_breakdown(ctx, compiled, hlo)
     return hlo, cost, memory
 
 
-def record_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
+def record_memory_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
     """memory_breakdown.json from the executable's serialized buffer assignment, where jaxlib
     gives one and the stage has none yet (topology and CUDA compiles: XLA's dump, read by
     :mod:`jaxaot.stages.peak_dump`). A proto this cannot read is a warning, not a failure."""
@@ -218,7 +218,7 @@ __all__ = [
     "memory_of",
     "mesh_metrics",
     "rebound",
-    "record_breakdown",
+    "record_memory_breakdown",
     "serialize",
     "stage_metrics",
     "write_analysis",

@@ -96,9 +96,9 @@ def reserve_bytes(target: Target, setting: Any = None) -> tuple[int, str]:
         if target.generation.platform == "cuda":
             return reserve, "platform default: JAX's GPU client takes 75% of the GPU's memory"
         return reserve, "platform default: none beyond XLA's own limit"
-    if isinstance(setting, float):
+    if isinstance(setting, float) and setting < 1:
         return round(cap * setting), f"compile.hbm_reserve={setting}"
-    return int(setting), f"compile.hbm_reserve={setting}"
+    return int(setting), f"compile.hbm_reserve={setting}"  # bytes (1e9 reads as 10**9 too)
 
 
 def host_capacity_bytes(target: Target, setting: int | None = None) -> int | None:
@@ -209,16 +209,24 @@ def unit_of(n: int) -> tuple[int, str]:
     return 1, "B"
 
 
-def pair_text(needed: int, available: int) -> str:
-    """``15.8 GiB of 15.75 GiB``: the two figures in one unit, as :func:`figures` prints them;
-    a need of a smaller unit in its own (``8.7 MiB of 15.75 GiB``: far from the limit)."""
+def pair_figures(needed: int, available: int) -> tuple[str, str]:
+    """Needed and available with their units, as the verdict prints them: in the unit of
+    ``available`` with the decimals that keep their order, or a need of a smaller unit in its
+    own (``8.7 MiB`` beside ``15.75 GiB``: far from the limit)."""
     scale, name = unit_of(max(available, 1))
     own, own_name = unit_of(needed)
-    if own < scale:
+    if own != scale:  # far apart (a need far below the limit, or far above a small one)
         need = f"{needed} B" if own == 1 else f"{needed / own:.1f} {own_name}"
-        return f"{need} of {available / scale:.2f} {name}"
+        have = f"{available} B" if scale == 1 else f"{available / scale:.2f} {name}"
+        return need, have
     a, b = figures(needed, available, scale)
-    return f"{a} {name} of {b} {name}"
+    return f"{a} {name}", f"{b} {name}"
+
+
+def pair_text(needed: int, available: int) -> str:
+    """``15.8 GiB of 15.75 GiB``: :func:`pair_figures` in one line."""
+    need, have = pair_figures(needed, available)
+    return f"{need} of {have}"
 
 
 def message(fit: Mapping[str, Any]) -> str:
@@ -275,6 +283,7 @@ def check_memory_keys(comp: Any) -> None:
     reserve, host = comp.hbm_reserve, comp.host_memory_bytes
     if reserve is not None:
         whole = isinstance(reserve, int) and not isinstance(reserve, bool) and reserve >= 0
+        whole = whole or (isinstance(reserve, float) and reserve >= 1 and reserve.is_integer())
         if not whole and not (isinstance(reserve, float) and 0 <= reserve < 1):
             raise ConfigError(
                 f"compile.hbm_reserve: expected bytes per device (an int, e.g. 2147483648) or a "
@@ -315,6 +324,7 @@ __all__ = [
     "message",
     "metrics",
     "needed_bytes",
+    "pair_figures",
     "pair_text",
     "parse_rejection",
     "reserve_bytes",

@@ -15,8 +15,10 @@ bytes in every run on a host (``executable.bin`` equal with the store on and off
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -25,13 +27,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxaot.errors import DoesNotFit
+from jaxaot.errors import DoesNotFit, one_line
 from jaxaot.stages.node import StageContext
 from jaxaot.util.fsio import sha256_bytes
 
 log = logging.getLogger("jaxaot")
 
-ROOT = "jaxaot-peak"  # under the temporary directory
+ROOT = "jaxaot-peak"  # under the temporary directory, one folder per user (root())
 # A compile's breakdown (or None) by its executable, from the compile job until run() writes it.
 _FOUND: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
 
@@ -43,7 +45,14 @@ def folder_for(
     what: list[Any] = [module_sha256, topology, num_slices, live]
     what += [[k, repr(options[k])] for k in sorted(options)]
     name = sha256_bytes(json.dumps(what).encode())[:24]
-    return Path(tempfile.gettempdir()) / ROOT / name
+    return root() / name
+
+
+def root() -> Path:
+    """This user's dump folders (another user's on a shared host are not writable here); the
+    same path run to run, since the executable records it."""
+    user = os.getuid() if hasattr(os, "getuid") else getpass.getuser()
+    return Path(tempfile.gettempdir()) / f"{ROOT}-{user}"
 
 
 def options(folder: Path) -> dict[str, Any]:
@@ -58,7 +67,8 @@ def locked(folder: Path) -> Iterator[None]:
     """``folder``, emptied, to one compile at a time (processes of a sweep may compile the same
     program; one lock file per 256th of the names), and removed after."""
     locks = folder.parent / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    locks.mkdir(exist_ok=True)
     with open(locks / f"{folder.name[:2]}.lock", "a") as handle:
         try:
             import fcntl
@@ -75,7 +85,8 @@ def locked(folder: Path) -> Iterator[None]:
 
 def read(folder: Path, compiled: Any, top: int) -> dict[str, Any] | None:
     """memory_breakdown.json's content from the dump in ``folder`` (``compiled``: the
-    executable, None for a refused program; the HLO is the dump's own optimized module text);
+    executable, or for a refused program the lowering, which names its arguments; the HLO is
+    the dump's own optimized module text);
     None where there is none or it cannot be read (logged: the compile and its verdict stand
     without it)."""
     from jaxaot.stages import memory_breakdown
@@ -84,8 +95,9 @@ def read(folder: Path, compiled: Any, top: int) -> dict[str, Any] | None:
     try:
         text = hlo[-1].read_text(errors="replace") if hlo else ""
         return memory_breakdown.from_dump(folder, text, compiled, top)
-    except Exception:
-        log.warning("[compile] no memory breakdown from XLA's dump", exc_info=True)
+    except Exception as exc:
+        log.warning("[compile] no memory breakdown from XLA's dump: %s", one_line(exc))
+        log.debug("the dump could not be read", exc_info=True)
         return None
 
 

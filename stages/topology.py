@@ -40,9 +40,7 @@ from jaxaot.stages.executable import (
     write_analysis,
 )
 from jaxaot.stages.fit_verdict import does_not_fit, pair_text, parse_rejection, verdict
-from jaxaot.stages.fit_verdict import message as does_not_fit_message
 from jaxaot.stages.fit_verdict import metrics as fit_metrics
-from jaxaot.stages.fit_verdict import needed_bytes as needed_bytes
 from jaxaot.stages.loop_costs import loop_collectives
 from jaxaot.stages.lower import Lowered
 from jaxaot.stages.node import StageContext
@@ -247,7 +245,8 @@ def analysis(
     memory: dict[str, int] | None,
     cfg: Any = None,
 ) -> dict[str, Any]:
-    """What a topology compile adds to ``compiled.json`` (``cfg``: the compile section)."""
+    """What a topology compile adds to ``compiled.json``, and the run's fit verdict (``cfg``:
+    the compile section), which goes to the metrics and manifest only."""
     return {
         "target": target.to_json(),
         "fit": verdict(target, cfg, memory=memory) if memory else None,
@@ -305,7 +304,9 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
             "backend": target.generation.platform,
             "device_ids": [d.id for d in devs[:n]],
             "module_sha256": lowered.module_sha256,
-            **info,
+            # Not the verdict: it depends on this run's compile.hbm_reserve/host_memory_bytes,
+            # which no store key holds (the manifest's "fit" and the metrics have it).
+            **{k: v for k, v in info.items() if k != "fit"},
         },
     )
     return record(compiled, cost, memory)
@@ -359,7 +360,7 @@ def load(
     # fresh compile would give them (the table is not part of the store key).
     target = target_of(ctx.cfg.compile)
     fresh = {
-        "fit": verdict(target, ctx.cfg.compile, memory=memory) if memory else meta.get("fit"),
+        "fit": verdict(target, ctx.cfg.compile, memory=memory) if memory else None,
         "roofline": roofline(target, cost) or meta.get("roofline"),
     }
     ctx.metrics.update(metrics(meta | fresh))
@@ -423,11 +424,15 @@ def topology_summary(m: Mapping[str, Any]) -> list[str]:
     if m.get("fits") is None:
         return []
     need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
-    head = "fits" if m["fits"] else "DOES NOT FIT"
     hbm = pair_text(need, have) if need is not None and have is not None else "-"
     reserve = m.get("hbm_reserve_bytes")
     kept = f", {human_bytes(reserve)} reserved" if reserve else ""
-    parts = [f"{head}: {hbm} HBM per device{kept} ({m.get('topology')})"]
+    if m["fits"] or m.get("hbm_fits") is not True:
+        head = f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {hbm} HBM per device"
+    else:  # the device memory fits; the host's does not
+        head = f"DOES NOT FIT in host memory (HBM fits: {hbm} per device"
+        kept += ")"
+    parts = [f"{head}{kept} ({m.get('topology')})"]
     if need is not None and have is not None and need > have:
         parts.append(f"{human_bytes(need - have)} over")
     host_need, host_have = m.get("host_bytes_needed"), m.get("host_bytes_available")
@@ -455,12 +460,10 @@ __all__ = [
     "check_resume",
     "collectives",
     "compile_for",
-    "does_not_fit_message",
     "fit_of",
     "live_lowering",
     "load",
     "metrics",
-    "needed_bytes",
     "present",
     "rejected_for_hbm",
     "roofline",

@@ -388,7 +388,7 @@ def test_jaxaot_diff_says_what_grew_at_the_peak(tmp_path: Path) -> None:
     grew = {r["buffer"]: r for r in peak["grew"]}
     assert grew["args[1]"]["a"] == 64 * 256 * 4 and grew["args[1]"]["b"] == 512 * 256 * 4
     text = render(diff_report(a, b), a, b, lines=0, full=False)
-    assert "memory: peak" in text and "live at the peak, new or larger in B:" in text
+    assert "memory: XLA peak" in text and "live at the peak, new or larger in B:" in text
     assert re.search(r"args\[1\]\s+512\.0 KiB \(was 64\.0 KiB, argument\)", text)
 
 
@@ -433,11 +433,13 @@ def test_a_platform_without_the_proto_gets_the_breakdown_from_xlas_dump(
     assert not list((tmp_path / "kept" / "compile" / "xla_dump").glob("*buffer-assignment*"))
 
 
-def test_the_summary_says_when_xlas_peak_counts_host_memory() -> None:
-    """XLA's peak of a TPU program with buffers in host memory counts them: the summary says
-    so, so that it is not read against the HBM verdict printed beside it."""
+def test_the_summary_shows_xlas_peak_only_where_no_verdict_stands_beside_it() -> None:
+    """libtpu's peak counts on-chip (VMEM) and host memory: beside a topology's HBM verdict the
+    summary names what is live at the peak, and leaves the figure to the verdict."""
     plain = mb.summary({"peak_bytes": 2048, "peak_top": "f32[512] args[0] (2.0 KiB)"})
     assert plain == ["peak 2.0 KiB: f32[512] args[0] (2.0 KiB)"]
-    offloaded = mb.summary({"peak_bytes": 2048, "host_bytes_needed": 1024})
-    assert offloaded == ["XLA peak, device + host, 2.0 KiB"]
+    beside = mb.summary(
+        {"peak_bytes": 4096, "peak_top": "f32[512] args[0] (2.0 KiB)", "fits": True}
+    )
+    assert beside == ["live at the peak: f32[512] args[0] (2.0 KiB)"]
     assert mb.summary({"peak_bytes": None}) == []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jaxaot
 import pytest
+from conftest import run_numbered
 from jaxaot.errors import DoesNotFit
 from jaxaot.stages import memory_breakdown as mb
 from jaxaot.targets.tpu import GENERATIONS
@@ -77,3 +78,18 @@ def test_a_refused_program_keeps_its_dump(tmp_path: Path) -> None:
     assert not any("buffer-assignment" in n for n in names)  # dump_keep=[hlo]
     found = _breakdown(tmp_path / "r")
     assert found["source"] == "xla_dump" and found["top"][0]["shape"] == f"bf16[{limit // 2}]"
+
+
+def test_an_executable_compiled_with_a_dump_is_never_stored(tmp_path: Path) -> None:
+    """compile.dump's options ride in the serialized executable: a dumping run stores nothing,
+    so a later plain run compiles and stores its own, and a hit serves that one."""
+    dumped = run_numbered(tmp_path, "program=mlp", "compile.topology=v5e:2x2", "compile.dump=true")
+    assert any("executable not stored" in w for w in dumped.manifest["warnings"])
+    plain = run_numbered(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
+    assert plain.manifest["stages"]["compile"]["status"] == "ran"
+    hit = run_numbered(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
+    assert hit.manifest["stages"]["compile"]["status"] == "cached"
+    exe = [(r.run_dir / "compile" / "executable.bin").read_bytes() for r in (dumped, plain, hit)]
+    assert exe[1] == exe[2] and exe[0] != exe[1]
+    where = str(dumped.run_dir / "compile" / "xla_dump").encode()
+    assert where in exe[0] and where not in exe[1]  # the dumping run's folder is not stored

@@ -301,9 +301,39 @@ def test_host_memory_verdict_of_an_offloading_program(tmp_path: Path) -> None:
     assert manifest["status"] == "does_not_fit" and manifest["fit"]["host_fits"] is False
     assert manifest["fit"]["hbm_fits"] is True
     assert "host memory" in render(manifest) and "(DOES NOT FIT)" in render(manifest)
+    assert "DOES NOT FIT in host memory (HBM fits: " in render(manifest)  # not "HBM: no"
 
 
 def test_a_need_far_below_the_limit_reads_in_its_own_unit() -> None:
     assert fit_verdict.pair_text(9122611, 16911433728) == "8.7 MiB of 15.75 GiB"
     assert fit_verdict.pair_text(0, 48000000000) == "0 B of 44.70 GiB"
     assert fit_verdict.pair_text(16911433729, 16911433728) == "15.8 GiB of 15.75 GiB"
+    assert fit_verdict.pair_text(1905152, 1000) == "1.8 MiB of 1000 B"  # far above a small one
+    assert fit_verdict.pair_text(2814464, 169114) == "2.7 MiB of 165.15 KiB"
+
+
+def test_a_store_hit_gives_this_runs_verdict_never_the_storing_runs(tmp_path: Path) -> None:
+    """compile.hbm_reserve is no part of the store key: a run served the executable another run
+    stored with a reserve gets its own verdict, and no stored file carries the other's."""
+    reserved = run_numbered(
+        tmp_path, "program=mlp", "compile.topology=v5e:2x2", "compile.hbm_reserve=0.5"
+    )
+    plain = run_numbered(tmp_path, "program=mlp", "compile.topology=v5e:2x2")
+    assert plain.manifest["stages"]["compile"]["status"] == "cached"
+    limit = GENERATIONS["v5e"].hbm_usable_bytes
+    assert reserved.manifest["fit"]["hbm_bytes_available"] == limit // 2
+    assert plain.manifest["fit"]["hbm_bytes_available"] == limit
+    assert plain.manifest["stages"]["compile"]["metrics"]["hbm_bytes_available"] == limit
+    for run in (reserved, plain):
+        assert "fit" not in json.loads((run.run_dir / "compile" / "compiled.json").read_text())
+
+
+def test_a_reserve_written_as_a_whole_float_is_bytes() -> None:
+    """``compile.hbm_reserve=1e9`` (YAML reads a float) keeps back 10**9 bytes, as 1000000000."""
+    target = resolve("v5e:2x2", 1)
+    assert fit_verdict.reserve_bytes(target, 1e9)[0] == fit_verdict.reserve_bytes(target, 10**9)[0]
+    validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", "compile.hbm_reserve=1e9"]))
+    with pytest.raises(ConfigError, match=r"^compile.hbm_reserve: expected bytes per device"):
+        validate(
+            jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", "compile.hbm_reserve=1.5"])
+        )

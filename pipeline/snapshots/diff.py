@@ -181,7 +181,7 @@ def _peak_deltas(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _peak_lines(p: dict[str, Any]) -> list[str]:
     out = []
     for d in p["figures"]:
-        label = f"memory: {d['key'].replace('_bytes', '')}"
+        label = "memory: XLA peak" if d["key"] == "peak_bytes" else "memory: live at the peak"
         out.append(
             f"  {label:<26} {human_bytes(d['a'])} -> {human_bytes(d['b'])}{_ratio_text(d['ratio'])}"
         )

@@ -19,7 +19,7 @@ from typing import Any
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.stages import NODES
-from jaxaot.stages.fit_verdict import figures, unit_of
+from jaxaot.stages.fit_verdict import pair_figures
 from jaxaot.sweeps.overrides import short_value
 from jaxaot.sweeps.progress import (
     JOB_NAME,
@@ -329,11 +329,7 @@ def _pair(need: Any, have: Any) -> tuple[str, str]:
     """Needed and available, printed so that they compare as the bytes do (the verdict's)."""
     if need is None or have is None or have <= 0:
         return human_bytes(need), human_bytes(have)
-    scale, unit = unit_of(have)
-    if unit_of(need)[0] < scale:  # far below the limit: each in its own unit
-        return human_bytes(need), f"{have / scale:.2f} {unit}"
-    a, b = figures(need, have, scale)
-    return f"{a} {unit}", f"{b} {unit}"
+    return pair_figures(need, have)
 
 
 def _topology_cells(r: dict[str, Any], host: bool) -> list[str]:
@@ -363,7 +359,9 @@ def _peak_cell(r: dict[str, Any]) -> str:
     top, peak = r.get("compile.peak_top"), r.get("compile.peak_bytes")
     if not top:
         return "-"
-    return f"{human_bytes(peak)}: {top}" if peak is not None else top
+    if peak is None or r.get("compile.fits") is not None:
+        return top  # beside a verdict: XLA's peak counts on-chip and host memory too
+    return f"{human_bytes(peak)}: {top}"
 
 
 def _profile_cell(r: dict[str, Any]) -> str:
