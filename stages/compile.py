@@ -127,7 +127,7 @@ class Target:
     convention: Convention
     lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
     device_assignment: tuple[Any, ...] | None = None
-    # The whole compile, where it is not ``lower().compile()``: a topology's (issue 15); and
+    # The whole compile, where it is not ``lower().compile()``: a topology's; and
     # the same compile dumping into (a folder, with these options): compile.dump.
     compile_job: Callable[[], Any] | None = None
     compile_dumped: Callable[[Path, dict[str, Any]], Any] | None = None

@@ -48,7 +48,7 @@ AUTOTUNE_NAME = "autotune.json"
 METRICS: dict[str, tuple[str, str]] = {
     f"{node.name}.{metric}": (node.name, metric) for node in NODES for metric in node.report
 }
-# compile.topology's verdict (issue 15; jaxaot.stages.fit_verdict): columns only in sweeps
+# compile.topology's verdict (jaxaot.stages.fit_verdict): columns only in sweeps
 # that have a topology job. Device memory (less the reserve) and host memory, apart.
 _TOPOLOGY_FIELDS = (
     "topology",
