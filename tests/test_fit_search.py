@@ -480,7 +480,9 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
         start_new_session=True,
     )
     deadline = time.monotonic() + 120
-    while len(_probes(sweep)) < 2 and first.poll() is None and time.monotonic() < deadline:
+    while first.poll() is None and time.monotonic() < deadline:
+        if len([p for p in _probes(sweep) if p["status"] != "running"]) >= 2:
+            break
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)  # the search and the probe it is running
     first.wait()
@@ -559,6 +561,76 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     assert all(k <= int(b.lstrip("≤")) for k, b in counts)
     assert (sweep / "plots" / "fit_pareto.png").stat().st_size > 1000
     assert list(itertools.chain.from_iterable(s["no_verdict"] for s in fit["searches"])) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["group", "search"])
+def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
+    tmp_path: Path, to: str
+) -> None:
+    """SIGTERM to the process group (as ``timeout`` sends it) or to the search alone: one line,
+    exit 143, the probe's process ended and its run recorded as interrupted. Run again, the
+    search takes job 0's verdict, runs n=4096 again as job 2 and exits 0: the interrupted job 1
+    is superseded (out of sweep.md), and the summary counts 1 compile, 1 reused."""
+    from conftest import cli_env, run_cli
+
+    sweep, mark = tmp_path / "fit", tmp_path / "slow.pid"
+    args = [
+        *_fit_args(sweep, "tests.probe_signal_programs:slow_from", 2048, 4096, 2048),
+        "compile.topology=v5e:2x2",
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "jaxaot", *args],
+        cwd=tmp_path,
+        env=cli_env(JAXAOT_TEST_SLOW_FROM="4096", JAXAOT_TEST_SLOW_MARK=str(mark)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not mark.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until n=4096 is in its minute of tracing
+    probe_pid = int(mark.read_text())
+    if to == "group":
+        os.killpg(first.pid, signal.SIGTERM)
+    else:
+        os.kill(first.pid, signal.SIGTERM)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGTERM
+    # One line of jaxaot's (libtpu may have logged its own start-up warnings before).
+    ours = [line for line in stderr.splitlines() if line.startswith("jaxaot")]
+    assert ours == ["jaxaot: terminated by SIGTERM"], stderr[-3000:]
+    assert "Traceback" not in stderr and "Terminated" not in stderr, stderr[-3000:]
+    for _ in range(50):  # the probe's process ended too
+        try:
+            os.kill(probe_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the probe's process {probe_pid} outlived the search")
+    job1 = json.loads((sweep / "1" / "manifest.json").read_text())
+    assert job1["status"] == "interrupted", job1
+    assert job1["error"] == "terminated by SIGTERM during stage 'stage_out'"
+    running = [p for p in _probes(sweep) if p["status"] == "running"]
+    assert [(p["n"], p["job"]) for p in running] == [(4096, 1)]
+
+    proc = run_cli(args, cwd=tmp_path, env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fit = json.loads((sweep / "fit.json").read_text())
+    (search,) = fit["searches"]
+    assert (search["largest_fit"], search["compiles"], search["reused"]) == (4096, 1, 1)
+    top = next(p for p in search["probes"] if p["n"] == 4096)
+    assert (top["job"], top["supersedes"], top["status"]) == (2, 1, "fits")
+    assert not (sweep / "1").exists()
+    moved = sweep / ".jaxaot" / "superseded" / "1" / "manifest.json"  # kept, out of the report
+    assert json.loads(moved.read_text())["status"] == "interrupted"
+    assert "1 compile, 1 reused (a linear scan: 2)" in proc.stdout
+    assert "sweep: 2 jobs, 2 ok, 0 failed" in proc.stdout
+    assert "interrupted" not in (sweep / "sweep.md").read_text()
+    csv_jobs = [line.split(",")[0] for line in (sweep / "sweep.csv").read_text().splitlines()]
+    assert csv_jobs[1:] == ["0", "2"]
 
 
 def test_the_summary_prints_the_boundarys_memory_as_the_verdict_does() -> None:

@@ -7,13 +7,24 @@ crash or another failure is no verdict for that value. Every combination of the 
 arguments gets a search; per topology, the choices' largest fits form a Pareto front.
 ``fit.json`` in the sweep dir is rewritten before and after every probe, and a search run again
 with the same ``hydra.sweep.dir`` takes the verdicts recorded there (fits, does not fit) instead
-of running those probes again; a probe recorded without a verdict (crashed, timed out, failed)
-runs again, since what ended it may have been transient or fixed since.
+of running those probes again; a probe recorded without a verdict (crashed, timed out, failed,
+or still ``running`` when that process was killed) runs again, since what ended it may have been
+transient or fixed since.
+
+A resumed search's outcome is its own: each value counts once, by its latest probe. When a
+search resumes, the folders of the earlier jobs that left no verdict (their fit.json record has
+none, or they have none: an interrupted job) move to ``<sweep dir>/.jaxaot/superseded/``, out of
+sweep.md/sweep.csv and the exit status; the search runs those values again where it needs them
+(the new probe's record says which job it ``supersedes``). So a resumed search that finds its
+boundary exits 0 although an earlier process was killed, while a probe of its own that
+crashes still makes the sweep exit 1. The summary counts the compiles made in this process
+apart from the probes taken from fit.json ("3 compiles, 5 reused").
 No ``from __future__ import annotations`` here: Hydra executes plugin modules before
 registering them in ``sys.modules``, where dataclasses would look string annotations up.
 """
 
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +52,22 @@ from jaxaot.sweeps.fit_search import (
     summary_line,
 )
 from jaxaot.sweeps.probe_process import CRASHED, TIMED_OUT, IsolatedTask
-from jaxaot.sweeps.progress import JobOutcome, SweepPlan, override_key, read_json
+from jaxaot.sweeps.progress import (
+    JOB_NAME,
+    STATE_DIR,
+    JobOutcome,
+    SweepPlan,
+    override_key,
+    read_json,
+)
 from jaxaot.util.fsio import atomic_write_json
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger("jaxaot")
 
 NO_TOPOLOGY = "the job has no fit verdict (set compile.topology)"
+RUNNING = "running"  # a probe launched and not finished (yet, or ever: its process was killed)
+SUPERSEDED_DIR = "superseded"  # under the sweep's state dir: earlier jobs a resume replaces
 
 
 @dataclass
@@ -119,6 +139,7 @@ class _Previous:
                 f"{data.get('overrides')}, not {opts.overrides}; resume with the same overrides "
                 "or choose a new hydra.sweep.dir"
             )
+        self.resumed = True
         for s in data.get("searches", []):
             done = {int(p["n"]): p for p in s.get("probes", []) if p.get("status")}
             self.probes[tuple(s.get("fixed", []))] = done
@@ -126,6 +147,17 @@ class _Previous:
         self.next_job = max(
             [int(data.get("next_job") or 0), *(j + 1 for j in jobs if j is not None)]
         )
+
+    resumed = False  # whether a fit.json of this search was there
+
+    def verdict_jobs(self) -> set[int]:
+        """The jobs whose verdicts this search takes (their folders stay report rows)."""
+        return {
+            int(p["job"])
+            for ps in self.probes.values()
+            for p in ps.values()
+            if p.get("fits") is not None and p.get("job") is not None
+        }
 
     def get(self, fixed: Sequence[str], n: int) -> dict[str, Any] | None:
         """The probe of ``n`` recorded with a verdict, to take instead of running it again."""
@@ -139,8 +171,40 @@ class _Previous:
 
     @property
     def count(self) -> int:
-        """Jobs the earlier runs finished: every probe recorded, with a verdict or not."""
-        return sum(len(p) for p in self.probes.values())
+        """Jobs the earlier runs finished: every probe recorded, with a verdict or not (not
+        one still running when its process was killed)."""
+        return sum(p.get("status") != RUNNING for ps in self.probes.values() for p in ps.values())
+
+
+def _job_num(job_dir: Path) -> int | None:
+    """A job folder's Hydra job number: its job record's, else its .hydra/hydra.yaml's."""
+    record = read_json(job_dir / JOB_NAME)
+    if record is not None and record.get("num") is not None:
+        return int(record["num"])
+    try:
+        num = OmegaConf.select(OmegaConf.load(job_dir / ".hydra" / "hydra.yaml"), "hydra.job.num")
+    except (OSError, ValueError):
+        return None
+    return int(num) if num is not None else None
+
+
+def supersede_earlier(sweep_dir: Path, keep: set[int]) -> dict[int, Path]:
+    """Move the folders of the jobs in ``sweep_dir`` not in ``keep`` (the jobs whose verdicts a
+    resumed search takes) under ``.jaxaot/superseded/``: {job number: where it went}."""
+    from jaxaot.sweeps.report import job_dirs
+
+    moved: dict[int, Path] = {}
+    for d in job_dirs(sweep_dir):
+        num = _job_num(d)
+        if num is None or num in keep:
+            continue
+        to = sweep_dir / STATE_DIR / SUPERSEDED_DIR / d.relative_to(sweep_dir)
+        if to.exists():  # superseded before, by a resume that was killed too
+            shutil.rmtree(to)
+        to.parent.mkdir(parents=True, exist_ok=True)
+        d.rename(to)
+        moved[num] = to
+    return moved
 
 
 class JaxaotFitSweeper(LaunchingSweeper):
@@ -168,6 +232,16 @@ class JaxaotFitSweeper(LaunchingSweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         previous = _Previous(sweep_dir / FIT_NAME, self.opts)
+        if previous.resumed:
+            moved = supersede_earlier(sweep_dir, previous.verdict_jobs())
+            if moved:
+                log.info(
+                    "fit search: %d earlier job(s) without a verdict (%s) moved to %s; "
+                    "their values run again where the search needs them",
+                    len(moved),
+                    ", ".join(f"job {j}" for j in sorted(moved)),
+                    sweep_dir / STATE_DIR / SUPERSEDED_DIR,
+                )
         common = set.intersection(*(set(c) for c in combos))
         searches = [
             Search(fixed=fixed, label=" ".join(shown(o) for o in fixed if o not in common))
@@ -205,6 +279,7 @@ class JaxaotFitSweeper(LaunchingSweeper):
             def probe(n: int, search: Search = search) -> bool | None:
                 record = previous.get(search.fixed, n)
                 if record is not None:
+                    record["reused"] = True
                     state["reused"] += 1
                     log.info(
                         "fit search [%s]: n=%d: %s, as %s records",
@@ -222,7 +297,9 @@ class JaxaotFitSweeper(LaunchingSweeper):
                             search.label or "all jobs",
                             n,
                             FIT_NAME,
-                            earlier.get("error") or earlier["status"],
+                            "still running when its process was killed"
+                            if earlier["status"] == RUNNING
+                            else earlier.get("error") or earlier["status"],
                             earlier.get("job"),
                         )
                     batch = [[*search.fixed, *self.opts.with_value(n)]]
@@ -230,10 +307,17 @@ class JaxaotFitSweeper(LaunchingSweeper):
                     num = state["next_job"]
                     state["next_job"] = num + 1
                     plan(search)
-                    write()  # next_job first: a killed search never reuses this job's folder
+                    # next_job and the running probe first: a killed search never reuses this
+                    # job's folder, and its resume knows the job it supersedes.
+                    running = {"n": n, "fits": None, "status": RUNNING, "job": num, "error": None}
+                    search.probes.append(running)
+                    write()
                     job = self.launcher.launch(batch, initial_job_idx=num)[0]
                     returns.append([job])
+                    search.probes.pop()
                     record = probe_record(n, job, num)
+                    if earlier is not None and earlier.get("job") is not None:
+                        record["supersedes"] = earlier["job"]
                 search.probes.append(record)
                 if record["error"] == NO_TOPOLOGY:
                     search.error = f"n={n}: {NO_TOPOLOGY}"
@@ -252,4 +336,11 @@ class JaxaotFitSweeper(LaunchingSweeper):
         return returns
 
 
-__all__ = ["JaxaotFitSweeper", "JaxaotFitSweeperConf", "probe_record"]
+__all__ = [
+    "RUNNING",
+    "SUPERSEDED_DIR",
+    "JaxaotFitSweeper",
+    "JaxaotFitSweeperConf",
+    "probe_record",
+    "supersede_earlier",
+]

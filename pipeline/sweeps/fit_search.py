@@ -169,7 +169,9 @@ class Search:
             "est_step_s_at_fit": at.get("est_step_s"),
             "peak_bytes_at_fit": at.get("peak_bytes"),
             "no_verdict": [p["n"] for p in self.no_verdict()],
-            "compiles": len(self.probes),
+            # made by this process; "reused": taken from an earlier run's fit.json
+            "compiles": sum(not p.get("reused") for p in self.probes),
+            "reused": sum(bool(p.get("reused")) for p in self.probes),
             "linear_scan_compiles": linear_scan_compiles(
                 opts, self.largest_fit, self.smallest_misfit
             ),
@@ -346,6 +348,12 @@ def _probe_note(p: dict[str, Any]) -> str:
     return f"n={p['n']} {p.get('error') or p.get('status')}"
 
 
+def _compiles(result: dict[str, Any]) -> str:
+    """``5 compiles``, or ``3 compiles, 5 reused`` when some probes came from fit.json."""
+    made, reused = result["compiles"], result.get("reused") or 0
+    return f"{made} compile{'' if made == 1 else 's'}" + (f", {reused} reused" if reused else "")
+
+
 def summary_line(result: dict[str, Any]) -> str:
     """One line per search: boundary, memory at it, values without a verdict, compiles."""
     from jaxaot.stages.fit_verdict import pair_text
@@ -377,7 +385,7 @@ def summary_line(result: dict[str, Any]) -> str:
     )
     return (
         f"fit search [{where}]: {bound}; {memory} per device at the boundary; "
-        f"{result['compiles']} compiles (a linear scan: {result['linear_scan_compiles']})"
+        f"{_compiles(result)} (a linear scan: {result['linear_scan_compiles']})"
         f"{notes}{stopped}"
     )
 
@@ -429,7 +437,7 @@ def report_lines(fit: dict[str, Any]) -> list[str]:
             human_bytes(r["hbm_bytes_needed_at_fit"]),
             human_seconds(r["est_step_s_at_fit"]),
             (unknown or "-") + (f" (stopped: {r['error']})" if r["error"] else ""),
-            str(r["compiles"]),
+            str(r["compiles"]) + (f", {r['reused']} reused" if r.get("reused") else ""),
             front,
         ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

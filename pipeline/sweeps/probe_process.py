@@ -12,6 +12,14 @@ stacks at the crash (faulthandler) are kept in the job folder as ``crash.txt``.
 
 The task function is found again in the child by its module and qualified name (for
 ``@hydra.main`` functions, the function under the decorator), so it must be importable.
+
+Interrupts end both processes with one line, the CLI's (``jaxaot: terminated by SIGTERM``):
+the launching process, interrupted (SIGTERM: :class:`jaxaot.util.exits.Terminated`, or
+Ctrl-C), sends the child the same signal, gives it :data:`_GRACE_S` to record its run as
+interrupted, then kills it, and raises on. The child takes the first SIGTERM or SIGINT (from
+the launching process, or from ``timeout``/a terminal, which signal the whole process group)
+as the CLI does, ignores any later one (so the second copy cannot cut its record short),
+prints nothing more (the launching process prints the line) and exits ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from jaxaot.errors import ConfigError
@@ -130,9 +139,13 @@ class IsolatedTask:
                 proc.wait()
                 where = where_it_stopped(run_dir, cfg)
                 return JobOutcome(124, f"{TIMED_OUT} after {self.timeout_s:g} s {where}")
-            except BaseException:
-                _stop(proc)
+            except BaseException as exc:
+                _stop(proc, exc)
                 raise
+            finally:
+                if proc.poll() is None:  # interrupted again while stopping it
+                    proc.kill()
+                    proc.wait()
             outcome = _read_result(result)
         crash = run_dir / CRASH_FILE
         stacks = crash.exists() and crash.stat().st_size > 0
@@ -159,19 +172,40 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """The launching process is interrupted: give the child (which got a terminal's Ctrl-C too)
-    time to record its run as interrupted, then end it."""
-    for step in (proc.wait, proc.terminate, proc.kill):
-        if proc.poll() is not None:
-            return
-        if step is proc.wait:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_GRACE_S / 2)
-            continue
-        step()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_GRACE_S / 2)
+def _stop(proc: subprocess.Popen[bytes], exc: BaseException) -> None:
+    """The launching process is interrupted: send the child the same signal, give it time to
+    record its run as interrupted, then kill it."""
+    from jaxaot.util.exits import Terminated
+
+    if proc.poll() is not None:
+        return
+    if isinstance(exc, Terminated):
+        signum = exc.signum
+    else:
+        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signum)
+    try:
+        proc.wait(timeout=_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    """The child's handler for SIGTERM and SIGINT: the first is raised as the CLI raises it;
+    later ones are ignored, and the child's output goes nowhere from now on."""
+    from jaxaot.util import exits
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    if signum == signal.SIGINT:
+        exits.raise_interrupted(signum, frame)
+    exits.raise_terminated(signum, frame)
 
 
 def _read_result(path: Path) -> tuple[str, Any] | None:
@@ -194,6 +228,18 @@ def _portable(exc: BaseException) -> BaseException:
 
 def child(spec_path: str) -> int:
     """The child's side: set Hydra up as ``run_job`` did, run the task, leave its result."""
+    from jaxaot.util.exits import exit_code, raise_pending
+
+    # Before anything heavy is imported, as the CLI's main() does.
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, _interrupted)
+    try:
+        return _child(spec_path, raise_pending)
+    except KeyboardInterrupt as exc:  # its run recorded it; the launching process says so
+        return exit_code(exc)
+
+
+def _child(spec_path: str, raise_pending: Callable[[], None]) -> int:
     import faulthandler
 
     with open(spec_path, "rb") as f:
@@ -212,6 +258,7 @@ def child(spec_path: str) -> int:
         out: tuple[str, Any] = ("return", task(spec["cfg"]))
     except Exception as exc:
         out = ("raise", _portable(exc))
+    raise_pending()  # an interrupt that became another error (a half-imported module)
     tmp = Path(spec["result"] + ".tmp")
     with tmp.open("wb") as f:
         pickle.dump(out, f)
