@@ -114,6 +114,9 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
             return JobOutcome(code, str(exc))
         sys.exit(code)
     except Exception as exc:
+        from jaxaot.util.exits import raise_pending
+
+        raise_pending()  # an interrupt that surfaced as another error (a half-imported module)
         if _debug(cfg):
             traceback.print_exc()
         print(
