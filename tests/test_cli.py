@@ -162,7 +162,9 @@ def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "== Config groups (group=option; * = default) ==" in proc.stdout
     start = next(i for i, ln in enumerate(proc.stdout.splitlines()) if ln.startswith("program "))
-    programs = " ".join(proc.stdout.splitlines()[start : start + 2])  # wrapped onto two lines
+    lines = proc.stdout.splitlines()
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    programs = " ".join(lines[start:end])  # wrapped onto as many lines as it takes
     for name in ("attention", "axpy", "collectives", "mlp", "transformer*", "transformer_train"):
         assert name in programs
     assert "\ncompile " in proc.stdout and "\nexecute " in proc.stdout
