@@ -115,24 +115,18 @@ def needed_bytes(memory: Mapping[str, int]) -> int:
     code, less the outputs that alias (donated) arguments. XLA's own compile-time check (which
     it words "HLO temporaries", though it counts arguments too) rejects most programs past the
     HBM first; this is the same sum from its memory analysis, to report headroom."""
-    return (
-        memory.get("argument_size_in_bytes", 0)
-        + memory.get("output_size_in_bytes", 0)
-        + memory.get("temp_size_in_bytes", 0)
-        + memory.get("generated_code_size_in_bytes", 0)
-        - memory.get("alias_size_in_bytes", 0)
-    )
+    return _held(memory, "")
 
 
 def host_needed_bytes(memory: Mapping[str, int]) -> int:
     """Host memory one device's program holds: the same sum over XLA's ``host_*`` figures."""
-    return (
-        memory.get("host_argument_size_in_bytes", 0)
-        + memory.get("host_output_size_in_bytes", 0)
-        + memory.get("host_temp_size_in_bytes", 0)
-        + memory.get("host_generated_code_size_in_bytes", 0)
-        - memory.get("host_alias_size_in_bytes", 0)
-    )
+    return _held(memory, "host_")
+
+
+def _held(memory: Mapping[str, int], prefix: str) -> int:
+    plus = ("argument", "output", "temp", "generated_code")
+    held = sum(memory.get(f"{prefix}{k}_size_in_bytes", 0) for k in plus)
+    return held - memory.get(f"{prefix}alias_size_in_bytes", 0)
 
 
 def verdict(

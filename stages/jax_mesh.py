@@ -327,6 +327,8 @@ def describe_shardings(compiled: Any) -> dict[str, Any]:
         except Exception:  # e.g. a backend without layouts
             return None
 
+    from jaxaot.config.tree_paths import input_path
+
     def rows(shardings: Any, infos: Any, inputs: bool, fmts: Any) -> list[dict[str, Any]]:
         flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
         layouts = _layouts(fmts, len(flat)) if fmts is not None else [None] * len(flat)
@@ -337,7 +339,7 @@ def describe_shardings(compiled: Any) -> dict[str, Any]:
             shape = tuple(info.shape)
             name = jax.tree_util.keystr(path)
             if inputs:  # input_shardings is (args, kwargs)
-                name = ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
+                name = input_path(path)
             spec = getattr(sharding, "spec", None)
             out.append(
                 {

@@ -217,16 +217,14 @@ def argument_paths(compiled: Any) -> dict[int, str] | None:
     """HLO entry parameter number -> the argument's path (``args[0]['params']['w']``): jax
     drops unused arguments from the entry parameters (``kept_inputs``) unless keep_unused."""
     import jax
+    from jaxaot.config.tree_paths import input_path
     from jaxaot.stages.convention import kept_inputs
 
     try:
         flat = jax.tree_util.tree_flatten_with_path(compiled.args_info)[0]
     except Exception:
         return None
-    paths = []
-    for path, _ in flat:
-        head = "args" if getattr(path[0], "idx", 0) == 0 else "kwargs"
-        paths.append(head + jax.tree_util.keystr(path[1:]))
+    paths = [input_path(path) for path, _ in flat]
     kept = kept_inputs(compiled)
     order = list(kept) if kept is not None else list(range(len(paths)))
     return {n: paths[i] for n, i in enumerate(order) if i < len(paths)}

@@ -58,6 +58,15 @@ def leaf_paths(
     return [(join(top, keys), leaf) for keys, leaf in flat]
 
 
+def input_path(keys: Sequence[Any]) -> str:
+    """The path of a flat input of ``(args, kwargs)`` (its key path from
+    ``tree_flatten_with_path``) as jaxaot's files name it: ``args[0]['params']['w']``."""
+    import jax
+
+    head = "args" if getattr(keys[0], "idx", 0) == 0 else "kwargs"
+    return head + jax.tree_util.keystr(tuple(keys[1:]))
+
+
 def top_names(n_args: int, names: Sequence[str] | None) -> list[str]:
     """The top-level names of ``n_args`` positional arguments: the parameter names where known,
     else ``args[i]``."""
@@ -79,4 +88,12 @@ def argument_paths(
     return out
 
 
-__all__ = ["SEP", "argument_paths", "join", "key_text", "leaf_paths", "top_names"]
+__all__ = [
+    "SEP",
+    "argument_paths",
+    "input_path",
+    "join",
+    "key_text",
+    "leaf_paths",
+    "top_names",
+]
