@@ -78,6 +78,10 @@ class LowerConfig:
     scoped_metadata: list[Any] = field(default_factory=list)
     # Keep MLIR locations / HLO source metadata in the text artifacts (keys and snapshots strip them).
     debug_info: bool = False
+    # jax.export safety checks to disable: "platform" (call the export on another platform),
+    # "custom_call:<target>" (export a custom call not known to be stable); str() of
+    # jax.export.DisabledSafetyCheck.
+    disabled_checks: list[str] = field(default_factory=list)
     # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
     vjp_order: int = 0
     # Text artifacts print constants of more elements elided; None keeps them all (issue 19).

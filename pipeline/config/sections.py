@@ -51,6 +51,10 @@ class MeshConfig:
     axes: list[str] = field(default_factory=list)
     axis_types: list[str] | None = None
     abstract: bool = False
+    # Trace the program and its reference with the mesh in context (jax.set_mesh). False: the
+    # mesh only places arguments and outputs, as jax.jit(f, in_shardings=NamedSharding(mesh,
+    # spec)) does without set_mesh (a program that builds its own mesh).
+    context: bool = True
 
 
 @dataclass(frozen=True)
