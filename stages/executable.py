@@ -141,14 +141,100 @@ def stage_metrics(
 
 
 def mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
+    # An input dropped as unused (kept: false) has no sharding: neither sharded nor counted.
+    kept = [r for r in shardings["inputs"] if r.get("kept", True)]
     ctx.metrics.update(
         mesh=MeshSpec.from_json(shardings["mesh"]).describe(),
         devices=shardings["devices"],
-        sharded_inputs=sum(not r["replicated"] for r in shardings["inputs"]),
-        inputs=len(shardings["inputs"]),
+        sharded_inputs=sum(not r["replicated"] for r in kept),
+        inputs=len(kept),
         sharded_outputs=sum(not r["replicated"] for r in shardings["outputs"]),
         outputs=len(shardings["outputs"]),
     )
+
+
+def _layout_json(fmt: Any) -> dict[str, Any] | None:
+    """A ``Format``'s layout as ``{major_to_minor, tiling}``; None where it has none (an input
+    dropped as unused, or a backend that does not say)."""
+    from jax.experimental.layout import Layout
+
+    layout = getattr(fmt, "layout", None)
+    if not isinstance(layout, Layout):
+        return None
+    tiling = [list(t) for t in layout.tiling] if layout.tiling is not None else None
+    return {"major_to_minor": list(layout.major_to_minor), "tiling": tiling}
+
+
+def _flat_formats(compiled: Any, name: str, n: int) -> list[Any]:
+    """``compiled.input_formats``/``output_formats`` flattened to one ``Format`` per leaf
+    (``Format(None, None)`` for an input dropped as unused); None each where the executable
+    cannot give them."""
+    import jax
+    from jax.experimental.layout import Format
+
+    try:
+        flat = jax.tree.leaves(getattr(compiled, name), is_leaf=lambda x: isinstance(x, Format))
+    except Exception:  # an executable without formats (a backend without layouts)
+        return [None] * n
+    return flat if len(flat) == n else [None] * n
+
+
+def _rows(
+    paths: list[str], avals: list[Any], formats: list[Any], inputs: bool
+) -> list[dict[str, Any]]:
+    rows = []
+    for path, aval, fmt in zip(paths, avals, formats, strict=True):
+        shape = tuple(aval.shape)
+        sharding = getattr(fmt, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        row: dict[str, Any] = {
+            "path": path,
+            "shape": list(shape),
+            "dtype": str(aval.dtype),
+            "sharding": None,
+            "shard_shape": None,
+            "replicated": None,
+            "memory_kind": None,
+            "layout": _layout_json(fmt),
+        }
+        if inputs:  # JAX's in_avals (weak types as ~), and whether the executable kept it
+            row.update(aval=str(aval), kept=sharding is not None)
+        if sharding is not None:
+            row.update(
+                sharding=str(spec) if spec is not None else str(sharding),
+                shard_shape=list(sharding.shard_shape(shape)),
+                replicated=bool(sharding.is_fully_replicated),
+                memory_kind=getattr(sharding, "memory_kind", None),
+            )
+        rows.append(row)
+    return rows
+
+
+def describe_formats(compiled: Any) -> dict[str, Any]:
+    """shardings.json's rows: per flat input, as ``jax.stages.Compiled`` says (jax 0.10.2), its
+    aval (``in_avals``, which keeps the inputs dead-argument elimination dropped), whether the
+    executable kept it, and its format (``input_formats``: layout and sharding, with the
+    sharding's memory kind; a dropped input has ``Format(None, None)``: all null here); per
+    output its aval and format (``output_formats``)."""
+    import jax
+    from jaxaot.config.tree_paths import input_path
+
+    try:
+        in_avals = compiled.in_avals  # every input, the dropped ones too
+    except Exception:  # a compiled object without them: the lowering's arguments
+        in_avals = jax.tree.map(lambda a: a._aval, compiled.args_info)
+    in_flat = jax.tree_util.tree_flatten_with_path(in_avals)[0]
+    in_paths = [input_path(path) for path, _ in in_flat]
+    ins = [a for _, a in in_flat]
+    out_flat = jax.tree_util.tree_flatten_with_path(compiled.out_info)[0]
+    out_paths = [jax.tree_util.keystr(path) or "output" for path, _ in out_flat]
+    outs = [o for _, o in out_flat]
+    return {
+        "inputs": _rows(in_paths, ins, _flat_formats(compiled, "input_formats", len(ins)), True),
+        "outputs": _rows(
+            out_paths, outs, _flat_formats(compiled, "output_formats", len(outs)), False
+        ),
+    }
 
 
 def serialize(compiled: Any) -> bytes:
@@ -166,12 +252,10 @@ def write_analysis(
     mesh (if any), cost analysis (counting loops; ``loops.json`` lists them) and memory
     analysis, what is live at the peak (``memory_breakdown.json``), and their metrics; returns
     (hlo, cost, memory)."""
-    from jaxaot.stages.jax_mesh import describe_shardings
-
     hlo = compiled.as_text() or ""
     ctx.write("optimized.hlo.txt", hlo)
-    # Every compile's input/output shardings, memory kinds and layouts, on one device too.
-    shardings = describe_shardings(compiled) | {"mesh": mesh, "devices": devices}
+    # Every compile's input/output formats, memory kinds and kept inputs, on one device too.
+    shardings = describe_formats(compiled) | {"mesh": mesh, "devices": devices}
     ctx.write_json("shardings.json", shardings)
     if mesh:
         mesh_metrics(ctx, shardings)
@@ -214,6 +298,7 @@ def record_memory_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
 __all__ = [
     "cost_of",
     "costs_of",
+    "describe_formats",
     "export_lowering",
     "memory_of",
     "mesh_metrics",

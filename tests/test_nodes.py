@@ -153,8 +153,10 @@ def test_a_checkpoint_from_another_jax_is_not_loaded_by_the_stores_rule(
 # d9abdfd774dc2ab2b4419a9374f54ab2bd2f93049741b51fa8a2988bb292b7a3; version 3's environment has
 # the flag variables per platform, env, host CPU and HLO transformations (key_environment).
 # Version 4 pinned 1ac8ccac5fc61aa622f8fbe8fe04012f15d7cba7e34407e16419b0040190ad02; version 5
-# changed key_version only (memory_breakdown.json and every compile's shardings.json stored).
-GOLDEN_AXPY_KEY = "9796ba951bc86cf123c21684b0377e713847b348d229a70c4e489966c76a39fa"  # v5
+# changed key_version only (memory_breakdown.json and every compile's shardings.json stored),
+# pinned 9796ba951bc86cf123c21684b0377e713847b348d229a70c4e489966c76a39fa. Version 6: a CPU
+# backend keys the executable's device ids, not the host's device count.
+GOLDEN_AXPY_KEY = "68eb8ea2a072ea68dabb2debd556c91e59deb7b5d77f59bc0735c79168c4c1da"  # v6
 # key_environment("cpu")'s shape with every value fixed.
 PINNED_ENVIRONMENT = {
     "flags": {"XLA_FLAGS": {"effective": {}, "debug_options_sha256": "pinned"}},
