@@ -339,10 +339,34 @@ def _reference(
     mesh = mesh_spec(ctx.cfg)
     if mesh is None:
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
-    # The program sees the run's mesh, as it did when traced (issue 17): on the backend's first
-    # devices, as the executable runs.
-    with jax.set_mesh(concrete_mesh(mesh, jax.devices(ctx.cfg.compile.backend))):
+    # The run's mesh on the backend's first devices, as the executable runs.
+    concrete = concrete_mesh(mesh, jax.devices(ctx.cfg.compile.backend))
+    if not ctx.cfg.mesh.context:
+        # The mesh only places the arguments, as jax.jit(f, in_shardings=NamedSharding(mesh,
+        # spec))(x) without jax.set_mesh: the program may build a mesh of its own.
+        full = _placed_on(ctx, staged, concrete, full)
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
+    # The program sees the run's mesh, as it did when traced.
+    with jax.set_mesh(concrete):
+        return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
+
+
+def _placed_on(ctx: StageContext, staged: StagedOut, mesh: Any, full: list[Any]) -> list[Any]:
+    """The traced positional arguments of ``full`` put with their ``lower.in_shardings`` on
+    ``mesh`` (a jax.jit given committed arrays uses their shardings as its in_shardings)."""
+    import jax
+    from jaxaot.config.mesh import mesh_spec
+    from jaxaot.stages.jax_mesh import named, resolved_inputs
+
+    spec = mesh_spec(ctx.cfg)
+    assert spec is not None
+    names = staged.signature.get("parameters")
+    found = resolved_inputs(ctx.cfg, staged.bound, spec, staged.args, names, staged.logical_axes)
+    shardings = iter(named(found.specs, mesh))
+    return [
+        a if staged.bound.is_static(i) else jax.device_put(a, next(shardings))
+        for i, a in enumerate(full)
+    ]
 
 
 def _platform_of(ctx: StageContext) -> str:

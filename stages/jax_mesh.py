@@ -15,8 +15,10 @@ independent formulation of the same thing: nested ``jax.vmap`` with one ``axis_n
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,6 +51,109 @@ def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
     return jax.make_mesh(
         mesh.shape, mesh.axes, axis_types=axis_types(mesh), devices=list(devices)[: mesh.size]
     )
+
+
+@contextlib.contextmanager
+def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
+    """``amesh`` in context while a program is traced and lowered (``jax.set_mesh`` without
+    devices): get_abstract_mesh, bare PartitionSpecs, shard_map without ``mesh=``.
+
+    ``unplaced``: no input or output of the jit carries a sharding on ``amesh`` (a program
+    with no arguments), so only the context can say which devices it runs on. jax.jit records
+    a context AbstractMesh as its device context only when an axis is explicit (jax 0.10.2
+    ``pjit.get_ctx_mesh``: "make top-level use_abstract_mesh work with Auto mode too" is its
+    TODO), and lowers such a program for one device, where a shard_map does not compile
+    ("xla.sdy.LocalToGlobalShape for Host"). Here jax.jit records ``amesh`` whatever its axis
+    types, as it records a concrete mesh in ``jax.set_mesh``: the program is lowered for the
+    mesh's devices, as ``with jax.set_mesh(mesh): jax.jit(f).lower()`` is."""
+    import jax
+
+    with jax.sharding.use_abstract_mesh(amesh):
+        if not unplaced or amesh._any_axis_explicit:
+            yield
+            return
+        with _auto_context_mesh():
+            yield
+
+
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = 0
+_ORIGINAL: list[Any] = []  # jax's get_ctx_mesh while the patch is in place
+
+
+@contextlib.contextmanager
+def _auto_context_mesh() -> Iterator[None]:
+    """jax's private ``pjit.get_ctx_mesh`` replaced while any trace is inside: a jit traced
+    with an AbstractMesh in its (thread-local) context and no concrete mesh records that mesh;
+    every other trace, in any thread, gets what jax's own function returns."""
+    from jax._src import mesh as mesh_lib
+    from jax._src import pjit
+
+    global _PATCH_DEPTH
+    with _PATCH_LOCK:
+        if _PATCH_DEPTH == 0:
+            original = pjit.get_ctx_mesh
+
+            def get_ctx_mesh(use_resource_env: bool) -> Any:
+                found = original(use_resource_env)
+                if found.empty and not use_resource_env:
+                    context = mesh_lib.get_abstract_mesh()  # thread-local: this trace's own
+                    if not context.empty:
+                        return context
+                return found
+
+            _ORIGINAL.append(original)
+            pjit.get_ctx_mesh = get_ctx_mesh
+        _PATCH_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_DEPTH -= 1
+            if _PATCH_DEPTH == 0:
+                pjit.get_ctx_mesh = _ORIGINAL.pop()
+
+
+def bound_context(live: Any, devices: Sequence[Any]) -> Any:
+    """``live`` (a jax Lowered made under :func:`tracing_on`) with its context mesh bound to
+    ``devices``, as if it had been lowered under ``jax.set_mesh`` of the concrete mesh.
+
+    JAX names a compiled output by the context mesh when neither an input nor an output
+    sharding says which mesh it is on (a program with no arguments; jax 0.10.2
+    ``pxla.maybe_recover_user_shardings``): an AbstractMesh there makes output arrays that
+    cannot be read ("is_fully_addressable is not implemented for AbstractMesh"). jax 0.10 has no
+    public way to bind it: the copy replaces ``compile_args["context_mesh"]`` of the private
+    ``MeshComputation`` and never touches ``live`` itself. Unchanged when the context is not an
+    AbstractMesh or jax lays its lowerings out otherwise."""
+    import copy
+
+    import jax
+    import numpy as np
+    from jax.sharding import AbstractMesh
+
+    try:
+        comp = live._lowering
+        args = comp.compile_args
+        context = args.get("context_mesh") if isinstance(args, dict) else None
+        if not isinstance(context, AbstractMesh) or context.empty:
+            return live
+        grid = np.array(list(devices)[: context.size], dtype=object).reshape(context.axis_sizes)
+        mesh = jax.sharding.Mesh(grid, context.axis_names, axis_types=context.axis_types)
+        rebound = copy.copy(comp)
+        rebound.compile_args = {**args, "context_mesh": mesh}
+        rebound._executable = None  # the copy must not share the original's compile cache
+        out = copy.copy(live)
+        out._lowering = rebound
+    except AttributeError:
+        return live
+    return out
+
+
+def has_arrays(*trees: Any) -> bool:
+    """Whether ``trees`` hold an array or ShapeDtypeStruct (static values aside)."""
+    import jax
+
+    return any(hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in jax.tree.leaves(trees))
 
 
 def named(tree: Any, mesh: Any) -> Any:
@@ -259,8 +364,9 @@ def per_replica(
 
         axes = tuple(jax.tree.map(lambda s: 0 if s else None, f) for f in flags)
         mapped = one
-        for name in reversed(mesh.axes):
-            mapped = jax.vmap(mapped, in_axes=axes, axis_name=name)
+        # axis_size: a program without arguments has nothing to read the size from.
+        for name, size in reversed(mesh.sizes.items()):
+            mapped = jax.vmap(mapped, in_axes=axes, axis_name=name, axis_size=size)
         grid = [
             jax.tree.map(lambda x, s: x.reshape(mesh.shape + x.shape[1:]) if s else x, v, f)
             for v, f in zip(dynamic(args), flags, strict=True)
@@ -378,14 +484,17 @@ __all__ = [
     "Inputs",
     "PerReplica",
     "abstract_mesh",
+    "bound_context",
     "concrete_mesh",
     "describe_shardings",
+    "has_arrays",
     "named",
     "output_shardings",
     "per_replica",
     "replica_reference",
     "resolved_inputs",
     "stacked",
+    "tracing_on",
     "unbound_axis_error",
     "update_shardings",
 ]

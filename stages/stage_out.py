@@ -398,11 +398,15 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     fn, args, kwargs = adapted.fn, adapted.args, adapted.kwargs
     mesh_context: Any = contextlib.nullcontext()
     if mesh is not None and env is None:
-        from jaxaot.stages.jax_mesh import abstract_mesh
+        from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, tracing_on
 
-        # The program sees the configured mesh while it is traced (issue 17): get_abstract_mesh,
-        # bare PartitionSpecs, reshard and shard_map without a mesh argument.
-        mesh_context = jax.sharding.use_abstract_mesh(abstract_mesh(mesh))
+        if cfg.mesh.context:
+            # The program sees the configured mesh while it is traced: get_abstract_mesh, bare
+            # PartitionSpecs, reshard and shard_map without a mesh argument. With
+            # mesh.context=false it does not (a program that builds its own mesh), as
+            # jax.jit(f, in_shardings=NamedSharding(mesh, spec)) without jax.set_mesh.
+            unplaced = not has_arrays(args, kwargs)
+            mesh_context = tracing_on(abstract_mesh(mesh), unplaced=unplaced)
         if "explicit" in mesh.axis_types:
             args = _typed_shardings(cfg, bound, args, mesh, names, adapted.logical_axes)
     reference_fn = None

@@ -40,6 +40,13 @@ def frozen_sections(start_at: str) -> tuple[str, ...]:
 
 _MISSING = object()  # a key absent from a config tree
 
+# Frozen keys a resume may still set: they change nothing the checkpoint holds.
+# mesh.abstract says whether this run may compile on the mesh, not what is lowered for it (the
+# lowering is on an AbstractMesh either way): a lowering made with mesh.abstract=true compiles
+# at start_at=compile with mesh.abstract=false, as JAX compiles an AbstractMesh lowering on a
+# concrete mesh of the same axes.
+FREE_AT_RESUME = frozenset({"mesh.abstract"})
+
 
 def _select(tree: Any, dotted: str) -> Any:
     node = tree
@@ -157,7 +164,7 @@ class Checkpoint:
         current, saved = to_container(cfg), self.manifest["config"]
         for override in overrides:
             key = _override_key(override)
-            if key is None or key.split(".")[0] not in frozen:
+            if key is None or key.split(".")[0] not in frozen or key in FREE_AT_RESUME:
                 continue
             mine, theirs = _select(current, key), _select(saved, key)
             if mine != theirs:
@@ -169,6 +176,10 @@ class Checkpoint:
                 )
         merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
         keys = {k for k in (_override_key(o) for o in overrides) if k}
+        for key in keys & FREE_AT_RESUME:
+            section, name = key.split(".", 1)
+            if section in frozen and isinstance(merged.get(section), dict):
+                merged[section] = {**merged[section], name: current[section][name]}
         # A node that runs now on resumed inputs may take a default from the checkpoint.
         start = STAGES.index(cfg.start_at)
         for i, node in enumerate(NODES):
@@ -178,4 +189,4 @@ class Checkpoint:
         return validate(merged)
 
 
-__all__ = ["Checkpoint", "frozen_sections"]
+__all__ = ["FREE_AT_RESUME", "Checkpoint", "frozen_sections"]
