@@ -147,15 +147,18 @@ def _same_structure(spec: Any, given: Any, where: str) -> None:
         raise ConfigError(f"{where}: expected one array (.npy path) or literal, found {given!r}")
 
 
-def _checked(spec: Any, given: Any, where: str, declared: str) -> Any:
+def _checked(spec: Any, given: Any, where: str, declared: str, found: list[str]) -> Any:
     """``given`` (parsed) checked against ``spec``, numbers made the declared type: each given
     array has the declared dtype and shape (JAX would silently narrow a float64 file to the
-    float32 an x64-off executable takes, so a mismatch is refused here)."""
+    float32 an x64-off executable takes, so a mismatch is refused). Array type mismatches are
+    added to ``found`` (:func:`refuse_mismatches` names them all, as JAX lists every one)."""
     if isinstance(spec, dict):
-        return {k: _checked(spec[k], given[k], f"{where}.{k}", f"{declared}.{k}") for k in spec}
+        return {
+            k: _checked(spec[k], given[k], f"{where}.{k}", f"{declared}.{k}", found) for k in spec
+        }
     if isinstance(spec, list):
         return [
-            _checked(s, g, f"{where}[{i}]", f"{declared}[{i}]")
+            _checked(s, g, f"{where}[{i}]", f"{declared}[{i}]", found)
             for i, (s, g) in enumerate(zip(spec, given, strict=True))
         ]
     if isinstance(given, Literal) and isinstance(given.value, str):
@@ -167,7 +170,7 @@ def _checked(spec: Any, given: Any, where: str, declared: str) -> Any:
         raise ConfigError(f"{where}: {given.value!r} is a string; {hint}")
     if isinstance(spec, ArraySpec) and isinstance(given, ArraySpec):
         what = f"{where}: {given.path!r}" if given.path else where
-        _same_type(spec, given.shape, given.dtype, what, declared)
+        _same_type(spec, given.shape, given.dtype, what, declared, found)
     elif isinstance(spec, ArraySpec) and isinstance(given, Literal):
         return Literal(_number_as(spec, given.value, where, declared))
     elif isinstance(spec, Literal) and isinstance(given, Literal):
@@ -238,19 +241,39 @@ def _number_like(want: Any, value: Any, where: str, declared: str) -> Any:
 
 
 def _same_type(
-    spec: ArraySpec, shape: tuple[int, ...], dtype: str, what: str, declared: str
+    spec: ArraySpec,
+    shape: tuple[int, ...],
+    dtype: str,
+    what: str,
+    declared: str,
+    found: list[str],
 ) -> None:
+    """A given array's type against its spec; a mismatch is added to ``found`` as
+    ``<what> holds <type>, expected <type> (as <declared> declares...): <fix>``."""
     if (tuple(shape), dtype) == (spec.shape, spec.dtype):
         return
-    found = ArraySpec(shape=tuple(shape), dtype=dtype).type_str
+    held = ArraySpec(shape=tuple(shape), dtype=dtype).type_str
     if dtype in SIXTY_FOUR_BIT and spec.dtype not in SIXTY_FOUR_BIT and tuple(shape) == spec.shape:
         fix = f"declare {short_name(dtype)} in {declared} to run in 64-bit (x64), or save it as {spec.dtype}"
     else:
         fix = f"save it as {spec.type_str}, or change {declared}"
-    raise ConfigError(
-        f"{what} holds {found}, expected {spec.type_str} (as {declared} declares; inputs are "
+    found.append(
+        f"{what} holds {held}, expected {spec.type_str} (as {declared} declares; inputs are "
         f"never converted): {fix}"
     )
+
+
+def refuse_mismatches(found: list[str]) -> None:
+    """One error line naming every input whose type differs from its declaration, as JAX's
+    "Argument types differ ..." lists every mismatched argument (jax 0.10.2), not only the
+    first; nothing when ``found`` is empty."""
+    if len(found) == 1:
+        raise ConfigError(found[0])
+    if found:
+        raise ConfigError(
+            f"execute.inputs: {len(found)} inputs differ from the types declared for them: "
+            + "; ".join(found)
+        )
 
 
 def _arg_paths(tree: Any, path: str, declared: str) -> Iterator[tuple[str, str, Any]]:
@@ -308,6 +331,7 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
     ]
     expected: list[str] = []
     built: list[Any] = []
+    mismatches: list[str] = []
     for root, declared, tree in trees:
         leaves = []
         for key, decl, spec in _arg_paths(tree, root, declared):
@@ -327,10 +351,12 @@ def npz_inputs(bound: BoundArgs, path: str) -> tuple[list[Any], dict[str, Any]]:
                     canonical_dtype(arr.dtype.name, where),
                     f"{where}[{key!r}]",
                     decl,
+                    mismatches,
                 )
             weak = isinstance(spec, ArraySpec) and spec.weak_type
             leaves.append(weakly_typed(arr) if weak else arr)
         built.append(_replace_leaves(tree, iter(leaves)))
+    refuse_mismatches(mismatches)
     extra = sorted(set(arrays) - set(expected))
     if extra:
         raise ConfigError(
@@ -418,14 +444,18 @@ def user_inputs(bound: BoundArgs, inputs: Any) -> tuple[list[Any], dict[str, Any
     _same_structure(traced_kw, kw, "execute.inputs.kwargs")
     parsed_pos = [parse_leaf_or_tree(p, f"execute.inputs[{i}]") for i, p in enumerate(pos)]
     parsed_kw = {k: parse_leaf_or_tree(v, f"execute.inputs.kwargs.{k}") for k, v in kw.items()}
+    mismatches: list[str] = []
     parsed_pos = [
-        _checked(spec, given, f"execute.inputs[{i}]", f"program.args[{positions[i]}]")
+        _checked(spec, given, f"execute.inputs[{i}]", f"program.args[{positions[i]}]", mismatches)
         for i, (spec, given) in enumerate(zip(traced_pos, parsed_pos, strict=True))
     ]
     parsed_kw = {
-        k: _checked(traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}")
+        k: _checked(
+            traced_kw[k], given, f"execute.inputs.kwargs.{k}", f"program.kwargs.{k}", mismatches
+        )
         for k, given in parsed_kw.items()
     }
+    refuse_mismatches(mismatches)
     counter = [0]
     return (
         [

@@ -39,10 +39,15 @@ def test_an_f64_npy_for_an_f32_argument_is_refused_naming_the_input(
     np.save(x, np.arange(4, dtype=np.float64) + 1e-9)  # not representable in float32
     with pytest.raises(ConfigError) as info:
         compose_run(AXPY, "program.args=[f32[4],f32[4]]", f"execute.inputs=[{x},{x}]")
-    assert str(info.value) == (
-        f"execute.inputs[0]: {str(x)!r} holds f64[4], expected f32[4] (as program.args[0] "
-        "declares; inputs are never converted): declare f64 in program.args[0] to run in "
+    # Every mismatched input is named in the one line (JAX lists every mismatched argument).
+    one = (
+        "execute.inputs[{i}]: {x!r} holds f64[4], expected f32[4] (as program.args[{i}] "
+        "declares; inputs are never converted): declare f64 in program.args[{i}] to run in "
         "64-bit (x64), or save it as float32"
+    )
+    assert str(info.value) == (
+        "execute.inputs: 2 inputs differ from the types declared for them: "
+        + "; ".join(one.format(i=i, x=str(x)) for i in range(2))
     )
 
 
@@ -61,6 +66,10 @@ def test_a_wrong_shape_names_the_file_and_the_spec(compose_run: Any, tmp_path: P
     np.save(a, np.arange(3, dtype=np.int32))
     with pytest.raises(ConfigError) as info:
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
+    b = tmp_path / "b.npy"
+    np.save(b, np.int32(1))
+    with pytest.raises(ConfigError) as info:
+        compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{b}]")
     assert str(info.value) == (
         f"execute.inputs[0]: {str(a)!r} holds i32[3], expected i32[] (as program.args[0] "
         "declares; inputs are never converted): save it as i32[], or change program.args[0]"
