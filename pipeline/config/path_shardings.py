@@ -285,7 +285,17 @@ def _divides(size: Any, axes: Sequence[str], mesh: Mapping[str, int]) -> bool:
     parts = 1
     for a in axes:
         parts *= mesh[a]
-    return not isinstance(size, int) or size % parts == 0
+    return divides(size, parts)
+
+
+def divides(size: Any, parts: int) -> bool:
+    """Whether ``parts`` devices split a dimension evenly, as JAX decides it (jax 0.10.2,
+    ``sharding._common_shard_shape``: ``divmod(size, parts)`` with remainder 0): an int, or a
+    symbolic dimension (jax.export's) whose remainder is the constant 0 for every value of its
+    variables under the run's constraints (``2*b`` by 2 yes, ``b`` by 2 no)."""
+    if isinstance(size, int):
+        return size % parts == 0
+    return divmod(size, parts)[1] == 0  # a polynomial division that is not exact: a mod term
 
 
 class _Resolver:
@@ -596,6 +606,28 @@ def first_match(patterns: Sequence[tuple[str, ...]], leaf: PathLeaf) -> int | No
     return None
 
 
+def check_keyword_patterns(value: Any, n_args: int, keywords: Mapping[str, Any]) -> None:
+    """The mapping form resolved over the positional arguments and then the traced keyword
+    arguments (``keywords``: keyword -> abstract value), the ``j``-th of which is also reachable
+    as ``args[n_args + j]``: refuse a pattern that decides a keyword argument's leaf only through
+    that position (``args[1]`` naming keyword ``a``), since keyword arguments are named by
+    keyword, as JAX's key paths name them."""
+    if not is_pattern_form(value):
+        return
+    key = "lower.in_shardings"
+    patterns = [pattern_parts(p, key) for p in value]
+    names = list(value)
+    aliases = [f"args[{n_args + j}]" for j in range(len(keywords))]
+    for leaf in path_leaves(list(keywords.items()), aliases)[1]:
+        via = first_match(patterns, leaf)
+        if via is not None and via != first_match(patterns, PathLeaf(leaf.path, leaf.shape)):
+            raise ConfigError(
+                f"{key}[{names[via]!r}]: matches keyword argument leaf {leaf.path} only as "
+                f"{leaf.alias}, but program.args has {n_args} positional argument(s); expected a "
+                f"pattern naming keyword arguments by keyword (e.g. '{leaf.path}')"
+            )
+
+
 def no_match_error(where: str, key: str, leaves: Sequence[PathLeaf]) -> ConfigError:
     """A pattern that matches no leaf: one line naming it and some leaf paths to choose from."""
     what = "outputs" if "out_" in key else "arguments"
@@ -646,6 +678,8 @@ __all__ = [
     "PathLeaf",
     "Resolution",
     "Rule",
+    "check_keyword_patterns",
+    "divides",
     "first_match",
     "flax_rules_context",
     "is_pattern_form",

@@ -146,6 +146,10 @@ class _Match:
         for dim, entry in enumerate(spec):
             names = (entry,) if isinstance(entry, str) else entry or ()
             parts = math.prod(self.mesh[n] for n in names)
+            if not isinstance(leaf.shape[dim], int):
+                # A symbolic dimension (``2*b``): JAX decides it with its own arithmetic under
+                # the run's shape constraints, when the lower stage has them (stages/lower.py).
+                continue
             if leaf.shape[dim] % parts:
                 raise ConfigError(
                     f"{where}: dimension {dim} has size {leaf.shape[dim]}, which mesh axes "

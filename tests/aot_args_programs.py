@@ -1,0 +1,25 @@
+"""Programs for tests/test_aot_args.py (issue 28: keyword arguments on a mesh, symbolic
+dimensions with shardings). Not a test module: importable as ``aot_args_programs:<name>``."""
+
+from __future__ import annotations
+
+import jax
+
+
+def scaled(x: jax.Array, *, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Traced keyword arguments alongside a positional one."""
+    return x * a + b
+
+
+def keyed(x: jax.Array, *, p: dict[str, jax.Array], mode: str = "sum") -> jax.Array:
+    """A traced dict keyword argument and a static keyword argument."""
+    out = x * p["w"] + p["b"]
+    return out.sum(axis=-1) if mode == "sum" else out
+
+
+def double(x: jax.Array) -> jax.Array:
+    return x * 2
+
+
+def add(x: jax.Array, y: jax.Array) -> jax.Array:
+    return x + y

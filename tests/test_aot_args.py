@@ -1,0 +1,284 @@
+"""Issue 28: arguments as JAX's AOT API takes them, from config, compared with plain JAX.
+
+Keyword arguments on a mesh (jax.jit refuses ``in_shardings`` with keyword arguments, so each
+sharding rides on its ShapeDtypeStruct, as ``jax.jit(f).trace(x_sds, a=a_sds)``), symbolic
+dimensions split by a mesh axis (JAX requires the split provable for every size), and every
+mismatched input named in one error (JAX lists every mismatched argument).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import aot_args_programs as progs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxaot.config.argspec import concrete_bound
+from jaxaot.errors import ConfigError
+from jaxaot.stages.inputs import spec_inputs
+
+T = "program.target=aot_args_programs"
+MESH2 = ("mesh.shape=[2]", "mesh.axes=[data]")
+
+
+@pytest.fixture(autouse=True)
+def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def _inputs(result: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The inputs the run executed with (built again from its specs and seed)."""
+    staged = result.records["stage_out"]
+    sizes = result.manifest["config"]["compile"]["shapes"]
+    return spec_inputs(concrete_bound(staged.bound, sizes), 0)
+
+
+def _same(got: Any, want: Any) -> None:
+    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(g) == len(w)
+    for a, b in zip(g, w, strict=True):
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _arg_shardings(module: str) -> list[str]:
+    """The sdy.sharding of each argument of a module's main function, in order."""
+    head = next(ln for ln in module.splitlines() if "func.func public @main" in ln)
+    args = head.split("->")[0]
+    return [
+        m.group(1) if m else "none"
+        for m in (
+            re.search(r"sdy\.sharding = (#sdy\.sharding<@\w+, \[[^\]]*\]>)", part)
+            for part in re.split(r"%arg\d+: ", args)[1:]
+        )
+    ]
+
+
+def _specs(shardings: Any) -> Any:
+    """Shardings as (spec, memory kind), comparable across meshes of the same devices."""
+    return jax.tree.map(lambda s: (tuple(s.spec), s.memory_kind), shardings)
+
+
+def _mesh() -> Any:
+    from jax.sharding import AxisType
+
+    return jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+
+
+# --- 1. keyword arguments on a mesh -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shardings", "want_a"),
+    [
+        ("lower.in_shardings=[data]", P()),  # the positional list: keywords replicated
+        ("lower.in_shardings={x: [data], a: [data]}", P("data")),  # named by keyword
+    ],
+)
+def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: Any) -> None:
+    # JAX: jax.jit(f, in_shardings=..., donate_argnames=...)(x, a=.., b=..) raises "pjit does
+    # not support kwargs when in_shardings is specified"; the same shardings on the
+    # ShapeDtypeStructs lower and compile, donating 'a'.
+    result = compose_run(
+        f"{T}:scaled",
+        "program.args=[f32[8]]",
+        "+program.kwargs.a=f32[8]",
+        "+program.kwargs.b=f32[8]",
+        *MESH2,
+        shardings,
+        "lower.donate_argnames=[a]",
+        "execute.check=reference",
+        "execute.repeats=2",
+    )
+    # Plain JAX after the run: the run starts the virtual devices the mesh needs.
+    mesh = _mesh()
+
+    def sds(spec: Any) -> Any:
+        return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    with pytest.raises(ValueError, match="does not support kwargs when in_shardings"):
+        jax.jit(progs.scaled, in_shardings=NamedSharding(mesh, P("data"))).lower(
+            sds(P("data")), a=sds(want_a), b=sds(P())
+        )
+    plain = jax.jit(progs.scaled, donate_argnames=("a",)).trace(
+        sds(P("data")), a=sds(want_a), b=sds(P())
+    )
+    lowered = plain.lower()
+    compiled = lowered.compile()
+    module = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
+    assert _arg_shardings(module) == _arg_shardings(lowered.as_text())
+    ours = result.records["compile"].compiled
+    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
+    assert _specs(ours.output_shardings) == _specs(compiled.output_shardings)
+    assert (
+        [i.donated for i in jax.tree.leaves(ours.args_info)]
+        == [i.donated for i in jax.tree.leaves(compiled.args_info)]
+        == [False, True, False]
+    )  # flatten order: x, then a, b
+    sig = result.records["stage_out"].signature["inputs"]
+    assert [(i["path"], i["donated"]) for i in sig] == [
+        ("args[0]", False),
+        ("kwargs['a']", True),
+        ("kwargs['b']", False),
+    ]
+    args, kwargs = _inputs(result)
+    on = {k: jax.device_put(v, compiled.input_shardings[1][k]) for k, v in kwargs.items()}
+    with warnings.catch_warnings():  # JAX warns when a donated buffer cannot hold an output
+        warnings.simplefilter("ignore")
+        want = compiled(
+            *(jax.device_put(v, s) for v, s in zip(args, compiled.input_shardings[0], strict=True)),
+            **on,
+        )
+    _same(result.records["execute"].outputs, want)
+    # 'a' is consumed when its buffer can hold the output (the same split), as in plain JAX.
+    consumed = result.records["execute"].timings["donated_inputs_consumed"]
+    assert consumed is on["a"].is_deleted() is (want_a == P("data"))
+
+
+def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) -> None:
+    # JAX: a dict keyword argument's leaves carry their own shardings (and memory kinds); a
+    # static keyword is bound. Plain JAX: ShapeDtypeStructs with NamedSharding(...)
+    # .with_memory_kind('device') and static_argnames=('mode',).
+    result = compose_run(
+        f"{T}:keyed",
+        "program.args=[f32[4,8]]",
+        "+program.kwargs.p={w: f32[4,8], b: f32[4,8]}",
+        "+program.kwargs.mode=sum",
+        "stage_out.static_argnames=[mode]",
+        *MESH2,
+        "lower.in_shardings={x: [data], p/w: [data]}",
+        "lower.in_memory_kinds=device",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
+    mesh = _mesh()
+    sh = NamedSharding(mesh, P("data")).with_memory_kind("device")
+    rep = NamedSharding(mesh, P()).with_memory_kind("device")
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32, sharding=sh)
+    p = {
+        "b": jax.ShapeDtypeStruct((4, 8), jnp.float32, sharding=rep),
+        "w": jax.ShapeDtypeStruct((4, 8), jnp.float32, sharding=sh),
+    }
+    compiled = (
+        jax.jit(progs.keyed, static_argnames=("mode",)).trace(x, p=p, mode="sum").lower().compile()
+    )
+    ours = result.records["compile"].compiled
+    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
+    paths = json_rows(result.run_dir / "lower" / "path_shardings.json")
+    assert paths == {"x": "P('data')", "p/b": "P()", "p/w": "P('data')"}
+    args, kwargs = _inputs(result)
+    ins = compiled.input_shardings
+    want = compiled(jax.device_put(args[0], ins[0][0]), p=jax.device_put(kwargs["p"], ins[1]["p"]))
+    _same(result.records["execute"].outputs, want)
+
+
+def json_rows(path: Path) -> dict[str, str]:
+    import json
+
+    return {r["path"]: r["spec"] for r in json.loads(path.read_text())["inputs"]}
+
+
+def test_a_pattern_reaching_a_keyword_only_by_position_is_refused() -> None:
+    # Keyword arguments are named by keyword (JAX's key paths: kwargs['a']); resolved after
+    # the positional ones, the first keyword is also args[n]: a pattern reaching it only so
+    # is refused, one naming it by keyword or by a wildcard over every path is not.
+    from jaxaot.config.path_shardings import check_keyword_patterns
+
+    kw = {"a": jax.ShapeDtypeStruct((8,), jnp.float32), "b": {"w": jnp.zeros(2)}}
+    with pytest.raises(ConfigError, match=r"\['args\[1\]'\]: matches keyword argument leaf a only"):
+        check_keyword_patterns({"args[1]": ["data"]}, 1, kw)
+    with pytest.raises(ConfigError, match=r"leaf b/w only as args\[2\]/w"):
+        check_keyword_patterns({"x": None, "args[*]/w": ["data"]}, 1, kw)
+    check_keyword_patterns({"args[0]": ["data"], "a": ["data"], "**": None}, 1, kw)
+    check_keyword_patterns([["data"]], 1, kw)  # the positional list names no keyword
+
+
+# --- 2. symbolic dimensions split by a mesh axis ------------------------------------------
+
+
+def test_symbolic_dimension_provably_divisible_compiles(compose_run: Any) -> None:
+    # JAX: f32[2*b,4] on P('data') over 2 devices exports (2*b is divisible by 2 for every b)
+    # and its export runs at b=2 on the mesh.
+    result = compose_run(
+        f"{T}:double",
+        "program.args=[f32[2*b,4]]",
+        *MESH2,
+        "lower.in_shardings=[[data,null]]",
+        "compile.shapes={b:2}",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
+    mesh = _mesh()
+    (shape,) = [jax.export.symbolic_shape("2*b, 4")]
+    amesh = mesh.abstract_mesh
+    with jax.sharding.use_abstract_mesh(amesh):
+        exp = jax.export.export(
+            jax.jit(progs.double, in_shardings=NamedSharding(amesh, P("data", None)))
+        )(jax.ShapeDtypeStruct(shape, jnp.float32))
+    assert result.records["compile"].lowered.exported.nr_devices == exp.nr_devices == 2
+    (x,), _ = _inputs(result)
+    with jax.set_mesh(mesh):
+        want = jax.jit(exp.call, in_shardings=NamedSharding(mesh, P("data", None)))(x)
+    _same(result.records["execute"].outputs, want)
+    ours = result.records["compile"].compiled
+    assert _specs(ours.input_shardings[0]) == ((("data",), "device"),)
+
+
+@pytest.mark.parametrize(
+    "override", ["lower.in_shardings=[[data,null]]", "lower.in_shardings={x: [data, null]}"]
+)
+def test_symbolic_dimension_not_provably_divisible_is_refused(
+    compose_run: Any, override: str
+) -> None:
+    # JAX: f32[b,4] on P('data') raises IndivisibleError when traced, whatever b is later.
+    amesh = AbstractMesh((2,), ("data",))
+    (shape,) = [jax.export.symbolic_shape("b, 4")]
+    with (
+        pytest.raises(ValueError, match="should evenly divide"),
+        jax.sharding.use_abstract_mesh(amesh),
+    ):
+        jax.export.export(
+            jax.jit(progs.double, in_shardings=NamedSharding(amesh, P("data", None)))
+        )(jax.ShapeDtypeStruct(shape, jnp.float32))
+    with pytest.raises(ConfigError, match=r"program\.args\[0\]|x") as info:
+        compose_run(
+            f"{T}:double",
+            "program.args=[f32[b,4]]",
+            *MESH2,
+            override,
+            "compile.shapes={b:2}",
+        )
+    text = str(info.value)
+    assert "\n" not in text and "dimension 0" in text and "b" in text and "2 devices" in text
+
+
+# --- 3. every mismatched input in one error -----------------------------------------------
+
+
+def test_every_mismatched_input_is_named(compose_run: Any, tmp_path: Path) -> None:
+    # JAX lists every mismatched argument: "Argument 'x' compiled with float32[4] and called
+    # with int32[4]" and "Argument 'y' ... called with float32[3]".
+    compiled = jax.jit(progs.add).lower(jnp.ones(4), jnp.ones(4)).compile()
+    with pytest.raises(TypeError) as jax_err:
+        compiled(jnp.ones(4, jnp.int32), jnp.ones(3))
+    assert "Argument 'x'" in str(jax_err.value) and "Argument 'y'" in str(jax_err.value)
+    i, j = tmp_path / "i.npy", tmp_path / "j.npy"
+    np.save(i, np.ones(4, np.int32))
+    np.save(j, np.ones(3, np.float32))
+    with pytest.raises(ConfigError) as info:
+        compose_run(f"{T}:add", "program.args=[f32[4],f32[4]]", f"execute.inputs=[{i},{j}]")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("execute.inputs: 2 inputs differ")
+    assert "execute.inputs[0]" in text and "holds i32[4], expected f32[4]" in text
+    assert "execute.inputs[1]" in text and "holds f32[3], expected f32[4]" in text
+    archive = tmp_path / "in.npz"
+    np.savez(archive, **{"args[0]": np.ones(4, np.int32), "args[1]": np.ones(3, np.float32)})
+    with pytest.raises(ConfigError, match=r"2 inputs differ.*args\[0\].*args\[1\]"):
+        compose_run(f"{T}:add", "program.args=[f32[4],f32[4]]", f"execute.inputs={archive}")
