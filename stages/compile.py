@@ -47,7 +47,7 @@ from jaxaot.stages.executable import (
     stage_metrics,
     write_analysis,
 )
-from jaxaot.stages.jax_mesh import concrete_mesh
+from jaxaot.stages.jax_mesh import bound_context, concrete_mesh
 from jaxaot.stages.jaxenv import devices, platform_of
 from jaxaot.stages.loop_costs import loops_summary
 from jaxaot.stages.lower import Lowered
@@ -148,15 +148,21 @@ class Compiled:
 
 
 def check_platform(lowered: Lowered, backend: str) -> str:
-    """The platform to compile for, or a BackendError when the lowering does not cover it."""
+    """The platform to compile for, or a BackendError when the lowering does not cover it.
+
+    An export made with ``lower.disabled_checks=[platform]`` covers every platform: JAX calls
+    it anywhere, with the module of its first platform (jax 0.10.2 ``call_exported``)."""
     platform = platform_of(backend)
-    if platform not in lowered.platforms:
+    exp = lowered.exported
+    disabled = exp.disabled_safety_checks if exp is not None else ()
+    if platform not in lowered.platforms and "platform" not in map(str, disabled):
         raise BackendError(
             f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
             f"was {list(lowered.platforms)}; compile for one of those "
             f"(compile.backend={lowered.platforms[0]}), add {platform!r} to lower.platforms, or "
             f"lower only here (stop_after=lower) and compile on a {'/'.join(lowered.platforms)} "
-            "machine (resume_from=<this run> start_at=compile)"
+            "machine (resume_from=<this run> start_at=compile), or export it with "
+            f"lower.disabled_checks=[platform] to run its {lowered.platforms[0]} module here"
         )
     return platform
 
@@ -189,6 +195,14 @@ def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
     mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
     concrete = concrete_mesh(mesh, devs) if mesh is not None and len(devs) == mesh.size else None
     device = devs[0] if mesh is None and lowered.meta.get("placement") else None
+    if concrete is not None and not lowered.export().in_avals:
+        import jax
+
+        # No argument says which devices it runs on: the mesh in context does, as
+        # ``with jax.set_mesh(mesh): jax.jit(exported.call)()`` (jax 0.10.2 refuses an export
+        # for N devices called in a context of one).
+        with jax.set_mesh(concrete):
+            return export_lowering(lowered, platform_of(backend), concrete, device=device)
     return export_lowering(lowered, platform_of(backend), concrete, device=device)
 
 
@@ -230,7 +244,9 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     if lowered.state in ("early", "live") and lowered.platforms == (platform,):
         mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
         sharded = mesh is not None and len(devs) == mesh.size
-        live = lowered.lowered
+        # Bound to the devices it runs on: a program without arguments names its outputs by
+        # the mesh in context, as under jax.set_mesh.
+        live = bound_context(lowered.lowered, devs) if sharded else lowered.lowered
         return Target(
             form="lowered",
             module_sha256=lowered.module_sha256,
@@ -296,7 +312,10 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #   4: cost_analysis.json counts while loops per trip (XLA's own figures as *_xla), loops.json.
 #   5: memory_breakdown.json (XLA's peak and the buffers live at it), and shardings.json for
 #     every compile (memory kinds and layouts in its rows).
-_KEY_VERSION = 5
+#   6: shardings.json has a row per input, the unused ones too (JAX's in_avals and
+#     input_formats: aval, kept); a CPU compile keys the devices it runs on (device_ids), not
+#     how many the host has.
+_KEY_VERSION = 6
 ARTIFACTS = (
     "optimized.hlo.txt",
     "cost_analysis.json",
@@ -324,9 +343,26 @@ def cache_key(
         "donate_argnums": list(lowered.donate_argnums),
         "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
         "compiler_options": options_of(cfg.compile),
-        "backend": backend,  # platform + version, device kind + count + topology, jax + jaxlib
+        # platform + version, device kind + count + topology, jax + jaxlib
+        "backend": keyed_backend(cfg.compile, lowered, backend),
         "environment": environment,  # flags, env, host CPU, HLO passes, JAX config values
     }
+
+
+def keyed_backend(cfg: Any, lowered: Lowered, backend: dict[str, Any]) -> dict[str, Any]:
+    """The compile key's ``backend``: on CPU the ids of the devices the executable runs on in
+    place of the host's device count. An XLA CPU executable depends on its device assignment,
+    not on how many devices the client has (``--xla_force_host_platform_device_count``,
+    ``compile.num_devices``): the same program on device 0 compiles to the same optimized HLO
+    and outputs under 1 or 8 host devices (jaxlib 0.10.2; the serialized executable differs
+    only in the flag's value it records). A program whose assignment grows with the host (a
+    mesh over every device) keys more ids. JAX's own persistent cache misses there: it hashes
+    the CPU client's whole topology. Other platforms and topologies keep the host's count and
+    topology (a TPU or GPU executable may depend on the devices around its own)."""
+    if cfg.topology or backend.get("platform") != "cpu":
+        return backend
+    ids = [d.id for d in execution_devices(lowered, cfg.backend)]
+    return {k: v for k, v in backend.items() if k != "device_count"} | {"device_ids": ids}
 
 
 def _execution_devices(backend: str, device_ids: list[int], source: str) -> list[Any]:
@@ -870,6 +906,7 @@ __all__ = [
     "export_conventions",
     "export_lowering",
     "kept_inputs",
+    "keyed_backend",
     "load",
     "memory_of",
     "mismatch",

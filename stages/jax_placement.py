@@ -53,23 +53,30 @@ class Placed:
 HOST_KINDS = ("pinned_host", "unpinned_host")
 
 
-def moving_to_device(fn: Any, flags: dict[int, list[bool]]) -> Any:
-    """``fn`` with the leaves of its positional arguments that ``flags`` marks (per position,
+def moving_to_device(fn: Any, flags: dict[int | str, list[bool]]) -> Any:
+    """``fn`` with the leaves of its arguments that ``flags`` marks (per position or keyword,
     one flag per leaf in flatten order) moved to device memory first, inside the trace.
     ``functools.wraps`` keeps ``fn``'s signature for jax.jit's static and donated names."""
     import jax
 
+    def move(tree: Any, marks: list[bool]) -> Any:
+        leaves, treedef = jax.tree.flatten(tree)
+        leaves = [
+            jax.device_put(x, jax.memory.Space.Device) if m else x
+            for x, m in zip(leaves, marks, strict=True)
+        ]
+        return jax.tree.unflatten(treedef, leaves)
+
     @functools.wraps(fn)
     def entry(*args: Any, **kwargs: Any) -> Any:
         moved = list(args)
-        for i, marks in flags.items():
-            leaves, treedef = jax.tree.flatten(moved[i])
-            leaves = [
-                jax.device_put(x, jax.memory.Space.Device) if m else x
-                for x, m in zip(leaves, marks, strict=True)
-            ]
-            moved[i] = jax.tree.unflatten(treedef, leaves)
-        return fn(*moved, **kwargs)
+        moved_kw = dict(kwargs)
+        for at, marks in flags.items():
+            if isinstance(at, int):
+                moved[at] = move(moved[at], marks)
+            else:
+                moved_kw[at] = move(moved_kw[at], marks)
+        return fn(*moved, **moved_kw)
 
     return entry
 
@@ -145,15 +152,17 @@ def _full(prefix: Any, tree: Any) -> list[Any]:
     return list(jax.tree.leaves(full))
 
 
-def _retyped(leaf: Any, spec: Any) -> Any:
+def _retyped(leaf: Any, spec: Any, carry: bool = False) -> Any:
     """A ShapeDtypeStruct carrying its own sharding, carrying the one chosen instead (jax.jit
-    refuses an argument whose memory kind differs from its in_shardings')."""
+    refuses an argument whose memory kind differs from its in_shardings'). ``carry``: every
+    ShapeDtypeStruct carries the whole spec (a Format with its layout too), for a call with
+    keyword arguments, which takes no in_shardings."""
     import jax
 
-    sharding = _sharding_of(spec)
-    if not isinstance(leaf, jax.ShapeDtypeStruct) or getattr(leaf, "sharding", None) is None:
+    sharding = spec if carry else _sharding_of(spec)
+    if not isinstance(leaf, jax.ShapeDtypeStruct) or sharding is None:
         return leaf
-    if sharding is None:
+    if not carry and getattr(leaf, "sharding", None) is None:
         return leaf
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type, sharding=sharding)
 
@@ -178,8 +187,13 @@ def placed(
     low = cfg.lower
     bound = staged.bound
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
+    traced_kw = [k for k in kwargs if not bound.is_static(k)]
     tops = top_names(len(args), staged.signature.get("parameters"))
-    _, in_leaves = path_leaves([(tops[i], args[i]) for i in traced], [f"args[{i}]" for i in traced])
+    # Keyword arguments' leaves are named by keyword (as lower.in_shardings' mapping form).
+    _, in_leaves = path_leaves(
+        [(tops[i], args[i]) for i in traced] + [(k, kwargs[k]) for k in traced_kw],
+        [f"args[{i}]" for i in traced] + [None] * len(traced_kw),
+    )
     ins = resolve_placement(in_leaves, low.in_memory_kinds, low.in_layouts, "in")
     out_placed = low.out_memory_kinds is not None or low.out_layouts is not None
     outs: dict[str, Placement] = {}
@@ -222,31 +236,37 @@ def placed(
                 "mesh.axes=[data]) or lower.platforms=[" + cfg.compile.backend + "]"
             )
         device = devices[0]
-        traced_kw = [k for k in kwargs if not bound.is_static(k)]
-        if traced_kw and ins:
-            raise ConfigError(
-                f"program.kwargs.{traced_kw[0]}: lower.in_memory_kinds/in_layouts apply to "
-                "traced arguments given positionally (jax.jit has no shardings for keyword "
-                "arguments); expected it in program.args"
-            )
-        # jax.jit takes no keyword arguments alongside in_shardings: the static ones are bound.
-        if kwargs:
-            fn = functools.partial(fn, **kwargs)
-            kwargs = {}
-        opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
+        # The static keyword arguments are bound; the traced ones stay keyword arguments.
+        static_kw = {k: v for k, v in kwargs.items() if bound.is_static(k)}
+        if static_kw:
+            fn = functools.partial(fn, **static_kw)
+            kwargs = {k: v for k, v in kwargs.items() if k not in static_kw}
+        dropped = ("static_argnames",) if traced_kw else ("static_argnames", "donate_argnames")
+        opts = {k: v for k, v in opts.items() if k not in dropped}
     opts = dict(opts)
+    # jax.jit takes no in_shardings with keyword arguments ("pjit does not support kwargs when
+    # in_shardings is specified", jax 0.10.2): each input's sharding, memory kind and layout
+    # ride on its ShapeDtypeStruct instead (``sharding=`` takes a Format), which lowers alike.
+    carry = bool(traced_kw)
+    new_kwargs = dict(kwargs)
     new_args = list(args)
     record: dict[str, Any] = {"inputs": [], "outputs": []}
-    host_flags: dict[int, list[bool]] = {}
+    host_flags: dict[int | str, list[bool]] = {}
     moved: list[str] = []
     came_in: dict[str, Any] = {}  # input path -> its sharding (an NNX update keeps it)
     if ins:
         base_in = opts.get("in_shardings") or (None,) * len(traced)
         specs_in = []
         k = 0
-        for n, i in enumerate(traced):
-            leaves = jax.tree.leaves(args[i])
-            base = _full(base_in[n], args[i])
+        at: list[int | str] = [*traced, *traced_kw]
+        for n, i in enumerate(at):
+            value = args[i] if isinstance(i, int) else kwargs[i]
+            leaves = jax.tree.leaves(value)
+            base = (
+                [getattr(x, "sharding", None) for x in leaves]
+                if carry
+                else _full(base_in[n], value)
+            )
             chosen = []
             flags = []
             for sh in base:
@@ -262,14 +282,19 @@ def placed(
                 if not p.empty:
                     record["inputs"].append({"index": k, "path": path, **p.to_json()})
                 k += 1
-            treedef = jax.tree.structure(args[i])
+            treedef = jax.tree.structure(value)
             specs_in.append(jax.tree.unflatten(treedef, chosen))
-            new_args[i] = jax.tree.unflatten(
-                treedef, [_retyped(x, s) for x, s in zip(leaves, chosen, strict=True)]
+            typed = jax.tree.unflatten(
+                treedef, [_retyped(x, s, carry) for x, s in zip(leaves, chosen, strict=True)]
             )
+            if isinstance(i, int):
+                new_args[i] = typed
+            else:
+                new_kwargs[i] = typed
             if any(flags):
                 host_flags[i] = flags
-        opts["in_shardings"] = tuple(specs_in)
+        if not carry:
+            opts["in_shardings"] = tuple(specs_in)
     if host_flags:
         fn = moving_to_device(fn, host_flags)
         if staged.returns_updates:
@@ -302,7 +327,7 @@ def placed(
             opts["out_shardings"] = (user_specs, updates)
         else:
             opts["out_shardings"] = user_specs
-    return Placed(fn, opts, tuple(new_args), kwargs, record, replicated, moved)
+    return Placed(fn, opts, tuple(new_args), new_kwargs, record, replicated, moved)
 
 
 def _updates_as_came_in(staged: Any, existing: Any, came_in: dict[str, Any]) -> Any:

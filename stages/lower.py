@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec
+from jaxaot.config.argspec import symbols
+from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec, uses_paths
 from jaxaot.config.path_shardings import (
     Resolution,
+    check_keyword_patterns,
     is_pattern_form,
     resolve,
     under_flax_rules,
@@ -28,14 +30,16 @@ from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
-from jaxaot.errors import ConfigError, StageError, StoreError
+from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.jax_mesh import (
     abstract_mesh,
+    has_arrays,
     named,
     output_shardings,
     resolved_inputs,
+    tracing_on,
     update_shardings,
 )
 from jaxaot.stages.jax_metadata import with_metadata
@@ -148,25 +152,55 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
 
 def _sharded(
     ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any, opts: dict[str, Any]
-) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
-    """The program and jit options with ``lower.in_shardings``/``out_shardings`` on ``mesh``.
+) -> tuple[Any, dict[str, Any], tuple[Any, ...], dict[str, Any]]:
+    """The program, jit options and arguments with ``lower.in_shardings``/``out_shardings`` on
+    ``mesh``.
 
-    jax.jit takes no keyword arguments alongside in_shardings, so the (static) ones are bound
-    into the function. Path patterns and logical-axis rules are resolved on ``staged.args``,
-    the abstract arguments jax.jit traces; what they decided is written to
-    ``path_shardings.json``.
+    The static keyword arguments are bound into the function. jax.jit takes no keyword
+    arguments alongside in_shardings ("pjit does not support kwargs when in_shardings is
+    specified", jax 0.10.2), so with traced keyword arguments every input's sharding rides on
+    its ShapeDtypeStruct instead (``jax.jit(f).trace(x_sds, a=a_sds)``, which lowers to the same
+    module): a keyword argument's leaves are named by the keyword in the mapping form
+    (``{a: [data]}``), the positional list covers the positional arguments alone, and a keyword
+    leaf no spec names is replicated, as a positional one is. Path patterns and logical-axis
+    rules are resolved on ``staged.args``/``staged.kwargs``, the abstract arguments jax.jit
+    traces; what they decided is written to ``path_shardings.json``.
     """
     cfg = ctx.cfg.lower
+    bound = staged.bound
     assert staged.fn is not None  # lowering again always traces the program (see the runner)
-    fn = functools.partial(staged.fn, **staged.kwargs) if staged.kwargs else staged.fn
+    static_kw = {k: v for k, v in staged.kwargs.items() if bound.is_static(k)}
+    traced_kw = {k: v for k, v in staged.kwargs.items() if not bound.is_static(k)}
+    fn = functools.partial(staged.fn, **static_kw) if static_kw else staged.fn
     # flax's own logical constraints (nn.with_logical_constraint, LogicallyPartitioned) see
     # lower.logical_axis_rules while the program is traced.
     fn = under_flax_rules(fn, logical_rules(ctx.cfg, mesh))
-    opts = {k: v for k, v in opts.items() if k not in ("static_argnames", "donate_argnames")}
+    dropped = ("static_argnames",) if traced_kw else ("static_argnames", "donate_argnames")
+    opts = {k: v for k, v in opts.items() if k not in dropped}
     names = staged.signature.get("parameters")
-    inputs = resolved_inputs(ctx.cfg, staged.bound, mesh, staged.args, names, staged.logical_axes)
-    specs, ins = inputs.specs, inputs.resolution
-    opts["in_shardings"] = inputs.shardings
+    # Without a positional list, path patterns (or null: all replicated) decide every input:
+    # the keyword arguments are resolved with the positional ones.
+    together = bool(traced_kw) and (cfg.in_shardings is None or uses_paths(ctx.cfg))
+    if together:
+        inputs = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=True)
+    else:
+        inputs = resolved_inputs(ctx.cfg, bound, mesh, staged.args, names, staged.logical_axes)
+    specs, shardings, ins = inputs.specs, inputs.shardings, inputs.resolution
+    every = inputs.args
+    n_pos = len(specs) - (len(traced_kw) if together else 0)
+    if traced_kw and not together:  # the positional list covers the positional arguments
+        kw = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=False)
+        specs, shardings = (*specs, *kw.specs), (*shardings, *kw.shardings)
+        every = (*every, *kw.args)
+        ins = ins or kw.resolution  # the keyword arguments' library metadata
+    args: tuple[Any, ...] = tuple(every[: len(staged.args)])
+    _check_symbolic_splits(bound, every, list(traced_kw), shardings, mesh)
+    kwargs: dict[str, Any] = {}
+    if traced_kw:
+        kw_values = dict(zip(traced_kw, every[len(staged.args) :], strict=True))
+        args, kwargs = _carrying(bound, args, kw_values, shardings[:n_pos], shardings[n_pos:])
+    else:
+        opts["in_shardings"] = shardings
     outs = None
     if cfg.out_shardings is not None:
         traced = staged.traced
@@ -184,42 +218,152 @@ def _sharded(
                 key="lower.out_shardings",
                 mesh=mesh.sizes,
                 logical=logical_rules(ctx.cfg, mesh),
-                others=_input_leaves(staged, specs, names),
+                others=_input_leaves(staged, specs, names, list(traced_kw)),
             )
             user = named(trees[0], amesh)
         else:
             user = output_shardings(cfg.out_shardings, out_info, out_tree, mesh, amesh)
         opts["out_shardings"] = user
         if staged.returns_updates:
-            positions = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
+            positions = [i for i in range(len(staged.args)) if not bound.is_static(i)]
             updates = update_shardings(
                 traced.out_info[1],
                 staged.args,
-                inputs.shardings,
+                shardings[:n_pos],
                 positions,
                 top_names(len(staged.args), names),
             )
             opts["out_shardings"] = (user, updates)
     if ins is not None or outs is not None:
         _record_paths(ctx, ins, outs)
-    return fn, opts, inputs.args
+    return fn, opts, args, kwargs
+
+
+def _check_symbolic_splits(
+    bound: Any,
+    every: tuple[Any, ...],
+    keywords: list[str],
+    shardings: tuple[Any, ...],
+    mesh: MeshSpec,
+) -> None:
+    """Each symbolic dimension a sharding splits is divisible by its devices for every value of
+    its variables, as JAX requires when it traces (jax 0.10.2 raises IndivisibleError for
+    ``f32[b,4]`` on ``P('data')``, and accepts ``f32[2*b,4]``): one line naming the argument.
+    ``every``: the positional arguments, then the traced keyword arguments' values."""
+    import math
+
+    import jax
+    from jaxaot.config.path_shardings import divides
+    from jaxaot.stages.resolving import type_str
+
+    n = len(every) - len(keywords)
+    tops = [(f"program.args[{i}]", every[i]) for i in range(n) if not bound.is_static(i)]
+    tops += [(f"program.kwargs.{k}", v) for k, v in zip(keywords, every[n:], strict=True)]
+    for (top, arg), prefix in zip(tops, shardings, strict=True):
+        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, arg)
+        for (path, leaf), sh in zip(leaf_paths(arg, top), jax.tree.leaves(full), strict=True):
+            shape = tuple(getattr(leaf, "shape", ()))
+            if all(isinstance(d, int) for d in shape):
+                continue  # concrete sizes: checked against the config before JAX
+            for dim, entry in enumerate(sh.spec):
+                names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+                parts = math.prod(mesh.sizes[a] for a in names)
+                if not divides(shape[dim], parts):
+                    raise ConfigError(
+                        f"lower.in_shardings: {path} ({type_str(shape, leaf.dtype)}): dimension "
+                        f"{dim} has the symbolic size {shape[dim]}, which mesh axes {list(names)} "
+                        f"(together {parts} devices) do not divide for every value of its "
+                        f"variables (JAX requires it when tracing); expected a multiple of "
+                        f"{parts} (e.g. {parts}*{symbols(str(shape[dim]))[0]}), or the dimension "
+                        "unsplit"
+                    )
+
+
+def _keyword_inputs(
+    ctx: StageContext,
+    staged: StagedOut,
+    mesh: MeshSpec,
+    names: list[str] | None,
+    traced_kw: dict[str, Any],
+    *,
+    together: bool,
+) -> Any:
+    """The input shardings with the traced keyword arguments as trailing traced inputs named
+    by their keywords (jax_mesh.resolved_inputs over both): with path patterns, every input
+    resolved together; with the positional list, the keyword arguments alone, as under a null
+    ``lower.in_shardings`` (replicated, or their library metadata or own sharding)."""
+    from jaxaot.config.tree_paths import top_names as tops_of
+
+    bound = staged.bound
+    n = len(staged.args)
+    if together:
+        check_keyword_patterns(ctx.cfg.lower.in_shardings, n, traced_kw)
+        cfg = ctx.cfg
+        args = (*staged.args, *traced_kw.values())
+        every = replace(bound, args=(*bound.args, *(bound.kwargs[k] for k in traced_kw)))
+        tops = [*tops_of(n, names), *traced_kw]
+    else:
+        cfg = replace(ctx.cfg, lower=replace(ctx.cfg.lower, in_shardings=None))
+        args = tuple(traced_kw.values())
+        every = replace(
+            bound,
+            args=tuple(bound.kwargs[k] for k in traced_kw),
+            static_argnums=(),
+        )
+        tops = list(traced_kw)
+    return resolved_inputs(cfg, every, mesh, args, tops, staged.logical_axes)
+
+
+def _carrying(
+    bound: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    arg_shardings: tuple[Any, ...],
+    kw_shardings: tuple[Any, ...],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The traced arguments with each ShapeDtypeStruct carrying its sharding (one sharding may
+    stand for a subtree); static positions and Python scalars as they are."""
+    import jax
+
+    def carry(tree: Any, prefix: Any) -> Any:
+        def typed(sharding: Any, sub: Any) -> Any:
+            return jax.tree.map(
+                lambda x: (
+                    jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=sharding)
+                    if isinstance(x, jax.ShapeDtypeStruct)
+                    else x
+                ),
+                sub,
+            )
+
+        return jax.tree.map(typed, prefix, tree)
+
+    it = iter(arg_shardings)
+    new_args = tuple(a if bound.is_static(i) else carry(a, next(it)) for i, a in enumerate(args))
+    new_kwargs = {k: carry(v, sh) for (k, v), sh in zip(kwargs.items(), kw_shardings, strict=True)}
+    return new_args, new_kwargs
 
 
 def _input_leaves(
-    staged: StagedOut, specs: tuple[Any, ...], names: list[str] | None
+    staged: StagedOut, specs: tuple[Any, ...], names: list[str] | None, keywords: list[str]
 ) -> dict[str, tuple[tuple[Any, ...], Spec]]:
     """Every traced input leaf's shape and spec by path (and ``args[i]`` path), for ``like``
-    in ``out_shardings``; a positional-form spec standing for a subtree is given to each leaf."""
+    in ``out_shardings``; a positional-form spec standing for a subtree is given to each leaf.
+    ``specs`` has one tree per traced positional argument, then one per traced keyword
+    argument in ``keywords`` (named by its keyword)."""
     import jax
 
     out: dict[str, tuple[tuple[Any, ...], Spec]] = {}
     traced = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
     tops = top_names(len(staged.args), names)
-    for i, spec_tree in zip(traced, specs, strict=True):
-        arg = staged.args[i]
+    inputs: list[tuple[Any, tuple[str, ...]]] = [
+        (staged.args[i], (tops[i], f"args[{i}]")) for i in traced
+    ]
+    inputs += [(staged.kwargs[k], (k,)) for k in keywords]
+    for (arg, paths), spec_tree in zip(inputs, specs, strict=True):
         full = jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub), spec_tree, arg)
         flat = jax.tree.leaves(full)
-        for top in dict.fromkeys((tops[i], f"args[{i}]")):
+        for top in dict.fromkeys(paths):
             for (path, leaf), spec in zip(leaf_paths(arg, top), flat, strict=True):
                 out[path] = (tuple(getattr(leaf, "shape", ())), spec)
     return out
@@ -378,23 +522,105 @@ def _import_pytree_classes(names: list[str], policy: Any) -> None:
         _register_class(obj, name)
 
 
-def check_platforms(platforms: tuple[str, ...]) -> None:
-    """Each of ``lower.platforms`` is one JAX lowers for: a platform with a registered backend
-    factory (jax's own, and any a plugin adds), not an alias (``gpu``). JAX's ``lower`` itself
-    takes any string (jax 0.10.2), and a typo would lower with default rules only."""
-    from jax._src import xla_bridge  # no public list of platforms in jax 0.10
+def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """``lower.platforms`` as JAX lowers for them, and a warning for each near-miss of a name
+    JAX knows.
+
+    JAX's set of platforms is open (jax 0.10.2: ``lower`` and ``jax.export`` take any name,
+    "users can add platforms"; an unknown one is lowered with the default rules only), so a
+    name such as ``other`` is exported as given; one close to a known name (``tpuu``, ``CPU``)
+    is probably a typo: exported too, with a warning. An alias (``gpu``) is the GPU platform
+    present, as JAX's ``canonicalize_platform`` says; with none present it is an error, as in
+    JAX. Compiling for a platform the lowering lacks is compile's to refuse (check_platform)."""
+    import difflib
+
+    from jax._src import xla_bridge  # no public list or canonicalization of platforms in jax 0.10
 
     aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
-    known = sorted(set(xla_bridge.known_platforms()) - set(aliases.values()))
+    known = sorted(xla_bridge.known_platforms())
+    out: list[str] = []
+    notes: list[str] = []
     for p in platforms:
+        if p in aliases.values():
+            meant = sorted(k for k, v in aliases.items() if v == p)
+            try:
+                out.append(xla_bridge.canonicalize_platform(p))
+            except RuntimeError as exc:
+                raise ConfigError(
+                    f"lower.platforms: {p!r} ({p} is an alias of {', '.join(meant)}) names the "
+                    f"{p} platform present, and JAX has none here ({one_line(exc)}); expected "
+                    f"one of {', '.join(meant)} (e.g. lower.platforms=[{meant[0]}])"
+                ) from None
+            continue
+        out.append(p)
         if p in known:
             continue
-        meant = sorted(k for k, v in aliases.items() if v == p)
-        hint = f" ({p} is an alias of {', '.join(meant)}: name one)" if meant else ""
+        close = difflib.get_close_matches(p.lower(), known, n=1, cutoff=0.75)
+        if close:
+            notes.append(
+                f"lower.platforms: {p!r} is no platform this JAX knows (did you mean "
+                f"{close[0]!r}?); JAX lowers for it with its default rules only, and a compile "
+                f"here refuses it unless lower.disabled_checks=[platform]"
+            )
+    return tuple(out), notes
+
+
+def safety_checks(names: list[str] | tuple[str, ...]) -> list[jax.export.DisabledSafetyCheck]:
+    """``lower.disabled_checks`` as ``jax.export.DisabledSafetyCheck`` (spellings checked by
+    :func:`check`)."""
+    from jax.export import DisabledSafetyCheck
+
+    return [
+        DisabledSafetyCheck.platform()
+        if name == "platform"
+        else DisabledSafetyCheck.custom_call(name.removeprefix("custom_call:"))
+        for name in names
+    ]
+
+
+def _check_disabled(names: Any) -> None:
+    for name in names:
+        target = name.removeprefix("custom_call:") if isinstance(name, str) else ""
+        if name == "platform" or (name != target and target.strip() == target and target):
+            continue
         raise ConfigError(
-            f"lower.platforms: JAX does not lower for {p!r}{hint}; expected one of "
-            f"{', '.join(known)} (the platforms this JAX and its plugins know)"
+            f"lower.disabled_checks: expected 'platform' or 'custom_call:<target>' (the "
+            f"jax.export.DisabledSafetyCheck spellings), found {name!r}; e.g. "
+            "lower.disabled_checks=[platform] or '[custom_call:lapack_sgesvd_ffi]'"
         )
+
+
+_CUSTOM_CALL = re.compile(r"stablehlo\.custom_call @([\w.$-]+)\(")
+
+
+def _custom_call_hint(exc: Exception) -> str:
+    """How to export anyway when jax.export refused custom calls it does not know stable."""
+    text = str(exc)
+    if "custom calls whose targets have no compatibility guarantees" not in text:
+        return ""
+    targets = list(dict.fromkeys(_CUSTOM_CALL.findall(text)))
+    if not targets:
+        return ""
+    listed = ", ".join(f"custom_call:{t}" for t in targets)
+    return f"; to export it anyway (no stability guarantee), lower.disabled_checks='[{listed}]'"
+
+
+# Platforms JAX implements donation for (jax 0.10.2: mlir._platforms_with_donation, private).
+def _donating(platforms: tuple[str, ...]) -> bool:
+    from jax._src.interpreters import mlir
+
+    supported = getattr(mlir, "_platforms_with_donation", None)
+    return supported is None or any(p in supported for p in platforms)
+
+
+def _donation_keys(cfg: JaxaotConfig) -> str:
+    low = cfg.lower
+    keys = [
+        f"lower.{k}={list(getattr(low, k))}"
+        for k in ("donate_argnums", "donate_argnames")
+        if getattr(low, k)
+    ]
+    return " and ".join(keys) or "donation"
 
 
 @dataclass(frozen=True)
@@ -451,8 +677,11 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     import jax
 
     cfg = ctx.cfg
-    platforms = tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
-    check_platforms(platforms)
+    platforms, notes = check_platforms(
+        tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
+    )
+    for note in notes:
+        ctx.warn(note)
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
@@ -462,13 +691,16 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     amesh = None
     if mesh is not None and not mesh.per_replica:
         amesh = abstract_mesh(mesh)
-        fn, opts, args = _sharded(ctx, staged, mesh, amesh, opts)
-        kwargs, mesh_json = {}, mesh.to_json()
-        # Lets the program use bare PartitionSpecs (with_sharding_constraint) on this mesh.
-        mesh_context = jax.sharding.use_abstract_mesh(amesh)
+        fn, opts, args, kwargs = _sharded(ctx, staged, mesh, amesh, opts)
+        mesh_json = mesh.to_json()
     # lower.{in,out}_memory_kinds and lower.{in,out}_layouts on the shardings just made.
     placement = placed(cfg, staged, fn, opts, tuple(args), kwargs, platforms, amesh)
     fn, opts, args, kwargs = placement.fn, placement.opts, placement.args, placement.kwargs
+    if amesh is not None and cfg.mesh.context:
+        # The program sees the mesh as under jax.set_mesh (bare PartitionSpecs, shard_map
+        # without mesh=); a program without arguments is lowered for the mesh's devices.
+        # mesh.context=false: the mesh only places arguments and outputs.
+        mesh_context = tracing_on(amesh, unplaced=not has_arrays(args, kwargs))
     if placement.replicated_outputs:
         outs = placement.replicated_outputs
         more = f" (+{len(outs) - 3} more)" if len(outs) > 3 else ""
@@ -487,8 +719,16 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # Reuse stage_out's trace unless lowering options change the jit (then trace again).
         reuse = fn is staged.fn and opts == staged.jit_options and not annotated
         traced = staged.traced if reuse and staged.traced else jitted.trace(*args, **kwargs)
-        with ctx.capture_warnings():
-            lowered = traced.lower(lowering_platforms=platforms)
+        try:
+            with ctx.capture_warnings():
+                lowered = traced.lower(lowering_platforms=platforms)
+        except NotImplementedError as exc:  # JAX's rule: all or none of the platforms donate
+            if "should support donation" not in str(exc):
+                raise
+            raise ConfigError(
+                f"lower.platforms={list(platforms)} with {_donation_keys(cfg)}: {one_line(exc)}; "
+                "donate nothing, or lower the platforms without donation in a run of their own"
+            ) from None
         # The texts and the export copy every embedded constant a dozen times: with big ones,
         # freed buffers are kept for reuse until the stage ends (issue 19).
         heap_tuning.enter_context(heap.reusing_big_buffers(_embeds_big_constants(lowered)))
@@ -497,8 +737,11 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         same = getattr(lowered, "_lowering", None)
         texts = _texts(ctx, lowered, same)
         stablehlo, module_sha = texts.stablehlo, texts.module_sha256
-        donate = _flat_donations(staged)
+        # For platforms none of which implement donation JAX drops it (its warning says so):
+        # the module donates nothing, and neither does a compile of its export.
+        donate = _flat_donations(staged) if _donating(platforms) else ()
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
+        disabled = safety_checks(cfg.lower.disabled_checks)
         polymorphic = _has_symbolic(staged.args, kwargs)
         if ctx.publish_early is not None and not polymorphic:  # compile while we export
             ctx.publish_early(
@@ -522,8 +765,13 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         try:  # inside the mesh and metadata contexts: the export traces again
             with ctx.capture_warnings():
                 # Placed arguments carry the memory kind jax.jit is given for them.
-                export_args = args if placement.record else staged.args
-                exported = jax.export.export(jitted, platforms=platforms)(*export_args, **kwargs)
+                # So do the arguments of a program with traced keyword arguments (no
+                # in_shardings: every sharding rides on its argument).
+                carried = placement.record or "in_shardings" not in opts
+                export_args = args if carried else staged.args
+                exported = jax.export.export(jitted, platforms=platforms, disabled_checks=disabled)(
+                    *export_args, **kwargs
+                )
                 pytree_types = _register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives (issue 17).
                 exported_bytes = _serialize(exported, cfg.lower.vjp_order)
@@ -532,7 +780,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             ctx.warn(
                 "no exported.bin: jax.export cannot serialize this program "
                 f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
-                "run cannot resume from this lowering"
+                f"run cannot resume from this lowering{_custom_call_hint(exc)}"
             )
         else:
             ctx.write("exported.bin", exported_bytes)
@@ -548,6 +796,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     }
     if pytree_types:  # what a resumed run registers before deserializing exported.bin
         meta["namedtuples"] = pytree_types
+    if disabled:  # as exported.bin's disabled_safety_checks say them
+        meta["disabled_checks"] = [str(c) for c in disabled]
+        ctx.metrics.update(disabled_checks=meta["disabled_checks"])
     if placement.record:  # what lower.*_memory_kinds / *_layouts asked for, per flat leaf
         meta["placement"] = placement.record
     if mesh_json is not None:
@@ -645,12 +896,16 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
         ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(amesh))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
         jit_opts = {"in_shardings": ins[0], "out_shardings": outs}
-        mesh_context = jax.sharding.use_abstract_mesh(amesh)
+        if ctx.cfg.mesh.context:
+            mesh_context = jax.sharding.use_abstract_mesh(amesh)
     try:
         with mesh_context:
-            concrete = jax.export.export(jax.jit(exp.call, **jit_opts), platforms=exp.platforms)(
-                *args, **kwargs
-            )
+            # The same safety checks off as the export it calls (its custom calls recur).
+            concrete = jax.export.export(
+                jax.jit(exp.call, **jit_opts),
+                platforms=exp.platforms,
+                disabled_checks=exp.disabled_safety_checks,
+            )(*args, **kwargs)
     except ValueError as exc:  # a shape constraint or a division that does not hold
         raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
     ctx.metrics.update(shapes=used)
@@ -705,9 +960,11 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
 
 
 def check(cfg: JaxaotConfig) -> None:
-    """lower's options, before JAX: donation, platform spellings, metadata, text options."""
+    """lower's options, before JAX: donation, platform and safety-check spellings, metadata,
+    text options."""
     low = cfg.lower
     check_indices("lower.donate_argnums", low.donate_argnums)
+    _check_disabled(low.disabled_checks)
     for p in low.platforms or ():
         # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
         # it when lowering (check_platforms); here only the spelling.
@@ -737,6 +994,8 @@ def summarize(m: Mapping[str, Any]) -> str:
         parts.append(f"mesh {m['mesh']} ({m.get('devices')} devices)")
     if m.get("flops") is not None:
         parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
+    if m.get("disabled_checks"):
+        parts.append(f"export checks off: {', '.join(m['disabled_checks'])}")
     return "; ".join(parts)
 
 
@@ -773,4 +1032,5 @@ __all__ = [
     "check_platforms",
     "load",
     "run",
+    "safety_checks",
 ]

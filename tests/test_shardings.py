@@ -139,8 +139,8 @@ def test_spec_errors_name_the_argument_path(value: Any, message: str) -> None:
             r"mesh.axis_types: expected null or 2 of auto",
         ),
         (
-            ["mesh=data4_model2", "+program.kwargs.z=f32[4]"],
-            r"program.kwargs.z: mesh.shape=\[4, 2\] programs take traced arguments positionally",
+            ["stage_out.axis_env=[[i,2]]", "+program.kwargs.z=f32[4]"],
+            r"program.kwargs.z: stage_out.axis_env programs take traced arguments positionally",
         ),
     ],
 )

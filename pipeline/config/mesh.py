@@ -166,6 +166,17 @@ def will_compile(cfg: JaxaotConfig) -> bool:
     return STAGES.index(cfg.stop_after) >= STAGES.index("compile")
 
 
+def lowers_here(cfg: JaxaotConfig) -> bool:
+    """Whether this run lowers the program (else its lowering comes from ``resume_from``).
+
+    A lowering on an abstract mesh compiles on any concrete mesh of the same axes, as JAX
+    compiles an ``AbstractMesh`` lowering (or calls its export) on a ``Mesh``: a resume at
+    compile runs it on the backend's first ``mesh.size`` devices."""
+    from jaxaot.config.order import STAGES
+
+    return not cfg.resume_from or STAGES.index(cfg.start_at) <= STAGES.index("lower")
+
+
 def devices_to_start(cfg: JaxaotConfig) -> int | None:
     """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs when
     the run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
@@ -385,7 +396,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
         devices_to_start(cfg)  # compile.num_devices alone: the device limits
         return
     what = "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
-    if mesh.abstract and will_compile(cfg):
+    if mesh.abstract and will_compile(cfg) and lowers_here(cfg):
         raise ConfigError(
             f"mesh.abstract=true describes a mesh to lower for, not to run on, but stop_after="
             f"{cfg.stop_after}; expected stop_after=lower (compile on the target with "
@@ -415,11 +426,14 @@ def check_parallel(cfg: JaxaotConfig) -> None:
                 "stage_out.axis_env programs cannot have (XLA crashes compiling them, jax "
                 "0.10.2); expected concrete sizes, or a mesh (mesh.*) instead of axis_env"
             )
+    # On a mesh, traced keyword arguments carry their shardings on their ShapeDtypeStructs
+    # (jax.jit takes no in_shardings with keyword arguments; stages/lower.py). A per-replica
+    # program splits its positional arguments over the replicas (stages/jax_mesh.py).
     kw = traced_kwargs(bound)
-    if kw:
+    if kw and mesh.per_replica:
         raise ConfigError(
-            f"program.kwargs.{kw[0]}: {what} programs take traced arguments positionally "
-            "(jax.jit has no shardings for keyword arguments); expected it in program.args"
+            f"program.kwargs.{kw[0]}: {what} programs take traced arguments positionally (each "
+            "gets a leading replica axis); expected it in program.args, or a mesh (mesh.*)"
         )
     # A static_argnames entry may name a positional parameter, which only the target's
     # signature resolves; the lower stage checks the shapes then.
@@ -441,6 +455,7 @@ __all__ = [
     "devices_to_start",
     "input_specs",
     "logical_rules",
+    "lowers_here",
     "mesh_spec",
     "traced_kwargs",
     "uses_paths",
