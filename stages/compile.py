@@ -267,11 +267,12 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         )
     exp = lowered.exported
     # jax.jit(exported.call) keeps every input (the export prunes inside) and donates the
-    # leaves of the donated positional arguments; the runner checks the compiled executable
-    # against this before it stores it.
-    positions = jax.tree_util.tree_unflatten(exp.in_tree, range(len(exp.in_avals)))[0]
+    # leaves of the donated positional and keyword arguments; the runner checks the compiled
+    # executable against this before it stores it.
+    positions, keywords = jax.tree_util.tree_unflatten(exp.in_tree, range(len(exp.in_avals)))
     donated = sorted(
-        i for a in lowered.donate_argnums for i in jax.tree_util.tree_leaves(positions[a])
+        [i for a in lowered.donate_argnums for i in jax.tree_util.tree_leaves(positions[a])]
+        + [i for k in lowered.donate_argnames for i in jax.tree_util.tree_leaves(keywords[k])]
     )
     convention = replace(export_conventions(lowered)[1], donated=tuple(donated))
     return Target(

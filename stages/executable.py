@@ -31,12 +31,19 @@ _MEMORY_FIELDS = (
 def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: Any = None) -> Any:
     """``jax.jit(exported.call)`` lowered for ``platform``: with the export's shardings laid
     over the concrete ``mesh``, or everything on ``device``, or (neither) unconstrained; with
-    the layouts and memory kinds the lowering recorded (``placement``) on mesh or device."""
+    the layouts and memory kinds the lowering recorded (``placement``) on mesh or device;
+    donating what the lowering donated, keyword arguments included (``donate_argnames``).
+
+    jax.jit takes no in_shardings with keyword arguments ("pjit does not support kwargs when
+    in_shardings is specified", jax 0.10.2): an export with keyword inputs is traced with each
+    input's sharding (a Format with its layout) on its ShapeDtypeStruct instead, which lowers
+    to the same module."""
     import jax
     from jax.sharding import SingleDeviceSharding
     from jaxaot.stages.jax_placement import export_placed
 
     exp = lowered.export()
+    in_flat: list[Any] = [None] * len(exp.in_avals)
     shardings: dict[str, Any] = {}
     if mesh is not None or device is not None:
         if mesh is not None:
@@ -46,14 +53,25 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
             ins_flat, outs_flat = [one] * len(exp.in_avals), [one] * len(exp.out_avals)
         # The export keeps neither layouts nor memory kinds (jax 0.10.2): those the lowering
         # recorded (lower.{in,out}_layouts / _memory_kinds) are asked for again.
-        ins_flat, outs_flat = export_placed(
+        in_flat, outs_flat = export_placed(
             lowered.meta.get("placement"), ins_flat, outs_flat, device
         )
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, ins_flat)
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
-        shardings = {"in_shardings": ins[0], "out_shardings": outs}
-    jitted = jax.jit(exp.call, donate_argnums=lowered.donate_argnums, **shardings)
-    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_avals)
+        shardings["out_shardings"] = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
+    keywords = bool(jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[1])
+    if shardings and not keywords:
+        shardings["in_shardings"] = jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[0]
+        in_flat = [None] * len(exp.in_avals)
+    avals = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
+        for a, s in zip(exp.in_avals, in_flat, strict=True)
+    ]
+    jitted = jax.jit(
+        exp.call,
+        donate_argnums=lowered.donate_argnums,
+        donate_argnames=lowered.donate_argnames or None,
+        **shardings,
+    )
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, avals)
     return jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
 
 

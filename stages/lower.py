@@ -117,6 +117,7 @@ class Lowered:
     # polymorphic export made concrete for compile.shapes), "loaded" (from a checkpoint: the
     # export alone, no program code).
     state: Literal["early", "live", "concrete", "loaded"] = "live"
+    donate_argnames: tuple[str, ...] = ()  # the exported function's donated keyword arguments
 
     def export(self) -> jax.export.Exported:
         """The export, which every compile of a resumed, multi-platform or topology lowering
@@ -135,6 +136,12 @@ def _flat_donations(staged: StagedOut) -> tuple[int, ...]:
     """Donated positions among the non-static positional arguments (the export's calling order)."""
     traced_positions = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
     return tuple(traced_positions.index(i) for i in staged.bound.donate_argnums)
+
+
+def _donated_keywords(staged: StagedOut) -> tuple[str, ...]:
+    """Donated keyword arguments among the traced ones (the export's keyword inputs)."""
+    bound = staged.bound
+    return tuple(n for n in bound.donate_argnames if n in bound.kwargs and not bound.is_static(n))
 
 
 def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
@@ -740,6 +747,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         # For platforms none of which implement donation JAX drops it (its warning says so):
         # the module donates nothing, and neither does a compile of its export.
         donate = _flat_donations(staged) if _donating(platforms) else ()
+        donate_names = _donated_keywords(staged) if _donating(platforms) else ()
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         disabled = safety_checks(cfg.lower.disabled_checks)
         polymorphic = _has_symbolic(staged.args, kwargs)
@@ -753,6 +761,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                     donate_argnums=donate,
                     meta=early,
                     state="early",
+                    donate_argnames=donate_names,
                 )
             )
         ctx.write("module.stablehlo.mlir", stablehlo)
@@ -792,6 +801,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         "platforms": list(platforms),
         "module_sha256": module_sha,
         "donate_argnums": list(donate),
+        "donate_argnames": list(donate_names),
         "nr_devices": exported.nr_devices if exported is not None else None,
     }
     if pytree_types:  # what a resumed run registers before deserializing exported.bin
@@ -815,6 +825,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         module_sha256=module_sha,
         donate_argnums=donate,
         meta=meta,
+        donate_argnames=donate_names,
     )
     return for_compile(ctx, record) if polymorphic else record
 
@@ -887,17 +898,27 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
                 )
             used |= {v: sizes[v] for v in names}
             shape.append(int(d._evaluate(sizes)))  # jax 0.10: no public evaluation of a dim
-        avals.append(jax.ShapeDtypeStruct(tuple(shape), aval.dtype, weak_type=aval.weak_type))
-    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, avals)
+        avals.append((tuple(shape), aval))
+    in_flat: list[Any] = [None] * len(avals)
     jit_opts: dict[str, Any] = {}
     mesh_context: Any = contextlib.nullcontext()
     if record.meta.get("mesh") and exp.nr_devices > 1:  # called on the lowering's own mesh
         amesh = abstract_mesh(MeshSpec.from_json(record.meta["mesh"]))
-        ins = jax.tree_util.tree_unflatten(exp.in_tree, exp.in_shardings_jax(amesh))
+        in_flat = list(exp.in_shardings_jax(amesh))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
-        jit_opts = {"in_shardings": ins[0], "out_shardings": outs}
+        jit_opts = {"out_shardings": outs}
+        # jax.jit takes no in_shardings with keyword arguments (jax 0.10.2): with keyword
+        # inputs each sharding rides on its ShapeDtypeStruct.
+        if not jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[1]:
+            jit_opts["in_shardings"] = jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[0]
+            in_flat = [None] * len(avals)
         if ctx.cfg.mesh.context:
             mesh_context = jax.sharding.use_abstract_mesh(amesh)
+    structs = [
+        jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
+        for (shape, aval), sharding in zip(avals, in_flat, strict=True)
+    ]
+    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, structs)
     try:
         with mesh_context:
             # The same safety checks off as the export it calls (its custom calls recur).
@@ -955,6 +976,7 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             donate_argnums=tuple(meta["donate_argnums"]),
             meta=meta,
             state="loaded",
+            donate_argnames=tuple(meta.get("donate_argnames", ())),
         ),
     )
 

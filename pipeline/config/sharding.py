@@ -243,7 +243,7 @@ class _Match:
             single = self.broadcast(value, node, path, kinds)
         except ConfigError as exc:
             errors.append(str(exc))
-        if per is not None and single is not None and per != single:
+        if per is not None and single is not None and _meaning(per) != _meaning(single):
             spelled = ", ".join(_yaml(value) for _ in kinds)
             raise ConfigError(
                 f"{self.key}: {_yaml(value)} is ambiguous for {len(kinds)} entries "
@@ -255,6 +255,16 @@ class _Match:
         if single is not None:
             return single
         raise ConfigError(errors[0])
+
+
+def _meaning(tree: Any) -> Any:
+    """Matched specs compared as ``PartitionSpec`` compares them: a group of one axis is that
+    axis (``P(('data',)) == P('data')``, jax 0.10.2)."""
+    if isinstance(tree, Spec):
+        return tuple(e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in tree.entries)
+    if isinstance(tree, Mapping):
+        return {k: _meaning(v) for k, v in tree.items()}
+    return tuple(_meaning(v) for v in tree)
 
 
 def match_specs(
