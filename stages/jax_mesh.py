@@ -53,6 +53,16 @@ def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
     )
 
 
+def on_devices(amesh: Any, devices: Sequence[Any]) -> Any:
+    """``amesh`` (an AbstractMesh) over the first ``amesh.size`` of ``devices``, row-major:
+    the concrete mesh with its axis names, sizes and types."""
+    import jax
+    import numpy as np
+
+    grid = np.array(list(devices)[: amesh.size], dtype=object).reshape(amesh.axis_sizes)
+    return jax.sharding.Mesh(grid, amesh.axis_names, axis_types=amesh.axis_types)
+
+
 @contextlib.contextmanager
 def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     """``amesh`` in context while a program is traced and lowered (``jax.set_mesh`` without
@@ -127,8 +137,6 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     AbstractMesh or jax lays its lowerings out otherwise."""
     import copy
 
-    import jax
-    import numpy as np
     from jax.sharding import AbstractMesh
 
     try:
@@ -137,8 +145,7 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
         context = args.get("context_mesh") if isinstance(args, dict) else None
         if not isinstance(context, AbstractMesh) or context.empty:
             return live
-        grid = np.array(list(devices)[: context.size], dtype=object).reshape(context.axis_sizes)
-        mesh = jax.sharding.Mesh(grid, context.axis_names, axis_types=context.axis_types)
+        mesh = on_devices(context, devices)
         rebound = copy.copy(comp)
         rebound.compile_args = {**args, "context_mesh": mesh}
         rebound._executable = None  # the copy must not share the original's compile cache
@@ -489,6 +496,7 @@ __all__ = [
     "describe_shardings",
     "has_arrays",
     "named",
+    "on_devices",
     "output_shardings",
     "per_replica",
     "replica_reference",

@@ -4,7 +4,10 @@
 ``jax.jit`` takes: each leaf's sharding with its memory kind (``sharding.with_memory_kind``; on
 no mesh a ``SingleDeviceSharding`` of ``compile.backend``'s first device), wrapped in
 ``jax.experimental.layout.Format(Layout.AUTO | Layout(major_to_minor), sharding)`` when it has a
-layout. The lowered module carries them (``mhlo.memory_kind``, ``mhlo.layout_mode`` on its
+layout. On a mesh, a leaf with a major-to-minor layout is sharded on the concrete mesh over
+``compile.backend``'s first ``mesh.size`` devices (jax 0.10.2 lowers such a ``Format`` only
+with devices), every other leaf on the AbstractMesh; the module is the same either way, bar
+the layouts. The lowered module carries them (``mhlo.memory_kind``, ``mhlo.layout_mode`` on its
 arguments and results), so the module digest and the compile key cover them.
 
 An argument leaf placed in host memory (``pinned_host``/``unpinned_host``) is moved to device
@@ -112,16 +115,23 @@ def _layout(value: Any) -> Any:
     return Layout.AUTO if value == AUTO else Layout(major_to_minor=tuple(value))
 
 
-def _apply(p: Placement | None, base: Any, device: Any, mesh: Any) -> Any:
+def _apply(p: Placement | None, base: Any, device: Any, mesh: Any, concrete: Any = None) -> Any:
     """One leaf's jit sharding: ``base`` (a sharding or None) with ``p``'s memory kind and
     layout. A kind or concrete layout with no sharding takes a whole one: replicated on
-    ``mesh``, else ``device``."""
+    ``mesh``, else ``device``. A concrete layout's sharding on an AbstractMesh moves to
+    ``concrete`` (that mesh over devices): jax 0.10.2 compares the layout with the devices'
+    default while lowering, and an AbstractMesh has none ("_device_assignment is not
+    implemented for jax.sharding.AbstractMesh")."""
     if p is None or p.empty:
         return base
     from jax.experimental.layout import Format
-    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
     needs_whole = p.memory_kind is not None or isinstance(p.layout, tuple)
+    if isinstance(p.layout, tuple) and concrete is not None:
+        mesh = concrete
+        if isinstance(base, NamedSharding) and isinstance(base.mesh, AbstractMesh):
+            base = NamedSharding(concrete, base.spec, memory_kind=base.memory_kind)
     if base is None and needs_whole:
         base = (
             NamedSharding(mesh, PartitionSpec())
@@ -213,6 +223,7 @@ def placed(
     if devices:
         check_kinds({**ins, **outs}, memory_kinds_of(devices[0]), devices[0].device_kind)
     device = None
+    concrete = _concrete_mesh(cfg, amesh, devices, ins, outs) if amesh is not None else None
     if amesh is None:
         if cfg.compile.topology:
             # A topology compile places leaves through a mesh over the topology's devices
@@ -272,7 +283,7 @@ def placed(
             for sh in base:
                 path = in_leaves[k].path
                 p = ins[path]
-                spec = _apply(p, sh, device, amesh)
+                spec = _apply(p, sh, device, amesh, concrete)
                 chosen.append(spec)
                 flags.append(p.memory_kind in HOST_KINDS)
                 if flags[-1]:
@@ -318,7 +329,7 @@ def placed(
                 and (p.memory_kind is not None or isinstance(p.layout, tuple))
             ):
                 replicated.append(leaf.path)
-            chosen.append(_apply(p, sh, device, amesh))
+            chosen.append(_apply(p, sh, device, amesh, concrete))
             if not p.empty:
                 record["outputs"].append({"index": k, "path": leaf.path, **p.to_json()})
         user_specs = jax.tree_util.tree_unflatten(out_tree, chosen)
@@ -328,6 +339,50 @@ def placed(
         else:
             opts["out_shardings"] = user_specs
     return Placed(fn, opts, tuple(new_args), new_kwargs, record, replicated, moved)
+
+
+def _concrete_mesh(
+    cfg: Any,
+    amesh: Any,
+    devices: Sequence[Any] | None,
+    ins: dict[str, Placement],
+    outs: dict[str, Placement],
+) -> Any:
+    """The run's mesh over ``compile.backend``'s first devices when a leaf asks for a
+    major-to-minor layout (JAX's layout tests put such a ``Format`` on a concrete mesh's
+    NamedSharding); None when none does, so the lowering stays on the AbstractMesh."""
+    wanting = [
+        (side, path)
+        for side, placements in (("in", ins), ("out", outs))
+        for path, p in placements.items()
+        if isinstance(p.layout, tuple)
+    ]
+    if not wanting:
+        return None
+    have = len(devices or ())
+    if have < amesh.size:
+        side, path = wanting[0]
+        layout = list((ins if side == "in" else outs)[path].layout or ())
+        found = (
+            f"compile.backend={cfg.compile.backend} with {have}"
+            if devices
+            else f"none for lower.platforms={list(cfg.lower.platforms or [])}"
+        )
+        backend = cfg.compile.backend
+        if not devices:
+            how = f"lower.platforms=[{backend}] (a lowering for this host's devices)"
+        elif backend == "cpu":
+            how = f"compile.num_devices={amesh.size}"
+        else:
+            how = f"a machine with {amesh.size} {backend} devices"
+        raise ConfigError(
+            f"lower.{side}_layouts: {path}'s layout {layout} "
+            f"places it on the mesh's {amesh.size} devices (jax 0.10.2 compares it with their "
+            f"default layout while lowering), found {found}; expected {how}, or auto/default"
+        )
+    from jaxaot.stages.jax_mesh import on_devices
+
+    return on_devices(amesh, devices or ())
 
 
 def _updates_as_came_in(staged: Any, existing: Any, came_in: dict[str, Any]) -> Any:

@@ -50,3 +50,13 @@ def sin(x: jax.Array) -> jax.Array:
 def add_one(x: jax.Array) -> jax.Array:
     """memories_test.py test_default_memory_kind / host outputs: ``x + 1``."""
     return x + 1
+
+
+def identity(x: jax.Array) -> jax.Array:
+    """layout_test.py test_layout_donation: ``f(x) = x``, its argument donated."""
+    return x
+
+
+def square(x: jax.Array) -> jax.Array:
+    """layout_test.py test_layout_donation_matching_in_and_out: ``f(x) = x * x``."""
+    return x * x

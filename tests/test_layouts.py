@@ -35,8 +35,14 @@ def _json(run_dir: Path, name: str) -> Any:
             r"^lower.out_layouts\['output'\]: layout \[0, 0\] ",
         ),
         (
-            ["mesh=data2_model4", "lower.in_layouts={x: [1, 0]}"],
-            r"^lower.in_layouts\['x'\]: layout \[1, 0\] needs the devices .* which a mesh",
+            [
+                "mesh=data2_model4",
+                "mesh.abstract=true",
+                "stop_after=lower",
+                "lower.in_layouts={x: [1, 0]}",
+            ],
+            r"^lower.in_layouts\['x'\]: layout \[1, 0\] needs the devices .* which "
+            r"mesh.abstract=true lowers without",
         ),
         (
             ["compile.topology=v5e:2x2", "lower.out_layouts=[1, 0]"],

@@ -21,7 +21,10 @@ pattern that matches no leaf is an error)::
   Format: the platform's default) or a list of dimensions, major to minor
   (``Layout(major_to_minor=...)``), one per dimension of the leaf. jax 0.10.2 compares a
   concrete layout with the devices' default while lowering, so a major-to-minor list needs
-  the devices there: one device of ``compile.backend`` (no mesh, no ``compile.topology``).
+  the devices there: one device of ``compile.backend``, or on a mesh its first ``mesh.size``
+  devices (the leaf's sharding on that concrete mesh, as JAX's layout tests write
+  ``Format(Layout(...), NamedSharding(mesh, spec))``); not ``mesh.abstract=true`` nor
+  ``compile.topology``, which lower without devices.
 
 Outputs are named ``output/...`` as in ``lower.out_shardings``. The checks that need no shapes
 run before JAX (:func:`check`); :func:`resolve_placement` needs the leaves.
@@ -156,8 +159,8 @@ def parse(value: Any, key: str) -> Rules:
 def check_placement(cfg: Any) -> None:
     """The four keys, before JAX: their values, and what this run can place. A major-to-minor
     layout needs the devices while lowering (jax 0.10.2 compares it with their default
-    layout), which a mesh (lowered against an abstract mesh) and ``compile.topology`` (lowered
-    off its devices) do not give; a per-replica program (``stage_out.axis_env``) has its own
+    layout), which ``mesh.abstract=true`` and ``compile.topology`` (lowered off their devices)
+    do not give; a per-replica program (``stage_out.axis_env``) has its own
     shardings."""
     from jaxaot.config.mesh import mesh_spec
 
@@ -183,13 +186,19 @@ def check_placement(cfg: Any) -> None:
         r = rules[name]
         concrete = [(r.key, r.every)] if isinstance(r.every, tuple) else []
         concrete += [(f"{r.key}[{pat!r}]", v) for pat, _, v in r.patterns if isinstance(v, tuple)]
-        if concrete and (mesh is not None or cfg.compile.topology):
+        abstract = mesh is not None and mesh.abstract
+        if concrete and (abstract or cfg.compile.topology):
             where, value = concrete[0]
-            what = "a mesh" if mesh is not None else f"compile.topology={cfg.compile.topology}"
+            what = (
+                f"compile.topology={cfg.compile.topology}"
+                if cfg.compile.topology
+                else "mesh.abstract=true"
+            )
             raise ConfigError(
                 f"{where}: layout {list(value)} needs the devices while lowering (jax 0.10.2 "
                 f"compares it with their default layout), which {what} lowers without; "
-                "expected auto or default there, or no mesh and no topology"
+                "expected auto or default there, or a mesh of this host's devices "
+                "(mesh.abstract=false) and no topology"
             )
 
 
