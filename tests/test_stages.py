@@ -664,8 +664,11 @@ def test_execute_inputs_of_other_types_are_refused_before_jax_sees_them(
     a = save(tmp_path / "a.npy", np.arange(3, dtype=np.int32))
     with pytest.raises(
         ConfigError,
-        match=r"^execute\.inputs\[0\]: '.*a\.npy' holds i32\[3\], "
-        r"expected i32\[\] \(as program\.args\[0\] declares",
+        match=r"^execute\.inputs: 2 inputs differ from the types declared for them: "
+        r"execute\.inputs\[0\]: '[^']*a\.npy' holds i32\[3\], expected i32\[\] \(as "
+        r"program\.args\[0\] declares; inputs are never converted\): save it as i32\[\], or "
+        r"change program\.args\[0\]; execute\.inputs\[1\]: '[^']*a\.npy' holds i32\[3\], "
+        r"expected i32\[\] \(as program\.args\[1\] declares; .* change program\.args\[1\]$",
     ):
         compose_run(AXPY, "program.args=[i32[],i32[]]", f"execute.inputs=[{a},{a}]")
 
