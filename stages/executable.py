@@ -172,15 +172,20 @@ def mesh_metrics(ctx: StageContext, shardings: dict[str, Any]) -> None:
 
 
 def _layout_json(fmt: Any) -> dict[str, Any] | None:
-    """A ``Format``'s layout as ``{major_to_minor, tiling}``; None where it has none (an input
+    """A ``Format``'s layout as every field JAX's ``Layout`` has (jax 0.10.2: major_to_minor,
+    tiling, sub_byte_element_size_in_bits), tuples as lists; None where it has none (an input
     dropped as unused, or a backend that does not say)."""
     from jax.experimental.layout import Layout
 
     layout = getattr(fmt, "layout", None)
     if not isinstance(layout, Layout):
         return None
-    tiling = [list(t) for t in layout.tiling] if layout.tiling is not None else None
-    return {"major_to_minor": list(layout.major_to_minor), "tiling": tiling}
+    return {name: _plain(value) for name, value in vars(layout).items()}
+
+
+def _plain(value: Any) -> Any:
+    """A layout field as JSON: tuples (of tuples) as lists."""
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _flat_formats(compiled: Any, name: str, n: int) -> list[Any]:

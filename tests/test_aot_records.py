@@ -12,6 +12,7 @@ from typing import Any
 
 import aot_records_programs as progs
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.layout import Format
@@ -103,6 +104,32 @@ def test_one_device_rows_are_plain_jaxs_in_avals_kept_and_formats(
     hit = compose_run(*over, f"lower.keep_unused={str(keep_unused).lower()}")
     assert hit.manifest["stages"]["compile"]["status"] == "cached"
     assert _rows(hit.run_dir) == rows
+
+
+def test_a_sub_byte_layout_is_recorded_with_every_field_of_jaxs_layout(compose_run: Any) -> None:
+    # JAX: an int4 array's compiled Layout says its element size, 4 bits
+    # (Layout(major_to_minor=(0,), tiling=(), sub_byte_element_size_in_bits=4) on cpu).
+    result = compose_run("program.target=jax.numpy:negative", "program.args=[i4[8]]", *ONCE)
+    args = spec_inputs(result["stage_out"].bound, 0)[0]
+    plain = jax.jit(jnp.negative).lower(*map(_sds, args)).compile()
+    formats = [
+        *jax.tree.leaves(plain.input_formats, is_leaf=lambda x: isinstance(x, Format)),
+        *jax.tree.leaves(plain.output_formats, is_leaf=lambda x: isinstance(x, Format)),
+    ]
+    want = [
+        {
+            "major_to_minor": list(f.layout.major_to_minor),
+            "tiling": [list(t) for t in f.layout.tiling],
+            "sub_byte_element_size_in_bits": f.layout.sub_byte_element_size_in_bits,
+        }
+        for f in formats
+    ]
+    assert [w["sub_byte_element_size_in_bits"] for w in want] == [4, 4]
+    rows = _rows(result.run_dir)
+    assert [r["layout"] for r in rows["inputs"] + rows["outputs"]] == want
+    got = load_outputs(result.run_dir / "execute")[""]
+    expected = np.asarray(plain(*args))
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
 def test_a_dict_leaf_and_a_keyword_argument_by_path(compose_run: Any) -> None:
