@@ -151,20 +151,40 @@ def check_platform(lowered: Lowered, backend: str) -> str:
     """The platform to compile for, or a BackendError when the lowering does not cover it.
 
     An export made with ``lower.disabled_checks=[platform]`` covers every platform: JAX calls
-    it anywhere, with the module of its first platform (jax 0.10.2 ``call_exported``)."""
+    it anywhere, with the module of its first platform (jax 0.10.2 ``call_exported``). The
+    error suggests a ``compile.backend`` only for a lowered platform some backend compiles for
+    (``lower.platforms`` may name any platform, ``other`` or ``GPU`` too)."""
     platform = platform_of(backend)
     exp = lowered.exported
     disabled = exp.disabled_safety_checks if exp is not None else ()
-    if platform not in lowered.platforms and "platform" not in map(str, disabled):
-        raise BackendError(
-            f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
-            f"was {list(lowered.platforms)}; compile for one of those "
-            f"(compile.backend={lowered.platforms[0]}), add {platform!r} to lower.platforms, or "
-            f"lower only here (stop_after=lower) and compile on a {'/'.join(lowered.platforms)} "
-            "machine (resume_from=<this run> start_at=compile), or export it with "
-            f"lower.disabled_checks=[platform] to run its {lowered.platforms[0]} module here"
+    if platform in lowered.platforms or "platform" in map(str, disabled):
+        return platform
+    first = lowered.platforms[0]
+    compilable = [p for p in lowered.platforms if _backend_for(p) is not None]
+    if compilable:
+        ways = (
+            f"compile for one of those (compile.backend={_backend_for(compilable[0])}), add "
+            f"{platform!r} to lower.platforms, or lower only here (stop_after=lower) and compile "
+            f"on a {'/'.join(compilable)} machine (resume_from=<this run> start_at=compile), or"
         )
-    return platform
+    else:
+        ways = (
+            f"no compile.backend compiles for {'/'.join(lowered.platforms)} (the backends "
+            f"compile for {', '.join(sorted(set(map(platform_of, BACKENDS))))}); add "
+            f"{platform!r} to lower.platforms, or"
+        )
+    raise BackendError(
+        f"compile.backend={backend!r} needs a lowering for {platform!r}, but lower.platforms "
+        f"was {list(lowered.platforms)}; {ways} export it with lower.disabled_checks=[platform] "
+        f"to run its {first} module here"
+    )
+
+
+def _backend_for(platform: str) -> str | None:
+    """The ``compile.backend`` that compiles for a lowering ``platform`` (its own name where
+    that is a backend: ``cuda``, not ``gpu``), None where none does."""
+    named = [b for b in BACKENDS if platform_of(b) == platform]
+    return platform if platform in named else (named[0] if named else None)
 
 
 def _nr_devices(lowered: Lowered) -> int:

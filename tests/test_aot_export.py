@@ -92,6 +92,36 @@ def test_a_platform_jax_does_not_know_is_exported_as_given(compose_run: Any) -> 
         compose_run(*ADD, "lower.platforms=[other]", "stop_after=compile")
 
 
+@pytest.mark.parametrize("name", ["GPU", "Cuda", "other"])
+def test_compile_suggests_no_backend_for_a_platform_no_backend_compiles_for(
+    compose_run: Any, name: str
+) -> None:
+    # JAX: an export for a platform it does not know lowers, and calling it on cpu is an error.
+    want = jax.export.export(jax.jit(progs.add), platforms=(name,))(X4, X4)
+    with pytest.raises(ValueError, match=rf"exported for platforms '\('{name}',\)' but it is used"):
+        want.call(jnp.ones(4), jnp.ones(4))
+    with pytest.raises(BackendError) as ours:
+        compose_run(*ADD, f"lower.platforms=[{name}]", "stop_after=compile")
+    text = str(ours.value)
+    assert text == (
+        f"compile.backend='cpu' needs a lowering for 'cpu', but lower.platforms was ['{name}']; "
+        f"no compile.backend compiles for {name} (the backends compile for cpu, cuda, rocm, "
+        f"tpu); add 'cpu' to lower.platforms, or export it with "
+        f"lower.disabled_checks=[platform] to run its {name} module here"
+    )
+
+
+def test_compile_suggests_the_backend_of_a_lowered_platform_a_backend_compiles_for(
+    compose_run: Any,
+) -> None:
+    with pytest.raises(BackendError) as ours:
+        compose_run(*ADD, "lower.platforms=[other,tpu]", "stop_after=compile")
+    text = str(ours.value)
+    assert "compile for one of those (compile.backend=tpu)" in text
+    assert "compile on a tpu machine (resume_from=<this run> start_at=compile)" in text
+    assert "compile.backend=other" not in text and "\n" not in text
+
+
 def test_a_near_miss_of_a_known_platform_is_exported_with_a_warning(compose_run: Any) -> None:
     want = jax.export.export(jax.jit(progs.add), platforms=("tpuu",))(X4, X4)
     result = compose_run(*ADD, "lower.platforms=[tpuu]", "stop_after=lower")
