@@ -25,7 +25,7 @@ from typing import Any
 from jaxaot.config.argspec import ArraySpec, BoundArgs, map_tree
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sharding import Leaf, match_specs
-from jaxaot.errors import ConfigError
+from jaxaot.errors import BackendError, ConfigError, one_line
 
 _UNBOUND = re.compile(r"unbound axis name:\s*([^\s.]+)")
 
@@ -63,6 +63,18 @@ def on_devices(amesh: Any, devices: Sequence[Any]) -> Any:
     return jax.sharding.Mesh(grid, amesh.axis_names, axis_types=amesh.axis_types)
 
 
+def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
+    """The one-line error for a private JAX internal that the installed JAX lacks or lays out
+    otherwise: jaxaot refuses rather than run on without it (jax 0.10.2 has each one used)."""
+    import jax
+
+    return BackendError(
+        f"jax {jax.__version__}: {what}, which jaxaot uses to {use}, is missing or changed "
+        f"({one_line(exc)}); expected jax 0.10.2, which has it (jax>=0.10.2,<0.11 as jaxaot "
+        "requires): install that jax, or a jaxaot made for this one"
+    )
+
+
 @contextlib.contextmanager
 def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     """``amesh`` in context while a program is traced and lowered (``jax.set_mesh`` without
@@ -77,9 +89,10 @@ def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     types, as it records a concrete mesh in ``jax.set_mesh``: the program is lowered for the
     mesh's devices, as ``with jax.set_mesh(mesh): jax.jit(f).lower()`` is."""
     import jax
+    from jax.sharding import AxisType
 
     with jax.sharding.use_abstract_mesh(amesh):
-        if not unplaced or amesh._any_axis_explicit:
+        if not unplaced or AxisType.Explicit in amesh.axis_types:
             yield
             return
         with _auto_context_mesh():
@@ -87,27 +100,52 @@ def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
 
 
 _PATCH_LOCK = threading.Lock()
-_PATCH_DEPTH = 0
+_PATCH_DEPTH = 0  # contexts open in any thread; the patch is in place while it is above 0
 _ORIGINAL: list[Any] = []  # jax's get_ctx_mesh while the patch is in place
+_TRACING = threading.local()  # .depth: contexts open in this thread
+
+
+def _original_ctx_mesh() -> Any:
+    """jax's private ``pjit.get_ctx_mesh`` (jax 0.10.2: the device context a jit records),
+    checked to be what this module replaces, or a one-line error naming the jax version."""
+    import inspect
+
+    use = "lower a program without arguments for its mesh's devices"
+    try:
+        from jax._src import pjit
+
+        original = pjit.get_ctx_mesh
+        params = list(inspect.signature(original).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, exc) from None
+    if params != ["use_resource_env"]:
+        found = TypeError(f"get_ctx_mesh takes ({', '.join(params)}), not (use_resource_env)")
+        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, found)
+    return pjit
 
 
 @contextlib.contextmanager
 def _auto_context_mesh() -> Iterator[None]:
-    """jax's private ``pjit.get_ctx_mesh`` replaced while any trace is inside: a jit traced
-    with an AbstractMesh in its (thread-local) context and no concrete mesh records that mesh;
-    every other trace, in any thread, gets what jax's own function returns."""
-    from jax._src import mesh as mesh_lib
-    from jax._src import pjit
+    """A jit traced in this thread inside this context, with an AbstractMesh in its context
+    and no concrete mesh, records that mesh as its device context.
+
+    jax's private ``pjit.get_ctx_mesh`` is module state: it is replaced while any thread is
+    inside this context, by a function that answers as jax's own does except in a thread
+    inside it (a thread-local count), where it gives the context AbstractMesh jax's own
+    leaves out. A trace in another thread, or in this one outside the context, gets jax's own
+    answer."""
+    import jax
 
     global _PATCH_DEPTH
+    pjit = _original_ctx_mesh()
     with _PATCH_LOCK:
         if _PATCH_DEPTH == 0:
             original = pjit.get_ctx_mesh
 
             def get_ctx_mesh(use_resource_env: bool) -> Any:
                 found = original(use_resource_env)
-                if found.empty and not use_resource_env:
-                    context = mesh_lib.get_abstract_mesh()  # thread-local: this trace's own
+                if getattr(_TRACING, "depth", 0) and found.empty and not use_resource_env:
+                    context = jax.sharding.get_abstract_mesh()  # thread-local: this trace's own
                     if not context.empty:
                         return context
                 return found
@@ -115,9 +153,11 @@ def _auto_context_mesh() -> Iterator[None]:
             _ORIGINAL.append(original)
             pjit.get_ctx_mesh = get_ctx_mesh
         _PATCH_DEPTH += 1
+    _TRACING.depth = getattr(_TRACING, "depth", 0) + 1
     try:
         yield
     finally:
+        _TRACING.depth -= 1
         with _PATCH_LOCK:
             _PATCH_DEPTH -= 1
             if _PATCH_DEPTH == 0:
@@ -134,7 +174,8 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     cannot be read ("is_fully_addressable is not implemented for AbstractMesh"). jax 0.10 has no
     public way to bind it: the copy replaces ``compile_args["context_mesh"]`` of the private
     ``MeshComputation`` and never touches ``live`` itself. Unchanged when the context is not an
-    AbstractMesh or jax lays its lowerings out otherwise."""
+    AbstractMesh; a one-line error when jax lays its lowerings out otherwise (compiled as it
+    is, such a program's outputs could not be read)."""
     import copy
 
     from jax.sharding import AbstractMesh
@@ -142,17 +183,21 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     try:
         comp = live._lowering
         args = comp.compile_args
-        context = args.get("context_mesh") if isinstance(args, dict) else None
-        if not isinstance(context, AbstractMesh) or context.empty:
-            return live
-        mesh = on_devices(context, devices)
-        rebound = copy.copy(comp)
-        rebound.compile_args = {**args, "context_mesh": mesh}
-        rebound._executable = None  # the copy must not share the original's compile cache
-        out = copy.copy(live)
-        out._lowering = rebound
-    except AttributeError:
+        context = args["context_mesh"]
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise jax_internal(
+            "jax.stages.Lowered._lowering.compile_args['context_mesh']",
+            "bind a mesh lowering's context mesh to the devices it compiles for",
+            exc,
+        ) from None
+    if not isinstance(context, AbstractMesh) or context.empty:
         return live
+    mesh = on_devices(context, devices)
+    rebound = copy.copy(comp)
+    rebound.compile_args = {**args, "context_mesh": mesh}
+    rebound._executable = None  # the copy must not share the original's compile cache
+    out = copy.copy(live)
+    out._lowering = rebound
     return out
 
 
@@ -408,76 +453,6 @@ def unbound_axis_error(exc: NameError, mesh: MeshSpec | None) -> ConfigError | N
     )
 
 
-def _layouts(formats: Any, n: int) -> list[dict[str, Any] | None]:
-    """Each leaf's compiled layout (major_to_minor, tiling) from ``compiled.input_formats`` /
-    ``output_formats``; None where the executable does not say (a backend without layouts)."""
-    import jax
-    from jax.experimental.layout import Format, Layout
-
-    try:
-        flat = jax.tree.leaves(formats, is_leaf=lambda x: isinstance(x, Format))
-    except Exception:  # an executable that cannot give its formats
-        return [None] * n
-    out: list[dict[str, Any] | None] = []
-    for f in flat:
-        layout = getattr(f, "layout", None)
-        if isinstance(layout, Layout):
-            tiling = [list(t) for t in layout.tiling] if layout.tiling is not None else None
-            out.append({"major_to_minor": list(layout.major_to_minor), "tiling": tiling})
-        else:
-            out.append(None)
-    return out if len(out) == n else [None] * n
-
-
-def describe_shardings(compiled: Any) -> dict[str, Any]:
-    """Each compiled input's and output's sharding, shard shape, whether it is replicated, its
-    memory kind and its layout (``compiled.input_formats``/``output_formats``), mesh or not."""
-    import jax
-
-    def formats(name: str) -> Any:
-        try:
-            return getattr(compiled, name)
-        except Exception:  # e.g. a backend without layouts
-            return None
-
-    from jaxaot.config.tree_paths import input_path
-
-    def rows(shardings: Any, infos: Any, inputs: bool, fmts: Any) -> list[dict[str, Any]]:
-        flat = jax.tree_util.tree_flatten_with_path(shardings)[0]
-        layouts = _layouts(fmts, len(flat)) if fmts is not None else [None] * len(flat)
-        out = []
-        for (path, sharding), info, layout in zip(
-            flat, jax.tree.leaves(infos), layouts, strict=False
-        ):
-            shape = tuple(info.shape)
-            name = jax.tree_util.keystr(path)
-            if inputs:  # input_shardings is (args, kwargs)
-                name = input_path(path)
-            spec = getattr(sharding, "spec", None)
-            out.append(
-                {
-                    "path": name or "output",
-                    "shape": list(shape),
-                    "dtype": str(info.dtype),
-                    "sharding": str(spec) if spec is not None else str(sharding),
-                    "shard_shape": list(sharding.shard_shape(shape)),
-                    "replicated": bool(sharding.is_fully_replicated),
-                    "memory_kind": getattr(sharding, "memory_kind", None),
-                    "layout": layout,
-                }
-            )
-        return out
-
-    return {
-        "inputs": rows(
-            compiled.input_shardings, compiled.args_info, True, formats("input_formats")
-        ),
-        "outputs": rows(
-            compiled.output_shardings, compiled.out_info, False, formats("output_formats")
-        ),
-    }
-
-
 def replica_reference(fn: Callable[..., Any], staged: Any) -> Callable[..., Any]:
     """The vmap reference of a per-replica program resumed from a checkpoint (no live one)."""
     from jaxaot.config.argspec import to_static_value
@@ -493,8 +468,8 @@ __all__ = [
     "abstract_mesh",
     "bound_context",
     "concrete_mesh",
-    "describe_shardings",
     "has_arrays",
+    "jax_internal",
     "named",
     "on_devices",
     "output_shardings",
