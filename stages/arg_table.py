@@ -31,7 +31,6 @@ from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.tree_paths import SEP, leaf_paths, top_names
 
 if TYPE_CHECKING:
-    from jaxaot.config.argspec import BoundArgs
     from jaxaot.config.mesh import MeshSpec
     from jaxaot.stages.node import StageContext
     from jaxaot.stages.stage_out import StagedOut
@@ -386,26 +385,42 @@ def to_text(table: ArgTable) -> str:
 
 # -- the stage_out artifact ----------------------------------------------------------------------
 def input_shardings(
-    cfg: Any,
-    bound: BoundArgs,
-    mesh: MeshSpec,
-    jit_options: dict[str, Any],
-    args: Sequence[Any],
-    names: Sequence[str] | None,
-    logical_axes: Mapping[str, Any] | None = None,
-) -> tuple[list[Any], dict[str, str]]:
-    """The input sharding of each traced positional argument (a Sharding or a prefix tree of
-    them) as the lowering gets them, and how each leaf's was decided (path -> rule, for path
-    patterns and logical-axis rules): the per-replica program's own, else ``lower.in_shardings``
-    resolved by :func:`jaxaot.config.mesh.input_specs` as the lower stage resolves it."""
-    if "in_shardings" in jit_options:  # stage_out.axis_env: the replica-split program
-        return list(jit_options["in_shardings"]), {}
+    ctx: StageContext, staged: StagedOut, mesh: MeshSpec
+) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
+    """The input sharding of each traced positional argument and of each traced keyword
+    argument (by keyword), each a Sharding or a prefix tree of them, as the lowering gets them,
+    and how each leaf's was decided (path -> rule, for path patterns and logical-axis rules):
+    the per-replica program's own, else ``lower.in_shardings`` resolved as the lower stage
+    resolves it (:func:`jaxaot.stages.jax_mesh.resolved_inputs`; keyword arguments named by
+    keyword in the mapping form and with path patterns, replicated or their own sharding under
+    the positional list)."""
+    if "in_shardings" in staged.jit_options:  # stage_out.axis_env: the replica-split program
+        return list(staged.jit_options["in_shardings"]), {}, {}
+    from jaxaot.config.mesh import uses_paths
     from jaxaot.stages.jax_mesh import resolved_inputs
+    from jaxaot.stages.lower import _keyword_inputs  # the lower stage's own rule
 
-    inputs = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
-    res = inputs.resolution
-    sources = dict(res.sources) if res is not None else {}
-    return list(inputs.shardings), sources
+    cfg, bound = ctx.cfg, staged.bound
+    names = staged.signature.get("parameters")
+    traced_kw = {k: v for k, v in staged.kwargs.items() if not bound.is_static(k)}
+    if traced_kw and (cfg.lower.in_shardings is None or uses_paths(cfg)):
+        inputs = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=True)
+        parts = [inputs]
+        n_pos = len(inputs.shardings) - len(traced_kw)
+        positional, keyword = inputs.shardings[:n_pos], inputs.shardings[n_pos:]
+    else:
+        inputs = resolved_inputs(cfg, bound, mesh, staged.args, names, staged.logical_axes)
+        parts = [inputs]
+        positional, keyword = inputs.shardings, ()
+        if traced_kw:
+            kw = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=False)
+            parts.append(kw)
+            keyword = kw.shardings
+    sources: dict[str, str] = {}
+    for part in parts:
+        if part.resolution is not None:
+            sources |= dict(part.resolution.sources)
+    return list(positional), dict(zip(traced_kw, keyword, strict=True)), sources
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -436,12 +451,9 @@ def record(ctx: StageContext, staged: StagedOut) -> ArgTable:
     table, note = None, ""
     if mesh is not None:
         try:
-            logical_axes = getattr(staged, "logical_axes", None)
-            specs, sources = input_shardings(
-                ctx.cfg, bound, mesh, staged.jit_options, args, names, logical_axes
-            )
+            specs, keyword, sources = input_shardings(ctx, staged, mesh)
             positional = [tops[i] for i in range(len(args)) if not bound.is_static(i)]
-            shardings = dict(zip(positional, specs, strict=True))
+            shardings = dict(zip(positional, specs, strict=True)) | keyword
             table = build(traced, shardings, mesh=sizes, static=static, sources=sources)
         except Exception as exc:  # the lower stage resolves them again and reports the error
             why = " ".join(str(exc).split())[:120]

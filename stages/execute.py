@@ -344,29 +344,35 @@ def _reference(
     if not ctx.cfg.mesh.context:
         # The mesh only places the arguments, as jax.jit(f, in_shardings=NamedSharding(mesh,
         # spec))(x) without jax.set_mesh: the program may build a mesh of its own.
-        full = _placed_on(ctx, staged, concrete, full)
+        full, full_kw = _placed_on(ctx, staged, concrete, full, full_kw)
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
     # The program sees the run's mesh, as it did when traced.
     with jax.set_mesh(concrete):
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 
-def _placed_on(ctx: StageContext, staged: StagedOut, mesh: Any, full: list[Any]) -> list[Any]:
-    """The traced positional arguments of ``full`` put with their ``lower.in_shardings`` on
-    ``mesh`` (a jax.jit given committed arrays uses their shardings as its in_shardings)."""
+def _placed_on(
+    ctx: StageContext, staged: StagedOut, mesh: Any, full: list[Any], full_kw: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The traced arguments of ``full`` and ``full_kw`` put with the shardings the lowering
+    gave them (``lower.in_shardings``, keyword arguments by keyword) on ``mesh`` (a jax.jit
+    given committed arrays uses their shardings as its in_shardings)."""
     import jax
+    from jax.sharding import NamedSharding
     from jaxaot.config.mesh import mesh_spec
-    from jaxaot.stages.jax_mesh import named, resolved_inputs
+    from jaxaot.stages.arg_table import input_shardings
 
     spec = mesh_spec(ctx.cfg)
     assert spec is not None
-    names = staged.signature.get("parameters")
-    found = resolved_inputs(ctx.cfg, staged.bound, spec, staged.args, names, staged.logical_axes)
-    shardings = iter(named(found.specs, mesh))
-    return [
-        a if staged.bound.is_static(i) else jax.device_put(a, next(shardings))
-        for i, a in enumerate(full)
-    ]
+    positional, keyword, _ = input_shardings(ctx, staged, spec)
+
+    def put(value: Any, shardings: Any) -> Any:  # abstract-mesh shardings, here on ``mesh``
+        return jax.device_put(value, jax.tree.map(lambda s: NamedSharding(mesh, s.spec), shardings))
+
+    it = iter(positional)
+    args = [a if staged.bound.is_static(i) else put(a, next(it)) for i, a in enumerate(full)]
+    kwargs = {k: put(v, keyword[k]) if k in keyword else v for k, v in full_kw.items()}
+    return args, kwargs
 
 
 def _platform_of(ctx: StageContext) -> str:

@@ -8,6 +8,7 @@ mismatched input named in one error (JAX lists every mismatched argument).
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -282,3 +283,53 @@ def test_every_mismatched_input_is_named(compose_run: Any, tmp_path: Path) -> No
     np.savez(archive, **{"args[0]": np.ones(4, np.int32), "args[1]": np.ones(3, np.float32)})
     with pytest.raises(ConfigError, match=r"2 inputs differ.*args\[0\].*args\[1\]"):
         compose_run(f"{T}:add", "program.args=[f32[4],f32[4]]", f"execute.inputs={archive}")
+
+
+@pytest.mark.parametrize(
+    ("shardings", "want"),
+    [
+        ("lower.in_shardings={x: [data], a: [data]}", {"x": P("data"), "a": P("data")}),
+        ("lower.in_shardings=[data]", {"x": P("data")}),  # keywords replicated
+        ("lower.in_shardings={x: [data], b: [data]}", {"x": P("data"), "b": P("data")}),
+    ],
+    ids=["keyword-a", "positional-list", "keyword-b"],
+)
+def test_stage_out_table_of_keyword_arguments_on_a_mesh(
+    compose_run: Any, caplog: pytest.LogCaptureFixture, shardings: str, want: dict[str, Any]
+) -> None:
+    # JAX: jax.jit(f).trace(x_sds, a=a_sds, b=b_sds) with the shardings on the
+    # ShapeDtypeStructs; stage_out's arguments table (before the lowering) gives each keyword
+    # argument the sharding the compiled executable takes it with.
+    caplog.set_level("INFO", logger="jaxaot")
+    result = compose_run(
+        f"{T}:scaled",
+        "program.args=[f32[8]]",
+        "+program.kwargs.a=f32[8]",
+        "+program.kwargs.b=f32[8]",
+        *MESH2,
+        shardings,
+        "stop_after=compile",
+    )
+    mesh = _mesh()
+
+    def sds(name: str) -> Any:
+        spec = want.get(name, P())
+        return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    plain = jax.jit(progs.scaled).trace(sds("x"), a=sds("a"), b=sds("b")).lower().compile()
+    (x,), kw = plain.input_shardings
+    compiled = {"x": x, "a": kw["a"], "b": kw["b"]}
+    assert _specs(result.records["compile"].compiled.input_shardings) == _specs(
+        plain.input_shardings
+    )
+    doc = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())
+    assert doc["shardings_note"] is None
+    rows = {r["path"]: r for r in doc["arguments"]}
+    assert list(rows) == ["x", "a", "b"]
+    for name, sharding in compiled.items():
+        assert rows[name]["shard_shape"] == list(sharding.shard_shape((8,)))
+        assert rows[name]["sharding"] == ("replicated" if name not in want else "P('data',)")
+    assert doc["total"]["bytes_per_device"] == sum(
+        4 * sharding.shard_shape((8,))[0] for sharding in compiled.values()
+    )
+    assert not [r.message for r in caplog.records if "not resolved at stage_out" in r.message]

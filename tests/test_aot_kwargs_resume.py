@@ -11,6 +11,7 @@ compares outputs bit for bit, compiled shardings and donation.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,73 @@ def test_one_argument_spec_on_a_mesh_as_jax(compose_run: Any) -> None:
     assert _specs(exe.input_shardings) == _specs(compiled.input_shardings)
     assert _specs(exe.output_shardings) == _specs(compiled.output_shardings)
     _same(result.records["execute"].outputs, compiled(x))
+
+
+# --- keyword arguments on a mesh, nothing donated ------------------------------------------
+
+
+def _partitions(module: str) -> int:
+    """A module's mhlo.num_partitions (1 when it has none)."""
+    found = re.search(r"mhlo\.num_partitions = (\d+)", module)
+    return int(found[1]) if found else 1
+
+
+@pytest.mark.parametrize("context", [True, False], ids=["mesh-context", "no-mesh-context"])
+def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context: bool) -> None:
+    # JAX: jax.jit(f).trace(x_sds, a=a_sds, b=b_sds), each ShapeDtypeStruct carrying its
+    # sharding (P('data') for x and a, P() for b), lowers for the mesh's 2 devices; its
+    # export says nr_devices 2. The reference, mesh.context=false: jax.jit(f) of arrays put
+    # with those shardings, the mesh not in context. Fresh, resumed from the export, and the
+    # store's entry for that compile.
+    run = (
+        *SCALED,
+        "program.args=[f32[8]]",
+        *MESH2,
+        "lower.in_shardings={x: [data], a: [data]}",
+        f"mesh.context={str(context).lower()}",
+        "execute.check=reference",
+        "execute.repeats=2",
+    )
+    fresh = compose_run(*run)
+    lowered = compose_run(*run, "stop_after=lower")
+    resume = (f"resume_from={lowered.run_dir}", "start_at=compile")
+    resumed = compose_run(*run, *resume)
+    again = compose_run(*run, *resume)
+    assert [r.manifest["stages"]["compile"]["status"] for r in (resumed, again)] == [
+        "ran",
+        "cached",
+    ]
+    mesh = _mesh()
+
+    def sds(spec: Any) -> Any:
+        return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    plain_lowered = (
+        jax.jit(progs.scaled).trace(sds(P("data")), a=sds(P("data")), b=sds(P())).lower()
+    )
+    plain = plain_lowered.compile()
+    assert _partitions(plain_lowered.as_text()) == 2
+    for run_dir in (fresh.run_dir, lowered.run_dir):
+        module = (run_dir / "lower" / "module.stablehlo.mlir").read_text()
+        assert _partitions(module) == _exported(run_dir).nr_devices == 2
+        assert _lowered_json(run_dir)["nr_devices"] == 2
+        assert _partitions(_exported(run_dir).mlir_module()) == 2
+    args, kwargs = _inputs(fresh)
+    want, _ = _called(plain, args, kwargs)
+    placed = {
+        k: jax.device_put(v, NamedSharding(mesh, P("data" if k == "a" else None)))
+        for k, v in kwargs.items()
+    }
+    reference = jax.jit(progs.scaled)(
+        jax.device_put(args[0], NamedSharding(mesh, P("data"))), **placed
+    )
+    _same(reference, want)
+    for result in (fresh, resumed, again):
+        exe = result.records["compile"].compiled
+        assert _specs(exe.input_shardings) == _specs(plain.input_shardings)
+        assert _specs(exe.output_shardings) == _specs(plain.output_shardings)
+        assert _donated(exe) == _donated(plain) == [False, False, False]
+        executed = result.records["execute"]
+        _same(executed.outputs, want)
+        assert executed.check["ok"] and executed.check["max_abs_err"] == 0
+        assert executed.timings["donated_inputs_consumed"] is None
