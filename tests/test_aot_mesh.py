@@ -144,6 +144,25 @@ def test_abstract_mesh_override_false_at_resume_is_accepted(compose_run: Any) ->
     _checked(result)
 
 
+def test_abstract_mesh_override_true_over_a_concrete_lowering_is_refused(compose_run: Any) -> None:
+    # Only the override to false is free at a resume: true over a lowering made to compile
+    # would record a run that compiled as one that could not; the same value is accepted.
+    lowered = compose_run(*MATMUL, "stop_after=lower")
+    resume = [f"resume_from={lowered.run_dir}", "start_at=compile"]
+    same = [*MATMUL, "mesh.abstract=false", *resume]
+    cfg = Checkpoint(lowered.run_dir).apply(validate(jaxaot.compose(same)), same)
+    assert cfg.mesh.abstract is False
+    wrong = [*MATMUL, "mesh.abstract=true", *resume]
+    with pytest.raises(ConfigError) as refused:
+        Checkpoint(lowered.run_dir).apply(validate(jaxaot.compose(wrong)), wrong)
+    assert str(refused.value) == (
+        "mesh.abstract: overridden to True, but start_at=compile resumes stages whose options "
+        f"come from the checkpoint (mesh.abstract = False in {lowered.run_dir}) (mesh.abstract "
+        "may be overridden only to False at a resume); drop the override or start at an "
+        "earlier stage"
+    )
+
+
 def test_fresh_abstract_mesh_run_that_compiles_is_refused(compose_run: Any) -> None:
     # An AbstractMesh has no devices: a fresh run that lowers on it cannot compile here.
     with pytest.raises(ConfigError, match=r"mesh\.abstract=true describes a mesh to lower for"):

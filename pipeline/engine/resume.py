@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from jaxaot.config.order import STAGES
@@ -40,12 +41,14 @@ def frozen_sections(start_at: str) -> tuple[str, ...]:
 
 _MISSING = object()  # a key absent from a config tree
 
-# Frozen keys a resume may still set: they change nothing the checkpoint holds.
-# mesh.abstract says whether this run may compile on the mesh, not what is lowered for it (the
-# lowering is on an AbstractMesh either way): a lowering made with mesh.abstract=true compiles
-# at start_at=compile with mesh.abstract=false, as JAX compiles an AbstractMesh lowering on a
-# concrete mesh of the same axes.
-FREE_AT_RESUME = frozenset({"mesh.abstract"})
+# Frozen keys a resume may still set, each to the one value given here (or to the
+# checkpoint's): that value changes nothing the checkpoint holds. mesh.abstract says whether
+# this run may compile on the mesh, not what is lowered for it (the lowering is on an
+# AbstractMesh either way): a lowering made with mesh.abstract=true compiles at
+# start_at=compile with mesh.abstract=false, as JAX compiles an AbstractMesh lowering on a
+# concrete mesh of the same axes. The other way, true over a lowering made to compile, would
+# record a run that compiled as one that could not.
+FREE_AT_RESUME: Mapping[str, Any] = MappingProxyType({"mesh.abstract": False})
 
 
 def _select(tree: Any, dotted: str) -> Any:
@@ -164,19 +167,26 @@ class Checkpoint:
         current, saved = to_container(cfg), self.manifest["config"]
         for override in overrides:
             key = _override_key(override)
-            if key is None or key.split(".")[0] not in frozen or key in FREE_AT_RESUME:
+            if key is None or key.split(".")[0] not in frozen:
                 continue
             mine, theirs = _select(current, key), _select(saved, key)
+            if key in FREE_AT_RESUME and mine == FREE_AT_RESUME[key]:
+                continue
             if mine != theirs:
                 shown = "absent" if theirs is _MISSING else repr(theirs)
+                free = (
+                    f" ({key} may be overridden only to {FREE_AT_RESUME[key]!r} at a resume)"
+                    if key in FREE_AT_RESUME
+                    else ""
+                )
                 raise ConfigError(
                     f"{key}: overridden to {mine!r}, but start_at={cfg.start_at} resumes stages "
                     f"whose options come from the checkpoint ({key} = {shown} in "
-                    f"{self.run_dir}); drop the override or start at an earlier stage"
+                    f"{self.run_dir}){free}; drop the override or start at an earlier stage"
                 )
         merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
         keys = {k for k in (_override_key(o) for o in overrides) if k}
-        for key in keys & FREE_AT_RESUME:
+        for key in keys & FREE_AT_RESUME.keys():
             section, name = key.split(".", 1)
             if section in frozen and isinstance(merged.get(section), dict):
                 merged[section] = {**merged[section], name: current[section][name]}
