@@ -25,7 +25,7 @@ from jaxaot.config.argspec import concrete_bound
 from jaxaot.errors import BackendError, ConfigError
 from jaxaot.schema import validate
 from jaxaot.stages.inputs import spec_inputs
-from jaxaot.stages.lower import canonical_stablehlo, summarize
+from jaxaot.stages.lower import canonical_stablehlo, check_platforms, summarize
 
 T = "program.target=aot_export_programs"
 ADD = (f"{T}:add", "program.args=[f32[4], f32[4]]")
@@ -146,6 +146,29 @@ def test_the_gpu_alias_is_the_gpu_present_and_an_error_without_one(compose_run: 
     assert "\n" not in text and text.endswith("(e.g. lower.platforms=[cuda])")
 
 
+@pytest.mark.parametrize("name", ["_platform_aliases", "known_platforms", "canonicalize_platform"])
+def test_a_jax_without_its_platform_tables_is_refused_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # jax 0.10.2 has no public list or canonicalization of platform names: lower.platforms is
+    # read with xla_bridge's private ones, and a jax without them is refused, not guessed at
+    # (the lower stage's check; jax itself uses them too, so no whole run works without them).
+    from jax._src import xla_bridge
+
+    assert check_platforms(("cpu", "other")) == (("cpu", "other"), [])
+    monkeypatch.delattr(xla_bridge, name)
+    with pytest.raises(BackendError) as refused:
+        check_platforms(("cpu",))
+    text = str(refused.value)
+    assert text.startswith(
+        f"jax {jax.__version__}: jax._src.xla_bridge's _platform_aliases, known_platforms or "
+        "canonicalize_platform, which jaxaot uses to read lower.platforms as JAX does, is "
+        f"missing or changed (AttributeError: module 'jax._src.xla_bridge' has no attribute "
+        f"'{name}'); expected jax 0.10.2, which has it"
+    )
+    assert "\n" not in text
+
+
 # --- donation across platforms: all of them donate, or none ------------------------------------
 
 
@@ -213,6 +236,30 @@ def test_an_export_for_tpu_runs_on_cpu_with_the_platform_check_disabled(compose_
         plain.call(x, y)
     with pytest.raises(BackendError, match=r"or export it with lower.disabled_checks=\[platform\]"):
         compose_run(*ADD, "lower.platforms=[tpu]", "stop_after=compile")
+
+
+def test_a_check_disabled_twice_is_exported_twice_as_jax_does(compose_run: Any) -> None:
+    # JAX (jax 0.10.2): export(disabled_checks=[platform(), platform()]) keeps both, in the
+    # Exported and through its serialization; the export runs as with one.
+    twice = [DisabledSafetyCheck.platform(), DisabledSafetyCheck.platform()]
+    want = jax.export.export(jax.jit(progs.add), platforms=("tpu",), disabled_checks=twice)(X4, X4)
+    assert [str(c) for c in want.disabled_safety_checks] == ["platform", "platform"]
+    served = jax.export.deserialize(want.serialize())
+    assert served.disabled_safety_checks == want.disabled_safety_checks
+    result = compose_run(
+        *ADD,
+        "lower.platforms=[tpu]",
+        "lower.disabled_checks=[platform,platform]",
+        "execute.repeats=1",
+    )
+    got = _exported(result.run_dir)
+    assert got.disabled_safety_checks == want.disabled_safety_checks
+    assert canonical_stablehlo(got.mlir_module()) == canonical_stablehlo(want.mlir_module())
+    assert _lowered_json(result.run_dir)["disabled_checks"] == ["platform", "platform"]
+    summary = summarize(result.manifest["stages"]["lower"]["metrics"])
+    assert summary.endswith("; export checks off: platform, platform")  # what the export holds
+    x, y = _inputs(result)
+    _same(result.records["execute"].outputs, want.call(x, y))
 
 
 def test_a_disabled_platform_check_survives_a_resume(compose_run: Any) -> None:
