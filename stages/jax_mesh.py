@@ -184,9 +184,10 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
         comp = live._lowering
         args = comp.compile_args
         context = args["context_mesh"]
+        comp._executable  # noqa: B018 (read: the compile cache the copy must not share)
     except (AttributeError, KeyError, TypeError) as exc:
         raise jax_internal(
-            "jax.stages.Lowered._lowering.compile_args['context_mesh']",
+            "jax.stages.Lowered._lowering's compile_args['context_mesh'] and _executable",
             "bind a mesh lowering's context mesh to the devices it compiles for",
             exc,
         ) from None

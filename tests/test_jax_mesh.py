@@ -148,7 +148,9 @@ def test_binding_the_context_mesh_compiles_as_under_set_mesh() -> None:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-@pytest.mark.parametrize("broken", ["no _lowering", "no compile_args", "no context_mesh"])
+@pytest.mark.parametrize(
+    "broken", ["no _lowering", "no compile_args", "no context_mesh", "no _executable"]
+)
 def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken: str) -> None:
     with tracing_on(AUTO, unplaced=True):
         live = jax.jit(progs.argless).trace().lower(lowering_platforms=("cpu",))
@@ -157,15 +159,20 @@ def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken
         del odd._lowering
     elif broken == "no compile_args":
         odd._lowering = object()
-    else:
+    elif broken == "no context_mesh":
         comp = copy.copy(live._lowering)
         comp.compile_args = {k: v for k, v in comp.compile_args.items() if k != "context_mesh"}
+        odd._lowering = comp
+    else:
+        comp = copy.copy(live._lowering)
+        del comp._executable
         odd._lowering = comp
     with pytest.raises(BackendError) as refused:
         bound_context(odd, jax.devices()[:2])
     text = str(refused.value)
     assert text.startswith(
-        f"jax {jax.__version__}: jax.stages.Lowered._lowering.compile_args['context_mesh'], "
+        f"jax {jax.__version__}: jax.stages.Lowered._lowering's compile_args['context_mesh'] "
+        "and _executable, "
         "which jaxaot uses to bind a mesh lowering's context mesh to the devices it compiles "
         "for, is missing or changed ("
     )
