@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
 from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec, uses_paths
@@ -36,6 +36,7 @@ from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.jax_mesh import (
     abstract_mesh,
     has_arrays,
+    jax_internal,
     named,
     output_shardings,
     resolved_inputs,
@@ -541,17 +542,26 @@ def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[s
     JAX. Compiling for a platform the lowering lacks is compile's to refuse (check_platform)."""
     import difflib
 
-    from jax._src import xla_bridge  # no public list or canonicalization of platforms in jax 0.10
+    # No public list or canonicalization of platforms in jax 0.10: xla_bridge's private ones.
+    try:
+        from jax._src import xla_bridge
 
-    aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
-    known = sorted(xla_bridge.known_platforms())
+        aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
+        known = sorted(xla_bridge.known_platforms())
+        canonicalize = xla_bridge.canonicalize_platform
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise jax_internal(
+            "jax._src.xla_bridge's _platform_aliases, known_platforms or canonicalize_platform",
+            "read lower.platforms as JAX does",
+            exc,
+        ) from None
     out: list[str] = []
     notes: list[str] = []
     for p in platforms:
         if p in aliases.values():
             meant = sorted(k for k, v in aliases.items() if v == p)
             try:
-                out.append(xla_bridge.canonicalize_platform(p))
+                out.append(canonicalize(p))
             except RuntimeError as exc:
                 raise ConfigError(
                     f"lower.platforms: {p!r} ({p} is an alias of {', '.join(meant)}) names the "
@@ -723,8 +733,14 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated,
         heap_tuning,
     ):
-        # Reuse stage_out's trace unless lowering options change the jit (then trace again).
-        reuse = fn is staged.fn and opts == staged.jit_options and not annotated
+        # Reuse stage_out's trace only for the same program, jit options and arguments: with
+        # traced keyword arguments the shardings ride on the arguments, not on the options.
+        reuse = (
+            fn is staged.fn
+            and opts == staged.jit_options
+            and not annotated
+            and _same_inputs((args, kwargs), (staged.args, staged.kwargs))
+        )
         traced = staged.traced if reuse and staged.traced else jitted.trace(*args, **kwargs)
         try:
             with ctx.capture_warnings():
@@ -828,6 +844,19 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate_argnames=donate_names,
     )
     return for_compile(ctx, record) if polymorphic else record
+
+
+def _same_inputs(these: Any, traced: Any) -> bool:
+    """Whether ``these`` (args, kwargs) are the inputs stage_out traced: the same objects, or
+    equal ShapeDtypeStructs (shape, dtype, sharding, layout and weak type compared)."""
+    import jax
+
+    a, a_tree = jax.tree.flatten(these)
+    b, b_tree = jax.tree.flatten(traced)
+    return bool(a_tree == cast(Any, b_tree)) and all(
+        x is y or (isinstance(x, jax.ShapeDtypeStruct) and x == y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
