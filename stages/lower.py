@@ -624,10 +624,17 @@ def _custom_call_hint(exc: Exception) -> str:
 
 # Platforms JAX implements donation for (jax 0.10.2: mlir._platforms_with_donation, private).
 def _donating(platforms: tuple[str, ...]) -> bool:
-    from jax._src.interpreters import mlir
+    try:
+        from jax._src.interpreters import mlir
 
-    supported = getattr(mlir, "_platforms_with_donation", None)
-    return supported is None or any(p in supported for p in platforms)
+        supported = mlir._platforms_with_donation
+        return any(p in supported for p in platforms)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise jax_internal(
+            "jax._src.interpreters.mlir._platforms_with_donation",
+            "record which arguments are donated",
+            exc,
+        ) from None
 
 
 def _donation_keys(cfg: JaxaotConfig) -> str:
@@ -765,6 +772,15 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate = _flat_donations(staged) if _donating(platforms) else ()
         donate_names = _donated_keywords(staged) if _donating(platforms) else ()
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
+        unplaced = amesh is not None and cfg.mesh.context and not has_arrays(args, kwargs)
+        if unplaced and mesh is not None and early["nr_devices"] != mesh.size:
+            # tracing_on's context did not reach jax.jit: refused rather than compiled wrong.
+            raise jax_internal(
+                "jax._src.pjit.get_ctx_mesh (its result no longer decides the devices of a "
+                f"jit without arguments: lowered for {early['nr_devices']})",
+                f"lower a program without arguments for the mesh's {mesh.size} devices",
+                RuntimeError("module devices differ from the mesh"),
+            )
         disabled = safety_checks(cfg.lower.disabled_checks)
         polymorphic = _has_symbolic(staged.args, kwargs)
         if ctx.publish_early is not None and not polymorphic:  # compile while we export

@@ -6,6 +6,7 @@ AttributeError or a program compiled wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import threading
@@ -177,3 +178,45 @@ def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken
         "for, is missing or changed ("
     )
     assert "expected jax 0.10.2" in text and "\n" not in text
+
+
+def test_a_jax_whose_jit_ignores_the_context_is_refused_not_lowered_for_one_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A later JAX that keeps get_ctx_mesh but no longer asks it: the argless program would be
+    # lowered for one device and fail to compile; the lower stage refuses it instead.
+    import jaxaot
+    from jaxaot.stages import jax_mesh
+
+    @contextlib.contextmanager
+    def inert() -> Iterator[None]:
+        yield
+
+    monkeypatch.setattr(jax_mesh, "_auto_context_mesh", inert)
+    overrides = [
+        "program.target=aot_mesh_programs:argless",
+        "program.args=[]",
+        "mesh.shape=[2]",
+        "mesh.axes=[data]",
+        "stop_after=lower",
+    ]
+    with pytest.raises(BackendError) as refused:
+        jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "r")
+    text = str(refused.value)
+    assert re.match(
+        rf"jax {VERSION}: jax\._src\.pjit\.get_ctx_mesh \(its result no longer decides the "
+        r"devices of a jit without arguments: lowered for 1\), which jaxaot uses to lower a "
+        r"program without arguments for the mesh's 2 devices, is missing or changed",
+        text,
+    ), text
+    assert "\n" not in text
+
+
+def test_a_jax_without_the_donation_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jax._src.interpreters import mlir
+    from jaxaot.stages.lower import _donating
+
+    assert _donating(("cpu",)) and not _donating(("other",))  # jax 0.10.2's own table
+    monkeypatch.delattr(mlir, "_platforms_with_donation")
+    with pytest.raises(BackendError, match=rf"^jax {VERSION}: jax\._src\.interpreters\.mlir\."):
+        _donating(("cpu",))
