@@ -391,36 +391,23 @@ def input_shardings(
     argument (by keyword), each a Sharding or a prefix tree of them, as the lowering gets them,
     and how each leaf's was decided (path -> rule, for path patterns and logical-axis rules):
     the per-replica program's own, else ``lower.in_shardings`` resolved as the lower stage
-    resolves it (:func:`jaxaot.stages.jax_mesh.resolved_inputs`; keyword arguments named by
+    resolves it (:func:`jaxaot.stages.jax_mesh.resolved_with_keywords`; keyword arguments named by
     keyword in the mapping form and with path patterns, replicated or their own sharding under
     the positional list)."""
     if "in_shardings" in staged.jit_options:  # stage_out.axis_env: the replica-split program
         return list(staged.jit_options["in_shardings"]), {}, {}
-    from jaxaot.config.mesh import uses_paths
-    from jaxaot.stages.jax_mesh import resolved_inputs
-    from jaxaot.stages.lower import _keyword_inputs  # the lower stage's own rule
+    from jaxaot.stages.jax_mesh import resolved_with_keywords  # the lower stage's own rule
 
     cfg, bound = ctx.cfg, staged.bound
     names = staged.signature.get("parameters")
     traced_kw = {k: v for k, v in staged.kwargs.items() if not bound.is_static(k)}
-    if traced_kw and (cfg.lower.in_shardings is None or uses_paths(cfg)):
-        inputs = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=True)
-        parts = [inputs]
-        n_pos = len(inputs.shardings) - len(traced_kw)
-        positional, keyword = inputs.shardings[:n_pos], inputs.shardings[n_pos:]
-    else:
-        inputs = resolved_inputs(cfg, bound, mesh, staged.args, names, staged.logical_axes)
-        parts = [inputs]
-        positional, keyword = inputs.shardings, ()
-        if traced_kw:
-            kw = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=False)
-            parts.append(kw)
-            keyword = kw.shardings
+    found = resolved_with_keywords(
+        cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
+    )
     sources: dict[str, str] = {}
-    for part in parts:
-        if part.resolution is not None:
-            sources |= dict(part.resolution.sources)
-    return list(positional), dict(zip(traced_kw, keyword, strict=True)), sources
+    for resolution in found.resolutions:
+        sources |= dict(resolution.sources)
+    return list(found.positional), dict(zip(traced_kw, found.keyword, strict=True)), sources
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -202,6 +202,76 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     return out
 
 
+@dataclass(frozen=True)
+class AllInputs:
+    """Every traced input's sharding as the lowering gets it: the positional arguments', then
+    the traced keyword arguments' (by keyword, in ``keywords`` order)."""
+
+    positional: tuple[Any, ...]  # a Sharding or a prefix tree of them per traced positional
+    keyword: tuple[Any, ...]  # the same per traced keyword argument
+    specs: tuple[Any, ...]  # Spec trees, positional then keyword
+    args: tuple[Any, ...]  # every positional argument, own shardings replaced
+    kwargs: dict[str, Any]  # the traced keyword arguments, own shardings replaced
+    resolutions: tuple[Any, ...]  # path_shardings Resolutions that decided leaves
+
+
+def resolved_with_keywords(
+    cfg: Any,
+    bound: BoundArgs,
+    mesh: MeshSpec,
+    args: Sequence[Any],
+    traced_kw: dict[str, Any],
+    names: Sequence[str] | None = None,
+    logical_axes: Any = None,
+) -> AllInputs:
+    """``lower.in_shardings`` resolved for the positional AND the traced keyword arguments
+    (jax.jit takes no in_shardings with keyword arguments: their shardings ride on their
+    ShapeDtypeStructs). Path patterns (or null) decide every input together, a keyword
+    argument's leaves named by its keyword (``{a: [data]}``); the positional list covers the
+    positional arguments, and the keyword arguments are resolved as under a null
+    ``lower.in_shardings`` (replicated, or their library metadata or own sharding)."""
+    from jaxaot.config.mesh import uses_paths
+    from jaxaot.config.path_shardings import check_keyword_patterns
+    from jaxaot.config.tree_paths import top_names
+
+    n = len(args)
+    if not traced_kw:
+        inputs = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
+        res = (inputs.resolution,) if inputs.resolution is not None else ()
+        return AllInputs(inputs.shardings, (), inputs.specs, inputs.args, {}, res)
+    kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
+    if cfg.lower.in_shardings is None or uses_paths(cfg):
+        check_keyword_patterns(cfg.lower.in_shardings, n, traced_kw)
+        every = replace(bound, args=(*bound.args, *kw_bound))
+        tops = [*top_names(n, names), *traced_kw]
+        both = resolved_inputs(cfg, every, mesh, (*args, *traced_kw.values()), tops, logical_axes)
+        n_pos = len(both.specs) - len(traced_kw)
+        res = (both.resolution,) if both.resolution is not None else ()
+        return AllInputs(
+            both.shardings[:n_pos],
+            both.shardings[n_pos:],
+            both.specs,
+            both.args[:n],
+            dict(zip(traced_kw, both.args[n:], strict=True)),
+            res,
+        )
+    pos = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
+    unset = replace(cfg, lower=replace(cfg.lower, in_shardings=None))
+    alone = replace(bound, args=kw_bound, static_argnums=())
+    kw = resolved_inputs(
+        unset, alone, mesh, tuple(traced_kw.values()), list(traced_kw), logical_axes
+    )
+    res = tuple(r for r in (pos.resolution, kw.resolution) if r is not None)
+    return AllInputs(
+        pos.shardings,
+        kw.shardings,
+        (*pos.specs, *kw.specs),
+        pos.args,
+        dict(zip(traced_kw, kw.args, strict=True)),
+        res,
+    )
+
+
 def has_arrays(*trees: Any) -> bool:
     """Whether ``trees`` hold an array or ShapeDtypeStruct (static values aside)."""
     import jax
@@ -464,6 +534,7 @@ def replica_reference(fn: Callable[..., Any], staged: Any) -> Callable[..., Any]
 
 
 __all__ = [
+    "AllInputs",
     "Inputs",
     "PerReplica",
     "abstract_mesh",
@@ -477,6 +548,7 @@ __all__ = [
     "per_replica",
     "replica_reference",
     "resolved_inputs",
+    "resolved_with_keywords",
     "stacked",
     "tracing_on",
     "unbound_axis_error",

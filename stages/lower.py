@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
-from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec, uses_paths
+from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec
 from jaxaot.config.path_shardings import (
     Resolution,
-    check_keyword_patterns,
     is_pattern_form,
     resolve,
     under_flax_rules,
@@ -39,7 +38,7 @@ from jaxaot.stages.jax_mesh import (
     jax_internal,
     named,
     output_shardings,
-    resolved_inputs,
+    resolved_with_keywords,
     tracing_on,
     update_shardings,
 )
@@ -186,27 +185,19 @@ def _sharded(
     dropped = ("static_argnames",) if traced_kw else ("static_argnames", "donate_argnames")
     opts = {k: v for k, v in opts.items() if k not in dropped}
     names = staged.signature.get("parameters")
-    # Without a positional list, path patterns (or null: all replicated) decide every input:
-    # the keyword arguments are resolved with the positional ones.
-    together = bool(traced_kw) and (cfg.in_shardings is None or uses_paths(ctx.cfg))
-    if together:
-        inputs = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=True)
-    else:
-        inputs = resolved_inputs(ctx.cfg, bound, mesh, staged.args, names, staged.logical_axes)
-    specs, shardings, ins = inputs.specs, inputs.shardings, inputs.resolution
-    every = inputs.args
-    n_pos = len(specs) - (len(traced_kw) if together else 0)
-    if traced_kw and not together:  # the positional list covers the positional arguments
-        kw = _keyword_inputs(ctx, staged, mesh, names, traced_kw, together=False)
-        specs, shardings = (*specs, *kw.specs), (*shardings, *kw.shardings)
-        every = (*every, *kw.args)
-        ins = ins or kw.resolution  # the keyword arguments' library metadata
-    args: tuple[Any, ...] = tuple(every[: len(staged.args)])
-    _check_symbolic_splits(bound, every, list(traced_kw), shardings, mesh)
+    found = resolved_with_keywords(
+        ctx.cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
+    )
+    specs = found.specs
+    shardings = (*found.positional, *found.keyword)
+    ins = found.resolutions[0] if found.resolutions else None
+    args: tuple[Any, ...] = found.args
+    _check_symbolic_splits(
+        bound, (*found.args, *found.kwargs.values()), list(traced_kw), shardings, mesh
+    )
     kwargs: dict[str, Any] = {}
     if traced_kw:
-        kw_values = dict(zip(traced_kw, every[len(staged.args) :], strict=True))
-        args, kwargs = _carrying(bound, args, kw_values, shardings[:n_pos], shardings[n_pos:])
+        args, kwargs = _carrying(bound, args, found.kwargs, found.positional, found.keyword)
     else:
         opts["in_shardings"] = shardings
     outs = None
@@ -237,7 +228,7 @@ def _sharded(
             updates = update_shardings(
                 traced.out_info[1],
                 staged.args,
-                shardings[:n_pos],
+                found.positional,
                 positions,
                 top_names(len(staged.args), names),
             )
@@ -285,41 +276,6 @@ def _check_symbolic_splits(
                         f"{parts} (e.g. {parts}*{symbols(str(shape[dim]))[0]}), or the dimension "
                         "unsplit"
                     )
-
-
-def _keyword_inputs(
-    ctx: StageContext,
-    staged: StagedOut,
-    mesh: MeshSpec,
-    names: list[str] | None,
-    traced_kw: dict[str, Any],
-    *,
-    together: bool,
-) -> Any:
-    """The input shardings with the traced keyword arguments as trailing traced inputs named
-    by their keywords (jax_mesh.resolved_inputs over both): with path patterns, every input
-    resolved together; with the positional list, the keyword arguments alone, as under a null
-    ``lower.in_shardings`` (replicated, or their library metadata or own sharding)."""
-    from jaxaot.config.tree_paths import top_names as tops_of
-
-    bound = staged.bound
-    n = len(staged.args)
-    if together:
-        check_keyword_patterns(ctx.cfg.lower.in_shardings, n, traced_kw)
-        cfg = ctx.cfg
-        args = (*staged.args, *traced_kw.values())
-        every = replace(bound, args=(*bound.args, *(bound.kwargs[k] for k in traced_kw)))
-        tops = [*tops_of(n, names), *traced_kw]
-    else:
-        cfg = replace(ctx.cfg, lower=replace(ctx.cfg.lower, in_shardings=None))
-        args = tuple(traced_kw.values())
-        every = replace(
-            bound,
-            args=tuple(bound.kwargs[k] for k in traced_kw),
-            static_argnums=(),
-        )
-        tops = list(traced_kw)
-    return resolved_inputs(cfg, every, mesh, args, tops, staged.logical_axes)
 
 
 def _carrying(

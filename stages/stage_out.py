@@ -202,31 +202,43 @@ def _typed_shardings(
     cfg: Any,
     bound: BoundArgs,
     args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     mesh: Any,
     names: Sequence[str] | None = None,
     logical_axes: Any = None,
-) -> tuple[Any, ...]:
-    """With explicit mesh axes the input shardings are part of the argument types (issue 17):
-    each traced positional ShapeDtypeStruct carries its ``lower.in_shardings`` entry (path
-    patterns and logical-axis rules resolved on ``args``, named by ``names``)."""
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """With explicit mesh axes the input shardings are part of the argument types: each traced
+    ShapeDtypeStruct, positional or keyword, carries its ``lower.in_shardings`` entry, resolved
+    as the lower stage resolves it (path patterns and logical-axis rules on ``args``, named by
+    ``names``; keyword arguments by keyword)."""
     import jax
-    from jaxaot.config.mesh import input_specs
-    from jaxaot.stages.jax_mesh import abstract_mesh, named
+    from jaxaot.stages.jax_mesh import resolved_with_keywords
 
-    found = input_specs(cfg, bound, mesh, args, names, logical_axes)[0]
-    specs = iter(named(found, abstract_mesh(mesh)))
+    traced_kw = {k: v for k, v in kwargs.items() if not bound.is_static(k)}
+    found = resolved_with_keywords(cfg, bound, mesh, args, traced_kw, names, logical_axes)
 
-    def typed(sds: Any, sharding: Any) -> Any:
-        return jax.ShapeDtypeStruct(
-            sds.shape, sds.dtype, sharding=sharding, weak_type=sds.weak_type
-        )
-
-    def prefix(spec_tree: Any, arg: Any) -> Any:  # a sharding may stand for a whole subtree
+    def typed(sharding: Any, sub: Any) -> Any:  # a sharding may stand for a whole subtree
         return jax.tree.map(
-            lambda sh, sub: jax.tree.map(lambda s: typed(s, sh), sub), spec_tree, arg
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
+                if isinstance(x, jax.ShapeDtypeStruct)
+                else x
+            ),
+            sub,
         )
 
-    return tuple(a if bound.is_static(i) else prefix(next(specs), a) for i, a in enumerate(args))
+    def carry(prefix: Any, tree: Any) -> Any:
+        return jax.tree.map(typed, prefix, tree)
+
+    pos = iter(found.positional)
+    new_args = tuple(
+        a if bound.is_static(i) else carry(next(pos), a) for i, a in enumerate(found.args)
+    )
+    by_kw = dict(zip(traced_kw, found.keyword, strict=True))
+    new_kwargs = {
+        k: carry(by_kw[k], found.kwargs[k]) if k in by_kw else v for k, v in kwargs.items()
+    }
+    return new_args, new_kwargs
 
 
 def _dims(shape: Any) -> list[int | str]:
@@ -408,7 +420,9 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
             unplaced = not has_arrays(args, kwargs)
             mesh_context = tracing_on(abstract_mesh(mesh), unplaced=unplaced)
         if "explicit" in mesh.axis_types:
-            args = _typed_shardings(cfg, bound, args, mesh, names, adapted.logical_axes)
+            args, kwargs = _typed_shardings(
+                cfg, bound, args, kwargs, mesh, names, adapted.logical_axes
+            )
     reference_fn = None
     if env is not None:
         # Keyword arguments are all static here (jaxaot.config.mesh refuses traced ones).

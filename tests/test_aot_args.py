@@ -143,6 +143,49 @@ def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: A
     assert consumed is on["a"].is_deleted() is (want_a == P("data"))
 
 
+def test_keyword_arguments_on_an_explicit_mesh(compose_run: Any) -> None:
+    # JAX: with explicit axes the shardings are part of the argument types, keyword arguments'
+    # too: jax.jit(f).trace(x_sds, a=a_sds, b=b_sds) types each by its ShapeDtypeStruct.
+    result = compose_run(
+        f"{T}:scaled",
+        "program.args=[f32[8]]",
+        "+program.kwargs.a=f32[8]",
+        "+program.kwargs.b=f32[8]",
+        *MESH2,
+        "mesh.axis_types=[explicit]",
+        "lower.in_shardings={x: [data], a: [data]}",
+        "execute.check=reference",
+        "execute.repeats=1",
+    )
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh(
+        (2,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2]
+    )
+
+    def sds(spec: Any) -> Any:
+        return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    with jax.set_mesh(mesh):
+        plain = jax.jit(progs.scaled).trace(sds(P("data")), a=sds(P("data")), b=sds(P()))
+        compiled = plain.lower().compile()
+    # The types stage_out traced carry the shardings, keyword arguments' included.
+    staged = result.records["stage_out"]
+    assert [str(a.sharding.spec) for a in jax.tree.leaves(staged.kwargs)] == [
+        str(P("data")),
+        str(P()),
+    ]
+    ours = result.records["compile"].compiled
+    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
+    assert _specs(ours.output_shardings) == _specs(compiled.output_shardings)
+    args, kwargs = _inputs(result)
+    want = compiled(
+        *(jax.device_put(v, s) for v, s in zip(args, compiled.input_shardings[0], strict=True)),
+        **{k: jax.device_put(v, compiled.input_shardings[1][k]) for k, v in kwargs.items()},
+    )
+    _same(result.records["execute"].outputs, want)
+
+
 def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) -> None:
     # JAX: a dict keyword argument's leaves carry their own shardings (and memory kinds); a
     # static keyword is bound. Plain JAX: ShapeDtypeStructs with NamedSharding(...)
