@@ -9,7 +9,6 @@ device count, mesh) and ``cost_analysis.json`` where the lowering offers one.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -17,35 +16,33 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
-from jaxaot.config.mesh import MeshSpec, logical_rules, mesh_spec
-from jaxaot.config.path_shardings import (
-    Resolution,
-    is_pattern_form,
-    resolve,
-    under_flax_rules,
-)
+from jaxaot.config.mesh import MeshSpec, mesh_spec
 from jaxaot.config.placement import check_placement
 from jaxaot.config.sections import PLATFORMS, check_indices
-from jaxaot.config.sharding import Spec
-from jaxaot.config.tree_paths import leaf_paths, top_names
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
 from jaxaot.stages.cost_figures import costs_of
+from jaxaot.stages.export_rules import (
+    check_disabled,
+    check_platforms,
+    custom_call_hint,
+    donating,
+    donation_keys,
+    safety_checks,
+)
 from jaxaot.stages.jax_mesh import (
     abstract_mesh,
     has_arrays,
     jax_internal,
-    named,
-    output_shardings,
-    resolved_with_keywords,
     tracing_on,
-    update_shardings,
 )
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
 from jaxaot.stages.jaxenv import platform_of
+from jaxaot.stages.lower_shardings import sharded
 from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
+from jaxaot.stages.output_types import import_pytree_classes, register_output_types
 from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util import heap, memo
 from jaxaot.util.canonical import canonical_stablehlo
@@ -157,452 +154,6 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
     return opts
 
 
-def _sharded(
-    ctx: StageContext, staged: StagedOut, mesh: MeshSpec, amesh: Any, opts: dict[str, Any]
-) -> tuple[Any, dict[str, Any], tuple[Any, ...], dict[str, Any]]:
-    """The program, jit options and arguments with ``lower.in_shardings``/``out_shardings`` on
-    ``mesh``.
-
-    The static keyword arguments are bound into the function. jax.jit takes no keyword
-    arguments alongside in_shardings ("pjit does not support kwargs when in_shardings is
-    specified", jax 0.10.2), so with traced keyword arguments every input's sharding rides on
-    its ShapeDtypeStruct instead (``jax.jit(f).trace(x_sds, a=a_sds)``, which lowers to the same
-    module): a keyword argument's leaves are named by the keyword in the mapping form
-    (``{a: [data]}``), the positional list covers the positional arguments alone, and a keyword
-    leaf no spec names is replicated, as a positional one is. Path patterns and logical-axis
-    rules are resolved on ``staged.args``/``staged.kwargs``, the abstract arguments jax.jit
-    traces; what they decided is written to ``path_shardings.json``.
-    """
-    cfg = ctx.cfg.lower
-    bound = staged.bound
-    assert staged.fn is not None  # lowering again always traces the program (see the runner)
-    static_kw = {k: v for k, v in staged.kwargs.items() if bound.is_static(k)}
-    traced_kw = {k: v for k, v in staged.kwargs.items() if not bound.is_static(k)}
-    fn = functools.partial(staged.fn, **static_kw) if static_kw else staged.fn
-    # flax's own logical constraints (nn.with_logical_constraint, LogicallyPartitioned) see
-    # lower.logical_axis_rules while the program is traced.
-    fn = under_flax_rules(fn, logical_rules(ctx.cfg, mesh))
-    dropped = ("static_argnames",) if traced_kw else ("static_argnames", "donate_argnames")
-    opts = {k: v for k, v in opts.items() if k not in dropped}
-    names = staged.signature.get("parameters")
-    found = resolved_with_keywords(
-        ctx.cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
-    )
-    specs = found.specs
-    shardings = (*found.positional, *found.keyword)
-    ins = found.resolutions[0] if found.resolutions else None
-    args: tuple[Any, ...] = found.args
-    _check_symbolic_splits(
-        bound, (*found.args, *found.kwargs.values()), list(traced_kw), shardings, mesh
-    )
-    kwargs: dict[str, Any] = {}
-    if traced_kw:
-        args, kwargs = _carrying(bound, args, found.kwargs, found.positional, found.keyword)
-    else:
-        opts["in_shardings"] = shardings
-    outs = None
-    if cfg.out_shardings is not None:
-        traced = staged.traced
-        assert traced is not None, "out_shardings need the traced program"
-        # With NNX arguments the traced function returns (the user's output, the Variables it
-        # updated): lower.out_shardings describe the user's output; each update keeps the
-        # sharding its Variable came in with (a parameter stays laid out as it was).
-        out_info, out_tree = traced.out_info, traced.out_tree
-        if staged.returns_updates:
-            out_info, out_tree = traced.out_info[0], traced.out_tree.children()[0]
-        if is_pattern_form(cfg.out_shardings):
-            trees, outs = resolve(
-                [("output", out_info)],
-                cfg.out_shardings,
-                key="lower.out_shardings",
-                mesh=mesh.sizes,
-                logical=logical_rules(ctx.cfg, mesh),
-                others=_input_leaves(staged, specs, names, list(traced_kw)),
-            )
-            user = named(trees[0], amesh)
-        else:
-            user = output_shardings(cfg.out_shardings, out_info, out_tree, mesh, amesh)
-        opts["out_shardings"] = user
-        if staged.returns_updates:
-            positions = [i for i in range(len(staged.args)) if not bound.is_static(i)]
-            updates = update_shardings(
-                traced.out_info[1],
-                staged.args,
-                found.positional,
-                positions,
-                top_names(len(staged.args), names),
-            )
-            opts["out_shardings"] = (user, updates)
-    if ins is not None or outs is not None:
-        _record_paths(ctx, ins, outs)
-    return fn, opts, args, kwargs
-
-
-def _check_symbolic_splits(
-    bound: Any,
-    every: tuple[Any, ...],
-    keywords: list[str],
-    shardings: tuple[Any, ...],
-    mesh: MeshSpec,
-) -> None:
-    """Each symbolic dimension a sharding splits is divisible by its devices for every value of
-    its variables, as JAX requires when it traces (jax 0.10.2 raises IndivisibleError for
-    ``f32[b,4]`` on ``P('data')``, and accepts ``f32[2*b,4]``): one line naming the argument.
-    ``every``: the positional arguments, then the traced keyword arguments' values."""
-    import math
-
-    import jax
-    from jaxaot.config.path_shardings import divides
-    from jaxaot.stages.resolving import type_str
-
-    n = len(every) - len(keywords)
-    tops = [(f"program.args[{i}]", every[i]) for i in range(n) if not bound.is_static(i)]
-    tops += [(f"program.kwargs.{k}", v) for k, v in zip(keywords, every[n:], strict=True)]
-    for (top, arg), prefix in zip(tops, shardings, strict=True):
-        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, arg)
-        for (path, leaf), sh in zip(leaf_paths(arg, top), jax.tree.leaves(full), strict=True):
-            shape = tuple(getattr(leaf, "shape", ()))
-            if all(isinstance(d, int) for d in shape):
-                continue  # concrete sizes: checked against the config before JAX
-            for dim, entry in enumerate(sh.spec):
-                names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-                parts = math.prod(mesh.sizes[a] for a in names)
-                if not divides(shape[dim], parts):
-                    raise ConfigError(
-                        f"lower.in_shardings: {path} ({type_str(shape, leaf.dtype)}): dimension "
-                        f"{dim} has the symbolic size {shape[dim]}, which mesh axes {list(names)} "
-                        f"(together {parts} devices) do not divide for every value of its "
-                        f"variables (JAX requires it when tracing); expected a multiple of "
-                        f"{parts} (e.g. {parts}*{symbols(str(shape[dim]))[0]}), or the dimension "
-                        "unsplit"
-                    )
-
-
-def _carrying(
-    bound: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    arg_shardings: tuple[Any, ...],
-    kw_shardings: tuple[Any, ...],
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The traced arguments with each ShapeDtypeStruct carrying its sharding (one sharding may
-    stand for a subtree); static positions and Python scalars as they are."""
-    import jax
-
-    def carry(tree: Any, prefix: Any) -> Any:
-        def typed(sharding: Any, sub: Any) -> Any:
-            return jax.tree.map(
-                lambda x: (
-                    jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=sharding)
-                    if isinstance(x, jax.ShapeDtypeStruct)
-                    else x
-                ),
-                sub,
-            )
-
-        return jax.tree.map(typed, prefix, tree)
-
-    it = iter(arg_shardings)
-    new_args = tuple(a if bound.is_static(i) else carry(a, next(it)) for i, a in enumerate(args))
-    new_kwargs = {k: carry(v, sh) for (k, v), sh in zip(kwargs.items(), kw_shardings, strict=True)}
-    return new_args, new_kwargs
-
-
-def _input_leaves(
-    staged: StagedOut, specs: tuple[Any, ...], names: list[str] | None, keywords: list[str]
-) -> dict[str, tuple[tuple[Any, ...], Spec]]:
-    """Every traced input leaf's shape and spec by path (and ``args[i]`` path), for ``like``
-    in ``out_shardings``; a positional-form spec standing for a subtree is given to each leaf.
-    ``specs`` has one tree per traced positional argument, then one per traced keyword
-    argument in ``keywords`` (named by its keyword)."""
-    import jax
-
-    out: dict[str, tuple[tuple[Any, ...], Spec]] = {}
-    traced = [i for i in range(len(staged.args)) if not staged.bound.is_static(i)]
-    tops = top_names(len(staged.args), names)
-    inputs: list[tuple[Any, tuple[str, ...]]] = [
-        (staged.args[i], (tops[i], f"args[{i}]")) for i in traced
-    ]
-    inputs += [(staged.kwargs[k], (k,)) for k in keywords]
-    for (arg, paths), spec_tree in zip(inputs, specs, strict=True):
-        full = jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub), spec_tree, arg)
-        flat = jax.tree.leaves(full)
-        for top in dict.fromkeys(paths):
-            for (path, leaf), spec in zip(leaf_paths(arg, top), flat, strict=True):
-                out[path] = (tuple(getattr(leaf, "shape", ())), spec)
-    return out
-
-
-def _record_paths(ctx: StageContext, ins: Resolution | None, outs: Resolution | None) -> None:
-    """``path_shardings.json`` (every leaf's spec and what decided it) and one warning line for
-    the leaves no rule decided and one for the fallbacks."""
-    record: dict[str, Any] = {}
-    for side, res in (("inputs", ins), ("outputs", outs)):
-        if res is None:
-            continue
-        record[side] = res.table()
-        record[f"unmatched_{side}"] = res.unmatched
-        record[f"notes_{side}"] = res.notes
-        key = "lower.in_shardings" if side == "inputs" else "lower.out_shardings"
-        if res.unmatched:
-            shown = ", ".join(res.unmatched[:3])
-            more = f" (+{len(res.unmatched) - 3} more)" if len(res.unmatched) > 3 else ""
-            n = len(res.unmatched)
-            ctx.warn(
-                f"{key}: {n} {'leaf matches' if n == 1 else 'leaves match'} no pattern and "
-                f"{'has' if n == 1 else 'have'} no logical axes, so replicated: {shown}{more} "
-                "(lower/path_shardings.json)"
-            )
-        if res.notes:
-            more = f" (+{len(res.notes) - 1} more)" if len(res.notes) > 1 else ""
-            ctx.warn(f"{key}: {res.notes[0]}{more} (lower/path_shardings.json)")
-    ctx.write_json("path_shardings.json", record)
-
-
-# Containers jax.export serializes itself.
-_BUILTIN_NODES = (tuple, list, dict, type(None))
-
-
-def _is_namedtuple(cls: type) -> bool:
-    return issubclass(cls, tuple) and hasattr(cls, "_fields")
-
-
-def _node_classes(treedef: Any) -> list[type]:
-    """The NamedTuple and other user pytree classes in a structure (outer first, each once)."""
-    import collections
-
-    found: list[type] = []
-    stack = [treedef]
-    while stack:
-        node = stack.pop()
-        data = node.node_data()
-        if data is not None:
-            cls = data[0]
-            builtin = cls in _BUILTIN_NODES or cls in (
-                collections.OrderedDict,
-                collections.defaultdict,
-            )
-            if not builtin and cls not in found:
-                found.append(cls)
-        stack.extend(reversed(node.children()))
-    return found
-
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _aux_to_bytes(aux: Any) -> bytes:
-    # A registered class's aux data (a dataclass's static fields, a user's own): stored as a
-    # Python literal, read back with ast.literal_eval, so loading runs no code.
-    import ast
-
-    text = repr(aux)
-    try:
-        same = ast.literal_eval(text) == aux
-    except (ValueError, SyntaxError):
-        same = False
-    if not same:
-        raise ValueError(f"pytree aux data {text[:80]} is not a Python literal")
-    return text.encode()
-
-
-def _aux_from_bytes(data: bytes) -> Any:
-    import ast
-
-    return ast.literal_eval(data.decode())
-
-
-def _register_class(cls: type, name: str) -> None:
-    """Let jax.export (de)serialize ``cls`` under ``name``; once per process."""
-    from jax._src.export import _export
-
-    if cls in _export.serialization_registry:
-        return  # registered before (by us, or by the user under a name of their own)
-    stale = _export.deserialization_registry.get(name)
-    if stale is not None and stale[0] is not cls:
-        # The same module:class imported again (a reloaded module): the new class replaces it.
-        del _export.deserialization_registry[name]
-        _export.serialization_registry.pop(stale[0], None)
-    import jax
-
-    if _is_namedtuple(cls):
-        jax.export.register_namedtuple_serialization(cls, serialized_name=name)
-    else:
-        jax.export.register_pytree_node_serialization(
-            cls,
-            serialized_name=name,
-            serialize_auxdata=_aux_to_bytes,
-            deserialize_auxdata=_aux_from_bytes,
-        )
-
-
-def _register_output_types(exported: Any) -> list[str]:
-    """Register the NamedTuples and user pytree classes (registered dataclasses, classes of
-    ``jax.tree_util.register_pytree_node``) in the export's input and output structures
-    (jaxlib's EighResult, SVDResult, QRResult, a user's own), so that ``serialize`` accepts
-    them; return their names.
-
-    A class defined inside a function cannot be imported by a later run: left unregistered, so
-    the export fails as before (with jax's message) instead of writing an unloadable file.
-    """
-    names = []
-    for cls in _node_classes(exported.in_tree) + _node_classes(exported.out_tree):
-        if "<locals>" in cls.__qualname__:
-            continue
-        name = _class_name(cls)
-        _register_class(cls, name)
-        names.append(name)
-    return names
-
-
-def _import_pytree_classes(names: list[str], policy: Any) -> None:
-    """Import and register the pytree classes a checkpointed export names (lowered.json),
-    each under the run's import policy (``trust.*``) like any name a config gives."""
-    import importlib
-
-    from jaxaot.config.trust import check_name, check_resolved
-
-    key = "resume_from: lowered.json pytree class"
-    for name in names:
-        module, _, qualname = name.partition(":")
-        check_name(name, key, policy)  # before anything is imported
-        try:
-            obj: Any = importlib.import_module(module)
-            modules = [obj]
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as exc:
-            raise StoreError(
-                f"resume_from: the lowering's arguments or outputs hold a pytree class {name!r} "
-                f"that cannot be imported here ({exc}); start at stage_out instead"
-            ) from None
-        check_resolved(name, key, policy, modules, obj)
-        if not isinstance(obj, type):
-            raise StoreError(
-                f"resume_from: {name!r} named in lowered.json is not a pytree class (found "
-                f"{type(obj).__name__}); start at stage_out instead"
-            )
-        _register_class(obj, name)
-
-
-def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
-    """``lower.platforms`` as JAX lowers for them, and a warning for each near-miss of a name
-    JAX knows.
-
-    JAX's set of platforms is open (jax 0.10.2: ``lower`` and ``jax.export`` take any name,
-    "users can add platforms"; an unknown one is lowered with the default rules only), so a
-    name such as ``other`` is exported as given; one close to a known name (``tpuu``, ``CPU``)
-    is probably a typo: exported too, with a warning. An alias (``gpu``) is the GPU platform
-    present, as JAX's ``canonicalize_platform`` says; with none present it is an error, as in
-    JAX. Compiling for a platform the lowering lacks is compile's to refuse (check_platform)."""
-    import difflib
-
-    # No public list or canonicalization of platforms in jax 0.10: xla_bridge's private ones.
-    try:
-        from jax._src import xla_bridge
-
-        aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
-        known = sorted(xla_bridge.known_platforms())
-        canonicalize = xla_bridge.canonicalize_platform
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise jax_internal(
-            "jax._src.xla_bridge's _platform_aliases, known_platforms or canonicalize_platform",
-            "read lower.platforms as JAX does",
-            exc,
-        ) from None
-    out: list[str] = []
-    notes: list[str] = []
-    for p in platforms:
-        if p in aliases.values():
-            meant = sorted(k for k, v in aliases.items() if v == p)
-            try:
-                out.append(canonicalize(p))
-            except RuntimeError as exc:
-                raise ConfigError(
-                    f"lower.platforms: {p!r} ({p} is an alias of {', '.join(meant)}) names the "
-                    f"{p} platform present, and JAX has none here ({one_line(exc)}); expected "
-                    f"one of {', '.join(meant)} (e.g. lower.platforms=[{meant[0]}])"
-                ) from None
-            continue
-        out.append(p)
-        if p in known:
-            continue
-        close = difflib.get_close_matches(p.lower(), known, n=1, cutoff=0.75)
-        if close:
-            notes.append(
-                f"lower.platforms: {p!r} is no platform this JAX knows (did you mean "
-                f"{close[0]!r}?); JAX lowers for it with its default rules only, and a compile "
-                f"here refuses it unless lower.disabled_checks=[platform]"
-            )
-    return tuple(out), notes
-
-
-def safety_checks(names: list[str] | tuple[str, ...]) -> list[jax.export.DisabledSafetyCheck]:
-    """``lower.disabled_checks`` as ``jax.export.DisabledSafetyCheck`` (spellings checked by
-    :func:`check`)."""
-    from jax.export import DisabledSafetyCheck
-
-    return [
-        DisabledSafetyCheck.platform()
-        if name == "platform"
-        else DisabledSafetyCheck.custom_call(name.removeprefix("custom_call:"))
-        for name in names
-    ]
-
-
-def _check_disabled(names: Any) -> None:
-    for name in names:
-        target = name.removeprefix("custom_call:") if isinstance(name, str) else ""
-        if name == "platform" or (name != target and target.strip() == target and target):
-            continue
-        raise ConfigError(
-            f"lower.disabled_checks: expected 'platform' or 'custom_call:<target>' (the "
-            f"jax.export.DisabledSafetyCheck spellings), found {name!r}; e.g. "
-            "lower.disabled_checks=[platform] or '[custom_call:lapack_sgesvd_ffi]'"
-        )
-
-
-_CUSTOM_CALL = re.compile(r"stablehlo\.custom_call @([\w.$-]+)\(")
-
-
-def _custom_call_hint(exc: Exception) -> str:
-    """How to export anyway when jax.export refused custom calls it does not know stable."""
-    text = str(exc)
-    if "custom calls whose targets have no compatibility guarantees" not in text:
-        return ""
-    targets = list(dict.fromkeys(_CUSTOM_CALL.findall(text)))
-    if not targets:
-        return ""
-    listed = ", ".join(f"custom_call:{t}" for t in targets)
-    return f"; to export it anyway (no stability guarantee), lower.disabled_checks='[{listed}]'"
-
-
-# Platforms JAX implements donation for (jax 0.10.2: mlir._platforms_with_donation, private).
-def _donating(platforms: tuple[str, ...]) -> bool:
-    try:
-        from jax._src.interpreters import mlir
-
-        supported = mlir._platforms_with_donation
-        return any(p in supported for p in platforms)
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise jax_internal(
-            "jax._src.interpreters.mlir._platforms_with_donation",
-            "record which arguments are donated",
-            exc,
-        ) from None
-
-
-def _donation_keys(cfg: JaxaotConfig) -> str:
-    low = cfg.lower
-    keys = [
-        f"lower.{k}={list(getattr(low, k))}"
-        for k in ("donate_argnums", "donate_argnames")
-        if getattr(low, k)
-    ]
-    return " and ".join(keys) or "donation"
-
-
 @dataclass(frozen=True)
 class _Texts:
     """What the lower stage derives from one lowering: texts, module digest, cost analysis."""
@@ -671,7 +222,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
     amesh = None
     if mesh is not None and not mesh.per_replica:
         amesh = abstract_mesh(mesh)
-        fn, opts, args, kwargs = _sharded(ctx, staged, mesh, amesh, opts)
+        fn, opts, args, kwargs = sharded(ctx, staged, mesh, amesh, opts)
         mesh_json = mesh.to_json()
     # lower.{in,out}_memory_kinds and lower.{in,out}_layouts on the shardings just made.
     placement = placed(cfg, staged, fn, opts, tuple(args), kwargs, platforms, amesh)
@@ -712,7 +263,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             if "should support donation" not in str(exc):
                 raise
             raise ConfigError(
-                f"lower.platforms={list(platforms)} with {_donation_keys(cfg)}: {one_line(exc)}; "
+                f"lower.platforms={list(platforms)} with {donation_keys(cfg)}: {one_line(exc)}; "
                 "donate nothing, or lower the platforms without donation in a run of their own"
             ) from None
         # The texts and the export copy every embedded constant a dozen times: with big ones,
@@ -725,8 +276,8 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         stablehlo, module_sha = texts.stablehlo, texts.module_sha256
         # For platforms none of which implement donation JAX drops it (its warning says so):
         # the module donates nothing, and neither does a compile of its export.
-        donate = _flat_donations(staged) if _donating(platforms) else ()
-        donate_names = _donated_keywords(staged) if _donating(platforms) else ()
+        donate = _flat_donations(staged) if donating(platforms) else ()
+        donate_names = _donated_keywords(staged) if donating(platforms) else ()
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
         unplaced = amesh is not None and cfg.mesh.context and not has_arrays(args, kwargs)
         if unplaced and mesh is not None and early["nr_devices"] != mesh.size:
@@ -769,7 +320,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 exported = jax.export.export(jitted, platforms=platforms, disabled_checks=disabled)(
                     *export_args, **kwargs
                 )
-                pytree_types = _register_output_types(exported)
+                pytree_types = register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives (issue 17).
                 exported_bytes = _serialize(exported, cfg.lower.vjp_order)
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
@@ -777,7 +328,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             ctx.warn(
                 "no exported.bin: jax.export cannot serialize this program "
                 f"({' '.join(str(exc).split())[:200]}); it compiles and runs here, but a later "
-                f"run cannot resume from this lowering{_custom_call_hint(exc)}"
+                f"run cannot resume from this lowering{custom_call_hint(exc)}"
             )
         else:
             ctx.write("exported.bin", exported_bytes)
@@ -872,7 +423,6 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
     stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
     or the lowering has no symbolic dimensions."""
     import jax
-    from jaxaot.config.argspec import symbols
     from jaxaot.config.order import STAGES
     from jaxaot.errors import one_line
 
@@ -959,7 +509,7 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         ) from None
     from jaxaot.config.trust import policy_of
 
-    _import_pytree_classes(list(meta.get("namedtuples", [])), policy_of(ctx.cfg))
+    import_pytree_classes(list(meta.get("namedtuples", [])), policy_of(ctx.cfg))
     exported = jax.export.deserialize(bytearray(blob))
     for name in ARTIFACTS:
         try:
@@ -987,7 +537,7 @@ def check(cfg: JaxaotConfig) -> None:
     text options."""
     low = cfg.lower
     check_indices("lower.donate_argnums", low.donate_argnums)
-    _check_disabled(low.disabled_checks)
+    check_disabled(low.disabled_checks)
     for p in low.platforms or ():
         # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
         # it when lowering (check_platforms); here only the spelling.
@@ -1052,8 +602,6 @@ __all__ = [
     "LOWER",
     "Lowered",
     "canonical_stablehlo",
-    "check_platforms",
     "load",
     "run",
-    "safety_checks",
 ]

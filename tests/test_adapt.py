@@ -248,10 +248,10 @@ def test_equinox_train_step_returns_the_model_as_arrays() -> None:
         assert np.array_equal(ours["weight"], theirs.weight)
         assert np.array_equal(ours["bias"], theirs.bias)
     assert not np.array_equal(new_model["layers"][0]["weight"], model.layers[0].weight)
-    from jaxaot.stages.lower import _register_output_types
+    from jaxaot.stages.output_types import register_output_types
 
     exported = jax.export.export(jax.jit(a.fn))(*a.args)
-    _register_output_types(exported)  # optax's NamedTuples, as the lowering stage does
+    register_output_types(exported)  # optax's NamedTuples, as the lowering stage does
     assert exported.serialize()
 
 
@@ -273,7 +273,7 @@ def ts_step(state: train_state.TrainState, x: jax.Array) -> train_state.TrainSta
 
 
 def test_train_state_static_fields_closed_over_and_keyed() -> None:
-    from jaxaot.stages.lower import _register_output_types
+    from jaxaot.stages.output_types import register_output_types
 
     state = linen_state(1e-3)
     a = adapt(ts_step, (state, X), {}, ["state", "x"])
@@ -296,12 +296,12 @@ def test_train_state_static_fields_closed_over_and_keyed() -> None:
     assert adapt(ts_step, (linen_state(1e-3), X), {}, ["state", "x"]).fingerprint == a.fingerprint
     # What the lowering stage serializes: the adapted program exports, the TrainState one not.
     exported = jax.export.export(jax.jit(a.fn))(*a.args)
-    _register_output_types(exported)
+    register_output_types(exported)
     again = jax.export.deserialize(exported.serialize())
     assert again.in_tree == exported.in_tree
     with pytest.raises(ValueError, match="is not a Python literal"):
         plain = jax.export.export(jax.jit(ts_step))(state, X)
-        _register_output_types(plain)
+        register_output_types(plain)
         plain.serialize()
 
 

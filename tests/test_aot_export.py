@@ -24,8 +24,9 @@ from jax.export import DisabledSafetyCheck
 from jaxaot.config.argspec import concrete_bound
 from jaxaot.errors import BackendError, ConfigError
 from jaxaot.schema import validate
+from jaxaot.stages.export_rules import check_platforms
 from jaxaot.stages.inputs import spec_inputs
-from jaxaot.stages.lower import canonical_stablehlo, check_platforms, summarize
+from jaxaot.stages.lower import canonical_stablehlo, summarize
 
 T = "program.target=aot_export_programs"
 ADD = (f"{T}:add", "program.args=[f32[4], f32[4]]")
@@ -342,7 +343,7 @@ def test_disabled_check_spellings_are_validated(value: str) -> None:
 
 def test_disabled_check_spellings_jax_takes_are_accepted() -> None:
     cfg = validate(jaxaot.compose([*ADD, "lower.disabled_checks=[platform, 'custom_call:ALL']"]))
-    from jaxaot.stages.lower import safety_checks
+    from jaxaot.stages.export_rules import safety_checks
 
     assert safety_checks(cfg.lower.disabled_checks) == [
         DisabledSafetyCheck.platform(),

@@ -214,9 +214,9 @@ def test_a_jax_whose_jit_ignores_the_context_is_refused_not_lowered_for_one_devi
 
 def test_a_jax_without_the_donation_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from jax._src.interpreters import mlir
-    from jaxaot.stages.lower import _donating
+    from jaxaot.stages.export_rules import donating
 
-    assert _donating(("cpu",)) and not _donating(("other",))  # jax 0.10.2's own table
+    assert donating(("cpu",)) and not donating(("other",))  # jax 0.10.2's own table
     monkeypatch.delattr(mlir, "_platforms_with_donation")
     with pytest.raises(BackendError, match=rf"^jax {VERSION}: jax\._src\.interpreters\.mlir\."):
-        _donating(("cpu",))
+        donating(("cpu",))
