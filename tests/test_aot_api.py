@@ -16,10 +16,9 @@ import jax.numpy as jnp
 import jaxaot
 import numpy as np
 import pytest
-from jaxaot.config.argspec import concrete_bound
+from jax_reference import assert_same, run_inputs
 from jaxaot.errors import ConfigError, TargetError
 from jaxaot.stages.execute import load_outputs
-from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_api_programs"
 
@@ -27,21 +26,6 @@ T = "program.target=aot_api_programs"
 @pytest.fixture(autouse=True)
 def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-def _inputs(result: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The inputs the run executed with (built again from its specs and seed)."""
-    staged = result.records["stage_out"]
-    sizes = result.manifest["config"]["compile"]["shapes"]
-    return spec_inputs(concrete_bound(staged.bound, sizes), 0)
-
-
-def _same(got: Any, want: Any) -> None:
-    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert jax.tree.structure(got) == jax.tree.structure(jax.tree.map(np.asarray, want))
-    for a, b in zip(g, w, strict=True):
-        assert np.asarray(a).dtype == np.asarray(b).dtype
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # --- 1. static and donated arguments by position or name, however passed ------------------
@@ -65,9 +49,9 @@ def test_static_by_name_or_position_however_passed(compose_run: Any, overrides: 
     result = compose_run(f"{T}:pick", *overrides, "execute.check=reference", "execute.repeats=1")
     staged = result.records["stage_out"]
     assert staged.signature["static"][0]["value"] == "double"
-    args, kwargs = _inputs(result)
+    args, kwargs = run_inputs(result)
     want = progs.pick("double", *args, **kwargs)
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
 
 
 def test_donate_argnums_on_a_keyword_passed_dict(compose_run: Any) -> None:
@@ -114,8 +98,8 @@ def test_resume_keeps_statics_resolved_through_the_signature(compose_run: Any) -
         "start_at=execute",
         "execute.repeats=1",
     )
-    args, _ = _inputs(again)
-    _same(again.records["execute"].outputs, progs.pick("double", *args))
+    args, _ = run_inputs(again)
+    assert_same(again.records["execute"].outputs, progs.pick("double", *args), structure=True)
 
 
 # --- 2. any pytree as an argument; namedtuple and custom pytree outputs ---------------------
@@ -129,13 +113,13 @@ PYTREE_ARGS = (
 
 def test_namedtuple_dataclass_and_tuple_arguments(compose_run: Any) -> None:
     result = compose_run(f"{T}:norms", PYTREE_ARGS, "execute.check=reference", "execute.repeats=1")
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     assert isinstance(args[0], progs.Point) and isinstance(args[1], progs.State)
     assert isinstance(args[2], tuple) and args[1].steps == 3
     want = jax.jit(progs.norms)(*args)  # JAX: the same containers out
     got = result.records["execute"].outputs
     assert isinstance(got["point"], progs.Point) and isinstance(got["pair"], progs.Pair)
-    _same(got, want)
+    assert_same(got, want, structure=True)
     sig = result.records["stage_out"].signature
     assert [i["path"] for i in sig["inputs"]] == [
         "args[0].x",
@@ -167,10 +151,10 @@ def test_pytree_outputs_resume_from_the_export(compose_run: Any) -> None:
         "start_at=compile",
         "execute.repeats=1",
     )
-    args, _ = _inputs(again)
+    args, _ = run_inputs(again)
     got = again.records["execute"].outputs
     assert isinstance(got["point"], progs.Point)
-    _same(got, jax.jit(progs.norms)(*args))
+    assert_same(got, jax.jit(progs.norms)(*args), structure=True)
 
 
 def test_pytree_class_goes_through_the_trust_policy(compose_run: Any) -> None:
@@ -199,9 +183,9 @@ def test_weak_type_promotion(compose_run: Any, weak: str) -> None:
     )
     sig = result.records["stage_out"].signature
     assert sig["inputs"][0]["weak_type"] is True and sig["outputs"][0]["dtype"] == "bfloat16"
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     assert args[0].weak_type
-    _same(result.records["execute"].outputs, jax.jit(progs.add)(*args))
+    assert_same(result.records["execute"].outputs, jax.jit(progs.add)(*args), structure=True)
     strong = compose_run(f"{T}:add", "program.args=[f32[], bf16[3]]", "stop_after=stage_out")
     assert strong.records["stage_out"].signature["outputs"][0]["dtype"] == "float32"
 
@@ -218,8 +202,12 @@ def test_donating_a_weakly_typed_argument(compose_run: Any) -> None:
     sig = result.records["stage_out"].signature["inputs"][0]
     assert sig["weak_type"] and sig["donated"]
     assert result.records["execute"].timings["donated_inputs_consumed"] is True
-    args, _ = _inputs(result)
-    _same(result.records["execute"].outputs, jax.jit(progs.add, donate_argnums=0)(*args))
+    args, _ = run_inputs(result)
+    assert_same(
+        result.records["execute"].outputs,
+        jax.jit(progs.add, donate_argnums=0)(*args),
+        structure=True,
+    )
 
 
 # --- 4. JAX configuration per run ------------------------------------------------------------
@@ -242,7 +230,7 @@ def test_x64_from_the_config_applies_to_the_run_and_is_restored(compose_run: Any
     finally:
         jax.config.update("jax_enable_x64", False)
     assert want.dtype == np.int64
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
     manifest = result.manifest
     assert manifest["config"]["jax"]["config"] == {"jax_enable_x64": True}
     assert manifest["environment"]["jax_config"]["jax_enable_x64"] is True
@@ -325,13 +313,13 @@ def test_program_sees_the_mesh_while_traced_and_in_the_reference(compose_run: An
         "execute.check=reference",
         "execute.repeats=1",
     )
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     from jax.sharding import AxisType
 
     mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
     with jax.set_mesh(mesh):
         want = jax.jit(progs.with_mesh)(*args)
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
     assert result.records["execute"].check["ok"]
 
 
@@ -366,11 +354,11 @@ def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None
     assert [o.sharding.spec for o in staged.traced.out_info] == want_specs
     outs = result.records["compile"].compiled.output_shardings
     assert [s.spec for s in outs] == [P("data"), P()]
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     with jax.set_mesh(mesh):
         want = jax.jit(progs.resharded)(jax.device_put(args[0], NamedSharding(mesh, P("data"))))
     assert [o.sharding.spec for o in want] == [P("data", None), P(None, None)]
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
 
 
 def test_a_one_device_mesh_compiles(compose_run: Any) -> None:
@@ -382,8 +370,8 @@ def test_a_one_device_mesh_compiles(compose_run: Any) -> None:
         "execute.check=reference",
         "execute.repeats=1",
     )
-    args, _ = _inputs(result)
-    _same(result.records["execute"].outputs, jax.jit(progs.add)(*args))
+    args, _ = run_inputs(result)
+    assert_same(result.records["execute"].outputs, jax.jit(progs.add)(*args), structure=True)
 
 
 # --- 11. any platform JAX accepts ------------------------------------------------------------
@@ -428,7 +416,7 @@ def test_every_dtype_round_trips_on_disk(compose_run: Any, dtype: str) -> None:
         "stage_out.static_argnums=[1]",
         "execute.repeats=1",
     )
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     want = np.asarray(jax.jit(progs.cast, static_argnums=1)(args[0], dtype))
     assert want.dtype.name == dtype
     saved = load_outputs(result.run_dir / "execute")[""]
@@ -450,10 +438,10 @@ def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
         "execute.check=reference",
         "execute.repeats=2",
     )
-    args, _ = _inputs(result)
+    args, _ = run_inputs(result)
     want = jax.jit(progs.add)(*args)
     assert want.dtype == jnp.int4
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
 
 
 # --- 9. text with debug info on request --------------------------------------------------------
@@ -532,11 +520,11 @@ def test_symbolic_dims_lower_once_and_compile_per_size(compose_run: Any) -> None
             "execute.repeats=1",
         )
         assert runs[b].manifest["stages"]["lower"]["status"] == "resumed"  # lowered once
-        args, _ = _inputs(runs[b])
+        args, _ = run_inputs(runs[b])
         assert args[0].shape == (b, 4)
         want = jax.jit(progs.rows)(*args)
-        _same(runs[b].records["execute"].outputs, want)
-        _same(runs[b].records["execute"].outputs, exp.call(*args))
+        assert_same(runs[b].records["execute"].outputs, want, structure=True)
+        assert_same(runs[b].records["execute"].outputs, exp.call(*args), structure=True)
     assert runs[3].manifest["stages"]["compile"]["status"] == "cached"  # the second b=3
     assert (
         runs[5].manifest["stages"]["compile"]["key"] != runs[3].manifest["stages"]["compile"]["key"]
@@ -560,8 +548,8 @@ def test_pytree_containers_on_a_mesh(compose_run: Any) -> None:
         "execute.check=reference",
         "execute.repeats=1",
     )
-    args, _ = _inputs(result)
-    _same(result.records["execute"].outputs, jax.jit(progs.norms)(*args))
+    args, _ = run_inputs(result)
+    assert_same(result.records["execute"].outputs, jax.jit(progs.norms)(*args), structure=True)
 
 
 def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
@@ -580,7 +568,7 @@ def test_weak_type_of_given_inputs(compose_run: Any, tmp_path: Path) -> None:
 
     want = jax.jit(progs.add)(weakly_typed(x), y)  # JAX: weak f32 + f16 is f16
     assert want.dtype == jnp.float16
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want, structure=True)
 
 
 @pytest.mark.parametrize(
@@ -605,7 +593,7 @@ def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...
         "execute.check=reference",
         "execute.repeats=1",
     )
-    inputs, _ = _inputs(again)
+    inputs, _ = run_inputs(again)
     from jax.sharding import AxisType
 
     n, kind = (4, AxisType.Explicit) if len(mesh) > 2 else (1, AxisType.Auto)
@@ -613,7 +601,7 @@ def test_mesh_lowerings_resume_at_compile(compose_run: Any, mesh: tuple[str, ...
         jax.make_mesh((n,), ("data",), axis_types=(kind,), devices=jax.devices()[:n])
     ):
         want = jax.jit(progs.resharded)(*inputs)
-    _same(again.records["execute"].outputs, want)
+    assert_same(again.records["execute"].outputs, want, structure=True)
     if len(mesh) > 2:  # explicit axes: the export keeps the output shardings JAX gave
         from jax.sharding import PartitionSpec as P
 
@@ -630,8 +618,8 @@ def test_symbolic_dims_on_a_mesh(compose_run: Any) -> None:
         "execute.check=reference",
         "execute.repeats=1",
     )
-    args, _ = _inputs(result)
-    _same(result.records["execute"].outputs, jax.jit(progs.rows)(*args))
+    args, _ = run_inputs(result)
+    assert_same(result.records["execute"].outputs, jax.jit(progs.rows)(*args), structure=True)
     assert result.records["compile"].lowered.exported.nr_devices == 2
     with pytest.raises(ConfigError, match=r"program\.args\[0\]: f32\[b,4\] has symbolic dim"):
         compose_run(*POLY, "+compile.shapes.b=4", "stage_out.axis_env=[[i,2]]")

@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxaot.config.argspec import concrete_bound
+from jax_reference import assert_same, cpu_mesh, run_inputs, specs_of
 from jaxaot.errors import ConfigError
-from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_args_programs"
 MESH2 = ("mesh.shape=[2]", "mesh.axes=[data]")
@@ -32,21 +31,6 @@ MESH2 = ("mesh.shape=[2]", "mesh.axes=[data]")
 @pytest.fixture(autouse=True)
 def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-def _inputs(result: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The inputs the run executed with (built again from its specs and seed)."""
-    staged = result.records["stage_out"]
-    sizes = result.manifest["config"]["compile"]["shapes"]
-    return spec_inputs(concrete_bound(staged.bound, sizes), 0)
-
-
-def _same(got: Any, want: Any) -> None:
-    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(g) == len(w)
-    for a, b in zip(g, w, strict=True):
-        assert np.asarray(a).dtype == np.asarray(b).dtype
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _arg_shardings(module: str) -> list[str]:
@@ -60,17 +44,6 @@ def _arg_shardings(module: str) -> list[str]:
             for part in re.split(r"%arg\d+: ", args)[1:]
         )
     ]
-
-
-def _specs(shardings: Any) -> Any:
-    """Shardings as (spec, memory kind), comparable across meshes of the same devices."""
-    return jax.tree.map(lambda s: (tuple(s.spec), s.memory_kind), shardings)
-
-
-def _mesh() -> Any:
-    from jax.sharding import AxisType
-
-    return jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
 
 
 # --- 1. keyword arguments on a mesh -------------------------------------------------------
@@ -99,7 +72,7 @@ def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: A
         "execute.repeats=2",
     )
     # Plain JAX after the run: the run starts the virtual devices the mesh needs.
-    mesh = _mesh()
+    mesh = cpu_mesh()
 
     def sds(spec: Any) -> Any:
         return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
@@ -116,8 +89,8 @@ def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: A
     module = (result.run_dir / "lower" / "module.stablehlo.mlir").read_text()
     assert _arg_shardings(module) == _arg_shardings(lowered.as_text())
     ours = result.records["compile"].compiled
-    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
-    assert _specs(ours.output_shardings) == _specs(compiled.output_shardings)
+    assert specs_of(ours.input_shardings) == specs_of(compiled.input_shardings)
+    assert specs_of(ours.output_shardings) == specs_of(compiled.output_shardings)
     assert (
         [i.donated for i in jax.tree.leaves(ours.args_info)]
         == [i.donated for i in jax.tree.leaves(compiled.args_info)]
@@ -129,7 +102,7 @@ def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: A
         ("kwargs['a']", True),
         ("kwargs['b']", False),
     ]
-    args, kwargs = _inputs(result)
+    args, kwargs = run_inputs(result)
     on = {k: jax.device_put(v, compiled.input_shardings[1][k]) for k, v in kwargs.items()}
     with warnings.catch_warnings():  # JAX warns when a donated buffer cannot hold an output
         warnings.simplefilter("ignore")
@@ -137,7 +110,7 @@ def test_keyword_arguments_on_a_mesh(compose_run: Any, shardings: str, want_a: A
             *(jax.device_put(v, s) for v, s in zip(args, compiled.input_shardings[0], strict=True)),
             **on,
         )
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
     # 'a' is consumed when its buffer can hold the output (the same split), as in plain JAX.
     consumed = result.records["execute"].timings["donated_inputs_consumed"]
     assert consumed is on["a"].is_deleted() is (want_a == P("data"))
@@ -176,14 +149,14 @@ def test_keyword_arguments_on_an_explicit_mesh(compose_run: Any) -> None:
         str(P()),
     ]
     ours = result.records["compile"].compiled
-    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
-    assert _specs(ours.output_shardings) == _specs(compiled.output_shardings)
-    args, kwargs = _inputs(result)
+    assert specs_of(ours.input_shardings) == specs_of(compiled.input_shardings)
+    assert specs_of(ours.output_shardings) == specs_of(compiled.output_shardings)
+    args, kwargs = run_inputs(result)
     want = compiled(
         *(jax.device_put(v, s) for v, s in zip(args, compiled.input_shardings[0], strict=True)),
         **{k: jax.device_put(v, compiled.input_shardings[1][k]) for k, v in kwargs.items()},
     )
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
 
 
 def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) -> None:
@@ -202,7 +175,7 @@ def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) ->
         "execute.check=reference",
         "execute.repeats=1",
     )
-    mesh = _mesh()
+    mesh = cpu_mesh()
     sh = NamedSharding(mesh, P("data")).with_memory_kind("device")
     rep = NamedSharding(mesh, P()).with_memory_kind("device")
     x = jax.ShapeDtypeStruct((4, 8), jnp.float32, sharding=sh)
@@ -214,13 +187,13 @@ def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) ->
         jax.jit(progs.keyed, static_argnames=("mode",)).trace(x, p=p, mode="sum").lower().compile()
     )
     ours = result.records["compile"].compiled
-    assert _specs(ours.input_shardings) == _specs(compiled.input_shardings)
+    assert specs_of(ours.input_shardings) == specs_of(compiled.input_shardings)
     paths = json_rows(result.run_dir / "lower" / "path_shardings.json")
     assert paths == {"x": "P('data')", "p/b": "P()", "p/w": "P('data')"}
-    args, kwargs = _inputs(result)
+    args, kwargs = run_inputs(result)
     ins = compiled.input_shardings
     want = compiled(jax.device_put(args[0], ins[0][0]), p=jax.device_put(kwargs["p"], ins[1]["p"]))
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
 
 
 def json_rows(path: Path) -> dict[str, str]:
@@ -259,7 +232,7 @@ def test_symbolic_dimension_provably_divisible_compiles(compose_run: Any) -> Non
         "execute.check=reference",
         "execute.repeats=1",
     )
-    mesh = _mesh()
+    mesh = cpu_mesh()
     (shape,) = [jax.export.symbolic_shape("2*b, 4")]
     amesh = mesh.abstract_mesh
     with jax.sharding.use_abstract_mesh(amesh):
@@ -267,12 +240,12 @@ def test_symbolic_dimension_provably_divisible_compiles(compose_run: Any) -> Non
             jax.jit(progs.double, in_shardings=NamedSharding(amesh, P("data", None)))
         )(jax.ShapeDtypeStruct(shape, jnp.float32))
     assert result.records["compile"].lowered.exported.nr_devices == exp.nr_devices == 2
-    (x,), _ = _inputs(result)
+    (x,), _ = run_inputs(result)
     with jax.set_mesh(mesh):
         want = jax.jit(exp.call, in_shardings=NamedSharding(mesh, P("data", None)))(x)
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
     ours = result.records["compile"].compiled
-    assert _specs(ours.input_shardings[0]) == ((("data",), "device"),)
+    assert specs_of(ours.input_shardings[0]) == ((("data",), "device"),)
 
 
 @pytest.mark.parametrize(
@@ -353,7 +326,7 @@ def test_stage_out_table_of_keyword_arguments_on_a_mesh(
         shardings,
         "stop_after=compile",
     )
-    mesh = _mesh()
+    mesh = cpu_mesh()
 
     def sds(name: str) -> Any:
         spec = want.get(name, P())
@@ -362,7 +335,7 @@ def test_stage_out_table_of_keyword_arguments_on_a_mesh(
     plain = jax.jit(progs.scaled).trace(sds("x"), a=sds("a"), b=sds("b")).lower().compile()
     (x,), kw = plain.input_shardings
     compiled = {"x": x, "a": kw["a"], "b": kw["b"]}
-    assert _specs(result.records["compile"].compiled.input_shardings) == _specs(
+    assert specs_of(result.records["compile"].compiled.input_shardings) == specs_of(
         plain.input_shardings
     )
     doc = json.loads((result.run_dir / "stage_out" / "arguments.json").read_text())

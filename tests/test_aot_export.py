@@ -18,9 +18,9 @@ import aot_export_programs as progs
 import jax
 import jax.numpy as jnp
 import jaxaot
-import numpy as np
 import pytest
 from jax.export import DisabledSafetyCheck
+from jax_reference import assert_same, run_inputs
 from jaxaot.config.argspec import concrete_bound
 from jaxaot.errors import BackendError, ConfigError
 from jaxaot.schema import validate
@@ -40,26 +40,12 @@ def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
-def _inputs(result: Any) -> list[Any]:
-    """The positional inputs the run executed with (built again from its specs and seed)."""
-    staged = result.records["stage_out"]
-    args, kwargs = spec_inputs(concrete_bound(staged.bound, {}), 0)
-    assert not kwargs
-    return list(args)
-
-
 def _exported(run_dir: Path) -> jax.export.Exported:
     return jax.export.deserialize(bytearray((run_dir / "lower" / "exported.bin").read_bytes()))
 
 
 def _lowered_json(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((run_dir / "lower" / "lowered.json").read_text()))
-
-
-def _same(got: Any, want: Any) -> None:
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert np.asarray(a).dtype == np.asarray(b).dtype
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _jax_warnings(call: Any) -> tuple[Any, list[str]]:
@@ -219,11 +205,11 @@ def test_donation_on_platforms_none_of_which_donate_is_dropped(compose_run: Any)
 def test_an_export_for_tpu_runs_on_cpu_with_the_platform_check_disabled(compose_run: Any) -> None:
     checks = ["lower.platforms=[tpu]", "lower.disabled_checks=[platform]"]
     result = compose_run(*ADD, *checks, "execute.check=reference", "execute.repeats=1")
-    x, y = _inputs(result)
+    x, y = run_inputs(result)[0]
     want = jax.export.export(
         jax.jit(progs.add), platforms=("tpu",), disabled_checks=[DisabledSafetyCheck.platform()]
     )(X4, X4)
-    _same(result.records["execute"].outputs, want.call(x, y))
+    assert_same(result.records["execute"].outputs, want.call(x, y))
     assert result.records["execute"].check["ok"]
     got = _exported(result.run_dir)
     assert got.platforms == ("tpu",)
@@ -259,8 +245,8 @@ def test_a_check_disabled_twice_is_exported_twice_as_jax_does(compose_run: Any) 
     assert _lowered_json(result.run_dir)["disabled_checks"] == ["platform", "platform"]
     summary = summarize(result.manifest["stages"]["lower"]["metrics"])
     assert summary.endswith("; export checks off: platform, platform")  # what the export holds
-    x, y = _inputs(result)
-    _same(result.records["execute"].outputs, want.call(x, y))
+    x, y = run_inputs(result)[0]
+    assert_same(result.records["execute"].outputs, want.call(x, y))
 
 
 def test_a_disabled_platform_check_survives_a_resume(compose_run: Any) -> None:
@@ -276,8 +262,8 @@ def test_a_disabled_platform_check_survives_a_resume(compose_run: Any) -> None:
     )
     assert again.records["lower"].state == "loaded"
     assert [str(c) for c in _exported(again.run_dir).disabled_safety_checks] == ["platform"]
-    x, y = _inputs(again)
-    _same(again.records["execute"].outputs, _exported(first.run_dir).call(x, y))
+    x, y = run_inputs(again)[0]
+    assert_same(again.records["execute"].outputs, _exported(first.run_dir).call(x, y))
 
 
 def test_disabled_checks_are_part_of_the_compile_key(compose_run: Any) -> None:
@@ -320,9 +306,9 @@ def test_a_custom_call_jax_does_not_know_stable_exports_only_when_allowed(
     again = compose_run(
         *SVD, f"resume_from={first.run_dir}", "start_at=compile", "execute.repeats=1"
     )
-    (x,) = _inputs(again)
-    _same(again.records["execute"].outputs, jax.jit(want.call)(x))
-    _same(again.records["execute"].outputs, jax.jit(progs.singular_values)(x))
+    (x,) = run_inputs(again)[0]
+    assert_same(again.records["execute"].outputs, jax.jit(want.call)(x))
+    assert_same(again.records["execute"].outputs, jax.jit(progs.singular_values)(x))
 
 
 @pytest.mark.parametrize(
@@ -370,7 +356,7 @@ def test_a_polymorphic_export_keeps_its_checks_when_made_concrete(compose_run: A
     assert result.records["lower"].exported.disabled_safety_checks == (allow,)
     staged = result.records["stage_out"]
     (x,), _ = spec_inputs(concrete_bound(staged.bound, {"b": 2}), 0)
-    _same(result.records["execute"].outputs, want.call(x))
+    assert_same(result.records["execute"].outputs, want.call(x))
 
 
 def test_a_sharded_tpu_export_runs_on_cpu_devices_with_the_platform_check_off(
@@ -390,7 +376,7 @@ def test_a_sharded_tpu_export_runs_on_cpu_devices_with_the_platform_check_off(
         "execute.check=reference",
         "execute.repeats=1",
     )
-    x, y = _inputs(result)
+    x, y = run_inputs(result)[0]
     mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])  # the run's devices
     spec = NamedSharding(mesh, P("data"))
     want = jax.export.export(
@@ -400,7 +386,7 @@ def test_a_sharded_tpu_export_runs_on_cpu_devices_with_the_platform_check_off(
     )(X4, X4)
     plain = jax.jit(want.call, in_shardings=tuple(want.in_shardings_jax(mesh)))
     compiled = plain.lower(x, y).compile()
-    _same(result.records["execute"].outputs, compiled(x, y))
+    assert_same(result.records["execute"].outputs, compiled(x, y))
     ours = result.records["compile"].compiled
     assert [s.spec for s in ours.input_shardings[0]] == [
         s.spec for s in compiled.input_shardings[0]

@@ -19,14 +19,12 @@ from typing import Any
 import aot_args_programs as progs
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxaot.config.argspec import concrete_bound
+from jax_reference import assert_same, cpu_mesh, run_inputs, specs_of
 from jaxaot.config.sharding import Leaf, Spec, match_specs
 from jaxaot.errors import ConfigError
-from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_args_programs"
 MESH2 = ("mesh.shape=[2]", "mesh.axes=[data]")
@@ -38,33 +36,8 @@ def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
-def _inputs(result: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The inputs the run executed with (built again from its specs and seed)."""
-    staged = result.records["stage_out"]
-    sizes = result.manifest["config"]["compile"]["shapes"]
-    args, kwargs = spec_inputs(concrete_bound(staged.bound, sizes), 0)
-    return list(args), dict(kwargs)
-
-
-def _same(got: Any, want: Any) -> None:
-    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(g) == len(w)
-    for a, b in zip(g, w, strict=True):
-        assert np.asarray(a).dtype == np.asarray(b).dtype
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def _specs(shardings: Any) -> Any:
-    """Shardings as (spec, memory kind), comparable across meshes of the same devices."""
-    return jax.tree.map(lambda s: (tuple(s.spec), s.memory_kind), shardings)
-
-
 def _donated(compiled: Any) -> list[bool]:
     return [bool(i.donated) for i in jax.tree.leaves(compiled.args_info)]
-
-
-def _mesh() -> Any:
-    return jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
 
 
 def _lowered_json(run_dir: Path) -> dict[str, Any]:
@@ -131,7 +104,7 @@ def test_keyword_arguments_on_a_mesh_resumed_from_the_export(compose_run: Any) -
         "ran",
         "cached",
     ]
-    mesh = _mesh()
+    mesh = cpu_mesh()
 
     def sds(spec: Any) -> Any:
         return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
@@ -143,18 +116,18 @@ def test_keyword_arguments_on_a_mesh_resumed_from_the_export(compose_run: Any) -
         .compile()
     )
     through_export = _export_compiled(lowered.run_dir, mesh, ("a",))
-    args, kwargs = _inputs(fresh)
+    args, kwargs = run_inputs(fresh)
     want, on = _called(plain, args, kwargs)
     assert on["a"].is_deleted()  # donated and consumed (its buffer holds the output)
     got_export, on_export = _called(through_export, args, kwargs)
     assert on_export["a"].is_deleted()
-    _same(got_export, want)
+    assert_same(got_export, want)
     for result in (fresh, resumed, again):
         exe = result.records["compile"].compiled
-        assert _specs(exe.input_shardings) == _specs(plain.input_shardings)
-        assert _specs(exe.output_shardings) == _specs(plain.output_shardings)
+        assert specs_of(exe.input_shardings) == specs_of(plain.input_shardings)
+        assert specs_of(exe.output_shardings) == specs_of(plain.output_shardings)
         assert _donated(exe) == _donated(plain) == _donated(through_export) == [False, True, False]
-        _same(result.records["execute"].outputs, want)
+        assert_same(result.records["execute"].outputs, want)
         assert result.records["execute"].timings["donated_inputs_consumed"] is True
     assert resumed.records["compile"].lowered.state == "loaded"  # the export alone
 
@@ -176,7 +149,7 @@ def test_donated_keyword_argument_through_the_export_without_a_mesh(compose_run:
     resumed = compose_run(*run, f"resume_from={lowered.run_dir}", "start_at=compile")
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
     plain = jax.jit(progs.scaled, donate_argnames=("b",)).trace(x, a=x, b=x).lower().compile()
-    args, kwargs = _inputs(fresh)
+    args, kwargs = run_inputs(fresh)
     b = jnp.asarray(kwargs["b"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -187,7 +160,7 @@ def test_donated_keyword_argument_through_the_export_without_a_mesh(compose_run:
         exe = result.records["compile"].compiled
         assert result.records["compile"].lowered.platforms == ("cpu", "tpu")  # export only
         assert _donated(exe) == _donated(plain) == [False, False, True]
-        _same(result.records["execute"].outputs, want)
+        assert_same(result.records["execute"].outputs, want)
         assert result.records["execute"].timings["donated_inputs_consumed"] is True
 
 
@@ -213,7 +186,7 @@ def test_symbolic_keyword_arguments_on_a_mesh(compose_run: Any, resumed: bool) -
         result = compose_run(*run, f"resume_from={lowered.run_dir}", "start_at=compile")
     else:
         result = compose_run(*run)
-    mesh = _mesh()
+    mesh = cpu_mesh()
     amesh = AbstractMesh((2,), ("data",), axis_types=(AxisType.Auto,))
     (shape,) = [jax.export.symbolic_shape("2*b")]
 
@@ -230,14 +203,14 @@ def test_symbolic_keyword_arguments_on_a_mesh(compose_run: Any, resumed: bool) -
         .lower()
         .compile()
     )
-    args, kwargs = _inputs(result)
+    args, kwargs = run_inputs(result)
     want, on = _called(concrete, args, kwargs)
     assert on["a"].is_deleted()
     exe = result.records["compile"].compiled
-    assert _specs(exe.input_shardings) == _specs(concrete.input_shardings)
-    assert _specs(exe.output_shardings) == _specs(concrete.output_shardings)
+    assert specs_of(exe.input_shardings) == specs_of(concrete.input_shardings)
+    assert specs_of(exe.output_shardings) == specs_of(concrete.output_shardings)
     assert _donated(exe) == _donated(concrete) == [False, True, False]
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
     assert result.records["execute"].timings["donated_inputs_consumed"] is True
 
 
@@ -269,14 +242,14 @@ def test_one_argument_spec_on_a_mesh_as_jax(compose_run: Any) -> None:
         "execute.check=reference",
         "execute.repeats=1",
     )
-    mesh = _mesh()
+    mesh = cpu_mesh()
     plain = jax.jit(progs.double, in_shardings=NamedSharding(mesh, P(("data",))))
-    (x,), _ = _inputs(result)
+    (x,), _ = run_inputs(result)
     compiled = plain.lower(x).compile()
     exe = result.records["compile"].compiled
-    assert _specs(exe.input_shardings) == _specs(compiled.input_shardings)
-    assert _specs(exe.output_shardings) == _specs(compiled.output_shardings)
-    _same(result.records["execute"].outputs, compiled(x))
+    assert specs_of(exe.input_shardings) == specs_of(compiled.input_shardings)
+    assert specs_of(exe.output_shardings) == specs_of(compiled.output_shardings)
+    assert_same(result.records["execute"].outputs, compiled(x))
 
 
 # --- keyword arguments on a mesh, nothing donated ------------------------------------------
@@ -313,7 +286,7 @@ def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context:
         "ran",
         "cached",
     ]
-    mesh = _mesh()
+    mesh = cpu_mesh()
 
     def sds(spec: Any) -> Any:
         return jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, spec))
@@ -328,7 +301,7 @@ def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context:
         assert _partitions(module) == _exported(run_dir).nr_devices == 2
         assert _lowered_json(run_dir)["nr_devices"] == 2
         assert _partitions(_exported(run_dir).mlir_module()) == 2
-    args, kwargs = _inputs(fresh)
+    args, kwargs = run_inputs(fresh)
     want, _ = _called(plain, args, kwargs)
     placed = {
         k: jax.device_put(v, NamedSharding(mesh, P("data" if k == "a" else None)))
@@ -337,13 +310,13 @@ def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context:
     reference = jax.jit(progs.scaled)(
         jax.device_put(args[0], NamedSharding(mesh, P("data"))), **placed
     )
-    _same(reference, want)
+    assert_same(reference, want)
     for result in (fresh, resumed, again):
         exe = result.records["compile"].compiled
-        assert _specs(exe.input_shardings) == _specs(plain.input_shardings)
-        assert _specs(exe.output_shardings) == _specs(plain.output_shardings)
+        assert specs_of(exe.input_shardings) == specs_of(plain.input_shardings)
+        assert specs_of(exe.output_shardings) == specs_of(plain.output_shardings)
         assert _donated(exe) == _donated(plain) == [False, False, False]
         executed = result.records["execute"]
-        _same(executed.outputs, want)
+        assert_same(executed.outputs, want)
         assert executed.check["ok"] and executed.check["max_abs_err"] == 0
         assert executed.timings["donated_inputs_consumed"] is None

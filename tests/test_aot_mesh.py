@@ -17,15 +17,13 @@ import aot_mesh_programs as progs
 import jax
 import jax.numpy as jnp
 import jaxaot
-import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxaot.config.argspec import concrete_bound
+from jax_reference import assert_same, cpu_mesh, run_inputs
 from jaxaot.engine.resume import Checkpoint
 from jaxaot.errors import ConfigError
 from jaxaot.schema import validate
-from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_mesh_programs"
 MATMUL = [
@@ -40,25 +38,6 @@ MATMUL = [
 @pytest.fixture(autouse=True)
 def _programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-
-
-def _inputs(result: Any) -> list[Any]:
-    """The positional inputs the run executed with (built again from its specs and seed)."""
-    staged = result.records["stage_out"]
-    sizes = result.manifest["config"]["compile"]["shapes"]
-    return spec_inputs(concrete_bound(staged.bound, sizes), 0)[0]
-
-
-def _same(got: Any, want: Any) -> None:
-    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(g) == len(w)
-    for a, b in zip(g, w, strict=True):
-        assert np.asarray(a).dtype == np.asarray(b).dtype
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def _mesh(n: int = 2, name: str = "data") -> Any:
-    return jax.make_mesh((n,), (name,), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
 
 
 def _spec(spec: Any) -> tuple[Any, ...]:
@@ -106,14 +85,14 @@ def test_abstract_lowering_compiles_on_resume_as_jax_does(compose_run: Any) -> N
         "execute.repeats=1",
     )
     _checked(result)
-    x, w = _inputs(result)
-    mesh = _mesh()
+    x, w = run_inputs(result)[0]
+    mesh = cpu_mesh()
     plain = jax.jit(
         progs.matmul,
         in_shardings=(NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())),
     )
     compiled = plain.lower(x, w).compile()
-    _same(result.records["execute"].outputs, compiled(x, w))
+    assert_same(result.records["execute"].outputs, compiled(x, w))
     exe = result.records["compile"].compiled
     assert _described(exe.input_shardings) == _described(compiled.input_shardings)
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)
@@ -124,7 +103,7 @@ def test_abstract_lowering_compiles_on_resume_as_jax_does(compose_run: Any) -> N
     ins = jax.tree.unflatten(exported.in_tree, exported.in_shardings_jax(mesh))[0]
     outs = jax.tree.unflatten(exported.out_tree, exported.out_shardings_jax(mesh))
     by_hand = jax.jit(exported.call, in_shardings=ins, out_shardings=outs).lower(x, w).compile()
-    _same(result.records["execute"].outputs, by_hand(x, w))
+    assert_same(result.records["execute"].outputs, by_hand(x, w))
     assert _described(exe.input_shardings) == _described(by_hand.input_shardings)
     assert _described(exe.output_shardings) == _described(by_hand.output_shardings)
 
@@ -175,7 +154,7 @@ def test_fresh_abstract_mesh_run_that_compiles_is_refused(compose_run: Any) -> N
 def _plain_argless() -> Any:
     # JAX: with the mesh in context, jit of a program without arguments is lowered for the
     # mesh's devices (num_partitions = 2) and its output is sharded over the mesh.
-    mesh = _mesh()
+    mesh = cpu_mesh()
     with jax.set_mesh(mesh):
         lowered = jax.jit(progs.argless).lower()
         compiled = lowered.compile()
@@ -196,7 +175,7 @@ def test_argless_program_on_a_mesh_as_under_set_mesh(compose_run: Any) -> None:
     assert "mhlo.num_partitions = 2" in plain_lowered.as_text()
     meta = json.loads((result.run_dir / "lower" / "lowered.json").read_text())
     assert meta["nr_devices"] == 2
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
     exe = result.records["compile"].compiled
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)
 
@@ -217,7 +196,7 @@ def test_argless_lowering_resumed_compiles_through_its_export(compose_run: Any) 
     )
     _checked(result)
     _, compiled, want = _plain_argless()
-    _same(result.records["execute"].outputs, want)
+    assert_same(result.records["execute"].outputs, want)
     exe = result.records["compile"].compiled
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)
     # JAX: the export called with the mesh in context.
@@ -225,9 +204,9 @@ def test_argless_lowering_resumed_compiles_through_its_export(compose_run: Any) 
         bytearray((lowered.run_dir / "lower" / "exported.bin").read_bytes())
     )
     assert exported.nr_devices == 2
-    with jax.set_mesh(_mesh()):
+    with jax.set_mesh(cpu_mesh()):
         by_hand = jax.jit(exported.call).lower().compile()
-    _same(result.records["execute"].outputs, by_hand())
+    assert_same(result.records["execute"].outputs, by_hand())
     assert _described(exe.output_shardings) == _described(by_hand.output_shardings)
 
 
@@ -246,12 +225,12 @@ def test_argless_per_replica_program_reference(compose_run: Any) -> None:
     )
     _checked(result)
     want = jax.vmap(progs.argless_psum, axis_name="i", axis_size=2)()
-    _same(result.records["execute"].outputs, want)
-    mesh = _mesh(2, "i")
+    assert_same(result.records["execute"].outputs, want)
+    mesh = cpu_mesh(2, "i")
     shard = jax.shard_map(
         lambda: progs.argless_psum()[None], mesh=mesh, in_specs=(), out_specs=P("i")
     )
-    _same(result.records["execute"].outputs, jax.jit(shard)())
+    assert_same(result.records["execute"].outputs, jax.jit(shard)())
 
 
 # --- 3. mesh.context=false: a program that builds its own mesh -------------------------------
@@ -272,11 +251,11 @@ def test_mesh_context_false_places_arguments_only(compose_run: Any, name: str) -
         "execute.repeats=1",
     )
     _checked(result)
-    (x,) = _inputs(result)
+    (x,) = run_inputs(result)[0]
     fn = getattr(progs, name)
-    plain = jax.jit(fn, in_shardings=NamedSharding(_mesh(), P("data")))
+    plain = jax.jit(fn, in_shardings=NamedSharding(cpu_mesh(), P("data")))
     compiled = plain.lower(x).compile()
-    _same(result.records["execute"].outputs, compiled(x))
+    assert_same(result.records["execute"].outputs, compiled(x))
     exe = result.records["compile"].compiled
     assert _described(exe.input_shardings) == _described(compiled.input_shardings)
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)
@@ -287,7 +266,10 @@ def test_mesh_in_context_refuses_a_program_with_its_own_mesh_as_jax_does(
 ) -> None:
     # JAX: with another mesh in context, shard_map on the program's own mesh is refused.
     x = jnp.arange(4.0)
-    with jax.set_mesh(_mesh()), pytest.raises(ValueError, match="should match the mesh") as plain:
+    with (
+        jax.set_mesh(cpu_mesh()),
+        pytest.raises(ValueError, match="should match the mesh") as plain,
+    ):
         jax.jit(progs.own_mesh)(x)
     assert "The context mesh" in str(plain.value)
     with pytest.raises(jaxaot.errors.StageError, match=r"The context mesh .* should match"):
@@ -304,8 +286,8 @@ def test_own_mesh_without_a_jaxaot_mesh(compose_run: Any) -> None:
         "execute.repeats=1",
     )
     _checked(result)
-    (x,) = _inputs(result)
+    (x,) = run_inputs(result)[0]
     compiled = jax.jit(progs.own_mesh).lower(x).compile()
-    _same(result.records["execute"].outputs, compiled(x))
+    assert_same(result.records["execute"].outputs, compiled(x))
     exe = result.records["compile"].compiled
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)
