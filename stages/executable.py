@@ -203,10 +203,16 @@ def _flat_formats(compiled: Any, name: str, n: int) -> list[Any]:
 
 
 def _rows(
-    paths: list[str], avals: list[Any], formats: list[Any], inputs: bool
+    paths: list[str],
+    avals: list[Any],
+    formats: list[Any],
+    donations: list[bool | None] | None = None,
 ) -> list[dict[str, Any]]:
+    """One row per leaf; ``donations`` (inputs only) says which inputs are donated."""
+    inputs = donations is not None
     rows = []
-    for path, aval, fmt in zip(paths, avals, formats, strict=True):
+    for k, (path, aval, fmt) in enumerate(zip(paths, avals, formats, strict=True)):
+        donated = donations[k] if donations is not None else None
         shape = tuple(aval.shape)
         sharding = getattr(fmt, "sharding", None)
         spec = getattr(sharding, "spec", None)
@@ -220,8 +226,8 @@ def _rows(
             "memory_kind": None,
             "layout": _layout_json(fmt),
         }
-        if inputs:  # JAX's in_avals (weak types as ~), and whether the executable kept it
-            row.update(aval=str(aval), kept=sharding is not None)
+        if inputs:  # JAX's in_avals (weak types as ~), whether the executable kept it
+            row.update(aval=str(aval), kept=sharding is not None, donated=donated)
         if sharding is not None:
             row.update(
                 sharding=str(spec) if spec is not None else str(sharding),
@@ -237,7 +243,8 @@ def describe_formats(compiled: Any) -> dict[str, Any]:
     """shardings.json's rows: per flat input, as ``jax.stages.Compiled`` says (jax 0.10.2), its
     aval (``in_avals``, which keeps the inputs dead-argument elimination dropped), whether the
     executable kept it, and its format (``input_formats``: layout and sharding, with the
-    sharding's memory kind; a dropped input has ``Format(None, None)``: all null here); per
+    sharding's memory kind; a dropped input has ``Format(None, None)``: all null here) and
+    whether it is donated (``args_info``); per
     output its aval and format (``output_formats``)."""
     import jax
     from jaxaot.config.tree_paths import input_path
@@ -252,11 +259,19 @@ def describe_formats(compiled: Any) -> dict[str, Any]:
     out_flat = jax.tree_util.tree_flatten_with_path(compiled.out_info)[0]
     out_paths = [jax.tree_util.keystr(path) or "output" for path, _ in out_flat]
     outs = [o for _, o in out_flat]
+    try:  # and whether each is donated (args_info: donated=True)
+        donations: list[bool | None] = [
+            bool(i.donated) for i in jax.tree.leaves(compiled.args_info)
+        ]
+    except Exception:
+        donations = []
+    if len(donations) != len(ins):
+        donations = [None] * len(ins)
     return {
-        "inputs": _rows(in_paths, ins, _flat_formats(compiled, "input_formats", len(ins)), True),
-        "outputs": _rows(
-            out_paths, outs, _flat_formats(compiled, "output_formats", len(outs)), False
+        "inputs": _rows(
+            in_paths, ins, _flat_formats(compiled, "input_formats", len(ins)), donations
         ),
+        "outputs": _rows(out_paths, outs, _flat_formats(compiled, "output_formats", len(outs))),
     }
 
 

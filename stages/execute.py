@@ -587,13 +587,14 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
             raise
         jax.block_until_ready(out)
         dt = time.perf_counter() - t0
-        return out, dt, [args[i] for i in donated] + [kwargs[k] for k in donated_kw]
+        gone = [(f"args[{i}]", args[i]) for i in sorted(donated)]
+        return out, dt, gone + [(f"kwargs[{k!r}]", kwargs[k]) for k in sorted(donated_kw)]
 
     out = None
     for _ in range(cfg.warmup):
         out, _, _ = call()
     samples = []
-    consumed: list[Any] = []
+    consumed: list[tuple[str, Any]] = []
     trace = profile.trace(ctx.out_dir / profile.PROFILE_DIR) if cfg.profile else None
     with trace or contextlib.nullcontext():
         for _ in range(cfg.repeats):
@@ -610,15 +611,16 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
             timings["flops_per_s"] = compiled.cost["flops"] / med
         if (compiled.cost.get("bytes accessed") or 0) > 0:
             timings["bytes_per_s"] = compiled.cost["bytes accessed"] / med
-    timings["donated_inputs_consumed"] = (
-        all(
-            getattr(a, "is_deleted", lambda: False)()
-            for leaf in consumed
-            for a in jax.tree_util.tree_leaves(leaf)
-        )
-        if donated or donated_kw
-        else None
-    )
+    # Each donated leaf, by input path, and whether the call consumed its buffer: XLA reuses a
+    # donated buffer only where an output can take it, so a donated pytree may be consumed in
+    # part (as under plain jax.jit).
+    leaves = {
+        top + jax.tree_util.keystr(path): bool(getattr(a, "is_deleted", lambda: False)())
+        for top, value in consumed
+        for path, a in jax.tree_util.tree_flatten_with_path(value)[0]
+    }
+    timings["donated_leaves_consumed"] = leaves if donated or donated_kw else None
+    timings["donated_inputs_consumed"] = all(leaves.values()) if donated or donated_kw else None
     timings["samples_s"] = samples
     ctx.write_json("timings.json", timings)
     if cfg.roofline:

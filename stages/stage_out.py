@@ -451,7 +451,16 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         missing = explain_missing_library(exc)  # a cuDNN-only kernel on a host without cuDNN
         if missing is not None:
             raise StageError("stage_out", missing) from None
-        raise StageError("stage_out", _traced_as(exc, cfg.program.target, args, kwargs)) from exc
+        said = _traced_as(exc, cfg.program.target, args, kwargs)
+        if mesh is not None and env is None and "context mesh" in str(exc):
+            said += (
+                "; mesh.context=true traces the program with the mesh in context: expected "
+                "mesh.context=false for a program that builds its own mesh"
+                if cfg.mesh.context
+                else "; mesh.context=false traces the program without the mesh in context: "
+                "expected mesh.context=true for a program that uses the context mesh"
+            )
+        raise StageError("stage_out", said) from exc
     # An array XLA cannot size aborts the process at compile: refused here, in one line.
     memo.derived(
         traced.jaxpr, "sizes", lambda: check_traced(traced.jaxpr, bound, cfg.program.target)

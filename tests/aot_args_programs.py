@@ -3,6 +3,8 @@ dimensions with shardings). Not a test module: importable as ``aot_args_programs
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 
@@ -23,3 +25,10 @@ def double(x: jax.Array) -> jax.Array:
 
 def add(x: jax.Array, y: jax.Array) -> jax.Array:
     return x + y
+
+
+def nested(x: jax.Array, *, p: dict[str, dict[str, jax.Array] | jax.Array]) -> tuple[Any, Any]:
+    """A donated nested keyword argument of which only some leaves can hold an output."""
+    inner = p["inner"]
+    assert isinstance(inner, dict)
+    return x * p["w"] + inner["c"], inner["d"].sum()

@@ -159,6 +159,59 @@ def test_keyword_arguments_on_an_explicit_mesh(compose_run: Any) -> None:
     assert_same(result.records["execute"].outputs, want)
 
 
+def test_a_donated_keyword_pytree_is_consumed_leaf_by_leaf_as_in_jax(compose_run: Any) -> None:
+    # JAX: donating 'p' donates every leaf; XLA reuses a donated buffer only where an output
+    # of its shape and sharding can take it, so p['inner']['c'] is consumed and p['w'] and
+    # p['inner']['d'] are not.
+    result = compose_run(
+        f"{T}:nested",
+        "program.args=[f32[8]]",
+        "+program.kwargs.p={w: f32[8], inner: {c: f32[8], d: f32[4]}}",
+        *MESH2,
+        "lower.in_shardings={x: [data], p/w: [data], p/inner/c: [data]}",
+        "lower.donate_argnames=[p]",
+        "execute.repeats=1",
+    )
+    mesh = cpu_mesh()
+
+    def sds(shape: tuple[int, ...], spec: Any) -> Any:
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    p = {"w": sds((8,), P("data")), "inner": {"c": sds((8,), P("data")), "d": sds((4,), P())}}
+    with warnings.catch_warnings():  # JAX warns that some donated buffers were not usable
+        warnings.simplefilter("ignore")
+        compiled = (
+            (jax.jit(progs.nested, donate_argnames=("p",)).trace(sds((8,), P("data")), p=p))
+            .lower()
+            .compile()
+        )
+        args, kwargs = run_inputs(result)
+        placed = jax.tree.map(
+            lambda v, s: jax.device_put(v, s), kwargs, compiled.input_shardings[1]
+        )
+        want = compiled(jax.device_put(args[0], compiled.input_shardings[0][0]), **placed)
+    assert_same(result.records["execute"].outputs, want)
+    jax_consumed = {
+        "kwargs['p']" + jax.tree_util.keystr(path): a.is_deleted()
+        for path, a in jax.tree_util.tree_flatten_with_path(placed["p"])[0]
+    }
+    timings = result.records["execute"].timings
+    assert timings["donated_leaves_consumed"] == jax_consumed
+    assert jax_consumed == {
+        "kwargs['p']['inner']['c']": True,
+        "kwargs['p']['inner']['d']": False,
+        "kwargs['p']['w']": False,
+    }
+    assert timings["donated_inputs_consumed"] is False
+    # shardings.json says which inputs are donated, as JAX's args_info does.
+    rows = json.loads((result.run_dir / "compile" / "shardings.json").read_text())["inputs"]
+    assert (
+        [r["donated"] for r in rows]
+        == [i.donated for i in jax.tree.leaves(compiled.args_info)]
+        == [False, True, True, True]
+    )
+
+
 def test_keyword_dict_with_a_static_keyword_and_memory_kind(compose_run: Any) -> None:
     # JAX: a dict keyword argument's leaves carry their own shardings (and memory kinds); a
     # static keyword is bound. Plain JAX: ShapeDtypeStructs with NamedSharding(...)

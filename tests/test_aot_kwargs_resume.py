@@ -229,7 +229,12 @@ def test_one_argument_spec_readings_compared_by_meaning() -> None:
     tree = ({"w": Leaf((8,), "f32[8]"), "b": Leaf((4,), "f32[4]")},)
     got = match_specs([["data"]], tree, key="lower.in_shardings", names=["p"], mesh=mesh)
     assert got == ({"w": Spec(("data",)), "b": Spec(("data",))},)
-    with pytest.raises(ConfigError, match=r"\[\[data, model\]\] is ambiguous for 1 entries"):
+    one_entry = (
+        r"^lower\.in_shardings: \[\[data, model\]\] is ambiguous for 1 entry \(x\): .* write "
+        r"\[\[\[data, model\]\]\] for the second, or the mapping form \{x: \[data, model\]\} "
+        r"for the first$"
+    )
+    with pytest.raises(ConfigError, match=one_entry):
         match_specs([["data", "model"]], one, key="lower.in_shardings", names=["x"], mesh=mesh)
 
 

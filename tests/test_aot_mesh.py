@@ -272,8 +272,32 @@ def test_mesh_in_context_refuses_a_program_with_its_own_mesh_as_jax_does(
     ):
         jax.jit(progs.own_mesh)(x)
     assert "The context mesh" in str(plain.value)
-    with pytest.raises(jaxaot.errors.StageError, match=r"The context mesh .* should match"):
+    with pytest.raises(jaxaot.errors.StageError, match=r"The context mesh .* should match") as ours:
         compose_run(f"{T}:own_mesh", "program.args=[f32[4]]", "mesh.shape=[2]", "mesh.axes=[data]")
+    assert str(ours.value).endswith(
+        "; mesh.context=true traces the program with the mesh in context: expected "
+        "mesh.context=false for a program that builds its own mesh"
+    )
+
+
+def test_a_program_that_needs_the_context_mesh_under_context_false(compose_run: Any) -> None:
+    # JAX: shard_map without mesh= and no mesh in context is refused ("cannot be empty").
+    with pytest.raises(ValueError, match="context mesh cannot be empty"):
+        jax.jit(progs.argless)()
+    with pytest.raises(jaxaot.errors.StageError, match="context mesh cannot be empty") as ours:
+        compose_run(
+            f"{T}:argless",
+            "program.args=[]",
+            "mesh.shape=[2]",
+            "mesh.axes=[data]",
+            "mesh.context=false",
+        )
+    text = str(ours.value)
+    assert "\n" not in text
+    assert text.endswith(
+        "; mesh.context=false traces the program without the mesh in context: expected "
+        "mesh.context=true for a program that uses the context mesh"
+    )
 
 
 def test_own_mesh_without_a_jaxaot_mesh(compose_run: Any) -> None:

@@ -366,7 +366,7 @@ def test_donated_keyword_arguments_are_consumed_on_every_call(compose_run) -> No
             ("program.args=[f32[4],f32[4]]", "lower.donate_argnames=[nonexistent]"),
             r"^lower\.donate_argnames: 'nonexistent' names no argument passed to the target "
             r"\(positional parameters: x, y; program\.args passes 2 positionally; program\.kwargs "
-            r"keys: none\)$",
+            r"keys: none\); expected one of x, y, or remove it$",
         ),
         (
             (
@@ -377,7 +377,7 @@ def test_donated_keyword_arguments_are_consumed_on_every_call(compose_run) -> No
             ),
             r"^lower\.donate_argnames: 'w' names no argument passed to the target "
             r"\(positional parameters: x; program\.args passes 1 positionally; program\.kwargs "
-            r"keys: z\)$",
+            r"keys: z\); expected one of x, z, or remove it$",
         ),
         (
             (

@@ -732,10 +732,12 @@ def bind(
         elif name not in parsed_kwargs and known:
             # Neither passed by position nor a program.kwargs key (which may reach **kwargs):
             # jax.jit would donate nothing for it, silently.
+            passed = [*names[:n], *parsed_kwargs]
             raise ConfigError(
                 f"lower.donate_argnames: {name!r} names no argument passed to the target "
                 f"(positional parameters: {', '.join(names) or 'none'}; program.args passes {n} "
-                f"positionally; program.kwargs keys: {', '.join(parsed_kwargs) or 'none'})"
+                f"positionally; program.kwargs keys: {', '.join(parsed_kwargs) or 'none'}); "
+                f"expected one of {', '.join(passed) or 'no names'}, or remove it"
             )
     for i in sorted(s_nums):
         if names and i < len(names):

@@ -245,10 +245,16 @@ class _Match:
             errors.append(str(exc))
         if per is not None and single is not None and _meaning(per) != _meaning(single):
             spelled = ", ".join(_yaml(value) for _ in kinds)
+            if len(kinds) == 1:  # no entry can be [null]: the mapping form names the one entry
+                key = kinds[0] if kinds[0].isidentifier() else "<its parameter name>"
+                first = f"the mapping form {{{key}: {_yaml(value[0])}}} for the first"
+            else:
+                first = "give an entry as [null] for the first"
             raise ConfigError(
-                f"{self.key}: {_yaml(value)} is ambiguous for {len(kinds)} entries "
-                f"({', '.join(kinds)}): one spec each, or one spec {_yaml(value)} for all; "
-                f"write [{spelled}] for the second, or give an entry as [null] for the first"
+                f"{self.key}: {_yaml(value)} is ambiguous for {len(kinds)} "
+                f"{'entry' if len(kinds) == 1 else 'entries'} ({', '.join(kinds)}): one spec "
+                f"each, or one spec {_yaml(value)} for all; write [{spelled}] for the second, "
+                f"or {first}"
             )
         if per is not None:
             return per
