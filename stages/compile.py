@@ -333,9 +333,9 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 #   4: cost_analysis.json counts while loops per trip (XLA's own figures as *_xla), loops.json.
 #   5: memory_breakdown.json (XLA's peak and the buffers live at it), and shardings.json for
 #     every compile (memory kinds and layouts in its rows).
-#   6: shardings.json has a row per input, the unused ones too (JAX's in_avals and
-#     input_formats: aval, kept); a CPU compile keys the devices it runs on (device_ids), not
-#     how many the host has.
+#   6: shardings.json has a row per input, the unused ones too (JAX's in_avals, input_formats
+#     and args_info: aval, kept, donated, every Layout field); a CPU compile keys the devices
+#     it runs on (device_ids), not how many the host has.
 _KEY_VERSION = 6
 ARTIFACTS = (
     "optimized.hlo.txt",
