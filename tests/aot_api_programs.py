@@ -1,4 +1,4 @@
-"""Programs for tests/test_aot_api.py (issue 17: what JAX's AOT API can say, from config).
+"""Programs for tests/test_aot_api.py (what JAX's AOT API can say, from config).
 
 Not a test module: importable as ``aot_api_programs:<name>`` (``tests/`` is on sys.path).
 """

@@ -1,4 +1,4 @@
-"""Programs for tests/test_aot_args.py (issue 28: keyword arguments on a mesh, symbolic
+"""Programs for tests/test_aot_args.py (keyword arguments on a mesh, symbolic
 dimensions with shardings). Not a test module: importable as ``aot_args_programs:<name>``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17: everything JAX's AOT API can say, said from config, and JAX's answer reproduced.
+"""Everything JAX's AOT API can say, said from config, and JAX's answer reproduced.
 
 Each test states what ``jax.jit`` does for a case, and checks that jaxaot's run of the same
 case gives the same (outputs bit for bit, the same output types) in the same test.

@@ -1,4 +1,4 @@
-"""Issue 28: arguments as JAX's AOT API takes them, from config, compared with plain JAX.
+"""Arguments as JAX's AOT API takes them, from config, compared with plain JAX.
 
 Keyword arguments on a mesh (jax.jit refuses ``in_shardings`` with keyword arguments, so each
 sharding rides on its ShapeDtypeStruct, as ``jax.jit(f).trace(x_sds, a=a_sds)``), symbolic
