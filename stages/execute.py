@@ -562,9 +562,10 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
         host_args, host_kwargs = spec_inputs(
             staged.bound, cfg.seed, class_resolver(policy_of(ctx.cfg))
         )
+    # What the lowering donated: on platforms none of which donate, JAX drops what
+    # lower.donate_argnums/donate_argnames asked for, and nothing is consumed.
     donated = set(compiled.lowered.donate_argnums)
-    # Donated keyword arguments (lower.donate_argnames naming a program.kwargs key).
-    donated_kw = {k for k in staged.bound.donate_argnames if k in host_kwargs}
+    donated_kw = {k for k in compiled.lowered.donate_argnames if k in host_kwargs}
     dev_args, dev_kwargs = _place(exe, host_args, host_kwargs)
     targets = input_targets(exe)
 

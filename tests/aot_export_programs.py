@@ -19,3 +19,8 @@ def singular_values(x: jax.Array) -> jax.Array:
     """SVD by QR iteration: on CPU the custom call ``lapack_sgesvd_ffi``, which jax.export
     (jax 0.10.2) does not list as stable, so it refuses to serialize it unless told."""
     return linalg.svd(x, full_matrices=False, compute_uv=False, algorithm=linalg.SvdAlgorithm.QR)
+
+
+def shifted(x: jax.Array, *, a: jax.Array) -> jax.Array:
+    """A traced keyword argument the same shape as the output: it can be donated into it."""
+    return x + a

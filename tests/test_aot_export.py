@@ -197,6 +197,34 @@ def test_donation_on_platforms_none_of_which_donate_is_dropped(compose_run: Any)
     )
     assert _lowered_json(donating.run_dir)["donate_argnums"] == [0]
     assert DONATION.search(_exported(donating.run_dir).mlir_module())
+    # JAX: an export for ('other',) drops donate_argnames too, with the same warning; called
+    # on cpu (platform check off), its keyword input survives the call.
+    plain = jax.jit(progs.shifted, donate_argnames="a")
+    off = [DisabledSafetyCheck.platform()]
+    want, jax_said = _jax_warnings(
+        lambda: jax.export.export(plain, platforms=("other",), disabled_checks=off)(X4, a=X4)
+    )
+    said = [w for w in jax_said if "Donation is not implemented for ('other',)" in w]
+    assert said and not DONATION.search(want.mlir_module())
+    result = compose_run(
+        f"{T}:shifted",
+        "program.args=[f32[4]]",
+        "+program.kwargs.a=f32[4]",
+        "lower.platforms=[other]",
+        "lower.disabled_checks=[platform]",
+        "lower.donate_argnames=[a]",
+        "compile.backend=cpu",
+        "execute.repeats=1",
+    )
+    assert f"lower: UserWarning: {said[0]}" in result.manifest["warnings"]
+    assert _lowered_json(result.run_dir)["donate_argnames"] == []
+    (x,), kwargs = run_inputs(result)
+    a = jnp.asarray(kwargs["a"])
+    assert_same(result.records["execute"].outputs, want.call(x, a=a))
+    assert not a.is_deleted()  # nothing donated, nothing consumed
+    timings = result.records["execute"].timings
+    assert timings["donated_leaves_consumed"] is None
+    assert timings["donated_inputs_consumed"] is None
 
 
 # --- safety checks: platform --------------------------------------------------------------------
