@@ -404,9 +404,7 @@ def input_shardings(
     found = resolved_with_keywords(
         cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
     )
-    sources: dict[str, str] = {}
-    for resolution in found.resolutions:
-        sources |= dict(resolution.sources)
+    sources = dict(found.resolution.sources) if found.resolution is not None else {}
     return list(found.positional), dict(zip(traced_kw, found.keyword, strict=True)), sources
 
 

@@ -194,7 +194,8 @@ def _nr_devices(lowered: Lowered) -> int:
 
 
 def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
-    """The devices the program runs on: the first ``nr_devices`` of the backend."""
+    """The devices the program runs on: the first ``nr_devices`` of the backend, in its mesh's
+    order (``jax_mesh.on_devices``) when they are the mesh's devices."""
     needed = _nr_devices(lowered)
     present = devices(backend)
     if len(present) < needed:
@@ -206,6 +207,9 @@ def execution_devices(lowered: Lowered, backend: str) -> list[Any]:
             f"compile.backend={backend!r} has {len(present)}; expected {how}, or stop_after=lower "
             "to lower without devices"
         )
+    spec = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    if spec is not None and spec.size == needed:
+        return list(concrete_mesh(spec, present[:needed]).devices.flat)
     return present[:needed]
 
 

@@ -40,6 +40,7 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
     to the same module."""
     import jax
     from jax.sharding import SingleDeviceSharding
+    from jaxaot.stages.jax_mesh import jit_inputs
     from jaxaot.stages.jax_placement import export_placed
 
     exp = lowered.export()
@@ -56,11 +57,9 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
         in_flat, outs_flat = export_placed(
             lowered.meta.get("placement"), ins_flat, outs_flat, device
         )
-        shardings["out_shardings"] = jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)
-    keywords = bool(jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[1])
-    if shardings and not keywords:
-        shardings["in_shardings"] = jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[0]
-        in_flat = [None] * len(exp.in_avals)
+        given, in_flat = jit_inputs(exp.in_tree, in_flat)
+        shardings = {"out_shardings": jax.tree_util.tree_unflatten(exp.out_tree, outs_flat)}
+        shardings |= given
     avals = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
         for a, s in zip(exp.in_avals, in_flat, strict=True)

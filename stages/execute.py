@@ -34,6 +34,7 @@ from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 if TYPE_CHECKING:
     import numpy as np
     from jaxaot.config.argspec import BoundArgs
+    from jaxaot.config.mesh import MeshSpec
     from jaxaot.schema import JaxaotConfig
 
 CHECKS: tuple[str, ...] = ("none", "reference")  # execute.check
@@ -344,7 +345,7 @@ def _reference(
     if not ctx.cfg.mesh.context:
         # The mesh only places the arguments, as jax.jit(f, in_shardings=NamedSharding(mesh,
         # spec))(x) without jax.set_mesh: the program may build a mesh of its own.
-        full, full_kw = _placed_on(ctx, staged, concrete, full, full_kw)
+        full, full_kw = _placed_on(ctx, staged, mesh, concrete, full, full_kw)
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
     # The program sees the run's mesh, as it did when traced.
     with jax.set_mesh(concrete):
@@ -352,18 +353,21 @@ def _reference(
 
 
 def _placed_on(
-    ctx: StageContext, staged: StagedOut, mesh: Any, full: list[Any], full_kw: dict[str, Any]
+    ctx: StageContext,
+    staged: StagedOut,
+    spec: MeshSpec,
+    mesh: Any,
+    full: list[Any],
+    full_kw: dict[str, Any],
 ) -> tuple[list[Any], dict[str, Any]]:
     """The traced arguments of ``full`` and ``full_kw`` put with the shardings the lowering
-    gave them (``lower.in_shardings``, keyword arguments by keyword) on ``mesh`` (a jax.jit
-    given committed arrays uses their shardings as its in_shardings)."""
+    gave them (``lower.in_shardings``, keyword arguments by keyword) on ``mesh`` (``spec``
+    over concrete devices; a jax.jit given committed arrays uses their shardings as its
+    in_shardings)."""
     import jax
     from jax.sharding import NamedSharding
-    from jaxaot.config.mesh import mesh_spec
     from jaxaot.stages.arg_table import input_shardings
 
-    spec = mesh_spec(ctx.cfg)
-    assert spec is not None
     positional, keyword, _ = input_shardings(ctx, staged, spec)
 
     def put(value: Any, shardings: Any) -> Any:  # abstract-mesh shardings, here on ``mesh``

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jaxaot.config.argspec import ArraySpec, BoundArgs, map_tree
+from jaxaot.config.argspec import ArraySpec, BoundArgs, map_tree, symbols
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sharding import Leaf, match_specs
 from jaxaot.errors import BackendError, ConfigError, one_line
@@ -45,22 +45,25 @@ def abstract_mesh(mesh: MeshSpec) -> Any:
 
 
 def concrete_mesh(mesh: MeshSpec, devices: Sequence[Any]) -> Any:
-    """The same mesh over ``devices`` (the first ``mesh.size`` of them, row-major)."""
-    import jax
-
-    return jax.make_mesh(
-        mesh.shape, mesh.axes, axis_types=axis_types(mesh), devices=list(devices)[: mesh.size]
-    )
+    """The same mesh over ``devices`` (the first ``mesh.size`` of them): :func:`on_devices`."""
+    return on_devices(abstract_mesh(mesh), devices)
 
 
 def on_devices(amesh: Any, devices: Sequence[Any]) -> Any:
-    """``amesh`` (an AbstractMesh) over the first ``amesh.size`` of ``devices``, row-major:
-    the concrete mesh with its axis names, sizes and types."""
+    """``amesh`` (an AbstractMesh) over the first ``amesh.size`` of ``devices``: the concrete
+    mesh with its axis names, sizes and types, as ``jax.make_mesh`` lays it out (which orders
+    TPU devices by their physical topology, and others as given). Every concrete mesh of a run
+    is built here, and the compile's device assignment is this mesh's device order
+    (``compile.execution_devices``): one order for the lowering's context, the export's
+    shardings, the executable and the reference."""
     import jax
-    import numpy as np
 
-    grid = np.array(list(devices)[: amesh.size], dtype=object).reshape(amesh.axis_sizes)
-    return jax.sharding.Mesh(grid, amesh.axis_names, axis_types=amesh.axis_types)
+    return jax.make_mesh(
+        tuple(amesh.axis_sizes),
+        tuple(amesh.axis_names),
+        axis_types=tuple(amesh.axis_types),
+        devices=list(devices)[: amesh.size],
+    )
 
 
 def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
@@ -173,26 +176,31 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     ``pxla.maybe_recover_user_shardings``): an AbstractMesh there makes output arrays that
     cannot be read ("is_fully_addressable is not implemented for AbstractMesh"). jax 0.10 has no
     public way to bind it: the copy replaces ``compile_args["context_mesh"]`` of the private
-    ``MeshComputation`` and never touches ``live`` itself. Unchanged when the context is not an
-    AbstractMesh; a one-line error when jax lays its lowerings out otherwise (compiled as it
-    is, such a program's outputs could not be read)."""
+    ``MeshComputation`` and never touches ``live`` itself.
+
+    Unchanged unless that context is a non-empty AbstractMesh, and then ``_executable`` (the
+    compile cache the copy resets) is read too. Where jax lays its lowerings out otherwise, a
+    program with arguments (their shardings name its mesh) is compiled as it is, and one
+    without is refused in one line (compiled as it is, its outputs could not be read)."""
     import copy
 
+    import jax
     from jax.sharding import AbstractMesh
 
-    try:
-        comp = live._lowering
-        args = comp.compile_args
-        context = args["context_mesh"]
-        comp._executable  # noqa: B018 (read: the compile cache the copy must not share)
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise jax_internal(
-            "jax.stages.Lowered._lowering's compile_args['context_mesh'] and _executable",
-            "bind a mesh lowering's context mesh to the devices it compiles for",
-            exc,
-        ) from None
+    what = "jax.stages.Lowered._lowering's compile_args['context_mesh'] and _executable"
+    use = "bind a mesh lowering's context mesh to the devices it compiles for"
+    comp: Any = getattr(live, "_lowering", None)
+    args = getattr(comp, "compile_args", None)
+    if not isinstance(args, dict) or "context_mesh" not in args:
+        if jax.tree.leaves(live.args_info):
+            return live
+        found = "no _lowering" if comp is None else "no compile_args['context_mesh']"
+        raise jax_internal(what, use, AttributeError(found))
+    context = args["context_mesh"]
     if not isinstance(context, AbstractMesh) or context.empty:
         return live
+    if not hasattr(comp, "_executable"):  # the compile cache the copy must not share
+        raise jax_internal(what, use, AttributeError("no _executable"))
     mesh = on_devices(context, devices)
     rebound = copy.copy(comp)
     rebound.compile_args = {**args, "context_mesh": mesh}
@@ -212,7 +220,7 @@ class AllInputs:
     specs: tuple[Any, ...]  # Spec trees, positional then keyword
     args: tuple[Any, ...]  # every positional argument, own shardings replaced
     kwargs: dict[str, Any]  # the traced keyword arguments, own shardings replaced
-    resolutions: tuple[Any, ...]  # path_shardings Resolutions that decided leaves
+    resolution: Any  # path_shardings Resolution of every leaf rules decided, or None
 
 
 def resolved_with_keywords(
@@ -229,47 +237,134 @@ def resolved_with_keywords(
     ShapeDtypeStructs). Path patterns (or null) decide every input together, a keyword
     argument's leaves named by its keyword (``{a: [data]}``); the positional list covers the
     positional arguments, and the keyword arguments are resolved as under a null
-    ``lower.in_shardings`` (replicated, or their library metadata or own sharding)."""
+    ``lower.in_shardings`` (replicated, or their library metadata or own sharding).
+
+    The one rule of the lower stage, stage_out's explicit-axes argument types and its
+    arguments table: a symbolic dimension a sharding splits is refused here, in one line,
+    unless provably divisible (:func:`check_symbolic_splits`)."""
     from jaxaot.config.mesh import uses_paths
-    from jaxaot.config.path_shardings import check_keyword_patterns
+    from jaxaot.config.path_shardings import check_keyword_patterns, merged
     from jaxaot.config.tree_paths import top_names
 
     n = len(args)
     if not traced_kw:
         inputs = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
-        res = (inputs.resolution,) if inputs.resolution is not None else ()
-        return AllInputs(inputs.shardings, (), inputs.specs, inputs.args, {}, res)
-    kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
-    if cfg.lower.in_shardings is None or uses_paths(cfg):
+        found = AllInputs(inputs.shardings, (), inputs.specs, inputs.args, {}, inputs.resolution)
+    elif cfg.lower.in_shardings is None or uses_paths(cfg):
         check_keyword_patterns(cfg.lower.in_shardings, n, traced_kw)
+        kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
         every = replace(bound, args=(*bound.args, *kw_bound))
         tops = [*top_names(n, names), *traced_kw]
         both = resolved_inputs(cfg, every, mesh, (*args, *traced_kw.values()), tops, logical_axes)
         n_pos = len(both.specs) - len(traced_kw)
-        res = (both.resolution,) if both.resolution is not None else ()
-        return AllInputs(
+        found = AllInputs(
             both.shardings[:n_pos],
             both.shardings[n_pos:],
             both.specs,
             both.args[:n],
             dict(zip(traced_kw, both.args[n:], strict=True)),
-            res,
+            both.resolution,
         )
-    pos = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
-    unset = replace(cfg, lower=replace(cfg.lower, in_shardings=None))
-    alone = replace(bound, args=kw_bound, static_argnums=())
-    kw = resolved_inputs(
-        unset, alone, mesh, tuple(traced_kw.values()), list(traced_kw), logical_axes
-    )
-    res = tuple(r for r in (pos.resolution, kw.resolution) if r is not None)
-    return AllInputs(
-        pos.shardings,
-        kw.shardings,
-        (*pos.specs, *kw.specs),
-        pos.args,
-        dict(zip(traced_kw, kw.args, strict=True)),
-        res,
-    )
+    else:
+        pos = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
+        unset = replace(cfg, lower=replace(cfg.lower, in_shardings=None))
+        kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
+        alone = replace(bound, args=kw_bound, static_argnums=())
+        kw = resolved_inputs(
+            unset, alone, mesh, tuple(traced_kw.values()), list(traced_kw), logical_axes
+        )
+        found = AllInputs(
+            pos.shardings,
+            kw.shardings,
+            (*pos.specs, *kw.specs),
+            pos.args,
+            dict(zip(traced_kw, kw.args, strict=True)),
+            merged([r for r in (pos.resolution, kw.resolution) if r is not None]),
+        )
+    check_symbolic_splits(bound, found, mesh)
+    return found
+
+
+def check_symbolic_splits(bound: BoundArgs, found: AllInputs, mesh: MeshSpec) -> None:
+    """Each symbolic dimension a sharding splits is divisible by its devices for every value of
+    its variables, as JAX requires when it traces (jax 0.10.2 raises IndivisibleError for
+    ``f32[b,4]`` on ``P('data')``, and accepts ``f32[2*b,4]``): one line naming the argument.
+    Concrete sizes are checked against the config before JAX (jaxaot.config.sharding)."""
+    import math
+
+    import jax
+    from jaxaot.config.path_shardings import divides_over
+    from jaxaot.config.tree_paths import leaf_paths
+    from jaxaot.stages.resolving import type_str
+
+    tops = [(f"program.args[{i}]", a) for i, a in enumerate(found.args) if not bound.is_static(i)]
+    tops += [(f"program.kwargs.{k}", v) for k, v in found.kwargs.items()]
+    for (top, arg), prefix in zip(tops, (*found.positional, *found.keyword), strict=True):
+        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, arg)
+        for (path, leaf), sh in zip(leaf_paths(arg, top), jax.tree.leaves(full), strict=True):
+            shape = tuple(getattr(leaf, "shape", ()))
+            if all(isinstance(d, int) for d in shape):
+                continue
+            for dim, entry in enumerate(sh.spec):
+                names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+                if divides_over(shape[dim], names, mesh.sizes):
+                    continue
+                parts = math.prod(mesh.sizes[a] for a in names)
+                raise ConfigError(
+                    f"lower.in_shardings: {path} ({type_str(shape, leaf.dtype)}): dimension "
+                    f"{dim} has the symbolic size {shape[dim]}, which mesh axes {list(names)} "
+                    f"(together {parts} devices) do not divide for every value of its "
+                    f"variables (JAX requires it when tracing); expected a multiple of "
+                    f"{parts} (e.g. {parts}*{symbols(str(shape[dim]))[0]}), or the dimension "
+                    "unsplit"
+                )
+
+
+def carrying(
+    bound: BoundArgs,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    arg_shardings: Sequence[Any],
+    kw_shardings: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with each ShapeDtypeStruct carrying its sharding, as jax.jit takes them
+    with keyword arguments or explicit mesh axes (one sharding may stand for a subtree):
+    ``arg_shardings`` one per traced positional argument, ``kw_shardings`` by keyword; static
+    positions, keyword arguments without a sharding and Python scalars as they are."""
+    import jax
+
+    def typed(sharding: Any, sub: Any) -> Any:
+        return jax.tree.map(
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=sharding)
+                if isinstance(x, jax.ShapeDtypeStruct)
+                else x
+            ),
+            sub,
+        )
+
+    def carry(tree: Any, prefix: Any) -> Any:
+        return jax.tree.map(typed, prefix, tree)
+
+    it = iter(arg_shardings)
+    new_args = tuple(a if bound.is_static(i) else carry(a, next(it)) for i, a in enumerate(args))
+    new_kwargs = {
+        k: carry(v, kw_shardings[k]) if k in kw_shardings else v for k, v in kwargs.items()
+    }
+    return new_args, new_kwargs
+
+
+def jit_inputs(in_tree: Any, in_flat: Sequence[Any]) -> tuple[dict[str, Any], list[Any]]:
+    """An export's input shardings (``in_flat``, one per flat input of ``in_tree``) as
+    jax.jit takes them: ``in_shardings`` when there are no keyword inputs, else none, each
+    sharding riding on its ShapeDtypeStruct (jax 0.10.2: "pjit does not support kwargs when
+    in_shardings is specified"). (jit options, the sharding each input's struct carries.)"""
+    import jax
+
+    positional, keyword = jax.tree_util.tree_unflatten(in_tree, list(in_flat))
+    if keyword:
+        return {}, list(in_flat)
+    return {"in_shardings": positional}, [None] * len(in_flat)
 
 
 def has_arrays(*trees: Any) -> bool:
@@ -539,9 +634,12 @@ __all__ = [
     "PerReplica",
     "abstract_mesh",
     "bound_context",
+    "carrying",
+    "check_symbolic_splits",
     "concrete_mesh",
     "has_arrays",
     "jax_internal",
+    "jit_inputs",
     "named",
     "on_devices",
     "output_shardings",

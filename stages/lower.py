@@ -3,7 +3,10 @@
 Reads ``lower`` options (platforms, donation, keep_unused, shardings on ``mesh``, XLA metadata);
 writes ``module.stablehlo.mlir``, ``module.hlo.txt``, ``exported.bin`` (the resumable form:
 compile needs no Python code of the program once it has this), ``lowered.json`` (platforms,
-device count, mesh) and ``cost_analysis.json`` where the lowering offers one.
+module digest, donate_argnums and donate_argnames as lowered, device count, mesh, and where
+they apply disabled_checks, placement and the output namedtuple classes a resume registers)
+and ``cost_analysis.json`` where the lowering offers one. Shardings on a mesh are
+``lower_shardings``'s, platform names and donation across platforms ``export_rules``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from jaxaot.stages.jax_mesh import (
     abstract_mesh,
     has_arrays,
     jax_internal,
+    jit_inputs,
     tracing_on,
 )
 from jaxaot.stages.jax_metadata import with_metadata
@@ -146,7 +150,7 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
     bound = staged.bound
     if bound.donate_argnums:
         opts["donate_argnums"] = bound.donate_argnums
-    names = tuple(n for n in bound.donate_argnames if n in bound.kwargs)
+    names = _donated_keywords(staged)
     if names:
         opts["donate_argnames"] = names
     if ctx.cfg.lower.keep_unused:
@@ -457,12 +461,8 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
         amesh = abstract_mesh(MeshSpec.from_json(record.meta["mesh"]))
         in_flat = list(exp.in_shardings_jax(amesh))
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
-        jit_opts = {"out_shardings": outs}
-        # jax.jit takes no in_shardings with keyword arguments (jax 0.10.2): with keyword
-        # inputs each sharding rides on its ShapeDtypeStruct.
-        if not jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[1]:
-            jit_opts["in_shardings"] = jax.tree_util.tree_unflatten(exp.in_tree, in_flat)[0]
-            in_flat = [None] * len(avals)
+        given, in_flat = jit_inputs(exp.in_tree, in_flat)
+        jit_opts = {"out_shardings": outs, **given}
         if ctx.cfg.mesh.context:
             mesh_context = jax.sharding.use_abstract_mesh(amesh)
     structs = [
@@ -539,8 +539,9 @@ def check(cfg: JaxaotConfig) -> None:
     check_indices("lower.donate_argnums", low.donate_argnums)
     check_disabled(low.disabled_checks)
     for p in low.platforms or ():
-        # Which platforms JAX lowers for is JAX's to say (plugins add theirs): checked against
-        # it when lowering (check_platforms); here only the spelling.
+        # JAX's set of platforms is open (plugins add theirs): any name is lowered for, with a
+        # warning for a near-miss of a known one when lowering (check_platforms); here only
+        # the spelling.
         if not isinstance(p, str) or not p.isidentifier():
             raise ConfigError(
                 f"lower.platforms: expected platform names (e.g. {', '.join(PLATFORMS)}), "

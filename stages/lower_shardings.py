@@ -1,7 +1,7 @@
 """The lower stage's shardings on a mesh: ``lower.in_shardings``/``out_shardings`` resolved for the
 positional and keyword arguments (keyword arguments' shardings ride on their ShapeDtypeStructs,
-since jax.jit takes no in_shardings with them), symbolic splits checked as JAX checks them, and
-``path_shardings.json``.
+since jax.jit takes no in_shardings with them; resolved, and symbolic splits checked, by
+``jax_mesh.resolved_with_keywords``), and ``path_shardings.json``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from jaxaot.config.argspec import symbols
 from jaxaot.config.mesh import MeshSpec, logical_rules
 from jaxaot.config.path_shardings import (
     Resolution,
@@ -19,8 +18,8 @@ from jaxaot.config.path_shardings import (
 )
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
-from jaxaot.errors import ConfigError
 from jaxaot.stages.jax_mesh import (
+    carrying,
     named,
     output_shardings,
     resolved_with_keywords,
@@ -62,17 +61,13 @@ def sharded(
         ctx.cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
     )
     specs = found.specs
-    shardings = (*found.positional, *found.keyword)
-    ins = found.resolutions[0] if found.resolutions else None
     args: tuple[Any, ...] = found.args
-    _check_symbolic_splits(
-        bound, (*found.args, *found.kwargs.values()), list(traced_kw), shardings, mesh
-    )
     kwargs: dict[str, Any] = {}
     if traced_kw:
-        args, kwargs = _carrying(bound, args, found.kwargs, found.positional, found.keyword)
+        by_kw = dict(zip(traced_kw, found.keyword, strict=True))
+        args, kwargs = carrying(bound, args, found.kwargs, found.positional, by_kw)
     else:
-        opts["in_shardings"] = shardings
+        opts["in_shardings"] = found.positional
     outs = None
     if cfg.out_shardings is not None:
         traced = staged.traced
@@ -106,79 +101,9 @@ def sharded(
                 top_names(len(staged.args), names),
             )
             opts["out_shardings"] = (user, updates)
-    if ins is not None or outs is not None:
-        _record_paths(ctx, ins, outs)
+    if found.resolution is not None or outs is not None:
+        _record_paths(ctx, found.resolution, outs)
     return fn, opts, args, kwargs
-
-
-def _check_symbolic_splits(
-    bound: Any,
-    every: tuple[Any, ...],
-    keywords: list[str],
-    shardings: tuple[Any, ...],
-    mesh: MeshSpec,
-) -> None:
-    """Each symbolic dimension a sharding splits is divisible by its devices for every value of
-    its variables, as JAX requires when it traces (jax 0.10.2 raises IndivisibleError for
-    ``f32[b,4]`` on ``P('data')``, and accepts ``f32[2*b,4]``): one line naming the argument.
-    ``every``: the positional arguments, then the traced keyword arguments' values."""
-    import math
-
-    import jax
-    from jaxaot.config.path_shardings import divides
-    from jaxaot.stages.resolving import type_str
-
-    n = len(every) - len(keywords)
-    tops = [(f"program.args[{i}]", every[i]) for i in range(n) if not bound.is_static(i)]
-    tops += [(f"program.kwargs.{k}", v) for k, v in zip(keywords, every[n:], strict=True)]
-    for (top, arg), prefix in zip(tops, shardings, strict=True):
-        full = jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, arg)
-        for (path, leaf), sh in zip(leaf_paths(arg, top), jax.tree.leaves(full), strict=True):
-            shape = tuple(getattr(leaf, "shape", ()))
-            if all(isinstance(d, int) for d in shape):
-                continue  # concrete sizes: checked against the config before JAX
-            for dim, entry in enumerate(sh.spec):
-                names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-                parts = math.prod(mesh.sizes[a] for a in names)
-                if not divides(shape[dim], parts):
-                    raise ConfigError(
-                        f"lower.in_shardings: {path} ({type_str(shape, leaf.dtype)}): dimension "
-                        f"{dim} has the symbolic size {shape[dim]}, which mesh axes {list(names)} "
-                        f"(together {parts} devices) do not divide for every value of its "
-                        f"variables (JAX requires it when tracing); expected a multiple of "
-                        f"{parts} (e.g. {parts}*{symbols(str(shape[dim]))[0]}), or the dimension "
-                        "unsplit"
-                    )
-
-
-def _carrying(
-    bound: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    arg_shardings: tuple[Any, ...],
-    kw_shardings: tuple[Any, ...],
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The traced arguments with each ShapeDtypeStruct carrying its sharding (one sharding may
-    stand for a subtree); static positions and Python scalars as they are."""
-    import jax
-
-    def carry(tree: Any, prefix: Any) -> Any:
-        def typed(sharding: Any, sub: Any) -> Any:
-            return jax.tree.map(
-                lambda x: (
-                    jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=sharding)
-                    if isinstance(x, jax.ShapeDtypeStruct)
-                    else x
-                ),
-                sub,
-            )
-
-        return jax.tree.map(typed, prefix, tree)
-
-    it = iter(arg_shardings)
-    new_args = tuple(a if bound.is_static(i) else carry(a, next(it)) for i, a in enumerate(args))
-    new_kwargs = {k: carry(v, sh) for (k, v), sh in zip(kwargs.items(), kw_shardings, strict=True)}
-    return new_args, new_kwargs
 
 
 def _input_leaves(

@@ -211,34 +211,12 @@ def _typed_shardings(
     ShapeDtypeStruct, positional or keyword, carries its ``lower.in_shardings`` entry, resolved
     as the lower stage resolves it (path patterns and logical-axis rules on ``args``, named by
     ``names``; keyword arguments by keyword)."""
-    import jax
-    from jaxaot.stages.jax_mesh import resolved_with_keywords
+    from jaxaot.stages.jax_mesh import carrying, resolved_with_keywords
 
     traced_kw = {k: v for k, v in kwargs.items() if not bound.is_static(k)}
     found = resolved_with_keywords(cfg, bound, mesh, args, traced_kw, names, logical_axes)
-
-    def typed(sharding: Any, sub: Any) -> Any:  # a sharding may stand for a whole subtree
-        return jax.tree.map(
-            lambda x: (
-                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
-                if isinstance(x, jax.ShapeDtypeStruct)
-                else x
-            ),
-            sub,
-        )
-
-    def carry(prefix: Any, tree: Any) -> Any:
-        return jax.tree.map(typed, prefix, tree)
-
-    pos = iter(found.positional)
-    new_args = tuple(
-        a if bound.is_static(i) else carry(next(pos), a) for i, a in enumerate(found.args)
-    )
     by_kw = dict(zip(traced_kw, found.keyword, strict=True))
-    new_kwargs = {
-        k: carry(by_kw[k], found.kwargs[k]) if k in by_kw else v for k, v in kwargs.items()
-    }
-    return new_args, new_kwargs
+    return carrying(bound, found.args, {**kwargs, **found.kwargs}, found.positional, by_kw)
 
 
 def _dims(shape: Any) -> list[int | str]:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax_reference import assert_same, cpu_mesh, run_inputs, specs_of
 from jaxaot.errors import ConfigError
@@ -255,6 +255,42 @@ def json_rows(path: Path) -> dict[str, str]:
     return {r["path"]: r["spec"] for r in json.loads(path.read_text())["inputs"]}
 
 
+def test_the_resolution_recorded_holds_the_keyword_leaves() -> None:
+    # path_shardings.json records every leaf a rule decided: under the positional list the
+    # keyword arguments are resolved on their own (library metadata, else replicated), and
+    # their leaves are merged with the positional ones' into the one resolution recorded.
+    import jaxaot
+    from jaxaot.config.argspec import bind_config
+    from jaxaot.config.mesh import mesh_spec
+    from jaxaot.config.path_shardings import Resolution, merged
+    from jaxaot.config.sharding import Spec
+    from jaxaot.schema import validate
+    from jaxaot.stages.jax_mesh import resolved_with_keywords
+
+    overrides = [f"{T}:scaled", "program.args=[f32[8]]", "+program.kwargs.a=f32[8]"]
+    overrides += ["+program.kwargs.b=f32[8]", *MESH2, "lower.in_shardings=[[data]]"]
+    cfg = validate(jaxaot.compose(overrides))
+    mesh = mesh_spec(cfg)
+    assert mesh is not None
+    s = jax.ShapeDtypeStruct((8,), jnp.float32)
+    found = resolved_with_keywords(
+        cfg, bind_config(cfg, ["x"]), mesh, (s,), {"a": s, "b": s}, ["x"], {"a": ("batch",)}
+    )
+    assert found.resolution is not None
+    assert {r["path"]: r["by"] for r in found.resolution.table()} == {
+        "a": "metadata [batch]",
+        "b": "no rule: replicated",
+    }
+    assert found.resolution.unmatched == ["b"]
+    pos = Resolution({"x": Spec(("data",))}, {"x": "x"}, {"x": (8,)}, [], ["n1"])
+    kw = Resolution({"a": Spec(())}, {"a": "no rule"}, {"a": (8,)}, ["a"], ["n2"])
+    both = merged([pos, kw])
+    assert both is not None
+    assert [r["path"] for r in both.table()] == ["x", "a"]
+    assert (both.unmatched, both.notes) == (["a"], ["n1", "n2"])
+    assert merged([kw]) is kw and merged([]) is None
+
+
 def test_a_pattern_reaching_a_keyword_only_by_position_is_refused() -> None:
     # Keyword arguments are named by keyword (JAX's key paths: kwargs['a']); resolved after
     # the positional ones, the first keyword is also args[n]: a pattern reaching it only so
@@ -302,12 +338,20 @@ def test_symbolic_dimension_provably_divisible_compiles(compose_run: Any) -> Non
 
 
 @pytest.mark.parametrize(
-    "override", ["lower.in_shardings=[[data,null]]", "lower.in_shardings={x: [data, null]}"]
+    "overrides",
+    [
+        ("lower.in_shardings=[[data,null]]",),
+        ("lower.in_shardings={x: [data, null]}",),
+        ("lower.in_shardings=[[data,null]]", "mesh.axis_types=[explicit]"),
+    ],
+    ids=["positional", "mapping", "explicit-axes"],
 )
 def test_symbolic_dimension_not_provably_divisible_is_refused(
-    compose_run: Any, override: str
+    compose_run: Any, overrides: tuple[str, ...]
 ) -> None:
-    # JAX: f32[b,4] on P('data') raises IndivisibleError when traced, whatever b is later.
+    # JAX: f32[b,4] on P('data') raises IndivisibleError when traced, whatever b is later;
+    # with explicit axes the sharding is part of the argument's type, and the
+    # ShapeDtypeStruct carrying it is refused when traced.
     amesh = AbstractMesh((2,), ("data",))
     (shape,) = [jax.export.symbolic_shape("b, 4")]
     with (
@@ -317,16 +361,24 @@ def test_symbolic_dimension_not_provably_divisible_is_refused(
         jax.export.export(
             jax.jit(progs.double, in_shardings=NamedSharding(amesh, P("data", None)))
         )(jax.ShapeDtypeStruct(shape, jnp.float32))
+    explicit = AbstractMesh((2,), ("data",), axis_types=(AxisType.Explicit,))
+    with (
+        pytest.raises(ValueError, match="does not evenly divide the dimension size b"),
+        jax.sharding.use_abstract_mesh(explicit),
+    ):
+        typed = NamedSharding(explicit, P("data", None))
+        jax.jit(progs.double).trace(jax.ShapeDtypeStruct(shape, jnp.float32, sharding=typed))
     with pytest.raises(ConfigError, match=r"program\.args\[0\]|x") as info:
         compose_run(
             f"{T}:double",
             "program.args=[f32[b,4]]",
             *MESH2,
-            override,
+            *overrides,
             "compile.shapes={b:2}",
         )
     text = str(info.value)
-    assert "\n" not in text and "dimension 0" in text and "b" in text and "2 devices" in text
+    assert text.startswith("lower.in_shardings") and "\n" not in text
+    assert "dimension 0" in text and "size b" in text and "2 devices" in text
 
 
 # --- 3. every mismatched input in one error -----------------------------------------------

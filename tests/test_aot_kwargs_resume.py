@@ -260,6 +260,21 @@ def test_one_argument_spec_on_a_mesh_as_jax(compose_run: Any) -> None:
 # --- keyword arguments on a mesh, nothing donated ------------------------------------------
 
 
+def _spy_reference_placement(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The (args, kwargs) each reference run of execute placed on the mesh, in order."""
+    from jaxaot.stages import execute
+
+    placed: list[Any] = []
+    real = execute._placed_on
+
+    def spy(*a: Any, **k: Any) -> Any:
+        placed.append(real(*a, **k))
+        return placed[-1]
+
+    monkeypatch.setattr(execute, "_placed_on", spy)
+    return placed
+
+
 def _partitions(module: str) -> int:
     """A module's mhlo.num_partitions (1 when it has none)."""
     found = re.search(r"mhlo\.num_partitions = (\d+)", module)
@@ -267,7 +282,9 @@ def _partitions(module: str) -> int:
 
 
 @pytest.mark.parametrize("context", [True, False], ids=["mesh-context", "no-mesh-context"])
-def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context: bool) -> None:
+def test_keyword_arguments_on_a_mesh_without_donation(
+    compose_run: Any, context: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # JAX: jax.jit(f).trace(x_sds, a=a_sds, b=b_sds), each ShapeDtypeStruct carrying its
     # sharding (P('data') for x and a, P() for b), lowers for the mesh's 2 devices; its
     # export says nr_devices 2. The reference, mesh.context=false: jax.jit(f) of arrays put
@@ -282,6 +299,7 @@ def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context:
         "execute.check=reference",
         "execute.repeats=2",
     )
+    reference_inputs = _spy_reference_placement(monkeypatch)
     fresh = compose_run(*run)
     lowered = compose_run(*run, "stop_after=lower")
     resume = (f"resume_from={lowered.run_dir}", "start_at=compile")
@@ -325,3 +343,13 @@ def test_keyword_arguments_on_a_mesh_without_donation(compose_run: Any, context:
         assert_same(executed.outputs, want)
         assert executed.check["ok"] and executed.check["max_abs_err"] == 0
         assert executed.timings["donated_inputs_consumed"] is None
+    # The reference's own inputs (an elementwise program gives the same outputs however they
+    # are placed): with mesh.context=false, put on the run's mesh as the lowering placed them,
+    # x and a split over 'data', b replicated; with the mesh in context, traced under it.
+    assert len(reference_inputs) == (0 if context else 3)
+    for args, kwargs in reference_inputs:
+        assert [a.sharding for a in args] == [NamedSharding(mesh, P("data"))]
+        assert {k: v.sharding for k, v in kwargs.items()} == {
+            "a": NamedSharding(mesh, P("data")),
+            "b": NamedSharding(mesh, P()),
+        }

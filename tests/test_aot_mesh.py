@@ -237,9 +237,21 @@ def test_argless_per_replica_program_reference(compose_run: Any) -> None:
 
 
 @pytest.mark.parametrize("name", ["own_mesh", "own_mesh_data"])
-def test_mesh_context_false_places_arguments_only(compose_run: Any, name: str) -> None:
+def test_mesh_context_false_places_arguments_only(
+    compose_run: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # JAX: jax.jit(f, in_shardings=NamedSharding(mesh, P('data'))) without jax.set_mesh runs a
     # program that calls shard_map on a mesh of its own (another axis name, or the same).
+    from jaxaot.stages import execute
+
+    reference_inputs: list[Any] = []
+    real = execute._placed_on
+
+    def spy(*a: Any, **k: Any) -> Any:
+        reference_inputs.append(real(*a, **k))
+        return reference_inputs[-1]
+
+    monkeypatch.setattr(execute, "_placed_on", spy)
     result = compose_run(
         f"{T}:{name}",
         "program.args=[f32[4]]",
@@ -256,6 +268,11 @@ def test_mesh_context_false_places_arguments_only(compose_run: Any, name: str) -
     plain = jax.jit(fn, in_shardings=NamedSharding(cpu_mesh(), P("data")))
     compiled = plain.lower(x).compile()
     assert_same(result.records["execute"].outputs, compiled(x))
+    # The reference's own input, as plain JAX's: put on the run's mesh split over 'data' (the
+    # program's output is the same however it is placed).
+    assert [([a.sharding for a in args], kwargs) for args, kwargs in reference_inputs] == [
+        ([NamedSharding(cpu_mesh(), P("data"))], {})
+    ]
     exe = result.records["compile"].compiled
     assert _described(exe.input_shardings) == _described(compiled.input_shardings)
     assert _described(exe.output_shardings) == _described(compiled.output_shardings)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax._src import pjit
 from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 from jaxaot.errors import BackendError
 from jaxaot.stages import jaxenv
 from jaxaot.stages.jax_mesh import bound_context, tracing_on
@@ -149,12 +150,8 @@ def test_binding_the_context_mesh_compiles_as_under_set_mesh() -> None:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-@pytest.mark.parametrize(
-    "broken", ["no _lowering", "no compile_args", "no context_mesh", "no _executable"]
-)
-def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken: str) -> None:
-    with tracing_on(AUTO, unplaced=True):
-        live = jax.jit(progs.argless).trace().lower(lowering_platforms=("cpu",))
+def _broken(live: Any, broken: str) -> Any:
+    """A copy of ``live`` laid out as a later JAX might lay it out (``live`` untouched)."""
     odd = copy.copy(live)
     if broken == "no _lowering":
         del odd._lowering
@@ -168,8 +165,18 @@ def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken
         comp = copy.copy(live._lowering)
         del comp._executable
         odd._lowering = comp
+    return odd
+
+
+BROKEN = ["no _lowering", "no compile_args", "no context_mesh", "no _executable"]
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken: str) -> None:
+    with tracing_on(AUTO, unplaced=True):
+        live = jax.jit(progs.argless).trace().lower(lowering_platforms=("cpu",))
     with pytest.raises(BackendError) as refused:
-        bound_context(odd, jax.devices()[:2])
+        bound_context(_broken(live, broken), jax.devices()[:2])
     text = str(refused.value)
     assert text.startswith(
         f"jax {jax.__version__}: jax.stages.Lowered._lowering's compile_args['context_mesh'] "
@@ -178,6 +185,28 @@ def test_a_lowering_laid_out_otherwise_is_refused_not_compiled_unreadable(broken
         "for, is missing or changed ("
     )
     assert "expected jax 0.10.2" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_a_lowering_with_nothing_to_rebind_compiles_whatever_its_layout(broken: str) -> None:
+    # A program with arguments on an Auto mesh: jax.jit records no context mesh (jax 0.10.2),
+    # its shardings name the mesh, and bound_context hands the lowering back as it is, without
+    # reading the private internals a later JAX may lay out otherwise; it compiles and runs
+    # as plain JAX's own lowering does.
+    x = jax.ShapeDtypeStruct((4, 4), np.float32, sharding=jax.sharding.NamedSharding(AUTO, P()))
+    with tracing_on(AUTO):
+        live = jax.jit(progs.matmul).trace(x, x).lower(lowering_platforms=("cpu",))
+    assert live._lowering.compile_args["context_mesh"].empty
+    odd = _broken(live, broken)
+    devices = tuple(jax.devices()[:2])
+    assert bound_context(odd, devices) is odd
+    assert bound_context(live, devices) is live
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    got = live.compile(device_assignment=devices)(a, a)
+    with jax.set_mesh(_concrete()):
+        want = jax.jit(progs.matmul)(a, a)
+    assert got.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_a_jax_whose_jit_ignores_the_context_is_refused_not_lowered_for_one_device(

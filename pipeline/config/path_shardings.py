@@ -281,7 +281,26 @@ class Resolution:
         ]
 
 
-def _divides(size: Any, axes: Sequence[str], mesh: Mapping[str, int]) -> bool:
+def merged(resolutions: Sequence[Resolution]) -> Resolution | None:
+    """One Resolution holding every leaf of ``resolutions`` (of disjoint leaves: the positional
+    arguments' and the keyword arguments'), in order; None when there is none."""
+    if not resolutions:
+        return None
+    if len(resolutions) == 1:
+        return resolutions[0]
+    out = Resolution()
+    for res in resolutions:
+        out.specs |= res.specs
+        out.sources |= res.sources
+        out.shapes |= res.shapes
+        out.unmatched += res.unmatched
+        out.notes += res.notes
+    return out
+
+
+def divides_over(size: Any, axes: Sequence[str], mesh: Mapping[str, int]) -> bool:
+    """Whether mesh axes ``axes`` together split a dimension of ``size`` evenly (see
+    :func:`divides`); ``mesh``: axis sizes by name."""
     parts = 1
     for a in axes:
         parts *= mesh[a]
@@ -449,7 +468,7 @@ class _Resolver:
             for a in axes:
                 if a not in self.mesh:  # only reachable from a Python-API value
                     raise ConfigError(f"{where}: mesh axis {a!r} is not in the mesh {self.mesh}")
-            if not _divides(shape[dim], axes, self.mesh):
+            if not divides_over(shape[dim], axes, self.mesh):
                 parts = 1
                 for a in axes:
                     parts *= self.mesh[a]
@@ -478,7 +497,7 @@ class _Resolver:
             taken = {a for e in result if e is not _UNASSIGNED for a in _entry_axes(e)}
             if taken & set(axes or ()):
                 continue  # flax: the next rule for this name, if any
-            if axes is not None and not _divides(leaf.shape[pos], axes, self.mesh):
+            if axes is not None and not divides_over(leaf.shape[pos], axes, self.mesh):
                 skipped.setdefault(pos, []).append(_yaml(list(axes)))
                 continue
             result[pos] = None if axes is None else axes[0] if len(axes) == 1 else axes
@@ -680,10 +699,12 @@ __all__ = [
     "Rule",
     "check_keyword_patterns",
     "divides",
+    "divides_over",
     "first_match",
     "flax_rules_context",
     "is_pattern_form",
     "matches",
+    "merged",
     "no_match_error",
     "parse_logical_rules",
     "parse_rules",
