@@ -24,7 +24,12 @@ def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[s
     name such as ``other`` is exported as given; one close to a known name (``tpuu``, ``CPU``)
     is probably a typo: exported too, with a warning. An alias (``gpu``) is the GPU platform
     present, as JAX's ``canonicalize_platform`` says; with none present it is an error, as in
-    JAX. Compiling for a platform the lowering lacks is compile's to refuse (check_platform)."""
+    JAX. Compiling for a platform the lowering lacks is compile's to refuse (check_platform).
+
+    Reading an alias starts JAX's backends: JAX's ``canonicalize_platform`` (jax 0.10.2) asks
+    which of the alias's platforms has a backend, which initializes every backend present,
+    plugins included, even in a run that stops after lower (``stop_after=lower``); names
+    other than aliases initialize none."""
     import difflib
 
     # No public list or canonicalization of platforms in jax 0.10: xla_bridge's private ones.

@@ -427,8 +427,9 @@ def check_parallel(cfg: JaxaotConfig) -> None:
                 "0.10.2); expected concrete sizes, or a mesh (mesh.*) instead of axis_env"
             )
     # On a mesh, traced keyword arguments carry their shardings on their ShapeDtypeStructs
-    # (jax.jit takes no in_shardings with keyword arguments; stages/lower.py). A per-replica
-    # program splits its positional arguments over the replicas (stages/jax_mesh.py).
+    # (jax.jit takes no in_shardings with keyword arguments; stages/lower_shardings.py). A
+    # per-replica program splits its positional arguments over the replicas
+    # (stages/jax_mesh.py).
     kw = traced_kwargs(bound)
     if kw and mesh.per_replica:
         raise ConfigError(

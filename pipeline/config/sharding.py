@@ -148,7 +148,8 @@ class _Match:
             parts = math.prod(self.mesh[n] for n in names)
             if not isinstance(leaf.shape[dim], int):
                 # A symbolic dimension (``2*b``): JAX decides it with its own arithmetic under
-                # the run's shape constraints, when the lower stage has them (stages/lower.py).
+                # the run's shape constraints, when the abstract arguments have them
+                # (stages/jax_mesh.py, check_symbolic_splits).
                 continue
             if leaf.shape[dim] % parts:
                 raise ConfigError(
