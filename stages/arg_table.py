@@ -391,12 +391,12 @@ def input_shardings(
     argument (by keyword), each a Sharding or a prefix tree of them, as the lowering gets them,
     and how each leaf's was decided (path -> rule, for path patterns and logical-axis rules):
     the per-replica program's own, else ``lower.in_shardings`` resolved as the lower stage
-    resolves it (:func:`jaxaot.stages.jax_mesh.resolved_with_keywords`; keyword arguments named by
+    resolves it (:func:`jaxaot.stages.jax_inputs.resolved_with_keywords`; keyword arguments named by
     keyword in the mapping form and with path patterns, replicated or their own sharding under
     the positional list)."""
     if "in_shardings" in staged.jit_options:  # stage_out.axis_env: the replica-split program
         return list(staged.jit_options["in_shardings"]), {}, {}
-    from jaxaot.stages.jax_mesh import resolved_with_keywords  # the lower stage's own rule
+    from jaxaot.stages.jax_inputs import resolved_with_keywords  # the lower stage's own rule
 
     cfg, bound = ctx.cfg, staged.bound
     names = staged.signature.get("parameters")

@@ -40,7 +40,7 @@ def export_lowering(lowered: Lowered, platform: str, mesh: Any = None, device: A
     to the same module."""
     import jax
     from jax.sharding import SingleDeviceSharding
-    from jaxaot.stages.jax_mesh import jit_inputs
+    from jaxaot.stages.jax_inputs import jit_inputs
     from jaxaot.stages.jax_placement import export_placed
 
     exp = lowered.export()

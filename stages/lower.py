@@ -34,13 +34,8 @@ from jaxaot.stages.export_rules import (
     donation_keys,
     safety_checks,
 )
-from jaxaot.stages.jax_mesh import (
-    abstract_mesh,
-    has_arrays,
-    jax_internal,
-    jit_inputs,
-    tracing_on,
-)
+from jaxaot.stages.jax_inputs import jit_inputs
+from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, jax_internal, tracing_on
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
 from jaxaot.stages.jaxenv import platform_of

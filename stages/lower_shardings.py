@@ -1,7 +1,7 @@
 """The lower stage's shardings on a mesh: ``lower.in_shardings``/``out_shardings`` resolved for the
 positional and keyword arguments (keyword arguments' shardings ride on their ShapeDtypeStructs,
 since jax.jit takes no in_shardings with them; resolved, and symbolic splits checked, by
-``jax_mesh.resolved_with_keywords``), and ``path_shardings.json``.
+``jax_inputs.resolved_with_keywords``), and ``path_shardings.json``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,8 @@ from jaxaot.config.path_shardings import (
 )
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
-from jaxaot.stages.jax_mesh import (
-    carrying,
-    named,
-    output_shardings,
-    resolved_with_keywords,
-    update_shardings,
-)
+from jaxaot.stages.jax_inputs import carrying, resolved_with_keywords
+from jaxaot.stages.jax_mesh import named, output_shardings, update_shardings
 from jaxaot.stages.node import StageContext
 from jaxaot.stages.stage_out import StagedOut
 

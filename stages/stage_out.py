@@ -211,7 +211,7 @@ def _typed_shardings(
     ShapeDtypeStruct, positional or keyword, carries its ``lower.in_shardings`` entry, resolved
     as the lower stage resolves it (path patterns and logical-axis rules on ``args``, named by
     ``names``; keyword arguments by keyword)."""
-    from jaxaot.stages.jax_mesh import carrying, resolved_with_keywords
+    from jaxaot.stages.jax_inputs import carrying, resolved_with_keywords
 
     traced_kw = {k: v for k, v in kwargs.items() if not bound.is_static(k)}
     found = resolved_with_keywords(cfg, bound, mesh, args, traced_kw, names, logical_axes)

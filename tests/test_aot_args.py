@@ -265,7 +265,7 @@ def test_the_resolution_recorded_holds_the_keyword_leaves() -> None:
     from jaxaot.config.path_shardings import Resolution, merged
     from jaxaot.config.sharding import Spec
     from jaxaot.schema import validate
-    from jaxaot.stages.jax_mesh import resolved_with_keywords
+    from jaxaot.stages.jax_inputs import resolved_with_keywords
 
     overrides = [f"{T}:scaled", "program.args=[f32[8]]", "+program.kwargs.a=f32[8]"]
     overrides += ["+program.kwargs.b=f32[8]", *MESH2, "lower.in_shardings=[[data]]"]

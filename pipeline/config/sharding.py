@@ -149,7 +149,7 @@ class _Match:
             if not isinstance(leaf.shape[dim], int):
                 # A symbolic dimension (``2*b``): JAX decides it with its own arithmetic under
                 # the run's shape constraints, when the abstract arguments have them
-                # (stages/jax_mesh.py, check_symbolic_splits).
+                # (stages/jax_inputs.py, check_symbolic_splits).
                 continue
             if leaf.shape[dim] % parts:
                 raise ConfigError(
