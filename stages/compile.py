@@ -100,8 +100,8 @@ class CompileConfig:
     memory_fitting_level: str | None = None
     # The buffers live at the peak listed in memory_breakdown.json (largest first).
     memory_top: int = 10
-    # HBM the platform keeps back from a program, per device: bytes (an int >= 1), a fraction
-    # of the HBM (0 <= f < 1), or null for the platform's own (stages/topology.py).
+    # HBM the platform keeps back from a program, per device: a size ("2GiB"), bytes (0 or
+    # >= 1 MiB), a fraction of the HBM (0 <= f < 1), or null for the platform's own.
     hbm_reserve: Any = None
     # Host memory per device that host-memory buffers (pinned_host/unpinned_host) are checked
     # against; null = the target's table.

@@ -31,6 +31,7 @@ from typing import Any
 
 from jaxaot.errors import ConfigError, DoesNotFit
 from jaxaot.targets.tpu import Target, resolve
+from jaxaot.util.humanize import parse_size
 
 # XLA's wording (libtpu 0.0.42): "Ran out of memory on HBM, the total memory required for HLO
 # temporaries (34.53G) exceeds available HBM (15.75G)." (sizes in GiB, printed as "G").
@@ -98,7 +99,10 @@ def reserve_bytes(target: Target, setting: Any = None) -> tuple[int, str]:
         return reserve, "platform default: none beyond XLA's own limit"
     if isinstance(setting, float) and setting < 1:
         return round(cap * setting), f"compile.hbm_reserve={setting}"
-    return int(setting), f"compile.hbm_reserve={setting}"  # bytes (1e9 reads as 10**9 too)
+    # bytes (1e9 reads as 10**9 too), or a size such as "2GiB"
+    return parse_size(setting if isinstance(setting, str) else int(setting)), (
+        f"compile.hbm_reserve={setting}"
+    )
 
 
 def host_capacity_bytes(target: Target, setting: int | None = None) -> int | None:
@@ -265,6 +269,37 @@ def does_not_fit(fit: dict[str, Any], extra: Mapping[str, Any] | None = None) ->
     )
 
 
+# Below this a whole-number reserve is taken for a unit left out (hbm_reserve=2 meant as 2 GiB).
+_SMALLEST_RESERVE = 1 << 20
+
+
+def _check_reserve(reserve: Any) -> None:
+    """``compile.hbm_reserve``: a fraction, a byte count (0, or at least 1 MiB) or a size string."""
+    expected = (
+        "a fraction of the device's memory (0 <= f < 1, e.g. 0.1), a size (e.g. 2GiB, 512MB), "
+        "bytes per device (0 or >= 1048576), or null for the platform's own"
+    )
+    if isinstance(reserve, str):
+        try:
+            parse_size(reserve)
+        except ConfigError:
+            raise ConfigError(
+                f"compile.hbm_reserve: expected {expected}, found {reserve!r}"
+            ) from None
+        return
+    whole = isinstance(reserve, int) and not isinstance(reserve, bool) and reserve >= 0
+    whole = whole or (isinstance(reserve, float) and reserve >= 1 and reserve.is_integer())
+    if not whole and not (isinstance(reserve, float) and 0 <= reserve < 1):
+        raise ConfigError(f"compile.hbm_reserve: expected {expected}, found {reserve!r}")
+    if whole and 0 < reserve < _SMALLEST_RESERVE:
+        n = int(reserve)
+        fraction = f" or compile.hbm_reserve={n / 100:g} ({n}%)" if n < 100 else ""
+        raise ConfigError(
+            f"compile.hbm_reserve={n} keeps back {n} byte(s) per device, surely not what was "
+            f"meant; expected {expected}. Fix: compile.hbm_reserve={n}GiB{fraction}"
+        )
+
+
 def check_memory_keys(comp: Any) -> None:
     """``compile.hbm_reserve``, ``compile.host_memory_bytes`` and ``compile.memory_top`` (the
     compile section ``comp``), before JAX: one line naming the key for a bad value."""
@@ -276,14 +311,7 @@ def check_memory_keys(comp: Any) -> None:
         )
     reserve, host = comp.hbm_reserve, comp.host_memory_bytes
     if reserve is not None:
-        whole = isinstance(reserve, int) and not isinstance(reserve, bool) and reserve >= 0
-        whole = whole or (isinstance(reserve, float) and reserve >= 1 and reserve.is_integer())
-        if not whole and not (isinstance(reserve, float) and 0 <= reserve < 1):
-            raise ConfigError(
-                f"compile.hbm_reserve: expected bytes per device (an int, e.g. 2147483648) or a "
-                f"fraction of the device's memory (0 <= f < 1, e.g. 0.1), or null for the "
-                f"platform's own, found {reserve!r}"
-            )
+        _check_reserve(reserve)
     if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 1):
         raise ConfigError(
             f"compile.host_memory_bytes: expected host memory per device in bytes (an int >= 1, "

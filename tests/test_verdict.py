@@ -156,9 +156,15 @@ def test_host_memory_is_its_own_verdict() -> None:
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["compile.hbm_reserve=1.5"], r"^compile.hbm_reserve: expected bytes per device"),
-        (["compile.hbm_reserve=-3"], r"^compile.hbm_reserve: expected bytes .* found -3$"),
-        (["compile.hbm_reserve=2GiB"], r"^compile.hbm_reserve: .* found '2GiB'$"),
+        (["compile.hbm_reserve=1.5"], r"^compile.hbm_reserve: expected a fraction .* found 1.5$"),
+        (["compile.hbm_reserve=-3"], r"^compile.hbm_reserve: expected a fraction .* found -3$"),
+        (["compile.hbm_reserve=2GiBs"], r"^compile.hbm_reserve: .* found '2GiBs'$"),
+        (
+            ["compile.hbm_reserve=2"],
+            r"^compile.hbm_reserve=2 keeps back 2 byte\(s\) per device, surely not what was "
+            r"meant; .* Fix: compile.hbm_reserve=2GiB or compile.hbm_reserve=0.02 \(2%\)$",
+        ),
+        (["compile.hbm_reserve=4096"], r"^compile.hbm_reserve=4096 .* Fix: .*=4096GiB$"),
         (["compile.hbm_reserve=17000000000"], r"^compile.hbm_reserve=17000000000: keeps back"),
         (["compile.host_memory_bytes=0"], r"^compile.host_memory_bytes: expected .* found 0$"),
         (["compile.memory_top=0"], r"^compile.memory_top: expected .* int >= 1, found 0;"),
@@ -333,7 +339,18 @@ def test_a_reserve_written_as_a_whole_float_is_bytes() -> None:
     target = resolve("v5e:2x2", 1)
     assert fit_verdict.reserve_bytes(target, 1e9)[0] == fit_verdict.reserve_bytes(target, 10**9)[0]
     validate(jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", "compile.hbm_reserve=1e9"]))
-    with pytest.raises(ConfigError, match=r"^compile.hbm_reserve: expected bytes per device"):
+    with pytest.raises(ConfigError, match=r"^compile.hbm_reserve: expected a fraction"):
         validate(
             jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", "compile.hbm_reserve=1.5"])
         )
+
+
+@pytest.mark.parametrize(("size", "expected"), [("2GiB", 2 << 30), ("1.5GB", 1_500_000_000)])
+def test_a_reserve_may_be_a_size(size: str, expected: int) -> None:
+    """``compile.hbm_reserve=2GiB``: a size with its unit, as the store's sizes are written."""
+    target = resolve("v5e:2x2", 1)
+    assert fit_verdict.reserve_bytes(target, size) == (expected, f"compile.hbm_reserve={size}")
+    validate(
+        jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", f"compile.hbm_reserve={size}"])
+    )
+    assert fit_verdict.reserve_bytes(target, 0) == (0, "compile.hbm_reserve=0")

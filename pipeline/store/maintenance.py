@@ -7,14 +7,12 @@ These are what ``jaxaot-store`` runs; :class:`~jaxaot.store.cache.Store` exposes
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from jaxaot.errors import ConfigError
 from jaxaot.store.entries import (
     _KEY_RE,
     _STAGE_RE,
@@ -33,36 +31,10 @@ from jaxaot.util.fsio import (
     find_temps,
     remove_stale_temps,
 )
+from jaxaot.util.humanize import parse_size
 
 if TYPE_CHECKING:
     from jaxaot.store.cache import Store
-
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-
-
-def parse_size(text: str | int) -> int:
-    """``"2GB"`` -> 2_000_000_000; units B, KB, MB, GB, TB (1000) and KiB, MiB, GiB, TiB (1024)."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    m = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
-    if m is None or m.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(
-            f"invalid size {text!r}: expected a number with an optional unit "
-            "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '2GB' or '512MiB'"
-        )
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 @dataclass(frozen=True)

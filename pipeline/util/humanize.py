@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from jaxaot.errors import ConfigError
+
 NOT_AVAILABLE = "n/a"
 
 
@@ -44,4 +48,40 @@ def human_seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-__all__ = ["NOT_AVAILABLE", "human_bytes", "human_count", "human_seconds", "measured"]
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """``"2GB"`` -> 2_000_000_000; units B, KB, MB, GB, TB (1000) and KiB, MiB, GiB, TiB (1024)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(
+            f"invalid size {text!r}: expected a number with an optional unit "
+            "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '2GB' or '512MiB'"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+__all__ = [
+    "NOT_AVAILABLE",
+    "human_bytes",
+    "human_count",
+    "human_seconds",
+    "measured",
+    "parse_size",
+]
