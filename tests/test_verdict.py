@@ -354,3 +354,29 @@ def test_a_reserve_may_be_a_size(size: str, expected: int) -> None:
         jaxaot.compose(["program=mlp", "compile.topology=v5e:2x2", f"compile.hbm_reserve={size}"])
     )
     assert fit_verdict.reserve_bytes(target, 0) == (0, "compile.hbm_reserve=0")
+
+
+def test_jaxaot_diff_says_when_the_verdict_changed(tmp_path: Path) -> None:
+    """Two topology compiles of one program, the second with 99.99999% of the HBM held back:
+    jaxaot-diff names the verdict on each side and the headroom that went away."""
+    from jaxaot.snapshots.diff import diff_report, load_side
+    from jaxaot.snapshots.diff import render as render_diff
+
+    fits = run_numbered(tmp_path, "program=axpy", "compile.topology=v5e:2x2")
+    with pytest.raises(DoesNotFit):
+        run_numbered(
+            tmp_path, "program=axpy", "compile.topology=v5e:2x2", "compile.hbm_reserve=0.9999999"
+        )
+    a, b = load_side(fits.run_dir), load_side(tmp_path / "run1")
+    fit = diff_report(a, b)["stages"]["compile"]["fit"]
+    assert (fit["a"], fit["b"], fit["changed"]) == (
+        "fits (v5e:2x2)",
+        "does not fit (v5e:2x2)",
+        True,
+    )
+    assert fit["headroom_bytes"]["a"] == fits.manifest["fit"]["headroom_bytes"] > 0
+    assert fit["headroom_bytes"]["b"] < 0
+    text = render_diff(diff_report(a, b), a, b, lines=0, full=False)
+    assert "verdict changed: fits (v5e:2x2) -> does not fit (v5e:2x2); headroom " in text
+    same = render_diff(diff_report(a, a), a, a, lines=0, full=False)
+    assert "verdict: fits (v5e:2x2); headroom " in same

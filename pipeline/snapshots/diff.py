@@ -60,6 +60,7 @@ class Side:
     median_s: float | None
     breakdown: dict[str, Any] | None = None  # compile.breakdown's (runs only)
     memory: dict[str, Any] | None = None  # compile/memory_breakdown.json (runs only)
+    fit: dict[str, Any] | None = None  # the manifest's fit verdict (topology compiles only)
 
     def describe(self) -> str:
         v = self.snapshot.meta("versions.json")
@@ -87,7 +88,14 @@ def load_side(path: Path) -> Side:
         peak = path / "compile" / "memory_breakdown.json"
         memory = json.loads(peak.read_text()) if "compile/memory_breakdown.json" in arts else None
         return Side(
-            path, "run", from_run(path, manifest), arts, median, trace.get("breakdown"), memory
+            path,
+            "run",
+            from_run(path, manifest),
+            arts,
+            median,
+            trace.get("breakdown"),
+            memory,
+            manifest.get("fit"),
         )
     if (path / INDEX_NAME).is_file():
         return Side(path, "snapshot", load_snapshot(path), {}, None)
@@ -222,6 +230,26 @@ def _outputs(a: Side, b: Side) -> str | None:
     return f"differs (max abs diff {worst:.3g})"
 
 
+def _verdict(fit: dict[str, Any] | None) -> str:
+    if not fit:
+        return "no verdict"
+    where = str(fit.get("topology"))
+    if fit.get("fits"):
+        return f"fits ({where})"
+    return "does not fit in host memory" if fit.get("hbm_fits") else f"does not fit ({where})"
+
+
+def _fit_delta(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
+    """The two runs' fit verdicts (compile.topology) and their HBM headroom, side by side."""
+    a, b = a or {}, b or {}
+    return {
+        "a": _verdict(a),
+        "b": _verdict(b),
+        "changed": _verdict(a) != _verdict(b),
+        "headroom_bytes": {"a": a.get("headroom_bytes"), "b": b.get("headroom_bytes")},
+    }
+
+
 def diff_report(a: Side, b: Side) -> dict[str, Any]:
     """Everything ``jaxaot-diff`` prints, as JSON-ready data."""
     cmp = compare(a.snapshot, b.snapshot)
@@ -278,6 +306,8 @@ def diff_report(a: Side, b: Side) -> dict[str, Any]:
         stages.setdefault("compile", {"artifacts": {}})["breakdown"] = _breakdown_deltas(
             a.breakdown, b.breakdown
         )
+    if a.fit or b.fit:
+        stages.setdefault("compile", {"artifacts": {}})["fit"] = _fit_delta(a.fit, b.fit)
     outputs = _outputs(a, b)
     if outputs is not None or a.median_s is not None or b.median_s is not None:
         stages["execute"] = {
@@ -336,6 +366,12 @@ def _structure_lines(s: dict[str, Any]) -> list[str]:
     return out
 
 
+def _signed_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return ("-" if n < 0 else "") + human_bytes(abs(n))
+
+
 def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) -> str:
     out = [f"A: {a.describe()}", f"B: {b.describe()}"]
     out.append("versions: " + ("same" if not report["versions"] else "; ".join(report["versions"])))
@@ -363,6 +399,17 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
                     f"  {label:<26} {_fmt(d['key'], d['a'])} -> {_fmt(d['key'], d['b'])}"
                     f"{_ratio_text(d['ratio'])}"
                 )
+        if info.get("fit"):
+            f = info["fit"]
+            room = f["headroom_bytes"]
+            headroom = (
+                f"; headroom {_signed_bytes(room['a'])} -> {_signed_bytes(room['b'])}"
+                if room["a"] is not None or room["b"] is not None
+                else ""
+            )
+            changed = "verdict changed: " if f["changed"] else "verdict: "
+            body = f"{f['a']} -> {f['b']}" if f["changed"] else f["a"]
+            out.append(f"  {changed}{body}{headroom}")
         if info.get("peak"):
             out += _peak_lines(info["peak"])
         if info.get("hlo_structure"):
