@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault(
     "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "jaxaot-tests-hypothesis")
 )
+# jaxaot's per-user caches (the default store, the roofline's calibration) live under
+# $XDG_CACHE_HOME: the session gets its own, set before any test imports or starts jaxaot, so
+# that no in-process run and no subprocess (cli_env copies os.environ) touches ~/.cache.
+SESSION_CACHE_HOME = Path(tempfile.mkdtemp(prefix="jaxaot-tests-cache-"))
+os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE_HOME)
 
 
 def _listing(where: Path) -> set[str]:
@@ -42,6 +48,13 @@ def nothing_left_where_pytest_runs() -> Iterator[None]:
     yield
     left = sorted(_listing(cwd) - before - {".pytest_cache"})
     assert not left, f"the tests left {left} in {cwd}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_cache_home() -> Iterator[Path]:
+    """The session's ``$XDG_CACHE_HOME`` (:data:`SESSION_CACHE_HOME`), removed at its end."""
+    yield SESSION_CACHE_HOME
+    shutil.rmtree(SESSION_CACHE_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="session")

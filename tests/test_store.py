@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import cli_env, read_manifest, run_cli
 from jaxaot.errors import ConfigError, StoreError
 from jaxaot.store.cache import (
     ENV_STORE_DIR,
@@ -26,6 +27,7 @@ from jaxaot.store.cache import (
     STORE_FORMAT_VERSION,
     Store,
     StoreEntry,
+    check_store_dir,
     parse_size,
     resolve_store_root,
 )
@@ -832,11 +834,74 @@ def test_parse_size_rejects_bad_values_naming_them(bad: str) -> None:
 
 def test_resolve_store_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(ENV_STORE_DIR, raising=False)
-    assert resolve_store_root(None) == Path("outputs/store")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_store_root(None) == tmp_path / "xdg" / "jaxaot" / "store"
     monkeypatch.setenv(ENV_STORE_DIR, str(tmp_path / "env"))
     assert resolve_store_root(None) == tmp_path / "env"
     assert resolve_store_root("") == tmp_path / "env"
     assert resolve_store_root(tmp_path / "cfg") == tmp_path / "cfg"
+
+
+@pytest.mark.parametrize("xdg", [None, "", "relative/cache"])
+def test_the_default_store_is_under_the_home_without_an_absolute_xdg_cache_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, xdg: str | None
+) -> None:
+    """The XDG specification: an unset, empty or relative $XDG_CACHE_HOME means ~/.cache."""
+    monkeypatch.delenv(ENV_STORE_DIR, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_store_root(None) == tmp_path / "home" / ".cache" / "jaxaot" / "store"
+
+
+def test_the_default_store_is_created_private(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(ENV_STORE_DIR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    old = os.umask(0o002)  # a team umask: the per-user folders stay private all the same
+    try:
+        check_store_dir(None)
+    finally:
+        os.umask(old)
+    for folder in ("xdg", "xdg/jaxaot", "xdg/jaxaot/store"):
+        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+    Store(resolve_store_root(None)).check_trusted()  # a private store passes the trust check
+
+
+def test_a_default_store_that_cannot_be_created_names_the_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(ENV_STORE_DIR, raising=False)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    want = f"store.dir (unset, so the default {tmp_path / 'file' / 'jaxaot' / 'store'})"
+    with pytest.raises(ConfigError, match=re.escape(want) + ".*is a regular file, not a folder"):
+        check_store_dir(None)
+
+
+def test_runs_from_two_folders_share_the_default_store(tmp_path: Path) -> None:
+    """The default store is per user: the second run, from another folder, is a cache hit."""
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.pop(ENV_STORE_DIR, None)
+    statuses = []
+    for where in ("a", "b/c"):
+        cwd = tmp_path / where
+        cwd.mkdir(parents=True)
+        run = cwd / "run"
+        proc = run_cli(
+            ["program=axpy", "stop_after=compile", f"hydra.run.dir={run}"], cwd=cwd, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        statuses.append(read_manifest(run)["stages"]["compile"]["status"])
+        assert not (cwd / "outputs").exists()
+    assert statuses == ["ran", "cached"]
+    store = tmp_path / "xdg" / "jaxaot" / "store"
+    log = [json.loads(x) for x in (store / "v1" / "stats.jsonl").read_text().splitlines()]
+    assert [(e["stage"], e["hit"]) for e in log] == [("compile", False), ("compile", True)]
 
 
 def test_a_store_root_replaced_by_a_file_mid_run_is_one_warning(

@@ -1,6 +1,7 @@
 """``jaxaot-store``: inspect and maintain the checkpoint store (stats, verify, gc, ls).
 
-Every subcommand takes ``--store DIR`` (default ``$JAXAOT_STORE_DIR``, else ``outputs/store``).
+Every subcommand takes ``--store DIR`` (default ``$JAXAOT_STORE_DIR``, else
+``$XDG_CACHE_HOME/jaxaot/store``, ``~/.cache/jaxaot/store`` when that variable is unset).
 Bad input prints one line on stderr and exits 2; ``verify`` exits 1 when an entry is corrupt
 (or, with ``--deep``, unusable: it verifies but cannot be loaded and called in a fresh process).
 """
@@ -59,7 +60,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _build_parser() -> _Parser:
-    store_help = f"store root (default: ${ENV_STORE_DIR}, else outputs/store)"
+    store_help = (
+        f"store root (default: ${ENV_STORE_DIR}, else $XDG_CACHE_HOME/jaxaot/store, "
+        "~/.cache/jaxaot/store when XDG_CACHE_HOME is unset)"
+    )
     parser = _Parser(prog=PROG, description="Inspect and maintain the jaxaot checkpoint store.")
     parser.add_argument("--store", metavar="DIR", default=None, help=store_help)
     # Accepted after the subcommand too; SUPPRESS keeps it from overwriting a value given before.

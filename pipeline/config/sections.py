@@ -59,7 +59,7 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else outputs/store (jaxaot.store.cache)
+    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else $XDG_CACHE_HOME/jaxaot/store
     enabled: bool = True
     trust: bool = (
         False  # True: load executables whatever the store's permissions (jaxaot.util.fsio)

@@ -69,9 +69,9 @@ from jaxaot.store.maintenance import (
     parse_size,
 )
 from jaxaot.store.root import (
-    DEFAULT_STORE_DIR,
     ENV_STORE_DIR,
     check_store_dir,
+    default_store_dir,
     resolve_store_root,
 )
 from jaxaot.util.fsio import FILE_MODE, TEMP_PREFIX, canonical_json, make_temp_dir, trust_from_env
@@ -417,7 +417,6 @@ class Store:
 
 
 __all__ = [
-    "DEFAULT_STORE_DIR",
     "ENV_STORE_DIR",
     "STORE_FORMAT_VERSION",
     "EntryInfo",
@@ -430,6 +429,7 @@ __all__ = [
     "VerifyReport",
     "VerifyResult",
     "check_store_dir",
+    "default_store_dir",
     "parse_size",
     "resolve_store_root",
 ]

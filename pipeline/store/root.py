@@ -4,10 +4,10 @@ which config validation uses too)."""
 from __future__ import annotations
 
 from jaxaot.util.store_root import (
-    DEFAULT_STORE_DIR,
     ENV_STORE_DIR,
     check_store_dir,
+    default_store_dir,
     resolve_store_root,
 )
 
-__all__ = ["DEFAULT_STORE_DIR", "ENV_STORE_DIR", "check_store_dir", "resolve_store_root"]
+__all__ = ["ENV_STORE_DIR", "check_store_dir", "default_store_dir", "resolve_store_root"]

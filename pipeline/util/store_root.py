@@ -1,5 +1,12 @@
-"""Where the checkpoint store is (``store.dir``, ``$JAXAOT_STORE_DIR``, ``outputs/store``) and
-whether that path can be one: checked when a config is validated, before any JAX work."""
+"""Where the checkpoint store is (``store.dir``, else ``$JAXAOT_STORE_DIR``, else
+``$XDG_CACHE_HOME/jaxaot/store``) and whether that path can be one: checked when a config is
+validated, before any JAX work.
+
+The default is per user, not per directory: every run of a user, from any folder, shares one
+store. ``$XDG_CACHE_HOME`` is used only when it is an absolute path, else ``~/.cache`` (as the
+XDG Base Directory specification says); jaxaot's other per-user caches (the roofline's
+calibration, :mod:`jaxaot.stages.roofline`) live beside the store in :func:`user_cache_dir`.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +17,62 @@ from jaxaot.errors import ConfigError
 from jaxaot.util.fsio import folder_problem
 
 ENV_STORE_DIR = "JAXAOT_STORE_DIR"
-DEFAULT_STORE_DIR = Path("outputs/store")
+ENV_CACHE_HOME = "XDG_CACHE_HOME"
+# Folders the default locations create are private: 0700, as the XDG specification asks of
+# $XDG_CACHE_HOME, and a per-user cache holds nothing for other users.
+PRIVATE_DIR_MODE = 0o700
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/jaxaot`` when that variable is an absolute path, else
+    ``~/.cache/jaxaot``: where jaxaot keeps what it caches per user."""
+    xdg = os.environ.get(ENV_CACHE_HOME, "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "jaxaot"
+    try:
+        home = Path.home()
+    except RuntimeError as exc:  # no $HOME and no password entry
+        raise ConfigError(
+            f"store.dir: expected a home folder for the default store ~/.cache/jaxaot/store, but "
+            f"{exc}; set store.dir, ${ENV_STORE_DIR} or ${ENV_CACHE_HOME} to a folder"
+        ) from exc
+    return home / ".cache" / "jaxaot"
+
+
+def default_store_dir() -> Path:
+    """The store root when neither ``store.dir`` nor ``$JAXAOT_STORE_DIR`` is set."""
+    return user_cache_dir() / "store"
 
 
 def resolve_store_root(configured: str | Path | None = None) -> Path:
-    """The store root: ``configured`` if set, else ``$JAXAOT_STORE_DIR``, else ``outputs/store``."""
+    """The store root: ``configured`` if set, else ``$JAXAOT_STORE_DIR``, else
+    :func:`default_store_dir`."""
     if configured is not None and str(configured) != "":
         return Path(configured).expanduser()
     env = os.environ.get(ENV_STORE_DIR, "")
-    return Path(env).expanduser() if env else DEFAULT_STORE_DIR
+    return Path(env).expanduser() if env else default_store_dir()
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each mode :data:`PRIVATE_DIR_MODE` (the umask can
+    only narrow it); folders that exist are left as they are."""
+    missing = []
+    p = Path(os.path.abspath(path))
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, PRIVATE_DIR_MODE)
+        except FileExistsError:  # another process made it meanwhile
+            continue
 
 
 def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None:
     """Refuse a store root that cannot be one, naming ``store.dir`` and the path: called when the
-    config is validated, before any JAX work.
+    config is validated, before any JAX work. The default root (neither ``store.dir`` nor
+    ``$JAXAOT_STORE_DIR`` set) is created here when missing, private (:func:`make_private_dirs`);
+    one that is set is created by its first put, with the umask's modes (a team store).
 
     Which store problems fail a run and which only cost caching:
 
@@ -44,6 +93,14 @@ def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None
         return
     root = resolve_store_root(configured)
     problem = folder_problem(root, write=False)
+    default = not (configured is not None and str(configured) != "") and not os.environ.get(
+        ENV_STORE_DIR, ""
+    )
+    if problem is None and default and not os.path.lexists(root):
+        try:
+            make_private_dirs(root)
+        except OSError as exc:
+            problem = f"it cannot be created ({exc.strerror or exc})"
     if problem is None:
         return
     if configured is not None and str(configured) != "":
@@ -51,7 +108,7 @@ def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None
     elif os.environ.get(ENV_STORE_DIR, ""):
         key = f"store.dir (unset, so ${ENV_STORE_DIR}={os.environ[ENV_STORE_DIR]})"
     else:
-        key = f"store.dir (unset, so the default {DEFAULT_STORE_DIR})"
+        key = f"store.dir (unset, so the default {root})"
     raise ConfigError(
         f"{key}: expected a folder for the checkpoint store (or a path where one can be "
         f"created), but {problem}; point store.dir at such a folder, or set "
@@ -59,4 +116,13 @@ def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None
     )
 
 
-__all__ = ["DEFAULT_STORE_DIR", "ENV_STORE_DIR", "check_store_dir", "resolve_store_root"]
+__all__ = [
+    "ENV_CACHE_HOME",
+    "ENV_STORE_DIR",
+    "PRIVATE_DIR_MODE",
+    "check_store_dir",
+    "default_store_dir",
+    "make_private_dirs",
+    "resolve_store_root",
+    "user_cache_dir",
+]
