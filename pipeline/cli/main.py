@@ -188,7 +188,16 @@ _NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment v
 
 
 def _one_line(exc: BaseException) -> str:
-    """Hydra's multi-line composition errors (and their causes) as one line."""
+    """Hydra's multi-line composition errors (and their causes) as one line; a mistyped group,
+    option or key as the closest names (jaxaot.config.suggest)."""
+    from jaxaot.config.suggest import config_dirs_of, config_names, suggestion
+
+    try:
+        line = suggestion(exc, config_names(config_dirs_of(sys.argv[1:])))
+    except Exception:  # naming the closest names must never hide the error itself
+        line = None
+    if line:
+        return line
     parts: list[str] = []
     node: BaseException | None = exc
     while node is not None and len(parts) < 3:
