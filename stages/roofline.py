@@ -1,68 +1,231 @@
-"""``execute.roofline=true``: the run against its device's roofline (issue 18, item 5).
+"""``execute.roofline=true``: the run against its device's roofline.
 
 Arithmetic intensity (XLA's FLOPs per byte accessed, from the compile's cost analysis with
 while loops counted per trip: :mod:`jaxaot.stages.loop_costs`),
 achieved FLOP/s and bytes/s (from the timed calls) and where that sits under the roof:
 ``min(peak FLOP/s, intensity x peak bytes/s)``. The peaks of a device that is here are
-*calibrated*: measured on it (a large matmul for FLOP/s, a large elementwise pass for bytes/s),
-once per process and device; a TPU topology's come from the published table
-(``jaxaot.targets.tpu``, in the compile stage's estimate).
+*calibrated*: measured on it (f32 matmuls for FLOP/s, in-place streaming passes at sizes from
+the caches to main memory for bytes/s, best of a few calls each) and cached per machine in
+``$XDG_CACHE_HOME/jaxaot/roofline/<key>.json`` (:func:`calibration_key`: host, CPU, device
+kind and count, jax/jaxlib, the XLA flags), so only the first run on a machine pays for them.
+A TPU topology's come from the published table (``jaxaot.targets.tpu``, in the compile
+stage's estimate).
+
+A measured rate is one the device reaches, so a calibration can only be too low (a machine busy
+while it ran, a program faster than its kernels): a run above its roof recalibrates once (the
+cached peaks only ever rise), and one still above is reported at 100% with a warning
+(:data:`ABOVE_PEAK`), never as more than the roof.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import json
+import logging
+import os
+import platform as _platform
+import socket
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
-# Calibration sizes: big enough to leave the caches and fill the cores, small enough to take
-# well under a second on a laptop CPU (a 2048^3 matmul is 17 GFLOP; 64 MiB in, 64 MiB out).
-MATMUL_N = 2048
-STREAM_ELEMENTS = 16 * 1024 * 1024
-ROUNDS = 5
+from jaxaot.util.fsio import atomic_write_json, key_of
+from jaxaot.util.humanize import human_bytes, human_count
+from jaxaot.util.store_root import make_private_dirs, user_cache_dir
+
+log = logging.getLogger("jaxaot.roofline")
+
+# Bumped when the measurement changes, so that no cached calibration of another method is used.
+CALIBRATION_VERSION = 2
+# Matmul sizes, tried in order until one call takes MATMUL_MIN_S (a faster device gets a
+# bigger one, so that the call is not dominated by its dispatch).
+MATMUL_SIZES = (1024, 2048, 4096)
+MATMUL_MIN_S = 0.005
+# Streaming passes (x * 2 + 1, in place: the output buffer is the donated input, so no call
+# pays for faulting in fresh pages): f32 elements, 1 MiB, 8 MiB and 64 MiB; the peak is the
+# best of them, as XLA's "bytes accessed" counts every byte, from a cache or not.
+STREAM_SIZES = (1 << 18, 1 << 21, 1 << 24)
+# Timed calls per measurement: as many as fit in MEASURE_S, within these bounds.
+MIN_ROUNDS, MAX_ROUNDS, MEASURE_S = 3, 20, 0.05
+# XLA_FLAGS that only say where XLA writes files change no code: left out of the key.
+_OUTPUT_ONLY_FLAGS = ("--xla_dump",)
+ABOVE_PEAK = (
+    "roofline: achieved {achieved} is {ratio:.0%} of the roof {roof}: above the calibrated peak "
+    "({peaks}): calibration too low; reported as 100% of roof. Delete {path} to calibrate "
+    "again (on an idle machine)"
+)
+
+_memo: dict[str, dict[str, Any]] = {}
 
 
-@functools.cache
-def calibrate(platform: str, device_kind: str, device_count: int) -> dict[str, Any]:
-    """Peak FLOP/s and bytes/s measured on the default device (best of :data:`ROUNDS`)."""
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return _platform.processor() or _platform.machine()
+
+
+def _codegen_flags() -> list[str]:
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return sorted(f for f in flags if not f.startswith(_OUTPUT_ONLY_FLAGS))
+
+
+def calibration_key(platform: str, device_kind: str, device_count: int) -> dict[str, Any]:
+    """What a calibration holds for: the machine, the device and how many there are, the JAX
+    build and the XLA flags (every one but where dumps go)."""
     import jax
-    import jax.numpy as jnp
+    import jaxlib
 
-    def best(fn: Any, *args: Any) -> float:
-        jax.block_until_ready(fn(*args))  # compile and warm up
-        times = []
-        for _ in range(ROUNDS):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    a = jnp.ones((MATMUL_N, MATMUL_N), jnp.float32)
-    matmul_s = best(jax.jit(lambda x: x @ x), a)
-    x = jnp.ones((STREAM_ELEMENTS,), jnp.float32)
-    stream_s = best(jax.jit(lambda v: v * 2.0 + 1.0), x)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 0
     return {
-        "source": f"calibrated here: {MATMUL_N}^3 f32 matmul, {STREAM_ELEMENTS * 4 >> 20} MiB "
-        "elementwise pass, best of 5",
+        "version": CALIBRATION_VERSION,
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpus": cpus,
         "platform": platform,
         "device_kind": device_kind,
         "device_count": device_count,
-        "peak_flops": 2.0 * MATMUL_N**3 / matmul_s,
-        "peak_bytes_per_s": 2.0 * STREAM_ELEMENTS * 4 / stream_s,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "xla_flags": _codegen_flags(),
     }
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    """Where the calibration for ``key`` is cached."""
+    return user_cache_dir() / "roofline" / f"{key_of(key)[:16]}.json"
+
+
+def _read_cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached peaks at ``path`` if they are for ``key`` and usable, else None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    for name in ("peak_flops", "peak_bytes_per_s"):
+        value = data.get(name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            return None
+    return data
+
+
+def _best_seconds(call: Any) -> float:
+    """The fastest of a few calls of ``call()`` (which blocks), after one untimed call."""
+    call()
+    times: list[float] = []
+    t_end = time.perf_counter() + MEASURE_S
+    while len(times) < MAX_ROUNDS and (len(times) < MIN_ROUNDS or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure(backend: str | None = None) -> dict[str, Any]:
+    """Peak FLOP/s and bytes/s measured now on the first device of ``backend``."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices(backend)[0]
+    matmul = jax.jit(lambda a, b: a @ b)
+    flops: dict[str, float] = {}
+    for n in MATMUL_SIZES:
+        a = jnp.full((n, n), 0.5, jnp.float32, device=dev)
+        s = _best_seconds(lambda a=a: jax.block_until_ready(matmul(a, a)))
+        flops[str(n)] = 2.0 * n**3 / s
+        if s >= MATMUL_MIN_S:
+            break
+    stream = jax.jit(lambda v: v * 2.0 + 1.0, donate_argnums=0)
+    bandwidth: dict[str, float] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a backend that cannot donate copies; still a pass
+        for n in STREAM_SIZES:
+            box = [jnp.zeros((n,), jnp.float32, device=dev)]
+
+            def one(box: list[Any] = box) -> None:
+                box[0] = jax.block_until_ready(stream(box[0]))
+
+            bandwidth[f"{n * 4 >> 20} MiB"] = 2.0 * n * 4 / _best_seconds(one)
+    return {
+        "peak_flops": max(flops.values()),
+        "peak_bytes_per_s": max(bandwidth.values()),
+        "flops_by_matmul": flops,
+        "bytes_per_s_by_size": bandwidth,
+    }
+
+
+def calibrate(
+    platform: str,
+    device_kind: str,
+    device_count: int,
+    backend: str | None = None,
+    *,
+    recalibrate: bool = False,
+) -> dict[str, Any]:
+    """The peaks of ``backend``'s devices: from this process's memo or the per-machine cache,
+    else measured (:func:`measure`) and cached. ``recalibrate`` measures again and keeps, per
+    peak, the higher of the new and the cached figure."""
+    key = calibration_key(platform, device_kind, device_count)
+    digest = key_of(key)
+    path = cache_path(key)
+    cached = _read_cached(path, key)
+    if not recalibrate:
+        if digest in _memo:
+            return _memo[digest]
+        if cached is not None:
+            _memo[digest] = {**cached, "calibration_s": 0.0, "cached": True}
+            return _memo[digest]
+    t0 = time.perf_counter()
+    peaks = measure(backend)
+    took = time.perf_counter() - t0
+    if cached is not None:
+        for name in ("peak_flops", "peak_bytes_per_s"):
+            peaks[name] = max(peaks[name], cached[name])
+    record = {
+        "source": f"calibrated here: f32 matmul ({', '.join(peaks['flops_by_matmul'])}), "
+        f"in-place streaming ({', '.join(peaks['bytes_per_s_by_size'])}), best of a few calls",
+        "platform": platform,
+        "device_kind": device_kind,
+        "device_count": device_count,
+        **peaks,
+        "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "measure_s": round(took, 4),
+        "cache_file": str(path),
+        "key": key,
+    }
+    try:
+        make_private_dirs(path.parent)
+        atomic_write_json(path, record)
+    except OSError as exc:  # an unwritable cache costs the next run a calibration, nothing else
+        log.warning("roofline: calibration not cached (%s)", exc)
+    _memo[digest] = {**record, "calibration_s": round(took, 4), "cached": False}
+    return _memo[digest]
+
+
+def _rate(value: float, unit: str) -> str:
+    return f"{human_bytes(value)}/s" if unit == "B" else human_count(value, unit)
 
 
 def analyse(
     cost: dict[str, float] | None, median_s: float, peaks: dict[str, Any]
 ) -> dict[str, Any]:
-    """Where a run sits under the roof; figures XLA could not give (its -2) stay None."""
+    """Where a run sits under the roof; figures XLA could not give (its -2) stay None. A run
+    above its roof has ``fraction_of_roof`` 1.0, the measured ratio in
+    ``measured_fraction_of_roof`` and ``above_calibrated_peak`` with the warning's text."""
     flops = (cost or {}).get("flops")
     moved = (cost or {}).get("bytes accessed")
     flops = flops if flops is not None and flops > 0 else None
     moved = moved if moved is not None and moved > 0 else None
     peak_f, peak_b = peaks["peak_flops"], peaks["peak_bytes_per_s"]
     out: dict[str, Any] = {
-        **peaks,
+        **{k: v for k, v in peaks.items() if k != "key"},
         "ridge_flops_per_byte": peak_f / peak_b,
         "flops": flops,
         "bytes_accessed": moved,
@@ -76,10 +239,27 @@ def analyse(
     }
     if out["intensity"] is not None:
         roof = min(peak_f, out["intensity"] * peak_b)
+        ratio = out["achieved_flops_per_s"] / roof
         out["roof_flops_per_s"] = roof
-        out["fraction_of_roof"] = out["achieved_flops_per_s"] / roof
+        out["measured_fraction_of_roof"] = ratio
+        out["fraction_of_roof"] = min(ratio, 1.0)
         out["bound"] = "compute" if out["intensity"] >= out["ridge_flops_per_byte"] else "memory"
+        if ratio > 1.0:
+            out["above_calibrated_peak"] = ABOVE_PEAK.format(
+                achieved=_rate(out["achieved_flops_per_s"], "FLOP/s"),
+                ratio=ratio,
+                roof=_rate(roof, "FLOP/s"),
+                peaks=f"{_rate(peak_f, 'FLOP/s')}, {_rate(peak_b, 'B')}",
+                path=peaks.get("cache_file", "the calibration cache"),
+            )
     return out
 
 
-__all__ = ["analyse", "calibrate"]
+__all__ = [
+    "ABOVE_PEAK",
+    "analyse",
+    "cache_path",
+    "calibrate",
+    "calibration_key",
+    "measure",
+]

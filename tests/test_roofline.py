@@ -1,15 +1,60 @@
-"""``execute.roofline=true`` (issue 18, item 5): intensity and achieved rates against the
-device's calibrated peaks, per run and as a sweep plot; TPU topologies against the table."""
+"""``execute.roofline=true``: intensity and achieved rates against the device's calibrated peaks
+(cached per machine), per run and as a sweep plot; TPU topologies against the table."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jaxaot
 import pytest
 from jaxaot.engine.summary import render
+from jaxaot.stages import roofline
 from jaxaot.stages.roofline import analyse
+
+KEY_ARGS = ("cpu", "cpu", 1)
+
+
+@pytest.fixture
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh $XDG_CACHE_HOME and an empty in-process memo: as a new process on a new machine."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(roofline, "_memo", {})
+    return tmp_path / "xdg"
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Every real calibration (roofline.measure) made, with the peaks it found."""
+    calls: list[dict[str, Any]] = []
+    real = roofline.measure
+
+    def counting(backend: str | None = None) -> dict[str, Any]:
+        calls.append(real(backend))
+        return calls[-1]
+
+    monkeypatch.setattr(roofline, "measure", counting)
+    yield calls
+
+
+def _fake_measure(monkeypatch: pytest.MonkeyPatch, flops: float, bw: float) -> list[str | None]:
+    """roofline.measure finding these peaks; the list of backends it was called for."""
+    calls: list[str | None] = []
+
+    def fake(backend: str | None = None) -> dict[str, Any]:
+        calls.append(backend)
+        return {
+            "peak_flops": flops,
+            "peak_bytes_per_s": bw,
+            "flops_by_matmul": {"1024": flops},
+            "bytes_per_s_by_size": {"64 MiB": bw},
+        }
+
+    monkeypatch.setattr(roofline, "measure", fake)
+    return calls
 
 
 def test_a_run_sits_under_its_calibrated_roof(tmp_path: Path) -> None:
@@ -26,11 +71,10 @@ def test_a_run_sits_under_its_calibrated_roof(tmp_path: Path) -> None:
     assert roof["roof_flops_per_s"] == pytest.approx(
         min(roof["peak_flops"], roof["intensity"] * roof["peak_bytes_per_s"])
     )
-    assert (
-        0
-        < roof["fraction_of_roof"]
-        == pytest.approx(roof["achieved_flops_per_s"] / roof["roof_flops_per_s"])
-    )
+    measured = roof["achieved_flops_per_s"] / roof["roof_flops_per_s"]
+    assert roof["measured_fraction_of_roof"] == pytest.approx(measured)
+    assert 0 < roof["fraction_of_roof"] == pytest.approx(min(measured, 1.0))
+    assert ("above_calibrated_peak" in roof) == (measured > 1)
     want = "compute" if roof["intensity"] >= roof["ridge_flops_per_byte"] else "memory"
     assert roof["bound"] == want
     metrics = result.manifest["stages"]["execute"]["metrics"]
@@ -75,3 +119,112 @@ def test_a_tpu_topology_estimate_has_intensity_against_the_table() -> None:
     gen = target.generation
     assert est["intensity"] == 2000 and est["estimate"] is True
     assert est["ridge_flops_per_byte"] == gen.peak_bf16_flops / gen.hbm_bandwidth
+
+
+def test_the_calibration_is_cached_per_machine(
+    cache_home: Path, measured: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = roofline.calibrate(*KEY_ARGS)
+    path = roofline.cache_path(roofline.calibration_key(*KEY_ARGS))
+    assert len(measured) == 1 and first["cached"] is False and first["calibration_s"] > 0
+    assert path.parent == cache_home / "jaxaot" / "roofline" and path.is_file()
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert roofline.calibrate(*KEY_ARGS) is first  # the same process: its memo
+    monkeypatch.setattr(roofline, "_memo", {})  # another process on this machine: the file
+    again = roofline.calibrate(*KEY_ARGS)
+    assert len(measured) == 1 and again["cached"] is True and again["calibration_s"] == 0
+    assert again["peak_flops"] == first["peak_flops"] == measured[0]["peak_flops"]
+    assert again["peak_bytes_per_s"] == measured[0]["peak_bytes_per_s"]
+    assert first["peak_flops"] > 1e8 and first["peak_bytes_per_s"] > 1e8
+
+
+def test_a_second_run_does_not_calibrate_again(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _fake_measure(monkeypatch, flops=1e15, bw=1e15)  # a roof no run here reaches
+    overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
+    jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "a")
+    monkeypatch.setattr(roofline, "_memo", {})  # as another process would
+    jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "b")
+    a, b = (json.loads((tmp_path / r / "execute" / "roofline.json").read_text()) for r in "ab")
+    assert calls == ["cpu"]
+    assert (a["cached"], b["cached"]) == (False, True) and b["calibration_s"] == 0
+    assert a["cache_file"] == b["cache_file"] and b["peak_flops"] == 1e15
+    assert Path(a["cache_file"]).is_relative_to(cache_home)
+
+
+def test_a_run_above_its_roof_is_capped_and_warned(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _fake_measure(monkeypatch, flops=1e3, bw=1e3)  # peaks no program stays under
+    overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
+    first = jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "a")
+    assert len(calls) == 1  # measured just now: not measured again
+    roof = json.loads((tmp_path / "a" / "execute" / "roofline.json").read_text())
+    assert roof["fraction_of_roof"] == 1.0 and roof["measured_fraction_of_roof"] > 1
+    warning = roof["above_calibrated_peak"]
+    assert "above the calibrated peak" in warning and "calibration too low" in warning
+    assert roof["cache_file"] in warning
+    assert warning in first.manifest["stages"]["execute"]["warnings"]
+    text = render(first.manifest)
+    assert "100% of roof" in text
+    assert [line for line in text.splitlines() if line.startswith("warning:") and warning in line]
+    monkeypatch.setattr(roofline, "_memo", {})  # a later run, from the cache: measures again once
+    jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "b")
+    assert len(calls) == 2
+    roof = json.loads((tmp_path / "b" / "execute" / "roofline.json").read_text())
+    assert roof["fraction_of_roof"] == 1.0 and "above_calibrated_peak" in roof
+
+
+def test_recalibrating_keeps_the_higher_peak(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_measure(monkeypatch, flops=5e9, bw=1e9)
+    roofline.calibrate(*KEY_ARGS)
+    _fake_measure(monkeypatch, flops=2e9, bw=3e9)  # a busier machine, but a better stream
+    peaks = roofline.calibrate(*KEY_ARGS, recalibrate=True)
+    assert (peaks["peak_flops"], peaks["peak_bytes_per_s"]) == (5e9, 3e9)
+    monkeypatch.setattr(roofline, "_memo", {})
+    cached = roofline.calibrate(*KEY_ARGS)
+    assert cached["cached"] and (cached["peak_flops"], cached["peak_bytes_per_s"]) == (5e9, 3e9)
+
+
+def test_a_damaged_or_foreign_cache_file_is_measured_again(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_measure(monkeypatch, flops=5e9, bw=1e9)
+    key = roofline.calibration_key(*KEY_ARGS)
+    path = roofline.cache_path(key)
+    for text in ("{not json", json.dumps({"key": {**key, "host": "elsewhere"}, "peak_flops": 1})):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        monkeypatch.setattr(roofline, "_memo", {})
+        assert roofline.calibrate(*KEY_ARGS)["peak_flops"] == 5e9
+    assert len(calls) == 2 and json.loads(path.read_text())["key"] == key
+
+
+def test_the_calibration_key_names_the_machine_and_its_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    one = roofline.calibration_key("cpu", "cpu", 1)
+    eight = roofline.calibration_key("cpu", "cpu", 8)
+    assert one != eight and roofline.cache_path(one) != roofline.cache_path(eight)
+    assert {"host", "cpu", "device_kind", "jax", "jaxlib", "xla_flags"} <= set(one)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/somewhere")  # where dumps go: same code
+    assert roofline.calibration_key("cpu", "cpu", 1) == one
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert roofline.calibration_key("cpu", "cpu", 1) != one
+    # The suite's own cache home (tests/conftest.py): never the user's ~/.cache.
+    assert roofline.cache_path(one).is_relative_to(os.environ["XDG_CACHE_HOME"])
+    assert not roofline.cache_path(one).is_relative_to(Path.home() / ".cache")
+
+
+def test_the_analysis_caps_a_run_above_the_roof() -> None:
+    peaks = {"peak_flops": 1e9, "peak_bytes_per_s": 1e9, "cache_file": "/c/roofline/k.json"}
+    roof = analyse({"flops": 4e9, "bytes accessed": 1e9}, 1.0, peaks)  # 4 GFLOP/s on a 1 roof
+    assert roof["fraction_of_roof"] == 1.0 and roof["measured_fraction_of_roof"] == 4.0
+    assert roof["above_calibrated_peak"].startswith("roofline: achieved 4.00 GFLOP/s is 400%")
+    assert "/c/roofline/k.json" in roof["above_calibrated_peak"]
+    roof = analyse({"flops": 5e8, "bytes accessed": 1e8}, 1.0, peaks)
+    assert roof["fraction_of_roof"] == 0.5 and "above_calibrated_peak" not in roof
