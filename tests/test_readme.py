@@ -1,4 +1,4 @@
-"""Every example in README.md, executed verbatim: documentation that cannot drift (issue 14).
+"""Every example in README.md, executed verbatim: documentation that cannot drift.
 
 Extracted from README.md: fenced code blocks and 4-space indented blocks whose first line is a
 command (``jaxaot``, ``jaxaot-*``, ``python``, ``pytest``, ``make``, ...) run under bash with
