@@ -203,12 +203,31 @@ def refuse_unknown_keys(node: Any, prefix: str = "") -> None:
         where = f"{prefix}{key}"
         if key not in names:
             raise ConfigError(
-                f"{where}: unknown key; {prefix.rstrip('.') or 'the top level'} has "
+                _closest_names(where, node._get_node(key))
+                or f"{where}: unknown key; {prefix.rstrip('.') or 'the top level'} has "
                 f"{', '.join(sorted(names))}"
             )
         child = node._get_node(key)
         if OmegaConf.is_dict(child) and not child._is_missing() and not child._is_none():
             refuse_unknown_keys(child, f"{where}.")
+
+
+def _closest_names(where: str, node: Any) -> str | None:
+    """``unknown key 'execute.repet' (did you mean execute.repeats?)``; a top-level name close
+    to a group's, ``unknown config group 'progam' (did you mean program=mlp? ...)``. None when
+    no name is close."""
+    from jaxaot.config.suggest import closest, config_names, fix_key, unknown_name
+
+    raw = node._value() if OmegaConf.is_config(node) or hasattr(node, "_value") else node
+    value = raw if isinstance(raw, str) else None
+    names = config_names()
+    if "/" in where:
+        return unknown_name(where, value, names)
+    if "." not in where:
+        near = closest(where, [*names.top_groups(), *names.keys], 1)
+        return unknown_name(where, value, names) if near else None
+    fixed = fix_key(where, names.keys)
+    return unknown_name(where, None, names) if fixed and fixed != where else None
 
 
 def override_key(override: str) -> str:
@@ -222,7 +241,18 @@ def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
     A program config's ``name`` belongs to its ``target``: ``jaxaot program.target=jax.numpy:einsum``
     keeps the default program's other fields, and a run, report or snapshot called
     ``transformer`` would be wrong; it is called ``einsum``. ``program.name=...`` still wins.
+
+    First, what the overrides cannot mean: an internal schema chosen as an option
+    (``program=base_program``), or a changed target left with another program's arguments
+    (jaxaot.config.own_args).
     """
+    from jaxaot.config.own_args import check_own_arguments
+    from jaxaot.config.suggest import internal_choices
+
+    refusal = internal_choices(overrides)
+    if refusal:
+        raise ConfigError(refusal)
+    check_own_arguments(cfg, overrides)
     keys = {override_key(o) for o in overrides}
     target = OmegaConf.select(cfg, "program.target")
     if "program.target" not in keys or "program.name" in keys or not isinstance(target, str):

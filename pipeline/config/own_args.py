@@ -1,0 +1,164 @@
+"""A program whose function was changed keeps no arguments from the program it replaced.
+
+``jaxaot program.target=mypkg.model:loss`` keeps every other field of the default program,
+``program.args`` and ``program.kwargs`` included: the transformer's parameters and tokens,
+which ``loss`` then fails on while tracing, far from the cause. So when the composed target
+differs from that of the shipped program option whose arguments were composed unchanged, the
+arguments came from nowhere the user chose, and the run is refused in one line naming the
+function's parameters and an example spelling. Not refused: a function that takes none of the
+arguments left out (it gets none), and ``program=<option>`` on the command line, which asks
+for that option's arguments (``program=transformer program.target=mypkg:forward_unrolled``).
+
+The function's parameters are read with :func:`inspect.signature`, the function imported
+through the run's import policy (jaxaot.stages.resolving); when it cannot be, the run is still
+refused, naming the target and why its parameters could not be read.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxaot.errors import ConfigError
+from omegaconf import DictConfig, OmegaConf
+
+# Example specs for a function's parameters, in turn: an array, an integer array, a scalar.
+_EXAMPLES = ("f32[8,128]", "i32[4,64]", "i32[]")
+_REQUIRED_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@functools.cache
+def _shipped_programs(conf_dir: str) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """(option, target, args, kwargs) of every shipped ``conf/program/*.yaml``."""
+    out = []
+    for path in sorted(Path(conf_dir, "program").glob("*.yaml")):
+        doc = OmegaConf.load(path)
+        out.append(
+            (
+                path.stem,
+                doc.get("target"),
+                _plain(doc.get("args")) or [],
+                _plain(doc.get("kwargs")) or {},
+            )
+        )
+    return tuple(out)
+
+
+def _names_a_program(overrides: Sequence[str]) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0].split("@", 1)[0] == "program" for o in overrides)
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+
+
+def _source(target: str, args: Any, kwargs: Any) -> tuple[str, str, bool, bool] | None:
+    """(option, its target, args from it, kwargs from it) for the shipped program option whose
+    arguments were composed unchanged under another target, or None."""
+    import jaxaot.conf
+
+    for option, own_target, own_args, own_kwargs in _shipped_programs(
+        str(Path(jaxaot.conf.__file__).parent)
+    ):
+        same_args = args == own_args
+        same_kwargs = kwargs == own_kwargs
+        if own_target == target or not same_args:
+            continue
+        if own_args or (own_kwargs and same_kwargs):
+            return option, str(own_target), same_args, same_kwargs and bool(own_kwargs)
+    return None
+
+
+def _parameters(fn: Any) -> list[inspect.Parameter]:
+    return list(inspect.signature(fn).parameters.values())
+
+
+def _shown(params: list[inspect.Parameter]) -> str:
+    """``(params, tokens, n)``; ``(subscripts, *operands, ...)`` when some have defaults."""
+    shown: list[str] = []
+    starred = False
+    for p in params:
+        if p.kind == inspect.Parameter.VAR_POSITIONAL:
+            shown.append(f"*{p.name}")
+            starred = True
+        elif p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty:
+            if not starred:
+                shown.append("*")
+                starred = True
+            shown.append(p.name)
+        elif p.kind in _REQUIRED_POSITIONAL and p.default is p.empty:
+            shown.append(p.name)
+    if any(p.default is not p.empty or p.kind == p.VAR_KEYWORD for p in params):
+        shown.append("...")
+    return f"({', '.join(shown)})"
+
+
+def _example(target: str, positional: list[str], keywords: list[str]) -> str:
+    specs = [_EXAMPLES[min(i, len(_EXAMPLES) - 1)] for i in range(len(positional))]
+    parts = [f"program.target={target}", f"'program.args=[{','.join(specs)}]'"]
+    parts += [f"+program.kwargs.{k}={_EXAMPLES[0]}" for k in keywords]
+    return " ".join(parts)
+
+
+def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Refuse a changed ``program.target`` whose arguments are still another program's; a
+    function that needs none of them gets none (``program.args=[]``, ``program.kwargs={}``)."""
+    target = OmegaConf.select(cfg, "program.target")
+    if not isinstance(target, str) or _names_a_program(overrides):
+        return
+    args, kwargs = _plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))
+    source = _source(target, args, kwargs)
+    if source is None:
+        return
+    option, own_target, args_from_option, kwargs_from_option = source
+    given = "program=" + option
+    key = "program.args" if args_from_option else "program.kwargs"
+    head = (
+        f"{key}: the arguments composed are {given}'s, for {own_target}, and {key} was not given"
+    )
+    alternative = f" (one spec per parameter), or {given} to keep its arguments"
+    try:
+        from jaxaot.config.trust.sources import user_policy
+        from jaxaot.stages.jaxenv import _without_plugin_noise
+        from jaxaot.stages.resolving import resolve_target
+
+        trust = cfg.get("trust") or {}
+        policy = user_policy(trust.get("allow_imports") or (), trust.get("deny_imports") or ())
+        # The target's module imports JAX: quietly, as a run's first JAX import is.
+        with _without_plugin_noise():
+            params = _parameters(resolve_target(target, "program.target", policy))
+    except Exception as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(
+            f"{head}; the parameters of {target} could not be read ({why}). "
+            f"Fix: {_example(target, ['x'], [])}{alternative}"
+        ) from None
+    positional = [p.name for p in params if p.kind in _REQUIRED_POSITIONAL and p.default is p.empty]
+    keywords = [
+        p.name
+        for p in params
+        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
+    ]
+    given_kwargs = {} if kwargs_from_option or not isinstance(kwargs, dict) else kwargs
+    missing = [k for k in keywords if k not in given_kwargs]
+    needs_args = args_from_option and bool(positional)
+    if not needs_args and not missing:
+        # Nothing the function needs is left out: it gets no arguments from the other program.
+        if args_from_option:
+            cfg.program.args = []
+        if kwargs_from_option:
+            cfg.program.kwargs = {}
+        return
+    key = "program.args" if needs_args else "program.kwargs"
+    positional = positional if args_from_option else []
+    raise ConfigError(
+        f"{key}: {target} takes {_shown(params)} and {key} was not given; the arguments "
+        f"composed are {given}'s, for {own_target}. "
+        f"Fix: {_example(target, positional, missing)}{alternative}"
+    )
+
+
+__all__ = ["check_own_arguments"]
