@@ -35,7 +35,7 @@ def _shipped_programs(conf_dir: str) -> tuple[tuple[str, Any, Any, Any], ...]:
     """(option, target, args, kwargs) of every shipped ``conf/program/*.yaml``."""
     out = []
     for path in sorted(Path(conf_dir, "program").glob("*.yaml")):
-        doc = OmegaConf.load(path)
+        doc: Any = OmegaConf.load(path)
         out.append(
             (
                 path.stem,
@@ -116,9 +116,7 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
     option, own_target, args_from_option, kwargs_from_option = source
     given = "program=" + option
     key = "program.args" if args_from_option else "program.kwargs"
-    head = (
-        f"{key}: the arguments composed are {given}'s, for {own_target}, and {key} was not given"
-    )
+    head = f"{key}: the arguments composed are {given}'s, for {own_target}, and {key} was not given"
     alternative = f" (one spec per parameter), or {given} to keep its arguments"
     try:
         from jaxaot.config.trust.sources import user_policy
@@ -138,9 +136,7 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
         ) from None
     positional = [p.name for p in params if p.kind in _REQUIRED_POSITIONAL and p.default is p.empty]
     keywords = [
-        p.name
-        for p in params
-        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
+        p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
     ]
     given_kwargs = {} if kwargs_from_option or not isinstance(kwargs, dict) else kwargs
     missing = [k for k in keywords if k not in given_kwargs]

@@ -35,7 +35,9 @@ FREE = "*"
 KeyTree = Mapping[str, Any]
 
 _NOT_FOUND = re.compile(r"In '([^']*)': Could not find '([^']+)'")
-_OVERRIDE = re.compile(r"Could not override '([^']+)'\.\s*To append to your config use \+[^=]*=(.*)$", re.M)
+_OVERRIDE = re.compile(
+    r"Could not override '([^']+)'\.\s*To append to your config use \+[^=]*=(.*)$", re.M
+)
 _DELETE = re.compile(r"Could not delete from config\. '([^']+)' does not exist")
 _NOT_IN = re.compile(r"Key '[^']+' not in '")
 _CHOICE = re.compile(r"^[+~]*([A-Za-z0-9_/]+)(?:@[^=]*)?=(.*)$")
@@ -68,9 +70,7 @@ def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     if near:
         return near
     # A mistyped tail of a prefixed name: optuan -> jaxaot_optuna.
-    scored = sorted(
-        (-max(_ratio(word, tail) for tail in _tails(c)), c) for c in pool if "_" in c
-    )
+    scored = sorted((-max(_ratio(word, tail) for tail in _tails(c)), c) for c in pool if "_" in c)
     return [c for score, c in scored[:n] if -score >= 0.75]
 
 
@@ -198,7 +198,9 @@ def unknown_option(group: str, option: str, options: Iterable[str], where: str =
     shown = sorted(o for o in options if not is_internal(o))
     head = f"{group}={option}" + (f" (in {where})" if where else "")
     if is_internal(option):
-        return f"{head}: {option} is an internal schema, not an option (options: {_listed(shown, 40)})"
+        return (
+            f"{head}: {option} is an internal schema, not an option (options: {_listed(shown, 40)})"
+        )
     near = closest(option, shown)
     hint = f"did you mean {' or '.join(near)}? " if near else ""
     return f"{head}: no such option ({hint}options: {_listed(shown, 40)})"
@@ -261,8 +263,8 @@ def config_names(config_dirs: Sequence[str] = (), schema: Any = None) -> Names:
     from hydra._internal.config_repository import ConfigRepository
     from hydra._internal.utils import create_config_search_path
     from hydra.conf import HydraConf
-    from hydra.core.object_type import ObjectType
     from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.object_type import ObjectType
 
     if schema is None:
         from jaxaot.schema import JaxaotConfig, register_configs

@@ -1,0 +1,150 @@
+"""A changed program.target gets its arguments from the user, never from the program it
+replaced (pipeline/config/own_args.py)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import jaxaot
+import pytest
+from conftest import cli_env, run_cli
+from jaxaot.errors import ConfigError
+from omegaconf import OmegaConf
+
+MODULE = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+
+    def loss(params, tokens, n):
+        return jnp.sum(params) * n
+
+    def argless():
+        return jnp.ones(3)
+
+    def keyword_only(*, x):
+        return x * 2
+
+    def optional(x=None):
+        return jnp.zeros(2)
+    """
+)
+
+
+@pytest.fixture
+def own_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A user's module ``ownmod_<n>`` importable from ``tmp_path`` (the user's own code)."""
+    name = f"ownmod_{abs(hash(tmp_path)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_a_target_without_args_names_its_parameters_and_an_example(own_module: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose([f"program.target={own_module}:loss"])
+    assert str(info.value) == (
+        f"program.args: {own_module}:loss takes (params, tokens, n) and program.args was not "
+        "given; the arguments composed are program=transformer's, for "
+        "jaxaot.examples.transformer:forward. Fix: "
+        f"program.target={own_module}:loss 'program.args=[f32[8,128],i32[4,64],i32[]]' "
+        "(one spec per parameter), or program=transformer to keep its arguments"
+    )
+
+
+def test_a_library_function_is_refused_too() -> None:
+    with pytest.raises(ConfigError, match=r"^program.args: jax.numpy:einsum takes \(subscripts, "):
+        jaxaot.compose(["program.target=jax.numpy:einsum"])
+
+
+def test_a_target_that_cannot_be_imported_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose(["program.target=no_such_module_xyz:f"])
+    text = str(info.value)
+    assert text.startswith(
+        "program.args: the arguments composed are program=transformer's, for "
+        "jaxaot.examples.transformer:forward, and program.args was not given; the parameters "
+        "of no_such_module_xyz:f could not be read (program.target='no_such_module_xyz:f': "
+        "cannot import module 'no_such_module_xyz'"
+    )
+    assert text.endswith(
+        "'program.args=[f32[8,128]]' (one spec per parameter), or "
+        "program=transformer to keep its arguments"
+    )
+
+
+def test_a_target_the_policy_refuses_is_refused_naming_it() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"parameters of yaml:unsafe_load could not be read .*"
+        r"which the import policy does not allow",
+    ):
+        jaxaot.compose(["program.target=yaml:unsafe_load"])
+
+
+def test_a_keyword_only_parameter_is_asked_for_as_a_keyword(own_module: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose([f"program.target={own_module}:keyword_only"])
+    assert str(info.value).startswith(
+        f"program.kwargs: {own_module}:keyword_only takes (*, x) and program.kwargs was not given"
+    )
+    assert "+program.kwargs.x=f32[8,128]" in str(info.value)
+
+
+@pytest.mark.parametrize("function", ["argless", "optional"])
+def test_a_function_without_required_parameters_gets_no_arguments(
+    own_module: str, function: str
+) -> None:
+    cfg = jaxaot.compose([f"program.target={own_module}:{function}"])
+    assert OmegaConf.to_container(cfg.program.args) == []
+    assert OmegaConf.to_container(cfg.program.kwargs) == {}
+    assert cfg.program.name == function
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["'program.args=[f32[3],f32[3],i32[]]'"],  # given on the command line
+        ["program=transformer"],  # named: its arguments, on purpose
+        ["program=mlp", "program.args=[f32[3],f32[3],3]"],
+    ],
+)
+def test_arguments_the_user_chose_are_kept(own_module: str, overrides: list[str]) -> None:
+    cfg = jaxaot.compose([f"program.target={own_module}:loss", *[o.strip("'") for o in overrides]])
+    assert cfg.program.target == f"{own_module}:loss" and cfg.program.name == "loss"
+
+
+def test_experiments_and_shipped_programs_compose() -> None:
+    for overrides in (
+        [],
+        ["program=mlp"],
+        ["experiment=decoder_8b"],
+        ["experiment=llama3_8b"],
+        ["experiment=transformer_dp_mp"],
+    ):
+        jaxaot.compose(overrides)
+
+
+def test_the_cli_prints_the_refusal_in_one_line_and_runs_nothing(
+    own_module: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [f"program.target={own_module}:loss", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(PYTHONPATH=f"{tmp_path}:{cli_env()['PYTHONPATH']}"),
+    )
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        f"jaxaot: error: program.args: {own_module}:loss takes (params, tokens, n) and "
+        "program.args was not given; the arguments composed are program=transformer's, for "
+        "jaxaot.examples.transformer:forward. Fix: "
+        f"program.target={own_module}:loss 'program.args=[f32[8,128],i32[4,64],i32[]]' "
+        "(one spec per parameter), or program=transformer to keep its arguments"
+    ], proc.stderr
+    assert not (run_dir / "manifest.json").exists()
