@@ -53,6 +53,7 @@ class JaxaotConfig:
     start_at: str = "stage_out"
     resume_from: str | None = None
     debug: bool = False
+    verbose: bool = False  # stage log lines on the screen too (always in the run's jaxaot.log)
 
 
 _SCHEMAS: dict[str, tuple[str | None, type]] = {

@@ -1,5 +1,9 @@
 """The ``jaxaot`` command: a Hydra app over the shipped ``conf/``.
 
+Quiet by default: the screen gets the summary, warnings and errors; the stage log lines go to
+the run's ``jaxaot.log``, and to the screen too with ``-v`` / ``--verbose`` (``verbose=true``;
+jaxaot.rundir.logs). A run that fails before its first stage leaves no folder in ``outputs/``.
+
 Errors that jaxaot raises on purpose are printed as one line on stderr with a non-zero exit;
 ``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback too. Ctrl-C and SIGTERM end a run as
 ``interrupted`` in its manifest, with one line and the status ``128 + signal`` (130, 143).
@@ -21,7 +25,14 @@ from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
 from jaxaot.errors import JaxaotError
-from jaxaot.rundir.dirs import check_user_dirs, print_only, register_resolver
+from jaxaot.rundir.dirs import (
+    check_user_dirs,
+    print_only,
+    register_resolver,
+    remove_unstarted,
+    remove_unstarted_runs,
+)
+from jaxaot.rundir.logs import show_info, verbose_argv
 from jaxaot.schema import register_configs
 from jaxaot.sweeps.callbacks import last_sweep_failures
 from jaxaot.sweeps.progress import JobOutcome
@@ -90,20 +101,32 @@ def version_text() -> str:
     return "\n".join(lines)
 
 
+def _remove_if_unstarted() -> None:
+    """A single run that ended before its first stage: its folder goes (when jaxaot made it and
+    it holds only Hydra's .hydra/, the log and a manifest without stages). A sweep keeps its
+    job folders: the sweep's report lists the failed job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and not _is_multirun():
+        remove_unstarted(HydraConfig.get().runtime.output_dir)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://jaxaot.conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from hydra.core.hydra_config import HydraConfig
     from jaxaot.engine.runner import run
 
-    if HydraConfig.initialized():
-        name_after_target(cfg, list(HydraConfig.get().overrides.task))
+    show_info(bool(cfg.get("verbose", False)))  # -v: the stage log lines on the screen too
     # In a sweep each job prints one progress line (jaxaot.sweeps.callbacks) instead of the summary,
     # unless it writes or verifies a snapshot: the summary carries that verdict and diff.
     snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
+        if HydraConfig.initialized():
+            name_after_target(cfg, list(HydraConfig.get().overrides.task))
         check_task_config(cfg)  # trust.* and store.trust: the command line's, in every job
         result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
+        _remove_if_unstarted()
         if _debug(cfg):
             traceback.print_exc()
         code = int(getattr(exc, "exit_code", 1))  # 3: does not fit (compile.topology)
@@ -117,6 +140,7 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
         from jaxaot.util.exits import raise_pending
 
         raise_pending()  # an interrupt that surfaced as another error (a half-imported module)
+        _remove_if_unstarted()
         if _debug(cfg):
             traceback.print_exc()
         print(
@@ -245,7 +269,8 @@ def main() -> None:
 
 def _main() -> None:
     register_configs()
-    args = [quote_array_types(a) for a in sys.argv[1:]]
+    # -v / --verbose: the override verbose=true, so that Hydra (and a served run) sees one spelling.
+    args = [quote_array_types(a) for a in verbose_argv(sys.argv[1:])]
     _skip_mode_probe(args)
     _share_help_repository(args)
     if any(a in ("--cfg", "-c") for a in args):  # prints the config, runs nothing: no new dirs
@@ -263,6 +288,7 @@ def _main() -> None:
         check_user_dirs(args, _is_multirun_argv(args))
         _app()
     except Exception as exc:
+        remove_unstarted_runs()  # e.g. a logging config refused after Hydra made the run dir
         if _debug(None) or any(a.replace(" ", "").lower() == "debug=true" for a in args):
             traceback.print_exc()
         print(f"jaxaot: error: {_one_line(exc)}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """Resuming from another run's checkpoint: verified reads and the options that come with them.
 
-``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run.
-Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
+``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run
+(``resume_from=latest``: the newest run under ``outputs/`` that finished them). Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
 and an explicit override that contradicts them is an error naming the key; options of the
 stages that run now may be overridden freely.
 """
@@ -9,7 +9,9 @@ stages that run now may be overridden freely.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +20,8 @@ from typing import Any
 from jaxaot.config.order import STAGES
 from jaxaot.config.sections import override_key
 from jaxaot.errors import ConfigError, StoreError
-from jaxaot.rundir.manifest import load_manifest
+from jaxaot.rundir.dirs import OUTPUTS_ROOT
+from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
 from jaxaot.stages.node import Entry
@@ -72,6 +75,62 @@ def _override_key(override: str) -> str | None:
     return override_key(override).split("@", 1)[0].strip() or None
 
 
+LATEST = "latest"  # resume_from=latest
+FINISHED = ("ran", "cached", "resumed")  # a stage status whose files a later run can load
+
+
+def _finished(record: Mapping[str, Any]) -> bool:
+    status = record.get("status")
+    # A program judged not to fit by its memory analysis still has its executable: the
+    # verdict is an estimate, and the hardware may be tried (computed: how it came).
+    if status == "does_not_fit":
+        status = record.get("computed", status)
+    return status in FINISHED
+
+
+def _manifests(root: Path) -> list[Path]:
+    """The run dirs under ``root`` (a folder holding a manifest): single runs
+    (``<date>/<time>``) and sweep jobs (``multirun/<date>/<time>/<n>``); hidden folders (a
+    sweep's ``.jaxaot/`` with requeued attempts, ``.hydra/``) and a run's own stage folders
+    are not searched."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        if MANIFEST_NAME in files:
+            found.append(Path(here))
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return found
+
+
+def latest_run(start_at: str, root: Path | str = OUTPUTS_ROOT) -> Path:
+    """``resume_from=latest``: the run under ``root`` (``outputs/``, where runs go unless
+    ``hydra.run.dir`` names another folder) started last, by its manifest's start time, of
+    those that finished every stage before ``start_at``; a ConfigError when there is none."""
+    needed = STAGES[: STAGES.index(start_at)]
+    best: tuple[float, Path] | None = None
+    for run_dir in _manifests(Path(root)):
+        try:
+            data = json.loads((run_dir / MANIFEST_NAME).read_text())
+            stages = data.get("stages") or {}
+            started = float(data.get("started") or 0.0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # unreadable, or being replaced: not a run to resume from
+        if not all(_finished(stages.get(s) or {}) for s in needed):
+            continue
+        if best is None or started > best[0]:
+            best = (started, run_dir)
+    if best is None:
+        where = os.path.abspath(root)
+        raise ConfigError(
+            f"resume_from=latest: expected a run under {where} that finished "
+            f"{' and '.join(needed)} (start_at={start_at} loads {'them' if len(needed) > 1 else 'it'}), "
+            f"found none; run one first (jaxaot stop_after={needed[-1]}) or name its folder: "
+            "resume_from=<run dir>"
+        )
+    return best[1]
+
+
 class Checkpoint:
     """A finished run directory used as the input of a later run."""
 
@@ -95,15 +154,10 @@ class Checkpoint:
 
     def require(self, stage: str, start_at: str) -> None:
         record = self.manifest.get("stages", {}).get(stage, {})
-        status = record.get("status")
-        # A program judged not to fit by its memory analysis still has its executable: the
-        # verdict is an estimate, and the hardware may be tried (computed: how it came).
-        if status == "does_not_fit":
-            status = record.get("computed", status)
-        if status not in ("ran", "cached", "resumed"):
+        if not _finished(record):
             raise StoreError(
                 f"resume_from={str(self.run_dir)!r} start_at={start_at}: that run has no "
-                f"finished {stage!r} stage (status {status!r}); start earlier"
+                f"finished {stage!r} stage (status {record.get('status')!r}); start earlier"
             )
 
     def entry(self, stage: str) -> Entry:
@@ -199,4 +253,4 @@ class Checkpoint:
         return validate(merged)
 
 
-__all__ = ["FREE_AT_RESUME", "Checkpoint", "frozen_sections"]
+__all__ = ["FREE_AT_RESUME", "LATEST", "Checkpoint", "frozen_sections", "latest_run"]

@@ -10,11 +10,16 @@ Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from
 ``interrupted`` (Ctrl-C, SIGTERM or a job system's preemption while it ran). A target that
 calls ``sys.exit`` or ``os._exit`` fails its stage instead of ending the process
 (jaxaot.util.exits).
+
+A run that fails before its first stage starts (a config error, a refused import, a backend
+that does not start) leaves no folder behind when jaxaot made that folder for it
+(jaxaot.rundir.dirs.remove_unstarted): the error line is its whole record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from jaxaot.config.argspec import BoundArgs, bind_config
 from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
-from jaxaot.engine.resume import Checkpoint
+from jaxaot.engine.resume import LATEST, Checkpoint, latest_run
 from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
-from jaxaot.rundir.dirs import claim
+from jaxaot.rundir.dirs import claim, remove_unstarted
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
@@ -105,6 +110,14 @@ def _hydra_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
+def _hydra_run_dir() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return None
+
+
 def run(
     cfg: DictConfig | JaxaotConfig | dict[str, Any],
     *,
@@ -116,11 +129,34 @@ def run(
 
     ``overrides`` (default: the Hydra command line's) are checked against a resumed
     checkpoint's options. Raises :class:`JaxaotError` (a :class:`StageError` naming the stage
-    for unexpected failures); the manifest records the failure either way.
+    for unexpected failures); the manifest records the failure either way, unless the run
+    failed before its first stage in a folder jaxaot made for it: that folder is removed.
     """
+    chosen: list[Path] = []  # the run dir, once this run has chosen it
+    try:
+        return _run(cfg, run_dir, print_summary, overrides, chosen)
+    except Exception:
+        # Failed before claiming its folder (a config error): Hydra's `.hydra/` and the log
+        # file may be there already. Afterwards _run removed it itself, before its summary.
+        if not chosen:
+            remove_unstarted(Path(run_dir) if run_dir is not None else _hydra_run_dir())
+        raise
+
+
+def _run(
+    cfg: DictConfig | JaxaotConfig | dict[str, Any],
+    run_dir: Path | str | None,
+    print_summary: bool,
+    overrides: Sequence[str] | None,
+    chosen: list[Path],
+) -> RunResult:
     typed = validate(cfg)
     checkpoint = None
     if STAGES.index(typed.start_at) > 0:
+        if typed.resume_from == LATEST:
+            latest = latest_run(typed.start_at)
+            log.info("resume_from=latest: %s", latest)
+            typed = dataclasses.replace(typed, resume_from=str(latest))
         checkpoint = Checkpoint(typed.resume_from or "")
         typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
     bound = bind_config(typed)  # arg specs checked before JAX is imported
@@ -129,6 +165,7 @@ def run(
         if node.before_run is not None:
             node.before_run(typed, bound)  # e.g. the inputs execute builds fit in memory
     out = Path(run_dir) if run_dir is not None else default_run_dir()
+    chosen.append(out)
     manifest = Manifest(run_dir=out, config=to_container(typed))
     if checkpoint is not None:
         manifest.extra["resumed_from"] = str(checkpoint.run_dir.resolve())
@@ -273,7 +310,10 @@ def run(
                 if manifest.status == "ok":
                     raise
                 log.error("could not write %s: %s", manifest.path, err)
-            if print_summary:
+            # Failed before its first stage: nothing to keep in a folder made for it, and no
+            # summary naming a folder that is gone (the caller prints the error).
+            removed = manifest.status == "failed" and not manifest.stages and remove_unstarted(out)
+            if print_summary and not removed:
                 from jaxaot.engine.summary import render
 
                 # The error itself is raised to the caller, which prints it (once).

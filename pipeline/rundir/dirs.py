@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +33,13 @@ from jaxaot.util.fsio import folder_problem
 
 RESOLVER = "unique_dir"
 SWEEP_MARKERS = ("multirun.yaml", ".jaxaot")  # what a sweep leaves in hydra.sweep.dir
+HYDRA_SUBDIR = ".hydra"  # hydra.output_subdir: the composed config Hydra saves in a run dir
+
+# Folders this process created for its runs (absolute): a run dir made by unique_dir, the
+# parents it made for it, and a hydra.run.dir named on the command line that did not exist
+# before the run. Only these may be removed by remove_unstarted.
+_created: set[str] = set()
+_runs: set[str] = set()  # of those, the run (or sweep) dirs themselves
 
 
 def unique_dir(path: str) -> str:
@@ -42,19 +51,41 @@ def unique_dir(path: str) -> str:
     with the sweep's resolver cache) resolves it to the same directory.
     """
     base = Path(path)
-    base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(100_000):
         candidate = base if n == 0 else base.with_name(f"{base.name}-{n}")
         try:
-            candidate.mkdir()
+            _mkdir_noting_parents(candidate)
         except FileExistsError:
             continue
+        _created.add(os.path.abspath(candidate))
+        _runs.add(os.path.abspath(candidate))
         return str(candidate)
     raise ConfigError(f"hydra.run.dir: no free name next to {str(base)!r} (tried 100000)")
 
 
+def _mkdir_noting_parents(folder: Path) -> None:
+    """``folder.mkdir()``, its missing parents first; the parents made here are noted as this
+    process's. A parent removed meanwhile (an empty date folder that another process's failed
+    run removed) is made again."""
+    for _ in range(10):
+        missing = [
+            p for p in reversed(folder.parents) if str(p) not in ("", ".") and not p.exists()
+        ]
+        for parent in missing:
+            with contextlib.suppress(FileExistsError):
+                parent.mkdir()
+                _created.add(os.path.abspath(parent))
+        try:
+            folder.mkdir()
+            return
+        except FileNotFoundError:
+            continue
+    folder.mkdir()
+
+
 # The CLI's run-dir pattern (conf/config.yaml hydra.run.dir); jaxaot.run from Python uses it too.
 RUN_DIR_PATTERN = "outputs/%Y-%m-%d/%H-%M-%S"
+OUTPUTS_ROOT = RUN_DIR_PATTERN.split("/", 1)[0]  # where runs and sweeps go unless named
 
 
 def default_run_dir() -> Path:
@@ -170,6 +201,11 @@ def check_user_dirs(overrides: list[str], multirun: bool) -> None:
     if not value or "${" in value:
         return
     path = Path(value)
+    if not multirun and not os.path.lexists(path):
+        # Made by Hydra for this run (with its missing parents): removable if it does not start.
+        here = Path(os.path.abspath(path))
+        _created.update(str(p) for p in (here, *here.parents) if not os.path.lexists(p))
+        _runs.add(str(here))
     if multirun:
         found = next((m for m in SWEEP_MARKERS if (path / m).exists()), None)
         # A fit search run again in its own sweep dir resumes from the fit.json it left there.
@@ -182,11 +218,85 @@ def check_user_dirs(overrides: list[str], multirun: bool) -> None:
             raise _refusal(path, key, why)
 
 
+def _log_files(run_dir: Path) -> set[str]:
+    """Names of the log files this process's logging writes directly in ``run_dir``
+    (Hydra's ``<hydra.job.name>.log``)."""
+    here = os.path.abspath(run_dir)
+    return {
+        os.path.basename(h.baseFilename)
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.FileHandler) and os.path.dirname(h.baseFilename) == here
+    }
+
+
+def _started(manifest: Path) -> bool:
+    """Whether the manifest at ``manifest`` records a stage (one that ran, failed or was
+    skipped); an unreadable one counts as started (kept for a look)."""
+    try:
+        return bool(json.loads(manifest.read_text()).get("stages"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def remove_unstarted(run_dir: Path | str | None) -> bool:
+    """Remove the folder of a run that ended before its first stage started (a config error,
+    a refused import): only a folder this process created for the run, holding nothing but
+    Hydra's ``.hydra/``, the run's log file and a manifest that records no stage; then the
+    empty parents this process created for it (``outputs/<date>/``). Whether it was removed.
+
+    A folder the user named that existed before the run, a sweep's job folder and anything
+    holding other files are kept.
+    """
+    if run_dir is None:
+        return False
+    here = os.path.abspath(run_dir)
+    if here not in _created:
+        return False
+    folder = Path(here)
+    allowed = {HYDRA_SUBDIR, MANIFEST_NAME, "jaxaot.log", *_log_files(folder)}
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return False
+    if not names <= allowed or (HYDRA_SUBDIR in names and not (folder / HYDRA_SUBDIR).is_dir()):
+        return False
+    if _started(folder / MANIFEST_NAME):
+        return False
+    try:
+        shutil.rmtree(folder)
+    except OSError:
+        return False
+    _created.discard(here)
+    _runs.discard(here)
+    for parent in folder.parents:  # deepest first; one that is not empty ends it
+        if str(parent) not in _created:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        _created.discard(str(parent))
+    return True
+
+
+def remove_unstarted_runs() -> None:
+    """:func:`remove_unstarted` for every run dir this process made: after an error that
+    ended the command before or around a run (Hydra's own, a refused logging config)."""
+    for run_dir in sorted(_runs):
+        remove_unstarted(run_dir)
+
+
 __all__ = [
+    "HYDRA_SUBDIR",
+    "OUTPUTS_ROOT",
     "RESOLVER",
     "check_user_dirs",
     "claim",
     "register_resolver",
+    "remove_unstarted",
+    "remove_unstarted_runs",
     "taken_reason",
     "unique_dir",
 ]

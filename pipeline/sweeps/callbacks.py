@@ -22,6 +22,7 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from jaxaot.errors import EXIT_DOES_NOT_FIT
+from jaxaot.rundir.logs import end_launch_lines, log_launch_lines
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.overrides import shorten_launcher_lines
 from jaxaot.sweeps.progress import (
@@ -136,6 +137,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         plan = plan_of(config)
         plan.write(sweep_dir)
+        # Hydra's "Launching N jobs" and "#0 : ..." lines: to multirun.log; the screen with -v.
+        log_launch_lines(sweep_dir, bool(OmegaConf.select(config, "verbose", default=False)))
         if self.progress:  # the launcher's "#3 : key=value ..." lines, long values shortened
             shorten_launcher_lines()
         if self.progress and _output_hidden(config):
@@ -155,7 +158,10 @@ class SweepCallback(Callback):
             stages = planned_stages(config)
         except ValueError:  # a bad start_at/stop_after: the runner reports it
             return
-        _heartbeats[run_dir] = Heartbeat(Path(run_dir), self.heartbeat_s, label, stages).start()
+        quiet = not OmegaConf.select(config, "verbose", default=False)
+        _heartbeats[run_dir] = Heartbeat(
+            Path(run_dir), self.heartbeat_s, label, stages, screen=quiet
+        ).start()
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         run_dir = Path(str(config.hydra.runtime.output_dir))
@@ -194,6 +200,7 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _last_failed
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        end_launch_lines(sweep_dir)
         relay = _relays.pop(str(sweep_dir), None)
         if relay is not None:
             relay.stop()

@@ -279,13 +279,23 @@ class Heartbeat(_Ticker):
     """Logs ``still compiling ...`` every ``interval_s`` while a job runs.
 
     The stage in progress is read from the job's manifest (rewritten after every stage), so the
-    heartbeat needs no hook inside the runner and works for any launcher.
+    heartbeat needs no hook inside the runner and works for any launcher. ``screen``: also
+    write the line to stderr, for a quiet run whose screen does not show INFO log lines.
     """
 
-    def __init__(self, run_dir: Path, interval_s: float, label: str, stages: Sequence[str]):
+    def __init__(
+        self,
+        run_dir: Path,
+        interval_s: float,
+        label: str,
+        stages: Sequence[str],
+        *,
+        screen: bool = False,
+    ):
         super().__init__(interval_s, "jaxaot-heartbeat")
         self.run_dir, self.interval_s, self.label = Path(run_dir), interval_s, label
         self.stages = list(stages)
+        self.screen = screen
         self._t0 = time.time()
 
     def _started(self) -> None:
@@ -323,6 +333,9 @@ class Heartbeat(_Ticker):
         line = self.message()
         if line:
             log.info("%s", line)
+            if self.screen:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
 
 
 __all__ = [

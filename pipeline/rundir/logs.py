@@ -1,0 +1,109 @@
+"""What a run shows on the screen, and what only its log files get.
+
+Quiet by default: ``conf/config.yaml`` gives Hydra's job logging a console handler at WARNING on
+stderr, so a run's screen output is its summary (a sweep's: one progress line per job and the
+report line), with warnings and errors; jaxaot's INFO lines (``[compile] ran in 0.14 s``, cache
+hits and misses) go to the run's ``jaxaot.log`` only. ``verbose=true`` (``-v``, ``--verbose``)
+shows them on the screen too (:func:`show_info`).
+
+Hydra's launchers log each sweep's ``Launching 2 jobs locally`` and ``#0 : key=value ...``
+lines in the launching process; :func:`log_launch_lines` sends them to ``multirun.log`` in the
+sweep dir, and to the screen only with ``verbose=true``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+VERBOSE_FLAGS = ("-v", "--verbose")  # the command line's spelling of verbose=true
+CONSOLE = "console"  # the screen's handler in hydra.job_logging (conf/config.yaml)
+SWEEP_LOG = "multirun.log"  # in hydra.sweep.dir, beside Hydra's multirun.yaml
+# The loggers of Hydra's launchers: "Launching N jobs ...", "#3 : key=value ..." per job.
+LAUNCH_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+)
+
+
+def verbose_argv(args: Sequence[str]) -> list[str]:
+    """``-v`` / ``--verbose`` as the override ``verbose=true``, before Hydra parses argv."""
+    return ["verbose=true" if a in VERBOSE_FLAGS else a for a in args]
+
+
+def show_info(verbose: bool) -> None:
+    """With ``verbose``: the screen handlers Hydra's job logging set up show INFO lines too.
+
+    Called at the start of every job, in the process that runs it (a launcher's worker
+    included), after Hydra configured its logging; quiet leaves the configured level as it is.
+    """
+    if not verbose:
+        return
+    for handler in logging.getLogger().handlers:
+        if handler.get_name() == CONSOLE and handler.level > logging.INFO:
+            handler.setLevel(logging.INFO)
+
+
+class _AppendLines(logging.Handler):
+    """Each record as one line appended to ``path``; the file is opened per record, so Hydra
+    re-applying its logging config (which closes every handler) never silences it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(logging.INFO)
+        self.path = path
+        self.setFormatter(logging.Formatter("[%(asctime)s][HYDRA] %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            with self.path.open("a", encoding="utf-8", errors="replace") as f:
+                f.write(line + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+_installed: dict[str, tuple[_AppendLines, dict[str, bool]]] = {}  # sweep dir -> handler, propagate
+
+
+def log_launch_lines(sweep_dir: Path, verbose: bool) -> None:
+    """Until :func:`end_launch_lines`: the launchers' lines go to ``sweep_dir/multirun.log``,
+    and reach the screen only with ``verbose``."""
+    end_launch_lines(sweep_dir)
+    handler = _AppendLines(Path(sweep_dir) / SWEEP_LOG)
+    propagate = {}
+    for name in LAUNCH_LOGGERS:
+        logger = logging.getLogger(name)
+        propagate[name] = logger.propagate
+        logger.addHandler(handler)
+        if not verbose:
+            logger.propagate = False  # not to the root's console handler
+    _installed[str(sweep_dir)] = (handler, propagate)
+
+
+def end_launch_lines(sweep_dir: Path) -> None:
+    """The launchers' loggers as they were before :func:`log_launch_lines` (idempotent)."""
+    handler, propagate = _installed.pop(str(sweep_dir), (None, {}))
+    if handler is None:
+        return
+    for name, was in propagate.items():
+        logger = logging.getLogger(name)
+        with contextlib.suppress(ValueError):
+            logger.removeHandler(handler)
+        logger.propagate = was
+    handler.close()
+
+
+__all__ = [
+    "CONSOLE",
+    "LAUNCH_LOGGERS",
+    "SWEEP_LOG",
+    "VERBOSE_FLAGS",
+    "end_launch_lines",
+    "log_launch_lines",
+    "show_info",
+    "verbose_argv",
+]

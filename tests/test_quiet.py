@@ -1,0 +1,144 @@
+"""Quiet runs: the summary (a sweep: its progress and report lines) is the screen output.
+
+jaxaot's INFO lines (``[lower] ran in 0.11 s``, cache hits and misses) go to the run's
+``jaxaot.log``; Hydra's launch lines to the sweep's ``multirun.log``; ``-v`` / ``--verbose`` /
+``verbose=true`` shows them on the screen too; warnings and errors always reach stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from jaxaot.rundir.logs import end_launch_lines, log_launch_lines, show_info, verbose_argv
+
+AXPY = ["program=axpy", "program.args=[3,4]"]
+INFO = "[jaxaot][INFO]"
+
+
+def test_a_run_prints_its_summary_and_logs_its_stage_lines(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli([*AXPY, "stop_after=lower", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    screen = proc.stdout + proc.stderr
+    assert INFO not in screen and "ran in" not in screen
+    assert proc.stdout.startswith("jaxaot · axpy") and proc.stderr == ""
+    log = (run_dir / "jaxaot.log").read_text()
+    assert f"{INFO} - [stage_out] ran in" in log and f"{INFO} - [lower] ran in" in log
+
+
+def test_verbose_shows_the_stage_lines_on_stderr(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli(["-v", *AXPY, "stop_after=lower", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = [ln for ln in proc.stderr.splitlines() if INFO in ln]
+    assert any("[lower] ran in" in ln for ln in shown), proc.stderr
+    assert INFO not in proc.stdout  # the summary stays alone on stdout
+    assert "[lower] ran in" in (run_dir / "jaxaot.log").read_text()
+
+
+def test_warnings_still_reach_stderr(tmp_path: Path) -> None:
+    # log of a random normal input: NaN for the negative ones, a stage warning
+    proc = run_cli(
+        [
+            "program.target=jax.numpy:log",
+            "program.args=[f32[16]]",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [warning] = [ln for ln in proc.stderr.splitlines() if "[WARNING]" in ln]
+    assert "non-finite values" in warning
+    assert INFO not in proc.stderr + proc.stdout
+
+
+def test_a_two_job_sweep_prints_its_progress_lines_and_report_only(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        ["-m", *AXPY, "stop_after=lower", "execute.repeats=1,2", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout
+    assert re.match(r"\[1/2\] repeats=1 \| ok \|", lines[0]), lines[0]
+    assert re.match(r"\[2/2\] repeats=2 \| ok \|", lines[1]), lines[1]
+    assert lines[2] == f"sweep: 2 jobs, 2 ok, 0 failed; report: {sweep / 'sweep.md'}"
+    assert "[HYDRA]" not in proc.stdout + proc.stderr and INFO not in proc.stdout + proc.stderr
+    launched = (sweep / "multirun.log").read_text()
+    assert "[HYDRA] Launching 2 jobs locally" in launched and "\t#1 : " in launched
+    for job in ("0", "1"):
+        assert f"{INFO} - [lower] ran in" in (sweep / job / "jaxaot.log").read_text()
+
+
+def test_a_verbose_sweep_shows_the_launch_and_stage_lines(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        [
+            "-m",
+            "-v",
+            *AXPY,
+            "stop_after=stage_out",
+            "execute.repeats=1,2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    screen = proc.stdout + proc.stderr
+    assert "[HYDRA] Launching 2 jobs locally" in screen and "[stage_out] ran in" in screen
+    assert "Launching 2 jobs locally" in (sweep / "multirun.log").read_text()
+
+
+def test_the_flags_become_one_override() -> None:
+    assert verbose_argv(["-v", "program=mlp", "--verbose", "-m"]) == [
+        "verbose=true",
+        "program=mlp",
+        "verbose=true",
+        "-m",
+    ]
+    assert verbose_argv(["program.name=-v"]) == ["program.name=-v"]  # a value, not a flag
+
+
+def test_show_info_lowers_only_the_console_handler() -> None:
+    root = logging.getLogger()
+    console, other = logging.StreamHandler(), logging.StreamHandler()
+    console.set_name("console")
+    console.setLevel(logging.WARNING)
+    other.setLevel(logging.WARNING)
+    root.addHandler(console)
+    root.addHandler(other)
+    try:
+        show_info(False)
+        assert console.level == logging.WARNING
+        show_info(True)
+        assert console.level == logging.INFO and other.level == logging.WARNING
+    finally:
+        root.removeHandler(console)
+        root.removeHandler(other)
+
+
+def test_launch_lines_go_to_the_sweep_log_and_the_screen_only_when_verbose(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    launcher = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
+    for verbose in (False, True):
+        sweep = tmp_path / str(verbose)
+        sweep.mkdir()
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            log_launch_lines(sweep, verbose)
+            try:
+                launcher.info("Launching 1 jobs locally")
+            finally:
+                end_launch_lines(sweep)
+            launcher.info("after the sweep")
+        written = (sweep / "multirun.log").read_text().splitlines()
+        assert len(written) == 1 and written[0].endswith("[HYDRA] Launching 1 jobs locally")
+        shown = [r.getMessage() for r in caplog.records]
+        assert ("Launching 1 jobs locally" in shown) == verbose
+        assert "after the sweep" in shown and launcher.propagate
