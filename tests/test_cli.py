@@ -170,7 +170,16 @@ def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
     assert "\ncompile " in proc.stdout and "\nexecute " in proc.stdout
     assert proc.stdout.startswith("jaxaot: JAX's four AOT stages")
     usage = proc.stdout.split("== Usage ==\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [u.split()[0] for u in usage] == ["jaxaot"] * 7 + ["jaxaot-store"]
+    assert [u.split()[0] for u in usage] == ["jaxaot"] * 8
+    assert any(u.startswith("jaxaot -v ") for u in usage)
+    commands = proc.stdout.split("== Commands", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [" ".join(c.split()[:2]) for c in commands] == [
+        "jaxaot server",
+        "jaxaot-store stats",
+        "jaxaot-diff <run",
+        "jaxaot-graph <run",
+        "jaxaot-report <sweep",
+    ]
     assert "--hydra-help" in proc.stdout.splitlines()[-1]
     assert not list(tmp_path.iterdir())  # nothing ran
 
@@ -245,7 +254,7 @@ def test_the_issues_example_with_a_user_module(tmp_path: Path) -> None:
     assert "compile" in proc.stdout and "FLOP" in proc.stdout  # the summary table
     # Not named after the default program whose other fields it kept: after its function.
     assert manifest["config"]["program"]["name"] == "loss"
-    assert "\njaxaot · loss (mypkg.model:loss) · cpu" in proc.stdout
+    assert proc.stdout.startswith("jaxaot · loss (mypkg.model:loss) · cpu")  # the summary only
 
 
 # --- user config directories -----------------------------------------------------------------
