@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -120,7 +121,7 @@ def test_sweeper_schema_is_exactly_the_autotune_options(tmp_path: Path) -> None:
     assert AutotuneOptions(**defaults) == AutotuneOptions()  # every field, every default
     for override, needle in (
         ("hydra.sweeper.n_trials=abc", "hydra.sweeper.n_trials=abc"),
-        ("hydra.sweeper.n_trialz=3", "'n_trialz' not in"),
+        ("hydra.sweeper.n_trialz=3", "unknown key 'hydra.sweeper.n_trialz'"),
     ):
         proc = run_cli(["experiment=autotune_cpu", override, "--cfg", "hydra"], cwd=tmp_path)
         assert proc.returncode != 0 and needle in proc.stderr, proc.stderr
@@ -186,8 +187,9 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     md = (sweep_dir / "sweep.md").read_text()
     progress = [ln for ln in stdout.splitlines() if re.match(r"\[\d/3\] ", ln)]
     assert len(progress) == 3
-    assert "\\[" not in stdout and "\t#0 : " in stdout  # the launcher's job lines too
-    for text in (md, *progress, stdout.split("autotune: best", 1)[1].splitlines()[0]):
+    logged = stdout + "".join(p.read_text() for p in sweep_dir.rglob("*.log"))
+    assert "\\[" not in logged and "\t#0 : " in logged  # the launcher's job lines too
+    for text in (md, *progress, logged.split("autotune: best", 1)[1].splitlines()[0]):
         assert "\\" not in text and "f32[" in text, text
 
 
@@ -204,6 +206,7 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
             "stop_after=compile",
             "hydra.sweeper.objective=compile.temp_bytes",
             "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+            "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=tmp_path,
@@ -211,11 +214,11 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
     )
     assert proc.returncode == 1
     trials = json.loads((sweep_dir / "autotune.json").read_text())["trials"]
-    assert len(trials) == 3 and all(t["value"] is None for t in trials)  # not 20
+    assert len(trials) == 3 and all(t["value"] is None for t in trials)  # not 6
     assert sorted(p.name for p in sweep_dir.iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     stop = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "autotune: stopped" in ln]
     assert len(stop) == 1
-    assert "stopped after 3 of 20 trials: the first 3 all failed with: stage 'stage_out'" in stop[0]
+    assert "stopped after 3 of 6 trials: the first 3 all failed with: stage 'stage_out'" in stop[0]
     assert "hydra.sweeper.stop_after_failures=0 runs every trial" in stop[0]
     assert "jaxaot: error:" not in proc.stderr  # each job's error is in its progress line only
     out = proc.stdout + proc.stderr
@@ -256,7 +259,11 @@ def test_optunas_views_are_written_with_the_report(tmp_path: Path) -> None:
         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
         "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
     )
-    views = json.loads((sweep_dir / "autotune.json").read_text())["views"]
+    result = json.loads((sweep_dir / "autotune.json").read_text())
+    assert result["space_points"] == 6
+    points = {tuple(sorted(t["params"].items())) for t in result["trials"]}
+    assert len(result["trials"]) == len(points) == 4  # sampled without repeats
+    views = result["views"]
     for name in ("autotune_optuna_history", "autotune_importances", "autotune_parallel"):
         assert views[name] == f"plots/{name}.png", views
         with Image.open(sweep_dir / views[name]) as img:
@@ -281,7 +288,7 @@ def test_a_multi_objective_study_reports_its_pareto_front(tmp_path: Path) -> Non
     assert result["directions"] == ["minimize", "minimize"] and result["best"] is None
     done = [t for t in result["trials"] if t.get("values")]
     front = result["pareto"]
-    assert front and len(done) == 4
+    assert front and len(done) == 3  # n_trials=4 over 3 points: each point once
 
     def dominates(a: list[float], b: list[float]) -> bool:
         return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
@@ -316,3 +323,54 @@ def test_multi_objective_options_are_checked() -> None:
         AutotuneOptions(objectives=["execute.median_s"]).check("execute")
     with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.objectives: expected one of"):
         AutotuneOptions(objectives=["execute.median_s", "compile.bogus"]).check("execute")
+
+
+def test_optunas_plot_style_stays_out_of_jaxaots_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna's views switch matplotlib to ggplot globally; after them the process's rcParams
+    are what they were, and jaxaot's own plots draw in matplotlib's default style even when
+    the global one is another."""
+    import matplotlib
+    import optuna
+    from jaxaot.sweeps import plots
+    from jaxaot.sweeps.autotune import write_views
+    from jaxaot.sweeps.report import SweepTable
+    from matplotlib import colors
+    from optuna.visualization import matplotlib as views
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for i in range(4):
+        trial = study.ask({"a": CategoricalDistribution(["x", "y"]), "b": IntDistribution(1, 4)})
+        study.tell(trial, float(i + trial.params["b"]))
+    with matplotlib.rc_context():  # what the views do to rcParams, left to themselves
+        with pytest.warns(optuna.exceptions.ExperimentalWarning):
+            views.plot_optimization_history(study)
+        assert matplotlib.rcParams["axes.facecolor"] != matplotlib.rcParamsDefault["axes.facecolor"]
+    before = dict(matplotlib.rcParams)
+    done = write_views(tmp_path, study, AutotuneOptions(objective="compile.temp_bytes"))
+    assert done["autotune_optuna_history"] == "plots/autotune_optuna_history.png"
+    assert dict(matplotlib.rcParams) == before
+
+    drawn = []
+    history = plots._history
+
+    def kept(table: SweepTable) -> Any:
+        drawn.append(history(table))
+        return drawn[-1]
+
+    monkeypatch.setattr(plots, "_history", kept)
+    trials = [
+        {"number": i, "job": i, "value": v, "band": [v * 0.9, v * 1.1]}
+        for i, v in enumerate([3.0, 2.0, 2.5])
+    ]
+    auto = {"objective": "execute.median_s", "direction": "minimize", "pareto": None}
+    table = SweepTable(tmp_path, [], [], [], autotune={**auto, "trials": trials})
+    with matplotlib.style.context("ggplot"):
+        ggplot = colors.to_rgba(matplotlib.rcParams["axes.facecolor"])
+        paths = plots.write_plots(table, tmp_path / "plots")
+        assert colors.to_rgba(matplotlib.rcParams["axes.facecolor"]) == ggplot  # left as set
+    assert [p.name for p in paths] == ["autotune_history.png"]
+    face = colors.to_rgba(drawn[0].axes[0].get_facecolor())
+    assert face == colors.to_rgba(matplotlib.rcParamsDefault["axes.facecolor"]) != ggplot

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.manifest import MANIFEST_NAME
-from jaxaot.sweeps.progress import JobOutcome, read_json
+from jaxaot.sweeps import autotune_ties
+from jaxaot.sweeps.autotune_grid import FiniteSpace
+from jaxaot.sweeps.progress import JobOutcome, SweepPlan, read_json
 from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, PLOTS_DIR, row_of
 from jaxaot.util.fsio import atomic_write_json
 
@@ -219,6 +221,19 @@ def search_space(
     return space, fixed
 
 
+def _run_dir(job: JobReturn) -> Path | None:
+    return Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
+
+
+def noise_band(job: JobReturn, objective: str, value: float) -> tuple[float, float] | None:
+    """The measured noise band of a trial's objective value (:mod:`jaxaot.sweeps.autotune_ties`)."""
+    run_dir = _run_dir(job)
+    manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
+    if run_dir is None or not manifest:
+        return None
+    return autotune_ties.band(objective, value, run_dir, manifest)
+
+
 def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str | None]:
     """(value, None) for a trial whose job produced the objective, else (None, why not)."""
     from hydra.core.utils import JobStatus
@@ -227,7 +242,7 @@ def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str |
         return None, f"job raised {type(job._return_value).__name__}"
     if isinstance(job._return_value, JobOutcome) and job._return_value.code != 0:
         return None, job._return_value.error
-    run_dir = Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
+    run_dir = _run_dir(job)
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     if not manifest or manifest.get("status") != "ok":
         return None, (manifest or {}).get("error") or "no manifest"
@@ -253,7 +268,9 @@ def optimize(
     config_loader: Any,
     validate: Callable[[Sequence[Sequence[str]]], None],
 ) -> list[Sequence[JobReturn]]:
-    """Run ``opts.n_trials`` trials, ``opts.n_jobs`` at a time; write ``autotune.json``."""
+    """Run ``opts.n_trials`` trials, ``opts.n_jobs`` at a time; write ``autotune.json``. A finite
+    space runs each point at most once (:mod:`jaxaot.sweeps.autotune_grid`), and the best
+    trial is named a winner only beyond the measured noise (:mod:`jaxaot.sweeps.autotune_ties`)."""
     optuna = _optuna()
     from optuna.trial import TrialState
 
@@ -270,16 +287,38 @@ def optimize(
     )
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    finite = FiniteSpace.of(space, study, opts.seed)
+    n_trials = opts.n_trials
+    points = ""
+    if finite is not None:
+        left = len(finite.untried)
+        earlier = len(finite.points) - left
+        if left <= n_trials:
+            n_trials = finite.enqueue_all(study)
+            points = (
+                f" (the search space has {len(finite.points)} points"
+                + (f", {earlier} tried by earlier sweeps of this study" if earlier else "")
+                + f": each run once; n_trials={opts.n_trials} capped)"
+                if n_trials < opts.n_trials
+                else " (every point of the search space once)"
+            )
+        else:
+            points = f" of the {len(finite.points)} points of the search space, none twice"
+    plan = SweepPlan.read(sweep_dir)
+    if plan.total is not None and plan.total != n_trials:  # the progress lines' [i/total]
+        SweepPlan(total=n_trials, varying=plan.varying).write(sweep_dir)
     log.info(
-        "autotune: %s over %s, %d trials",
+        "autotune: %s over %s, %d trials%s",
         ", ".join(f"{d} {o}" for o, d in targets),
         ", ".join(space),
-        opts.n_trials,
+        n_trials,
+        points,
     )
     trials: list[dict[str, Any]] = []
     returns: list[Sequence[JobReturn]] = []
-    while len(trials) < opts.n_trials:
-        asked = [study.ask(space) for _ in range(min(opts.n_jobs, opts.n_trials - len(trials)))]
+    while len(trials) < n_trials:
+        count = min(opts.n_jobs, n_trials - len(trials))
+        asked = [finite.ask(study) if finite else study.ask(space) for _ in range(count)]
         batch = [[*fixed, *(f"{k}={v}" for k, v in t.params.items())] for t in asked]
         validate(batch)
         results = launcher.launch(batch, initial_job_idx=len(trials))
@@ -291,28 +330,31 @@ def optimize(
                 study.tell(trial, state=TrialState.FAIL)
             else:
                 study.tell(trial, values if len(values) > 1 else values[0])
+            value = values[0] if why is None and len(values) == 1 else None
             trials.append(
                 {
                     "number": trial.number,
                     "job": len(trials),
-                    "value": None if why else values[0] if len(values) == 1 else None,
+                    "value": value,
                     **({"values": None if why else values} if len(values) > 1 else {}),
+                    # The value's measured noise (autotune_ties): a winner must clear it.
+                    "band": None if value is None else noise_band(job, opts.objective, value),
                     "error": why,
                     "params": {k: str(v) for k, v in trial.params.items()},
                     "overrides": [shown(o) for o in overrides[len(fixed) :]],
                 }
             )
         returns.append(results)
-        _write(sweep_dir, opts, study, trials, fixed)
+        _write(sweep_dir, opts, study, trials, fixed, finite)
         first = trials[: opts.stop_after_failures]
-        if len(first) == opts.stop_after_failures and len(trials) < opts.n_trials:
+        if len(first) == opts.stop_after_failures and len(trials) < n_trials:
             error = _same_failure(first)
             if error is not None:
                 log.error(
                     "autotune: stopped after %d of %d trials: the first %d all failed "
                     "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
                     len(trials),
-                    opts.n_trials,
+                    n_trials,
                     len(first),
                     error,
                 )
@@ -328,13 +370,11 @@ def optimize(
             ", ".join(str(t["job"]) for t in front),
         )
         return returns
-    best = _best(study, trials)
+    best = _best(study, trials, opts.direction)
     if best:
         log.info(
-            "autotune: best %s = %.6g (job %s): %s",
-            opts.objective,
-            best["value"],
-            best["job"],
+            "autotune: %s: %s",
+            autotune_ties.verdict(opts.objective, best, trials),
             " ".join(best["overrides"]),
         )
     else:
@@ -378,11 +418,13 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
     parallel coordinates (per objective of a multi-objective study), and the Pareto front.
     A view the study cannot give yet (too few trials, one parameter) is skipped with the
     reason, in ``autotune.json``'s ``views``."""
+    import sys
     import warnings
 
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "matplotlib.pyplot" not in sys.modules:  # no window; a session's own choice stays
+        matplotlib.use("Agg")
     from matplotlib import pyplot as plt
     from optuna.visualization import matplotlib as views
 
@@ -403,8 +445,10 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
                 jobs.append((f"{name}_{i}", VIEWS[name], kw))
     before = set(plt.get_fignums())
     for name, plot, kwargs in jobs:
+        # Each Optuna view calls plt.style.use("ggplot") (optuna 4.x-5.0), which changes the
+        # process's rcParams: the context restores them, so later figures keep their style.
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), matplotlib.rc_context():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib views experimental
                 ax = getattr(views, plot)(study, **kwargs)
                 fig = (ax[0] if hasattr(ax, "__len__") else ax).figure
@@ -423,7 +467,9 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
     return done
 
 
-def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _best(study: Any, trials: list[dict[str, Any]], direction: str) -> dict[str, Any] | None:
+    """The study's best trial; for one of this sweep with a noise band, ``tied_with`` lists the
+    jobs whose bands reach its own (empty: it won beyond the noise)."""
     if len(study.directions) > 1:
         return None  # a multi-objective study has a Pareto front instead
     try:
@@ -432,7 +478,9 @@ def _best(study: Any, trials: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     mine = next((t for t in trials if t["number"] == best.number), None)
     if mine is not None:
-        return mine
+        if mine.get("band") is None:
+            return mine
+        return {**mine, "tied_with": autotune_ties.tied_with(mine, trials, direction)}
     # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
     params = {k: str(v) for k, v in best.params.items()}
     return {
@@ -451,6 +499,7 @@ def _write(
     study: Any,
     trials: list[dict[str, Any]],
     fixed: list[str],
+    finite: FiniteSpace | None,
 ) -> None:
     atomic_write_json(
         sweep_dir / AUTOTUNE_NAME,
@@ -464,8 +513,10 @@ def _write(
             "seed": opts.seed,
             "study_name": study.study_name,
             "n_trials": opts.n_trials,
+            # A finite space's size (None: a parameter is continuous); trials never repeat one.
+            "space_points": len(finite.points) if finite else None,
             "fixed": [shown(o) for o in fixed],
-            "best": _best(study, trials),
+            "best": _best(study, trials, opts.direction),
             "trials": trials,
         },
     )
@@ -478,6 +529,7 @@ __all__ = [
     "AutotuneOptions",
     "MissingDependencyError",
     "distribution",
+    "noise_band",
     "objective_value",
     "optimize",
     "search_space",

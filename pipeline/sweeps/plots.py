@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from jaxaot.sweeps.progress import read_json, short_names
 from jaxaot.util.fsio import atomic_write_bytes
 from jaxaot.util.humanize import human_bytes
+from matplotlib import style
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MultipleLocator
 
@@ -294,7 +295,16 @@ def _history(table: SweepTable) -> Figure:
     done = [(t["number"], t["value"]) for t in trials if t.get("value") is not None]
     failed = [t["number"] for t in trials if t.get("value") is None]
     if done:
-        ax.plot(*zip(*done, strict=True), "o", label="trial")
+        # Each trial's noise band (its timings' interquartile range) as an error bar.
+        bands = [
+            t.get("band") or (t["value"], t["value"]) for t in trials if t.get("value") is not None
+        ]
+        errors = [
+            [max(v - b[0], 0.0) for (_, v), b in zip(done, bands, strict=True)],
+            [max(b[1] - v, 0.0) for (_, v), b in zip(done, bands, strict=True)],
+        ]
+        xs, ys = [n for n, _ in done], [v for _, v in done]
+        ax.errorbar(xs, ys, yerr=errors, fmt="o", capsize=2, label="trial")
         better = min if auto.get("direction", "minimize") == "minimize" else max
         best, run = [], None
         for _, v in done:
@@ -471,23 +481,26 @@ def _file_name(param: str) -> str:
 def write_plots(table: SweepTable, out_dir: Path) -> list[Path]:
     """Write one PNG per varying parameter (and the autotune history); return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = [(_file_name(p), _figure(table, p)) for p in table.varying]
-    if table.autotune and table.autotune.get("pareto") is None:  # one objective: its history
-        figures.append(("autotune_history", _history(table)))
-    if (roof := _roofline(table)) is not None:
-        figures.append(("roofline", roof))
-    fit = read_json(table.sweep_dir / "fit.json")
-    if fit:
-        if (probes := _fit_figure(fit)) is not None:
-            figures.append(("fit_search", probes))
-        if (front := _pareto_figure(fit)) is not None:
-            figures.append(("fit_pareto", front))
-    paths = []
-    for name, fig in figures:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90)
-        paths.append(out_dir / f"{name}.png")
-        atomic_write_bytes(paths[-1], buf.getvalue())
+    # Figures read rcParams when built and when drawn: both happen under matplotlib's default
+    # style, whatever another library (Optuna's views: ggplot) or the user set globally.
+    with style.context("default"):
+        figures = [(_file_name(p), _figure(table, p)) for p in table.varying]
+        if table.autotune and table.autotune.get("pareto") is None:  # one objective: history
+            figures.append(("autotune_history", _history(table)))
+        if (roof := _roofline(table)) is not None:
+            figures.append(("roofline", roof))
+        fit = read_json(table.sweep_dir / "fit.json")
+        if fit:
+            if (probes := _fit_figure(fit)) is not None:
+                figures.append(("fit_search", probes))
+            if (front := _pareto_figure(fit)) is not None:
+                figures.append(("fit_pareto", front))
+        paths = []
+        for name, fig in figures:
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=90)
+            paths.append(out_dir / f"{name}.png")
+            atomic_write_bytes(paths[-1], buf.getvalue())
     return paths
 
 

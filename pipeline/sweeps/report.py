@@ -416,9 +416,15 @@ def to_markdown(table: SweepTable) -> str:
                 else "an earlier sweep of this study"
             )
             mark = " (marked **best** below)" if best.get("job") is not None else ""
+            tied = ", ".join(str(j) for j in best.get("tied_with") or [])
             lines.append(
                 f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
                 f"`{' '.join(_shown(o) for o in best.get('overrides', []))}`{mark}."
+                + (
+                    f" Tied with job(s) {tied} (within the measured noise): no clear winner."
+                    if tied
+                    else ""
+                )
             )
         else:
             lines.append(f"No trial produced `{obj}`.")
