@@ -194,7 +194,9 @@ def test_keyed_backend_keys_the_devices_the_executable_runs_on(compose_run: Any)
         "mesh.axes=[data]",
         "stop_after=lower",
     )["lower"]
-    cfg = jaxaot_cfg(["mesh.shape=[2]", "mesh.axes=[data]"])
+    cfg = jaxaot_cfg(
+        ["program.args=[f32[8], f32[4], f32[8]]", "mesh.shape=[2]", "mesh.axes=[data]"]
+    )
     host = {"platform": "cpu", "device_count": 8, "topology": None}
     assert keyed_backend(cfg.compile, lowered, host) == {
         "platform": "cpu",

@@ -318,7 +318,7 @@ def test_an_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     (line,) = _error_lines(proc.stderr)
-    assert line.startswith("jaxaot: error: Could not override 'compile.bogus'")
+    assert line.startswith("jaxaot: error: unknown key 'compile.bogus' (compile has backend, ")
     assert "HYDRA_FULL_ERROR" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "manifest.json").exists()
 

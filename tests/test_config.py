@@ -36,10 +36,10 @@ def test_default_config_is_the_transformer_through_all_stages() -> None:
 @pytest.mark.parametrize(
     ("overrides", "name"),
     [
-        (["program.target=jax.numpy:einsum"], "einsum"),
+        (["program.target=jax.numpy:einsum", "program.args=[f32[2]]"], "einsum"),
         (["program=mlp", "program.target=jax.nn.functions:relu"], "relu"),
-        (["program.target=pkg.mod:Model.apply"], "apply"),
-        (["program.target=jax.numpy:einsum", "program.name=mm"], "mm"),
+        (["program.target=pkg.mod:Model.apply", "program.args=[f32[2]]"], "apply"),
+        (["program.target=jax.numpy:einsum", "program.args=[f32[2]]", "program.name=mm"], "mm"),
         (["program=mlp"], "mlp"),
     ],
 )
