@@ -60,6 +60,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The public names, the lazy ones (not loaded yet) included, and the module's own."""
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
     "ArgSpecError",
     "BackendError",

@@ -133,7 +133,7 @@ class Target:
     compile_dumped: Callable[[Path, dict[str, Any]], Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Compiled:
     """An executable ready to call, with what the compiler said about it."""
 
@@ -145,6 +145,28 @@ class Compiled:
     # Compiled with options for this run's own dump or trace (compile.dump/breakdown), which
     # the serialized executable records: never stored, a run without them compiles its own.
     run_options: bool = False
+
+    def __repr__(self) -> str:
+        cost = self.cost or {}
+        flops = cost.get("flops")
+        shown = (
+            [human_count(flops, "FLOP")] if isinstance(flops, int | float) and flops >= 0 else []
+        )
+        memory = self.memory or {}
+        shown += [
+            f"{name} {human_bytes(memory[key])}"
+            for name, key in (
+                ("arguments", "argument_size_in_bytes"),
+                ("outputs", "output_size_in_bytes"),
+                ("temp", "temp_size_in_bytes"),
+            )
+            if isinstance(memory.get(key), int | float)
+        ]
+        return (
+            f"Compiled(backend={self.backend!r}, {', '.join(shown) or 'no cost analysis'}, "
+            f"executable={'loaded' if self.compiled is not None else 'none (topology)'}, "
+            f"module_sha256={self.lowered.module_sha256[:12]!r})"
+        )
 
 
 def check_platform(lowered: Lowered, backend: str) -> str:

@@ -30,6 +30,7 @@ from jaxaot.stages.jax_mesh import replica_reference
 from jaxaot.stages.node import Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util.humanize import human_bytes, human_count, human_seconds
+from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,11 +75,18 @@ _TOLERANCES: dict[str, tuple[float, float]] = {
 _SUB_BYTE = frozenset({"int2", "int4", "uint2", "uint4", "float4_e2m1fn"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Executed:
     outputs: Any  # pytree of host arrays
     timings: dict[str, Any]
     check: dict[str, Any] | None
+
+    def __repr__(self) -> str:
+        t = self.timings
+        median = t.get("median_s")
+        timed = f"median {human_seconds(median)} over {t.get('calls')} calls" if median else ""
+        check = f", check={'ok' if self.check.get('ok') else 'failed'}" if self.check else ""
+        return f"Executed(outputs={tree_text(self.outputs)}, {timed}{check})"
 
 
 class InputTypeError(JaxaotError, TypeError):

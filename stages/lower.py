@@ -46,6 +46,7 @@ from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util import heap, memo
 from jaxaot.util.canonical import canonical_stablehlo
 from jaxaot.util.humanize import human_count
+from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import jax
@@ -98,7 +99,7 @@ def _module_devices(stablehlo: str) -> int:
     return (int(parts[1]) if parts else 1) * (int(reps[1]) if reps else 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Lowered:
     """A lowered program: live JAX objects when lowered here, the export alone when resumed."""
 
@@ -126,6 +127,16 @@ class Lowered:
                 "alone and compile in the same run",
             )
         return self.exported
+
+    def __repr__(self) -> str:
+        exp = self.exported
+        inputs = tree_text(list(exp.in_avals)) if exp is not None else "no export"
+        name = exp.fun_name if exp is not None else "?"
+        return (
+            f"Lowered(fun={name}, platforms={self.platforms}, state={self.state!r}, "
+            f"module_sha256={self.module_sha256[:12]!r}, inputs={inputs}, "
+            f"donate_argnums={self.donate_argnums})"
+        )
 
 
 def _flat_donations(staged: StagedOut) -> tuple[int, ...]:

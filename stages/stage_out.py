@@ -40,6 +40,7 @@ from jaxaot.stages.resolving import (
 from jaxaot.stages.resolving import describe as _describe
 from jaxaot.stages.resolving import type_str as _type_str
 from jaxaot.util import memo
+from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import jax
@@ -69,7 +70,7 @@ class DerivedArgs:
     adapted: Any  # jaxaot.stages.adapt.Adapted of the abstract arguments
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StagedOut:
     """A traced program and everything the lower stage needs to lower it again."""
 
@@ -93,6 +94,13 @@ class StagedOut:
     # ``fn`` returns (the user's output, NNX updates) (Adapted.returns_updates): lower's
     # out_shardings apply to the user's output; each update takes its Variable's input sharding.
     returns_updates: bool = False
+
+    def __repr__(self) -> str:
+        fn = getattr(self.fn, "__qualname__", None) or "None (resumed: not imported)"
+        return (
+            f"StagedOut(fn={fn}, args={tree_text(self.args)}, kwargs={tree_text(self.kwargs)}, "
+            f"traced={self.traced is not None})"
+        )
 
 
 def parameter_names(fn: Callable[..., Any]) -> list[str] | None:

@@ -48,13 +48,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("jaxaot")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunResult:
     """What a run produced: its directory, the manifest and each stage's record."""
 
     run_dir: Path
     manifest: dict[str, Any]
     records: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """A few lines: status, program, run dir, each stage's status and key figures."""
+        from jaxaot.engine.result_repr import result_repr
+
+        return result_repr(self)
 
     @property
     def ok(self) -> bool:
