@@ -142,3 +142,16 @@ def test_launch_lines_go_to_the_sweep_log_and_the_screen_only_when_verbose(
         shown = [r.getMessage() for r in caplog.records]
         assert ("Launching 1 jobs locally" in shown) == verbose
         assert "after the sweep" in shown and launcher.propagate
+
+
+def test_a_launchers_warning_still_reaches_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launcher = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
+    log_launch_lines(tmp_path, False)
+    try:
+        launcher.warning("a job could not be launched")
+    finally:
+        end_launch_lines(tmp_path)
+    assert capsys.readouterr().err.endswith("[HYDRA] a job could not be launched\n")
+    assert "a job could not be launched" in (tmp_path / "multirun.log").read_text()

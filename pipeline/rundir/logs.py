@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,11 +51,12 @@ def show_info(verbose: bool) -> None:
 
 class _AppendLines(logging.Handler):
     """Each record as one line appended to ``path``; the file is opened per record, so Hydra
-    re-applying its logging config (which closes every handler) never silences it."""
+    re-applying its logging config (which closes every handler) never silences it. ``screen``:
+    warnings and errors also go to stderr (the logger no longer reaches the root's console)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, screen: bool) -> None:
         super().__init__(logging.INFO)
-        self.path = path
+        self.path, self.screen = path, screen
         self.setFormatter(logging.Formatter("[%(asctime)s][HYDRA] %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -62,6 +64,9 @@ class _AppendLines(logging.Handler):
             line = self.format(record)
             with self.path.open("a", encoding="utf-8", errors="replace") as f:
                 f.write(line + "\n")
+            if self.screen and record.levelno >= logging.WARNING:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
         except Exception:
             self.handleError(record)
 
@@ -73,7 +78,7 @@ def log_launch_lines(sweep_dir: Path, verbose: bool) -> None:
     """Until :func:`end_launch_lines`: the launchers' lines go to ``sweep_dir/multirun.log``,
     and reach the screen only with ``verbose``."""
     end_launch_lines(sweep_dir)
-    handler = _AppendLines(Path(sweep_dir) / SWEEP_LOG)
+    handler = _AppendLines(Path(sweep_dir) / SWEEP_LOG, screen=not verbose)
     propagate = {}
     for name in LAUNCH_LOGGERS:
         logger = logging.getLogger(name)
