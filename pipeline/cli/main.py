@@ -2,7 +2,7 @@
 
 Quiet by default: the screen gets the summary, warnings and errors; the stage log lines go to
 the run's ``jaxaot.log``, and to the screen too with ``-v`` / ``--verbose`` (``verbose=true``;
-jaxaot.rundir.logs). A run that fails before its first stage leaves no folder in ``outputs/``.
+jaxaot.rundir.logs). A run refused before it starts leaves no folder in ``outputs/``.
 
 Errors that jaxaot raises on purpose are printed as one line on stderr with a non-zero exit;
 ``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback too. Ctrl-C and SIGTERM end a run as
@@ -102,9 +102,9 @@ def version_text() -> str:
 
 
 def _remove_if_unstarted() -> None:
-    """A single run that ended before its first stage: its folder goes (when jaxaot made it and
-    it holds only Hydra's .hydra/, the log and a manifest without stages). A sweep keeps its
-    job folders: the sweep's report lists the failed job."""
+    """A single run refused before it started: its folder goes (when jaxaot made it and it
+    holds only Hydra's .hydra/ and the log). A sweep keeps its job folders: the sweep's report
+    lists the failed job."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and not _is_multirun():

@@ -11,9 +11,10 @@ Stage statuses in the manifest: ``ran`` (computed here), ``cached`` (served from
 calls ``sys.exit`` or ``os._exit`` fails its stage instead of ending the process
 (jaxaot.util.exits).
 
-A run that fails before its first stage starts (a config error, a refused import, a backend
-that does not start) leaves no folder behind when jaxaot made that folder for it
-(jaxaot.rundir.dirs.remove_unstarted): the error line is its whole record.
+A run that fails before it claims its folder with a manifest (a config error, a refused
+import) leaves no folder behind when jaxaot made that folder for it
+(jaxaot.rundir.dirs.remove_unstarted): the error line is its whole record. Later, the manifest
+records how the run ended.
 """
 
 from __future__ import annotations
@@ -135,15 +136,15 @@ def run(
 
     ``overrides`` (default: the Hydra command line's) are checked against a resumed
     checkpoint's options. Raises :class:`JaxaotError` (a :class:`StageError` naming the stage
-    for unexpected failures); the manifest records the failure either way, unless the run
-    failed before its first stage in a folder jaxaot made for it: that folder is removed.
+    for unexpected failures); the manifest records the failure, or, for a run refused before
+    it wrote one, a folder jaxaot made for it is removed (jaxaot.rundir.dirs.remove_unstarted).
     """
     chosen: list[Path] = []  # the run dir, once this run has chosen it
     try:
         return _run(cfg, run_dir, print_summary, overrides, chosen)
     except Exception:
-        # Failed before claiming its folder (a config error): Hydra's `.hydra/` and the log
-        # file may be there already. Afterwards _run removed it itself, before its summary.
+        # Refused before claiming its folder (a config error): Hydra's `.hydra/` and the log
+        # file may be there already, and nothing else.
         if not chosen:
             remove_unstarted(Path(run_dir) if run_dir is not None else _hydra_run_dir())
         raise
@@ -316,10 +317,7 @@ def _run(
                 if manifest.status == "ok":
                     raise
                 log.error("could not write %s: %s", manifest.path, err)
-            # Failed before its first stage: nothing to keep in a folder made for it, and no
-            # summary naming a folder that is gone (the caller prints the error).
-            removed = manifest.status == "failed" and not manifest.stages and remove_unstarted(out)
-            if print_summary and not removed:
+            if print_summary:
                 from jaxaot.engine.summary import render
 
                 # The error itself is raised to the caller, which prints it (once).

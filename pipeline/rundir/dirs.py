@@ -229,25 +229,14 @@ def _log_files(run_dir: Path) -> set[str]:
     }
 
 
-def _started(manifest: Path) -> bool:
-    """Whether the manifest at ``manifest`` records a stage (one that ran, failed or was
-    skipped); an unreadable one counts as started (kept for a look)."""
-    try:
-        return bool(json.loads(manifest.read_text()).get("stages"))
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError, AttributeError):
-        return True
-
-
 def remove_unstarted(run_dir: Path | str | None) -> bool:
-    """Remove the folder of a run that ended before its first stage started (a config error,
-    a refused import): only a folder this process created for the run, holding nothing but
-    Hydra's ``.hydra/``, the run's log file and a manifest that records no stage; then the
-    empty parents this process created for it (``outputs/<date>/``). Whether it was removed.
+    """Remove the folder of a run that ended before it started (a config error, a refused
+    import, raised before the run wrote its manifest): only a folder this process created for
+    the run, holding nothing but Hydra's ``.hydra/`` and the run's log file; then the empty
+    parents this process created for it (``outputs/<date>/``). Whether it was removed.
 
-    A folder the user named that existed before the run, a sweep's job folder and anything
-    holding other files are kept.
+    A folder the user named that existed before the run, a sweep's job folder and a folder
+    holding anything else (a manifest: the run began and recorded how it ended) are kept.
     """
     if run_dir is None:
         return False
@@ -255,14 +244,12 @@ def remove_unstarted(run_dir: Path | str | None) -> bool:
     if here not in _created:
         return False
     folder = Path(here)
-    allowed = {HYDRA_SUBDIR, MANIFEST_NAME, "jaxaot.log", *_log_files(folder)}
+    allowed = {HYDRA_SUBDIR, "jaxaot.log", *_log_files(folder)}
     try:
         names = set(os.listdir(folder))
     except OSError:
         return False
     if not names <= allowed or (HYDRA_SUBDIR in names and not (folder / HYDRA_SUBDIR).is_dir()):
-        return False
-    if _started(folder / MANIFEST_NAME):
         return False
     try:
         shutil.rmtree(folder)
