@@ -48,7 +48,6 @@ def human_seconds(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 _SIZE_UNITS = {
     "": 1,
