@@ -317,6 +317,36 @@ def test_a_preempted_run_is_recorded_before_the_job_is_requeued(tmp_path: Path, 
     assert manifest["wall_seconds"] > 0
 
 
+# What SLURM does once `scontrol requeue` takes effect, at once: SIGTERM to every process of
+# the job, scontrol itself included while it has not exited (here: a child that signals its own
+# process group, as SLURM would, then exits 0 if it is still alive).
+REQUEUE_THEN_SIGTERM = """
+import subprocess
+from jaxaot.sweeps.slurm_launcher import JaxaotSlurmLauncher
+
+JaxaotSlurmLauncher.checkpoint(JaxaotSlurmLauncher.__new__(JaxaotSlurmLauncher))
+subprocess.check_call(["sh", "-c", "kill -TERM 0; exit 0"])  # raises if SIGTERM killed it
+print("requeue command survived")
+"""
+
+
+def test_after_the_checkpoint_sigterm_kills_neither_the_requeue_command_nor_the_run() -> None:
+    """submitit runs `scontrol requeue` after the checkpoint; SLURM's SIGTERM must not kill it
+    (CalledProcessError raised into the run recorded it as a failed stage) or the run."""
+    env = cli_env(JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = f"{REPO}:{TESTS}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    proc = subprocess.run(
+        [sys.executable, "-c", REQUEUE_THEN_SIGTERM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group: `kill 0` reaches no test process
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "requeue command survived"
+
+
 def _manifest(**stages: str) -> dict[str, Any]:
     return {"stages": {s: {"status": v} for s, v in stages.items()}}
 

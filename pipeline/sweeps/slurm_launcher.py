@@ -17,8 +17,10 @@ Hydra finds it through ``hydra_plugins/jaxaot_slurm_launcher``, which imports th
 where hydra-submitit-launcher (``jaxaot[sweep]``) is installed.
 """
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -152,6 +154,14 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         # submitit then runs `scontrol requeue` and raises SystemExit, and SLURM kills the job
         # KillWait seconds after the requeue, maybe before the runner sees the SystemExit.
         exits.note_preempted("preempted by SLURM (submitit checkpointed and requeued the job)")
+        # Once the requeue takes effect SLURM sends SIGTERM to every process of the job: to
+        # `scontrol requeue` itself when it has not exited yet (submitit then raises
+        # CalledProcessError into the run, which then recorded a failed stage, under load).
+        # The job is ending either way, so SIGTERM is ignored from here on, by scontrol too
+        # (an ignored signal stays ignored across exec; submitit's own handler only logs it in
+        # this process); SIGKILL, KillWait seconds later, still ends whatever is left.
+        with contextlib.suppress(ValueError):  # ValueError: not the main thread (none set)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         attempt = int(kwargs.pop("attempt", 0)) + 1
         log.warning(
             "checkpoint: job requeued (attempt %d); it resumes from its last finished stage",
