@@ -120,7 +120,7 @@ def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
         (
             "+foo=bar",
             "foo: unknown key; the top level has compile, debug, execute, jax, lower, mesh, "
-            "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust",
+            "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust, verbose",
         ),
         (
             "+program.zz=1",
@@ -273,7 +273,7 @@ def test_the_cli_says_unknown_key_for_a_plus_override_in_one_line(tmp_path: Any)
     assert proc.returncode == 1
     assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [
         "jaxaot: error: foo: unknown key; the top level has compile, debug, execute, jax, lower, mesh, "
-        "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust"
+        "program, resume_from, snapshot, stage_out, start_at, stop_after, store, trust, verbose"
     ]
     assert not (tmp_path / "run" / "manifest.json").exists()
 
