@@ -30,7 +30,7 @@ def test_the_root_config_is_the_shared_sections_plus_each_nodes_options() -> Non
     fields = {f.name: f.type for f in dataclasses.fields(JaxaotConfig)}
     sections_of_nodes = {n.name: n.options.__name__ for n in NODES}
     assert {k: fields[k] for k in sections_of_nodes} == sections_of_nodes
-    run_keys = {"stop_after", "start_at", "resume_from", "debug"}
+    run_keys = {"stop_after", "start_at", "resume_from", "debug", "verbose"}
     assert set(fields) == SHARED | set(sections_of_nodes) | run_keys
     for name in SHARED - {"jax"}:
         assert fields[name] in vars(sections), name
