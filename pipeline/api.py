@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from jaxaot.engine.runner import RunResult
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
+from jaxaot.engine.own_args import check_own_arguments
 from jaxaot.errors import SnapshotMismatch
 from jaxaot.schema import register_configs
 from omegaconf import DictConfig
@@ -54,6 +55,7 @@ def compose(
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=overrides)
     name_after_target(cfg, overrides)
+    check_own_arguments(cfg, overrides)
     # OmegaConf refuses objects it cannot represent (a ShapeDtypeStruct, an array) unless this
     # flag is set; OmegaConf 2.3 has no public setter for it.
     cfg._set_flag("allow_objects", True)

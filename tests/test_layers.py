@@ -46,6 +46,7 @@ ALLOWED: dict[str, set[str]] = {
         "store",
         "snapshots",
         "schema",
+        "conf",  # the shipped program options (engine.own_args)
     },
     "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots"},
     "api": {"errors", "config", "engine", "conf", "snapshots", "schema"},

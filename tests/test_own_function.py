@@ -1,5 +1,5 @@
 """A changed program.target gets its arguments from the user, never from the program it
-replaced (pipeline/config/own_args.py)."""
+replaced (pipeline/engine/own_args.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from jaxaot.config.suggest import (
     unknown_option,
 )
 from jaxaot.errors import ConfigError
-from jaxaot.schema import JaxaotConfig, validate
+from jaxaot.schema import JaxaotConfig, register_configs, validate
 
 # --- pure: a hand-made repository and key tree ----------------------------------------------
 
@@ -142,7 +142,8 @@ def _composition_error(*overrides: str) -> BaseException:
 
 @pytest.fixture(scope="module")
 def names() -> Names:
-    return config_names()
+    register_configs()
+    return config_names(schema=JaxaotConfig)
 
 
 def test_the_shipped_groups_leave_out_internal_schemas(names: Names) -> None:

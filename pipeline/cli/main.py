@@ -24,6 +24,7 @@ from hydra.core.object_type import ObjectType
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
+from jaxaot.engine.own_args import check_own_arguments
 from jaxaot.errors import JaxaotError
 from jaxaot.rundir.dirs import (
     check_user_dirs,
@@ -33,7 +34,7 @@ from jaxaot.rundir.dirs import (
     remove_unstarted_runs,
 )
 from jaxaot.rundir.logs import show_info, verbose_argv
-from jaxaot.schema import register_configs
+from jaxaot.schema import JaxaotConfig, register_configs
 from jaxaot.sweeps.callbacks import last_sweep_failures
 from jaxaot.sweeps.progress import JobOutcome
 from jaxaot.util.exits import describe_interrupt, exit_code, raise_terminated
@@ -122,7 +123,9 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
         if HydraConfig.initialized():
-            name_after_target(cfg, list(HydraConfig.get().overrides.task))
+            overrides = list(HydraConfig.get().overrides.task)
+            name_after_target(cfg, overrides)
+            check_own_arguments(cfg, overrides)
         check_task_config(cfg)  # trust.* and store.trust: the command line's, in every job
         result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
@@ -217,7 +220,8 @@ def _one_line(exc: BaseException) -> str:
     from jaxaot.config.suggest import config_dirs_of, config_names, suggestion
 
     try:
-        line = suggestion(exc, config_names(config_dirs_of(sys.argv[1:])))
+        names = config_names(config_dirs_of(sys.argv[1:]), schema=JaxaotConfig)
+        line = suggestion(exc, names)
     except Exception:  # naming the closest names must never hide the error itself
         line = None
     if line:

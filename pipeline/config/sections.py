@@ -192,10 +192,12 @@ def config_error(exc: OmegaConfBaseException) -> str:
     return f"{key}: {head}" if key and key not in head else head
 
 
-def refuse_unknown_keys(node: Any, prefix: str = "") -> None:
+def refuse_unknown_keys(node: Any, prefix: str = "", root: Any = None) -> None:
     """Refuse a key the schema lacks: ``+foo=bar`` adds one to a typed node, which
-    ``OmegaConf.to_object`` would then fail to set on the frozen dataclass."""
+    ``OmegaConf.to_object`` would then fail to set on the frozen dataclass. ``root``: the root
+    config's schema (default: ``node``'s), whose key tree the closest names come from."""
     schema = OmegaConf.get_type(node)
+    root = root if root is not None else schema
     if not dataclasses.is_dataclass(schema):
         return  # a free-form dict (compiler_options, kwargs, ...) takes any key
     names = {f.name for f in dataclasses.fields(schema)}
@@ -203,16 +205,16 @@ def refuse_unknown_keys(node: Any, prefix: str = "") -> None:
         where = f"{prefix}{key}"
         if key not in names:
             raise ConfigError(
-                _closest_names(where, node._get_node(key))
+                _closest_names(where, node._get_node(key), root)
                 or f"{where}: unknown key; {prefix.rstrip('.') or 'the top level'} has "
                 f"{', '.join(sorted(names))}"
             )
         child = node._get_node(key)
         if OmegaConf.is_dict(child) and not child._is_missing() and not child._is_none():
-            refuse_unknown_keys(child, f"{where}.")
+            refuse_unknown_keys(child, f"{where}.", root)
 
 
-def _closest_names(where: str, node: Any) -> str | None:
+def _closest_names(where: str, node: Any, root: Any) -> str | None:
     """``unknown key 'execute.repet' (did you mean execute.repeats?)``; a top-level name close
     to a group's, ``unknown config group 'progam' (did you mean program=mlp? ...)``. None when
     no name is close."""
@@ -220,7 +222,7 @@ def _closest_names(where: str, node: Any) -> str | None:
 
     raw = node._value() if OmegaConf.is_config(node) or hasattr(node, "_value") else node
     value = raw if isinstance(raw, str) else None
-    names = config_names()
+    names = config_names(schema=root)
     if "/" in where:
         return unknown_name(where, value, names)
     if "." not in where:
@@ -243,16 +245,14 @@ def name_after_target(cfg: DictConfig, overrides: Sequence[str]) -> None:
     ``transformer`` would be wrong; it is called ``einsum``. ``program.name=...`` still wins.
 
     First, what the overrides cannot mean: an internal schema chosen as an option
-    (``program=base_program``), or a changed target left with another program's arguments
-    (jaxaot.config.own_args).
+    (``program=base_program``). (A changed target left with another program's arguments is
+    refused by jaxaot.engine.own_args, which imports the target.)
     """
-    from jaxaot.config.own_args import check_own_arguments
     from jaxaot.config.suggest import internal_choices
 
     refusal = internal_choices(overrides)
     if refusal:
         raise ConfigError(refusal)
-    check_own_arguments(cfg, overrides)
     keys = {override_key(o) for o in overrides}
     target = OmegaConf.select(cfg, "program.target")
     if "program.target" not in keys or "program.name" in keys or not isinstance(target, str):

@@ -229,17 +229,16 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         node = node.__cause__ or node.__context__
 
 
-def suggestion(exc: BaseException, names: Names | None = None) -> str | None:
+def suggestion(exc: BaseException, names: Names) -> str | None:
     """One line with the closest names for a Hydra composition error about a name (unknown
     group, option or key), or None for any other error. ``names``: what the run can name
-    (gathered from the shipped config when not given)."""
+    (:func:`config_names`)."""
     chain = list(_chain(exc))
     text = " ".join(str(e) for e in chain)
     found = _NOT_FOUND.search(text)
     if found:
         where, path = found.groups()
         group, _, option = path.rpartition("/")
-        names = names or config_names()
         options = getattr(chain[0], "options", None) or names.groups.get(group)
         if not group:
             return None  # a primary config not found: Hydra's message says so
@@ -249,28 +248,24 @@ def suggestion(exc: BaseException, names: Names | None = None) -> str | None:
         return unknown_option(group, option, options, source)
     over = next((m for e in chain if (m := _OVERRIDE.search(str(e)))), None)
     if over and _NOT_IN.search(text):
-        return unknown_name(over.group(1), over.group(2).strip() or None, names or config_names())
+        return unknown_name(over.group(1), over.group(2).strip() or None, names)
     gone = _DELETE.search(text)
     if gone:
-        return unknown_name(gone.group(1), None, names or config_names())
+        return unknown_name(gone.group(1), None, names)
     return None
 
 
-def config_names(config_dirs: Sequence[str] = (), schema: Any = None) -> Names:
+def config_names(config_dirs: Sequence[str] = (), *, schema: Any = None) -> Names:
     """The groups and keys of the shipped config (plus ``config_dirs``, as ``--config-dir``
-    adds them): Hydra's config repository, and the key tree of ``schema`` (default: jaxaot's
-    root config) with Hydra's own under ``hydra``."""
+    adds them): Hydra's config repository, and the key tree of ``schema`` (jaxaot's root
+    config, jaxaot.schema.JaxaotConfig; None: Hydra's keys only) with Hydra's own under
+    ``hydra``."""
     from hydra._internal.config_repository import ConfigRepository
     from hydra._internal.utils import create_config_search_path
     from hydra.conf import HydraConf
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.object_type import ObjectType
 
-    if schema is None:
-        from jaxaot.schema import JaxaotConfig, register_configs
-
-        register_configs()
-        schema = JaxaotConfig
     search_path = create_config_search_path("pkg://jaxaot.conf")
     for folder in config_dirs:
         search_path.prepend(
@@ -290,7 +285,8 @@ def config_names(config_dirs: Sequence[str] = (), schema: Any = None) -> Names:
             walk(path)
 
     walk("")
-    return Names(groups=groups, keys={**keys_of(schema), "hydra": keys_of(HydraConf)})
+    own = keys_of(schema) if schema is not None else {}
+    return Names(groups=groups, keys={**own, "hydra": keys_of(HydraConf)})
 
 
 def config_dirs_of(argv: Sequence[str]) -> list[str]:
