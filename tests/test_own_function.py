@@ -111,6 +111,8 @@ def test_a_function_without_required_parameters_gets_no_arguments(
         ["'program.args=[f32[3],f32[3],i32[]]'"],  # given on the command line
         ["program=transformer"],  # named: its arguments, on purpose
         ["program=mlp", "program.args=[f32[3],f32[3],3]"],
+        # given, and equal to a shipped option's (axpy's [3, 4]): still the user's
+        ["program.args=[3, 4]"],
     ],
 )
 def test_arguments_the_user_chose_are_kept(own_module: str, overrides: list[str]) -> None:

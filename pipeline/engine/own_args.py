@@ -55,7 +55,15 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
 
 
-def _source(target: str, args: Any, kwargs: Any) -> tuple[str, str, bool, bool] | None:
+def _gives(key: str, overrides: Sequence[str]) -> bool:
+    """Whether ``overrides`` set ``key`` or a part of it (``program.args.0=...``)."""
+    names = (o.lstrip("+~").split("=", 1)[0] for o in overrides)
+    return any(n == key or n.startswith(key + ".") for n in names)
+
+
+def _source(
+    target: str, args: Any, kwargs: Any, user_args: bool, user_kwargs: bool
+) -> tuple[str, str, bool, bool] | None:
     """(option, its target, args from it, kwargs from it) for the shipped program option whose
     arguments were composed unchanged under another target, or None."""
     import jaxaot.conf
@@ -63,8 +71,9 @@ def _source(target: str, args: Any, kwargs: Any) -> tuple[str, str, bool, bool] 
     for option, own_target, own_args, own_kwargs in _shipped_programs(
         str(Path(jaxaot.conf.__file__).parent)
     ):
-        same_args = args == own_args
-        same_kwargs = kwargs == own_kwargs
+        # Arguments given on the command line are the user's, even where equal to an option's.
+        same_args = args == own_args and not user_args
+        same_kwargs = kwargs == own_kwargs and not user_kwargs
         if own_target == target or not same_args:
             continue
         if own_args or (own_kwargs and same_kwargs):
@@ -110,7 +119,13 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
     if not isinstance(target, str) or _names_a_program(overrides):
         return
     args, kwargs = _plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))
-    source = _source(target, args, kwargs)
+    source = _source(
+        target,
+        args,
+        kwargs,
+        _gives("program.args", overrides),
+        _gives("program.kwargs", overrides),
+    )
     if source is None:
         return
     option, own_target, args_from_option, kwargs_from_option = source
