@@ -157,6 +157,10 @@ def test_sweep_runs_as_a_job_array_sharing_one_store(slurm: Any, tmp_path: Path)
     assert sorted(c for _, _, c in progress) == ["cached", "ran"]
     assert "sweep: 2 jobs, 2 ok, 0 failed" in out
     assert re.search(r"^\[\d/2\] repeats=1 \| ok", _log(sweep, "_0", "out"), re.M)
+    # Quiet: the launch lines (one per job, the submitted ids) are in the sweep's log only.
+    assert "submitted 2 SLURM jobs" not in out + err and "#0 : " not in out + err
+    launched = (sweep / "multirun.log").read_text()
+    assert "submitted 2 SLURM jobs" in launched and "#0 : " in launched
     print(f"\nmeasured: 2 SLURM jobs, 1 compile, wall {wall:.1f} s")
 
 

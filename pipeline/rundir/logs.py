@@ -28,6 +28,7 @@ LAUNCH_LOGGERS = (
     "hydra_plugins.hydra_joblib_launcher._core",
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+    "jaxaot.sweeps.slurm_launcher",
 )
 
 

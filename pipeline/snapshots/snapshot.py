@@ -48,7 +48,7 @@ INDEX_NAME = "snapshot.json"
 RUN_SNAPSHOT_DIR = "snapshot"
 DIFF_NAME = "snapshot.diff"
 # Where things were written or how they were reported: not part of what a program lowers to.
-_UNPINNED_CONFIG_KEYS = ("snapshot", "store", "resume_from", "debug")
+_UNPINNED_CONFIG_KEYS = ("snapshot", "store", "resume_from", "debug", "verbose")
 _PINNED_VERSIONS = ("jax", "jaxlib", "python", "numpy")
 _PINNED_BACKEND = ("platform", "platform_version", "device_kind", "device_count")
 OK_STATUSES = ("written", "unchanged", "match", "updated", "created")

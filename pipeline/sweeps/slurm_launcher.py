@@ -52,6 +52,9 @@ from jaxaot.sweeps.slurm import JobState, wait_all
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 log = logging.getLogger("jaxaot")
+# The launch lines (output dir, one per job, submitted ids): the sweep's multirun.log, and the
+# screen only with -v (jaxaot.rundir.logs.LAUNCH_LOGGERS).
+launch_log = logging.getLogger("jaxaot.sweeps.slurm_launcher")
 
 
 @dataclass
@@ -194,12 +197,12 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        log.info(f"Submitit 'slurm' sweep output dir : {sweep_dir}")
+        launch_log.info(f"Submitit 'slurm' sweep output dir : {sweep_dir}")
         job_params: list[Any] = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             shown = " ".join(short_override(o) for o in filter_overrides(overrides))
-            log.info(f"\t#{idx} : {shown}")
+            launch_log.info(f"\t#{idx} : {shown}")
             job_params.append(
                 (
                     list(overrides),
@@ -210,7 +213,7 @@ class JaxaotSlurmLauncher(SlurmLauncher):
                 )
             )
         jobs = executor.map_array(self, *zip(*job_params, strict=True))
-        log.info(
+        launch_log.info(
             "submitted %d SLURM jobs: %s (logs: %s)",
             len(jobs),
             ", ".join(j.job_id for j in jobs[:8]) + (" ..." if len(jobs) > 8 else ""),
