@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jaxaot
 import numpy as np
+import pytest
 import yaml
 from conftest import REPO, cli_env, read_manifest, run_cli
 
@@ -386,3 +387,16 @@ def test_a_failed_reference_check_exits_non_zero(cli, tmp_path: Path) -> None:
         "jaxaot: error: execute.check=reference: outputs differ from plain jax.jit"
     )
     assert read_manifest(run_dir)["stages"]["execute"]["metrics"]["check"] == "failed"
+
+
+@pytest.mark.parametrize("sweeper", ["jaxaot_fit", "jaxaot_optuna"])
+def test_a_search_sweeper_without_multirun_is_refused(cli, tmp_path: Path, sweeper: str) -> None:
+    """Without -m Hydra would run the job once and search nothing: refused, nothing left."""
+    proc, run_dir = cli(f"hydra/sweeper={sweeper}", "program=axpy", expect_ok=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"jaxaot: error: hydra/sweeper={sweeper}: a search runs only as a sweep, and this command "
+        f"line has no -m; expected jaxaot -m hydra/sweeper={sweeper} ... (without -m, Hydra runs "
+        "the job once and searches nothing)"
+    )
+    assert not run_dir.exists()

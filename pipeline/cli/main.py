@@ -25,7 +25,7 @@ from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
 from jaxaot.engine.own_args import check_own_arguments
-from jaxaot.errors import JaxaotError
+from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.dirs import (
     check_user_dirs,
     print_only,
@@ -112,6 +112,26 @@ def _remove_if_unstarted() -> None:
         remove_unstarted(HydraConfig.get().runtime.output_dir)
 
 
+# Sweepers that run one job per value like Hydra's own; any other (a search) needs -m.
+_PLAIN_SWEEPERS = ("jaxaot_basic", "basic")
+
+
+def _check_sweeper_mode() -> None:
+    """A search sweeper (``hydra/sweeper=jaxaot_fit``, ``jaxaot_optuna``) chosen without ``-m``:
+    Hydra would run the job once and search nothing, so the run is refused naming the fix."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if _is_multirun():
+        return
+    choice = HydraConfig.get().runtime.choices.get("hydra/sweeper")
+    if choice and choice not in _PLAIN_SWEEPERS:
+        raise ConfigError(
+            f"hydra/sweeper={choice}: a search runs only as a sweep, and this command line has "
+            f"no -m; expected jaxaot -m hydra/sweeper={choice} ... (without -m, Hydra runs the "
+            "job once and searches nothing)"
+        )
+
+
 @hydra.main(version_base="1.3", config_path="pkg://jaxaot.conf", config_name="config")
 def _app(cfg: DictConfig) -> int | JobOutcome:
     from hydra.core.hydra_config import HydraConfig
@@ -123,6 +143,7 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
     snapshot = OmegaConf.select(cfg, "snapshot.write") or OmegaConf.select(cfg, "snapshot.verify")
     try:
         if HydraConfig.initialized():
+            _check_sweeper_mode()
             overrides = list(HydraConfig.get().overrides.task)
             name_after_target(cfg, overrides)
             check_own_arguments(cfg, overrides)
