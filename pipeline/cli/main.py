@@ -232,31 +232,16 @@ def _share_help_repository(argv: list[str]) -> None:
     ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
 
 
-_NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable")
-
-
 def _one_line(exc: BaseException) -> str:
     """Hydra's multi-line composition errors (and their causes) as one line; a mistyped group,
     option or key as the closest names (jaxaot.config.suggest)."""
-    from jaxaot.config.suggest import config_dirs_of, config_names, suggestion
+    from jaxaot.config.suggest import config_dirs_of, config_names, one_line
 
     try:
         names = config_names(config_dirs_of(sys.argv[1:]), schema=JaxaotConfig)
-        line = suggestion(exc, names)
     except Exception:  # naming the closest names must never hide the error itself
-        line = None
-    if line:
-        return line
-    parts: list[str] = []
-    node: BaseException | None = exc
-    while node is not None and len(parts) < 3:
-        lines = [ln.strip() for ln in str(node).splitlines()]
-        text = " ".join(ln for ln in lines if ln and not ln.startswith(_NOISE))
-        text = text.split(" Config search path:", 1)[0]  # Hydra appends its search path
-        if text and text != "None" and "$VALUE" not in text and all(text not in p for p in parts):
-            parts.append(text)
-        node = node.__cause__ or node.__context__
-    return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
+        names = None
+    return one_line(exc, names)
 
 
 def _is_multirun_argv(args: list[str]) -> bool:

@@ -255,6 +255,33 @@ def suggestion(exc: BaseException, names: Names) -> str | None:
     return None
 
 
+# Lines of Hydra's and OmegaConf's messages that are not about the user's config.
+_NOISE = ("full_key:", "object_type=", "reference_type=", "Set the environment variable")
+
+
+def one_line(exc: BaseException, names: Names | None) -> str:
+    """A composition error (Hydra's several lines, and their causes) as one line: the closest
+    names for a mistyped group, option or key (:func:`suggestion`), else the messages of the
+    error and up to two of its causes, Hydra's search path and OmegaConf's key dump left out.
+    ``names``: what the run can name, or None when they could not be gathered."""
+    try:
+        line = suggestion(exc, names) if names is not None else None
+    except Exception:  # naming the closest names must never hide the error itself
+        line = None
+    if line:
+        return line
+    parts: list[str] = []
+    for node in _chain(exc):
+        if len(parts) == 3:
+            break
+        lines = [ln.strip() for ln in str(node).splitlines()]
+        text = " ".join(ln for ln in lines if ln and not ln.startswith(_NOISE))
+        text = text.split(" Config search path:", 1)[0]  # Hydra appends its search path
+        if text and text != "None" and "$VALUE" not in text and all(text not in p for p in parts):
+            parts.append(text)
+    return " (".join(parts) + ")" * (len(parts) - 1) if parts else type(exc).__name__
+
+
 def config_names(config_dirs: Sequence[str] = (), *, schema: Any = None) -> Names:
     """The groups and keys of the shipped config (plus ``config_dirs``, as ``--config-dir``
     adds them): Hydra's config repository, and the key tree of ``schema`` (jaxaot's root
@@ -312,6 +339,7 @@ __all__ = [
     "is_internal",
     "key_exists",
     "keys_of",
+    "one_line",
     "suggestion",
     "unknown_name",
     "unknown_option",
