@@ -535,17 +535,24 @@ def _record_profile(ctx: StageContext, exe: Any, calls: int) -> None:
 
 def _record_roofline(ctx: StageContext, compiled: Compiled, median_s: float) -> None:
     """execute.roofline: intensity and achieved rates against this device's calibrated peaks
-    (cached per machine: :func:`jaxaot.stages.roofline.calibrate`)."""
+    (cached per machine: :func:`jaxaot.stages.roofline.calibrate`) and the working set's size
+    against the sizes calibrated."""
     import jax
 
     devices = jax.devices(compiled.backend)
     which = (devices[0].platform, devices[0].device_kind, len(devices), compiled.backend)
+    working_set = roofline.working_set_bytes(compiled.memory)
     peaks = roofline.calibrate(*which)
-    roof = roofline.analyse(compiled.cost, median_s, peaks)
-    if roof.get("above_calibrated_peak") and peaks["cached"]:
+    roof = roofline.analyse(compiled.cost, median_s, peaks, working_set)
+    if (
+        roof.get("above_calibrated_peak")
+        and peaks["cached"]
+        and not roof["cache_resident"]  # no stream calibrated bounds it: measuring cannot help
+        and roofline.bounding_peak(roof) not in peaks.get("settled", ())
+    ):
         # A measured peak is reachable, so the cached one is too low: measure again, once.
         peaks = roofline.calibrate(*which, recalibrate=True)
-        roof = roofline.analyse(compiled.cost, median_s, peaks)
+        roof = roofline.analyse(compiled.cost, median_s, peaks, working_set)
     if roof.get("above_calibrated_peak"):
         ctx.warn(roof["above_calibrated_peak"])
     ctx.write_json("roofline.json", roof)

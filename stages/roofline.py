@@ -12,9 +12,16 @@ A TPU topology's come from the published table (``jaxaot.targets.tpu``, in the c
 stage's estimate).
 
 A measured rate is one the device reaches, so a calibration can only be too low (a machine busy
-while it ran, a program faster than its kernels): a run above its roof recalibrates once (the
-cached peaks only ever rise), and one still above is reported at 100% with a warning
-(:data:`ABOVE_PEAK`), never as more than the roof.
+while it ran, a program faster than its kernels): a run above its roof recalibrates (the cached
+peaks only ever rise), and one still above is reported at 100% with a warning
+(:data:`ABOVE_PEAK`), never as more than the roof. A peak that a recalibration measured again
+without raising it is *settled* (the cache file's ``settled``): no later run recalibrates for it.
+
+The bandwidth roof holds for working sets of the sizes streamed (``STREAM_SIZES``, 1 MiB and
+up). A memory-bound program whose working set (XLA's argument + output + temp bytes, less the
+outputs aliasing arguments) is smaller runs from the caches nearer the cores, which no
+calibrated stream measured: above its roof it is reported at 100% with :data:`CACHE_RESIDENT`
+instead, and nothing is measured again (no calibration at these sizes would bound it).
 """
 
 from __future__ import annotations
@@ -48,12 +55,24 @@ MATMUL_MIN_S = 0.005
 STREAM_SIZES = (1 << 18, 1 << 21, 1 << 24)
 # Timed calls per measurement: as many as fit in MEASURE_S, within these bounds.
 MIN_ROUNDS, MAX_ROUNDS, MEASURE_S = 3, 20, 0.05
+# A recalibration raising a peak by no more than this fraction leaves it settled (timing noise).
+RAISE_NOISE = 0.05
 # XLA_FLAGS that only say where XLA writes files change no code: left out of the key.
 _OUTPUT_ONLY_FLAGS = ("--xla_dump",)
 ABOVE_PEAK = (
     "roofline: achieved {achieved} is {ratio:.0%} of the roof {roof}: above the calibrated peak "
     "({peaks}): calibration too low (a machine busy while calibrating?); reported as 100% of "
     "roof. The next run above it calibrates again and keeps the higher peaks ({path})"
+)
+SETTLED_ABOVE_PEAK = (
+    "roofline: achieved {achieved} is {ratio:.0%} of the roof {roof}: above the calibrated peak "
+    "({peaks}), which a recalibration on this machine did not raise: the program is faster "
+    "than the calibration kernels; reported as 100% of roof ({path})"
+)
+CACHE_RESIDENT = (
+    "roofline: working set {working_set} is cache-resident (bandwidth calibrated on streams of "
+    "{smallest} and up): the memory roof {roof} does not bound it; achieved {achieved} is "
+    "{ratio:.0%} of that roof, reported as 100%"
 )
 
 _memo: dict[str, dict[str, Any]] = {}
@@ -114,6 +133,11 @@ def _read_cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(value, (int, float)) or not value > 0:
             return None
     return data
+
+
+def smallest_stream_bytes() -> int:
+    """The smallest working set the bandwidth peak was measured on (one in-place f32 stream)."""
+    return min(STREAM_SIZES) * 4
 
 
 def _best_seconds(call: Any) -> float:
@@ -186,8 +210,11 @@ def calibrate(
     t0 = time.perf_counter()
     peaks = measure(backend)
     took = time.perf_counter() - t0
+    settled: list[str] = []
     if cached is not None:
         for name in ("peak_flops", "peak_bytes_per_s"):
+            if peaks[name] <= cached[name] * (1 + RAISE_NOISE):
+                settled.append(name)  # measured again, not raised: timing noise at most
             peaks[name] = max(peaks[name], cached[name])
     record = {
         "source": f"calibrated here: f32 matmul ({', '.join(peaks['flops_by_matmul'])}), "
@@ -198,6 +225,7 @@ def calibrate(
         **peaks,
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "measure_s": round(took, 4),
+        "settled": settled,
         "cache_file": str(path),
         "key": key,
     }
@@ -214,12 +242,42 @@ def _rate(value: float, unit: str) -> str:
     return f"{human_bytes(value)}/s" if unit == "B" else human_count(value, unit)
 
 
+def working_set_bytes(memory: dict[str, Any] | None) -> int | None:
+    """The bytes a call touches at once: XLA's argument + output + temp sizes, less the outputs
+    that alias arguments (donated buffers counted once); None when XLA gave none of them."""
+    memory = memory or {}
+    parts = [
+        memory.get(k)
+        for k in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
+    ]
+    if not any(isinstance(p, int | float) and p >= 0 for p in parts):
+        return None
+    alias = memory.get("alias_size_in_bytes")
+    total = sum(p for p in parts if isinstance(p, int | float) and p > 0)
+    return int(total - (alias if isinstance(alias, int | float) and alias > 0 else 0))
+
+
+def bounding_peak(roof: dict[str, Any]) -> str | None:
+    """The peak that sets ``roof``'s roof: ``peak_flops`` (compute-bound) or
+    ``peak_bytes_per_s`` (memory-bound); None without an intensity."""
+    if "bound" not in roof:
+        return None
+    return "peak_flops" if roof["bound"] == "compute" else "peak_bytes_per_s"
+
+
 def analyse(
-    cost: dict[str, float] | None, median_s: float, peaks: dict[str, Any]
+    cost: dict[str, float] | None,
+    median_s: float,
+    peaks: dict[str, Any],
+    working_set: int | None = None,
 ) -> dict[str, Any]:
     """Where a run sits under the roof; figures XLA could not give (its -2) stay None. A run
     above its roof has ``fraction_of_roof`` 1.0, the measured ratio in
-    ``measured_fraction_of_roof`` and ``above_calibrated_peak`` with the warning's text."""
+    ``measured_fraction_of_roof`` and ``above_calibrated_peak`` with the warning's text: a
+    memory-bound one whose ``working_set`` (bytes, :func:`working_set_bytes`) is below the
+    smallest stream calibrated is ``cache_resident`` (:data:`CACHE_RESIDENT`); one whose
+    bounding peak a recalibration did not raise (``peaks["settled"]``) says so
+    (:data:`SETTLED_ABOVE_PEAK`); any other, :data:`ABOVE_PEAK`."""
     flops = (cost or {}).get("flops")
     moved = (cost or {}).get("bytes accessed")
     flops = flops if flops is not None and flops > 0 else None
@@ -237,6 +295,8 @@ def analyse(
         "achieved_flops_per_s": flops / median_s if flops else None,
         "achieved_bytes_per_s": moved / median_s if moved else None,
         "intensity": flops / moved if flops and moved else None,
+        "working_set_bytes": working_set,
+        "smallest_stream_bytes": smallest_stream_bytes(),
     }
     if out["intensity"] is not None:
         roof = min(peak_f, out["intensity"] * peak_b)
@@ -245,22 +305,47 @@ def analyse(
         out["measured_fraction_of_roof"] = ratio
         out["fraction_of_roof"] = min(ratio, 1.0)
         out["bound"] = "compute" if out["intensity"] >= out["ridge_flops_per_byte"] else "memory"
+        out["cache_resident"] = (
+            out["bound"] == "memory"
+            and working_set is not None
+            and working_set < out["smallest_stream_bytes"]
+        )
         if ratio > 1.0:
-            out["above_calibrated_peak"] = ABOVE_PEAK.format(
-                achieved=_rate(out["achieved_flops_per_s"], "FLOP/s"),
-                ratio=ratio,
-                roof=_rate(roof, "FLOP/s"),
-                peaks=f"{_rate(peak_f, 'FLOP/s')}, {_rate(peak_b, 'B')}",
-                path=peaks.get("cache_file", "the calibration cache"),
-            )
+            achieved, shown = _rate(out["achieved_flops_per_s"], "FLOP/s"), _rate(roof, "FLOP/s")
+            if out["cache_resident"]:
+                out["above_calibrated_peak"] = CACHE_RESIDENT.format(
+                    working_set=human_bytes(working_set or 0),
+                    smallest=human_bytes(out["smallest_stream_bytes"]),
+                    roof=shown,
+                    achieved=achieved,
+                    ratio=ratio,
+                )
+            else:
+                text = (
+                    SETTLED_ABOVE_PEAK
+                    if bounding_peak(out) in peaks.get("settled", ())
+                    else ABOVE_PEAK
+                )
+                out["above_calibrated_peak"] = text.format(
+                    achieved=achieved,
+                    ratio=ratio,
+                    roof=shown,
+                    peaks=f"{_rate(peak_f, 'FLOP/s')}, {_rate(peak_b, 'B')}",
+                    path=peaks.get("cache_file", "the calibration cache"),
+                )
     return out
 
 
 __all__ = [
     "ABOVE_PEAK",
+    "CACHE_RESIDENT",
+    "SETTLED_ABOVE_PEAK",
     "analyse",
+    "bounding_peak",
     "cache_path",
     "calibrate",
     "calibration_key",
     "measure",
+    "smallest_stream_bytes",
+    "working_set_bytes",
 ]

@@ -156,11 +156,13 @@ def test_a_second_run_does_not_calibrate_again(
 def test_a_run_above_its_roof_is_capped_and_warned(
     cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    calls = _fake_measure(monkeypatch, flops=1e3, bw=1e3)  # peaks no program stays under
+    # A FLOP/s peak no program stays under (compute-bound: the bandwidth peak is no limit).
+    calls = _fake_measure(monkeypatch, flops=1e3, bw=1e15)
     overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
     first = jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "a")
     assert len(calls) == 1  # measured just now: not measured again
     roof = json.loads((tmp_path / "a" / "execute" / "roofline.json").read_text())
+    assert roof["bound"] == "compute" and not roof["cache_resident"]
     assert roof["fraction_of_roof"] == 1.0 and roof["measured_fraction_of_roof"] > 1
     warning = roof["above_calibrated_peak"]
     assert "above the calibrated peak" in warning and "calibration too low" in warning
@@ -174,6 +176,114 @@ def test_a_run_above_its_roof_is_capped_and_warned(
     assert len(calls) == 2
     roof = json.loads((tmp_path / "b" / "execute" / "roofline.json").read_text())
     assert roof["fraction_of_roof"] == 1.0 and "above_calibrated_peak" in roof
+    # The recalibration found the same peaks: settled, in the cache file too.
+    assert set(roof["settled"]) == {"peak_flops", "peak_bytes_per_s"}
+    assert "did not raise" in roof["above_calibrated_peak"]
+    assert json.loads(Path(roof["cache_file"]).read_text())["settled"] == roof["settled"]
+    monkeypatch.setattr(roofline, "_memo", {})  # a run after that: nothing measured, same words
+    third = jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "c")
+    assert len(calls) == 2
+    again = json.loads((tmp_path / "c" / "execute" / "roofline.json").read_text())
+    assert again["fraction_of_roof"] == 1.0 and again["measured_fraction_of_roof"] > 1
+    assert "did not raise" in again["above_calibrated_peak"]
+    warned = third.manifest["stages"]["execute"]["warnings"]
+    assert [w for w in warned if "did not raise" in w] == [again["above_calibrated_peak"]]
+
+
+def test_a_recalibration_that_raises_the_peak_leaves_it_unsettled(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_measure(monkeypatch, flops=1e9, bw=1e9)
+    roofline.calibrate(*KEY_ARGS)
+    _fake_measure(monkeypatch, flops=1e9 * (1 + roofline.RAISE_NOISE / 2), bw=2e9)
+    peaks = roofline.calibrate(*KEY_ARGS, recalibrate=True)
+    # FLOP/s within the noise: settled; the bandwidth doubled: the cached one was too low.
+    assert peaks["settled"] == ["peak_flops"] and peaks["peak_bytes_per_s"] == 2e9
+
+
+def test_a_cache_resident_run_is_not_held_to_the_bandwidth_roof(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A bandwidth peak no program stays under: memory-bound, with a working set of a few bytes.
+    calls = _fake_measure(monkeypatch, flops=1e15, bw=1e3)
+    overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
+    for run in "ab":
+        monkeypatch.setattr(roofline, "_memo", {})  # each run its own process
+        result = jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / run)
+        roof = json.loads((tmp_path / run / "execute" / "roofline.json").read_text())
+        memory = json.loads((tmp_path / run / "compile" / "memory_analysis.json").read_text())
+        assert roof["working_set_bytes"] == roofline.working_set_bytes(memory)
+        assert 0 < roof["working_set_bytes"] < roof["smallest_stream_bytes"] == 1 << 20
+        assert roof["bound"] == "memory" and roof["cache_resident"] is True
+        assert roof["fraction_of_roof"] == 1.0 and roof["measured_fraction_of_roof"] > 1
+        warning = roof["above_calibrated_peak"]
+        assert warning.startswith("roofline: working set ") and "is cache-resident" in warning
+        assert "does not bound it" in warning and "calibration too low" not in warning
+        assert warning in result.manifest["stages"]["execute"]["warnings"]
+    assert calls == ["cpu"]  # the cached peaks are used, not measured again: no stream bounds it
+
+
+def test_the_analysis_compares_the_working_set_with_the_sizes_calibrated() -> None:
+    peaks = {"peak_flops": 1e12, "peak_bytes_per_s": 1e9, "cache_file": "/c/k.json"}
+    cost = {"flops": 1e9, "bytes accessed": 4e9}  # 0.25 FLOP/B: memory-bound, 0.25 GFLOP/s roof
+    small, big = 16 << 10, 4 << 20
+    roof = analyse(cost, 1.0, peaks, small)  # 1 GFLOP/s: 400% of the roof
+    assert roof["cache_resident"] and roof["fraction_of_roof"] == 1.0
+    assert roof["measured_fraction_of_roof"] == 4.0
+    assert roof["above_calibrated_peak"].startswith(
+        "roofline: working set 16.0 KiB is cache-resident (bandwidth calibrated on streams of "
+        "1.0 MiB and up)"
+    )
+    assert "is 400% of that roof, reported as 100%" in roof["above_calibrated_peak"]
+    roof = analyse(cost, 1.0, peaks, big)  # as big as the streams: the roof holds, too low
+    assert not roof["cache_resident"] and "calibration too low" in roof["above_calibrated_peak"]
+    roof = analyse(cost, 1.0, {**peaks, "settled": ["peak_bytes_per_s"]}, big)
+    assert "did not raise" in roof["above_calibrated_peak"] and roof["fraction_of_roof"] == 1.0
+    roof = analyse(cost, 1.0, {**peaks, "settled": ["peak_flops"]}, big)  # not its peak
+    assert "calibration too low" in roof["above_calibrated_peak"]
+    roof = analyse(cost, 8.0, peaks, small)  # under the roof: no warning, the flag recorded
+    assert roof["cache_resident"] and "above_calibrated_peak" not in roof
+    assert roof["fraction_of_roof"] == pytest.approx(0.5)
+    compute = analyse({"flops": 4e12, "bytes accessed": 1e9}, 1.0, {**peaks, "peak_flops": 1e9})
+    assert compute["bound"] == "compute" and not compute["cache_resident"]
+    assert "calibration too low" in compute["above_calibrated_peak"]
+
+
+def test_the_working_set_is_arguments_outputs_and_temps_less_aliases() -> None:
+    memory = {
+        "argument_size_in_bytes": 8192,
+        "output_size_in_bytes": 8192,
+        "alias_size_in_bytes": 8192,
+        "temp_size_in_bytes": 129,
+    }
+    assert roofline.working_set_bytes(memory) == 8192 + 129
+    assert roofline.working_set_bytes({**memory, "alias_size_in_bytes": 0}) == 16384 + 129
+    assert roofline.working_set_bytes(None) is None and roofline.working_set_bytes({}) is None
+
+
+def test_a_small_loop_runs_above_no_roof_and_calibrates_once(
+    cache_home: Path,
+    measured: list[dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loop over 8 KiB (faster than any stream of 1 MiB or more): never a 'calibration too
+    low', and the second run measures nothing."""
+    overrides = [
+        "program.target=roofline_programs:scaled_loop",
+        "program.args=[f32[2048]]",
+        "execute.roofline=true",
+    ]
+    for run in "ab":
+        monkeypatch.setattr(roofline, "_memo", {})
+        jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / run)
+        roof = json.loads((tmp_path / run / "execute" / "roofline.json").read_text())
+        assert roof["cache_resident"] and roof["bound"] == "memory"
+        assert roof["fraction_of_roof"] == pytest.approx(min(roof["measured_fraction_of_roof"], 1))
+        above = roof.get("above_calibrated_peak", "")
+        assert ("cache-resident" in above) == (roof["measured_fraction_of_roof"] > 1)
+        assert "calibration too low" not in above
+    assert len(measured) == 1
 
 
 def test_recalibrating_keeps_the_higher_peak(
