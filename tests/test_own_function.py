@@ -3,6 +3,8 @@ replaced (pipeline/engine/own_args.py)."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -29,6 +31,11 @@ MODULE = textwrap.dedent(
 
     def optional(x=None):
         return jnp.zeros(2)
+
+    def scaled(x, mode: str, n: int, *, k: "float"):
+        for _ in range(n):
+            x = jnp.tanh(x) + k
+        return x * 2 if mode == "double" else x
     """
 )
 
@@ -44,44 +51,85 @@ def own_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     sys.modules.pop(name, None)
 
 
-def test_a_target_without_args_names_its_parameters_and_an_example(own_module: str) -> None:
+FILL_IN = (
+    "with each <...> an array spec such as f32[256,256] or a literal such as 3, and a parameter "
+    "used as a Python value (a string, range(n)) in stage_out.static_argnums"
+)
+
+
+def test_a_target_without_args_names_its_parameters_and_one_placeholder_each(
+    own_module: str,
+) -> None:
     with pytest.raises(ConfigError) as info:
         jaxaot.compose([f"program.target={own_module}:loss"])
     assert str(info.value) == (
         f"program.args: {own_module}:loss takes (params, tokens, n) and program.args was not "
         "given; the arguments composed are program=transformer's, for "
         "jaxaot.examples.transformer:forward. Fix: "
-        f"program.target={own_module}:loss 'program.args=[f32[8,128],i32[4,64],i32[]]' "
-        "(one spec per parameter), or program=transformer to keep its arguments"
+        f"program.target={own_module}:loss 'program.args=[<params>,<tokens>,<n>]' {FILL_IN}; "
+        "or program=transformer to keep its arguments"
     )
 
 
-def test_a_library_function_is_refused_too() -> None:
-    with pytest.raises(ConfigError, match=r"^program.args: jax.numpy:einsum takes \(subscripts, "):
+def _fix(message: str) -> str:
+    """The command a refusal says to run: after ``Fix: ``, before the words on filling it in."""
+    return message.split("Fix: ", 1)[1].split(" with each <...>", 1)[0]
+
+
+def test_the_fix_filled_in_runs(own_module: str, tmp_path: Path) -> None:
+    """Python-typed parameters (``mode: str``, ``n: int``, ``k: "float"``) are asked for as
+    Python values and made static: the command, its placeholders replaced, traces as given."""
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose([f"program.target={own_module}:scaled"])
+    fix = _fix(str(info.value))
+    assert fix == (
+        f"program.target={own_module}:scaled 'program.args=[<x>,\"<mode>\",<n:int>]' "
+        "'+program.kwargs.k=<k:float>' stage_out.static_argnums=[1,2] "
+        "stage_out.static_argnames=[k]"
+    )
+    for placeholder, value in (("<x>", "f32[4]"), ("<mode>", "double"), ("<n:int>", "2")):
+        fix = fix.replace(placeholder, value)
+    cfg = jaxaot.compose([*shlex.split(fix.replace("<k:float>", "0.5")), "stop_after=stage_out"])
+    jaxaot.run(cfg, run_dir=tmp_path / "run")
+    signature = json.loads((tmp_path / "run" / "stage_out" / "signature.json").read_text())
+    assert signature["static"] == [
+        {"path": "args[1]", "value": "double"},
+        {"path": "args[2]", "value": 2},
+        {"path": "kwargs['k']", "value": 0.5},
+    ]
+    assert [leaf["path"] for leaf in signature["inputs"]] == ["args[0]"]
+
+
+def test_a_library_function_is_refused_with_its_variadic_parameter() -> None:
+    with pytest.raises(ConfigError) as info:
         jaxaot.compose(["program.target=jax.numpy:einsum"])
+    text = str(info.value)
+    assert text.startswith("program.args: jax.numpy:einsum takes (subscripts, *operands, ...)")
+    assert _fix(text) == "program.target=jax.numpy:einsum 'program.args=[<subscripts>,<*operands>]'"
+    assert text.endswith(
+        f"{FILL_IN} (<*operands>: any number of them); or program=transformer to keep its arguments"
+    )
 
 
-def test_a_target_that_cannot_be_imported_is_refused_naming_it() -> None:
+def test_a_target_that_cannot_be_imported_leads_with_why() -> None:
     with pytest.raises(ConfigError) as info:
         jaxaot.compose(["program.target=no_such_module_xyz:f"])
     text = str(info.value)
     assert text.startswith(
-        "program.args: the arguments composed are program=transformer's, for "
-        "jaxaot.examples.transformer:forward, and program.args was not given; the parameters "
-        "of no_such_module_xyz:f could not be read (program.target='no_such_module_xyz:f': "
-        "cannot import module 'no_such_module_xyz'"
-    )
-    assert text.endswith(
-        "'program.args=[f32[8,128]]' (one spec per parameter), or "
-        "program=transformer to keep its arguments"
-    )
+        "program.target='no_such_module_xyz:f': cannot import module 'no_such_module_xyz' "
+        "(No module named 'no_such_module_xyz'); is its package installed, on PYTHONPATH or in "
+        "the current directory? program.args was not given either (the arguments composed are "
+        "program=transformer's, for jaxaot.examples.transformer:forward). Fix: "
+        "program.target=no_such_module_xyz:f 'program.args=[<one per parameter>]' with each"
+    ), text
+    assert text.endswith("; or program=transformer to keep its arguments")
 
 
 def test_a_target_the_policy_refuses_is_refused_naming_it() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"parameters of yaml:unsafe_load could not be read .*"
-        r"which the import policy does not allow",
+        match=r"^program.target='yaml:unsafe_load' imports 'yaml.unsafe_load', which the "
+        r"import policy does not allow: .* program.args was not given either",
     ):
         jaxaot.compose(["program.target=yaml:unsafe_load"])
 
@@ -92,7 +140,9 @@ def test_a_keyword_only_parameter_is_asked_for_as_a_keyword(own_module: str) -> 
     assert str(info.value).startswith(
         f"program.kwargs: {own_module}:keyword_only takes (*, x) and program.kwargs was not given"
     )
-    assert "+program.kwargs.x=f32[8,128]" in str(info.value)
+    assert f"Fix: program.target={own_module}:keyword_only '+program.kwargs.x=<x>' with" in str(
+        info.value
+    )
 
 
 @pytest.mark.parametrize("function", ["argless", "optional"])
@@ -146,7 +196,7 @@ def test_the_cli_prints_the_refusal_in_one_line_and_runs_nothing(
         f"jaxaot: error: program.args: {own_module}:loss takes (params, tokens, n) and "
         "program.args was not given; the arguments composed are program=transformer's, for "
         "jaxaot.examples.transformer:forward. Fix: "
-        f"program.target={own_module}:loss 'program.args=[f32[8,128],i32[4,64],i32[]]' "
-        "(one spec per parameter), or program=transformer to keep its arguments"
+        f"program.target={own_module}:loss 'program.args=[<params>,<tokens>,<n>]' {FILL_IN}; "
+        "or program=transformer to keep its arguments"
     ], proc.stderr
     assert not (run_dir / "manifest.json").exists()

@@ -5,13 +5,16 @@
 which ``loss`` then fails on while tracing, far from the cause. So when the composed target
 differs from that of the shipped program option whose arguments were composed unchanged, the
 arguments came from nowhere the user chose, and the run is refused in one line naming the
-function's parameters and an example spelling. Not refused: a function that takes none of the
+function's parameters and the spelling to fill in: a placeholder per parameter
+(``'program.args=[<w>,<x>,<n>]'``), nothing guessed. A parameter annotated ``str``, ``int``,
+``float`` or ``bool`` is a Python value: its placeholder says so (a string quoted) and its index
+goes in ``stage_out.static_argnums``. Not refused: a function that takes none of the
 arguments left out (it gets none), and ``program=<option>`` on the command line, which asks
 for that option's arguments (``program=transformer program.target=mypkg:forward_unrolled``).
 
 The function's parameters are read with :func:`inspect.signature`, the function imported
 through the run's import policy (jaxaot.stages.resolving); when it cannot be, the run is still
-refused, naming the target and why its parameters could not be read.
+refused, leading with why (the import's own error), then the arguments left out.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from typing import Any
 from jaxaot.errors import ConfigError
 from omegaconf import DictConfig, OmegaConf
 
-# Example specs for a function's parameters, in turn: an array, an integer array, a scalar.
-_EXAMPLES = ("f32[8,128]", "i32[4,64]", "i32[]")
+# Annotations that make a parameter a Python value (static), by their name as written.
+_PYTHON_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+# What a placeholder stands for, after the command to fill in.
+_FILL_IN = (
+    "with each <...> an array spec such as f32[256,256] or a literal such as 3, and a "
+    "parameter used as a Python value (a string, range(n)) in stage_out.static_argnums"
+)
 _REQUIRED_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -105,11 +113,47 @@ def _shown(params: list[inspect.Parameter]) -> str:
     return f"({', '.join(shown)})"
 
 
-def _example(target: str, positional: list[str], keywords: list[str]) -> str:
-    specs = [_EXAMPLES[min(i, len(_EXAMPLES) - 1)] for i in range(len(positional))]
-    parts = [f"program.target={target}", f"'program.args=[{','.join(specs)}]'"]
-    parts += [f"+program.kwargs.{k}={_EXAMPLES[0]}" for k in keywords]
+def _python_type(p: inspect.Parameter) -> str | None:
+    """``str``/``int``/``float``/``bool`` when ``p``'s annotation is one (a string annotation,
+    as ``from __future__ import annotations`` leaves it, included), else None."""
+    ann = p.annotation
+    for name, tp in _PYTHON_TYPES.items():
+        if ann is tp or ann == name:
+            return name
+    return None
+
+
+def _placeholder(p: inspect.Parameter) -> str:
+    """``<x>``; ``"<mode>"`` for a str; ``<n:int>`` for another Python type; ``<*operands>``."""
+    if p.kind == inspect.Parameter.VAR_POSITIONAL:
+        return f"<*{p.name}>"
+    kind = _python_type(p)
+    if kind == "str":
+        return f'"<{p.name}>"'
+    return f"<{p.name}:{kind}>" if kind else f"<{p.name}>"
+
+
+def _example(
+    target: str, positional: list[inspect.Parameter], keywords: list[inspect.Parameter]
+) -> str:
+    """The command to fill in: one placeholder per parameter left out, the Python values static."""
+    parts = [f"program.target={target}"]
+    if positional:
+        parts.append(f"'program.args=[{','.join(_placeholder(p) for p in positional)}]'")
+    parts += [f"'+program.kwargs.{p.name}={_placeholder(p)}'" for p in keywords]
+    static = [str(i) for i, p in enumerate(positional) if _python_type(p)]
+    if static:
+        parts.append(f"stage_out.static_argnums=[{','.join(static)}]")
+    names = [p.name for p in keywords if _python_type(p)]
+    if names:
+        parts.append(f"stage_out.static_argnames=[{','.join(names)}]")
     return " ".join(parts)
+
+
+def _fill_in(params: Sequence[inspect.Parameter]) -> str:
+    variadic = next((p for p in params if p.kind == inspect.Parameter.VAR_POSITIONAL), None)
+    many = f" (<*{variadic.name}>: any number of them)" if variadic else ""
+    return f" {_FILL_IN}{many}"
 
 
 def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
@@ -131,8 +175,8 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
     option, own_target, args_from_option, kwargs_from_option = source
     given = "program=" + option
     key = "program.args" if args_from_option else "program.kwargs"
-    head = f"{key}: the arguments composed are {given}'s, for {own_target}, and {key} was not given"
-    alternative = f" (one spec per parameter), or {given} to keep its arguments"
+    composed = f"the arguments composed are {given}'s, for {own_target}"
+    alternative = f"; or {given} to keep its arguments"
     try:
         from jaxaot.config.trust.sources import user_policy
         from jaxaot.stages.jaxenv import _without_plugin_noise
@@ -144,17 +188,24 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
         with _without_plugin_noise():
             params = _parameters(resolve_target(target, "program.target", policy))
     except Exception as exc:
+        # What stops the run first is the import (a module not found, a policy's refusal).
         why = " ".join(str(exc).split()) or type(exc).__name__
+        spelled = (
+            "'program.args=[<one per parameter>]'"
+            if args_from_option
+            else ("'+program.kwargs.<name>=<...>'")
+        )
         raise ConfigError(
-            f"{head}; the parameters of {target} could not be read ({why}). "
-            f"Fix: {_example(target, ['x'], [])}{alternative}"
+            f"{why}{'' if why.endswith(('?', '.')) else '.'} {key} was not given either "
+            f"({composed}). "
+            f"Fix: program.target={target} {spelled}{_fill_in([])}{alternative}"
         ) from None
-    positional = [p.name for p in params if p.kind in _REQUIRED_POSITIONAL and p.default is p.empty]
+    positional = [p for p in params if p.kind in _REQUIRED_POSITIONAL and p.default is p.empty]
     keywords = [
-        p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
+        p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty
     ]
     given_kwargs = {} if kwargs_from_option or not isinstance(kwargs, dict) else kwargs
-    missing = [k for k in keywords if k not in given_kwargs]
+    missing = [p for p in keywords if p.name not in given_kwargs]
     needs_args = args_from_option and bool(positional)
     if not needs_args and not missing:
         # Nothing the function needs is left out: it gets no arguments from the other program.
@@ -164,11 +215,14 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
             cfg.program.kwargs = {}
         return
     key = "program.args" if needs_args else "program.kwargs"
-    positional = positional if args_from_option else []
+    if args_from_option:
+        # A variadic parameter's place is after the required ones: any number of arguments.
+        positional += [p for p in params if p.kind == inspect.Parameter.VAR_POSITIONAL]
+    else:
+        positional = []
     raise ConfigError(
-        f"{key}: {target} takes {_shown(params)} and {key} was not given; the arguments "
-        f"composed are {given}'s, for {own_target}. "
-        f"Fix: {_example(target, positional, missing)}{alternative}"
+        f"{key}: {target} takes {_shown(params)} and {key} was not given; {composed}. "
+        f"Fix: {_example(target, positional, missing)}{_fill_in(positional)}{alternative}"
     )
 
 
