@@ -11,9 +11,9 @@ import jaxaot.conf as _conf
 if TYPE_CHECKING:
     from jaxaot.engine.runner import RunResult
 from jaxaot.config.argspec import quote_array_types
-from jaxaot.config.sections import name_after_target
+from jaxaot.config.sections import name_after_target, refuse_unknown_keys
 from jaxaot.engine.own_args import check_own_arguments
-from jaxaot.errors import SnapshotMismatch
+from jaxaot.errors import ConfigError, SnapshotMismatch
 from jaxaot.schema import register_configs
 from omegaconf import DictConfig
 
@@ -45,21 +45,42 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
     from jaxaot.config.trust import install_composition_guards
+    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     # trust.* and store.trust come from these overrides, never from a config file (refused).
     install_composition_guards()
     GlobalHydra.instance().clear()
     overrides = [quote_array_types(o) for o in overrides]
-    with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        # The line the CLI prints: the closest names for a mistyped group, option or key, not
+        # Hydra's "To append to your config use +progam=mlp".
+        raise ConfigError(_one_line(exc, config_dir)) from exc
+    # A key the schema lacks (+execute.repet=3) is refused here, as the CLI refuses it, rather
+    # than by run(); mappings that take any key (program.kwargs, compiler_options) take it.
+    refuse_unknown_keys(cfg)
     name_after_target(cfg, overrides)
     check_own_arguments(cfg, overrides)
     # OmegaConf refuses objects it cannot represent (a ShapeDtypeStruct, an array) unless this
     # flag is set; OmegaConf 2.3 has no public setter for it.
     cfg._set_flag("allow_objects", True)
     return cfg
+
+
+def _one_line(exc: BaseException, config_dir: str | Path | None) -> str:
+    from jaxaot.config.suggest import config_names, one_line
+    from jaxaot.schema import JaxaotConfig
+
+    try:
+        names = config_names([str(config_dir)] if config_dir else [], schema=JaxaotConfig)
+    except Exception:  # naming the closest names must never hide the error itself
+        names = None
+    return one_line(exc, names)
 
 
 def verify_snapshot(

@@ -95,3 +95,41 @@ def test_trees_and_texts_are_cut_saying_how_much_there_was() -> None:
     assert len(text) <= 60 + len(" (51 leaves)")
     assert tree_text((np.ones(4, np.float16), 3)) == "(f16[4], 3)"
     assert cut("a\n  b", 10) == "a b" and cut("y" * 30, 10) == "yyyyyyyyy… (30 chars)"
+
+
+def test_compose_refuses_a_mistyped_name_in_the_cli_s_one_line() -> None:
+    from hydra.errors import ConfigCompositionException
+    from jaxaot.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose(["progam=mlp"])
+    assert str(info.value).startswith(
+        "unknown config group 'progam' (did you mean program=mlp? groups: "
+    )
+    assert isinstance(info.value.__cause__, ConfigCompositionException)  # Hydra's, chained
+    with pytest.raises(ConfigError, match=r"^Error merging override execute.repeats=abc \(Value "):
+        jaxaot.compose(["execute.repeats=abc"])
+
+
+def test_compose_refuses_an_unknown_added_key_and_takes_free_form_ones() -> None:
+    from jaxaot.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose(["+execute.repet=3"])
+    assert str(info.value) == "unknown key 'execute.repet' (did you mean execute.repeats?)"
+    cfg = jaxaot.compose(
+        ["+compile.compiler_options.xla_cpu_enable_fast_math=true", "+program.kwargs.scale=2"]
+    )
+    assert cfg.compile.compiler_options.xla_cpu_enable_fast_math is True
+    assert cfg.program.kwargs.scale == 2
+
+
+def test_dir_shows_the_public_names_and_dunders_only() -> None:
+    jaxaot.compose  # a lazy name loaded: its submodules become attributes of the package
+    names = dir(jaxaot)
+    extra = {n for n in names if not (n.startswith("__") and n.endswith("__"))} - set(
+        jaxaot.__all__
+    )
+    assert extra == set(), extra  # no Any, TYPE_CHECKING, annotations, errors, api, ...
+    assert {"__version__", "__doc__", "__name__"} <= set(names)
+    assert "TYPE_CHECKING" in vars(jaxaot)  # there, but not shown

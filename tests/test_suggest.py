@@ -19,6 +19,7 @@ from jaxaot.config.suggest import (
     internal_choices,
     key_exists,
     keys_of,
+    one_line,
     suggestion,
     unknown_name,
     unknown_option,
@@ -34,6 +35,7 @@ NAMES = Names(
         "execute": ("default",),
         "hydra/launcher": ("basic", "joblib", "submitit_local"),
         "hydra/sweeper": ("basic", "jaxaot_optuna"),
+        "sweeper": ("default",),
     },
     keys={
         "program": {"target": None, "args": None, "kwargs": FREE},
@@ -51,17 +53,17 @@ NAMES = Names(
         (
             "progam",
             "mlp",
-            "unknown config group 'progam' (did you mean program=mlp? groups: execute, program)",
+            "unknown config group 'progam' (did you mean program=mlp? groups: execute, program, sweeper)",
         ),
         (
             "progam",
             "mpl",
-            "unknown config group 'progam' (did you mean program=mlp? groups: execute, program)",
+            "unknown config group 'progam' (did you mean program=mlp? groups: execute, program, sweeper)",
         ),
         (
             "progam",
             None,
-            "unknown config group 'progam' (did you mean program? groups: execute, program)",
+            "unknown config group 'progam' (did you mean program? groups: execute, program, sweeper)",
         ),
         ("stop_afer", "lower", "unknown key 'stop_afer' (did you mean stop_after?)"),
         ("execute.repeat", "3", "unknown key 'execute.repeat' (did you mean execute.repeats?)"),
@@ -71,14 +73,14 @@ NAMES = Names(
             "hydra/launchr",
             "jobib",
             "unknown config group 'hydra/launchr' (did you mean hydra/launcher=joblib? groups: "
-            "execute, hydra/launcher, hydra/sweeper, program)",
+            "execute, hydra/launcher, hydra/sweeper, program, sweeper)",
         ),
         ("execute.zzzzzz", "1", "unknown key 'execute.zzzzzz' (execute has repeats, warmup)"),
         (
             "zzzzzz",
             "1",
             "unknown key or config group 'zzzzzz' (top-level keys: debug, execute, hydra, program, "
-            "stop_after; groups: execute, program)",
+            "stop_after; groups: execute, program, sweeper)",
         ),
     ],
 )
@@ -98,6 +100,38 @@ def test_an_unknown_option_lists_the_options_without_internal_schemas() -> None:
     assert unknown_option("program", "zzz", options, "experiment/mine") == (
         "program=zzz (in experiment/mine): no such option (options: axpy, mlp, transformer)"
     )
+
+
+def test_an_option_of_a_namesake_group_names_that_group() -> None:
+    """``sweeper=jaxaot_optuna``: jaxaot's own ``sweeper`` group has no such option, Hydra's
+    ``hydra/sweeper`` has; a near name there counts too, a near name here comes first."""
+    options = NAMES.groups["sweeper"]
+    assert unknown_option("sweeper", "jaxaot_optuna", options, names=NAMES) == (
+        "sweeper=jaxaot_optuna: no such option (did you mean hydra/sweeper=jaxaot_optuna? "
+        "options: default)"
+    )
+    assert unknown_option("sweeper", "optuan", options, names=NAMES) == (
+        "sweeper=optuan: no such option (did you mean hydra/sweeper=jaxaot_optuna? "
+        "options: default)"
+    )
+    assert unknown_option("sweeper", "defalt", options, names=NAMES) == (
+        "sweeper=defalt: no such option (did you mean default? options: default)"
+    )
+    assert unknown_option("sweeper", "zzz", options, names=NAMES) == (
+        "sweeper=zzz: no such option (options: default)"
+    )
+
+
+def test_one_line_without_a_suggestion_joins_the_error_and_its_causes() -> None:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise ValueError("outer\n    full_key: x.y\nConfig search path:\n\tpkg") from inner
+    except ValueError as exc:
+        assert one_line(exc, None) == "outer ('inner')"
+        assert one_line(exc, NAMES) == "outer ('inner')"
+    assert one_line(RuntimeError(), None) == "RuntimeError"
 
 
 def test_closest_prefers_case_then_ratio_then_a_prefixed_tail() -> None:
@@ -197,6 +231,25 @@ def test_a_mistyped_plus_key_names_the_closest(override: str, message: str) -> N
     assert str(info.value).startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["progam=mlp"], "unknown config group 'progam' (did you mean program=mlp? groups: "),
+        (["program=mpl"], "program=mpl: no such option (did you mean mlp? options: attention, "),
+        (["+execute.repet=3"], "unknown key 'execute.repet' (did you mean execute.repeats?)"),
+        (
+            ["sweeper=jaxaot_optuna"],
+            "sweeper=jaxaot_optuna: no such option (did you mean hydra/sweeper=jaxaot_optuna? ",
+        ),
+    ],
+)
+def test_compose_raises_the_cli_s_line(overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        jaxaot.compose(overrides)
+    text = str(info.value)
+    assert text.startswith(line) and "base_" not in text and "To append" not in text, text
+
+
 def test_an_internal_schema_is_not_an_option() -> None:
     with pytest.raises(ConfigError, match=r"^program=base_program: base_program is an internal "):
         jaxaot.compose(["program=base_program"])
@@ -225,6 +278,11 @@ def _stderr_lines(proc: Any) -> list[str]:
         (
             ["program=base_program"],
             "jaxaot: error: program=base_program: base_program is an internal",
+        ),
+        (
+            ["-m", "sweeper=jaxaot_optuna", "program=axpy"],
+            "jaxaot: error: sweeper=jaxaot_optuna: no such option (did you mean "
+            "hydra/sweeper=jaxaot_optuna? options: default)",
         ),
     ],
 )

@@ -192,9 +192,13 @@ def unknown_name(path: str, value: str | None, names: Names) -> str:
     return f"unknown key '{path}' ({owner} has {_listed(sorted(section), 40)})"
 
 
-def unknown_option(group: str, option: str, options: Iterable[str], where: str = "") -> str:
+def unknown_option(
+    group: str, option: str, options: Iterable[str], where: str = "", names: Names | None = None
+) -> str:
     """``program=mpl: no such option (did you mean mlp? options: ...)``; an internal schema is
-    refused as such. ``where``: the config file that selected it, when not the command line."""
+    refused as such. ``where``: the config file that selected it, when not the command line.
+    ``names``: the other groups, for an option of a group with the same last name
+    (``sweeper=jaxaot_optuna``: did you mean ``hydra/sweeper=jaxaot_optuna``?)."""
     shown = sorted(o for o in options if not is_internal(o))
     head = f"{group}={option}" + (f" (in {where})" if where else "")
     if is_internal(option):
@@ -202,8 +206,27 @@ def unknown_option(group: str, option: str, options: Iterable[str], where: str =
             f"{head}: {option} is an internal schema, not an option (options: {_listed(shown, 40)})"
         )
     near = closest(option, shown)
-    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    namesake = _namesake(group, option, names) if names is not None and not near else None
+    if namesake:
+        hint = f"did you mean {namesake}? "
+    else:
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
     return f"{head}: no such option ({hint}options: {_listed(shown, 40)})"
+
+
+def _namesake(group: str, option: str, names: Names) -> str | None:
+    """``hydra/sweeper=jaxaot_optuna`` for ``sweeper=jaxaot_optuna``: the option (or the closest
+    one) in another group whose path ends with the same name, or None."""
+    last = group.rsplit("/", 1)[-1]
+    others = sorted(g for g in names.groups if g != group and g.rsplit("/", 1)[-1] == last)
+    for other in others:
+        if option in names.groups[other]:
+            return f"{other}={option}"
+    for other in others:
+        near = closest(option, names.groups[other], 1)
+        if near:
+            return f"{other}={near[0]}"
+    return None
 
 
 def internal_choices(overrides: Sequence[str], names: Names | None = None) -> str | None:
@@ -216,7 +239,7 @@ def internal_choices(overrides: Sequence[str], names: Names | None = None) -> st
         names = names or config_names()
         group, option = m.group(1), m.group(2).strip()
         if group in names.groups:
-            return unknown_option(group, option, names.groups[group])
+            return unknown_option(group, option, names.groups[group], names=names)
     return None
 
 
@@ -245,7 +268,7 @@ def suggestion(exc: BaseException, names: Names) -> str | None:
         source = "" if where in ("config", "hydra/config") else where
         if not options:
             return unknown_name(group, option, names) + (f" (in {source})" if source else "")
-        return unknown_option(group, option, options, source)
+        return unknown_option(group, option, options, source, names)
     over = next((m for e in chain if (m := _OVERRIDE.search(str(e)))), None)
     if over and _NOT_IN.search(text):
         return unknown_name(over.group(1), over.group(2).strip() or None, names)
