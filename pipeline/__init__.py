@@ -61,8 +61,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """The public names, the lazy ones (not loaded yet) included, and the module's own."""
-    return sorted(set(globals()) | set(__all__))
+    """The public names, the lazy ones (not loaded yet) included, and the module's own dunder
+    attributes; not the typing helpers this file imports, nor its submodules."""
+    own = {name for name in globals() if name.startswith("__") and name.endswith("__")}
+    return sorted(own | set(__all__))
 
 
 __all__ = [
