@@ -254,6 +254,26 @@ def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> No
     )
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_server_help_says_what_each_subcommand_does(tmp_path: Path, flag: str) -> None:
+    sock = tmp_path / "h" / "server.sock"
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(sock))
+    proc = subprocess.run([*SERVER, flag], env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "usage: jaxaot server {start,stop,status,restart}"
+    for verb in ("start", "stop", "status", "restart"):
+        assert any(ln.startswith(f"  {verb} ") for ln in lines), verb
+    assert f"socket: {sock}" in lines
+    assert "JAXAOT_SERVER=0" in proc.stdout and "JAXAOT_SERVER_IDLE" in proc.stdout
+    assert not sock.parent.exists()  # help starts and makes nothing
+    bare = subprocess.run(SERVER, env=env, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and bare.stdout == ""
+    *usage, error = bare.stderr.splitlines()
+    assert usage == lines
+    assert error == "jaxaot: error: jaxaot server: expected start, stop, status or restart"
+
+
 def test_a_socket_path_too_long_is_one_line(tmp_path: Path) -> None:
     env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / ("d" * 100) / "server.sock"))
     proc = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=60)

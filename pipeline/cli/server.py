@@ -966,9 +966,46 @@ def status() -> int:
     return 0
 
 
+def usage() -> str:
+    """``jaxaot server --help``: what each subcommand does, where the socket is, how runs use it."""
+    return f"""usage: jaxaot server {{start,stop,status,restart}}
+
+A resident process with Python, JAX, Hydra and jaxaot imported once: while it runs, each
+`jaxaot ...` of yours (same Python environment) is run by a fresh child of it, without
+those imports. Output, exit status, Ctrl-C and the run's folder are as without it.
+
+  start    start the server (nothing to do when it runs already)
+  stop     stop it
+  status   pid, socket, uptime and runs served; exit status 3 when it is not running
+  restart  stop, then start
+
+socket: {socket_path()}
+  one per user and Python environment; JAXAOT_SERVER_SOCKET names another; its log is
+  beside it (.log)
+A run the server cannot serve exactly (another JAX/XLA environment variable, another
+checkout or venv, a run started from a served run) runs in-process, as with no server;
+a changed source file restarts it. JAXAOT_SERVER=0: a run does not use it;
+JAXAOT_SERVER=1: a run starts one for the runs after it. It exits after
+JAXAOT_SERVER_IDLE seconds without a request (default {IDLE_SECONDS // 3600} hours)."""
+
+
 def command(args: list[str]) -> int:
-    """``jaxaot server start|stop|status|restart``; a socket folder that is not the user's
+    """``jaxaot server start|stop|status|restart``; ``--help``/``-h``: :func:`usage`, status 0;
+    nothing: the usage and one error line, status 2. A socket folder that is not the user's
     alone, or one that cannot be made, is one line and status 2."""
+    if any(a in ("-h", "--help") for a in args):
+        from jaxaot.util.console import quiet_broken_pipe
+
+        with quiet_broken_pipe():  # `jaxaot server --help | head`
+            print(usage())
+        return 0
+    if not args:
+        print(usage(), file=sys.stderr)
+        print(
+            "jaxaot: error: jaxaot server: expected start, stop, status or restart",
+            file=sys.stderr,
+        )
+        return 2
     verb = args[0] if len(args) == 1 else " ".join(args)
     verbs = {"start": start, "stop": stop, "status": status}
     if verb in verbs or verb == "restart":
