@@ -1,17 +1,31 @@
 """Resuming from another run's checkpoint: verified reads and the options that come with them.
 
-``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run
-(``resume_from=latest``: the newest run under ``outputs/`` that finished them). Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
+``resume_from=<run dir> start_at=<stage>`` loads the stages before ``start_at`` from that run.
+Their options are part of what was checkpointed, so they come from the checkpoint's manifest,
 and an explicit override that contradicts them is an error naming the key; options of the
-stages that run now may be overridden freely.
+stages that run now may be overridden freely. ``resume_from`` needs a ``start_at`` after
+``stage_out`` (a run that starts at the first stage loads nothing).
+
+``resume_from=latest`` is the newest run under the launch folder's ``outputs/`` that finished
+those stages and whose options agree with every override given for them (``program=mlp``
+passes over an axpy run). The ``jaxaot`` command resolves it once, before Hydra composes, and
+runs with the folder in its place (:func:`resolve_latest_argv`): every job of a sweep, and a
+requeued job hours later, loads the same run, and ``.hydra/overrides.yaml`` and the manifest
+record that folder. A run from Python, or a command line it cannot read without running it
+(``--config-dir``, a sweep over a loaded section), resolves it when the run starts
+(:func:`resolve_resume_from`), once per sweep process. Either prints the run chosen on stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import re
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -88,47 +102,278 @@ def _finished(record: Mapping[str, Any]) -> bool:
     return status in FINISHED
 
 
+# Folders under outputs/ that hold no runs: the store's old default place.
+_NOT_RUNS = frozenset({"store"})
+# The deepest run dir under outputs/: a sweep job, multirun/<date>/<time>/<n>.
+_RUN_DEPTH = 4
+
+
 def _manifests(root: Path) -> list[Path]:
     """The run dirs under ``root`` (a folder holding a manifest): single runs
     (``<date>/<time>``) and sweep jobs (``multirun/<date>/<time>/<n>``); hidden folders (a
-    sweep's ``.jaxaot/`` with requeued attempts, ``.hydra/``) and a run's own stage folders
-    are not searched."""
+    sweep's ``.jaxaot/`` with requeued attempts, ``.hydra/``), ``store/``, a run's own stage
+    folders and anything deeper than a sweep job are not searched."""
     found = []
+    base = len(root.parts)
     for here, dirs, files in os.walk(root):
         if MANIFEST_NAME in files:
             found.append(Path(here))
             dirs[:] = []
             continue
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        depth = len(Path(here).parts) - base
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".") and depth < _RUN_DEPTH and (depth or d not in _NOT_RUNS)
+        ]
     return found
 
 
-def latest_run(start_at: str, root: Path | str = OUTPUTS_ROOT) -> Path:
-    """``resume_from=latest``: the run under ``root`` (``outputs/``, where runs go unless
-    ``hydra.run.dir`` names another folder) started last, by its manifest's start time, of
-    those that finished every stage before ``start_at``; a ConfigError when there is none."""
+def _brief(value: Any, width: int = 60) -> str:
+    """A config value for a one-line message: its repr, cut to ``width`` characters."""
+    if value is _MISSING:
+        return "absent"
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _difference(key: str, mine: Any, theirs: Any) -> tuple[str, Any, Any]:
+    """The first key at or below ``key`` where two values differ, with both values there: a
+    group choice (``program=mlp``) compares whole sections, shown by the key that tells them
+    apart (``program.name``) rather than both dicts."""
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return key, mine, theirs
+    names = [*mine, *(k for k in theirs if k not in mine)]
+    names.sort(key=lambda k: k not in ("name", "target"))  # what names a section, first
+    for name in names:
+        a, b = mine.get(name, _MISSING), theirs.get(name, _MISSING)
+        if a != b:
+            return _difference(f"{key}.{name}", a, b)
+    return key, mine, theirs
+
+
+def _conflict(
+    start_at: str, current: Mapping[str, Any], saved: Mapping[str, Any], overrides: Sequence[str]
+) -> tuple[str, str, Any, Any] | None:
+    """The first override of an option that ``start_at`` takes from a checkpoint whose config
+    is ``saved`` and that says otherwise: (the override's key, the key at which the values
+    differ, this run's value there, the checkpoint's), or None."""
+    frozen = frozen_sections(start_at)
+    for override in overrides:
+        key = _override_key(override)
+        if key is None or key.split(".")[0] not in frozen:
+            continue
+        mine, theirs = _select(current, key), _select(saved, key)
+        if key in FREE_AT_RESUME and mine == FREE_AT_RESUME[key]:
+            continue
+        if mine != theirs:
+            return (key, *_difference(key, mine, theirs))
+    return None
+
+
+def _choose_latest(
+    start_at: str,
+    root: Path | str,
+    cfg: JaxaotConfig | None = None,
+    overrides: Sequence[str] = (),
+) -> tuple[Path, Mapping[str, Any]]:
+    """:func:`latest_run`, with the manifest of the run chosen."""
     needed = STAGES[: STAGES.index(start_at)]
-    best: tuple[float, Path] | None = None
+    found: list[tuple[float, Path, Mapping[str, Any]]] = []
     for run_dir in _manifests(Path(root)):
         try:
             data = json.loads((run_dir / MANIFEST_NAME).read_text())
             stages = data.get("stages") or {}
             started = float(data.get("started") or 0.0)
+            if all(_finished(stages.get(s) or {}) for s in needed):
+                found.append((started, run_dir, data))
         except (OSError, ValueError, TypeError, AttributeError):
             continue  # unreadable, or being replaced: not a run to resume from
-        if not all(_finished(stages.get(s) or {}) for s in needed):
-            continue
-        if best is None or started > best[0]:
-            best = (started, run_dir)
-    if best is None:
-        where = os.path.abspath(root)
+    found.sort(key=lambda f: f[0], reverse=True)
+    where = os.path.abspath(root)
+    finished = " and ".join(needed)
+    if not found:
         raise ConfigError(
             f"resume_from=latest: expected a run under {where} that finished "
-            f"{' and '.join(needed)} (start_at={start_at} loads {'them' if len(needed) > 1 else 'it'}), "
+            f"{finished} (start_at={start_at} loads {'them' if len(needed) > 1 else 'it'}), "
             f"found none; run one first (jaxaot stop_after={needed[-1]}) or name its folder: "
             "resume_from=<run dir>"
         )
-    return best[1]
+    if cfg is None:
+        return found[0][1], found[0][2]
+    current = to_container(cfg)
+    first: tuple[str, str, Any, Any] | None = None
+    for _, run_dir, data in found:
+        saved = data.get("config")
+        clash = _conflict(start_at, current, saved if isinstance(saved, dict) else {}, overrides)
+        if clash is None:
+            return run_dir, data
+        first = first or clash
+    assert first is not None
+    key, at, mine, theirs = first
+    newest = found[0][1]
+    if len(found) == 1:
+        head = f"the only run under {where} that finished {finished}, {newest}, has"
+        tail = f" (the command line's {key})"
+    else:
+        head = (
+            f"none of the {len(found)} runs under {where} that finished {finished} agrees "
+            f"with the command line's {key}; the newest, {newest}, has"
+        )
+        tail = ""
+    raise ConfigError(
+        f"resume_from=latest: {head} {at} = {_brief(theirs)}, not {_brief(mine)}{tail}; run "
+        f"one with these options first (jaxaot ... stop_after={needed[-1]}) or name its "
+        "folder: resume_from=<run dir>"
+    )
+
+
+def latest_run(
+    start_at: str,
+    root: Path | str = OUTPUTS_ROOT,
+    *,
+    cfg: JaxaotConfig | None = None,
+    overrides: Sequence[str] = (),
+) -> Path:
+    """``resume_from=latest``: the run under ``root`` (``outputs/``, where runs go unless
+    ``hydra.run.dir`` names another folder) started last, by its manifest's start time, of
+    those that finished every stage before ``start_at``; a ConfigError when there is none.
+
+    With ``cfg``, only a run whose options agree with ``cfg`` on every key that ``overrides``
+    sets in the sections ``start_at`` loads (as :meth:`Checkpoint.apply` requires); a
+    ConfigError naming the first difference when runs finished those stages but none agrees.
+    """
+    return _choose_latest(start_at, root, cfg, overrides)[0]
+
+
+def _announce(run_dir: Path, data: Mapping[str, Any]) -> None:
+    """The run ``resume_from=latest`` chose, as one line on stderr: shown in quiet runs too."""
+    config = data.get("config")
+    program = config.get("program") if isinstance(config, dict) else None
+    name = program.get("name") if isinstance(program, dict) else None
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(data["started"])))
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        started = "?"
+    print(
+        f"resume_from=latest: {run_dir} (program {name or '?'}, started {started})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _launch_outputs() -> Path:
+    """``outputs/`` under the folder the command was started in (not a job's own folder, which
+    ``hydra.job.chdir=true`` makes the working directory)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    cwd = HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
+    return Path(cwd) / OUTPUTS_ROOT
+
+
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+# resume_from=latest resolved in this sweep process: (outputs/, start_at, the overrides of the
+# loaded sections) -> run dir, so that a job does not resume from the job before it.
+_RESOLVED: dict[tuple[str, ...], Path] = {}
+
+
+def resolve_resume_from(cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
+    """``cfg`` with ``resume_from=latest`` replaced by the run it means (:func:`latest_run`
+    under the launch folder's ``outputs/``, checked against ``overrides``; once per process in a
+    sweep); a ConfigError for a ``resume_from`` that a run starting at stage_out would ignore."""
+    if STAGES.index(cfg.start_at) == 0:
+        if cfg.resume_from:
+            raise ConfigError(
+                f"resume_from={cfg.resume_from}: set, but start_at={cfg.start_at} runs every "
+                "stage and loads nothing from it; expected a later start_at "
+                f"({', '.join(STAGES[1:])}), e.g. resume_from={cfg.resume_from} "
+                f"start_at={STAGES[2]}, or no resume_from"
+            )
+        return cfg
+    if cfg.resume_from != LATEST:
+        return cfg
+    root = _launch_outputs()
+    frozen = frozen_sections(cfg.start_at)
+    given = sorted(o for o in overrides if (_override_key(o) or ".").split(".")[0] in frozen)
+    key = (str(root), cfg.start_at, *given)
+    run_dir = _RESOLVED.get(key)
+    if run_dir is None:
+        run_dir, data = _choose_latest(cfg.start_at, root, cfg, overrides)
+        _announce(run_dir, data)
+        if _in_sweep():
+            _RESOLVED[key] = run_dir
+    return dataclasses.replace(cfg, resume_from=str(run_dir))
+
+
+_LATEST_ARG = re.compile(rf"^(\+{{0,2}})resume_from={LATEST}$")
+# Command-line flags that leave the config as the overrides make it.
+_PLAIN_FLAGS = ("-m", "--multirun")
+
+
+def _as_override(prefix: str, path: Path) -> str | None:
+    """``resume_from=<path>`` as Hydra reads back exactly ``path``, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    text = str(path)
+    if "$" in text:  # an interpolation to OmegaConf, quoted or not
+        return None
+    parser = OverridesParser.create()
+    for value in (text, "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"):
+        line = f"{prefix}resume_from={value}"
+        try:
+            [parsed] = parser.parse_overrides([line])
+        except Exception:
+            continue
+        if parsed.value() == text:
+            return line
+    return None
+
+
+def resolve_latest_argv(args: Sequence[str], cwd: Path | str | None = None) -> list[str]:
+    """The ``jaxaot`` command line with ``resume_from=latest`` replaced by the run dir it means
+    (under ``cwd``'s ``outputs/``, default the working folder), chosen as
+    :func:`resolve_resume_from` would and announced on stderr; ``args`` as they are when there
+    is no such argument, when ``start_at`` is stage_out (the run refuses it), or when the
+    config cannot be known without Hydra's run (a config dir, a sweep over ``start_at`` or
+    over a section the resume loads): the run then resolves it when it starts."""
+    args = list(args)
+    at = [(i, m[1]) for i, a in enumerate(args) if (m := _LATEST_ARG.match(a.strip()))]
+    if not at or any(a.startswith("-") and a not in _PLAIN_FLAGS for a in args):
+        return args
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from jaxaot.api import compose
+    from jaxaot.schema import validate
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(
+            [a for a in args if a not in _PLAIN_FLAGS]
+        )
+        task = [o for o in parsed if not o.key_or_group.startswith("hydra")]
+        plain = [o.input_line for o in task if not o.is_sweep_override()]
+        cfg = validate(compose([str(line) for line in plain]))
+    except Exception:  # the run reports what is wrong with its config
+        return args
+    if STAGES.index(cfg.start_at) == 0 or cfg.resume_from != LATEST:
+        return args
+    loaded = {*frozen_sections(cfg.start_at), "start_at", "resume_from", "experiment"}
+    for o in task:
+        if o.is_sweep_override() and o.key_or_group.split("/")[0].split(".")[0] in loaded:
+            return args
+    root = Path(cwd if cwd is not None else os.getcwd()) / OUTPUTS_ROOT
+    run_dir, data = _choose_latest(cfg.start_at, root, cfg, [str(line) for line in plain])
+    lines = [_as_override(prefix, run_dir) for _, prefix in at]
+    if None in lines:
+        return args
+    _announce(run_dir, data)
+    for (i, _), line in zip(at, lines, strict=True):
+        args[i] = str(line)
+    return args
 
 
 class Checkpoint:
@@ -219,25 +464,20 @@ class Checkpoint:
         self.trust = self.trust or cfg.store.trust
         frozen = frozen_sections(cfg.start_at)
         current, saved = to_container(cfg), self.manifest["config"]
-        for override in overrides:
-            key = _override_key(override)
-            if key is None or key.split(".")[0] not in frozen:
-                continue
-            mine, theirs = _select(current, key), _select(saved, key)
-            if key in FREE_AT_RESUME and mine == FREE_AT_RESUME[key]:
-                continue
-            if mine != theirs:
-                shown = "absent" if theirs is _MISSING else repr(theirs)
-                free = (
-                    f" ({key} may be overridden only to {FREE_AT_RESUME[key]!r} at a resume)"
-                    if key in FREE_AT_RESUME
-                    else ""
-                )
-                raise ConfigError(
-                    f"{key}: overridden to {mine!r}, but start_at={cfg.start_at} resumes stages "
-                    f"whose options come from the checkpoint ({key} = {shown} in "
-                    f"{self.run_dir}){free}; drop the override or start at an earlier stage"
-                )
+        clash = _conflict(cfg.start_at, current, saved, overrides)
+        if clash is not None:
+            key, at, mine, theirs = clash
+            free = (
+                f" ({key} may be overridden only to {FREE_AT_RESUME[key]!r} at a resume)"
+                if key in FREE_AT_RESUME
+                else ""
+            )
+            how = f"to {_brief(mine)}" if at == key else f"so that {at} = {_brief(mine)}"
+            raise ConfigError(
+                f"{key}: overridden {how}, but start_at={cfg.start_at} resumes stages "
+                f"whose options come from the checkpoint ({at} = {_brief(theirs)} in "
+                f"{self.run_dir}){free}; drop the override or start at an earlier stage"
+            )
         merged = {**current, **{s: saved[s] for s in frozen if s in saved}}
         keys = {k for k in (_override_key(o) for o in overrides) if k}
         for key in keys & FREE_AT_RESUME.keys():
@@ -253,4 +493,12 @@ class Checkpoint:
         return validate(merged)
 
 
-__all__ = ["FREE_AT_RESUME", "LATEST", "Checkpoint", "frozen_sections", "latest_run"]
+__all__ = [
+    "FREE_AT_RESUME",
+    "LATEST",
+    "Checkpoint",
+    "frozen_sections",
+    "latest_run",
+    "resolve_latest_argv",
+    "resolve_resume_from",
+]

@@ -20,7 +20,6 @@ records how the run ended.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from jaxaot.config.argspec import BoundArgs, bind_config
 from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
-from jaxaot.engine.resume import LATEST, Checkpoint, latest_run
+from jaxaot.engine.resume import Checkpoint, resolve_resume_from
 from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
 from jaxaot.rundir.dirs import claim, remove_unstarted
 from jaxaot.rundir.manifest import Manifest
@@ -159,13 +158,11 @@ def _run(
 ) -> RunResult:
     typed = validate(cfg)
     checkpoint = None
+    given = _hydra_overrides() if overrides is None else overrides
+    typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
     if STAGES.index(typed.start_at) > 0:
-        if typed.resume_from == LATEST:
-            latest = latest_run(typed.start_at)
-            log.info("resume_from=latest: %s", latest)
-            typed = dataclasses.replace(typed, resume_from=str(latest))
         checkpoint = Checkpoint(typed.resume_from or "")
-        typed = checkpoint.apply(typed, _hydra_overrides() if overrides is None else overrides)
+        typed = checkpoint.apply(typed, given)
     bound = bind_config(typed)  # arg specs checked before JAX is imported
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     for node in NODES[first : last + 1]:
