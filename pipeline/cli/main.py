@@ -25,6 +25,7 @@ from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
 from jaxaot.engine.own_args import check_own_arguments
+from jaxaot.engine.resume import resolve_latest_argv
 from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.dirs import (
     check_user_dirs,
@@ -294,6 +295,8 @@ def _main() -> None:
         # anything; the guards again, outermost (a served run's composition memo wraps Hydra's).
         install_command_line(args)
         install_guards()
+        # resume_from=latest: the run dir it means, chosen once here for every job of a sweep.
+        sys.argv = [sys.argv[0], *(args := resolve_latest_argv(args))]
         # A run dir named on the command line that holds a run: refused before Hydra writes in it.
         check_user_dirs(args, _is_multirun_argv(args))
         _app()
