@@ -349,9 +349,7 @@ def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
         "'no_such_module_xyz' (No module named 'no_such_module_xyz'); is its package installed, "
         "on PYTHONPATH or in the current directory?"
     ]
-    assert read_manifest(run_dir)["status"] == "failed"
-    assert "program.target=" not in proc.stdout  # printed once: on stderr, not in the summary
-    assert "failed" in proc.stdout.splitlines()[3]  # the summary's stage_out row
+    assert proc.stdout == "" and not run_dir.exists()  # refused before the run began
 
     debug, _ = cli(
         "program=axpy", "program.target=no_such_module_xyz:f", "debug=true", expect_ok=False
@@ -400,3 +398,64 @@ def test_a_search_sweeper_without_multirun_is_refused(cli, tmp_path: Path, sweep
         "the job once and searches nothing)"
     )
     assert not run_dir.exists()
+
+
+def test_a_target_that_cannot_be_imported_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """The target is imported before the run has a folder: no summary, no outputs/."""
+    proc = run_cli(["program=axpy", "program.target=nosuch.mod:fn"], cwd=tmp_path)
+    assert proc.returncode == 1
+    [line] = _error_lines(proc.stderr)
+    assert line.startswith(
+        "jaxaot: error: program.target='nosuch.mod:fn': cannot import module 'nosuch.mod'"
+    )
+    assert proc.stdout == ""  # no summary table
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_target_that_exits_while_imported_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ends_on_import.py").write_text("import sys\nsys.exit(3)\ndef f(x): return x\n")
+    proc = run_cli(
+        ["program.target=ends_on_import:f", "program.args=[f32[2]]"],
+        cwd=tmp_path,
+        env=_env_with(tmp_path),
+    )
+    assert proc.returncode == 1
+    assert _error_lines(proc.stderr) == [
+        "jaxaot: error: program.target='ends_on_import:f': importing 'ends_on_import' called "
+        "sys.exit(3); expected the module to import without ending the process"
+    ]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_target_is_imported_under_the_runs_jax_settings(tmp_path: Path) -> None:
+    """What a module sees of JAX when it is imported (before the run's folder exists) is what
+    the run configured: the platform, the device count and x64."""
+    probe = tmp_path / "probe.txt"
+    (tmp_path / "probe_mod.py").write_text(
+        textwrap.dedent(
+            f"""
+            import jax
+
+            with open({str(probe)!r}, "w") as f:
+                f.write(f"{{jax.config.jax_platforms}} {{jax.config.jax_num_cpu_devices}} "
+                        f"{{jax.config.jax_enable_x64}}")
+
+            def f(x):
+                return x * 2
+            """
+        )
+    )
+    proc = run_cli(
+        [
+            "program.target=probe_mod:f",
+            "program.args=[f64[4]]",
+            "compile.num_devices=2",
+            "stop_after=stage_out",
+        ],
+        cwd=tmp_path,
+        env=_env_with(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert probe.read_text() == "cpu 2 True"
+    [run_dir] = (tmp_path / "outputs").glob("2*/*")
+    assert read_manifest(run_dir)["stages"]["stage_out"]["status"] == "ran"

@@ -523,10 +523,7 @@ def test_a_program_with_a_host_callback_compiles(compose_run) -> None:
 def test_target_errors(compose_run, tmp_path: Path, target: str, match: str) -> None:
     with pytest.raises(TargetError, match=match):
         compose_run(AXPY, f"program.target={target}", run_dir=tmp_path / "r")
-    manifest = read_manifest(tmp_path / "r")
-    assert manifest["status"] == "failed"
-    assert manifest["stages"]["stage_out"]["status"] == "failed"
-    assert target in manifest["error"]
+    assert not (tmp_path / "r").exists()  # refused before the run claimed its folder
 
 
 def test_errors_while_tracing_are_wrapped_naming_the_stage(compose_run) -> None:

@@ -168,6 +168,27 @@ def _run(
     for node in NODES[first : last + 1]:
         if node.before_run is not None:
             node.before_run(typed, bound)  # e.g. the inputs execute builds fit in memory
+    # What each node does in this run: resumed from the checkpoint (before start_at; computed
+    # again when the first node needs it live), run, or skipped (after stop_after).
+    live = set(NODES[first].live_inputs) if first > 0 else set()
+    plan = [
+        ("recompute" if n.name in live else "resume")
+        if i < first
+        else "run"
+        if i <= last
+        else "skip"
+        for i, n in enumerate(NODES)
+    ]
+    computed = {n.name for n, how in zip(NODES, plan, strict=True) if how in ("run", "recompute")}
+    from jaxaot.stages import jaxenv
+
+    exits.clear_pending()  # one from before this run (a sweep's earlier job) is not its
+    # JAX options this run changed (jax.config), put back after it. The first stage imports
+    # program.target: when this run computes it, JAX is configured and the target imported
+    # now, so a target that cannot be imported is refused in one line before the run has a
+    # folder (from compile on, no Python code of the program is needed).
+    configured = STAGES[0] in computed
+    restore = _import_target(typed, bound) if configured else {}
     out = Path(run_dir) if run_dir is not None else default_run_dir()
     chosen.append(out)
     manifest = Manifest(run_dir=out, config=to_container(typed))
@@ -205,47 +226,30 @@ def _run(
         manifest.extra = {**manifest.extra, "wall_seconds": round(time.perf_counter() - t_start, 6)}
         manifest.write()
 
-    exits.clear_pending()  # one from before this run (a sweep's earlier job) is not its
     with (
         exits.recording_preemption(record_preempted),
         exits.signals_raise(),
         exits.guard_os_exit(),
     ):
-        claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # new, or a one-line refusal
-        claimed = True
-        from jaxaot.stages import jaxenv
-        from jaxaot.store.cache import Store, resolve_store_root
+        try:
+            claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # new, or refused
+            claimed = True
+            from jaxaot.store.cache import Store, resolve_store_root
 
-        store = Store(
-            resolve_store_root(typed.store.dir),
-            enabled=typed.store.enabled,
-            trust=typed.store.trust or None,
-        )
-        # What each node does in this run: resumed from the checkpoint (before start_at; computed
-        # again when the first node needs it live), run, or skipped (after stop_after).
-        live = set(NODES[first].live_inputs) if first > 0 else set()
-        plan = [
-            ("recompute" if n.name in live else "resume")
-            if i < first
-            else "run"
-            if i <= last
-            else "skip"
-            for i, n in enumerate(NODES)
-        ]
+            store = Store(
+                resolve_store_root(typed.store.dir),
+                enabled=typed.store.enabled,
+                trust=typed.store.trust or None,
+            )
+        except BaseException:
+            jaxenv.restore_config(restore)
+            raise
         records: dict[str, Any] = {}
-        computed = {
-            n.name for n, how in zip(NODES, plan, strict=True) if how in ("run", "recompute")
-        }
         runner = _Runner(typed, out, manifest, store, checkpoint, records, bound, running=computed)
-        restore: dict[str, Any] = {}  # JAX options this run changed (jax.config), put back after
         try:
             try:
-                restore = jaxenv.configure(
-                    backend=typed.compile.backend,
-                    num_devices=devices_to_start(typed),
-                    x64=bound.needs_x64,
-                    jax_config=typed.jax.config,
-                )
+                if not configured:
+                    restore = _configure_jax(typed, bound)
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
                 if any(n.cache_key is not None and n.name in computed for n in NODES):
@@ -320,6 +324,53 @@ def _run(
                 # The error itself is raised to the caller, which prints it (once).
                 print(render(manifest.to_json(), show_error=False), flush=True)
     return RunResult(run_dir=out, manifest=manifest.to_json(), records=records)
+
+
+def _configure_jax(typed: JaxaotConfig, bound: BoundArgs) -> dict[str, Any]:
+    """JAX's settings for this run (backend, device count, x64, ``jax.config``; the plugins'
+    start-up noise dropped): the previous values of the options it changed."""
+    from jaxaot.stages import jaxenv
+
+    return jaxenv.configure(
+        backend=typed.compile.backend,
+        num_devices=devices_to_start(typed),
+        x64=bound.needs_x64,
+        jax_config=typed.jax.config,
+    )
+
+
+def _import_target(typed: JaxaotConfig, bound: BoundArgs) -> dict[str, Any]:
+    """Configure JAX as the run does, then import ``program.target`` through the run's import
+    policy, as stage_out will (Python caches the module: stage_out's import is a look-up).
+    A TargetError when it cannot be imported; a target that ends the process while it is
+    imported (``sys.exit``, ``os._exit``) is one too. Returns what :func:`_configure_jax`
+    returned; the JAX options are put back when the import fails."""
+    from jaxaot.config.trust import policy_of
+    from jaxaot.errors import TargetError
+    from jaxaot.stages import jaxenv
+    from jaxaot.stages.resolving import resolve_target
+
+    target = typed.program.target
+    restore: dict[str, Any] = {}
+    try:
+        restore = _configure_jax(typed, bound)
+        with exits.guard_os_exit():
+            resolve_target(target, policy=policy_of(typed))
+    except SystemExit as exc:
+        jaxenv.restore_config(restore)
+        if exits.preempted() is not None:  # the job system's exit, not the program's
+            raise
+        module = target.partition(":")[0]
+        code = "" if exc.code is None else repr(exc.code)
+        raise TargetError(
+            f"program.target={target!r}: importing {module!r} called "
+            f"{getattr(exc, 'how', 'sys.exit')}({code}); expected the module to import without "
+            "ending the process"
+        ) from None
+    except BaseException:
+        jaxenv.restore_config(restore)
+        raise
+    return restore
 
 
 def _record_unfinished(manifest: Manifest, stage: str | None, status: str, t0: float) -> None:
