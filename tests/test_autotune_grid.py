@@ -67,6 +67,28 @@ def test_every_untried_point_is_enqueued_once_counting_an_earlier_sweeps_trials(
     assert finite.untried == []
 
 
+def test_a_point_that_failed_in_an_earlier_sweep_runs_again() -> None:
+    study = _study(optuna.samplers.RandomSampler(seed=0))
+    done = study.ask(SPACE)  # a stored study: one point measured, one failed, by a sweep before
+    study.tell(done, 2.0)
+    study.enqueue_trial(
+        {"a": "y", "b": 5} if done.params != {"a": "y", "b": 5} else {"a": "x", "b": 1}
+    )
+    failed = study.ask(SPACE)
+    study.tell(failed, state=TrialState.FAIL)
+    finite = FiniteSpace.of(SPACE, study, seed=0)
+    assert finite is not None and finite.failed_before == 1
+    assert len(finite.untried) == 5 and failed.params in finite.untried
+    assert done.params not in finite.untried
+    assert finite.enqueue_all(study) == 5
+    got = []
+    for _ in range(5):
+        trial = finite.ask(study)
+        got.append(trial.params)
+        study.tell(trial, 1.0)
+    assert failed.params in got and done.params not in got
+
+
 def test_more_trials_than_points_run_each_point_once(tmp_path: Path) -> None:
     """n_trials=20 over a 3-value choice: 3 trials, one per value, and one line saying so."""
     sweep_dir = tmp_path / "sweep"

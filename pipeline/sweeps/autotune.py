@@ -225,13 +225,14 @@ def _run_dir(job: JobReturn) -> Path | None:
     return Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
 
 
-def noise_band(job: JobReturn, objective: str, value: float) -> tuple[float, float] | None:
-    """The measured noise band of a trial's objective value (:mod:`jaxaot.sweeps.autotune_ties`)."""
+def noise_band(job: JobReturn, objective: str, value: float) -> dict[str, Any]:
+    """A trial's ``band`` (its measured noise; None: not measured) and timed ``samples``
+    (:mod:`jaxaot.sweeps.autotune_ties`)."""
     run_dir = _run_dir(job)
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     if run_dir is None or not manifest:
-        return None
-    return autotune_ties.band(objective, value, run_dir, manifest)
+        return {"band": None, "samples": None}
+    return autotune_ties.noise(objective, value, run_dir, manifest)
 
 
 def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str | None]:
@@ -297,13 +298,22 @@ def optimize(
             n_trials = finite.enqueue_all(study)
             points = (
                 f" (the search space has {len(finite.points)} points"
-                + (f", {earlier} tried by earlier sweeps of this study" if earlier else "")
+                + (f", {earlier} completed by earlier sweeps of this study" if earlier else "")
+                + (
+                    f", {finite.failed_before} that failed there run again"
+                    if finite.failed_before
+                    else ""
+                )
                 + f": each run once; n_trials={opts.n_trials} capped)"
                 if n_trials < opts.n_trials
                 else " (every point of the search space once)"
             )
         else:
-            points = f" of the {len(finite.points)} points of the search space, none twice"
+            points = f" of the {len(finite.points)} points of the search space, none twice" + (
+                f" ({finite.failed_before} that failed in earlier sweeps may run again)"
+                if finite.failed_before
+                else ""
+            )
     plan = SweepPlan.read(sweep_dir)
     if plan.total is not None and plan.total != n_trials:  # the progress lines' [i/total]
         SweepPlan(total=n_trials, varying=plan.varying).write(sweep_dir)
@@ -338,7 +348,11 @@ def optimize(
                     "value": value,
                     **({"values": None if why else values} if len(values) > 1 else {}),
                     # The value's measured noise (autotune_ties): a winner must clear it.
-                    "band": None if value is None else noise_band(job, opts.objective, value),
+                    **(
+                        {"band": None, "samples": None}
+                        if value is None
+                        else noise_band(job, opts.objective, value)
+                    ),
                     "error": why,
                     "params": {k: str(v) for k, v in trial.params.items()},
                     "overrides": [shown(o) for o in overrides[len(fixed) :]],
@@ -468,8 +482,9 @@ def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str,
 
 
 def _best(study: Any, trials: list[dict[str, Any]], direction: str) -> dict[str, Any] | None:
-    """The study's best trial; for one of this sweep with a noise band, ``tied_with`` lists the
-    jobs whose bands reach its own (empty: it won beyond the noise)."""
+    """The study's best trial; for one of this sweep, ``tied_with`` lists the jobs whose bands
+    reach its own (empty: it won beyond the noise) and ``provisional`` says no winner is claimed
+    (some trial's noise is not measured)."""
     if len(study.directions) > 1:
         return None  # a multi-objective study has a Pareto front instead
     try:
@@ -478,9 +493,7 @@ def _best(study: Any, trials: list[dict[str, Any]], direction: str) -> dict[str,
         return None
     mine = next((t for t in trials if t["number"] == best.number), None)
     if mine is not None:
-        if mine.get("band") is None:
-            return mine
-        return {**mine, "tied_with": autotune_ties.tied_with(mine, trials, direction)}
+        return autotune_ties.judge(mine, trials, direction)
     # The best trial ran in an earlier sweep of a stored study (hydra.sweeper.storage).
     params = {k: str(v) for k, v in best.params.items()}
     return {

@@ -12,8 +12,9 @@ each value about 7 times. Here:
   Optuna's samplers and views leave out) and an untried point, drawn with the seed, runs
   in its place.
 
-"Tried" covers this sweep's trials and, for a stored study (``hydra.sweeper.storage``), those
-of earlier sweeps that completed or failed.
+"Tried" covers this sweep's trials (a point that fails is not run again in the same sweep) and,
+for a stored study (``hydra.sweeper.storage``), the trials of earlier sweeps that completed: a
+point whose earlier trials all failed (or never finished) is untried, and runs again.
 """
 
 from __future__ import annotations
@@ -50,16 +51,18 @@ def space_size(space: dict[str, Any]) -> int | None:
 
 @dataclass
 class FiniteSpace:
-    """The points of a finite space and which of them a study has tried (point -> trial)."""
+    """The points of a finite space, which of them a study has tried (point -> trial), and how
+    many of the untried ones failed in earlier sweeps (``failed_before``: they run again)."""
 
     space: dict[str, Any]
     points: list[dict[str, Any]]
     tried: dict[Point, int]
     rng: random.Random = field(repr=False)
+    failed_before: int = 0
 
     @classmethod
     def of(cls, space: dict[str, Any], study: Any, seed: int | None) -> FiniteSpace | None:
-        """The space's grid (None for a continuous space) and the study's tried points."""
+        """The space's grid (None for a continuous space) and the study's completed points."""
         from optuna.trial import TrialState
 
         values = {k: grid_values(d) for k, d in space.items()}
@@ -72,13 +75,19 @@ class FiniteSpace:
         ]
         found = cls(space, points, {}, random.Random(seed))
         grid = {found.key(p) for p in points}
+        failed = set()
         for trial in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)
         ):
             if trial.user_attrs.get("repeat_of") is None and set(trial.params) == set(keys):
                 point = found.key(trial.params)
-                if point in grid:
+                if point not in grid:
+                    continue
+                if trial.state == TrialState.COMPLETE:
                     found.tried.setdefault(point, trial.number)
+                else:
+                    failed.add(point)
+        found.failed_before = len(failed - set(found.tried))
         return found
 
     def key(self, params: dict[str, Any]) -> Point:
