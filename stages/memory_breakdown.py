@@ -231,6 +231,66 @@ def argument_paths(compiled: Any) -> dict[int, str] | None:
 
 
 _KEY = re.compile(r"\[[^\]]*\]|\.[A-Za-z_]\w*")
+_POSITION = re.compile(r"^args\[(\d+)\]")
+
+
+def static_positions(ctx: StageContext) -> list[int]:
+    """The program's static positions (``stage_out.static_argnums``, and static_argnames
+    given by position): from this run's ``stage_out/signature.json``, else the run's bound
+    arguments. The executable's positional arguments are the others, in order."""
+    signature = ctx.out_dir.parent / "stage_out" / "signature.json"
+    try:
+        entries = json.loads(signature.read_text()).get("static") or []
+        return sorted(
+            int(m.group(1))
+            for e in entries
+            if (m := _POSITION.match(str(e.get("path", "")))) and m.end() == len(e["path"])
+        )
+    except (OSError, ValueError, AttributeError):
+        return sorted(ctx.bound.static_argnums) if ctx.bound is not None else []
+
+
+def _moved(path: str, old: list[int], new: list[int]) -> str:
+    """``path`` (``args[i]...``, ``i`` a position of a program with static positions ``old``)
+    for a program with static positions ``new``: the same executable argument."""
+    m = _POSITION.match(path)
+    if m is None:
+        return path
+    pos = int(m.group(1))
+    j = pos - sum(1 for s in old if s < pos)  # among the executable's positional arguments
+    for s in sorted(new):
+        if s <= j:
+            j += 1
+    return f"args[{j}]{path[m.end() :]}"
+
+
+def relabelled(breakdown: dict[str, Any], static: list[int]) -> dict[str, Any]:
+    """``breakdown`` with its argument paths as the program names them (signature.json,
+    arguments.txt), whose static positions are ``static``: the executable numbers only the
+    traced arguments (``args[0]`` of ``f(s, x)`` with ``s`` static is ``x``, ``args[1]``).
+    ``static_positions`` records the positions its paths are mapped through."""
+    old = list(breakdown.get("static_positions") or [])
+    if old == static:
+        return breakdown
+
+    def move(p: Any) -> Any:
+        return _moved(p, old, static) if isinstance(p, str) else p
+
+    out = {**breakdown, "static_positions": list(static)}
+    out["top"] = [
+        {**r, "path": move(r.get("path")), "subtree": move(r.get("subtree"))}
+        if "parameter" in r
+        else r
+        for r in breakdown.get("top") or []
+    ]
+    for name in ("groups", "peak_groups"):
+        groups = breakdown.get(name)
+        if isinstance(groups, dict) and isinstance(groups.get("arguments"), dict):
+            out[name] = {
+                **groups,
+                "arguments": {move(k): v for k, v in groups["arguments"].items()},
+            }
+    return out
 
 
 def subtree(path: str) -> str:
@@ -428,14 +488,22 @@ def metrics(b: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write(ctx: StageContext, breakdown: dict[str, Any]) -> None:
-    """memory_breakdown.json (a stored artifact) and its metrics."""
+    """memory_breakdown.json (a stored artifact) and its metrics, its argument paths as the
+    program names them (:func:`relabelled`)."""
+    breakdown = relabelled(breakdown, static_positions(ctx))
     ctx.write_json(ARTIFACT, breakdown)
     ctx.metrics.update(metrics(breakdown))
 
 
 def read_metrics(ctx: StageContext, data: bytes) -> None:
-    """The metrics of a stored memory_breakdown.json (a store hit, a resume)."""
-    ctx.metrics.update(metrics(json.loads(data)))
+    """The metrics of a stored memory_breakdown.json (a store hit, a resume); written again
+    when this program's static positions differ from those of the run that stored it (one
+    executable serves every program with its module and calling convention)."""
+    stored = json.loads(data)
+    breakdown = relabelled(stored, static_positions(ctx))
+    if breakdown is not stored:
+        ctx.write_json(ARTIFACT, breakdown)
+    ctx.metrics.update(metrics(breakdown))
 
 
 def summary(m: Mapping[str, Any]) -> list[str]:
@@ -462,6 +530,8 @@ __all__ = [
     "metrics",
     "peak_set",
     "read_metrics",
+    "relabelled",
+    "static_positions",
     "subtree",
     "summary",
     "top_text",
