@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
+    Literal,
     bind_config,
     build,
     leaves,
@@ -233,15 +235,76 @@ def _dims(shape: Any) -> list[int | str]:
 
 
 def _traced_as(
-    exc: BaseException, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    exc: BaseException,
+    target: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    message: str | None = None,
 ) -> str:
-    """The error of a failed trace, with the call it was traced as (which arguments went where)."""
+    """The error of a failed trace (``message``, else the exception's own), with the call it
+    was traced as (which arguments went where)."""
     parts = [f"args[{i}]={_describe(a)}" for i, a in enumerate(args)]
     parts += [f"{k}={_describe(v)}" for k, v in kwargs.items()]
     call = ", ".join(parts)
     if len(call) > 160:
         call = call[:159] + "…"
-    return f"{one_line(exc)} (while tracing {target}({call}))"
+    return f"{message or one_line(exc)} (while tracing {target}({call}))"
+
+
+# JAX's errors for a traced value used where Python needs a concrete one (range, if, int()).
+_CONCRETE_ERRORS = (
+    "TracerIntegerConversionError",
+    "TracerBoolConversionError",
+    "ConcretizationTypeError",
+)
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of JAX's error text (it runs on over several, with a link)."""
+    text = " ".join(text.split())
+    # "... with shape int32[] The error occurred while tracing ...": JAX's first sentence
+    # may lack its full stop.
+    cuts = [i for i in (text.find(". "), text.find(" The error occurred")) if i >= 0]
+    return text[: min(cuts)].rstrip(".") if cuts else text
+
+
+def _static_hint(
+    exc: BaseException, bound: BoundArgs, names: Sequence[str] | None, cfg: Any
+) -> tuple[str, str] | None:
+    """(JAX's error in one sentence, a hint) when a trace needed a concrete value and a
+    traced argument is a Python literal (``3``, ``true``): most likely one the function uses
+    in Python, which must be static. None otherwise."""
+    if type(exc).__name__ not in _CONCRETE_ERRORS:
+        return None
+    positions = [
+        i for i, a in enumerate(bound.args) if not bound.is_static(i) and isinstance(a, Literal)
+    ]
+    keywords = [
+        k for k, v in bound.kwargs.items() if not bound.is_static(k) and isinstance(v, Literal)
+    ]
+    # JAX names the argument the value came from: "depends on the value of the argument n".
+    named = re.search(r"value of the argument (\w+)", str(exc))
+    if named is not None:
+        name = named.group(1)
+        at = [i for i in positions if names is not None and i < len(names) and names[i] == name]
+        if at or name in keywords:
+            positions, keywords = at, [k for k in keywords if k == name]
+    if not positions and not keywords:
+        return None
+    said = [f"args[{i}] is the literal {bound.args[i].value!r}" for i in positions]
+    said += [f"kwargs.{k} is the literal {bound.kwargs[k].value!r}" for k in keywords]
+    fixes = []
+    if positions:
+        nums = sorted({*cfg.stage_out.static_argnums, *positions})
+        fixes.append(f"stage_out.static_argnums=[{','.join(map(str, nums))}]")
+    if keywords:
+        kw = sorted({*cfg.stage_out.static_argnames, *keywords})
+        fixes.append(f"stage_out.static_argnames=[{','.join(kw)}]")
+    hint = (
+        f"hint: {', '.join(said)}; a value the function uses in Python (range, if, shapes) "
+        f"must be static: {' '.join(fixes)}"
+    )
+    return f"{type(exc).__name__}: {_first_sentence(str(exc))}", hint
 
 
 def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
@@ -437,7 +500,10 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         missing = explain_missing_library(exc)  # a cuDNN-only kernel on a host without cuDNN
         if missing is not None:
             raise StageError("stage_out", missing) from None
-        said = _traced_as(exc, cfg.program.target, args, kwargs)
+        static = _static_hint(exc, bound, names, cfg)
+        said = _traced_as(exc, cfg.program.target, args, kwargs, static[0] if static else None)
+        if static is not None:
+            said += f"; {static[1]}"
         if mesh is not None and env is None and "context mesh" in str(exc):
             said += (
                 "; mesh.context=true traces the program with the mesh in context: expected "
@@ -488,8 +554,18 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         logical_axes=dict(adapted.logical_axes),
         returns_updates=adapted.returns_updates,
     )
-    arg_table.record(ctx, staged)  # arguments.json/.txt and the summary line
+    # arguments.json/.txt and the summary line, with each static argument's value: the traced
+    # arguments hold None where the adapters closed a value over (a str, a tuple of them).
+    arg_table.record(ctx, _with_static_values(staged))
     return staged
+
+
+def _with_static_values(staged: StagedOut) -> StagedOut:
+    """``staged`` with each static argument's value as signature.json records it."""
+    static = {e["path"]: e["value"] for e in staged.signature["static"]}
+    args = tuple(static.get(f"args[{i}]", a) for i, a in enumerate(staged.args))
+    kwargs = {k: static.get(f"kwargs[{k!r}]", v) for k, v in staged.kwargs.items()}
+    return replace(staged, args=args, kwargs=kwargs)
 
 
 def _uses_derived(bound: BoundArgs) -> bool:
