@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from jaxaot.cli.latest import run_or_path
 from jaxaot.errors import JaxaotError
 from jaxaot.snapshots.diff import diff_report, load_side, render
 from jaxaot.util.console import pipe_safe
@@ -25,8 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "and for runs what grew at the memory peak (compile/memory_breakdown.json). "
         "Exit status: 0 same, 1 different, 2 unreadable.",
     )
-    ap.add_argument("a", type=Path, help="run directory or snapshot folder")
-    ap.add_argument("b", type=Path, help="run directory or snapshot folder")
+    side = "run directory or snapshot folder; latest: the newest run under ./outputs"
+    ap.add_argument("a", help=side)
+    ap.add_argument("b", help=side)
     ap.add_argument(
         "--diff-lines",
         type=int,
@@ -37,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     try:
-        a, b = load_side(args.a), load_side(args.b)
+        expected = "a run directory or a snapshot folder"
+        a, b = (load_side(run_or_path(x, expected)) for x in (args.a, args.b))
     except (JaxaotError, OSError, ValueError) as exc:
         print(f"jaxaot-diff: error: {exc}", file=sys.stderr)
         return 2

@@ -61,6 +61,8 @@ def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
         max(len(str(r[i])) for r in [("stage", "status", "time", ""), *rows]) for i in range(3)
     ]
     lines = [head, f"run dir: {manifest['run_dir']}"]
+    if manifest.get("resumed_from"):  # resume_from (a folder, or latest): the checkpoint used
+        lines.append(f"resumed from: {manifest['resumed_from']}")
     lines.append(f"{'stage':<{widths[0]}}  {'status':<{widths[1]}}  {'time':>{widths[2]}}  details")
     lines += [
         f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
