@@ -280,8 +280,9 @@ def test_latest_run_passes_over_runs_the_overrides_contradict(tmp_path: Path) ->
         "not 'mlp'; run one with these options first (jaxaot ... stop_after=stage_out) or "
         "name its folder: resume_from=<run dir>"
     )
+    other = _typed(*AXPY[:1], "program.args=[1,2]", "start_at=compile", "resume_from=latest")
     with pytest.raises(ConfigError) as err:
-        latest_run("compile", out, cfg=typed, overrides=["program.args=[1,2]"])
+        latest_run("compile", out, cfg=other, overrides=["program.args=[1,2]"])
     assert str(err.value).startswith(
         f"resume_from=latest: the only run under {out} that finished stage_out and lower, "
         f"{mine}, has program.args = [3, 4], not [1, 2] (the command line's program.args); "
@@ -316,29 +317,31 @@ def test_latest_is_resolved_once_per_sweep_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "outputs"
-    first = _manifest(out / "d" / "1", 100.0, _config(*AXPY), stage_out="ran", lower="ran")
+    lowered = {"stage_out": "ran", "lower": "ran"}
+    first = _manifest(out / "d" / "1", 100.0, _config(*AXPY), **lowered)
     monkeypatch.setattr(resume, "_launch_outputs", lambda: out)
     monkeypatch.setattr(resume, "_RESOLVED", {})
+    monkeypatch.setattr(resume, "_sweep", lambda: "multirun/d/t")
     typed = _typed(*AXPY, "start_at=compile", "resume_from=latest")
-    for sweep, expected in ((True, first), (False, None)):
-        monkeypatch.setattr(resume, "_in_sweep", lambda sweep=sweep: sweep)
-        assert resolve_resume_from(typed, AXPY).resume_from == str(first)
-        # A job of the same sweep after a newer run finished: the same run, announced once.
-        newer = _manifest(
-            out / "d" / f"new{sweep}", 200.0 + sweep, _config(*AXPY), stage_out="ran", lower="ran"
-        )
-        again = resolve_resume_from(typed, AXPY).resume_from
-        assert again == str(expected or newer)
-        lines = capsys.readouterr().err.splitlines()
-        assert lines[0] == f"resume_from=latest: {first} (program axpy, started {_when(100.0)})"
-        assert len(lines) == (1 if sweep else 2)
-        first = newer
+    assert resolve_resume_from(typed, AXPY).resume_from == str(first)
+    # A later job of the same sweep, after a newer run finished: the same run, announced once.
+    newer = _manifest(out / "d" / "2", 200.0, _config(*AXPY), **lowered)
+    assert resolve_resume_from(typed, AXPY).resume_from == str(first)
+    assert capsys.readouterr().err == (
+        f"resume_from=latest: {first} (program axpy, started {_when(100.0)})\n"
+    )
+    # Outside a sweep (a run from Python), each run takes the newest.
+    monkeypatch.setattr(resume, "_sweep", lambda: None)
+    assert resolve_resume_from(typed, AXPY).resume_from == str(newer)
+    assert capsys.readouterr().err == (
+        f"resume_from=latest: {newer} (program axpy, started {_when(200.0)})\n"
+    )
 
 
 def test_the_command_line_is_resolved_before_hydra(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out s"  # a space: the folder is given quoted
+    out = tmp_path / "out,s"  # a comma: the folder is given quoted (else a sweep)
     run = _manifest(
         out / "outputs" / "d" / "1", 100.0, _config(*AXPY), stage_out="ran", lower="ran"
     )

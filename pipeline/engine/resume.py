@@ -271,15 +271,19 @@ def _launch_outputs() -> Path:
     return Path(cwd) / OUTPUTS_ROOT
 
 
-def _in_sweep() -> bool:
+def _sweep() -> str | None:
+    """The folder of the sweep this process runs a job of, None outside a sweep."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(HydraConfig.get().sweep.dir)
+    return None
 
 
-# resume_from=latest resolved in this sweep process: (outputs/, start_at, the overrides of the
-# loaded sections) -> run dir, so that a job does not resume from the job before it.
+# resume_from=latest resolved in this process: (the sweep's folder, outputs/, start_at, the
+# overrides of the loaded sections) -> run dir, so that a job does not resume from the job
+# before it.
 _RESOLVED: dict[tuple[str, ...], Path] = {}
 
 
@@ -301,12 +305,13 @@ def resolve_resume_from(cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotCo
     root = _launch_outputs()
     frozen = frozen_sections(cfg.start_at)
     given = sorted(o for o in overrides if (_override_key(o) or ".").split(".")[0] in frozen)
-    key = (str(root), cfg.start_at, *given)
-    run_dir = _RESOLVED.get(key)
+    sweep = _sweep()
+    key = (str(sweep), str(root), cfg.start_at, *given)
+    run_dir = _RESOLVED.get(key) if sweep is not None else None
     if run_dir is None:
         run_dir, data = _choose_latest(cfg.start_at, root, cfg, overrides)
         _announce(run_dir, data)
-        if _in_sweep():
+        if sweep is not None:
             _RESOLVED[key] = run_dir
     return dataclasses.replace(cfg, resume_from=str(run_dir))
 
