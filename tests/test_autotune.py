@@ -191,6 +191,7 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     assert "\\[" not in logged and "\t#0 : " in logged  # the launcher's job lines too
     for text in (md, *progress, logged.split("autotune: best", 1)[1].splitlines()[0]):
         assert "\\" not in text and "f32[" in text, text
+    assert "[HYDRA]" not in stdout  # the autotune lines are plain lines, like the progress lines
 
 
 def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
@@ -223,7 +224,10 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
     assert "jaxaot: error:" not in proc.stderr  # each job's error is in its progress line only
     out = proc.stdout + proc.stderr
     assert out.count("indices must have an integer type") == 4  # 3 progress lines + the stop
-    assert "failed jobs: 0, 1, 2 (errors above and in sweep.md)" in out
+    assert proc.stderr.splitlines()[-1] == (
+        "sweep: 3 of 3 jobs failed: [1/6], [2/6], [3/6] (errors above and in sweep.md)"
+    )
+    assert "[HYDRA]" not in out  # plain lines, like the progress lines
 
 
 def test_same_failure_masks_each_trials_own_values() -> None:

@@ -7,13 +7,21 @@ jaxaot's INFO lines (``[lower] ran in 0.11 s``, cache hits and misses) go to the
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from jaxaot.rundir.logs import end_launch_lines, log_launch_lines, show_info, verbose_argv
+from jaxaot.rundir.logs import (
+    end_launch_lines,
+    hold_stage_warnings,
+    log_launch_lines,
+    release_stage_warnings,
+    show_info,
+    verbose_argv,
+)
 
 AXPY = ["program=axpy", "program.args=[3,4]"]
 INFO = "[jaxaot][INFO]"
@@ -40,20 +48,67 @@ def test_verbose_shows_the_stage_lines_on_stderr(tmp_path: Path) -> None:
     assert "[lower] ran in" in (run_dir / "jaxaot.log").read_text()
 
 
-def test_warnings_still_reach_stderr(tmp_path: Path) -> None:
+def test_a_stage_warning_shows_once_in_the_summary(tmp_path: Path) -> None:
     # log of a random normal input: NaN for the negative ones, a stage warning
-    proc = run_cli(
-        [
-            "program.target=jax.numpy:log",
-            "program.args=[f32[16]]",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-    )
+    run_dir = tmp_path / "run"
+    args = ["program.target=jax.numpy:log", "program.args=[f32[16]]"]
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    [warning] = [ln for ln in proc.stderr.splitlines() if "[WARNING]" in ln]
-    assert "non-finite values" in warning
-    assert INFO not in proc.stderr + proc.stdout
+    assert proc.stderr == ""  # not also as a log line
+    [shown] = [ln for ln in proc.stdout.splitlines() if "non-finite" in ln]
+    assert shown.startswith("warning: execute: non-finite values")
+    [logged] = [ln for ln in (run_dir / "jaxaot.log").read_text().splitlines() if "[WARNING]" in ln]
+    assert "[execute] non-finite values" in logged
+    verbose = run_cli(["-v", *args, f"hydra.run.dir={tmp_path / 'v'}"], cwd=tmp_path)
+    assert verbose.returncode == 0, verbose.stderr
+    [line] = [ln for ln in verbose.stderr.splitlines() if "[WARNING]" in ln]
+    assert "[execute] non-finite values" in line
+
+
+def _console(run_dir: Path) -> tuple[logging.Handler, list[str]]:
+    """A screen handler named as Hydra's job logging names it, its lines, and the held
+    stage warnings for a job in ``run_dir``."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.set_name("console")
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    return handler, lines
+
+
+def _manifest(run_dir: Path, status: str, warnings: list[str]) -> None:
+    run_dir.mkdir(exist_ok=True)
+    stages = {"execute": {"status": "ran", "warnings": warnings}}
+    (run_dir / "manifest.json").write_text(json.dumps({"status": status, "stages": stages}))
+
+
+@pytest.mark.parametrize(
+    ("status", "recorded", "printed", "shown"),
+    [
+        ("ok", ["non-finite values"], None, []),  # the summary showed it
+        ("running", [], None, ["[execute] non-finite values"]),  # ended before its summary
+        ("failed", ["another"], None, ["[execute] non-finite values"]),  # not recorded
+        ("ok", ["non-finite values"], False, ["[execute] non-finite values"]),  # nothing printed
+    ],
+)
+def test_held_stage_warnings_show_unless_the_summary_showed_them(
+    tmp_path: Path, status: str, recorded: list[str], printed: bool | None, shown: list[str]
+) -> None:
+    handler, lines = _console(tmp_path)
+    log = logging.getLogger("jaxaot")
+    try:
+        hold_stage_warnings(tmp_path, summary=True)
+        log.warning("[%s] %s", "execute", "non-finite values")
+        log.warning("store: not shared")  # no stage's warning: on the screen at once
+        assert lines == ["store: not shared"]
+        _manifest(tmp_path, status, recorded)
+        release_stage_warnings(printed=printed)
+        assert lines == ["store: not shared", *shown]
+        release_stage_warnings()  # idempotent; the filter is gone
+        log.warning("[%s] %s", "execute", "after the run")
+        assert lines[-1] == "[execute] after the run"
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 def test_a_two_job_sweep_prints_its_progress_lines_and_report_only(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import cli_env, read_manifest, run_cli
+from jaxaot.sweeps.progress import WARNING_CHARS, human_value, progress_line
 from PIL import Image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -174,6 +175,11 @@ def test_failing_points_are_rows_with_errors_and_exit_nonzero(tmp_path: Path) ->
     md = (sweep_dir / "sweep.md").read_text()
     assert "4 jobs: 1 ok, 3 failed." in md and "**failed**" in md
     assert "[2/4] backend=cpu repeats=0 | failed | execute.repeats: expected >= 1" in proc.stdout
+    # The failed jobs as the progress lines numbered them, not by their folders (0-based).
+    assert proc.stderr.splitlines()[-1] == (
+        "sweep: 3 of 4 jobs failed: [2/4], [3/4], [4/4] (errors above and in sweep.md)"
+    )
+    assert "[HYDRA]" not in proc.stdout + proc.stderr
     record = json.loads((sweep_dir / rows["cpu", "0"]["dir"] / "job.json").read_text())
     assert record["code"] == 1 and record["num"] == 1
 
@@ -207,3 +213,79 @@ def test_compile_only_sweep_with_submitit_local(tmp_path: Path) -> None:
     assert all(r["compile.temp_bytes"] and r["execute.median_s"] == "" for r in rows)
     assert {r["execute.status"] for r in rows} == {"skipped"}
     _assert_valid_png(sweep_dir / "plots" / "program.args.1.png")
+
+
+def test_a_jobs_stage_warnings_are_on_its_progress_line_and_in_the_report(tmp_path: Path) -> None:
+    # log of random normal inputs: NaN for the negative ones, the execute stage's warning
+    proc, sweep_dir = _sweep(
+        tmp_path, "program.target=jax.numpy:log", "program.args=[f32[16]],[f32[32]]"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # each warning once: on its job's progress line
+    lines = _progress(proc.stdout)
+    assert len(lines) == 2
+    for line in lines:
+        assert " | ok, 1 warning | compile " in line, line
+        assert line.endswith(" | warning: execute: non-finite values (nan/inf) in output(s) <root>")
+    rows = _rows(sweep_dir)
+    assert [r["warnings"] for r in rows] == [
+        "execute: non-finite values (nan/inf) in output(s) <root>"
+    ] * 2
+    md = (sweep_dir / "sweep.md").read_text()
+    assert "| ok, 1 warning |" in md
+    assert "## Warnings\n\n- job 0: execute: non-finite values" in md
+    assert "- job 1: execute: non-finite values" in md
+
+
+def test_progress_line_counts_warnings_and_shortens_the_first() -> None:
+    manifest = {"warnings": ["compile: " + "x" * 200, "execute: non-finite values"]}
+    line = progress_line(1, 2, ["execute.seed=0"], "ok", manifest, None)
+    head, status, figures, warning = line.split(" | ")
+    assert head == "[1/2] seed=0" and status == "ok, 2 warnings" and figures == ""
+    assert warning.startswith("warning: compile: xxx") and warning.endswith("... (+1 more)")
+    assert len(warning) == len("warning: ") + WARNING_CHARS + len(" (+1 more)")
+    assert progress_line(1, 2, ["execute.seed=0"], "ok", {}, None) == "[1/2] seed=0 | ok"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["program=axpy", "program.args=[3,4]", "execute.repeat=2,3"],  # a mistyped key
+        ["program=mpl,axpy"],  # a mistyped option
+    ],
+)
+def test_a_sweep_refused_before_its_first_job_leaves_no_folder(
+    tmp_path: Path, args: list[str]
+) -> None:
+    proc = run_cli(["-m", *args], cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("jaxaot: error: ") and "did you mean" in proc.stderr
+    assert not (tmp_path / "outputs").exists()
+    named = tmp_path / "named" / "sweep"
+    proc = run_cli(["-m", *args, f"hydra.sweep.dir={named}"], cwd=tmp_path)
+    assert proc.returncode == 1 and not (tmp_path / "named").exists()
+
+
+def test_a_sweep_folder_with_a_finished_job_is_kept(tmp_path: Path) -> None:
+    from jaxaot.rundir import dirs
+
+    sweep = tmp_path / "sweep"
+    dirs.check_user_dirs([f"hydra.sweep.dir={sweep}"], True)  # made by this process
+    (sweep / ".jaxaot" / "finished").mkdir(parents=True)
+    (sweep / ".jaxaot" / "sweep.json").write_text("{}")
+    (sweep / "multirun.yaml").write_text("")
+    assert not dirs.remove_unstarted(sweep)  # a job finished: the sweep started
+    (sweep / ".jaxaot" / "finished").rmdir()
+    (sweep / "0").mkdir()
+    assert not dirs.remove_unstarted(sweep)  # a job folder
+    (sweep / "0").rmdir()
+    assert dirs.remove_unstarted(sweep) and not tmp_path.joinpath("sweep").exists()
+
+
+def test_objective_values_read_in_their_units() -> None:
+    assert human_value("execute.median_s", 0.000389348) == "389.3 us"
+    assert human_value("compile.seconds", 2.5) == "2.50 s"
+    assert human_value("compile.temp_bytes", 3 * 2**20) == "3.0 MiB"
+    assert human_value("compile.bytes_accessed", 512) == "512 B"
+    assert human_value("execute.flops_per_s", 1.5e9) == "1.5e+09"  # a rate: as measured
+    assert human_value("compile.flops", 123456789) == "1.23457e+08"

@@ -23,7 +23,6 @@ No ``from __future__ import annotations`` here: Hydra executes plugin modules be
 registering them in ``sys.modules``, where dataclasses would look string annotations up.
 """
 
-import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,12 +57,11 @@ from jaxaot.sweeps.progress import (
     JobOutcome,
     SweepPlan,
     override_key,
+    print_line,
     read_json,
 )
 from jaxaot.util.fsio import atomic_write_json
 from omegaconf import DictConfig, OmegaConf
-
-log = logging.getLogger("jaxaot")
 
 NO_TOPOLOGY = "the job has no fit verdict (set compile.topology)"
 RUNNING = "running"  # a probe launched and not finished (yet, or ever: its process was killed)
@@ -235,12 +233,11 @@ class JaxaotFitSweeper(LaunchingSweeper):
         if previous.resumed:
             moved = supersede_earlier(sweep_dir, previous.verdict_jobs())
             if moved:
-                log.info(
-                    "fit search: %d earlier job(s) without a verdict (%s) moved to %s; "
-                    "their values run again where the search needs them",
-                    len(moved),
-                    ", ".join(f"job {j}" for j in sorted(moved)),
-                    sweep_dir / STATE_DIR / SUPERSEDED_DIR,
+                print_line(
+                    f"fit search: {len(moved)} earlier job(s) without a verdict "
+                    f"({', '.join(f'job {j}' for j in sorted(moved))}) moved to "
+                    f"{sweep_dir / STATE_DIR / SUPERSEDED_DIR}; their values run again where "
+                    "the search needs them"
                 )
         common = set.intersection(*(set(c) for c in combos))
         searches = [
@@ -281,26 +278,22 @@ class JaxaotFitSweeper(LaunchingSweeper):
                 if record is not None:
                     record["reused"] = True
                     state["reused"] += 1
-                    log.info(
-                        "fit search [%s]: n=%d: %s, as %s records",
-                        search.label or "all jobs",
-                        n,
-                        record["status"],
-                        FIT_NAME,
+                    print_line(
+                        f"fit search [{search.label or 'all jobs'}]: n={n}: "
+                        f"{record['status']}, as {FIT_NAME} records"
                     )
                 else:
                     earlier = previous.without_verdict(search.fixed, n)
                     if earlier is not None:
-                        log.info(
-                            "fit search [%s]: n=%d: %s records no verdict (%s, job %s); "
-                            "running it again",
-                            search.label or "all jobs",
-                            n,
-                            FIT_NAME,
+                        why = (
                             "still running when its process was killed"
                             if earlier["status"] == RUNNING
-                            else earlier.get("error") or earlier["status"],
-                            earlier.get("job"),
+                            else earlier.get("error") or earlier["status"]
+                        )
+                        print_line(
+                            f"fit search [{search.label or 'all jobs'}]: n={n}: {FIT_NAME} "
+                            f"records no verdict ({why}, job {earlier.get('job')}); "
+                            "running it again"
                         )
                     batch = [[*search.fixed, *self.opts.with_value(n)]]
                     self.validate_batch_is_legal(batch)
@@ -325,14 +318,12 @@ class JaxaotFitSweeper(LaunchingSweeper):
                 return record["fits"]
 
             bisect(self.opts, probe, search)
-            log.info("%s", summary_line(search.to_json(self.opts)))
+            print_line(summary_line(search.to_json(self.opts)))  # as each search ends: once
         doc = write(final=True)
         finished = previous.count + len(returns)
         SweepPlan(total=finished, varying=tuple(varying)).write(sweep_dir)
-        for result in doc["searches"]:
-            print(summary_line(result), flush=True)
         for line in front_lines(doc["fronts"]):
-            print(line, flush=True)
+            print_line(line)
         return returns
 
 

@@ -34,7 +34,7 @@ from jaxaot.rundir.dirs import (
     remove_unstarted,
     remove_unstarted_runs,
 )
-from jaxaot.rundir.logs import show_info, verbose_argv
+from jaxaot.rundir.logs import release_stage_warnings, show_info, verbose_argv
 from jaxaot.schema import JaxaotConfig, register_configs
 from jaxaot.sweeps.callbacks import last_sweep_failures
 from jaxaot.sweeps.progress import JobOutcome
@@ -299,7 +299,10 @@ def _main() -> None:
         sys.argv = [sys.argv[0], *(args := resolve_latest_argv(args))]
         # A run dir named on the command line that holds a run: refused before Hydra writes in it.
         check_user_dirs(args, _is_multirun_argv(args))
-        _app()
+        try:
+            _app()
+        finally:  # a run that exits (sys.exit) skips the callback that shows or drops them
+            release_stage_warnings()
     except Exception as exc:
         remove_unstarted_runs()  # e.g. a logging config refused after Hydra made the run dir
         if _debug(None) or any(a.replace(" ", "").lower() == "debug=true" for a in args):

@@ -34,6 +34,10 @@ from jaxaot.util.fsio import folder_problem
 RESOLVER = "unique_dir"
 SWEEP_MARKERS = ("multirun.yaml", ".jaxaot")  # what a sweep leaves in hydra.sweep.dir
 HYDRA_SUBDIR = ".hydra"  # hydra.output_subdir: the composed config Hydra saves in a run dir
+# What a sweep that launched no job leaves in its dir: Hydra's multirun.yaml, the launchers'
+# multirun.log (jaxaot.rundir.logs) and .jaxaot/ holding the plan (jaxaot.sweeps.progress).
+SWEEP_STATE, SWEEP_PLAN = ".jaxaot", "sweep.json"
+_UNLAUNCHED_SWEEP = ("multirun.yaml", "multirun.log", SWEEP_STATE)
 
 # Folders this process created for its runs (absolute): a run dir made by unique_dir, the
 # parents it made for it, and a hydra.run.dir named on the command line that did not exist
@@ -201,8 +205,9 @@ def check_user_dirs(overrides: list[str], multirun: bool) -> None:
     if not value or "${" in value:
         return
     path = Path(value)
-    if not multirun and not os.path.lexists(path):
-        # Made by Hydra for this run (with its missing parents): removable if it does not start.
+    if not os.path.lexists(path):
+        # Made by Hydra for this run or sweep (with its missing parents): removable if it does
+        # not start.
         here = Path(os.path.abspath(path))
         _created.update(str(p) for p in (here, *here.parents) if not os.path.lexists(p))
         _runs.add(str(here))
@@ -235,8 +240,11 @@ def remove_unstarted(run_dir: Path | str | None) -> bool:
     the run, holding nothing but Hydra's ``.hydra/`` and the run's log file; then the empty
     parents this process created for it (``outputs/<date>/``). Whether it was removed.
 
-    A folder the user named that existed before the run, a sweep's job folder and a folder
-    holding anything else (a manifest: the run began and recorded how it ended) are kept.
+    A sweep refused before its first job (a mistyped key or option, found as Hydra composes
+    that job) leaves only its plan and Hydra's ``multirun.yaml`` (and ``multirun.log``): its
+    folder goes the same way. A folder the user named that existed before the run, a sweep's
+    job folder and a folder holding anything else (a manifest: the run began and recorded how
+    it ended; a job folder) are kept.
     """
     if run_dir is None:
         return False
@@ -244,13 +252,19 @@ def remove_unstarted(run_dir: Path | str | None) -> bool:
     if here not in _created:
         return False
     folder = Path(here)
-    allowed = {HYDRA_SUBDIR, "jaxaot.log", *_log_files(folder)}
+    allowed = {HYDRA_SUBDIR, "jaxaot.log", *_log_files(folder), *_UNLAUNCHED_SWEEP}
     try:
         names = set(os.listdir(folder))
     except OSError:
         return False
     if not names <= allowed or (HYDRA_SUBDIR in names and not (folder / HYDRA_SUBDIR).is_dir()):
         return False
+    if SWEEP_STATE in names:  # a sweep's: its plan only, no job finished or relayed a line
+        try:
+            if set(os.listdir(folder / SWEEP_STATE)) - {SWEEP_PLAN}:
+                return False
+        except OSError:
+            return False
     try:
         shutil.rmtree(folder)
     except OSError:

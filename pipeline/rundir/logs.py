@@ -6,6 +6,12 @@ report line), with warnings and errors; jaxaot's INFO lines (``[compile] ran in 
 hits and misses) go to the run's ``jaxaot.log`` only. ``verbose=true`` (``-v``, ``--verbose``)
 shows them on the screen too (:func:`show_info`).
 
+A stage's warning (``[execute] non-finite values ...``, ``StageContext.warn``) is recorded in the
+manifest, and the run's summary (a sweep job's progress line) shows it: while a job runs, the
+screen's handler holds those back (:func:`hold_stage_warnings`), and when the job has printed
+its summary or progress line, :func:`release_stage_warnings` drops the ones its manifest records
+and shows the rest, so that a run ending before its summary still shows every warning once.
+
 Hydra's launchers log each sweep's ``Launching 2 jobs locally`` and ``#0 : key=value ...``
 lines in the launching process; :func:`log_launch_lines` sends them to ``multirun.log`` in the
 sweep dir, and to the screen only with ``verbose=true``.
@@ -14,10 +20,13 @@ sweep dir, and to the screen only with ``verbose=true``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from jaxaot.rundir.manifest import MANIFEST_NAME
 
 VERBOSE_FLAGS = ("-v", "--verbose")  # the command line's spelling of verbose=true
 CONSOLE = "console"  # the screen's handler in hydra.job_logging (conf/config.yaml)
@@ -72,6 +81,87 @@ class _AppendLines(logging.Handler):
             self.handleError(record)
 
 
+# StageContext.warn's format (stages/node.py): "[stage] message", recorded in the manifest too.
+STAGE_WARNING = "[%s] %s"
+
+
+class _HeldWarnings(logging.Filter):
+    """On the screen's handler: keeps back the stages' warnings of the job in ``run_dir``.
+
+    ``summary``: the job prints its summary (a single run; a sweep job with a snapshot), which
+    it renders from the manifest it has just written."""
+
+    def __init__(self, run_dir: Path, *, summary: bool) -> None:
+        super().__init__()
+        self.run_dir, self.summary = Path(run_dir), summary
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.name == "jaxaot"
+            and record.levelno == logging.WARNING
+            and record.msg == STAGE_WARNING
+            and isinstance(args, tuple)
+            and len(args) == 2
+        ):
+            self.held.append(record)
+            return False
+        return True
+
+
+_held: list[tuple[logging.Handler, _HeldWarnings]] = []
+
+
+def hold_stage_warnings(run_dir: Path, *, summary: bool) -> None:
+    """Until :func:`release_stage_warnings`: the stages' warnings do not reach the screen.
+
+    Called as a job starts, after Hydra configured its logging, in the process that runs it,
+    for a quiet job whose summary or progress line will show its warnings; the run's log file
+    gets them as they happen."""
+    release_stage_warnings(printed=False)  # an earlier job's, if it never released them
+    for handler in logging.getLogger().handlers:
+        if handler.get_name() == CONSOLE:
+            held = _HeldWarnings(run_dir, summary=summary)
+            handler.addFilter(held)
+            _held.append((handler, held))
+
+
+def recorded_warnings(run_dir: Path) -> set[tuple[str, str]]:
+    """``(stage, message)`` of every warning a finished run's manifest records (none while it
+    runs, or without a readable manifest)."""
+    try:
+        manifest = json.loads((Path(run_dir) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(manifest, dict) or manifest.get("status") in (None, "running"):
+        return set()
+    return {
+        (str(stage), str(w))
+        for stage, rec in (manifest.get("stages") or {}).items()
+        if isinstance(rec, dict)
+        for w in rec.get("warnings") or []
+    }
+
+
+def release_stage_warnings(*, printed: bool | None = None) -> None:
+    """The held warnings: dropped where the job printed its summary or progress line and its
+    manifest records them; shown now otherwise (idempotent).
+
+    ``printed``: whether the summary or progress line was printed; None: whether the job prints
+    its summary (as it ends, from its final manifest: a run that failed before writing one
+    shows every warning here)."""
+    while _held:
+        handler, held = _held.pop(0)
+        handler.removeFilter(held)
+        shown = held.summary if printed is None else printed
+        recorded = recorded_warnings(held.run_dir) if shown else set()
+        for record in held.held:
+            stage, message = record.args  # type: ignore[misc]
+            if (str(stage), str(message)) not in recorded:
+                handler.handle(record)
+
+
 _installed: dict[str, tuple[_AppendLines, dict[str, bool]]] = {}  # sweep dir -> handler, propagate
 
 
@@ -106,10 +196,14 @@ def end_launch_lines(sweep_dir: Path) -> None:
 __all__ = [
     "CONSOLE",
     "LAUNCH_LOGGERS",
+    "STAGE_WARNING",
     "SWEEP_LOG",
     "VERBOSE_FLAGS",
     "end_launch_lines",
+    "hold_stage_warnings",
     "log_launch_lines",
+    "recorded_warnings",
+    "release_stage_warnings",
     "show_info",
     "verbose_argv",
 ]

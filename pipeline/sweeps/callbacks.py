@@ -22,10 +22,16 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from jaxaot.errors import EXIT_DOES_NOT_FIT
-from jaxaot.rundir.logs import end_launch_lines, log_launch_lines
+from jaxaot.rundir.logs import (
+    end_launch_lines,
+    hold_stage_warnings,
+    log_launch_lines,
+    release_stage_warnings,
+)
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.overrides import shorten_launcher_lines
 from jaxaot.sweeps.progress import (
+    JOB_NAME,
     Heartbeat,
     JobOutcome,
     ProgressRelay,
@@ -33,16 +39,15 @@ from jaxaot.sweeps.progress import (
     claim_finish_slot,
     override_key,
     planned_stages,
+    print_error,
     print_line,
     progress_line,
     read_json,
     relay_line,
     write_job_record,
 )
-from jaxaot.sweeps.report import MD_NAME, collect, write_report
+from jaxaot.sweeps.report import MD_NAME, SweepTable, collect, write_report
 from omegaconf import DictConfig, OmegaConf
-
-log = logging.getLogger("jaxaot")
 
 _heartbeats: dict[str, Heartbeat] = {}
 _relays: dict[str, ProgressRelay] = {}  # module-level: launchers pickle the callbacks
@@ -101,6 +106,14 @@ def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
     return ("ok" if code == 0 else "failed"), code, None
 
 
+def _snapshot(config: DictConfig) -> bool:
+    """Whether the job writes or verifies a snapshot: it prints its summary even in a sweep."""
+    return bool(
+        OmegaConf.select(config, "snapshot.write", default=None)
+        or OmegaConf.select(config, "snapshot.verify", default=None)
+    )
+
+
 def _import_plots() -> None:
     with contextlib.suppress(Exception):  # no matplotlib: write_report says so at the end
         import jaxaot.sweeps.plots  # noqa: F401
@@ -138,7 +151,12 @@ class SweepCallback(Callback):
         plan = plan_of(config)
         plan.write(sweep_dir)
         # Hydra's "Launching N jobs" and "#0 : ..." lines: to multirun.log; the screen with -v.
-        log_launch_lines(sweep_dir, bool(OmegaConf.select(config, "verbose", default=False)))
+        verbose = bool(OmegaConf.select(config, "verbose", default=False))
+        log_launch_lines(sweep_dir, verbose)
+        if not verbose and logging.getLogger("matplotlib").level == logging.NOTSET:
+            # matplotlib's first use on a machine logs "generated new fontManager" at INFO,
+            # which the launching process's Hydra logging would show as a [HYDRA] line.
+            logging.getLogger("matplotlib").setLevel(logging.WARNING)
         if self.progress:  # the launcher's "#3 : key=value ..." lines, long values shortened
             shorten_launcher_lines()
         if self.progress and _output_hidden(config):
@@ -147,9 +165,15 @@ class SweepCallback(Callback):
             _prefetch_plotting()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = str(config.hydra.runtime.output_dir)
+        quiet = not OmegaConf.select(config, "verbose", default=False)
+        # A single run prints its summary, a sweep job its progress line (or, with a snapshot,
+        # its summary): either shows the stages' warnings, which the screen then gets once.
+        summary = config.hydra.mode != RunMode.MULTIRUN or _snapshot(config)
+        if quiet and (summary or self.progress):
+            hold_stage_warnings(Path(run_dir), summary=summary)
         if self.heartbeat_s <= 0:
             return
-        run_dir = str(config.hydra.runtime.output_dir)
         if config.hydra.mode == RunMode.MULTIRUN:
             label = f"job {config.hydra.job.num}"
         else:
@@ -158,7 +182,6 @@ class SweepCallback(Callback):
             stages = planned_stages(config)
         except ValueError:  # a bad start_at/stop_after: the runner reports it
             return
-        quiet = not OmegaConf.select(config, "verbose", default=False)
         _heartbeats[run_dir] = Heartbeat(
             Path(run_dir), self.heartbeat_s, label, stages, screen=quiet
         ).start()
@@ -169,31 +192,35 @@ class SweepCallback(Callback):
         if beat is not None:
             beat.stop()
         if config.hydra.mode != RunMode.MULTIRUN:
+            release_stage_warnings()  # the summary is printed: it shows them
             return
         status, code, error = _outcome(job_return)
         overrides = [str(o) for o in (job_return.overrides or [])]
-        write_job_record(
-            run_dir,
-            {
-                "num": int(config.hydra.job.num),
-                "overrides": overrides,
-                "status": status,
-                "code": code,
-                "error": error,
-                "host": socket.gethostname(),
-                "finished": time.time(),
-            },
-        )
+        record = {
+            "num": int(config.hydra.job.num),
+            "overrides": overrides,
+            "status": status,
+            "code": code,
+            "error": error,
+            "host": socket.gethostname(),
+            "finished": time.time(),
+        }
         if not self.progress:
+            write_job_record(run_dir, record)
+            release_stage_warnings()
             return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         plan = SweepPlan.read(sweep_dir)
+        n = claim_finish_slot(sweep_dir)
+        # As the progress line numbers the job: the sweep's last line names failed jobs so.
+        record["progress"] = f"[{n}/{plan.total if plan.total is not None else '?'}]"
+        write_job_record(run_dir, record)
         shown = [o for o in overrides if override_key(o) in plan.varying] or overrides
         manifest = read_json(run_dir / MANIFEST_NAME)
         error = error or (manifest or {}).get("error")
-        n = claim_finish_slot(sweep_dir)
         line = progress_line(n, plan.total, shown, status, manifest, error)
         print_line(line)
+        release_stage_warnings(printed=True)  # the line counts them; sweep.md lists them
         if _output_hidden(config):
             relay_line(sweep_dir, n, line)  # for the launching process to print
 
@@ -214,15 +241,26 @@ class SweepCallback(Callback):
                 f"report: {sweep_dir / MD_NAME}",
                 flush=True,
             )
-        if self.progress and table.failed:  # each error is in its job's progress line: once
-            log.error(
-                "failed jobs: %s (errors above and in %s)",
-                ", ".join(str(r["job"]) for r in table.failed),
-                MD_NAME,
-            )
-            return
-        for r in table.failed:
-            log.error("job %s failed: %s", r["job"], r.get("error") or r["status"])
+        if table.failed:
+            print_error(failed_line(sweep_dir, table, progress=self.progress))
 
 
-__all__ = ["SweepCallback", "last_sweep_failures", "plan_of"]
+def failed_line(sweep_dir: Path, table: SweepTable, *, progress: bool) -> str:
+    """``sweep: 1 of 2 jobs failed: [2/2] (errors above and in sweep.md)``: each failed job as
+    its progress line numbered it (``job 3``, its folder, for one that printed none: killed).
+    Without progress lines, each failed job's error follows on a line of its own."""
+    failed = table.failed
+    head = f"sweep: {len(failed)} of {len(table.rows)} jobs failed"
+    if not progress:
+        return "\n".join(
+            [f"{head} (errors in {MD_NAME}):"]
+            + [f"  job {r['job']}: {r.get('error') or r['status']}" for r in failed]
+        )
+    names = []
+    for r in failed:
+        record = read_json(sweep_dir / str(r["dir"]) / JOB_NAME) or {}
+        names.append(str(record.get("progress") or f"job {r['job']}"))
+    return f"{head}: {', '.join(names)} (errors above and in {MD_NAME})"
+
+
+__all__ = ["SweepCallback", "failed_line", "last_sweep_failures", "plan_of"]

@@ -151,7 +151,8 @@ def progress_line(
     error: str | None,
 ) -> str:
     """``[3/8] key=value ... | ok | compile ran 1.2 s, 12 MFLOP, ...`` for one finished job
-    (``[3/≤8]`` where the total is a bound, :class:`AtMost`)."""
+    (``[3/≤8]`` where the total is a bound, :class:`AtMost`); a job whose stages warned:
+    ``| ok, 1 warning | ... | warning: execute: non-finite values ...``."""
     head = f"[{n}/{total if total is not None else '?'}]"
     names = short_names([override_key(o) for o in overrides])
     shown = " ".join(
@@ -159,7 +160,31 @@ def progress_line(
     )
     shown = shown or "(no overrides)"
     tail = key_figures(manifest) if status == "ok" else (error or "failed")
+    warned = [str(w) for w in (manifest or {}).get("warnings") or []]
+    if warned:  # the stages' warnings: counted, the first one shortened (sweep.md has all)
+        status += f", {len(warned)} warning{'s' if len(warned) > 1 else ''}"
+        more = f" (+{len(warned) - 1} more)" if len(warned) > 1 else ""
+        tail = f"{tail} | warning: {_shorten(warned[0], WARNING_CHARS)}{more}"
     return f"{head} {shown} | {status} | {tail}".rstrip(" |")
+
+
+WARNING_CHARS = 80  # of a warning on a progress line
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def human_value(objective: str, value: float) -> str:
+    """An objective's value for people: a time (``execute.median_s``, ``compile.seconds``) as
+    ``389.3 us``, a size (``compile.temp_bytes``) as ``1.5 MiB``, any other figure with six
+    significant digits."""
+    if objective.endswith(("_s", ".seconds")) and not objective.endswith("per_s"):
+        return human_seconds(value)
+    if objective.endswith("bytes") or "bytes_" in objective:
+        return human_bytes(value)
+    return f"{value:.6g}"
 
 
 def relay_line(sweep_dir: Path, n: int, line: str) -> None:
@@ -263,6 +288,13 @@ def print_line(line: str) -> None:
     sys.stdout.flush()
 
 
+def print_error(text: str) -> None:
+    """Plain lines on stderr, for a sweep's own warnings and errors: not log records, which
+    in the launching process carry Hydra's ``[time][HYDRA]`` prefix."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def planned_stages(config: Any) -> list[str]:
     """The stages a job's config runs, from ``start_at`` to ``stop_after`` (compile at the
     latest for ``compile.topology``: there is nothing here to execute on, see
@@ -343,16 +375,19 @@ __all__ = [
     "LINES_DIR",
     "PLAN_NAME",
     "STATE_DIR",
+    "WARNING_CHARS",
     "AtMost",
     "Heartbeat",
     "JobOutcome",
     "ProgressRelay",
     "SweepPlan",
     "claim_finish_slot",
+    "human_value",
     "key_figures",
     "override_key",
     "override_value",
     "planned_stages",
+    "print_error",
     "print_line",
     "progress_line",
     "read_json",

@@ -25,6 +25,7 @@ from jaxaot.sweeps.progress import (
     JOB_NAME,
     STATE_DIR,
     SweepPlan,
+    human_value,
     override_key,
     override_value,
     read_json,
@@ -167,6 +168,7 @@ class SweepTable:
             *topo,
             *slurm,
             "error",
+            "warnings",
             "dir",
         ]
 
@@ -253,7 +255,8 @@ def collect(sweep_dir: Path | str) -> SweepTable:
                 slurm_state_source=slurm.get("source"),
                 requeued=(manifest or {}).get("requeued", 0),
             )
-        row.update(error=error, dir=str(d.relative_to(root)))
+        warned = [str(w) for w in (manifest or {}).get("warnings") or []]  # "stage: message"
+        row.update(error=error, warnings=warned, dir=str(d.relative_to(root)))
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
     varying = _varying(all_overrides, plan.varying)
@@ -300,8 +303,15 @@ def to_csv(table: SweepTable) -> str:
     cols = table.columns
     writer.writerow(cols)
     for r in table.rows:
-        writer.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+        writer.writerow([_csv_cell(r.get(c)) for c in cols])
     return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    """None as empty; a list (a job's warnings) as its items joined by "; "."""
+    if value is None:
+        return ""
+    return "; ".join(str(v) for v in value) if isinstance(value, list) else value
 
 
 def _cell(text: Any) -> str:
@@ -418,7 +428,8 @@ def to_markdown(table: SweepTable) -> str:
             mark = " (marked **best** below)" if best.get("job") is not None else ""
             tied = ", ".join(str(j) for j in best.get("tied_with") or [])
             lines.append(
-                f"Best trial ({direction} `{obj}`): {where}, value {best['value']:.6g}: "
+                f"Best trial ({direction} `{obj}`): {where}, value "
+                f"{human_value(str(obj), best['value'])}: "
                 f"`{' '.join(_shown(o) for o in best.get('overrides', []))}`{mark}."
                 + (
                     f" Tied with job(s) {tied} (within the measured noise): no clear winner."
@@ -455,6 +466,9 @@ def to_markdown(table: SweepTable) -> str:
     lines.append("|" + "---|" * len(head))
     for r in table.rows:
         status = f"**{r['status']}**" if r["status"] != "ok" else "ok"
+        if r.get("warnings"):
+            n = len(r["warnings"])
+            status += f", {n} warning{'s' if n > 1 else ''}"
         if r.get("best"):
             status += " **best**"
         if r.get("pareto"):
@@ -485,6 +499,10 @@ def to_markdown(table: SweepTable) -> str:
             (r.get("error") or "")[:160],
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    warned = [r for r in table.rows if r.get("warnings")]
+    if warned:  # in full: a progress line shows the first, shortened
+        lines += ["", "## Warnings", ""]
+        lines += [f"- job {r['job']}: {w}" for r in warned for w in r["warnings"]]
     if names:
         lines += ["", "Columns: " + ", ".join(f"`{v}` = `{k}`" for k, v in names.items()) + "."]
     from jaxaot.sweeps.fit_search import report_section
