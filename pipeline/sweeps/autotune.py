@@ -14,7 +14,6 @@ instantiates sweepers from that namespace); this module holds everything it does
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps import autotune_ties
 from jaxaot.sweeps.autotune_grid import FiniteSpace
-from jaxaot.sweeps.progress import JobOutcome, SweepPlan, read_json
+from jaxaot.sweeps.progress import JobOutcome, SweepPlan, print_error, print_line, read_json
 from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, PLOTS_DIR, row_of
 from jaxaot.util.fsio import atomic_write_json
 
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from hydra.core.utils import JobReturn
     from hydra.plugins.launcher import Launcher
     from omegaconf import DictConfig
-
-log = logging.getLogger("jaxaot")
 
 DIRECTIONS = ("minimize", "maximize")
 SAMPLERS = ("tpe", "random")
@@ -317,12 +314,9 @@ def optimize(
     plan = SweepPlan.read(sweep_dir)
     if plan.total is not None and plan.total != n_trials:  # the progress lines' [i/total]
         SweepPlan(total=n_trials, varying=plan.varying).write(sweep_dir)
-    log.info(
-        "autotune: %s over %s, %d trials%s",
-        ", ".join(f"{d} {o}" for o, d in targets),
-        ", ".join(space),
-        n_trials,
-        points,
+    print_line(
+        f"autotune: {', '.join(f'{d} {o}' for o, d in targets)} over {', '.join(space)}, "
+        f"{n_trials} trials{points}"
     )
     trials: list[dict[str, Any]] = []
     returns: list[Sequence[JobReturn]] = []
@@ -364,35 +358,29 @@ def optimize(
         if len(first) == opts.stop_after_failures and len(trials) < n_trials:
             error = _same_failure(first)
             if error is not None:
-                log.error(
-                    "autotune: stopped after %d of %d trials: the first %d all failed "
-                    "with: %s (hydra.sweeper.stop_after_failures=0 runs every trial)",
-                    len(trials),
-                    n_trials,
-                    len(first),
-                    error,
+                print_error(
+                    f"autotune: stopped after {len(trials)} of {n_trials} trials: the first "
+                    f"{len(first)} all failed with: {error} "
+                    "(hydra.sweeper.stop_after_failures=0 runs every trial)"
                 )
                 write_views(sweep_dir, study, opts)
                 return returns
     write_views(sweep_dir, study, opts)
     if len(targets) > 1:
         front = _pareto(study, trials)
-        log.info(
-            "autotune: Pareto front of %s: %d trial(s), jobs %s",
-            " and ".join(o for o, _ in targets),
-            len(front),
-            ", ".join(str(t["job"]) for t in front),
+        print_line(
+            f"autotune: Pareto front of {' and '.join(o for o, _ in targets)}: "
+            f"{len(front)} trial(s), jobs {', '.join(str(t['job']) for t in front)}"
         )
         return returns
     best = _best(study, trials, opts.direction)
     if best:
-        log.info(
-            "autotune: %s: %s",
-            autotune_ties.verdict(opts.objective, best, trials),
-            " ".join(best["overrides"]),
+        print_line(
+            f"autotune: {autotune_ties.verdict(opts.objective, best, trials)}: "
+            + " ".join(best["overrides"])
         )
     else:
-        log.warning("autotune: no trial produced %s", opts.objective)
+        print_error(f"autotune: no trial produced {opts.objective}")
     return returns
 
 
