@@ -102,9 +102,17 @@ def test_resume_from_latest_takes_the_newest_run_that_finished_the_stages(tmp_pa
         "failed",
     ]
     # A sweep resolves latest once, before its first job: the second job loads the same run,
-    # not the first job's (which finished lower too, and started later).
+    # not the first job's (which finished lower too, and started later), in the folder the
+    # command started in (each job works in its own: hydra.job.chdir=true).
     proc = run_cli(
-        ["-m", *AXPY, "resume_from=latest", "start_at=compile", "execute.warmup=0,1"],
+        [
+            "-m",
+            *AXPY,
+            "resume_from=latest",
+            "start_at=compile",
+            "execute.warmup=0,1",
+            "hydra.job.chdir=true",
+        ],
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
