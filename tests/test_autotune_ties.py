@@ -186,6 +186,14 @@ def test_counts_have_no_noise_and_tie_only_when_equal() -> None:
 the report of a search where two points are equal."""
 
 
+def test_a_best_trial_of_an_earlier_sweep_is_named_so() -> None:
+    earlier = {"job": None, "value": 4096.0}
+    mine = {"job": 0, "value": 8192.0, "band": [8192.0, 8192.0], "samples": None}
+    assert verdict("compile.temp_bytes", earlier, [mine]) == (
+        "best compile.temp_bytes = 4.0 KiB (a trial of an earlier sweep of this study)"
+    )
+
+
 def test_a_search_with_two_equal_best_points_reports_the_tie(tmp_path: Path) -> None:
     """fast-math changes no buffer: the two smallest-argument points need the same temp memory."""
     sweep_dir = tmp_path / "sweep"

@@ -119,6 +119,8 @@ def verdict(objective: str, best: dict[str, Any], trials: list[dict[str, Any]]) 
     """One line: the clear winner and the runner-up it beat, the tie and its jobs, or the
     provisional best when the noise is not measured."""
     value = human_value(objective, best["value"])
+    if best["job"] is None:  # the best trial ran in an earlier sweep of a stored study
+        return f"best {objective} = {value} (a trial of an earlier sweep of this study)"
     timed = objective in (TIMED, *RATES)
     if best.get("provisional"):
         counts = [
