@@ -354,7 +354,11 @@ def test_the_command_line_is_resolved_before_hydra(
         out / "outputs" / "d" / "1", 100.0, _config(*AXPY), stage_out="ran", lower="ran"
     )
     args = ["-m", *AXPY, "resume_from=latest", "start_at=compile", "execute.warmup=0,1"]
-    assert resolve_latest_argv(args, cwd=out) == [*args[:3], f"resume_from='{run}'", *args[4:]]
+    assert resolve_latest_argv(args, jaxaot.compose, cwd=out) == [
+        *args[:3],
+        f"resume_from='{run}'",
+        *args[4:],
+    ]
     assert capsys.readouterr().err == (
         f"resume_from=latest: {run} (program axpy, started {_when(100.0)})\n"
     )
@@ -367,11 +371,13 @@ def test_the_command_line_is_resolved_before_hydra(
         [*AXPY, "resume_from=latest"],
         [*AXPY, "start_at=compile", f"resume_from={run}"],
     ):
-        assert resolve_latest_argv(kept, cwd=out) == kept
+        assert resolve_latest_argv(kept, jaxaot.compose, cwd=out) == kept
     assert capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match=r"has program.args = \[3, 4\], not \[5, 6\]"):
         resolve_latest_argv(
-            [*AXPY[:1], "program.args=[5,6]", "resume_from=latest", "start_at=compile"], cwd=out
+            [*AXPY[:1], "program.args=[5,6]", "resume_from=latest", "start_at=compile"],
+            jaxaot.compose,
+            cwd=out,
         )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import hydra
 from hydra.core.object_type import ObjectType
+from jaxaot.api import compose
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
@@ -296,7 +297,7 @@ def _main() -> None:
         install_command_line(args)
         install_guards()
         # resume_from=latest: the run dir it means, chosen once here for every job of a sweep.
-        sys.argv = [sys.argv[0], *(args := resolve_latest_argv(args))]
+        sys.argv = [sys.argv[0], *(args := resolve_latest_argv(args, compose))]
         # A run dir named on the command line that holds a run: refused before Hydra writes in it.
         check_user_dirs(args, _is_multirun_argv(args))
         try:

@@ -340,10 +340,13 @@ def _as_override(prefix: str, path: Path) -> str | None:
     return None
 
 
-def resolve_latest_argv(args: Sequence[str], cwd: Path | str | None = None) -> list[str]:
+def resolve_latest_argv(
+    args: Sequence[str], compose: Callable[[list[str]], Any], cwd: Path | str | None = None
+) -> list[str]:
     """The ``jaxaot`` command line with ``resume_from=latest`` replaced by the run dir it means
     (under ``cwd``'s ``outputs/``, default the working folder), chosen as
-    :func:`resolve_resume_from` would and announced on stderr; ``args`` as they are when there
+    :func:`resolve_resume_from` would for the config ``compose(overrides)`` makes
+    (:func:`jaxaot.compose`) and announced on stderr; ``args`` as they are when there
     is no such argument, when ``start_at`` is stage_out (the run refuses it), or when the
     config cannot be known without Hydra's run (a config dir, a sweep over ``start_at`` or
     over a section the resume loads): the run then resolves it when it starts."""
@@ -352,8 +355,6 @@ def resolve_latest_argv(args: Sequence[str], cwd: Path | str | None = None) -> l
     if not at or any(a.startswith("-") and a not in _PLAIN_FLAGS for a in args):
         return args
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from jaxaot.api import compose
-    from jaxaot.schema import validate
 
     try:
         parsed = OverridesParser.create().parse_overrides(
