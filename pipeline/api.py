@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from jaxaot.engine.runner import RunResult
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target, refuse_unknown_keys
-from jaxaot.engine.own_args import check_own_arguments
+from jaxaot.engine.own_args import defer_own_arguments
 from jaxaot.errors import ConfigError, SnapshotMismatch
 from jaxaot.schema import register_configs
 from omegaconf import DictConfig
@@ -65,7 +65,8 @@ def compose(
     # than by run(); mappings that take any key (program.kwargs, compiler_options) take it.
     refuse_unknown_keys(cfg)
     name_after_target(cfg, overrides)
-    check_own_arguments(cfg, overrides)
+    # program.args may still be set in Python before run(): a refusal waits for run().
+    defer_own_arguments(cfg, overrides)
     # OmegaConf refuses objects it cannot represent (a ShapeDtypeStruct, an array) unless this
     # flag is set; OmegaConf 2.3 has no public setter for it.
     cfg._set_flag("allow_objects", True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_a_target_without_args_names_its_parameters_and_one_placeholder_each(
     own_module: str,
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        jaxaot.compose([f"program.target={own_module}:loss"])
+        _run([f"program.target={own_module}:loss"])
     assert str(info.value) == (
         f"program.args: {own_module}:loss takes (params, tokens, n) and program.args was not "
         "given; the arguments composed are program=transformer's, for "
@@ -69,6 +70,11 @@ def test_a_target_without_args_names_its_parameters_and_one_placeholder_each(
         f"program.target={own_module}:loss 'program.args=[<params>,<tokens>,<n>]' {FILL_IN}; "
         "or program=transformer to keep its arguments"
     )
+
+
+def _run(overrides: list[str]) -> None:
+    """compose() then run(): a refusal waits for run(), as program.args may be set in Python."""
+    jaxaot.run(jaxaot.compose(overrides), run_dir=Path(tempfile.mkdtemp()) / "run")
 
 
 def _fix(message: str) -> str:
@@ -80,7 +86,7 @@ def test_the_fix_filled_in_runs(own_module: str, tmp_path: Path) -> None:
     """Python-typed parameters (``mode: str``, ``n: int``, ``k: "float"``) are asked for as
     Python values and made static: the command, its placeholders replaced, traces as given."""
     with pytest.raises(ConfigError) as info:
-        jaxaot.compose([f"program.target={own_module}:scaled"])
+        _run([f"program.target={own_module}:scaled"])
     fix = _fix(str(info.value))
     assert fix == (
         f"program.target={own_module}:scaled 'program.args=[<x>,\"<mode>\",<n:int>]' "
@@ -102,7 +108,7 @@ def test_the_fix_filled_in_runs(own_module: str, tmp_path: Path) -> None:
 
 def test_a_library_function_is_refused_with_its_variadic_parameter() -> None:
     with pytest.raises(ConfigError) as info:
-        jaxaot.compose(["program.target=jax.numpy:einsum"])
+        _run(["program.target=jax.numpy:einsum"])
     text = str(info.value)
     assert text.startswith("program.args: jax.numpy:einsum takes (subscripts, *operands, ...)")
     assert _fix(text) == "program.target=jax.numpy:einsum 'program.args=[<subscripts>,<*operands>]'"
@@ -113,7 +119,7 @@ def test_a_library_function_is_refused_with_its_variadic_parameter() -> None:
 
 def test_a_target_that_cannot_be_imported_leads_with_why() -> None:
     with pytest.raises(ConfigError) as info:
-        jaxaot.compose(["program.target=no_such_module_xyz:f"])
+        _run(["program.target=no_such_module_xyz:f"])
     text = str(info.value)
     assert text.startswith(
         "program.target='no_such_module_xyz:f': cannot import module 'no_such_module_xyz' "
@@ -131,12 +137,12 @@ def test_a_target_the_policy_refuses_is_refused_naming_it() -> None:
         match=r"^program.target='yaml:unsafe_load' imports 'yaml.unsafe_load', which the "
         r"import policy does not allow: .* program.args was not given either",
     ):
-        jaxaot.compose(["program.target=yaml:unsafe_load"])
+        _run(["program.target=yaml:unsafe_load"])
 
 
 def test_a_keyword_only_parameter_is_asked_for_as_a_keyword(own_module: str) -> None:
     with pytest.raises(ConfigError) as info:
-        jaxaot.compose([f"program.target={own_module}:keyword_only"])
+        _run([f"program.target={own_module}:keyword_only"])
     assert str(info.value).startswith(
         f"program.kwargs: {own_module}:keyword_only takes (*, x) and program.kwargs was not given"
     )
@@ -200,3 +206,38 @@ def test_the_cli_prints_the_refusal_in_one_line_and_runs_nothing(
         "or program=transformer to keep its arguments"
     ], proc.stderr
     assert not (run_dir / "manifest.json").exists()
+
+
+def test_compose_leaves_program_args_to_python(own_module: str, tmp_path: Path) -> None:
+    """compose() with a new target and no program.args, then the arguments set in Python (as
+    compose's docstring shows): it runs; left unset, run() refuses before anything starts."""
+    import jax
+    import jax.numpy as jnp
+
+    cfg = jaxaot.compose([f"program.target={own_module}:loss", "stop_after=stage_out"])
+    cfg.program.args = [jax.ShapeDtypeStruct((3,), jnp.float32), jnp.ones(2), 2]
+    cfg.stage_out.static_argnums = [2]
+    result = jaxaot.run(cfg, run_dir=tmp_path / "set")
+    assert result.manifest["stages"]["stage_out"]["status"] == "ran"
+    unset = jaxaot.compose([f"program.target={own_module}:loss", "stop_after=stage_out"])
+    with pytest.raises(ConfigError, match=rf"^program.args: {own_module}:loss takes"):
+        jaxaot.run(unset, run_dir=tmp_path / "unset")
+    assert not (tmp_path / "unset").exists()
+
+
+def test_a_config_file_that_swaps_the_target_keeps_its_programs_arguments(tmp_path: Path) -> None:
+    """An experiment choosing program=transformer and its own target (a variant taking the
+    transformer's arguments) is the user's choice: only a program.target override is checked."""
+    (tmp_path / "variant_mod.py").write_text("def fwd(params, tokens):\n    return tokens * 2\n")
+    exp = tmp_path / "cd" / "experiment"
+    exp.mkdir(parents=True)
+    (exp / "variant.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /program: transformer\n"
+        "program:\n  target: variant_mod:fwd\n"
+    )
+    proc = run_cli(
+        ["--config-dir", str(tmp_path / "cd"), "experiment=variant", "stop_after=stage_out"],
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "stage_out  ran" in proc.stdout

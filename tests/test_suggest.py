@@ -17,6 +17,7 @@ from jaxaot.config.suggest import (
     config_names,
     fix_key,
     internal_choices,
+    is_internal,
     key_exists,
     keys_of,
     one_line,
@@ -292,3 +293,21 @@ def test_the_cli_prints_one_did_you_mean_line(tmp_path: Path, args: list[str], l
     [got] = _stderr_lines(proc)
     assert got.startswith(line), proc.stderr
     assert "+progam" not in proc.stderr and "To append" not in proc.stderr
+
+
+def test_a_users_own_base_named_option_is_an_option(tmp_path: Path) -> None:
+    """Only jaxaot's registered schemas are internal: a user's base_small.yaml (--config-dir) is
+    chosen like any option, and a typo of it is 'no such option', not 'internal schema'."""
+    (tmp_path / "cd" / "program").mkdir(parents=True)
+    (tmp_path / "cd" / "program" / "base_small.yaml").write_text(
+        "defaults:\n  - axpy\n  - _self_\nname: base_small\n"
+    )
+    register_configs()
+    assert not is_internal("base_small", "program") and is_internal("base_program", "program")
+    ok = run_cli(
+        ["--config-dir", str(tmp_path / "cd"), "program=base_small", "stop_after=stage_out"],
+        cwd=tmp_path,
+    )
+    assert ok.returncode == 0, ok.stderr
+    typo = run_cli(["--config-dir", str(tmp_path / "cd"), "program=base_smal"], cwd=tmp_path)
+    assert "internal schema" not in typo.stderr and "did you mean base_small?" in typo.stderr

@@ -55,8 +55,22 @@ class Names:
         return sorted(g for g in self.groups if "/" not in g)
 
 
-def is_internal(option: str) -> bool:
-    return option.startswith(INTERNAL_PREFIX)
+def is_internal(option: str, group: str | None = None) -> bool:
+    """Whether ``option`` of ``group`` is one of jaxaot's schemas (``base_program``, registered
+    in Hydra's ConfigStore by jaxaot.schema), not a config a user can choose. A user's own
+    ``base_small.yaml`` (``--config-dir``) is an option like any other."""
+    if not option.startswith(INTERNAL_PREFIX):
+        return False
+    if group is None:
+        return True
+    from hydra.core.config_store import ConfigStore
+
+    node: Any = ConfigStore.instance().repo
+    for part in group.split("/"):
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return True  # no schema registered for the group (yet): the name is all there is
+    return f"{option}.yaml" in node
 
 
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
@@ -199,9 +213,9 @@ def unknown_option(
     refused as such. ``where``: the config file that selected it, when not the command line.
     ``names``: the other groups, for an option of a group with the same last name
     (``sweeper=jaxaot_optuna``: did you mean ``hydra/sweeper=jaxaot_optuna``?)."""
-    shown = sorted(o for o in options if not is_internal(o))
+    shown = sorted(o for o in options if not is_internal(o, group))
     head = f"{group}={option}" + (f" (in {where})" if where else "")
-    if is_internal(option):
+    if is_internal(option, group):
         return (
             f"{head}: {option} is an internal schema, not an option (options: {_listed(shown, 40)})"
         )
@@ -234,7 +248,7 @@ def internal_choices(overrides: Sequence[str], names: Names | None = None) -> st
     or None. ``names`` are gathered only when some override needs them."""
     for override in overrides:
         m = _CHOICE.match(override.strip())
-        if m is None or "." in m.group(1) or not is_internal(m.group(2).strip()):
+        if m is None or "." in m.group(1) or not is_internal(m.group(2).strip(), m.group(1)):
             continue
         names = names or config_names()
         group, option = m.group(1), m.group(2).strip()
@@ -328,7 +342,9 @@ def config_names(config_dirs: Sequence[str] = (), *, schema: Any = None) -> Name
         for sub in repo.get_group_options(parent, ObjectType.GROUP):
             path = f"{parent}/{sub}" if parent else sub
             options = tuple(
-                o for o in repo.get_group_options(path, ObjectType.CONFIG) if not is_internal(o)
+                o
+                for o in repo.get_group_options(path, ObjectType.CONFIG)
+                if not is_internal(o, path)
             )
             if options and path != "hydra":  # hydra/config is Hydra's own primary config
                 groups[path] = options

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -157,10 +158,16 @@ def _fill_in(params: Sequence[inspect.Parameter]) -> str:
 
 
 def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """Refuse a changed ``program.target`` whose arguments are still another program's; a
-    function that needs none of them gets none (``program.args=[]``, ``program.kwargs={}``)."""
+    """Refuse a ``program.target`` override whose arguments are still another program's; a
+    function that needs none of them gets none (``program.args=[]``, ``program.kwargs={}``).
+
+    Only a target given in ``overrides`` (the command line, compose's list) is checked: a config
+    file that swaps the target (an experiment with ``override /program: transformer``) chose
+    its program's arguments with it."""
     target = OmegaConf.select(cfg, "program.target")
     if not isinstance(target, str) or _names_a_program(overrides):
+        return
+    if not _gives("program.target", overrides):
         return
     args, kwargs = _plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))
     source = _source(
@@ -226,4 +233,33 @@ def check_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
     )
 
 
-__all__ = ["check_own_arguments"]
+# compose()'s refusals, held until run(): the caller may still set program.args in Python
+# (``cfg.program.args = [jax.ShapeDtypeStruct(...)]``). id(cfg) -> (the config, weakly; the
+# arguments it was refused with; the refusal).
+_DEFERRED: dict[int, tuple[weakref.ref[Any], Any, Any, str]] = {}
+
+
+def defer_own_arguments(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """:func:`check_own_arguments` for ``jaxaot.compose``: a refusal is raised by
+    :func:`check_deferred` when ``cfg`` runs with the arguments it was composed with."""
+    for key in [k for k, (ref, *_) in _DEFERRED.items() if ref() is None]:
+        del _DEFERRED[key]
+    try:
+        check_own_arguments(cfg, overrides)
+    except ConfigError as exc:
+        args, kwargs = _plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))
+        _DEFERRED[id(cfg)] = (weakref.ref(cfg), args, kwargs, str(exc))
+
+
+def check_deferred(cfg: Any) -> None:
+    """Raise compose()'s refusal for ``cfg`` if its program still has the arguments it was
+    composed with (another program's); nothing once the caller set its own."""
+    entry = _DEFERRED.get(id(cfg))
+    if entry is None or entry[0]() is not cfg:
+        return
+    _, args, kwargs, refusal = entry
+    if (_plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))) == (args, kwargs):
+        raise ConfigError(refusal)
+
+
+__all__ = ["check_deferred", "check_own_arguments", "defer_own_arguments"]

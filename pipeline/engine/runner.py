@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from jaxaot.config.argspec import BoundArgs, bind_config
 from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
+from jaxaot.engine.own_args import check_deferred
 from jaxaot.engine.resume import Checkpoint, resolve_resume_from
 from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
 from jaxaot.rundir.dirs import claim, remove_unstarted
@@ -156,6 +157,7 @@ def _run(
     overrides: Sequence[str] | None,
     chosen: list[Path],
 ) -> RunResult:
+    check_deferred(cfg)  # compose()'s refusal: program.target given, program.args another's
     typed = validate(cfg)
     checkpoint = None
     given = _hydra_overrides() if overrides is None else overrides
