@@ -192,6 +192,8 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     for text in (md, *progress, logged.split("autotune: best", 1)[1].splitlines()[0]):
         assert "\\" not in text and "f32[" in text, text
     assert "[HYDRA]" not in stdout  # the autotune lines are plain lines, like the progress lines
+    [best] = [ln for ln in stdout.splitlines() if ln.startswith("autotune: ")][-1:]
+    assert re.search(r"compile\.temp_bytes = \d+(\.\d)? (B|KiB|MiB) \(job \d\)", best), best
 
 
 def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
