@@ -255,10 +255,14 @@ def check_deferred(cfg: Any) -> None:
     """Raise compose()'s refusal for ``cfg`` if its program still has the arguments it was
     composed with (another program's); nothing once the caller set its own."""
     entry = _DEFERRED.get(id(cfg))
-    if entry is None or entry[0]() is not cfg:
+    if entry is None:
         return
-    _, args, kwargs, refusal = entry
-    if (_plain(cfg.program.get("args")), _plain(cfg.program.get("kwargs"))) == (args, kwargs):
+    ref, args, kwargs, refusal = entry
+    composed: Any = ref()
+    if composed is None or composed is not cfg:
+        return
+    program = composed.program
+    if (_plain(program.get("args")), _plain(program.get("kwargs"))) == (args, kwargs):
         raise ConfigError(refusal)
 
 
