@@ -43,6 +43,7 @@ from jaxaot.stages.executable import (
     export_lowering,
     memory_of,
     mesh_metrics,
+    relabel_shardings,
     serialize,
     stage_metrics,
     write_analysis,
@@ -486,6 +487,11 @@ def load(
     if memory_breakdown.ARTIFACT in files:
         memory_breakdown.read_metrics(ctx, files[memory_breakdown.ARTIFACT])
     shardings = parsed("shardings.json") if "shardings.json" in files else None
+    if shardings:  # stored by a run whose static arguments may have been elsewhere
+        named = relabel_shardings(shardings, memory_breakdown.static_positions(ctx))
+        if named is not shardings:
+            shardings = named
+            ctx.write_json("shardings.json", shardings)
     if shardings and shardings.get("mesh"):
         mesh_metrics(ctx, shardings)
     return Compiled(

@@ -274,6 +274,23 @@ def describe_formats(compiled: Any) -> dict[str, Any]:
     }
 
 
+def relabel_shardings(shardings: dict[str, Any], static: list[int]) -> dict[str, Any]:
+    """``shardings`` with its input paths as the program names them (signature.json), whose
+    static positions are ``static``: ``args[0]`` of the executable of ``f(s, x)`` with ``s``
+    static is ``x``, ``args[1]``. ``static_positions`` (absent: none) records the positions
+    its paths are mapped through, so a store hit made with others is relabelled again."""
+    from jaxaot.stages.memory_breakdown import moved_path
+
+    old = list(shardings.get("static_positions") or [])
+    if old == static:
+        return shardings
+    rows = [{**r, "path": moved_path(r["path"], old, static)} for r in shardings["inputs"]]
+    out = {**shardings, "inputs": rows, "static_positions": list(static)}
+    if not static:
+        del out["static_positions"]
+    return out
+
+
 def serialize(compiled: Any) -> bytes:
     """Executable bytes plus the pytree structure needed to call it, as one blob."""
     from jax.experimental import serialize_executable
@@ -291,8 +308,13 @@ def write_analysis(
     (hlo, cost, memory)."""
     hlo = compiled.as_text() or ""
     ctx.write("optimized.hlo.txt", hlo)
-    # Every compile's input/output formats, memory kinds and kept inputs, on one device too.
-    shardings = describe_formats(compiled) | {"mesh": mesh, "devices": devices}
+    # Every compile's input/output formats, memory kinds and kept inputs, on one device too;
+    # inputs named by their position in program.args (the executable numbers traced ones only).
+    from jaxaot.stages.memory_breakdown import static_positions
+
+    shardings = relabel_shardings(
+        describe_formats(compiled) | {"mesh": mesh, "devices": devices}, static_positions(ctx)
+    )
     ctx.write_json("shardings.json", shardings)
     if mesh:
         mesh_metrics(ctx, shardings)
@@ -341,6 +363,7 @@ __all__ = [
     "mesh_metrics",
     "rebound",
     "record_memory_breakdown",
+    "relabel_shardings",
     "serialize",
     "stage_metrics",
     "write_analysis",

@@ -250,7 +250,7 @@ def static_positions(ctx: StageContext) -> list[int]:
         return sorted(ctx.bound.static_argnums) if ctx.bound is not None else []
 
 
-def _moved(path: str, old: list[int], new: list[int]) -> str:
+def moved_path(path: str, old: list[int], new: list[int]) -> str:
     """``path`` (``args[i]...``, ``i`` a position of a program with static positions ``old``)
     for a program with static positions ``new``: the same executable argument."""
     m = _POSITION.match(path)
@@ -274,7 +274,7 @@ def relabelled(breakdown: dict[str, Any], static: list[int]) -> dict[str, Any]:
         return breakdown
 
     def move(p: Any) -> Any:
-        return _moved(p, old, static) if isinstance(p, str) else p
+        return moved_path(p, old, static) if isinstance(p, str) else p
 
     out = {**breakdown, "static_positions": list(static)}
     out["top"] = [
@@ -528,6 +528,7 @@ __all__ = [
     "from_dump",
     "from_proto",
     "metrics",
+    "moved_path",
     "peak_set",
     "read_metrics",
     "relabelled",

@@ -30,6 +30,11 @@ def _argument_paths(run_dir: Path) -> tuple[list[str], set[str], dict[str, Any]]
     return [i["path"] for i in signature["inputs"]], rows, found
 
 
+def _sharding_paths(run_dir: Path) -> list[str]:
+    shardings = json.loads((run_dir / "compile" / "shardings.json").read_text())
+    return [r["path"] for r in shardings["inputs"]]
+
+
 def test_a_static_first_argument_leaves_the_traced_ones_their_positions(tmp_path: Path) -> None:
     result = _run(
         tmp_path,
@@ -45,6 +50,7 @@ def test_a_static_first_argument_leaves_the_traced_ones_their_positions(tmp_path
         set(found["groups"]["arguments"]) == set(inputs) == set(found["peak_groups"]["arguments"])
     )
     assert found["static_positions"] == [0]
+    assert _sharding_paths(tmp_path / "a") == inputs  # shardings.json too
     top = result.manifest["stages"]["compile"]["metrics"]["peak_top"]
     assert "f32[8,128] args[1] (4.0 KiB)" in top and "f32[128,8] args[2] (4.0 KiB)" in top
     text = (tmp_path / "a" / "stage_out" / "arguments.txt").read_text()
@@ -98,11 +104,13 @@ def test_a_store_hit_names_the_inputs_as_this_program_does(tmp_path: Path) -> No
     for run, want in (("a", ["args[1]", "args[2]"]), ("b", ["args[0]", "args[1]"])):
         inputs, rows, _ = _argument_paths(tmp_path / run)
         assert inputs == want and rows == set(want)
+        assert _sharding_paths(tmp_path / run) == want
     top_a = a.manifest["stages"]["compile"]["metrics"]["peak_top"]
     top_b = b.manifest["stages"]["compile"]["metrics"]["peak_top"]
     assert top_b == top_a.replace("args[1]", "args[0]").replace("args[2]", "args[1]")
-    artifact = b.manifest["stages"]["compile"]["artifacts"]["compile/memory_breakdown.json"]
-    assert artifact["sha256"] == sha256_file(tmp_path / "b" / "compile" / mb.ARTIFACT)
+    for name in (mb.ARTIFACT, "shardings.json"):
+        artifact = b.manifest["stages"]["compile"]["artifacts"][f"compile/{name}"]
+        assert artifact["sha256"] == sha256_file(tmp_path / "b" / "compile" / name)
 
 
 def test_relabelling_maps_executable_positions_through_the_static_ones() -> None:
