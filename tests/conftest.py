@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,13 @@ os.environ.setdefault(
 # that no in-process run and no subprocess (cli_env copies os.environ) touches ~/.cache.
 SESSION_CACHE_HOME = Path(tempfile.mkdtemp(prefix="jaxaot-tests-cache-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE_HOME)
+
+# Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`, `nohup`)
+# inherits SIGINT ignored, and every jaxaot the tests start would then ignore it too (a process
+# keeps an ignored signal ignored across exec), so the Ctrl-C tests would test nothing. A
+# Python handler here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _listing(where: Path) -> set[str]:

@@ -83,7 +83,10 @@ def test_diff_same_config_and_snapshots(runs: dict[str, Path], tmp_path: Path) -
 
     bad = _diff(runs["a"], tmp_path / "nowhere", cwd=tmp_path)
     assert bad.returncode == 2
-    assert "nowhere: neither a run directory (manifest.json) nor a snapshot" in bad.stderr
+    assert bad.stderr == (
+        f"jaxaot-diff: error: {tmp_path / 'nowhere'}: no such file or directory; expected a run "
+        "directory or a snapshot folder\n"
+    )
 
 
 def test_diff_refuses_an_artifact_changed_after_the_run(

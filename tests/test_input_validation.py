@@ -52,7 +52,7 @@ def _refused(proc: Any, run_dir: Path, line: str, manifest: str | None) -> None:
             ("program=axpy", "+jax.config.jax_numpy_rank_promotion=maybe"),
             r"jaxaot: error: jax\.config\.jax_numpy_rank_promotion: expected one of allow, warn, "
             r"raise, found 'maybe' \(a string\); use one of those values",
-            "failed",  # JAX's option table: refused as the run applies it
+            None,  # JAX's option table: refused as JAX is configured, before the run begins
         ),
         (
             ("program.target=jax.numpy:zeros", "program.args=[[99999999999,99999999999]]"),
