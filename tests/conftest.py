@@ -168,6 +168,16 @@ def read_json(run_dir: Path, name: str) -> Any:
     return json.loads((run_dir / name).read_text())
 
 
+def run_sweep(tmp: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot -m <overrides>`` in ``tmp`` with a store of its own, into ``tmp/sweep``; asserts
+    it exits 0 and returns (the finished process, the sweep dir)."""
+    sweep_dir = tmp / "sweep"
+    env = cli_env(JAXAOT_STORE_DIR=str(tmp / "store"))
+    proc = run_cli(["-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
 def run_numbered(tmp_path: Path, *overrides: str, name: str = "run") -> Any:
     """``jaxaot.run`` in-process into a fresh ``tmp_path/<name><n>``; the RunResult."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, cli_env, run_cli
+from conftest import REPO, cli_env, run_cli, run_sweep
 from jaxaot.errors import ConfigError
 from jaxaot.sweeps.autotune import AutotuneOptions, MissingDependencyError, _optuna, search_space
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -21,10 +21,7 @@ EXPERIMENT = REPO / "conf" / "experiment" / "autotune_cpu.yaml"
 
 
 def _search(tmp: Path, *overrides: str) -> tuple[int, str, Path]:
-    sweep_dir = tmp / "sweep"
-    env = cli_env(JAXAOT_STORE_DIR=str(tmp / "store"))
-    proc = run_cli(["-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, sweep_dir = run_sweep(tmp, *overrides)
     return proc.returncode, proc.stdout, sweep_dir
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import cli_env, run_cli
+from conftest import run_sweep
 from jaxaot.sweeps.autotune import search_space
 from jaxaot.sweeps.autotune_grid import FiniteSpace, space_size
 from optuna.distributions import CategoricalDistribution, IntDistribution
@@ -91,22 +91,15 @@ def test_a_point_that_failed_in_an_earlier_sweep_runs_again() -> None:
 
 def test_more_trials_than_points_run_each_point_once(tmp_path: Path) -> None:
     """n_trials=20 over a 3-value choice: 3 trials, one per value, and one line saying so."""
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        [
-            "-m",
-            "hydra/sweeper=jaxaot_optuna",
-            "program=mlp",
-            "stop_after=compile",
-            "hydra.sweeper.objective=compile.temp_bytes",
-            "hydra.sweeper.n_trials=20",
-            "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=tmp_path,
-        env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
+    proc, sweep_dir = run_sweep(
+        tmp_path,
+        "hydra/sweeper=jaxaot_optuna",
+        "program=mlp",
+        "stop_after=compile",
+        "hydra.sweeper.objective=compile.temp_bytes",
+        "hydra.sweeper.n_trials=20",
+        "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((sweep_dir / "autotune.json").read_text())
     assert result["n_trials"] == 20 and result["space_points"] == 3
     values = sorted(t["params"]["program.args.1"] for t in result["trials"])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, run_cli
+from conftest import run_sweep
 from jaxaot.sweeps.autotune_ties import (
     LEVEL,
     MIN_SAMPLES,
@@ -196,22 +196,15 @@ def test_a_best_trial_of_an_earlier_sweep_is_named_so() -> None:
 
 def test_a_search_with_two_equal_best_points_reports_the_tie(tmp_path: Path) -> None:
     """fast-math changes no buffer: the two smallest-argument points need the same temp memory."""
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        [
-            "-m",
-            "hydra/sweeper=jaxaot_optuna",
-            "program=mlp",
-            "stop_after=compile",
-            "hydra.sweeper.objective=compile.temp_bytes",
-            "program.args.1=choice(f32[8,256],f32[256,256])",
-            "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=tmp_path,
-        env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
+    proc, sweep_dir = run_sweep(
+        tmp_path,
+        "hydra/sweeper=jaxaot_optuna",
+        "program=mlp",
+        "stop_after=compile",
+        "hydra.sweeper.objective=compile.temp_bytes",
+        "program.args.1=choice(f32[8,256],f32[256,256])",
+        "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((sweep_dir / "autotune.json").read_text())
     small = sorted(t["job"] for t in result["trials"] if "8" in t["params"]["program.args.1"])
     best = result["best"]
