@@ -1,4 +1,4 @@
-"""The hand-written baseline with JAX's persistent compilation cache on (issue 19's peer).
+"""The hand-written baseline with JAX's persistent compilation cache on: warm runs' peer.
 
 Exactly ``bench/baseline_jit.py``, after
 ``jax.config.update("jax_compilation_cache_dir", DIR)`` and

@@ -8,7 +8,7 @@ round: one cold run that puts the executable, one warm run that loads it; hard l
 once), the bytes only the run directory holds, and its apparent size. For transparency, plain
 JAX is also timed with glibc's heap thresholds raised the way jaxaot's lower stage raises them
 for big constants (``jaxaot.util.heap``). Fresh processes, interleaved, medians.
-Targets (issue 19): lower stage <= 1.5x plain JAX, run dir <= ~1.5x the constant.
+Targets: lower stage <= 1.5x plain JAX, run dir <= ~1.5x the constant.
 
     python bench/captured_constant.py [--rounds 3]
 """

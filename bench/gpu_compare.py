@@ -1,4 +1,4 @@
-"""Deviceless CUDA compile vs a compile on the GPU: outputs, memory analysis, speed (issue 16).
+"""Deviceless CUDA compile vs a compile on the GPU: outputs, memory analysis, speed.
 
 Two halves, on two machines:
 

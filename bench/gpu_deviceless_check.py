@@ -1,4 +1,4 @@
-"""On a GPU host: are deviceless CUDA executables right? (issue 16, a differential check)
+"""On a GPU host: are deviceless CUDA executables right? (a differential check)
 
 For each program and each way of compiling it deviceless (the shipped target config, the
 config the real GPU reports, with some XLA passes off), compile for compile-only devices,

@@ -8,7 +8,7 @@ Every number comes from fresh processes run in this script, side by side:
 - an 8-point execute-only sweep (`-m execute.seed=0..7`, basic launcher, one process): exactly
   one compile, and wall <= 1.3x (one cold run + 7 executes).
 
-- the identity checks a hit now makes (issue 12), in this process: the calling convention of
+- the identity checks a store hit makes before it serves, in this process: the calling convention of
   what would be compiled and of the loaded executable, the environment part of the key (XLA
   flags, JAX config values) and the comparison (target: < 5 ms per hit).
 

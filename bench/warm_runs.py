@@ -9,7 +9,7 @@ alike), medians. Per program:
 - *jaxaot warm*: ``jaxaot program=X`` with its store primed; *jaxaot cold*: ``store.enabled=false``.
   Each in-process (``JAXAOT_SERVER=0``) and through a running ``jaxaot server``.
 
-Targets (issue 19): warm <= 0.8x of the script with JAX's cache; cold <= script + 0.2 s.
+Targets: warm <= 0.8x of the script with JAX's cache; cold <= script + 0.2 s.
 
     python bench/warm_runs.py [--rounds 3] [--programs transformer,transformer_train]
 """

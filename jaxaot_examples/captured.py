@@ -3,7 +3,7 @@
 Users close over weights all the time (a loaded checkpoint in a global, a table built with
 numpy). JAX embeds such a constant in the module as a dense literal, so every text form of the
 program carries it; this example (a 3584 x 3584 f32 weight, 51 MB) is what keeps jaxaot's
-lowering artifacts and compile key honest about them without paying for their size (issue 19).
+lowering artifacts and compile key honest about them without paying for their size.
 """
 
 from __future__ import annotations

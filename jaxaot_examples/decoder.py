@@ -5,7 +5,7 @@ Same parameters, same loss, same SGD step; only what the step keeps alive differ
 remat the backward pass holds every layer's attention scores and MLP activations at once
 (``L x [B, heads, T, T]`` and more), which for an 8B-class model at sequence length 2048 is
 hundreds of GiB per device; with it, one block's worth plus each layer's input. This is the
-program ``experiment=decoder_8b`` compiles for TPU pod slices (issue 15).
+program ``experiment=decoder_8b`` compiles for TPU pod slices (``conf/experiment/decoder_8b.yaml``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``compile.topology`` in the config: what it implies for the other keys, checked before JAX.
 
 A run with ``compile.topology`` compiles for libtpu's compile-only devices of a described TPU
-topology (issue 15). That fixes three other keys, set here when they were left alone and
+topology, with no TPU attached. That fixes three other keys, set here when they were left alone and
 refused when they say otherwise: the backend is ``tpu``, the lowering covers ``tpu``, and the
 run stops after compile (there is nothing to execute on; ``resume_from=<run>
 start_at=execute`` on a TPU host runs the stored executable).
@@ -26,7 +26,7 @@ def for_topology(cfg: JaxaotConfig) -> JaxaotConfig:
     if not comp.topology:
         return cfg
     platform = resolve(comp.topology, comp.num_slices).generation.platform  # tpu | cuda
-    if platform == "cuda":  # issue 16: the CUDA plugin registers on a host without a GPU
+    if platform == "cuda":  # the CUDA plugin is registered here: this host may have no GPU
         from jaxaot.targets.cuda import prepare
 
         prepare()

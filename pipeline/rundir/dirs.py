@@ -1,6 +1,6 @@
 """Run directories that are never shared: every run writes into a directory no other run used.
 
-Two rules (issue 12):
+Two rules:
 
 - A directory jaxaot names (Hydra's time-stamped ``outputs/<date>/<time>``, a sweep's
   ``outputs/multirun/<date>/<time>``) is made unique when it is created: the ``unique_dir``
@@ -94,7 +94,7 @@ OUTPUTS_ROOT = RUN_DIR_PATTERN.split("/", 1)[0]  # where runs and sweeps go unle
 
 def default_run_dir() -> Path:
     """A fresh ``outputs/<date>/<time>`` (or ``-1``, ``-2``, ...), created now: the layout and
-    root ``jaxaot`` gives a run, for runs started from Python (issue 14)."""
+    root ``jaxaot`` gives a run, for runs started from Python."""
     return Path(unique_dir(time.strftime(RUN_DIR_PATTERN)))
 
 

@@ -62,7 +62,7 @@ def show_info(verbose: bool) -> None:
 class _AppendLines(logging.Handler):
     """Each record as one line appended to ``path``; the file is opened per record, so Hydra
     re-applying its logging config (which closes every handler) never silences it. ``screen``:
-    warnings and errors also go to stderr (the logger no longer reaches the root's console)."""
+    warnings and errors also go to stderr (the logger does not propagate to the root's console)."""
 
     def __init__(self, path: Path, *, screen: bool) -> None:
         super().__init__(logging.INFO)

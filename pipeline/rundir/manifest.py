@@ -37,7 +37,7 @@ class StageOutcome(Protocol):
 #   1 (2026-11-22): first version: config, versions, backend, stages{status, seconds, key,
 #                   artifacts{name: {sha256, size}}, metrics, warnings}, status, error.
 #     (2026-11-23, additive, still 1): environment{xla_flags, xla_flags_not_in_key, jax_config,
-#                   jax_config_not_in_key}: what the compile key saw (issue 12).
+#                   jax_config_not_in_key}: what the compile key saw.
 #     (2026-11-25, additive, still 1): environment{flag_variables{XLA_FLAGS, LIBTPU_INIT_ARGS:
 #                   {raw, file, file_sha256, words, ignored, effective, not_in_key, read_by}},
 #                   xla_debug_options_sha256, hlo_transformations}; xla_flags lists XLA_FLAGS'

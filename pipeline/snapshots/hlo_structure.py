@@ -1,4 +1,4 @@
-"""Optimized HLO as structure, for ``jaxaot-diff`` (issue 18, item 4): fusions by kind, opcodes,
+"""Optimized HLO as structure, for ``jaxaot-diff``: fusions by kind, opcodes,
 collectives and their bytes, the bytes each fusion touches, and layouts.
 
 The module is parsed by jaxlib's own HLO parser (``jaxlib._hlo.hlo_module_from_text``: names,

@@ -1,4 +1,4 @@
-"""Deviceless CUDA targets: compile for NVIDIA GPUs on a host that has none (issue 16).
+"""Deviceless CUDA targets: compile for NVIDIA GPUs on a host that has none.
 
 ``compile.topology=h100x8`` (or ``h100``, ``b200x8``, ``h100:2x1x8``: slices x hosts x GPUs per
 host) resolves, through :mod:`jaxaot.targets.tpu`, to a GPU :class:`Generation`. This module
@@ -243,7 +243,7 @@ def _register_plugin() -> None:
 
 
 def info(target: Target) -> dict[str, Any]:
-    """What a deviceless CUDA compile depends on: the store key's ``backend`` (issue 16)."""
+    """What a deviceless CUDA compile depends on: the store key's ``backend``."""
     devs = cuda_devices(target)
     data_dir = str(cuda_data_dir())
     return {

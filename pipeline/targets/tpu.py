@@ -61,7 +61,7 @@ class Generation:
     peak_int8_ops: float  # per chip, OP/s
     hbm_bandwidth: float  # per chip, bytes/s
     source: str  # the public page the published figures are from
-    # NVIDIA GPUs (platform "cuda", issue 16): XLA's target config file, peak dense FP8.
+    # NVIDIA GPUs (platform "cuda", compiled deviceless): XLA's target config file, peak dense FP8.
     target_config: str = ""  # pipeline/targets/gpu_targets/<file>
     peak_fp8_flops: float | None = None
     # Host RAM of one host (TPU VM, GPU server), published: host-memory buffers (pinned_host
@@ -161,7 +161,7 @@ GENERATIONS: dict[str, Generation] = {
         ),
     )
 }
-# NVIDIA GPUs (platform "cuda", issue 16): compiled deviceless through the CUDA plugin
+# NVIDIA GPUs (platform "cuda"): compiled deviceless through the CUDA plugin
 # (pipeline/targets/cuda.py). Published per-GPU figures, dense (no sparsity), from NVIDIA's
 # datasheets, written from the published documents (not re-checked against live pages: this
 # project's machines cannot browse): "NVIDIA A100 Tensor Core GPU" datasheet (SXM 80GB:
@@ -311,7 +311,7 @@ _GPU_TOPOLOGY = re.compile(r"^([a-z]\d+):(\d+)x(\d+)x(\d+)$")  # h100:2x1x8
 
 
 def _resolve_gpu(text: str, value: str, num_slices: int, key: str) -> Target | None:
-    """A GPU target (issue 16): ``h100`` (1 GPU), ``h100x8`` (one host of 8), ``h100:2x1x8``
+    """A deviceless GPU target: ``h100`` (1 GPU), ``h100x8`` (one host of 8), ``h100:2x1x8``
     (slices x hosts x GPUs per host); None when ``text`` names no GPU generation."""
     m = _GPU_TOPOLOGY.match(text) or _GPU_NAME.match(text)
     gen = GENERATIONS.get(m[1]) if m else None
@@ -414,7 +414,7 @@ def libtpu_version() -> str | None:
 
 def topology_devices(target: Target) -> list[Any]:
     """libtpu's compile-only devices for ``target``: what meshes and compiles are laid over."""
-    if target.generation.platform == "cuda":  # the CUDA plugin's (issue 16)
+    if target.generation.platform == "cuda":  # the CUDA plugin's compile-only devices
         from jaxaot.targets.cuda import cuda_devices
 
         return list(cuda_devices(target))
@@ -445,7 +445,7 @@ def _topology(name: str, num_slices: int, chip_config: str) -> tuple[Any, ...]:
 def topology_info(target: Target) -> dict[str, Any]:
     """What a compile for ``target`` depends on, like ``jaxenv.backend_info`` for a backend that
     is present: platform + version, device kind + count, and the topology itself."""
-    if target.generation.platform == "cuda":  # target config, plugin, ptxas (issue 16)
+    if target.generation.platform == "cuda":  # target config, plugin, ptxas
         from jaxaot.targets.cuda import info
 
         return info(target)

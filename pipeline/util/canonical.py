@@ -33,7 +33,7 @@ _HLO_MODULE = re.compile(r"^HloModule [^\s,]+", re.MULTILINE)
 
 # Canonicalizing is one pass over the lines, each touched only where it holds what is dropped:
 # linear in the text's size (a module with a captured constant printed in full is 100 MB on
-# one line; issue 19), and usable on a stream of lines (:func:`iter_canonical_stablehlo`).
+# one line), and usable on a stream of lines (:func:`iter_canonical_stablehlo`).
 
 # MLIR location info (`loc(...)` suffixes and `#locN = loc(...)` aliases) varies with source
 # paths and line numbers; it is stripped so a moved file or a renamed local changes nothing.

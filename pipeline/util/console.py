@@ -1,4 +1,4 @@
-"""Command-line manners shared by the ``jaxaot*`` commands (issue 14).
+"""Command-line manners shared by the ``jaxaot*`` commands.
 
 - ``jaxaot ... | head`` ends quietly: once the reader of stdout is gone, further output is
   dropped (stdout is pointed at ``/dev/null``) and the command carries on to its own exit
@@ -138,7 +138,7 @@ def quiet_broken_pipe() -> Iterator[None]:
 
 
 # Hydra's launchers log each job as "\t#3 : key=value ...", with the values escaped for its
-# grammar (f32\[8\,256\]); jaxaot's sweepers show them as written (issue 14).
+# grammar (f32\[8\,256\]); jaxaot's sweepers show them as written.
 LAUNCHER_LOGGERS = (  # the loggers of Hydra's launchers' per-job lines
     "hydra._internal.core_plugins.basic_launcher",
     "hydra_plugins.hydra_joblib_launcher._core",

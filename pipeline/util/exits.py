@@ -1,13 +1,13 @@
 """Honest exits: a run that ends early says so, in its manifest and in its exit status.
 
-Three ways a run used to end without a trace (issue 12):
+Three ways a run would end without a trace, and what is done about each:
 
-- user code calls ``sys.exit(0)``: the :class:`SystemExit` went through every ``except
-  Exception``, jaxaot exited 0 and the manifest said ``running``;
-- user code calls ``os._exit(0)``: the process vanished; while a run is in progress
+- user code calls ``sys.exit(0)``: a :class:`SystemExit` goes through every ``except
+  Exception``, so uncaught the process would exit 0 with the manifest saying ``running``;
+- user code calls ``os._exit(0)``: the process would vanish; while a run is in progress
   :func:`guard_os_exit` makes ``os._exit`` raise :class:`ProgramExit` in this process instead;
-- Ctrl-C printed a traceback; SIGTERM killed the process outright. :func:`signals_raise` makes
-  SIGTERM raise :class:`Terminated` (a ``KeyboardInterrupt``, so both are handled alike).
+- Ctrl-C would print a traceback and SIGTERM kill the process outright. :func:`signals_raise`
+  makes SIGTERM raise :class:`Terminated` (a ``KeyboardInterrupt``, so both are handled alike).
 
 The runner turns the first two into a failed stage and records the others as ``interrupted``;
 the CLI prints one line and exits ``128 + signal`` (130 for Ctrl-C, 143 for SIGTERM), the

@@ -23,7 +23,7 @@ TEMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
 # Files and folders are created with these modes and the process umask applied by the kernel
 # (never ``mkstemp``/``mkdtemp``, which make 0600/0700): with umask 002 or 022 a store or run
-# directory on a shared file system is readable by the team (issue 12, item 8).
+# directory on a shared file system is readable by the team.
 FILE_MODE = 0o666
 DIR_MODE = 0o777
 

@@ -1,4 +1,4 @@
-"""Let the C heap keep big freed buffers for reuse (glibc), once a program needs it (issue 19).
+"""Let the C heap keep big freed buffers for reuse (glibc), once a program needs it.
 
 A program that closes over a large array has it embedded in its module, and lowering copies
 it a dozen times over: the module's bytecode for XLA, XLA's HLO and its proto, jax.export's

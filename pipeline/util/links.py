@@ -1,17 +1,18 @@
-"""One copy of a big file on disk: run directories hard-link the store's entries (issue 19).
+"""One copy of a big file on disk: run directories hard-link the store's entries (a store hit
+costs no copy).
 
 A compiled executable embeds every constant the program captured, so a run that closes over a
 51 MB weight writes a 51 MB ``compile/executable.bin``, and the store holds the same bytes
 again. On one file system the run directory's file and the store's are made one inode (a hard
 link) instead: a store miss links the run's new file into the entry it puts, a store hit links
 the entry's file into the run directory. Across file systems, or where links are refused
-(``EXDEV``, ``EPERM``, ``EMLINK``), the file is copied as before.
+(``EXDEV``, ``EPERM``, ``EMLINK``), the file is copied.
 
 Sharing an inode is sound because nothing writes these files in place: jaxaot writes a file
 only to a new temp name that is then renamed over the old one (:mod:`jaxaot.util.fsio`), the
 store puts and removes whole entry folders by rename and deletes them by unlinking, and a link
 is made read-only so that nobody else writes it by accident, and only where a copy would have
-had the same owner and group (a team store's setgid group: issue 12), so that a link changes
+had the same owner and group (a team store's setgid group), so that a link changes
 nobody's trust in a file. Every reader checks sha256 against
 its own manifest anyway (the run's ``manifest.json`` or the entry's ``entry.json``), so a file
 changed behind jaxaot's back is refused, never served; removing an entry (``jaxaot-store gc``,
@@ -53,7 +54,7 @@ def _group_of_new_file(folder: Path) -> int:
 def _as_if_created_in(st: os.stat_result, folder: Path) -> bool:
     """True when a file with stat ``st`` has the owner and group a copy made in ``folder``
     would have: a link must not hand a team store a file of a private group (its members
-    could not vouch for it: issue 12), nor a run directory another user's file."""
+    could not vouch for it), nor a run directory another user's file."""
     return st.st_uid == os.geteuid() and st.st_gid == _group_of_new_file(folder)
 
 
