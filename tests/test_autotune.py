@@ -44,6 +44,15 @@ def test_search_space_from_params_and_command_line() -> None:
     assert space["e"] == CategoricalDistribution(["0.5", "1.5"])
 
 
+def test_compile_only_objectives_are_compiles_figures() -> None:
+    from jaxaot.rundir.metrics import OBJECTIVE_BY_NAME
+    from jaxaot.sweeps.autotune import COMPILE_ONLY_OBJECTIVES
+
+    assert {OBJECTIVE_BY_NAME[o].stage for o in COMPILE_ONLY_OBJECTIVES} == {"compile"}
+    for objective in COMPILE_ONLY_OBJECTIVES:
+        AutotuneOptions(objective=objective).check("compile")
+
+
 @pytest.mark.parametrize(
     ("opts", "stop_after", "match"),
     [
@@ -175,7 +184,7 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}
     assert result["best"]["value"] == min(temps.values())
     assert all(v > 0 for v in temps.values())
-    # values as the user wrote them, not Hydra's escaped f32\[8\,256\] (issue 14)
+    # values as the user wrote them, not Hydra's escaped f32\[8\,256\]
     assert all(
         re.fullmatch(r"program\.args\.1=f32\[\d+,256\]", o)
         for t in result["trials"]
@@ -250,7 +259,8 @@ def test_same_failure_masks_each_trials_own_values() -> None:
 
 
 def test_optunas_views_are_written_with_the_report(tmp_path: Path) -> None:
-    """History, parameter importances and parallel coordinates, Optuna's own (issue 18)."""
+    """History, parameter importances and parallel coordinates, Optuna's own, written as plots
+    beside the report."""
     _, _, sweep_dir = _search(
         tmp_path,
         "hydra/sweeper=jaxaot_optuna",

@@ -184,13 +184,14 @@ def test_a_run_keeps_the_raw_sentinel_in_cost_analysis_json(
     assert "FLOP/s" not in _row(text, "execute")
 
 
-# --- results on screen (issue 14) ------------------------------------------------------------
+# --- results on screen: outputs with their values ------------------------------------------
 
 
 def test_the_summary_shows_small_outputs_with_values_and_large_ones_by_type(compose_run) -> None:
     import json
 
     from jaxaot.engine.summary import output_lines
+    from jaxaot.rundir.metrics import OutputFigure
 
     result = compose_run("program=axpy", "program.args=[3,4]")
     text = render(result.manifest)
@@ -200,10 +201,13 @@ def test_the_summary_shows_small_outputs_with_values_and_large_ones_by_type(comp
 
     lines = output_lines(
         [
-            {"path": "['loss']", "dtype": "float32", "shape": [], "value": 0.25},
-            {"path": "['y']", "dtype": "bfloat16", "shape": [8, 256]},
-            {"path": "['v']", "dtype": "float32", "shape": [3], "value": [1.0, "nan", -0.5]},
-            {"path": "['m']", "dtype": "bool", "shape": [2], "value": [True, False]},
+            OutputFigure.from_json(o)
+            for o in (
+                {"path": "['loss']", "dtype": "float32", "shape": [], "value": 0.25},
+                {"path": "['y']", "dtype": "bfloat16", "shape": [8, 256]},
+                {"path": "['v']", "dtype": "float32", "shape": [3], "value": [1.0, "nan", -0.5]},
+                {"path": "['m']", "dtype": "bool", "shape": [2], "value": [True, False]},
+            )
         ]
     )
     assert lines == [

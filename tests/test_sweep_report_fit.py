@@ -50,3 +50,32 @@ def test_the_fit_search_section_comes_before_the_plots(tmp_path: Path) -> None:
     assert table.plots and "## Plots" in md
     assert md.index("## Fit search") < md.index("## Plots")
     assert "![fit_search](plots/fit_search.png)" in md
+
+
+def test_a_probe_keeps_its_compiles_verdict_figures() -> None:
+    from jaxaot.rundir.metrics import CompileMetrics
+
+    compiled = CompileMetrics.from_manifest(
+        {
+            "status": "failed",
+            "metrics": {
+                "topology": "v5e:2x2",
+                "fits": False,
+                "hbm_bytes_needed": 20 * 2**30,
+                "hbm_bytes_available": 16 * 2**30,
+                "est_step_s": 0.5,
+                "peak_bytes": 3,
+            },
+        }
+    )
+    figures = fit_search.probe_figures(compiled)
+    assert tuple(figures) == fit_search.PROBE_METRICS
+    assert figures == {
+        "topology": "v5e:2x2",
+        "hbm_bytes_needed": 20 * 2**30,
+        "hbm_bytes_available": 16 * 2**30,
+        "est_step_s": 0.5,
+        "peak_bytes": 3,
+        "host_bytes_needed": None,
+    }
+    assert set(fit_search.probe_figures(CompileMetrics()).values()) == {None}

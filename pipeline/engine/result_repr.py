@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from jaxaot.rundir.metrics import (
+    CompileMetrics,
+    ExecuteMetrics,
+    RunMetrics,
+    StageMetrics,
+    StageOutMetrics,
+)
 from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 from jaxaot.util.reprs import cut
 
@@ -11,22 +18,23 @@ if TYPE_CHECKING:
     from jaxaot.engine.runner import RunResult
 
 
-def _figures(stage: str, metrics: dict[str, Any]) -> str:
+def _figures(figures: StageMetrics | None) -> str:
     """The stage's key figures, as the summary names them."""
     shown = []
-    if stage == "stage_out" and metrics.get("argument_bytes") is not None:
-        shown.append(f"arguments {human_bytes(metrics['argument_bytes'])}")
-    if stage == "compile":
-        if isinstance(metrics.get("flops"), int | float) and metrics["flops"] >= 0:
-            shown.append(human_count(metrics["flops"], "FLOP"))
-        if metrics.get("temp_bytes") is not None:
-            shown.append(f"temp {human_bytes(metrics['temp_bytes'])}")
-    if stage == "execute" and metrics.get("median_s") is not None:
-        sd = metrics.get("stddev_s")
-        spread = f" (sd {human_seconds(sd)})" if sd is not None else ""
-        shown.append(f"median {human_seconds(metrics['median_s'])}{spread}")
-    if metrics.get("check") is not None:
-        shown.append(f"check {metrics['check']}")
+    if isinstance(figures, StageOutMetrics) and figures.argument_bytes is not None:
+        shown.append(f"arguments {human_bytes(figures.argument_bytes)}")
+    if isinstance(figures, CompileMetrics):
+        if figures.flops is not None and figures.flops >= 0:  # -2: XLA does not know
+            shown.append(human_count(figures.flops, "FLOP"))
+        if figures.temp_bytes is not None:
+            shown.append(f"temp {human_bytes(figures.temp_bytes)}")
+    if isinstance(figures, ExecuteMetrics):
+        if figures.median_s is not None:
+            sd = figures.stddev_s
+            spread = f" (sd {human_seconds(sd)})" if sd is not None else ""
+            shown.append(f"median {human_seconds(figures.median_s)}{spread}")
+        if figures.check is not None:
+            shown.append(f"check {figures.check}")
     return ", ".join(shown)
 
 
@@ -38,11 +46,11 @@ def result_repr(result: RunResult) -> str:
     lines = [f"RunResult({m.get('status', '?')}: program {what}, run_dir {result.run_dir}"]
     if m.get("error"):
         lines.append(f"  error: {cut(str(m['error']), 200)}")
-    for stage, rec in (m.get("stages") or {}).items():
-        seconds = rec.get("seconds")
-        took = f"{seconds:7.3f} s" if isinstance(seconds, int | float) else " " * 9
-        figures = _figures(stage, rec.get("metrics") or {})
-        lines.append(f"  {stage:<10} {rec.get('status', '?'):<8}{took}  {figures}".rstrip())
+    run = RunMetrics.from_manifest(m)
+    for stage, ran in run.runs.items():
+        took = f"{ran.seconds:7.3f} s" if ran.seconds is not None else " " * 9
+        figures = _figures(run.stage(stage))
+        lines.append(f"  {stage:<10} {ran.status or '?':<8}{took}  {figures}".rstrip())
     if result.records:
         keys = "|".join(f'"{s}"' for s in result.records)
         lines.append(f"  records: result[{keys}]; everything: .manifest)")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from jaxaot.config.argspec import short_name
+from jaxaot.rundir.metrics import OutputFigure, RunMetrics
 from jaxaot.stages import NODE_BY_NAME
 from jaxaot.util.humanize import human_seconds
 
@@ -24,13 +26,13 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def output_lines(outputs: list[dict[str, Any]]) -> list[str]:
+def output_lines(outputs: Sequence[OutputFigure]) -> list[str]:
     """``output['y']  f32[8,256]`` per output, with ``= 10`` when its values are small."""
     rows = [
         (
-            f"output{o.get('path') or ''}",
-            f"{short_name(str(o.get('dtype')))}[{','.join(str(d) for d in o.get('shape', []))}]",
-            f" = {_value_text(o['value'])}" if "value" in o else "",
+            f"output{o.path}",
+            f"{short_name(o.dtype)}[{','.join(str(d) for d in o.shape)}]",
+            f" = {_value_text(o.value)}" if o.has_value else "",
         )
         for o in outputs
     ]
@@ -67,8 +69,7 @@ def render(manifest: dict[str, Any], *, show_error: bool = True) -> str:
     lines += [
         f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
     ]
-    outputs = manifest["stages"].get("execute", {}).get("metrics", {}).get("outputs")
-    lines += output_lines(outputs or [])
+    lines += output_lines(RunMetrics.from_manifest(manifest).execute.outputs)
     for r in manifest[
         "stages"
     ].values():  # what a stage left beside its artifacts, and how to open it

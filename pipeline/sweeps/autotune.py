@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from jaxaot.errors import ConfigError, JaxaotError
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.rundir.metrics import RunMetrics
+from jaxaot.rundir.metrics import objective as figure
 from jaxaot.sweeps import autotune_ties
 from jaxaot.sweeps.autotune_grid import FiniteSpace
 from jaxaot.sweeps.progress import JobOutcome, SweepPlan, print_error, print_line, read_json
-from jaxaot.sweeps.report import AUTOTUNE_NAME, NUMERIC_COLUMNS, PLOTS_DIR, row_of
+from jaxaot.sweeps.report import AUTOTUNE_NAME, PLOTS_DIR
 from jaxaot.util.fsio import atomic_write_json
 
 if TYPE_CHECKING:
@@ -97,13 +99,8 @@ class AutotuneOptions:
             )
         key = "objectives" if self.objectives else "objective"
         for objective, direction in self.targets:
-            if objective not in NUMERIC_COLUMNS:
-                raise ConfigError(
-                    f"hydra.sweeper.{key}: expected one of {', '.join(NUMERIC_COLUMNS)}, "
-                    f"found {objective!r}"
-                )
-            stage = objective.split(".", 1)[0]
-            if stage == "execute" and stop_after != "execute":
+            metric = figure(objective, f"hydra.sweeper.{key}")
+            if metric.stage == "execute" and stop_after != "execute":
                 raise ConfigError(
                     f"hydra.sweeper.{key}={objective!r} needs stop_after=execute, found "
                     f"stop_after={stop_after!r}; for a compile-only search use one of "
@@ -244,7 +241,7 @@ def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str |
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     if not manifest or manifest.get("status") != "ok":
         return None, (manifest or {}).get("error") or "no manifest"
-    value = row_of(manifest).get(objective)
+    value = RunMetrics.from_manifest(manifest).figure(figure(objective))
     if value is None:
         return None, f"{objective} not in the manifest"
     return float(value), None

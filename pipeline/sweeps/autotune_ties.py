@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from jaxaot.rundir.metrics import RunMetrics
 from jaxaot.sweeps.progress import human_value  # the report's units: 389.3 us, 1.5 MiB
 
 TIMED = "execute.median_s"
@@ -87,8 +88,7 @@ def noise(objective: str, value: float, run_dir: Path, manifest: dict[str, Any])
     lo, hi = got
     if objective == TIMED:
         return {"band": [min(lo, value), max(hi, value)], "samples": len(samples)}
-    metrics = (manifest.get("stages", {}).get("execute") or {}).get("metrics") or {}
-    median = metrics.get("median_s")
+    median = RunMetrics.from_manifest(manifest).execute.median_s
     if not isinstance(median, int | float) or median <= 0 or lo <= 0:
         return {"band": None, "samples": len(samples)}
     band = [min(value * median / hi, value), max(value * median / lo, value)]

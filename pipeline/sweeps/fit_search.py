@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import ConfigError
+from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.sweeps.overrides import override_value
 
 log = logging.getLogger("jaxaot")
@@ -49,7 +50,7 @@ OBJECTIVES: tuple[tuple[str, str], ...] = (
     ("est_s_per_n", "min"),
     ("hbm_bytes_needed", "min"),
 )
-# Figures each probe keeps from its job's compile metrics.
+# Figures each probe keeps from its job's compile metrics (fit.json's probe keys).
 PROBE_METRICS: tuple[str, ...] = (
     "topology",
     "hbm_bytes_needed",
@@ -58,6 +59,20 @@ PROBE_METRICS: tuple[str, ...] = (
     "peak_bytes",
     "host_bytes_needed",
 )
+
+
+def probe_figures(compiled: CompileMetrics) -> dict[str, Any]:
+    """The :data:`PROBE_METRICS` of a probe's compile (all None for a compile without a
+    topology's verdict), as fit.json records them."""
+    verdict = compiled.verdict
+    return {
+        "topology": verdict.topology,
+        "hbm_bytes_needed": verdict.hbm_bytes_needed,
+        "hbm_bytes_available": verdict.hbm_bytes_available,
+        "est_step_s": verdict.est_step_s,
+        "peak_bytes": compiled.peak_bytes,
+        "host_bytes_needed": verdict.host_bytes_needed,
+    }
 
 
 @dataclass(frozen=True)
@@ -477,6 +492,7 @@ __all__ = [
     "fronts",
     "initial_bound",
     "linear_scan_compiles",
+    "probe_figures",
     "report_lines",
     "report_section",
     "shown",

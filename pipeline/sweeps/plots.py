@@ -203,7 +203,7 @@ def _memory(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]]) -
 
 
 def _hbm(ax: Axes, xs: list[str], param: str, groups: dict[str, list[Row]], width: float) -> None:
-    """compile.topology (issue 15): each bar's HBM per device as a dashed line, and what a job
+    """compile.topology: each bar's HBM per device as a dashed line, and what a job
     that does not fit needed as a red outline (it has no memory analysis to stack)."""
     labels = {"avail": "HBM per device", "need": "needed (does not fit)"}  # each shown once
     for i, rows in enumerate(groups.values()):

@@ -25,6 +25,7 @@ from typing import Any, Self
 from jaxaot.config.order import STAGES
 from jaxaot.config.sections import override_key
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.rundir.metrics import OBJECTIVE_BY_NAME, RunMetrics
 from jaxaot.stages import NODES
 from jaxaot.sweeps.overrides import override_value, short_names, short_value
 from jaxaot.util.fsio import atomic_write_json, atomic_write_text
@@ -122,22 +123,21 @@ def claim_finish_slot(sweep_dir: Path) -> int:
 
 def key_figures(manifest: dict[str, Any] | None) -> str:
     """Compile status/time, FLOPs, temp memory, execute median and FLOP/s, in one phrase."""
-    stages = (manifest or {}).get("stages", {})
+    run = RunMetrics.from_manifest(manifest)
     parts = []
-    comp = stages.get("compile")
-    if comp:
-        m = comp.get("metrics", {})
-        parts.append(f"compile {comp['status']} {human_seconds(comp.get('seconds'))}")
-        if m.get("flops") is not None:
-            parts.append(human_count(m["flops"], "FLOP"))
-        if m.get("temp_bytes") is not None:
-            parts.append(f"temp {human_bytes(m['temp_bytes'])}")
-    ex = stages.get("execute")
-    if ex and ex.get("metrics", {}).get("median_s") is not None:
-        m = ex["metrics"]
-        text = f"execute {human_seconds(m['median_s'])}"
-        if m.get("flops_per_s"):
-            text += f" ({human_count(m['flops_per_s'], 'FLOP/s')})"
+    comp, ex = run.compile, run.execute
+    if run.run("compile").status is not None:
+        parts.append(
+            f"compile {run.run('compile').status} {human_seconds(run.run('compile').seconds)}"
+        )
+        if comp.flops is not None:
+            parts.append(human_count(comp.flops, "FLOP"))
+        if comp.temp_bytes is not None:
+            parts.append(f"temp {human_bytes(comp.temp_bytes)}")
+    if ex.median_s is not None:
+        text = f"execute {human_seconds(ex.median_s)}"
+        if ex.flops_per_s:
+            text += f" ({human_count(ex.flops_per_s, 'FLOP/s')})"
         parts.append(text)
     return ", ".join(parts)
 
@@ -177,14 +177,12 @@ def _shorten(text: str, width: int) -> str:
 
 
 def human_value(objective: str, value: float) -> str:
-    """An objective's value for people: a time (``execute.median_s``, ``compile.seconds``) as
-    ``389.3 us``, a size (``compile.temp_bytes``) as ``1.5 MiB``, any other figure with six
-    significant digits."""
-    if objective.endswith(("_s", ".seconds")) and not objective.endswith("per_s"):
-        return human_seconds(value)
-    if objective.endswith("bytes") or "bytes_" in objective:
-        return human_bytes(value)
-    return f"{value:.6g}"
+    """An objective's value for people, in its unit (:meth:`Metric.human`): a time
+    (``execute.median_s``, ``compile.seconds``) as ``389.3 us``, a size (``compile.temp_bytes``)
+    as ``1.5 MiB``, any other figure (or a name no objective has) with six significant
+    digits."""
+    metric = OBJECTIVE_BY_NAME.get(objective)
+    return metric.human(value) if metric is not None else f"{value:.6g}"
 
 
 def relay_line(sweep_dir: Path, n: int, line: str) -> None:

@@ -18,7 +18,12 @@ from typing import Any
 
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
-from jaxaot.stages import NODES
+from jaxaot.rundir.metrics import (
+    OBJECTIVE_BY_NAME,
+    REPORT_METRICS,
+    TOPOLOGY_METRICS,
+    RunMetrics,
+)
 from jaxaot.stages.fit_verdict import pair_figures
 from jaxaot.sweeps.overrides import short_value
 from jaxaot.sweeps.progress import (
@@ -32,7 +37,7 @@ from jaxaot.sweeps.progress import (
     short_names,
 )
 from jaxaot.util.fsio import atomic_write_text
-from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds, measured
+from jaxaot.util.humanize import NOT_AVAILABLE, human_bytes, human_count, human_seconds
 
 log = logging.getLogger("jaxaot")
 
@@ -45,29 +50,13 @@ MD_NAME = "sweep.md"
 PLOTS_DIR = "plots"
 AUTOTUNE_NAME = "autotune.json"
 
-# The metrics each node reports, as <node>.<metric> columns (Node.report).
-METRICS: dict[str, tuple[str, str]] = {
-    f"{node.name}.{metric}": (node.name, metric) for node in NODES for metric in node.report
-}
-# compile.topology's verdict (jaxaot.stages.fit_verdict): columns only in sweeps
-# that have a topology job. Device memory (less the reserve) and host memory, apart.
-_TOPOLOGY_FIELDS = (
-    "topology",
-    "fits",
-    "hbm_bytes_needed",
-    "hbm_bytes_available",
-    "headroom_bytes",
-    "hbm_fits",
-    "hbm_reserve_bytes",
-    "host_bytes_needed",
-    "host_bytes_available",
-    "host_fits",
-    "est_step_s",
-    "collectives",
-    "collective_bytes",
-)
-TOPOLOGY_METRICS: dict[str, tuple[str, str]] = {
-    f"compile.{m}": ("compile", m) for m in _TOPOLOGY_FIELDS
+# Each stage's report figures, as <stage>.<metric> columns (jaxaot.rundir.metrics lists them
+# with their units): column name -> (stage, metric).
+METRICS: dict[str, tuple[str, str]] = {m.column: (m.stage, m.name) for m in REPORT_METRICS}
+# compile.topology's verdict (jaxaot.stages.fit_verdict): columns only in sweeps that have a
+# topology job. Device memory (less the reserve) and host memory, apart.
+TOPOLOGY_COLUMNS: dict[str, tuple[str, str]] = {
+    m.column: (m.stage, m.name) for m in TOPOLOGY_METRICS
 }
 # XLA's effort levels each job compiled at (its config, not a metric): columns only in sweeps
 # where a job sets one.
@@ -76,23 +65,10 @@ STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}.{f}" for s in STAGES for f in ("sta
 # SLURM jobs (jaxaot's SLURM launcher): job id, state, where the state was read (squeue, sacct,
 # submitit's result file) and how often the job was requeued (resuming from its last stage).
 SLURM_COLUMNS: tuple[str, ...] = ("slurm_job", "slurm_state", "slurm_state_source", "requeued")
-# Every numeric column: what an autotuning objective may name.
-# Report metrics that are names, not figures (never an autotune objective or a plot axis).
-TEXT_METRICS: frozenset[str] = frozenset(
-    {"execute.profile_top_op", "compile.breakdown_top", "compile.peak_top"}
-)
-NUMERIC_COLUMNS: tuple[str, ...] = tuple(
-    dict.fromkeys(
-        tuple(f"{s}.seconds" for s in STAGES)
-        + tuple(c for c in METRICS if c not in TEXT_METRICS)
-        + (
-            "compile.hbm_bytes_needed",
-            "compile.host_bytes_needed",
-            "compile.est_step_s",
-        )
-    )
-)
-# A job whose program does not fit its topology is a result, not a failure (issue 15).
+# Every numeric column an autotuning objective may name (jaxaot.rundir.metrics.objective).
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(OBJECTIVE_BY_NAME)
+# A job whose program does not fit its topology is a result, not a failure: its manifest's
+# status is does_not_fit and it is counted apart.
 RESULT_STATUSES: tuple[str, ...] = ("ok", "does_not_fit")
 
 
@@ -155,7 +131,7 @@ class SweepTable:
         best = ["best"] if self.autotune else []
         if self.autotune and self.autotune.get("pareto") is not None:
             best = ["pareto"]  # a multi-objective study has a front, not one best trial
-        topo = list(TOPOLOGY_METRICS) if self.topology else []
+        topo = list(TOPOLOGY_COLUMNS) if self.topology else []
         slurm = list(SLURM_COLUMNS) if self.slurm else []
         return [
             "job",
@@ -175,21 +151,14 @@ class SweepTable:
 
 def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
     """The stage and metric columns of one job's manifest (missing values are None)."""
-    stages = (manifest or {}).get("stages", {})
+    run = RunMetrics.from_manifest(manifest)
     row: dict[str, Any] = {}
     for s in STAGES:
-        row[f"{s}.status"] = stages.get(s, {}).get("status")
-        row[f"{s}.seconds"] = stages.get(s, {}).get("seconds")
-
-    def metric(stage: str, name: str) -> Any:
-        return stages.get(stage, {}).get("metrics", {}).get(name)
-
-    for col, (stage, name) in METRICS.items():
+        row[f"{s}.status"] = run.run(s).status
+        row[f"{s}.seconds"] = run.run(s).seconds
+    for m in (*REPORT_METRICS, *TOPOLOGY_METRICS):
         # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
-        value = metric(stage, name)
-        row[col] = value if col in TEXT_METRICS else measured(value)
-    for col, (stage, name) in TOPOLOGY_METRICS.items():
-        row[col] = metric(stage, name)  # a verdict's headroom is negative when it does not fit
+        row[m.column] = run.figure(m)
     comp = ((manifest or {}).get("config") or {}).get("compile") or {}
     for col in EFFORT_COLUMNS:
         row[col] = comp.get(col.split(".", 1)[1])
@@ -547,6 +516,7 @@ __all__ = [
     "PLOTS_DIR",
     "SLURM_COLUMNS",
     "STAGE_COLUMNS",
+    "TOPOLOGY_COLUMNS",
     "SweepTable",
     "collect",
     "job_dirs",
