@@ -1,4 +1,5 @@
-"""Argument specs (``jaxaot.config.argspec``): parsing leaves and pytrees, quoting, and bind()."""
+"""Argument specs (the package ``jaxaot.config.argspec``, tested through its public names):
+parsing leaves and pytrees (grammar), quoting, bind(), sizes and the inputs-fit check."""
 
 from __future__ import annotations
 
@@ -561,11 +562,11 @@ def test_arg_spec_errors_are_config_errors_and_value_errors() -> None:
     assert issubclass(ArgSpecError, ValueError)
 
 
-# --- sizes XLA cannot represent or this machine cannot hold (issue 12) ----------------------
+# --- sizes XLA cannot represent or this machine cannot hold ----------------------------------
 
 
 def test_an_element_count_that_overflows_int64_names_the_argument() -> None:
-    # The issue's repro: this aborted the process (SIGABRT in XLA's shape checks) at compile.
+    # Unrefused, this aborts the process at compile (SIGABRT in XLA's shape checks).
     with pytest.raises(
         ArgSpecError,
         match=r"^program\.args\[0\]: f32\[99999999999,99999999999\] "
