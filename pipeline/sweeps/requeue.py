@@ -28,6 +28,7 @@ from typing import Any
 
 from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.rundir.metrics import RunMetrics
 from jaxaot.sweeps.progress import STATE_DIR, read_json
 from jaxaot.util.fsio import atomic_write_json
 
@@ -58,10 +59,10 @@ def resume_point(manifest: dict[str, Any] | None, planned: list[str]) -> str | N
     it finished; the last planned stage when all did (it runs again: cheap, and a store hit for
     compile). None when nothing finished: there is nothing to resume from.
     """
-    stages = (manifest or {}).get("stages", {})
+    run = RunMetrics.from_manifest(manifest)
     done = 0
     for s in STAGES:
-        if stages.get(s, {}).get("status") not in FINISHED:
+        if run.run(s).status not in FINISHED:
             break
         done += 1
     if done == 0:
