@@ -1,4 +1,4 @@
-"""The resident server (jaxaot.cli.server): runs through it are the runs without it."""
+"""The resident server (jaxaot.cli.server), whole: runs through it are the runs without it."""
 
 from __future__ import annotations
 
@@ -311,20 +311,20 @@ def test_an_idle_server_exits(tmp_path: Path) -> None:
 
 
 def test_what_the_server_declines(tmp_path: Path) -> None:
-    from jaxaot.cli import server as srv
+    from jaxaot.cli.server import CHILD_MARK, facts, loop, protocol
 
-    s = srv._Server(tmp_path / "s.sock", dict(os.environ), [], lock=None)
+    s = loop.Server(tmp_path / "s.sock", dict(os.environ), [], lock=None)
     req = {
-        "v": srv.PROTOCOL,
+        "v": protocol.PROTOCOL,
         "env": dict(os.environ),
-        "origins": srv._origins(),
-        "process": srv._process(),
+        "origins": facts.origins(),
+        "process": facts.process(),
         "path": sys.path,
         "cwd": os.getcwd(),
     }
     assert s.declines(req) is None
     assert s.declines({**req, "v": 1}) == "protocol"
-    marked = {**req, "env": {**req["env"], srv.CHILD_MARK: "1"}}
+    marked = {**req, "env": {**req["env"], CHILD_MARK: "1"}}
     assert s.declines(marked) == "a run of this server"
     other = {**req, "env": {**req["env"], "XLA_FLAGS": "--xla_dump_to=/x"}}
     assert s.declines(other) == "environment (XLA_FLAGS)"
@@ -336,8 +336,8 @@ def test_what_the_server_declines(tmp_path: Path) -> None:
     assert s.declines({**req, "process": {**proc, "limits": limits}}) == "resource limits"
     flags = [*proc["python"][:-1], {"importtime": True}]
     assert s.declines({**req, "process": {**proc, "python": flags}}) == "interpreter or its options"
-    s.runs = dict.fromkeys(range(srv.MAX_RUNS))  # type: ignore[arg-type]
-    assert s.declines(req) == f"{srv.MAX_RUNS} runs in flight"
+    s.runs = dict.fromkeys(range(loop.MAX_RUNS))  # type: ignore[arg-type]
+    assert s.declines(req) == f"{loop.MAX_RUNS} runs in flight"
 
 
 PROCESS_FACTS = """
@@ -403,7 +403,7 @@ from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from jaxaot.api import CONF_DIR
-from jaxaot.cli import served_compose
+from jaxaot.cli.server import compositions as served_compose
 from jaxaot.schema import register_configs
 
 register_configs()
@@ -437,7 +437,7 @@ for _ in range(2):  # the first round composes and reports, the second reuses
 
 
 def test_a_remembered_composition_is_hydras_own(tmp_path: Path) -> None:
-    """jaxaot.cli.served_compose: compositions reused from the server's memo (base config plus
+    """jaxaot.cli.server.compositions: compositions reused from the server's memo (base config plus
     value overrides applied as Hydra does) equal Hydra's own, flags included."""
     proc = subprocess.run(
         [sys.executable, "-c", MEMO_CHECK],
@@ -493,8 +493,8 @@ def _seed(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_compositions_follow_what_they_read(server, tmp_path: Path) -> None:
-    """Reported by review: a primary config's own hydra.searchpath, a symlinked group folder
-    and an environment variable in a defaults list are all read again when they change."""
+    """A primary config's own hydra.searchpath, a symlinked group folder and an environment
+    variable in a defaults list are all read again when they change."""
     exp = "# @package _global_\nexecute:\n  seed: {}\n"
     # A primary config whose hydra.searchpath adds a folder.
     (tmp_path / "sp" / "experiment").mkdir(parents=True)
@@ -567,49 +567,3 @@ def test_a_run_ignores_the_signals_its_client_ignores(server, tmp_path: Path) ->
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert read_manifest(tmp_path / "run")["status"] == "ok"
-
-
-def test_messages_arrive_whole_and_one_at_a_time() -> None:
-    """Reported by review: a client that reads late got the pid and the exit status in one
-    read, dropped the second and exited 1."""
-    import socket
-
-    from jaxaot.cli import server as srv
-
-    a, b = socket.socketpair()
-    with a, b:
-        srv._send(a, {"pid": 7})
-        srv._send(a, {"exit": 0, "pad": "x" * 100_000})
-        assert srv._recv(b) == ({"pid": 7}, [])
-        assert srv._recv(b)[0] == {"exit": 0, "pad": "x" * 100_000}
-
-
-def test_a_server_that_goes_away_before_replying_is_an_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Not a silent in-process rerun: the server may have started the run already."""
-    import socket
-    import threading
-
-    from jaxaot.cli import server as srv
-
-    path = tmp_path / "s.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(1)
-
-    def accept_and_vanish() -> None:
-        conn, _ = listener.accept()
-        for fd in srv._recv(conn, maxfds=3)[1]:
-            os.close(fd)
-        conn.close()
-
-    thread = threading.Thread(target=accept_and_vanish)
-    thread.start()
-    monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(path))
-    try:
-        assert srv.run_via_server(["program=axpy"]) == 1
-    finally:
-        thread.join(10)
-        listener.close()
-    assert "went away before the run started" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The server client trusts only its own server (jaxaot.cli.server_socket).
+"""The server client trusts only its own server (jaxaot.cli.server.folder, .protocol, .client).
 
 The two-user tests run an attacker as uid 65534 (nobody) in a forked child of the test
 process (the venv's Python lives under /root here, which nobody cannot open, so the attacker
@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 from conftest import cli_env
-from jaxaot.cli import server_socket as ss
+from jaxaot.cli.server import client, protocol
+from jaxaot.cli.server import folder as ss
 
 ATTACKER = 65534  # nobody
 SERVER = [sys.executable, "-m", "jaxaot", "server"]
@@ -43,11 +44,11 @@ needs_root = pytest.mark.skipif(
 
 def test_the_peer_judge_trusts_the_same_uid_only() -> None:
     me = os.geteuid()
-    assert ss.peer_problem(1234, me, 0) is None
-    assert ss.peer_problem(1234, me, me + 77) is None  # gid is not judged
-    problem = ss.peer_problem(1234, me + 1, 0)
+    assert protocol.peer_problem(1234, me, 0) is None
+    assert protocol.peer_problem(1234, me, me + 77) is None  # gid is not judged
+    problem = protocol.peer_problem(1234, me + 1, 0)
     assert problem == f"runs as uid {me + 1} (pid 1234), not as you (uid {me})"
-    assert ss.peer_problem(1, 2**32 - 1, 0) is not None  # an unmapped uid (another namespace)
+    assert protocol.peer_problem(1, 2**32 - 1, 0) is not None  # an unmapped uid (another namespace)
 
 
 def test_peer_credentials_of_a_real_connection(tmp_path: Path) -> None:
@@ -59,8 +60,8 @@ def test_peer_credentials_of_a_real_connection(tmp_path: Path) -> None:
         client.connect(str(tmp_path / "s.sock"))
         conn, _ = listener.accept()
         with client, conn:
-            assert ss.peer_credentials(client) == (os.getpid(), os.geteuid(), os.getegid())
-            assert ss.peer_credentials(conn) == (os.getpid(), os.geteuid(), os.getegid())
+            assert protocol.peer_credentials(client) == (os.getpid(), os.geteuid(), os.getegid())
+            assert protocol.peer_credentials(conn) == (os.getpid(), os.geteuid(), os.getegid())
 
 
 def test_a_folder_made_here_is_0700_whatever_the_umask(tmp_path: Path) -> None:
@@ -141,19 +142,19 @@ def test_where_the_socket_lives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_connect_to_ones_own_listener(tmp_path: Path) -> None:
     folder = tmp_path / "srv"
     folder.mkdir(mode=0o700)
-    assert ss.connect(folder / "s.sock") is None  # no server: nothing, quietly
-    assert ss.connect(tmp_path / "absent" / "s.sock") is None
+    assert client.connect(folder / "s.sock") is None  # no server: nothing, quietly
+    assert client.connect(tmp_path / "absent" / "s.sock") is None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with listener:
         listener.bind(str(folder / "s.sock"))
         listener.listen(1)
-        sock = ss.connect(folder / "s.sock")
+        sock = client.connect(folder / "s.sock")
         assert sock is not None
         sock.close()
     (folder / "s.sock").unlink()
     (folder / "s.sock").write_text("")
     with pytest.raises(ss.UnsafeSocketError, match=r"s\.sock is not a socket of yours"):
-        ss.connect(folder / "s.sock")
+        client.connect(folder / "s.sock")
 
 
 # ------------------------------------------------------------------------ the two-user tests

@@ -1,8 +1,8 @@
-"""Where the ``jaxaot server``'s socket lives, and whom a client may talk to through it.
+"""Where the ``jaxaot server``'s socket lives, and whether its folder is the user's alone.
 
 A client hands its server its whole environment (tokens included), argv, cwd and terminal
 descriptors, so it must reach its own user's server and nobody else's. Two checks, both
-before the first byte is sent:
+before the first byte is sent (the second is :func:`jaxaot.cli.server.client.connect`'s):
 
 - **The folder.** The socket's folder is the user's alone: owned by them, mode 0700, and
   every folder on its path is a real folder (no symbolic link) that no one else can write to,
@@ -11,7 +11,8 @@ before the first byte is sent:
   refused with one line; it is created with :func:`os.mkdir`, which fails if anything is
   there already, and checked through descriptors opened with ``O_NOFOLLOW``.
 - **The peer.** After ``connect``, ``SO_PEERCRED`` gives the uid of the process listening on
-  the socket; one that is not the client's own euid gets nothing.
+  the socket; one that is not the client's own euid gets nothing
+  (:func:`jaxaot.cli.server.protocol.peer_problem`).
 
 The standard library and jaxaot.errors only: the client side must cost milliseconds.
 """
@@ -20,17 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import stat
-import struct
 import sys
 from pathlib import Path
 
 from jaxaot.errors import JaxaotError
 
 OVERRIDE = "JAXAOT_SERVER_SOCKET"
-_FIX = f"set {OVERRIDE} to a path in a folder of your own (e.g. ~/.jaxaot/server.sock)"
-_PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+FIX = f"set {OVERRIDE} to a path in a folder of your own (e.g. ~/.jaxaot/server.sock)"
 _OPEN = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -103,7 +101,7 @@ def folder_problem(st: os.stat_result) -> str | None:
     return None
 
 
-def _refuse(folder: Path, problem: str, fix: str = _FIX) -> UnsafeSocketError:
+def _refuse(folder: Path, problem: str, fix: str = FIX) -> UnsafeSocketError:
     return UnsafeSocketError(f"server socket folder {folder} {problem}; {fix}")
 
 
@@ -156,7 +154,7 @@ def check_folder(folder: Path, *, create: bool) -> None:
             if here == folder:
                 if problem := folder_problem(st):
                     own = st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode)
-                    fix = f"chmod 700 {folder}, or {_FIX}" if own else _FIX
+                    fix = f"chmod 700 {folder}, or {FIX}" if own else FIX
                     raise _refuse(folder, problem, fix)
             elif problem := _ancestor_problem(str(here), st):
                 raise _refuse(folder, f"is unsafe: {problem}")
@@ -165,61 +163,13 @@ def check_folder(folder: Path, *, create: bool) -> None:
             os.close(fd)
 
 
-def peer_problem(pid: int, uid: int, gid: int) -> str | None:
-    """Why a process with these credentials (``SO_PEERCRED``) is not to be trusted with a
-    request: it runs as another user. (gid is not judged: a user's server may run with any
-    of their groups.)"""
-    me = os.geteuid()
-    if uid != me:
-        return f"runs as uid {uid} (pid {pid}), not as you (uid {me})"
-    return None
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """``(pid, uid, gid)`` of the process at the other end of a connected Unix socket: for a
-    client, the one that listened (as it was at ``listen``); for a server, the one that
-    connected."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, gid = _PEERCRED.unpack(raw)
-    return pid, uid, gid
-
-
-def connect(path: Path) -> socket.socket | None:
-    """A connection to this user's own server at ``path``, nothing sent yet; None when there
-    is no server there. Raises UnsafeSocketError when the folder or the listening process is
-    someone else's (the connection closed, nothing sent)."""
-    try:
-        check_folder(path.parent, create=False)
-        st = os.lstat(path)
-    except UnsafeSocketError:
-        raise
-    except OSError:  # no folder, no socket: no server
-        return None
-    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
-        raise UnsafeSocketError(
-            f"server socket {path} is not a socket of yours (owner uid {st.st_uid}); {_FIX}"
-        )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        problem = peer_problem(*peer_credentials(sock))
-    except OSError:
-        sock.close()
-        return None
-    if problem:
-        sock.close()
-        raise UnsafeSocketError(f"the process listening on {path} {problem}; {_FIX}")
-    return sock
-
-
 __all__ = [
+    "FIX",
+    "OVERRIDE",
     "UnsafeSocketError",
     "check_folder",
-    "connect",
     "default_folder",
     "folder_problem",
-    "peer_credentials",
-    "peer_problem",
     "runtime_dir",
     "socket_path",
 ]

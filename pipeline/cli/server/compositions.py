@@ -1,4 +1,4 @@
-"""Hydra compositions remembered by the ``jaxaot`` server, for the runs it forks (issue 19).
+"""Hydra compositions remembered by the ``jaxaot`` server, for the runs it forks.
 
 Composing jaxaot's config costs ~0.2 s, a fifth of a warm run through the server. A run's
 composition is a pure function of what it reads: the config name and overrides, the working

@@ -1,0 +1,138 @@
+"""The server process: one per socket, its imports warmed once, then the serve loop.
+
+Started detached by ``jaxaot server start`` (jaxaot.cli.server.commands) as
+``python -c`` :data:`SERVE`, in ``/``, logging beside its socket. It takes the socket's flock
+(a second server on the same socket returns at once), imports and warms what every run needs
+short of starting a JAX backend (:func:`preimport`), freezes what that made out of the garbage
+collector's way, and runs :class:`jaxaot.cli.server.loop.Server` until it stops. When a watched
+file changed, it re-executes itself with the environment it started with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+SERVE = "from jaxaot.cli.server.daemon import serve_forever; serve_forever()"
+
+# Modules a run imports on its way (lowering rules, store, snapshots, examples), measured with
+# a sys.modules diff around a warm run of program=transformer_train.
+_RUN_IMPORTS = (
+    "hydra._internal.logging_config",
+    "jax._src.checkify",
+    "jax._src.pallas.core",
+    "jax._src.pallas.mosaic.interpret.params",
+    "jax.experimental.multihost_utils",
+    "jax.extend",
+    "jax.extend.backend",
+    "jax.extend.core",
+    "jax.extend.core.primitives",
+    "jax.extend.linear_util",
+    "jax.extend.mlir",
+    "jax.extend.random",
+    "jax.extend.sharding",
+    "jax.extend.source_info_util",
+    "jaxlib.mlir.dialects.mhlo",
+    "jaxlib.mlir.dialects.builtin",
+    "jaxaot.examples.axpy",
+    "jaxaot.examples.collectives",
+    "jaxaot.examples.mlp",
+    "jaxaot.examples.transformer",
+    "jaxaot.snapshots.snapshot",
+    "jaxaot.store.cache",
+    "jaxaot.store.maintenance",
+    "jaxaot.sweeps.snapshot_check",
+    "jaxaot.targets.cuda",
+    "jaxaot.util.textdiff",
+)
+
+
+def preimport() -> None:
+    """What every run imports and warms up, short of starting a JAX backend: JAX, Hydra,
+    jaxaot and its stages, Hydra's plugins, one composition (Hydra's first costs ~0.3 s more
+    than later ones: lazy imports, plugin discovery, OmegaConf's grammar) and one trace."""
+    import importlib
+
+    import jax
+    import jax.numpy as jnp
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+
+    for name in (
+        "jax.export",
+        "jax.experimental.serialize_executable",
+        "jax.experimental.shard_map",
+        "jaxaot.cli.main",
+        "jaxaot.engine.runner",
+        "jaxaot.engine.summary",
+        "jaxaot.sweeps.callbacks",
+        "jaxaot.stages.stage_out",
+        "jaxaot.stages.lower",
+        "jaxaot.stages.compile",
+        "jaxaot.stages.execute",
+        "jaxaot.stages.inputs",
+        "jaxaot.cli.server.compositions",
+    ):
+        importlib.import_module(name)
+    for name in _RUN_IMPORTS:  # what a run imports as it goes (~80 ms): optional, none starts
+        with contextlib.suppress(Exception):  # a backend (checked below)
+            importlib.import_module(name)
+    from jaxaot.api import compose
+
+    Plugins.instance()  # discovers Hydra's plugins (search path, launchers, sweepers) once
+    compose(["program=axpy"])
+    GlobalHydra.instance().clear()  # each run initializes its own
+    spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_backends", None):  # forked children must start their own
+        raise RuntimeError("jaxaot server: a JAX backend started while warming up")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_forever() -> None:
+    """The server process (see the module's docstring)."""
+    import fcntl
+    import warnings
+
+    from jaxaot.cli.server.folder import UnsafeSocketError, check_folder, socket_path
+    from jaxaot.cli.server.loop import Server
+
+    path = socket_path()
+    try:
+        check_folder(path.parent, create=True)
+    except UnsafeSocketError as exc:
+        print(f"jaxaot: error: {exc}", file=sys.stderr)  # to the log: `start` said it first
+        sys.exit(2)
+    lock = path.with_suffix(".lock").open("a")
+    try:  # one server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    env_before = dict(os.environ)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("default")  # what an in-process run shows, once each
+        preimport()
+    import gc
+
+    # What the imports made stays put: children's collections skip it, and fewer of its pages
+    # are copied into each child (CPython's gc.freeze, meant for exactly this).
+    gc.collect()
+    gc.freeze()
+    server = Server(path, env_before, list(warned), lock)
+    server.open()
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    if server.loop():  # an imported file changed: start again from fresh code
+        # With the environment it started with, not the one its imports added to.
+        os.execve(sys.executable, [sys.executable, "-c", SERVE], env_before)
+
+
+__all__ = ["SERVE", "preimport", "serve_forever"]

@@ -1,0 +1,145 @@
+"""The serve loop (jaxaot.cli.server.loop), alone: started and stopped in a thread of the test
+(status, declines, stop, idle exit, a changed file), and a served run with a fake job in a
+small Python process of its own (the loop forks; this test process must not). No JAX."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli_env
+from jaxaot.cli.server import client, loop, protocol
+
+
+class Running:
+    """A :class:`loop.Server` on ``path``, its loop in a thread; :attr:`restart` is what
+    ``loop()`` returned."""
+
+    def __init__(self, path: Path) -> None:
+        self.server = loop.Server(path, dict(os.environ), [], lock=None)
+        self.server.open()
+        self.restart: bool | None = None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        self.restart = self.server.loop()
+
+    def send(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(self.server.path))
+            protocol.send(sock, message)
+            return protocol.recv(sock)[0]
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    folder = tmp_path / "srv"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(folder / "s.sock"))
+    run = Running(folder / "s.sock")
+    try:
+        yield run
+    finally:
+        if run.thread.is_alive():
+            client.ask("stop")
+        run.thread.join(10)
+
+
+def test_status_then_stop(running: Running) -> None:
+    path = running.server.path
+    assert path.is_socket() and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert path.with_suffix(".pid").read_text() == f"{os.getpid()}\n"
+    info = client.ask("status")
+    assert info is not None and info["pid"] == os.getpid()
+    assert (info["served"], info["declined"], info["running"]) == (0, 0, 0)
+    assert client.ask("stop") == {"stopping": os.getpid()}
+    running.thread.join(10)
+    assert running.restart is False and not running.thread.is_alive()
+    assert not path.exists() and not path.with_suffix(".pid").exists()
+    assert client.ask("status") is None
+
+
+def test_requests_it_cannot_serve_are_declined(running: Running) -> None:
+    running.server.files = {}  # no watched file: a file edited meanwhile declines nothing
+    req, _ = client.request(["program=axpy"])
+    assert running.send({**req, "v": protocol.PROTOCOL - 1}) == {"declined": "protocol"}
+    # A request that passes every check but came without its descriptors: nothing forked.
+    assert running.send(req) == {"declined": "descriptors not received"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(running.server.path))
+        sock.sendall(b"\x00\x00")  # half a header, then nothing
+        sock.shutdown(socket.SHUT_WR)
+        assert protocol.recv(sock)[0] == {"declined": "incomplete request"}
+    info = client.ask("status")
+    assert info is not None and (info["declined"], info["served"]) == (2, 0)
+
+
+def test_a_changed_file_declines_and_asks_for_a_restart(running: Running, tmp_path: Path) -> None:
+    watched = tmp_path / "module.py"
+    watched.write_text("x = 1\n")
+    running.server.files = {str(watched): loop._stat(str(watched))}
+    watched.write_text("x = 22\n")
+    req, _ = client.request(["program=axpy"])
+    assert running.send(req) == {"declined": f"changed: {watched}"}
+    running.thread.join(10)
+    assert running.restart is True  # the caller re-executes the server
+
+
+def test_an_idle_loop_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXAOT_SERVER_IDLE", "0")
+    run = Running(tmp_path / "s.sock")
+    run.thread.join(10)
+    assert run.restart is False and not (tmp_path / "s.sock").exists()
+
+
+FAKE_JOB = """
+import os, sys, threading
+from pathlib import Path
+from jaxaot.cli.server import client, loop
+
+def job(composed, report):
+    # A served run: it has its client's argv, cwd and descriptors, and reports a composition.
+    print("job", sys.argv[1:], os.getcwd(), os.environ["JAXAOT_SERVED_BY"] == str(os.getppid()))
+    key, payload = b"k" * 64, b"composition"
+    os.write(report, len(key).to_bytes(4, "big") + len(payload).to_bytes(4, "big") + key + payload)
+    sys.exit(int(sys.argv[-1]))
+
+path = Path(os.environ["JAXAOT_SERVER_SOCKET"])
+server = loop.Server(path, dict(os.environ), [], lock=None, job=job)
+server.open()
+thread = threading.Thread(target=server.loop)
+thread.start()
+codes = [client.run_via_server(["run", str(n)]) for n in (0, 3)]
+status = client.ask("status")
+client.ask("stop")
+thread.join(10)
+print("codes", codes, "served", status["served"], "compositions", status["compositions"])
+"""
+
+
+def test_a_served_run_with_a_fake_job(tmp_path: Path) -> None:
+    folder = tmp_path / "srv"
+    folder.mkdir(mode=0o700)
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(folder / "s.sock"))
+    proc = subprocess.run(
+        [sys.executable, "-c", FAKE_JOB],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"job ['run', '0'] {tmp_path} True",
+        f"job ['run', '3'] {tmp_path} True",
+        "codes [0, 3] served 2 compositions [1, 0]",
+    ]

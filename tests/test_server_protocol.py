@@ -1,0 +1,117 @@
+"""The server's wire protocol and process facts (jaxaot.cli.server.protocol, .facts), alone:
+round trips and refusals over a socket pair, no server process, no JAX."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+
+import pytest
+from jaxaot.cli.server import facts, protocol
+
+
+def test_messages_arrive_whole_and_one_at_a_time() -> None:
+    """A reply with the pid and the exit status that arrive in one read are two messages:
+    each is received whole, and none takes a byte of the next."""
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(a, {"pid": 7})
+        protocol.send(a, {"exit": 0, "pad": "x" * 100_000})
+        assert protocol.recv(b) == ({"pid": 7}, [])
+        assert protocol.recv(b)[0] == {"exit": 0, "pad": "x" * 100_000}
+
+
+def test_descriptors_travel_with_the_request(tmp_path) -> None:
+    (tmp_path / "f").write_text("passed")
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(a, {"v": protocol.PROTOCOL, "argv": ["x"]}, [fd])
+        msg, fds = protocol.recv(b, maxfds=3)
+    os.close(fd)
+    assert msg == {"v": protocol.PROTOCOL, "argv": ["x"]} and len(fds) == 1
+    assert os.pread(fds[0], 6, 0) == b"passed"  # the same open file, another number
+    os.close(fds[0])
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x00\x00", struct.pack("!I", 10) + b'{"a":'])
+def test_a_peer_that_closes_mid_message_gives_none(sent: bytes) -> None:
+    a, b = socket.socketpair()
+    with b:
+        with a:
+            a.sendall(sent)
+        assert protocol.recv(b, maxfds=3) == (None, [])
+
+
+def test_bytes_that_are_not_json_are_refused() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack("!I", 3) + b"{no" + struct.pack("!I", 0))
+        with pytest.raises(ValueError):
+            protocol.recv(b)
+        with pytest.raises(ValueError):  # an empty message is not an object either
+            protocol.recv(b)
+
+
+def test_operations_carry_the_version() -> None:
+    assert protocol.operation("status") == {"v": protocol.PROTOCOL, "op": "status"}
+    assert json.loads(json.dumps(protocol.operation("stop")))["op"] == "stop"
+
+
+def test_exit_messages_from_wait_statuses() -> None:
+    assert protocol.exit_message(3 << 8) == {"exit": 3}  # exited with 3
+    assert protocol.exit_message(0) == {"exit": 0}
+    killed = int(signal.SIGKILL)  # a wait status of a process killed by a signal: the signal
+    assert protocol.exit_message(killed) == {"exit": 128 + killed, "signal": killed}
+
+
+def test_the_peer_judge_trusts_the_same_uid_only() -> None:
+    me = os.geteuid()
+    assert protocol.peer_problem(1, me, me + 7) is None  # gid is not judged
+    assert protocol.peer_problem(99, me + 1, 0) == (
+        f"runs as uid {me + 1} (pid 99), not as you (uid {me})"
+    )
+    a, b = socket.socketpair()
+    with a, b:
+        assert protocol.peer_credentials(a) == (os.getpid(), me, os.getegid())
+
+
+def test_process_facts_compare_what_a_fork_cannot_change() -> None:
+    mine = facts.process()
+    assert facts.process_mismatch(mine, mine) is None
+    assert facts.process_mismatch({**mine, "nice": mine["nice"] + 1}, mine) == "priority"
+    assert facts.process_mismatch({**mine, "identity": []}, mine) == "user or groups"
+    # Given to the child, not compared: a client with another umask is served.
+    assert facts.process_mismatch({**mine, "umask": 0o777}, mine) is None
+
+
+def test_environment_variables_read_at_import_must_agree() -> None:
+    mine = {"JAX_ENABLE_X64": "0", "HOME": "/h", "LANG": "C.UTF-8"}
+    assert facts.env_mismatch({**mine, "HOME": "/other"}, mine, {}) is None
+    assert facts.env_mismatch({**mine, "JAX_ENABLE_X64": "1"}, mine, {}) == (
+        "environment (JAX_ENABLE_X64)"
+    )
+    assert facts.env_mismatch({"XLA_FLAGS": "x", "HOME": "/h"}, mine, {}) == (
+        "environment (JAX_ENABLE_X64, LANG, XLA_FLAGS)"
+    )
+    # What the server's imports set: a client may lack it, not set it otherwise.
+    added = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+    assert facts.env_mismatch(mine, mine, added) is None
+    assert facts.env_mismatch({**mine, "TF_CPP_MIN_LOG_LEVEL": "0"}, mine, added) == (
+        "environment (TF_CPP_MIN_LOG_LEVEL)"
+    )
+    assert facts.import_env(mine) == {"JAX_ENABLE_X64": "0", "LANG": "C.UTF-8"}
+
+
+def test_inherited_descriptors_are_the_inheritable_ones_above_2() -> None:
+    r, w = os.pipe()
+    try:
+        assert r not in facts.inherited_fds()  # pipes are made non-inheritable
+        os.set_inheritable(r, True)
+        assert r in facts.inherited_fds() and w not in facts.inherited_fds()
+    finally:
+        os.close(r)
+        os.close(w)
