@@ -125,7 +125,7 @@ import os, subprocess, sys
 
 def f(x):
     # `jaxaot` called from inside a run: it must run in this process's child, never through
-    # the server that forked this run (that is how runs multiplied before).
+    # the server that forked this run (a served run waiting on another could multiply runs).
     out = subprocess.run([sys.executable, "-m", "jaxaot", "program=axpy", "--cfg",
                           "job"], capture_output=True, text=True)
     with open(os.environ["NESTED_OUT"], "w") as fh:

@@ -293,10 +293,10 @@ def _default_socket(shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_folder_taken_by_another_user_is_refused(
     shared_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The audit's hijack: another user makes the victim's default folder first and listens
-    there. The victim's socket there is made to look the victim's (chown, as root: what a
-    symbolic link swapped between the old client's stat and its connect gave the attacker);
-    the client still sends nothing, runs in-process, and `server start` is one line."""
+    """Another user makes the victim's default folder first and listens there. The victim's
+    socket there is made to look the victim's (chown, as root: what a symbolic link swapped
+    between a client's stat and its connect would give the attacker); the client still sends
+    nothing, runs in-process, and `server start` is one line."""
     path = _default_socket(shared_tmp, monkeypatch)
     folder = path.parent
     assert folder == shared_tmp / f"jaxaot-{os.geteuid()}"

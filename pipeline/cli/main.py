@@ -208,7 +208,7 @@ def _share_help_repository(argv: list[str]) -> None:
 
     Hydra's help lists every group's options through ``ConfigLoaderImpl.get_group_options``,
     and each call deep-copies the whole repository (the ConfigStore's schemas included) for the
-    same config name and overrides: ~100 copies, 2-3 s of ``jaxaot --help`` (issue 19). One
+    same config name and overrides: ~100 copies, 2-3 s of ``jaxaot --help``. One
     help process reads one unchanging repository, so one copy per (config, overrides) serves
     every call with the same answers.
     """
