@@ -34,8 +34,16 @@ from jaxaot.util.canonical import (
     CanonicalArtifact,
     dump_json,
 )
-from jaxaot.util.fsio import atomic_write_text, sha256_bytes
+from jaxaot.util.fsio import atomic_write_text
 from jaxaot.util.textdiff import bounded, changed_keys, unified
+from jaxaot.util.verified import (
+    FileRecord,
+    Mismatch,
+    Refused,
+    VerifiedFiles,
+    read_versioned_json,
+    record_of,
+)
 
 if TYPE_CHECKING:
     from jaxaot.schema import JaxaotConfig
@@ -93,7 +101,7 @@ class Snapshot:
         entries = {}
         for path, text in sorted(self.files.items()):
             raw = text.encode()
-            entries[path] = {"sha256": sha256_bytes(raw), "size": len(raw)}
+            entries[path] = record_of(raw).to_json()
         return {
             "format_version": SNAPSHOT_FORMAT_VERSION,
             "program": self.program,
@@ -108,22 +116,25 @@ def from_run(run_dir: Path, manifest: dict[str, Any]) -> Snapshot:
     config and the versions."""
     files: dict[str, str] = {}
     recorded = {
-        p: a["sha256"]
-        for rec in manifest.get("stages", {}).values()
-        for p, a in rec.get("artifacts", {}).items()
+        p: rec
+        for stage in manifest.get("stages", {}).values()
+        for p, a in stage.get("artifacts", {}).items()
+        if (rec := FileRecord.from_json(a)) is not None
     }
+
+    def changed(m: Mismatch) -> Exception:
+        if m.error is not None:
+            return SnapshotError(f"{m.path}: unreadable ({m.error.strerror or m.error})")
+        return SnapshotError(
+            f"{m.path}: sha256 {str(m.sha256)[:12]} does not match its manifest "
+            f"({m.expected.sha256[:12]}); the artifact changed after the run wrote it; "
+            "rerun the pipeline"
+        )
+
+    run = VerifiedFiles(Path(run_dir), recorded, label=f"run dir {run_dir}", refuse=changed)
     for art in CANONICAL_ARTIFACTS:
-        if art.path not in recorded:
-            continue
-        src = Path(run_dir) / art.path
-        raw = src.read_bytes()
-        if sha256_bytes(raw) != recorded[art.path]:
-            raise SnapshotError(
-                f"{src}: sha256 {sha256_bytes(raw)[:12]} does not match its manifest "
-                f"({recorded[art.path][:12]}); the artifact changed after the run wrote it; "
-                "rerun the pipeline"
-            )
-        files[art.path] = art.canonicalize(raw.decode())
+        if art.path in recorded:
+            files[art.path] = art.canonicalize(run.read(art.path).decode())
     config = {k: v for k, v in manifest["config"].items() if k not in _UNPINNED_CONFIG_KEYS}
     files["config.json"] = dump_json(config)
     files["versions.json"] = dump_json(_versions(manifest))
@@ -145,40 +156,52 @@ def _versions(manifest: dict[str, Any]) -> dict[str, Any]:
 def load_snapshot(folder: Path, *, check: bool = True) -> Snapshot:
     """Read a snapshot; with ``check``, every file must match the sha256 in ``snapshot.json``."""
     folder = Path(folder)
+    index_path = folder / INDEX_NAME
     try:
-        index = json.loads((folder / INDEX_NAME).read_text())
+        index = read_versioned_json(index_path, SNAPSHOT_FORMAT_VERSION, kind="snapshot")
     except FileNotFoundError:
         raise SnapshotError(f"{folder}: not a jaxaot snapshot (no {INDEX_NAME})") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SnapshotError(f"{folder / INDEX_NAME}: unreadable ({exc})") from None
-    version = index.get("format_version")
-    if version != SNAPSHOT_FORMAT_VERSION:
-        raise SnapshotError(
-            f"{folder / INDEX_NAME}: snapshot format version {version!r}; this jaxaot reads "
-            f"version {SNAPSHOT_FORMAT_VERSION}; rewrite it with snapshot.update=true"
-        )
-    files: dict[str, str] = {}
-    for rel, entry in index.get("files", {}).items():
+    except OSError as exc:
+        raise SnapshotError(f"{index_path}: unreadable ({exc})") from None
+    except Refused as bad:
+        hint = "; rewrite it with snapshot.update=true" if bad.incompatible else ""
+        raise SnapshotError(f"{index_path}: {bad.reason}{hint}") from None
+    listed = index.get("files")
+    records: dict[str, FileRecord] = {}
+    for rel, raw in (listed if isinstance(listed, dict) else {}).items():
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise SnapshotError(f"{folder / INDEX_NAME}: file entry {rel!r} leaves the folder")
-        try:
-            raw = (folder / rel).read_bytes()
+            raise SnapshotError(f"{index_path}: file entry {rel!r} leaves the folder")
+        rec = FileRecord.from_json(raw)
+        if rec is None and check:
+            raise SnapshotError(f"{index_path}: file entry {rel!r} has no sha256 and size")
+        records[rel] = rec or FileRecord("", -1)
+
+    def refuse(m: Mismatch) -> Exception:
+        if m.missing:
+            return SnapshotError(
+                f"{m.path}: listed in {INDEX_NAME} but missing; restore it or rewrite "
+                f"the snapshot with snapshot.verify={folder} snapshot.update=true"
+            )
+        if m.error is not None:
+            return SnapshotError(f"{m.path}: unreadable ({m.error.strerror or m.error})")
+        return SnapshotError(
+            f"{m.path}: sha256 {str(m.sha256)[:12]} but {INDEX_NAME} records "
+            f"{m.expected.sha256[:12]}: the file was edited by hand; regenerate it with "
+            f"snapshot.verify={folder} snapshot.update=true"
+        )
+
+    verified = VerifiedFiles(folder, records, label=f"snapshot {folder}", refuse=refuse)
+    files: dict[str, str] = {}
+    for rel in records:
+        if check:
+            files[rel] = verified.read(rel).decode()
+            continue
+        try:  # unchecked: what is there, as it is (an update rewrites it)
+            files[rel] = (folder / rel).read_bytes().decode()
         except FileNotFoundError:
-            if check:
-                raise SnapshotError(
-                    f"{folder / rel}: listed in {INDEX_NAME} but missing; restore it or rewrite "
-                    f"the snapshot with snapshot.verify={folder} snapshot.update=true"
-                ) from None
             continue
         except OSError as exc:
             raise SnapshotError(f"{folder / rel}: unreadable ({exc.strerror or exc})") from None
-        if check and sha256_bytes(raw) != entry.get("sha256"):
-            raise SnapshotError(
-                f"{folder / rel}: sha256 {sha256_bytes(raw)[:12]} but {INDEX_NAME} records "
-                f"{str(entry.get('sha256'))[:12]}: the file was edited by hand; regenerate it with "
-                f"snapshot.verify={folder} snapshot.update=true"
-            )
-        files[rel] = raw.decode()
     return Snapshot(files=files, program=str(index.get("program", "")))
 
 

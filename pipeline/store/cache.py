@@ -10,8 +10,9 @@ Layout (``v1`` is :data:`STORE_FORMAT_VERSION`)::
 A put builds the whole entry in a temp folder inside ``root`` (same filesystem), fsyncs every
 file, writes ``entry.json`` last and renames the folder into place, so an entry folder is
 either complete or absent. A get verifies size and sha256 of every file before it returns an
-entry, and :meth:`StoreEntry.read_bytes` verifies again the very bytes it hands out: the
-pickle-based executable deserializer never sees bytes whose hash was not checked. Anything
+entry, and :meth:`StoreEntry.read_bytes` verifies again the very bytes it hands out
+(:class:`jaxaot.util.verified.VerifiedFiles`): no deserializer (an executable's pickle) ever sees
+bytes whose hash was not checked. Anything
 that fails verification is a miss, logged once on ``jaxaot.store`` and removed, so the next
 put recomputes it; one that cannot be removed is skipped by this process, alone (which store
 problems fail a run and which only cost caching: :func:`jaxaot.store.root.check_store_dir`).
@@ -45,18 +46,19 @@ from jaxaot.store.entries import (
     STATS_LOG_NAME,
     STORE_FORMAT_VERSION,
     FileRecord,
+    Refused,
     StoreEntry,
-    _Bad,
-    _check_file_name,
-    _check_key,
-    _check_stage,
-    _fsync_dir,
-    _label,
-    _load,
-    _remove_entry,
-    _touch,
-    _write_file,
+    check_file_name,
+    check_key,
+    check_stage,
     check_store_trusted,
+    entry_label,
+    fsync_dir,
+    is_stage_name,
+    load_entry,
+    remove_entry,
+    touch,
+    write_file,
 )
 from jaxaot.store.locks import LOCKS_DIR, STATS_LOCK, file_lock
 from jaxaot.store.maintenance import (
@@ -107,9 +109,16 @@ class Store:
 
     def check_trusted(self) -> None:
         """A one-line StoreError when users you do not trust can write the store's folders (its
-        root, ``v1``, ``v1/compile`` and the folders above): checked before a run uses it."""
-        if self.enabled and not self.trust:
-            check_store_trusted(self.root, self.data_dir / "compile" / "00" / ("0" * 64))
+        root, ``v1``, each stage's folder and the folders above): checked before a run uses it."""
+        if not self.enabled or self.trust:
+            return
+        check_store_trusted(self.root, self.data_dir)
+        try:
+            stage_dirs = sorted(d for d in self.data_dir.iterdir() if is_stage_name(d.name))
+        except OSError:  # no v1 yet (or unreadable: each get reports its own folders)
+            return
+        for d in stage_dirs:
+            check_store_trusted(self.root, d)
 
     @property
     def read_only(self) -> bool:
@@ -124,8 +133,8 @@ class Store:
         return self.root / f"v{STORE_FORMAT_VERSION}"
 
     def entry_dir(self, stage: str, key: str) -> Path:
-        _check_stage(stage)
-        _check_key(key)
+        check_stage(stage)
+        check_key(key)
         return self.data_dir / stage / key[:2] / key
 
     # -- get / put -------------------------------------------------------------------------
@@ -142,20 +151,20 @@ class Store:
         if not self.enabled:
             return None
         if entry_dir in self._skipped:
-            log.debug("store miss: %s: skipped (warned above)", _label(stage, key))
+            log.debug("store miss: %s: skipped (warned above)", entry_label(stage, key))
             return None
         try:
-            entry = _load(entry_dir, stage, key, expect, self.trust)
-        except _Bad as bad:
+            entry = load_entry(entry_dir, stage, key, expect, self.trust)
+        except Refused as bad:
             self._discard(entry_dir, stage, key, bad, during="store miss")
             return None
         if entry is None:
-            log.debug("store miss: %s: not stored", _label(stage, key))
+            log.debug("store miss: %s: not stored", entry_label(stage, key))
             return None
-        _touch(entry_dir / MANIFEST_NAME)
+        touch(entry_dir / MANIFEST_NAME)
         log.debug(
             "store hit: %s: %d file(s), %d bytes verified",
-            _label(stage, key),
+            entry_label(stage, key),
             len(entry.files),
             entry.size_bytes,
         )
@@ -177,7 +186,7 @@ class Store:
         """
         entry_dir = self.entry_dir(stage, key)
         for name in files:
-            _check_file_name(name)
+            check_file_name(name)
         meta_d = dict(meta or {})
         compat_d = dict(compat or {})
         json.dumps([meta_d, compat_d])  # a non-JSON value is a caller bug: fail before any I/O
@@ -194,7 +203,7 @@ class Store:
             except OSError as exc:  # the root itself: gone, not a folder, not writable, full
                 self._degrade(exc)
                 return None
-            records = {name: _write_file(tmp / name, src) for name, src in files.items()}
+            records = {name: write_file(tmp / name, src) for name, src in files.items()}
             created = time.time()
             doc = {
                 "format_version": STORE_FORMAT_VERSION,
@@ -207,9 +216,9 @@ class Store:
                 "compute_seconds": float(compute_seconds),
             }
             manifest = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
-            _write_file(tmp / MANIFEST_NAME, manifest)
-            _touch(tmp / MANIFEST_NAME)
-            _fsync_dir(tmp)
+            write_file(tmp / MANIFEST_NAME, manifest)
+            touch(tmp / MANIFEST_NAME)
+            fsync_dir(tmp)
             try:
                 placed = self._place(tmp, entry_dir, stage, key, compat_d)
             except OSError as exc:
@@ -227,12 +236,14 @@ class Store:
             if exc.errno in _FULL_ERRNOS or (exc.errno in _DENIED_ERRNOS and ours):
                 self._degrade(exc)  # writing into our own temp folder in the root
             else:
-                log.warning("store put %s failed, result not cached: %s", _label(stage, key), exc)
+                log.warning(
+                    "store put %s failed, result not cached: %s", entry_label(stage, key), exc
+                )
             return None
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        log.debug("store put: %s: %d file(s) stored", _label(stage, key), len(records))
+        log.debug("store put: %s: %d file(s) stored", entry_label(stage, key), len(records))
         return StoreEntry(
             stage=stage,
             key=key,
@@ -258,17 +269,19 @@ class Store:
                     raise
                 existing = self._existing(entry_dir, stage, key, compat)
                 if existing is not None:
-                    log.debug("store put: %s: another writer stored it first", _label(stage, key))
+                    log.debug(
+                        "store put: %s: another writer stored it first", entry_label(stage, key)
+                    )
                     return existing
                 if entry_dir in self._skipped:  # a bad entry that cannot be removed: warned
                     return False
                 continue
             with contextlib.suppress(OSError):  # the entry is in place; durability is best-effort
-                _fsync_dir(entry_dir.parent)
+                fsync_dir(entry_dir.parent)
             return True
         log.warning(
             "store put %s: an invalid entry kept reappearing at %s; result not cached",
-            _label(stage, key),
+            entry_label(stage, key),
             entry_dir,
         )
         return False
@@ -278,32 +291,36 @@ class Store:
     ) -> StoreEntry | None:
         """The valid entry already at ``entry_dir``; a bad one is removed and None returned."""
         try:
-            return _load(entry_dir, stage, key, compat, self.trust)
-        except _Bad as bad:
+            return load_entry(entry_dir, stage, key, compat, self.trust)
+        except Refused as bad:
             self._discard(entry_dir, stage, key, bad, during="store put replaces")
             return None
 
     def discard(self, stage: str, key: str, reason: str) -> str:
         """Remove the entry for (stage, key), which verified but cannot be used (its executable
-        does not load here, or serves another calling convention: issue 12), so that the next
+        does not load here, or serves another calling convention), so that the next
         put stores a good one. Returns what happened, for the caller's one warning; an entry
         that cannot be removed is skipped by this process from then on."""
         entry_dir = self.entry_dir(stage, key)
-        err = _remove_entry(self.root, entry_dir)
+        err = remove_entry(self.root, entry_dir)
         if err is None:
             outcome = "entry removed"
         else:
             outcome = f"could not remove it ({_why_not_removed(entry_dir, err)})"
             self._skipped.add(entry_dir)
-        log.debug("store discard: %s: %s; %s", _label(stage, key), reason, outcome)
+        log.debug("store discard: %s: %s; %s", entry_label(stage, key), reason, outcome)
         return outcome
 
-    def _discard(self, entry_dir: Path, stage: str, key: str, bad: _Bad, during: str) -> None:
+    def _discard(self, entry_dir: Path, stage: str, key: str, bad: Refused, during: str) -> None:
         what = "incompatible" if bad.incompatible else "corrupt"
-        err = _remove_entry(self.root, entry_dir)
+        err = remove_entry(self.root, entry_dir)
         if err is None:
             log.warning(
-                "%s: %s: %s entry: %s; entry removed", during, _label(stage, key), what, bad.reason
+                "%s: %s: %s entry: %s; entry removed",
+                during,
+                entry_label(stage, key),
+                what,
+                bad.reason,
             )
             return
         self._skipped.add(entry_dir)
@@ -312,7 +329,7 @@ class Store:
             "and does not cache that result; the rest of the store is used as usual (remove it "
             "as a user who may: jaxaot-store verify --remove)",
             during,
-            _label(stage, key),
+            entry_label(stage, key),
             what,
             entry_dir,
             bad.reason,
@@ -324,13 +341,15 @@ class Store:
         once per folder; other entries are still cached."""
         folder = next((p for p in entry_dir.parents if p.is_dir()), entry_dir.parent)
         if folder in self._unplaceable:
-            log.debug("store put %s: %s is not writable (warned above)", _label(stage, key), folder)
+            log.debug(
+                "store put %s: %s is not writable (warned above)", entry_label(stage, key), folder
+            )
             return
         self._unplaceable.add(folder)
         log.warning(
             "store put %s: cannot create entry %s: %s is not writable (%s); results that go "
             "there are not cached by this process, the rest of the store is used as usual",
-            _label(stage, key),
+            entry_label(stage, key),
             entry_dir,
             folder,
             exc.strerror or exc,
@@ -350,8 +369,8 @@ class Store:
 
     def record(self, stage: str, key: str, hit: bool, seconds_saved: float = 0.0) -> None:
         """Append one hit/miss line to ``v1/stats.jsonl`` (one O_APPEND write: safe across processes)."""
-        _check_stage(stage)
-        _check_key(key)
+        check_stage(stage)
+        check_key(key)
         if not self.enabled or self._read_only or self._no_log:
             return
         line = canonical_json(

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jaxaot.store.entries import (
-    _KEY_RE,
-    _STAGE_RE,
     MANIFEST_NAME,
     STATS_LOG_NAME,
-    _Bad,
-    _check_stage,
-    _load,
-    _remove_entry,
+    Refused,
+    check_stage,
+    is_key,
+    is_stage_name,
+    load_entry,
+    remove_entry,
 )
 from jaxaot.store.locks import LOCKS_DIR, STATS_LOCK, file_lock, remove_idle_locks
 from jaxaot.util.fsio import (
@@ -136,11 +136,11 @@ class StoreStats:
 
 def _iter_entry_dirs(data_dir: Path, stage: str | None = None) -> Iterator[tuple[str, str, Path]]:
     if stage is not None:
-        _check_stage(stage)
+        check_stage(stage)
     if not data_dir.is_dir():
         return
     for stage_dir in sorted(data_dir.iterdir()):
-        if not stage_dir.is_dir() or not _STAGE_RE.fullmatch(stage_dir.name):
+        if not stage_dir.is_dir() or not is_stage_name(stage_dir.name):
             continue
         if stage is not None and stage_dir.name != stage:
             continue
@@ -148,7 +148,7 @@ def _iter_entry_dirs(data_dir: Path, stage: str | None = None) -> Iterator[tuple
             if not prefix_dir.is_dir() or prefix_dir.name.startswith(TEMP_PREFIX):
                 continue
             for d in sorted(prefix_dir.iterdir()):
-                if _KEY_RE.fullmatch(d.name) and d.name[:2] == prefix_dir.name:
+                if is_key(d.name) and d.name[:2] == prefix_dir.name:
                     yield stage_dir.name, d.name, d
 
 
@@ -284,7 +284,7 @@ def fold_log(store: Store) -> int:
 def _failed(
     store: Store, stage: str, key: str, d: Path, reason: str, kind: str, remove: bool
 ) -> VerifyResult:
-    err = _remove_entry(store.root, d) if remove else None
+    err = remove_entry(store.root, d) if remove else None
     if remove and err is None and (d.exists() or d.is_symlink()):
         err = OSError("it is still there")  # never claim a removal that did not happen
     return VerifyResult(
@@ -302,20 +302,21 @@ def _failed(
 def verify(store: Store, remove: bool = False, deep: bool = False) -> VerifyReport:
     """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted.
 
-    ``deep``: also load every compile entry's executable in a fresh process and call it
-    (:mod:`jaxaot.store.probe`); the ones that cannot be loaded or called are ``unusable``.
+    ``deep``: also load every verified entry in a fresh process, as a cold run would, and call
+    what it holds (:mod:`jaxaot.store.probe`); the ones that cannot be loaded or called are
+    ``unusable``.
     """
     results = []
     for stage, key, d in _iter_entry_dirs(store.data_dir):
         try:
-            _load(d, stage, key, None, store.trust)
+            load_entry(d, stage, key, None, store.trust)
             results.append(VerifyResult(stage, key, d, ok=True))
-        except _Bad as bad:
+        except Refused as bad:
             results.append(_failed(store, stage, key, d, bad.reason, "corrupt", remove))
     if deep:
         from jaxaot.store.probe import probe_entries
 
-        to_probe = [r for r in results if r.ok and r.stage == "compile"]
+        to_probe = [r for r in results if r.ok]
         probed = probe_entries([r.dir for r in to_probe], store.trust) if to_probe else []
         verdicts = {p.dir: p for p in probed}
         results = [
@@ -350,7 +351,7 @@ def gc(
         too_big = max_bytes is not None and total > max_bytes
         if not (stale or too_big):
             continue
-        if _remove_entry(store.root, info.dir) is None:
+        if remove_entry(store.root, info.dir) is None:
             removed += 1
             freed += info.size_bytes
             total -= info.size_bytes

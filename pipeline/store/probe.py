@@ -1,13 +1,12 @@
-"""``jaxaot-store verify --deep``: load every compile entry in a fresh process, as a cold run would.
+"""``jaxaot-store verify --deep``: load every entry in a fresh process, as a cold run would.
 
-An entry can verify (every sha256 matches) and still be unusable: its pickle names a
-NamedTuple class that was renamed since, it was written by another jaxlib, it was compiled for
-more devices than there are, or it crashes when called. The parent (:func:`probe_entries`)
-starts ``python -m jaxaot.store.probe`` on a batch of entry folders; the child re-verifies each
-entry, unpickles and loads its executable, calls it once on zeros and checks that the outputs
-have the structure the executable declares, printing one JSON line per entry. A child killed by
-a signal (a segfault in a custom call) marks the entry it was on as unusable, and a new child
-goes on with the rest.
+An entry can verify (every sha256 matches) and still be unusable: what it holds was written by
+another jaxlib, names a class that was renamed since, needs more devices than there are, or
+crashes when called. The parent (:func:`probe_entries`) starts :data:`PROBE_MODULE` (above the
+store: it loads what the stages stored, the store only names it) on a batch of entry folders;
+the child re-verifies each entry, loads what it holds and calls it, printing one JSON line per
+entry. A child killed by a signal (a segfault in a custom call) marks the entry it was on as
+unusable, and a new child goes on with the rest.
 """
 
 from __future__ import annotations
@@ -37,24 +36,13 @@ class ProbeResult:
 PROBE_MODULE = "jaxaot.engine.probe_child"
 
 
-def _device_count(entry_dirs: Sequence[Path]) -> int:
-    count = 1
-    for d in entry_dirs:
-        try:
-            meta = json.loads((d / "compiled.json").read_bytes())
-            count = max(count, max(int(i) for i in meta["device_ids"]) + 1)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return count
-
-
 def probe_entries(entry_dirs: Sequence[Path], trust: bool) -> list[ProbeResult]:
-    """Load each compile entry in a fresh subprocess (several per process, a new one after a
-    crash); one result per entry, in order."""
+    """Load each entry in a fresh subprocess (several per process, a new one after a crash);
+    one result per entry, in order. What loading an entry means is the child's to say: one
+    with nothing to load is usable."""
     results: dict[Path, ProbeResult] = {}
     pending = list(entry_dirs)
     env = dict(os.environ)
-    env["JAXAOT_PROBE_DEVICES"] = str(_device_count(entry_dirs))
     if trust:
         env["JAXAOT_TRUST_STORE"] = "1"
     solo = False  # after a batch timed out: the next entry gets a child (and a timeout) alone
