@@ -35,11 +35,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from jaxaot.errors import EXIT_DOES_NOT_FIT, ConfigError
 from jaxaot.rundir.manifest import MANIFEST_NAME
+from jaxaot.rundir.metrics import RunMetrics
 from jaxaot.sweeps.compose_cache import LaunchingSweeper
 from jaxaot.sweeps.fit_search import (
     FIT_FORMAT,
     FIT_NAME,
-    PROBE_METRICS,
     FitOptions,
     Search,
     bisect,
@@ -47,6 +47,7 @@ from jaxaot.sweeps.fit_search import (
     front_lines,
     fronts,
     initial_bound,
+    probe_figures,
     shown,
     summary_line,
 )
@@ -90,7 +91,7 @@ def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
     value = job._return_value
     run_dir = Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
-    metrics = ((manifest or {}).get("stages", {}).get("compile", {}).get("metrics")) or {}
+    compiled = RunMetrics.from_manifest(manifest).compile
     fits: bool | None = None
     error: str | None = None
     if job.status != JobStatus.COMPLETED:
@@ -98,7 +99,7 @@ def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
     else:
         code = value.code if isinstance(value, JobOutcome) else int(value or 0)
         error = value.error if isinstance(value, JobOutcome) else None
-        if code == 0 and metrics.get("fits") is None:
+        if code == 0 and not compiled.verdict.known:
             status, error = "failed", NO_TOPOLOGY
         elif code in (0, EXIT_DOES_NOT_FIT):
             fits = code == 0
@@ -111,7 +112,7 @@ def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
             status, error = "failed", error or f"exit code {code}"
     record: dict[str, Any] = {"n": n, "fits": fits, "status": status, "job": num}
     record["error"] = error if fits is None else None
-    record.update({k: metrics.get(k) for k in PROBE_METRICS})
+    record.update(probe_figures(compiled))
     return record
 
 
