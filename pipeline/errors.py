@@ -7,7 +7,7 @@ alone; ``debug=true`` (or ``JAXAOT_DEBUG=1``) shows the traceback as well.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class JaxaotError(Exception):
@@ -60,8 +60,8 @@ class DoesNotFit(JaxaotError, RuntimeError):
     raises it back to the fit search).
     """
 
-    run_status = "does_not_fit"
-    exit_code = 3
+    run_status: ClassVar[str] = "does_not_fit"  # the manifest's status and the stage's
+    exit_code: ClassVar[int] = 3  # the CLI's exit status
 
     def __init__(
         self, message: str, fit: dict[str, object], metrics: dict[str, object] | None = None
@@ -90,6 +90,35 @@ class StoreError(JaxaotError, OSError):
     """A checkpoint or store entry is missing, corrupt or from an incompatible version."""
 
 
+class EntryUnusable(StoreError):
+    """Verified files (a store entry or a checkpoint) that cannot serve this run: the stage's
+    ``load`` raises it, the runner drops a store entry (a checkpoint is left alone) and computes
+    the stage instead. The message is the reason, shown in the warning."""
+
+
+class UnusableExecutable(EntryUnusable):
+    """A stored executable that verified but cannot serve this run: it does not unpickle or
+    load here, or its calling convention is not the one this run's lowering has."""
+
+
+class NotLoadableHere(JaxaotError, RuntimeError):
+    """The entry is fine; this process cannot load it: the stage's ``load`` raises it, the
+    runner keeps the entry and computes the stage here."""
+
+
+class ColdLoadError(NotLoadableHere):
+    """An executable calls a custom call this process cannot vouch for (neither jaxlib's nor a
+    target registered here): compile it instead."""
+
+
+class Unkeyable(JaxaotError):
+    """What the executable depends on cannot be told: compile without the store."""
+
+
+class InputTypeError(JaxaotError, TypeError):
+    """The inputs do not match the types the executable was compiled for."""
+
+
 class RunDirError(JaxaotError, OSError):
     """The run directory cannot take the run's manifest (a full disk, a read-only file system)."""
 
@@ -116,13 +145,19 @@ __all__ = [
     "ArgSpecError",
     "BackendError",
     "CheckError",
+    "ColdLoadError",
     "ConfigError",
     "DoesNotFit",
+    "EntryUnusable",
+    "InputTypeError",
     "JaxaotError",
+    "NotLoadableHere",
     "RunDirError",
     "SnapshotError",
     "SnapshotMismatch",
     "StageError",
     "StoreError",
     "TargetError",
+    "Unkeyable",
+    "UnusableExecutable",
 ]

@@ -1,9 +1,10 @@
-"""The root config: the shared sections (:mod:`jaxaot.config.sections`) plus each stage node's
-own options (:data:`jaxaot.stages.NODES`), registered in Hydra's ConfigStore as ``base_<name>``.
+"""The root config: the shared sections (:mod:`jaxaot.config.sections`) plus each stage's
+own ``Options`` (:data:`jaxaot.stages.NODES`), registered in Hydra's ConfigStore as
+``base_<name>``.
 
 YAML files under ``conf/`` hold values; the dataclasses hold the types. :func:`validate` turns a
 composed DictConfig into a typed :class:`JaxaotConfig` and checks everything that can be checked
-without JAX (ranges, choices, arg specs): the shared sections' checks, then each node's
+without JAX (ranges, choices, arg specs): the shared sections' checks, then each stage's
 ``check``, so a bad key fails in milliseconds, naming the key. Nothing here imports JAX.
 """
 
@@ -59,7 +60,7 @@ class JaxaotConfig:
 _SCHEMAS: dict[str, tuple[str | None, type]] = {
     "base_config": (None, JaxaotConfig),
     "base_program": ("program", ProgramConfig),
-    **{f"base_{node.name}": (node.name, node.options) for node in NODES},
+    **{f"base_{node.name}": (node.name, node.Options) for node in NODES},
     "base_mesh": ("mesh", MeshConfig),
     "base_store": ("store", StoreConfig),
     "base_snapshot": ("snapshot", SnapshotConfig),

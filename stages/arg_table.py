@@ -32,7 +32,7 @@ from jaxaot.config.tree_paths import SEP, leaf_paths, top_names
 
 if TYPE_CHECKING:
     from jaxaot.config.mesh import MeshSpec
-    from jaxaot.stages.node import StageContext
+    from jaxaot.stages.contract import StageContext
     from jaxaot.stages.stage_out import StagedOut
 
 log = logging.getLogger("jaxaot")

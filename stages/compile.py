@@ -23,16 +23,25 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
-from jaxaot.errors import BackendError, ConfigError, DoesNotFit, StageError, one_line
+from jaxaot.errors import (
+    BackendError,
+    ConfigError,
+    DoesNotFit,
+    StageError,
+    Unkeyable,
+    UnusableExecutable,
+    one_line,
+)
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
+from jaxaot.stages.contract import Entry, Plan, StageContext, Uncached, Upstream
 from jaxaot.stages.convention import (
     Convention,
-    UnusableExecutable,
     convention_of,
     export_conventions,
     kept_inputs,
@@ -52,7 +61,6 @@ from jaxaot.stages.jax_mesh import bound_context, concrete_mesh
 from jaxaot.stages.jaxenv import devices, platform_of
 from jaxaot.stages.loop_costs import loops_summary
 from jaxaot.stages.lower import Lowered
-from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.topology import topology_summary
 from jaxaot.util import memo
 from jaxaot.util.fsio import key_of, sha256_bytes
@@ -776,27 +784,6 @@ def compat(backend: Mapping[str, Any]) -> dict[str, Any]:
     return {k: backend.get(k) for k in COMPAT_FIELDS}
 
 
-def keyed(cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]) -> Keyed:
-    """The store key of the executable, and the Target it compiles; no key when jax does not
-    say which arguments the executable keeps (a key without them could serve another program)."""
-    from jaxaot.stages.jaxenv import key_environment
-    from jaxaot.stages.xla_passes import Unkeyable
-
-    lowered = up["lower"]
-    target = prepare(cfg.compile, lowered)
-    if target.convention.kept is None:
-        why = (
-            "this jax does not say which arguments an executable keeps; compiled without the store"
-        )
-        return Keyed(None, target, why=why)
-    try:
-        environment = key_environment(compile_platform(cfg.compile))
-    except Unkeyable as exc:  # an HLO module transformation that cannot be identified
-        return Keyed(None, target, why=str(exc))
-    key = key_of(cache_key(cfg, lowered, target, dict(backend), environment))
-    return Keyed(key, target)
-
-
 def compile_platform(comp: CompileConfig) -> str:
     """The platform whose compiler builds the executable: a topology's (libtpu for TPU
     topologies, the CUDA plugin for GPU ones), else the backend's."""
@@ -807,127 +794,41 @@ def compile_platform(comp: CompileConfig) -> str:
     return platform_of(comp.backend)
 
 
-def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Compiled:
-    return run(ctx, up["lower"], compiled=started, target=keyed.state if keyed else None)
+def _plan(
+    cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]
+) -> Plan[Target] | Uncached[Target]:
+    """The store key of the executable, and the Target it compiles; no key when jax does not
+    say which arguments the executable keeps (a key without them could serve another program)."""
+    from jaxaot.stages.jaxenv import key_environment
 
-
-def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> Compiled:
-    """A store hit is checked against the convention its key was made from; a checkpoint's
-    against what its export says the executable must be."""
     lowered = up["lower"]
-    expect = [keyed.state.convention] if keyed is not None else export_conventions(lowered)
-    record = load(ctx, lowered, entry.read, entry.label, expect)
-    comp = ctx.cfg.compile
-    if comp.dump or comp.breakdown:  # both are of a compile: compile again, only for them
-        target = keyed.state if keyed is not None else prepare(comp, lowered)
-        start(comp, target, ctx.out_dir)()
-        what = " and ".join(
-            w for w, on in (("XLA's dump", comp.dump), ("its breakdown", comp.breakdown)) if on
+    target = prepare(cfg.compile, lowered)
+    if target.convention.kept is None:
+        why = (
+            "this jax does not say which arguments an executable keeps; compiled without the store"
         )
-        note = f"compiled again only for {what}; the executable is {entry.label}'s"
-        if comp.dump:
-            record_dump(ctx, ctx.out_dir / DUMP_DIR, note)
-        if comp.breakdown:
-            record_breakdown(ctx, note)
-        log.info("[compile] %s", note)
-    return record
-
-
-def _begin(cfg: JaxaotConfig, keyed: Keyed, out_dir: Path) -> Callable[[], Any]:
-    return start(cfg.compile, keyed.state, out_dir)
-
-
-def _storable(record: Compiled, keyed: Keyed) -> str | None:
-    if record.run_options:
-        return (
-            "executable not stored: compiled with compile.dump/compile.breakdown's options, "
-            "which it records; a run without them compiles and stores its own"
-        )
-    wrong = mismatch(convention_of(record.compiled), [keyed.state.convention])
-    return f"executable not stored: {wrong} (a jax change?)" if wrong else None
-
-
-def _before_resume(cfg: JaxaotConfig) -> None:
-    from jaxaot.stages.topology import check_resume
-
-    check_resume(cfg.compile)  # a topology's executable runs on a TPU host only
-
-
-def _resume_default(
-    saved: Mapping[str, Any], section: dict[str, Any], keys: set[str]
-) -> dict[str, Any]:
-    """Compile for the checkpoint's platform when it was lowered for exactly one, and the
-    backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
-    if "compile.backend" in keys or "lower" not in saved:
-        return section
-    platforms = list(saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])])
-    if len(platforms) != 1 or platform_of(section["backend"]) in platforms:
-        return section
-    log.info(
-        "[compile] compile.backend=%s: the checkpoint was lowered for %s only "
-        "(override compile.backend to choose another)",
-        platforms[0],
-        platforms,
-    )
-    return {**section, "backend": platforms[0]}
-
-
-def _finish(
-    cfg: JaxaotConfig, record: Compiled | None, stages: dict[str, Any], extra: dict[str, Any]
-) -> None:
-    """A topology compile's fit verdict in the manifest; DoesNotFit (exit code 3) when no.
-
-    The verdict is made here, from the stored or fresh memory analysis and this run's reserve
-    (not part of the key): a program that does not fit by it has the compile stage's status
-    ``does_not_fit``, as one XLA refused has; ``computed`` keeps how the executable came
-    (``ran``, ``cached`` or ``resumed``)."""
-    if not cfg.compile.topology or record is None:
-        return
-    from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
-
-    if stages.get("execute", {}).get("status") == "skipped":
-        stages["execute"]["note"] = EXECUTE_NOTE
+        return Uncached(target, why)
     try:
-        extra["fit"] = fit_of(record, cfg.compile)
-    except DoesNotFit as exc:
-        stage = stages.get("compile")
-        if stage is not None:
-            stage["computed"] = stage.get("status")
-            stage["status"] = exc.run_status
-        raise
+        environment = key_environment(compile_platform(cfg.compile))
+    except Unkeyable as exc:  # an HLO module transformation that cannot be identified
+        return Uncached(target, str(exc))
+    return Plan(key_of(cache_key(cfg, lowered, target, dict(backend), environment)), target)
 
 
-def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:
-    from jaxaot.config.argspec import concrete_bound
+class CompileStage:
+    """Stage 3: a Stage, Loadable, Cached (the store shares executables), Ahead (compiles while
+    lower exports), Prepared, OnResume and Finishing (a topology's fit verdict)."""
 
-    # A polymorphic program compiles at compile.shapes: arguments XLA could not size at those
-    # sizes are refused here, before JAX (XLA aborts the process on them).
-    concrete_bound(bound, cfg.compile.shapes)
-
-
-COMPILE = Node(
-    name="compile",
-    noun="executable",
-    options=CompileConfig,
-    record=Compiled,
-    inputs=("lower",),
-    run=_run_node,
-    check=check,
-    before_run=_before_run,
-    load=_load_node,
-    compat=compat,
-    cache_key=keyed,
-    begin=_begin,
-    storable=_storable,
-    required=("executable.bin",),
-    before_resume=_before_resume,
-    resume_default=_resume_default,
-    finish=_finish,
-    sections=("compile",),
-    artifacts=ARTIFACTS,
-    again="compiled again from lower/exported.bin",
-    verb="compiling",
-    report=(
+    name: str = "compile"
+    Options: type[CompileConfig] = CompileConfig
+    Record: type[Compiled] = Compiled
+    inputs: tuple[str, ...] = ("lower",)
+    live_inputs: tuple[str, ...] = ()
+    sections: tuple[str, ...] = ("compile",)
+    artifacts: tuple[str, ...] = ARTIFACTS
+    required: tuple[str, ...] = ("executable.bin",)
+    verb: str = "compiling"
+    report: tuple[str, ...] = (
         "flops",
         "bytes_accessed",
         "argument_bytes",
@@ -938,9 +839,132 @@ COMPILE = Node(
         "peak_top",
         "breakdown_threads_s",
         "breakdown_top",
-    ),
-    summarize=summarize,
-)
+    )
+    noun: str = "executable"
+    again: str = "compiled again from lower/exported.bin"
+    recomputed_differs: Mapping[str, str] = MappingProxyType({})
+    check = staticmethod(check)
+    summarize = staticmethod(summarize)
+    compat = staticmethod(compat)
+    plan = staticmethod(_plan)
+
+    def run(self, ctx: StageContext, up: Upstream) -> Compiled:
+        return run(ctx, up["lower"])
+
+    def run_planned(
+        self, ctx: StageContext, up: Upstream, plan: Plan[Target] | Uncached[Target]
+    ) -> Compiled:
+        return run(ctx, up["lower"], target=plan.state)
+
+    def run_begun(
+        self, ctx: StageContext, up: Upstream, plan: Plan[Target], begun: Any
+    ) -> Compiled:
+        return run(ctx, up["lower"], compiled=begun, target=plan.state)
+
+    def begin(self, cfg: JaxaotConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
+        return start(cfg.compile, plan.state, out_dir)
+
+    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> Compiled:
+        """A checkpoint's executable, checked against what its export says it must be."""
+        return self._loaded(ctx, up, entry, None)
+
+    def load_planned(
+        self, ctx: StageContext, up: Upstream, entry: Entry, plan: Plan[Target]
+    ) -> Compiled:
+        """A store hit, checked against the convention its key was made from."""
+        return self._loaded(ctx, up, entry, plan.state)
+
+    def _loaded(
+        self, ctx: StageContext, up: Upstream, entry: Entry, target: Target | None
+    ) -> Compiled:
+        lowered = up["lower"]
+        expect = [target.convention] if target is not None else export_conventions(lowered)
+        record = load(ctx, lowered, entry.read, entry.label, expect)
+        comp = ctx.cfg.compile
+        if comp.dump or comp.breakdown:  # both are of a compile: compile again, only for them
+            start(comp, target or prepare(comp, lowered), ctx.out_dir)()
+            what = " and ".join(
+                w for w, on in (("XLA's dump", comp.dump), ("its breakdown", comp.breakdown)) if on
+            )
+            note = f"compiled again only for {what}; the executable is {entry.label}'s"
+            if comp.dump:
+                record_dump(ctx, ctx.out_dir / DUMP_DIR, note)
+            if comp.breakdown:
+                record_breakdown(ctx, note)
+            log.info("[compile] %s", note)
+        return record
+
+    def storable(self, record: Compiled, plan: Plan[Target]) -> str | None:
+        if record.run_options:
+            return (
+                "executable not stored: compiled with compile.dump/compile.breakdown's options, "
+                "which it records; a run without them compiles and stores its own"
+            )
+        wrong = mismatch(convention_of(record.compiled), [plan.state.convention])
+        return f"executable not stored: {wrong} (a jax change?)" if wrong else None
+
+    def before_run(self, cfg: JaxaotConfig, bound: BoundArgs) -> None:
+        from jaxaot.config.argspec import concrete_bound
+
+        # A polymorphic program compiles at compile.shapes: arguments XLA could not size at
+        # those sizes are refused here, before JAX (XLA aborts the process on them).
+        concrete_bound(bound, cfg.compile.shapes)
+
+    def before_resume(self, cfg: JaxaotConfig) -> None:
+        from jaxaot.stages.topology import check_resume
+
+        check_resume(cfg.compile)  # a topology's executable runs on a TPU host only
+
+    def resume_default(
+        self, saved: Mapping[str, Any], section: dict[str, Any], keys: set[str]
+    ) -> dict[str, Any]:
+        """Compile for the checkpoint's platform when it was lowered for exactly one, and the
+        backend was not chosen: ``resume_from=<tpu lowering> start_at=compile`` on a TPU host."""
+        if "compile.backend" in keys or "lower" not in saved:
+            return section
+        platforms = list(
+            saved["lower"].get("platforms") or [platform_of(saved["compile"]["backend"])]
+        )
+        if len(platforms) != 1 or platform_of(section["backend"]) in platforms:
+            return section
+        log.info(
+            "[compile] compile.backend=%s: the checkpoint was lowered for %s only "
+            "(override compile.backend to choose another)",
+            platforms[0],
+            platforms,
+        )
+        return {**section, "backend": platforms[0]}
+
+    def finish(
+        self,
+        cfg: JaxaotConfig,
+        record: Compiled | None,
+        stages: dict[str, Any],
+        extra: dict[str, Any],
+    ) -> None:
+        """A topology compile's fit verdict in the manifest; DoesNotFit (exit code 3) when no.
+
+        The verdict is made here, from the stored or fresh memory analysis and this run's
+        reserve (not part of the key): a program that does not fit by it has the compile
+        stage's status ``does_not_fit``, as one XLA refused has; ``computed`` keeps how the
+        executable came (``ran``, ``cached`` or ``resumed``)."""
+        if not cfg.compile.topology or record is None:
+            return
+        from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
+
+        if stages.get("execute", {}).get("status") == "skipped":
+            stages["execute"]["note"] = EXECUTE_NOTE
+        try:
+            extra["fit"] = fit_of(record, cfg.compile)
+        except DoesNotFit as exc:
+            stage = stages.get("compile")
+            if stage is not None:
+                stage["computed"] = stage.get("status")
+                stage["status"] = exc.run_status
+            raise
+
+
+COMPILE = CompileStage()
 
 
 __all__ = [
@@ -948,7 +972,6 @@ __all__ = [
     "Compiled",
     "Convention",
     "Target",
-    "UnusableExecutable",
     "cache_key",
     "check_platform",
     "compile_lowered",

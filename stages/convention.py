@@ -13,17 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from jaxaot.errors import StoreError
 from jaxaot.stages.lower import Lowered
-
-
-class UnusableExecutable(StoreError):
-    """A stored executable that verified but cannot serve this run: it does not unpickle or
-    load here, or its calling convention is not the one this run's lowering has."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -116,7 +106,6 @@ def mismatch(found: Convention, expected: Sequence[Convention]) -> str | None:
 
 __all__ = [
     "Convention",
-    "UnusableExecutable",
     "convention_of",
     "export_conventions",
     "kept_inputs",

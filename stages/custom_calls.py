@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from jaxaot.errors import JaxaotError
+from jaxaot.errors import ColdLoadError
 from jaxaot.stages.jaxenv import platform_of
 
 _TARGET = re.compile(rb'custom_call_target="([^"]+)"')
@@ -46,14 +46,6 @@ _XLA_BUILTIN = frozenset(
         "cu_threefry2x32_ffi",
     }
 )
-
-
-class ColdLoadError(JaxaotError, RuntimeError):
-    """An executable calls a custom call this process cannot vouch for; compile it instead.
-
-    The entry itself is fine (``entry_ok``): the engine keeps it and computes instead."""
-
-    entry_ok = True
 
 
 def targets_of(hlo_text: bytes | str | None) -> frozenset[str]:
@@ -145,4 +137,4 @@ def prepare(hlo_text: bytes | str | None, backend: str, lowered: Any, source: st
         )
 
 
-__all__ = ["ColdLoadError", "prepare", "targets_of"]
+__all__ = ["prepare", "targets_of"]

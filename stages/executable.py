@@ -10,9 +10,9 @@ import pickle
 from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
+from jaxaot.stages.contract import StageContext
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.lower import Lowered
-from jaxaot.stages.node import StageContext
 
 _MEMORY_FIELDS = (
     "argument_size_in_bytes",

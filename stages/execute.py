@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import check_inputs_fit
-from jaxaot.errors import BackendError, CheckError, ConfigError, JaxaotError
+from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
 from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
+from jaxaot.stages.contract import StageContext, Upstream
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
-from jaxaot.stages.node import Keyed, Node, StageContext, Upstream
 from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util.humanize import human_bytes, human_count, human_seconds
 from jaxaot.util.reprs import tree_text
@@ -87,10 +87,6 @@ class Executed:
         timed = f"median {human_seconds(median)} over {t.get('calls')} calls" if median else ""
         check = f", check={'ok' if self.check.get('ok') else 'failed'}" if self.check else ""
         return f"Executed(outputs={tree_text(self.outputs)}, {timed}{check})"
-
-
-class InputTypeError(JaxaotError, TypeError):
-    """The inputs do not match the types the executable was compiled for."""
 
 
 def _place(
@@ -741,41 +737,19 @@ def summarize(m: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Executed:
-    return run(ctx, up["compile"], up["stage_out"])
+class ExecuteStage:
+    """Stage 4: a Stage, Prepared (the inputs it builds fit in memory)."""
 
-
-def _before_run(cfg: JaxaotConfig, bound: BoundArgs) -> None:
-    from jaxaot.config.argspec import concrete_bound
-
-    # Derived values (_init_) are sized by eval_shape and checked there (stage_out); the array
-    # specs among their arguments are counted here.
-    # The inputs this stage builds, before any work: a polymorphic program's at the sizes it
-    # runs at (compile.shapes), each also refused when XLA could not size it.
-    check_inputs_fit(concrete_bound(bound, cfg.compile.shapes))
-
-
-EXECUTE = Node(
-    name="execute",
-    noun="outputs",
-    options=ExecuteConfig,
-    record=Executed,
-    inputs=("compile", "stage_out"),
-    run=_run_node,
-    check=check,
-    before_run=_before_run,
-    sections=("execute",),
-    artifacts=(
-        "outputs.npz",
-        "outputs.bits.npz",
-        "outputs.json",
-        "timings.json",
-        "check.json",
-        "profile.json",
-        "roofline.json",
-    ),
-    verb="executing",
-    report=(
+    name: str = "execute"
+    Options: type[ExecuteConfig] = ExecuteConfig
+    Record: type[Executed] = Executed
+    inputs: tuple[str, ...] = ("compile", "stage_out")
+    live_inputs: tuple[str, ...] = ()
+    sections: tuple[str, ...] = ("execute",)
+    check = staticmethod(check)
+    summarize = staticmethod(summarize)
+    verb: str = "executing"
+    report: tuple[str, ...] = (
         "median_s",
         "stddev_s",
         "flops_per_s",
@@ -785,9 +759,31 @@ EXECUTE = Node(
         "peak_bytes_per_s",
         "profile_top_op",
         "profile_top_share",
-    ),
-    summarize=summarize,
-)
+    )
+    artifacts: tuple[str, ...] = (
+        "outputs.npz",
+        "outputs.bits.npz",
+        "outputs.json",
+        "timings.json",
+        "check.json",
+        "profile.json",
+        "roofline.json",
+    )
+
+    def run(self, ctx: StageContext, up: Upstream) -> Executed:
+        return run(ctx, up["compile"], up["stage_out"])
+
+    def before_run(self, cfg: JaxaotConfig, bound: BoundArgs) -> None:
+        from jaxaot.config.argspec import concrete_bound
+
+        # Derived values (_init_) are sized by eval_shape and checked there (stage_out); the
+        # array specs among their arguments are counted here: the inputs this stage builds, a
+        # polymorphic program's at the sizes it runs at (compile.shapes), each also refused
+        # when XLA could not size it.
+        check_inputs_fit(concrete_bound(bound, cfg.compile.shapes))
 
 
-__all__ = ["EXECUTE", "Executed", "InputTypeError", "load_outputs", "run"]
+EXECUTE = ExecuteStage()
+
+
+__all__ = ["EXECUTE", "Executed", "load_outputs", "run"]

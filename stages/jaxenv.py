@@ -205,7 +205,7 @@ def key_environment(platform: str) -> dict[str, Any]:
     rocm, tpu) depends on besides the program: each flag variable that platform's compiler
     reads (its flags in effect, and for XLA_FLAGS XLA's own parse), the environment variables
     it reads, the host CPU (cpu), the registered HLO module transformations, and JAX's config
-    values. :class:`~jaxaot.stages.xla_passes.Unkeyable` where a transformation cannot be
+    values. :class:`~jaxaot.errors.Unkeyable` where a transformation cannot be
     identified or a keyed variable changed after the backends started."""
     flags = flags_in_effect()
     keyed: dict[str, Any] = {}

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
@@ -25,6 +26,7 @@ from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
+from jaxaot.stages.contract import Entry, StageContext, Upstream
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.export_rules import (
     check_disabled,
@@ -40,7 +42,6 @@ from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
 from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.lower_shardings import sharded
-from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.output_types import import_pytree_classes, register_output_types
 from jaxaot.stages.stage_out import StagedOut
 from jaxaot.util import heap, memo
@@ -579,29 +580,34 @@ def summarize(m: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> Lowered:
-    return run(ctx, up["stage_out"])
+class LowerStage:
+    """Stage 2: a Stage, Loadable (a checkpoint's export, without program code)."""
+
+    name: str = "lower"
+    Options: type[LowerConfig] = LowerConfig
+    Record: type[Lowered] = Lowered
+    inputs: tuple[str, ...] = ("stage_out",)
+    live_inputs: tuple[str, ...] = (
+        "stage_out",
+    )  # lowering again needs the traced program, not its record
+    sections: tuple[str, ...] = ("lower", "mesh")
+    artifacts: tuple[str, ...] = ARTIFACTS
+    verb: str = "lowering"
+    report: tuple[str, ...] = ()
+    noun: str = "lowering"
+    again: str = "computed again"
+    recomputed_differs: Mapping[str, str] = MappingProxyType({})
+    check = staticmethod(check)
+    summarize = staticmethod(summarize)
+
+    def run(self, ctx: StageContext, up: Upstream) -> Lowered:
+        return run(ctx, up["stage_out"])
+
+    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> Lowered:
+        return load(ctx, entry.read)
 
 
-def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> Lowered:
-    return load(ctx, entry.read)
-
-
-LOWER = Node(
-    name="lower",
-    noun="lowering",
-    options=LowerConfig,
-    record=Lowered,
-    inputs=("stage_out",),
-    run=_run_node,
-    check=check,
-    load=_load_node,
-    live_inputs=("stage_out",),  # lowering again needs the traced program, not its record
-    sections=("lower", "mesh"),
-    artifacts=ARTIFACTS,
-    verb="lowering",
-    summarize=summarize,
-)
+LOWER = LowerStage()
 
 
 __all__ = [

@@ -18,9 +18,9 @@ from jaxaot.config.path_shardings import (
 )
 from jaxaot.config.sharding import Spec
 from jaxaot.config.tree_paths import leaf_paths, top_names
+from jaxaot.stages.contract import StageContext
 from jaxaot.stages.jax_inputs import carrying, resolved_with_keywords
 from jaxaot.stages.jax_mesh import named, output_shardings, update_shardings
-from jaxaot.stages.node import StageContext
 from jaxaot.stages.stage_out import StagedOut
 
 

@@ -51,7 +51,7 @@ from jaxaot.stages.buffer_assignment import (
 from jaxaot.util.humanize import human_bytes
 
 if TYPE_CHECKING:
-    from jaxaot.stages.node import StageContext
+    from jaxaot.stages.contract import StageContext
 
 ARTIFACT = "memory_breakdown.json"
 # 1: peak_bytes, live_peak_bytes, top, groups, peak_groups, allocations.

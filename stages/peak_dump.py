@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import DoesNotFit, one_line
-from jaxaot.stages.node import StageContext
+from jaxaot.stages.contract import StageContext
 from jaxaot.util.fsio import sha256_bytes
 
 log = logging.getLogger("jaxaot")

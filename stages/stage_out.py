@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import (
@@ -32,8 +33,8 @@ from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
+from jaxaot.stages.contract import Entry, StageContext, Upstream
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
-from jaxaot.stages.node import Entry, Keyed, Node, StageContext, Upstream
 from jaxaot.stages.resolving import (
     abstract_value,
     class_resolver,
@@ -598,33 +599,48 @@ def summarize(m: Mapping[str, Any]) -> str:
     return text + (f"; {m['replicas']} replicas" if m.get("replicas") else "")
 
 
-def _run_node(ctx: StageContext, up: Upstream, keyed: Keyed | None, started: Any) -> StagedOut:
-    return run(ctx)
+class StageOutStage:
+    """Stage 1: a Stage, Loadable (a checkpoint's signature, traced again here)."""
 
-
-def _load_node(ctx: StageContext, up: Upstream, entry: Entry, keyed: Keyed | None) -> StagedOut:
-    assert ctx.bound is not None
-    return resumed(ctx, ctx.bound, entry.read)
-
-
-STAGE_OUT = Node(
-    name="stage_out",
-    noun="traced program",
-    options=StageOutConfig,
-    record=StagedOut,
-    inputs=(),
-    run=_run_node,
-    check=check,
-    load=_load_node,
-    sections=("program", "stage_out", "jax"),  # JAX's config changes what is traced
+    name: str = "stage_out"
+    Options: type[StageOutConfig] = StageOutConfig
+    Record: type[StagedOut] = StagedOut
+    inputs: tuple[str, ...] = ()
+    live_inputs: tuple[str, ...] = ()
+    sections: tuple[str, ...] = (
+        "program",
+        "stage_out",
+        "jax",
+    )  # JAX's config changes what is traced
     # arguments.json/.txt: the argument table (stages/arg_table.py), read back on resume.
-    artifacts=("jaxpr.txt", "signature.json", arg_table.JSON_NAME, arg_table.TEXT_NAME),
-    recomputed_differs={
-        "jaxpr.txt": "the program traces to a different jaxpr than in the checkpoint (code changed?)"
-    },
-    verb="tracing",
-    summarize=summarize,
-)
+    artifacts: tuple[str, ...] = (
+        "jaxpr.txt",
+        "signature.json",
+        arg_table.JSON_NAME,
+        arg_table.TEXT_NAME,
+    )
+    verb: str = "tracing"
+    report: tuple[str, ...] = ()
+    noun: str = "traced program"
+    again: str = "computed again"
+    recomputed_differs: Mapping[str, str] = MappingProxyType(
+        {
+            "jaxpr.txt": "the program traces to a different jaxpr than in the checkpoint (code changed?)"
+        }
+    )
+
+    check = staticmethod(check)
+    summarize = staticmethod(summarize)
+
+    def run(self, ctx: StageContext, up: Upstream) -> StagedOut:
+        return run(ctx)
+
+    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> StagedOut:
+        assert ctx.bound is not None
+        return resumed(ctx, ctx.bound, entry.read)
+
+
+STAGE_OUT = StageOutStage()
 
 
 __all__ = [

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.config.mesh import MeshSpec
-from jaxaot.errors import BackendError, DoesNotFit, StageError
+from jaxaot.errors import BackendError, DoesNotFit, EntryUnusable, StageError
 from jaxaot.stages import peak_dump
 from jaxaot.stages.compile_options import options_of
+from jaxaot.stages.contract import StageContext
 from jaxaot.stages.executable import (
     cost_of,
     export_lowering,
@@ -43,7 +44,6 @@ from jaxaot.stages.fit_verdict import does_not_fit, pair_text, parse_rejection, 
 from jaxaot.stages.fit_verdict import metrics as fit_metrics
 from jaxaot.stages.loop_costs import loop_collectives
 from jaxaot.stages.lower import Lowered
-from jaxaot.stages.node import StageContext
 from jaxaot.targets.tpu import Target, quiet_libtpu, resolve, topology_devices
 from jaxaot.util.hlo_parse import COLLECTIVES, collectives
 from jaxaot.util.humanize import human_bytes, human_seconds
@@ -343,7 +343,7 @@ def load(
             continue
     meta = json.loads(files["compiled.json"])
     if meta.get("module_sha256") != lowered.module_sha256:
-        raise StageError("compile", "stored executable is for another module")
+        raise EntryUnusable("stored executable is for another module")
     for name, data in files.items():
         ctx.write(name, data)
     cost = json.loads(files["cost_analysis.json"]) if "cost_analysis.json" in files else None

@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jaxaot.errors import Unkeyable
 from jaxaot.stages.xla_flags import OUTPUT_ONLY_XLA_FLAGS
-from jaxaot.stages.xla_passes import Unkeyable
 
 
 def debug_options_sha256() -> str | None:
@@ -95,7 +95,7 @@ def env_changes(snapshot: Mapping[str, str], platform: str) -> list[str]:
 
 def keyed_env_in_effect(platform: str, snapshot: Mapping[str, str]) -> dict[str, str]:
     """:func:`keyed_env` of the snapshot taken as the backends started;
-    :class:`~jaxaot.stages.xla_passes.Unkeyable` when the environment says otherwise now
+    :class:`~jaxaot.errors.Unkeyable` when the environment says otherwise now
     (which value a library compiles with is then not known for certain)."""
     changed = env_changes(snapshot, platform)
     if changed:

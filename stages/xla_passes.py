@@ -35,12 +35,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from jaxaot.errors import JaxaotError
+from jaxaot.errors import Unkeyable
 from jaxaot.util.code_names import global_names
-
-
-class Unkeyable(JaxaotError):
-    """What the executable depends on cannot be told: compile without the store."""
 
 
 @dataclass(frozen=True)
@@ -453,4 +449,4 @@ def blind() -> str | None:
     return _blind
 
 
-__all__ = ["Unkeyable", "blind", "identify", "key_of", "registered", "watch"]
+__all__ = ["blind", "identify", "key_of", "registered", "watch"]

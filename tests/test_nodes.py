@@ -1,9 +1,9 @@
-"""A stage is a declared node, and the engine runs any node the same way (issue 13).
+"""Each stage implements the stage contract, and the engine runs any stage the same way.
 
-These pin what the redesign must keep: the root config is the shared sections plus each node's
-options; the engine names no stage; every (start_at, stop_after) pair gives the statuses it
-always did; the compile-ahead overlap is still there; store and resume share one compatibility
-rule; and the compile key of a reference program is byte for byte what existing stores hold.
+These pin: the root config is the shared sections plus each stage's options; the engine names
+no stage; every (start_at, stop_after) pair gives the statuses it should; the compile-ahead
+overlap is there; store and resume share one compatibility rule; and the compile key of a
+reference program is byte for byte what existing stores hold.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from jaxaot.config import sections
 from jaxaot.config.order import STAGES
 from jaxaot.schema import JaxaotConfig
 from jaxaot.stages import NODE_BY_NAME, NODES
-from jaxaot.stages.node import compat_mismatch
+from jaxaot.stages.contract import Cached, Stage, compat_mismatch
 
 SHARED = {"program", "mesh", "store", "snapshot", "trust", "jax"}
 
 
 def test_the_root_config_is_the_shared_sections_plus_each_nodes_options() -> None:
     fields = {f.name: f.type for f in dataclasses.fields(JaxaotConfig)}
-    sections_of_nodes = {n.name: n.options.__name__ for n in NODES}
+    sections_of_nodes = {n.name: n.Options.__name__ for n in NODES}
     assert {k: fields[k] for k in sections_of_nodes} == sections_of_nodes
     run_keys = {"stop_after", "start_at", "resume_from", "debug", "verbose"}
     assert set(fields) == SHARED | set(sections_of_nodes) | run_keys
@@ -42,7 +42,8 @@ def test_nodes_are_the_stages_in_order_and_declare_what_they_own() -> None:
     assert len(owned) == len(set(owned))  # a config section belongs to one node
     assert set(owned) <= {f.name for f in dataclasses.fields(JaxaotConfig)}
     for n in NODES:
-        assert n.verb and n.summarize is not None
+        assert isinstance(n, Stage)
+        assert n.verb and n.summarize({}) is not None
         assert all(i in NODE_BY_NAME and STAGES.index(i) < STAGES.index(n.name) for i in n.inputs)
         assert set(n.live_inputs) <= set(n.inputs)
 
@@ -78,7 +79,9 @@ def test_the_engine_names_no_stage(module: str) -> None:
 
 def test_store_and_resume_share_one_compatibility_rule() -> None:
     backend = {"jax": "0.10.2", "jaxlib": "0.10.2", "platform": "cpu", "platform_version": "x"}
-    mine = NODE_BY_NAME["compile"].compat(backend)
+    compile_stage = NODE_BY_NAME["compile"]
+    assert isinstance(compile_stage, Cached)
+    mine = compile_stage.compat(backend)
     assert compat_mismatch(backend, mine) is None
     why = compat_mismatch({**backend, "jax": "0.9.0"}, mine)
     assert why == "jax '0.9.0' (here '0.10.2')"

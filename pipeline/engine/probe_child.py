@@ -5,7 +5,6 @@ entry says why it cannot be used here, or "" when it loads and runs."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,19 @@ def _zeros(info: Any) -> Any:
     return np.zeros(info.shape, info.dtype)
 
 
+def _device_count(entry_dirs: Sequence[Path]) -> int:
+    """Enough devices for every compile entry named: one more than the highest device id its
+    ``compiled.json`` records."""
+    count = 1
+    for d in entry_dirs:
+        try:
+            meta = json.loads((d / "compiled.json").read_bytes())
+            count = max(count, max(int(i) for i in meta["device_ids"]) + 1)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return count
+
+
 def probe_one(entry_dir: Path, trust: bool) -> str:
     """Why the compile entry at ``entry_dir`` cannot be used here, or "" when it loads and runs."""
     import pickle
@@ -27,13 +39,14 @@ def probe_one(entry_dir: Path, trust: bool) -> str:
 
     import jax
     from jax.experimental import serialize_executable
+    from jaxaot.errors import ColdLoadError
     from jaxaot.stages import custom_calls
-    from jaxaot.store.entries import _Bad, _load
+    from jaxaot.store.entries import Refused, load_entry
 
     key, stage = entry_dir.name, entry_dir.parent.parent.name
     try:
-        entry = _load(entry_dir, stage, key, None, trust)
-    except _Bad as bad:
+        entry = load_entry(entry_dir, stage, key, None, trust)
+    except Refused as bad:
         return bad.reason
     if entry is None:
         return "entry vanished"
@@ -50,7 +63,7 @@ def probe_one(entry_dir: Path, trust: bool) -> str:
     hlo = entry.read_bytes("optimized.hlo.txt") if "optimized.hlo.txt" in entry.files else None
     try:
         custom_calls.prepare(hlo, backend, SimpleNamespace(state="loaded"), "entry")
-    except custom_calls.ColdLoadError:
+    except ColdLoadError:
         return f"{NOT_CHECKED}it calls custom calls its program registers (never loaded cold)"
     try:
         payload, in_tree, out_tree = pickle.loads(entry.read_bytes("executable.bin"))
@@ -77,7 +90,7 @@ def main(argv: Sequence[str]) -> int:
     from jaxaot.util.fsio import trust_from_env
 
     # Enough virtual CPU devices for every entry, and x64 so f64 arguments keep their type.
-    jax.config.update("jax_num_cpu_devices", int(os.environ.get("JAXAOT_PROBE_DEVICES", "1")))
+    jax.config.update("jax_num_cpu_devices", _device_count([Path(a) for a in argv]))
     jax.config.update("jax_enable_x64", True)
     trust = trust_from_env()
     for arg in argv:

@@ -38,7 +38,7 @@ from jaxaot.rundir.dirs import OUTPUTS_ROOT
 from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
-from jaxaot.stages.node import Entry
+from jaxaot.stages.contract import Entry, OnResume
 from jaxaot.store.entries import shown_with_target
 from jaxaot.util.fsio import folder_problem, trust_from_env, untrusted_path
 
@@ -412,9 +412,9 @@ class Checkpoint:
             )
 
     def entry(self, stage: str) -> Entry:
-        """One stage's files as an :class:`~jaxaot.stages.node.Entry`, like a store entry's:
-        verified reads, and the backend the run had (what a node's ``compat`` is checked
-        against)."""
+        """One stage's files as an :class:`~jaxaot.stages.contract.Entry`, like a store entry's:
+        verified reads, and the backend the run had (what a Cached stage's ``compat`` is
+        checked against)."""
         return Entry(
             label=f"resume_from={self.run_dir}",
             read=self.reader(stage),
@@ -494,7 +494,7 @@ class Checkpoint:
         start = STAGES.index(cfg.start_at)
         for i, node in enumerate(NODES):
             resumed_inputs = all(STAGES.index(n) < start for n in node.inputs)
-            if node.resume_default is not None and i >= start and node.inputs and resumed_inputs:
+            if isinstance(node, OnResume) and i >= start and node.inputs and resumed_inputs:
                 merged[node.name] = node.resume_default(saved, merged[node.name], keys)
         return validate(merged)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +33,34 @@ from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
 from jaxaot.engine.own_args import check_deferred
 from jaxaot.engine.resume import Checkpoint, resolve_resume_from
-from jaxaot.errors import JaxaotError, StageError, StoreError, one_line
+from jaxaot.errors import (
+    DoesNotFit,
+    EntryUnusable,
+    JaxaotError,
+    NotLoadableHere,
+    StageError,
+    StoreError,
+    one_line,
+)
 from jaxaot.rundir.dirs import claim, remove_unstarted
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
-from jaxaot.stages.node import Entry, Keyed, Node, StageContext, compat_mismatch
+from jaxaot.stages.contract import (
+    Ahead,
+    Cached,
+    Entry,
+    Finishing,
+    Loadable,
+    OnResume,
+    Plan,
+    Prepared,
+    Stage,
+    StageContext,
+    Uncached,
+    Upstream,
+    compat_mismatch,
+)
 from jaxaot.store.locks import KeyLock
 from jaxaot.util import exits
 from omegaconf import DictConfig
@@ -168,7 +190,7 @@ def _run(
     bound = bind_config(typed)  # arg specs checked before JAX is imported
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     for node in NODES[first : last + 1]:
-        if node.before_run is not None:
+        if isinstance(node, Prepared):
             node.before_run(typed, bound)  # e.g. the inputs execute builds fit in memory
     # What each node does in this run: resumed from the checkpoint (before start_at; computed
     # again when the first node needs it live), run, or skipped (after stop_after).
@@ -254,12 +276,12 @@ def _run(
                     restore = _configure_jax(typed, bound)
                 manifest.versions = jaxenv.versions()
                 manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
-                if any(n.cache_key is not None and n.name in computed for n in NODES):
+                if any(isinstance(n, Cached) and n.name in computed for n in NODES):
                     store.check_trusted()  # a store others can write to: one line, before work
                 for n, how in zip(NODES, plan, strict=True):
-                    if how == "resume" and n.before_resume is not None:
+                    if how == "resume" and isinstance(n, OnResume):
                         n.before_resume(typed)  # e.g. a topology's executable needs its TPU host
-                if any(n.compat is not None for n in NODES[: last + 1]):
+                if any(isinstance(n, Cached) for n in NODES[: last + 1]):
                     manifest.backend = jaxenv.run_backend(typed.compile)
                 for node, how in zip(NODES, plan, strict=True):
                     current, t_stage = node.name, time.perf_counter()
@@ -278,7 +300,7 @@ def _run(
                     exits.raise_pending()  # an interrupt Python dropped (a gc callback)
                 current, phase = None, "the graph and snapshot step"
                 for node in NODES:
-                    if node.finish is not None:
+                    if isinstance(node, Finishing):
                         node.finish(typed, records.get(node.name), manifest.stages, manifest.extra)
                 from jaxaot.snapshots.snapshot import after_run
 
@@ -296,9 +318,10 @@ def _run(
                 _record_unfinished(manifest, current, "failed", t_stage)
                 raise StageError(current or "set-up", exits.describe_exit(exc)) from exc
         except Exception as exc:
-            manifest.status, manifest.error = getattr(exc, "run_status", "failed"), one_line(exc)
-            if getattr(exc, "fit", None) is not None:
-                manifest.extra["fit"] = exc.fit  # type: ignore[attr-defined]
+            manifest.status, manifest.error = "failed", one_line(exc)
+            if isinstance(exc, DoesNotFit):
+                manifest.status = exc.run_status
+                manifest.extra["fit"] = exc.fit
             raise
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (exits.Terminated)
             exits.clear_pending()
@@ -391,11 +414,11 @@ def _record_unfinished(manifest: Manifest, stage: str | None, status: str, t0: f
 
 @dataclass
 class _Ahead:
-    """A node's result found or started while its input was still being made: the verified
+    """A stage's result found or started while its input was still being made: the verified
     store entry, or the job running on the worker thread together with the store lock on its
-    key, held until the put (jobs sharing a key compute it once, issue 5)."""
+    key, held until the put (jobs sharing a key compute it once)."""
 
-    keyed: Keyed
+    plan: Plan[Any]
     entry: Any = None  # a StoreEntry
     future: Future[tuple[Any, float]] | None = None
     lock: KeyLock | None = None
@@ -403,10 +426,11 @@ class _Ahead:
 
 @dataclass
 class _Runner:
-    """One generic loop over :data:`jaxaot.stages.NODES`; no stage is named here. For a node
-    before ``start_at``: the checkpoint's result if it is compatible, else computed. For a node
-    this run computes: a verified store hit if it has a key, else run (with what its ``begin``
-    started ahead, if anything)."""
+    """One generic loop over the stages (:data:`jaxaot.stages.NODES`); no stage is named here, and what a
+    stage is beyond :class:`~jaxaot.stages.contract.Stage` is asked with ``isinstance``. For a
+    stage before ``start_at``: the checkpoint's result if it is compatible, else computed. For a
+    stage this run computes: a verified store hit if it is Cached and has a key, else run (with
+    what its ``begin`` started ahead, if anything)."""
 
     cfg: JaxaotConfig
     run_dir: Path
@@ -415,20 +439,21 @@ class _Runner:
     checkpoint: Checkpoint | None
     records: dict[str, Any]
     bound: BoundArgs
-    running: set[str] = field(default_factory=set)  # the nodes this run computes
+    running: set[str] = field(default_factory=set)  # the stages this run computes
+    stages: tuple[Stage[Any, Any], ...] = NODES  # in pipeline order
     _ahead: dict[str, _Ahead] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
         if self._pool is not None:  # an XLA compile cannot be cancelled: let it finish
             self._pool.shutdown(wait=True)
-        for ahead in self._ahead.values():  # the run failed before the node's turn
+        for ahead in self._ahead.values():  # the run failed before the stage's turn
             if ahead.lock is not None:
                 ahead.lock.release()
         self._ahead.clear()
 
     def computing_ahead(self, name: str) -> bool:
-        """Whether node ``name`` was started on the worker thread before its turn."""
+        """Whether stage ``name`` was started on the worker thread before its turn."""
         ahead = self._ahead.get(name)
         return ahead is not None and ahead.future is not None
 
@@ -438,10 +463,10 @@ class _Runner:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    # -- one node ------------------------------------------------------------------------------
-    def step(self, node: Node, how: str) -> Any:
+    # -- one stage -----------------------------------------------------------------------------
+    def step(self, node: Stage[Any, Any], how: str) -> Any:
         """``how``: ``run`` (this run computes it), ``resume`` (from the checkpoint) or
-        ``recompute`` (before start_at, but the first node needs it live)."""
+        ``recompute`` (before start_at, but the first stage needs it live)."""
         ctx = self._context(node)
         t0 = time.perf_counter()
         up = {n: self.records.get(n) for n in node.inputs}
@@ -457,15 +482,15 @@ class _Runner:
                 ctx.warnings.append(note)
             record, status, extra = self._compute(node, ctx, up)
         except JaxaotError as exc:
-            ctx.metrics.update(getattr(exc, "metrics", None) or {})  # DoesNotFit's verdict
-            breakdown = getattr(exc, "breakdown", None)
-            if breakdown:  # what was live at the peak of a program XLA refused: the run's own
-                from jaxaot.stages import memory_breakdown
+            status = "failed"
+            if isinstance(exc, DoesNotFit):
+                status = exc.run_status
+                ctx.metrics.update(exc.metrics)  # the verdict's report columns
+                if exc.breakdown:  # what was live at the peak of a program XLA refused
+                    from jaxaot.stages import memory_breakdown
 
-                memory_breakdown.write(ctx, breakdown)
-            self.manifest.record_stage(
-                ctx, getattr(exc, "run_status", "failed"), time.perf_counter() - t0, **ctx.extra
-            )
+                    memory_breakdown.write(ctx, exc.breakdown)
+            self.manifest.record_stage(ctx, status, time.perf_counter() - t0, **ctx.extra)
             raise
         except Exception as exc:
             self.manifest.record_stage(ctx, "failed", time.perf_counter() - t0, **ctx.extra)
@@ -475,17 +500,17 @@ class _Runner:
         self._finish(ctx, status, t0, **extra)
         return record
 
-    def _context(self, node: Node) -> StageContext:
+    def _context(self, node: Stage[Any, Any]) -> StageContext:
         ctx = StageContext(
             cfg=self.cfg, stage=node.name, out_dir=self.run_dir / node.name, bound=self.bound
         )
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
-        if any(c.begin is not None and c.inputs == (node.name,) for c in self._consumers(node)):
+        if any(isinstance(c, Ahead) and c.inputs == (node.name,) for c in self._consumers(node)):
             ctx.publish_early = lambda early: self._early(node, early)
         return ctx
 
-    def _consumers(self, node: Node) -> list[Node]:
-        return [c for c in NODES if node.name in c.inputs and c.name in self.running]
+    def _consumers(self, node: Stage[Any, Any]) -> list[Stage[Any, Any]]:
+        return [c for c in self.stages if node.name in c.inputs and c.name in self.running]
 
     def _finish(self, ctx: StageContext, status: str, t0: float, **extra: Any) -> None:
         seconds = extra.pop("seconds", time.perf_counter() - t0)
@@ -493,38 +518,42 @@ class _Runner:
         self.manifest.write()
         log.info("[%s] %s in %.3f s", ctx.stage, status, seconds)
 
-    def _compat(self, node: Node) -> dict[str, Any]:
-        return dict(node.compat(self.manifest.backend)) if node.compat is not None else {}
+    def _compat(self, node: Stage[Any, Any]) -> dict[str, Any]:
+        return dict(node.compat(self.manifest.backend)) if isinstance(node, Cached) else {}
 
-    def _key(self, node: Node, up: Mapping[str, Any]) -> Keyed | None:
-        return node.cache_key(self.cfg, up, self.manifest.backend) if node.cache_key else None
+    def _plan(self, node: Cached[Any, Any], up: Upstream) -> Plan[Any] | Uncached[Any]:
+        return node.plan(self.cfg, up, self.manifest.backend)
 
     # -- resume: the checkpoint as an Entry ------------------------------------------------------
-    def _resume(self, node: Node, ctx: StageContext, up: dict[str, Any]) -> tuple[Any, str | None]:
+    def _resume(
+        self, node: Stage[Any, Any], ctx: StageContext, up: dict[str, Any]
+    ) -> tuple[Any, str | None]:
         """(record, None) from the checkpoint, or (None, why) when the checkpoint's result
-        cannot serve this run (the same compatibility rule as the store's): then the node is
+        cannot serve this run (the same compatibility rule as the store's): then the stage is
         computed, the store first. A corrupt or missing checkpoint file is an error."""
-        assert self.checkpoint is not None and node.load is not None
+        assert self.checkpoint is not None and isinstance(node, Loadable)
         entry = self.checkpoint.entry(node.name)
         why = compat_mismatch(entry.compat, self._compat(node))
         if why is not None:
             why = f"was built for {why}"
         else:
             try:
-                return node.load(ctx, up, entry, None), None
-            except JaxaotError as exc:
-                # A result that cannot serve this run, from a node that can compute it: compute.
-                # Anything else (a corrupt or missing file, a refused import) is the user's.
-                reason = getattr(exc, "reason", None)
-                computable = all(i in self.running for i in node.live_inputs)
-                if not computable or (reason is None and not getattr(exc, "entry_ok", False)):
+                return node.load(ctx, up, entry), None
+            except (EntryUnusable, NotLoadableHere, StageError) as exc:
+                # A result that cannot serve this run, from a stage that can compute it:
+                # compute. Anything else (a corrupt or missing file, a refused import) is the
+                # user's.
+                if not all(i in self.running for i in node.live_inputs):
                     raise
-                why = f"unusable here ({reason or one_line(exc)})"
+                reason = exc.reason if isinstance(exc, StageError) else one_line(exc)
+                why = f"unusable here ({reason})"
         return None, f"checkpoint {node.noun} {why}; not loaded, {node.again}"
 
-    def _compare_with_checkpoint(self, node: Node, ctx: StageContext) -> None:
-        """A node recomputed before ``start_at``: say when it differs from the checkpoint's."""
+    def _compare_with_checkpoint(self, node: Stage[Any, Any], ctx: StageContext) -> None:
+        """A stage recomputed before ``start_at``: say when it differs from the checkpoint's."""
         assert self.checkpoint is not None
+        if not isinstance(node, Loadable):
+            return
         read = self.checkpoint.entry(node.name).read
         for name, note in node.recomputed_differs.items():
             try:
@@ -536,55 +565,60 @@ class _Runner:
 
     # -- run: a verified store hit, else compute -----------------------------------------------
     def _compute(
-        self, node: Node, ctx: StageContext, up: dict[str, Any]
+        self, node: Stage[Any, Any], ctx: StageContext, up: dict[str, Any]
     ) -> tuple[Any, str, dict[str, Any]]:
-        keyed = self._key(node, up)  # first: if it raises, close() releases a lock taken ahead
+        if not isinstance(node, Cached):
+            record, extra = self._run(node, ctx, up, None, None)
+            return record, "ran", extra
+        planned = self._plan(node, up)  # first: if it raises, close() releases a lock taken ahead
         ahead = self._ahead.pop(node.name, None)
-        if ahead is not None and (keyed is None or ahead.keyed.key != keyed.key):
+        if ahead is not None and (not isinstance(planned, Plan) or ahead.plan.key != planned.key):
             # Begun on an early record that keys differently: not this run's result. Let it end
-            # first (it writes into this node's folder too: dumps, traces), then compute.
+            # first (it writes into this stage's folder too: dumps, traces), then compute.
             if ahead.future is not None:
                 with contextlib.suppress(Exception):
                     ahead.future.result()
             if ahead.lock is not None:
                 ahead.lock.release()
             ahead = None
-        if keyed is None or keyed.key is None:
-            if keyed is not None and keyed.why:
-                ctx.warn(keyed.why)
-            record, extra = self._run(node, ctx, up, keyed, ahead)
+        if isinstance(planned, Uncached):
+            if planned.why:
+                ctx.warn(planned.why)
+            record, extra = self._run(node, ctx, up, planned, None)
             return record, "ran", extra
         # Jobs sharing a key compute it once: hold the lock taken ahead, or wait for the job
-        # that holds it and then hit the store (issue 5).
+        # that holds it and then hit the store.
         held = ahead.lock if ahead is not None else None
-        with held or KeyLock(self.store, node.name, keyed.key):
-            return self._compute_locked(node, ctx, up, keyed, ahead)
+        with held or KeyLock(self.store, node.name, planned.key):
+            return self._compute_locked(node, ctx, up, planned, ahead)
 
     def _compute_locked(
-        self, node: Node, ctx: StageContext, up: dict[str, Any], keyed: Keyed, ahead: _Ahead | None
+        self,
+        node: Cached[Any, Any],
+        ctx: StageContext,
+        up: dict[str, Any],
+        plan: Plan[Any],
+        ahead: _Ahead | None,
     ) -> tuple[Any, str, dict[str, Any]]:
-        key = keyed.key
-        assert key is not None
+        assert isinstance(node, Stage)
+        key = plan.key
         store_on = self.store.enabled
         label = f"store entry {node.name}/{key[:12]}"
         entry = ahead.entry if ahead is not None else None
         if entry is None and ahead is None and store_on:
             entry = self.store.get(node.name, key, expect=self._compat(node))
-        if entry is not None and node.load is not None:
+        if entry is not None:
             t0 = time.perf_counter()
             stored = Entry(label=label, read=entry.read_bytes, compat=entry.compat, source="store")
             ctx.same_as = {name: entry.path(name) for name in entry.files}  # one copy on disk
             try:
-                record = node.load(ctx, up, stored, keyed)
-            except StoreError as exc:  # verified bytes that cannot serve this run (issue 12)
-                reason = getattr(exc, "reason", None) or one_line(exc)
+                record = node.load_planned(ctx, up, stored, plan)
+            except StoreError as exc:  # EntryUnusable, or verified bytes the read refused
+                reason = one_line(exc)
                 outcome = self.store.discard(node.name, key, reason)
                 ctx.warn(f"{label} unusable ({reason}); {outcome}, {node.verb} instead")
                 ctx.reset()
-            except JaxaotError as exc:
-                if not getattr(exc, "entry_ok", False):
-                    raise
-                # The entry is fine; this process is not (e.g. it cannot load it cold).
+            except NotLoadableHere as exc:  # the entry is fine; this process is not
                 ctx.warn(f"{label} not loaded cold ({one_line(exc)}), {node.verb} instead")
                 ctx.reset()
             else:
@@ -598,13 +632,13 @@ class _Runner:
                     saved,
                 )
                 return record, "cached", {"key": key, "seconds_saved": round(saved, 6)}
-        record, extra = self._run(node, ctx, up, keyed, ahead)
+        record, extra = self._run(node, ctx, up, plan, ahead)
         seconds = extra["seconds"]
         if store_on:
             log.info("[%s] cache miss %s: computed in %.2f s", node.name, key[:12], seconds)
             self.store.record(node.name, key, hit=False)
         # What is stored must be what the key says (and what a hit will be checked against).
-        wrong = node.storable(record, keyed) if store_on and node.storable is not None else None
+        wrong = node.storable(record, plan) if store_on else None
         if wrong:
             ctx.warn(wrong)
         elif store_on and all(name in ctx.artifacts for name in node.required):
@@ -620,21 +654,26 @@ class _Runner:
 
     def _run(
         self,
-        node: Node,
+        node: Stage[Any, Any],
         ctx: StageContext,
         up: dict[str, Any],
-        keyed: Keyed | None,
+        planned: Plan[Any] | Uncached[Any] | None,
         ahead: _Ahead | None,
     ) -> tuple[Any, dict[str, Any]]:
-        """``node.run``, with the result of what ``begin`` started ahead. The seconds are the
-        node's own cost, not its wait: part of the work ran while the input was being made."""
+        """The stage's run (``run_planned`` with a plan), or ``run_begun`` with the result of
+        what ``begin`` started ahead. The seconds are the stage's own cost, not its wait: part
+        of the work ran while the input was being made."""
         t0 = time.perf_counter()
         if ahead is None or ahead.future is None:
-            record = node.run(ctx, up, keyed, None)
+            if planned is not None and isinstance(node, Cached):
+                record = node.run_planned(ctx, up, planned)
+            else:
+                record = node.run(ctx, up)
             return record, {"seconds": round(time.perf_counter() - t0, 6)}
+        assert isinstance(node, Ahead)
         started, started_s = ahead.future.result()
         waited = time.perf_counter() - t0
-        record = node.run(ctx, up, keyed, started)
+        record = node.run_begun(ctx, up, ahead.plan, started)
         seconds = started_s + (time.perf_counter() - t0 - waited)
         return record, {
             "seconds": round(seconds, 6),
@@ -642,39 +681,44 @@ class _Runner:
         }
 
     # -- ahead: a consumer begins on its input's early record ------------------------------------
-    def _early(self, producer: Node, early: Any) -> None:
+    def _early(self, producer: Stage[Any, Any], early: object) -> None:
         """``producer`` published an early record (lower: the module exists, the export does not
-        yet): each consumer with ``begin`` looks its result up in the store, and on a miss starts
-        it on a worker thread (XLA releases the GIL), so the rest of ``producer`` overlaps it."""
+        yet): each Ahead consumer looks its result up in the store, and on a miss starts it on
+        a worker thread (XLA releases the GIL), so the rest of ``producer`` overlaps it."""
         for node in self._consumers(producer):
-            if node.begin is None or node.inputs != (producer.name,) or node.name in self._ahead:
+            if (
+                not isinstance(node, Ahead)
+                or not isinstance(node, Cached)
+                or node.inputs != (producer.name,)
+                or node.name in self._ahead
+            ):
                 continue
             try:
-                keyed = self._key(node, {producer.name: early})
+                planned = self._plan(node, {producer.name: early})
             except JaxaotError:
-                continue  # the node reports it, in its turn
-            if keyed is None or keyed.key is None:
+                continue  # the stage reports it, in its turn
+            if not isinstance(planned, Plan):
                 continue
-            lock = KeyLock(self.store, node.name, keyed.key)
+            lock = KeyLock(self.store, node.name, planned.key)
             if not lock.acquire(blocking=False):
-                continue  # another job computes this key: the node waits, then hits
+                continue  # another job computes this key: the stage waits, then hits
             try:
                 entry = (
-                    self.store.get(node.name, keyed.key, expect=self._compat(node))
+                    self.store.get(node.name, planned.key, expect=self._compat(node))
                     if self.store.enabled
                     else None
                 )
                 job = (
                     None
                     if entry is not None
-                    else node.begin(self.cfg, keyed, self.run_dir / node.name)
+                    else node.begin(self.cfg, planned, self.run_dir / node.name)
                 )
             except BaseException:
-                lock.release()  # the node computes in its turn, and reports what failed
+                lock.release()  # the stage computes in its turn, and reports what failed
                 raise
             if entry is not None:
                 lock.release()
-                self._ahead[node.name] = _Ahead(keyed, entry=entry)
+                self._ahead[node.name] = _Ahead(planned, entry=entry)
                 continue
             assert job is not None
 
@@ -683,7 +727,7 @@ class _Runner:
                 return job(), time.perf_counter() - t0
 
             self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="jaxaot-ahead")
-            self._ahead[node.name] = _Ahead(keyed, future=self._pool.submit(timed), lock=lock)
+            self._ahead[node.name] = _Ahead(planned, future=self._pool.submit(timed), lock=lock)
 
 
 __all__ = ["RunResult", "default_run_dir", "one_line", "run"]
