@@ -116,7 +116,7 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
             raise ConfigError(config_error(exc)) from exc
     assert isinstance(typed, JaxaotConfig)
     if typed.stage_out.axis_env is None and typed.program.axis_env is not None:
-        # A program's own named axes (a shipped collectives program runs as shipped, issue 14).
+        # A program's own named axes (a shipped collectives program runs as shipped).
         # Not a ${program.axis_env} interpolation: OmegaConf resolves those into a None list
         # node while merging, before the program is there.
         stage_out = dataclasses.replace(typed.stage_out, axis_env=typed.program.axis_env)

@@ -9,7 +9,7 @@ buffers live at it, :mod:`jaxaot.stages.memory_breakdown`), ``executable.bin`` a
 
 The compile key covers the calling convention of what is compiled, and every executable
 loaded from the store or a checkpoint is checked against the convention the run expects before
-it is called (:mod:`jaxaot.stages.convention`, issue 12).
+it is called (:mod:`jaxaot.stages.convention`).
 """
 
 from __future__ import annotations
@@ -89,19 +89,19 @@ class CompileConfig:
     backend: str = "cpu"
     compiler_options: dict[str, Any] = field(default_factory=dict)
     num_devices: int | None = None
-    # Sizes of the symbolic dimensions of a polymorphic lowering: {b: 32} (issue 17).
+    # Sizes of the symbolic dimensions of a polymorphic lowering: {b: 32}.
     shapes: dict[str, int] = field(default_factory=dict)
     # The most virtual CPU devices a run may start (jaxaot.config.mesh.devices_to_start).
     max_devices: int = 512
-    # A TPU topology to compile for without the hardware (pipeline/targets/tpu.py, issue 15).
+    # A TPU topology to compile for without the hardware (pipeline/targets/tpu.py).
     topology: str | None = None
     num_slices: int = 1
-    # XLA's dumps of this compile, into compile/xla_dump/ (issue 18): what to keep, by kind
+    # XLA's dumps of this compile, into compile/xla_dump/: what to keep, by kind
     # (DUMP_KINDS); never through XLA_FLAGS, never part of the compile key.
     dump: bool = False
     dump_keep: list[str] = field(default_factory=lambda: list(DEFAULT_DUMP))
     # Where the compile time goes: XLA's phases and passes from a jax.profiler trace of the
-    # compile, in compiled.json's "breakdown" (issue 18); not in the compile key.
+    # compile, in compiled.json's "breakdown"; not in the compile key.
     breakdown: bool = False
     # XLA's effort levels for this compile (ExecutableBuildOptions): O0..O3, null = JAX's default
     # (jax_optimization_level / jax_memory_fitting_level); passed as compiler options, so keyed.
@@ -266,7 +266,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     lowering when there is one for exactly this platform, else the export."""
     import jax
 
-    if cfg.topology:  # issue 15: onto libtpu's compile-only devices
+    if cfg.topology:  # onto libtpu's compile-only devices
         from jaxaot.stages import topology
 
         plan = topology.start(cfg, lowered)  # checks platforms, the export and libtpu
@@ -359,7 +359,7 @@ def _compile_error(exc: Exception, options: dict[str, Any]) -> Exception:
 # What the compile stage's output depends on, besides the lowered module: bump when the
 # stored files or their meaning change.
 #   1: module, platforms, donation, compiler options, backend.
-#   2 (issue 12): the module actually compiled (the export's for the export form), the form,
+#   2: the module actually compiled (the export's for the export form), the form,
 #     the calling convention, XLA flags and JAX config values, device topology.
 #   3: the flag variables the compiling platform reads, parsed as XLA/libtpu parse them (the
 #     last value of a flag wins, XLA_FLAGS' file read, LIBTPU_INIT_ARGS for tpu only) with
@@ -451,7 +451,7 @@ def load(
     from jax.experimental import serialize_executable
 
     cfg = ctx.cfg.compile
-    if cfg.topology:  # issue 15: compile-only devices cannot load it; a TPU host can
+    if cfg.topology:  # compile-only devices cannot load it; a TPU host can
         from jaxaot.stages import topology
 
         if not topology.present(cfg):
@@ -595,7 +595,7 @@ def start(cfg: Any, target: Target, out_dir: Path | None = None) -> Callable[[],
     """The compile of ``target`` (from :func:`prepare`) to run, possibly on a thread: XLA
     releases the GIL while it compiles. With ``out_dir`` (the stage's folder), ``compile.dump``
     dumps this compile there and ``compile.breakdown`` traces it there."""
-    if target.compile_job is not None:  # a topology's compile (issue 15)
+    if target.compile_job is not None:  # a topology's compile
         if out_dir is None or not cfg.dump or target.compile_dumped is None:
             return target.compile_job
         into = out_dir / DUMP_DIR
@@ -665,7 +665,7 @@ def run(
         record_dump(ctx, ctx.out_dir / DUMP_DIR)
     if cfg.breakdown:
         record_breakdown(ctx)
-    if cfg.topology:  # issue 15: compile-only executable, plus the fit verdict
+    if cfg.topology:  # a compile-only executable, plus the fit verdict
         from jaxaot.stages import topology
 
         record = topology.run(ctx, lowered, compiled, _record(lowered, cfg.backend))

@@ -2,7 +2,7 @@
 
 Two programs can lower to one module and still be different executables: which arguments jax
 pruned as unused, and the input/output pytrees, are part of how the executable is called and
-not of the module text (issue 12: ``x * 2`` of the first or of the second argument). The
+not of the module text (``x * 2`` of the first or of the second argument). The
 compile key covers the :class:`Convention` of what is compiled, and every executable loaded
 from the store or a checkpoint is checked with :func:`mismatch` before it is called.
 """

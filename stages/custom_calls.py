@@ -5,7 +5,7 @@ they call only when a program using them is *lowered* in the process
 (``jaxlib.lapack.prepare_lapack_call`` -> ``_lapack.initialize()``). An executable with
 ``lapack_*`` custom calls deserialized in a process that lowered nothing (``resume_from=...
 start_at=execute``, or ``start_at=compile`` with a store hit) then calls null kernels: SIGSEGV,
-no message (issue 12, item 4). The GPU "hybrid" kernels (``cuhybrid_*``, ``hiphybrid_*``) are
+no message. The GPU "hybrid" kernels (``cuhybrid_*``, ``hiphybrid_*``) are
 initialized lazily the same way.
 
 :func:`prepare` reads the custom-call targets from the executable's optimized HLO (written by

@@ -85,8 +85,8 @@ def rebound(live: Any, client: Any) -> Any | None:
     only to compile it, and ``compile(device_assignment=)`` takes any devices of that client.
     Rebound, it is the module, shardings and calling convention a plain
     ``jit(f).lower(...).compile()`` over the topology's mesh compiles (tests/test_topology.py
-    checks the optimized HLO equal), without lowering the program again through its export
-    (issue 15). jax 0.10 has no public way to say which client compiles a lowering: the copy
+    checks the optimized HLO equal), without lowering the program again through its export.
+    jax 0.10 has no public way to say which client compiles a lowering: the copy
     replaces ``compile_args["backend"]`` of the private ``MeshComputation``, and never touches
     ``live`` itself.
     """

@@ -54,7 +54,7 @@ class ExecuteConfig:
     atol: float | None = None
     save_outputs: bool = True
     # A jax.profiler trace of the timed calls into execute/profile/, per-op time in
-    # execute/profile.json (issue 18).
+    # execute/profile.json.
     profile: bool = False
     # This run against the device's roofline (peaks calibrated here) in execute/roofline.json.
     roofline: bool = False
@@ -173,7 +173,7 @@ def _put(value: Any, sharding: Any) -> Any:
                 # jax 0.10: device_put(x, sharding) of a sub-byte array gives an unpacked layout
                 # that the executable rejects ("layouts that disagree"), on one device or a mesh
                 # (so does device_put to the executable's input format); the executable's own
-                # transfer of the host array is packed, so it is left to the call (issue 17).
+                # transfer of the host array is packed, so it is left to the call.
                 return x
             return _relaid(jax.device_put(x, s), fmt)
         return x
@@ -247,7 +247,7 @@ def _shown_value(arr: np.ndarray) -> Any:
 
 
 def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
-    """``outputs.npz`` and ``outputs.json`` (the on-disk format, issue 17):
+    """``outputs.npz`` and ``outputs.json`` (the on-disk format):
 
     - ``out<i>``: output leaf ``i`` (pytree order), as NumPy numbers. A leaf of an ml_dtypes
       type is stored converted to float32 (exact: every such type is a subset of float32, NaN
@@ -567,7 +567,7 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     cfg = ctx.cfg.execute
     if staged is None:
         raise JaxaotError("execute: no program arguments available (stage_out did not run)")
-    if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes (issue 17)
+    if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes
         from jaxaot.config.argspec import concrete_bound
 
         staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
@@ -728,7 +728,7 @@ def summarize(m: Mapping[str, Any]) -> str:
         # Which tolerance passed: "max rel err 1.4" alone reads as a failure when the
         # absolute bound is what held (an error next to a zero).
         passed = m.get("check_passed_by") or f"max rel err {m.get('max_rel_err', 0):.2g}"
-        parts.append(f"check ok ({passed})")  # manifests before issue 14: the rel err
+        parts.append(f"check ok ({passed})")  # older manifests have no check_passed_by: the rel err
     elif m.get("check"):
         parts.append(
             f"check {m['check']} (max abs err {m.get('max_abs_err', 0):.2g}, "

@@ -283,7 +283,7 @@ MANAGED_OPTIONS = {
 
 
 def run_config(values: Mapping[str, Any], *, needs_x64: bool) -> dict[str, Any]:
-    """Set the run's ``jax.config`` options (issue 17) and x64; return what they were.
+    """Set the run's ``jax.config`` options and x64; return what they were.
 
     x64 is ``jax.config.jax_enable_x64`` when given, else on when an argument is 64-bit, else
     what the process has (JAX's default, or ``JAX_ENABLE_X64`` from the environment).
@@ -496,7 +496,7 @@ def devices(backend: str) -> list[Any]:
     from jaxaot.targets.tpu import quiet_libtpu
 
     # With libtpu installed (jaxaot[tpu]) a host without TPUs gets its start-up noise on
-    # stderr when the tpu backend is tried (issue 15).
+    # stderr when the tpu backend is tried.
     quiet = quiet_libtpu() if backend == "tpu" else contextlib.nullcontext()
     try:
         with quiet:
@@ -513,7 +513,7 @@ def devices(backend: str) -> list[Any]:
 
 def target_info(topology: str, num_slices: int = 1) -> dict[str, Any]:
     """:func:`backend_info` for ``compile.topology``: libtpu's compile-only devices of that
-    topology, with the topology name, slice count and libtpu version (issue 15)."""
+    topology, with the topology name, slice count and libtpu version."""
     import jax
     from jaxaot.targets.tpu import resolve, topology_info
 

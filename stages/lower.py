@@ -86,7 +86,7 @@ class LowerConfig:
     disabled_checks: list[str] = field(default_factory=list)
     # Serialize exported.bin with this many orders of VJP (jax.export serialize(vjp_order=)).
     vjp_order: int = 0
-    # Text artifacts print constants of more elements elided; None keeps them all (issue 19).
+    # Text artifacts print constants of more elements elided; None keeps them all.
     elide_constants_over: int | None = 1024
 
 
@@ -206,7 +206,7 @@ def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
     """The texts and digest of ``lowered``, computed once per JAX lowering object (a sweep's
     later jobs reuse them); large constants elided per ``lower.elide_constants_over``."""
     elide_over = ctx.cfg.lower.elide_constants_over  # checked by config.validate
-    debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts (issue 17)
+    debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts
     texts = memo.derived(
         same, f"texts:{elide_over}:{debug}", lambda: _derive_texts(lowered, elide_over, debug)
     )
@@ -278,7 +278,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 "donate nothing, or lower the platforms without donation in a run of their own"
             ) from None
         # The texts and the export copy every embedded constant a dozen times: with big ones,
-        # freed buffers are kept for reuse until the stage ends (issue 19).
+        # freed buffers are kept for reuse until the stage ends.
         heap_tuning.enter_context(heap.reusing_big_buffers(_embeds_big_constants(lowered)))
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
@@ -332,7 +332,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                     *export_args, **kwargs
                 )
                 pytree_types = register_output_types(exported)
-                # vjp_order: the export carries that many orders of derivatives (issue 17).
+                # vjp_order: the export carries that many orders of derivatives.
                 exported_bytes = _serialize(exported, cfg.lower.vjp_order)
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
@@ -396,7 +396,7 @@ def _same_inputs(these: Any, traced: Any) -> bool:
 def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
     """``exported.serialize(vjp_order)``: the same bytes, with the flatbuffer built at its
     final size at once. jax's starts at 64 KiB and doubles, copying a module that embeds a
-    51 MB constant ten times over (issue 19); the builder's output does not depend on where
+    51 MB constant ten times over; the builder's output does not depend on where
     it started (alignment counts from the buffer's end). Derivatives (``vjp_order`` > 0) carry
     modules of their own: jax's own call."""
     try:
@@ -429,7 +429,7 @@ def _has_symbolic(*trees: Any) -> bool:
 
 
 def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
-    """A polymorphic lowering made concrete for ``compile.shapes`` (issue 17): the export
+    """A polymorphic lowering made concrete for ``compile.shapes``: the export
     called at those sizes, exported again (JAX checks the shape constraints there). exported.bin
     stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
     or the lowering has no symbolic dimensions."""

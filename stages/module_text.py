@@ -1,4 +1,4 @@
-"""The lowered module's texts, its identity hash and its large constants (issue 19).
+"""The lowered module's texts, its identity hash and its large constants.
 
 A program that closes over a big array (weights in a global, a table built with numpy) gets
 it embedded as a dense literal: printed in full, a 51 MB constant is 100 MB of StableHLO and

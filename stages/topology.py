@@ -1,4 +1,4 @@
-"""The compile stage for a described TPU topology: hardware that is not there (issue 15).
+"""The compile stage for a described TPU topology: hardware that is not there.
 
 With ``compile.topology`` (and libtpu installed) the program compiles on this host for libtpu's
 compile-only devices of that topology: the real TPU-optimized HLO, per-device memory and cost
@@ -106,7 +106,7 @@ def live_lowering(lowered: Lowered, target: Target) -> Any | None:
     compile can take it as is (what a plain ``jit(f).lower(...).compile()`` over the topology's
     mesh compiles: one lowering, and the compile can start before the export exists); None
     where it goes through the export: a resumed or polymorphic lowering (no live one), one
-    for several platforms, NVIDIA targets (issue 16), or a jax whose lowerings this cannot
+    for several platforms, NVIDIA targets, or a jax whose lowerings this cannot
     rebind."""
     from jaxaot.stages.executable import rebound
 
@@ -283,7 +283,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     peak_dump.record(ctx, compiled)  # memory_breakdown.json from XLA's dump
     info = analysis(target, hlo, cost, memory, cfg)
     if info["roofline"] is None and target.generation.platform == "cuda":
-        info["roofline"] = _lowering_roofline(target, lowered)  # issue 16
+        info["roofline"] = _lowering_roofline(target, lowered)
     ctx.metrics.update(metrics(info))
     devs = topology_devices(target)
     mesh = lowered.meta.get("mesh")
@@ -292,7 +292,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
         ctx.write("executable.bin", serialize(compiled))
     except Exception as exc:
         ctx.warn(f"executable not serialized: {str(exc).splitlines()[0]}")
-    if target.generation.platform == "cuda":  # issue 16: no GPU here, nothing autotuned
+    if target.generation.platform == "cuda":  # no GPU here, nothing autotuned
         from jaxaot.targets.cuda import autotune_note
 
         info["autotuned"] = False
@@ -385,7 +385,7 @@ def check_resume(cfg: Any) -> None:
     """``start_at=execute`` of a topology compile needs a TPU host: refuse on any other."""
     if not cfg.topology:
         return
-    if target_of(cfg).generation.platform == "cuda":  # issue 16
+    if target_of(cfg).generation.platform == "cuda":
         from jaxaot.targets.cuda import refuse_resume
 
         refuse_resume(target_of(cfg))

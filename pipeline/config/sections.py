@@ -90,7 +90,7 @@ class TrustConfig:
 
 @dataclass(frozen=True)
 class JaxSection:
-    """JAX configuration for this run (issue 17): ``jax.config.<jax option>=<value>`` (any
+    """JAX configuration for this run: ``jax.config.<jax option>=<value>`` (any
     ``jax.config`` option, e.g. ``jax_enable_x64``, ``jax_default_matmul_precision``), set
     before tracing and restored after the run (stages/jaxenv.py ``run_config``)."""
 

@@ -45,7 +45,7 @@ from jaxaot.util.fsio import folder_problem, trust_from_env, untrusted_path
 log = logging.getLogger("jaxaot")
 
 # Checkpoint files deserialized with pickle: read only from a run directory that no user you
-# do not trust can write to (issue 12, item 9).
+# do not trust can write to.
 PICKLED = frozenset({"executable.bin"})
 
 

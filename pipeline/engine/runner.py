@@ -275,7 +275,7 @@ def _run(
                 if not configured:
                     restore = _configure_jax(typed, bound)
                 manifest.versions = jaxenv.versions()
-                manifest.environment = jaxenv.environment()  # what the compile key sees (issue 12)
+                manifest.environment = jaxenv.environment()  # what the compile key sees
                 if any(isinstance(n, Cached) and n.name in computed for n in NODES):
                     store.check_trusted()  # a store others can write to: one line, before work
                 for n, how in zip(NODES, plan, strict=True):
