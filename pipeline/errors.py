@@ -119,6 +119,10 @@ class InputTypeError(JaxaotError, TypeError):
     """The inputs do not match the types the executable was compiled for."""
 
 
+class MissingDependencyError(JaxaotError, ImportError):
+    """An optional dependency of a feature is not installed (the message names the extra)."""
+
+
 class RunDirError(JaxaotError, OSError):
     """The run directory cannot take the run's manifest (a full disk, a read-only file system)."""
 
@@ -151,6 +155,7 @@ __all__ = [
     "EntryUnusable",
     "InputTypeError",
     "JaxaotError",
+    "MissingDependencyError",
     "NotLoadableHere",
     "RunDirError",
     "SnapshotError",

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO, cli_env, run_cli, run_sweep
-from jaxaot.errors import ConfigError
-from jaxaot.sweeps.autotune import AutotuneOptions, MissingDependencyError, _optuna, search_space
+from jaxaot.errors import ConfigError, MissingDependencyError
+from jaxaot.sweeps.autotune import AutotuneOptions, _optuna, search_space
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from PIL import Image
 

@@ -214,7 +214,7 @@ KILL_DURING_WRITE = textwrap.dedent(
     """
     import os, signal, sys
     import jaxaot.util.fsio as fsutil
-    import jaxaot.stages.node as context
+    import jaxaot.stages.contract as context
 
     real = fsutil.atomic_write_bytes
 

@@ -170,6 +170,7 @@ def test_unvouched_custom_call_is_compiled_from_the_export_not_called(tmp_path: 
 def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     from types import SimpleNamespace
 
+    from jaxaot.errors import ColdLoadError
     from jaxaot.stages import custom_calls
 
     hlo = (
@@ -182,7 +183,7 @@ def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     cold, warm = SimpleNamespace(state="loaded"), SimpleNamespace(state="live")
     custom_calls.prepare(hlo, "cpu", cold, "here")  # all vouched for
     odd = hlo + b'%d = custom-call(), custom_call_target="my_ffi"\n'
-    with pytest.raises(custom_calls.ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):
+    with pytest.raises(ColdLoadError, match=r"here: .*\['my_ffi'\].*not loading it"):
         custom_calls.prepare(odd, "cpu", cold, "here")
     custom_calls.prepare(odd, "cpu", warm, "here")  # lowered here: its code registered my_ffi
 

@@ -81,7 +81,7 @@ class _AppendLines(logging.Handler):
             self.handleError(record)
 
 
-# StageContext.warn's format (stages/node.py): "[stage] message", recorded in the manifest too.
+# StageContext.warn's format (stages/contract.py): "[stage] message", recorded in the manifest too.
 STAGE_WARNING = "[%s] %s"
 
 

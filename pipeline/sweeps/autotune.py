@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxaot.errors import ConfigError, JaxaotError
+from jaxaot.errors import ConfigError, MissingDependencyError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.rundir.metrics import RunMetrics
 from jaxaot.rundir.metrics import objective as figure
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 DIRECTIONS = ("minimize", "maximize")
 SAMPLERS = ("tpe", "random")
 COMPILE_ONLY_OBJECTIVES = ("compile.flops", "compile.bytes_accessed", "compile.temp_bytes")
-
-
-class MissingDependencyError(JaxaotError, ImportError):
-    """An optional dependency of a feature is not installed."""
 
 
 @dataclass(frozen=True)
@@ -525,7 +521,6 @@ __all__ = [
     "DIRECTIONS",
     "SAMPLERS",
     "AutotuneOptions",
-    "MissingDependencyError",
     "distribution",
     "noise_band",
     "objective_value",
