@@ -17,11 +17,14 @@ side by side in one run:
   microseconds, medians), and which of those modules the in-process command would not have
   imported anyway.
 
-    python bench/entry_cost.py [--rounds 15] [--calls 2000] [--import-rounds 9]
+    python bench/entry_cost.py [--rounds 15] [--calls 2000] [--import-rounds 9] [--other DIR]
 
-Another checkout can be measured with the same script: ``PYTHONPATH=<a folder holding that
-checkout as the package jaxaot> python bench/entry_cost.py``; the processes it starts inherit
-PYTHONPATH, and the report names the jaxaot it measured.
+``--other DIR`` measures another checkout too, interleaved with this one: DIR holds it as the
+package ``jaxaot`` (its ``pipeline/`` as ``DIR/jaxaot``, ``stages/``, ``conf/`` and
+``jaxaot_examples/`` inside as ``stages``, ``conf`` and ``examples``), put first on the
+PYTHONPATH of its processes. The report names the jaxaot each one imported. Wall times, and
+the CPU time (user + system) of each process, which what else runs on the machine disturbs
+far less.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -58,13 +62,18 @@ IN_PROCESS = (
 )
 
 
-def _wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
+def _wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds, and the CPU seconds (user + system) the process used: the CPU time is
+    far less sensitive than the wall time to what else the machine is doing."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return took
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return took, cpu
 
 
 def _importtime(cmd: list[str], env: dict[str, str], cwd: Path) -> list[tuple[int, int, str]]:
@@ -121,51 +130,69 @@ def imports(env: dict[str, str], cwd: Path, rounds: int) -> dict[str, dict[str, 
     return out
 
 
+def _med(xs: list[float]) -> str:
+    q1, _, q3 = statistics.quantiles(xs, n=4)
+    return f"{statistics.median(xs):.3f} s (IQR {1000 * (q3 - q1):.0f} ms)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--import-rounds", type=int, default=9)
+    parser.add_argument(
+        "--other",
+        help="a folder holding another checkout as the package jaxaot (PYTHONPATH): measured "
+        "too, interleaved with this one",
+    )
     args = parser.parse_args()
+    trees = {"this": os.environ.get("PYTHONPATH", "")}
+    if args.other:
+        trees["other"] = os.pathsep.join(p for p in (args.other, trees["this"]) if p)
     with tempfile.TemporaryDirectory(prefix="jaxaot-entry-") as tmp_s:
         tmp = Path(tmp_s)
         folder = tmp / "srv"
         folder.mkdir(mode=0o700)
-        base = {
-            **os.environ,
-            "JAXAOT_SERVER_SOCKET": str(folder / "server.sock"),  # no server listens there
-            "JAXAOT_STORE_DIR": str(tmp / "store"),
-        }
-        base.pop("JAXAOT_SERVER", None)
-        where = subprocess.run(
-            [PY, "-c", "import jaxaot; print(jaxaot.__file__)"],
-            env=base,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        off = {**base, "JAXAOT_SERVER": "0"}
+        envs: dict[tuple[str, str], dict[str, str]] = {}
+        where = {}
+        for tree, pythonpath in trees.items():
+            base = {
+                **os.environ,
+                "PYTHONPATH": pythonpath,
+                "JAXAOT_SERVER_SOCKET": str(folder / "server.sock"),  # no server listens there
+                "JAXAOT_STORE_DIR": str(tmp / f"store-{tree}"),
+            }
+            base.pop("JAXAOT_SERVER", None)
+            envs[(tree, "on")] = base
+            envs[(tree, "off")] = {**base, "JAXAOT_SERVER": "0"}
+            where[tree] = subprocess.run(
+                [PY, "-c", "import jaxaot; print(jaxaot.__file__)"],
+                env=base,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
         runs = iter(range(10**6))
+        version = [PY, "-m", "jaxaot", "--version"]
 
-        def tiny(env: dict[str, str]) -> float:
+        def tiny(env: dict[str, str]) -> tuple[float, float]:
             cmd = [PY, "-m", "jaxaot", *TINY, f"hydra.run.dir={tmp}/runs/{next(runs)}"]
             return _wall(cmd, tmp, env)
 
-        version = [PY, "-m", "jaxaot", "--version"]
-        variants = {
-            ("--version", "off"): lambda: _wall(version, tmp, off),
-            ("--version", "on"): lambda: _wall(version, tmp, base),
-            ("tiny run", "off"): lambda: tiny(off),
-            ("tiny run", "on"): lambda: tiny(base),
-        }
-        tiny(off)  # primes the store: every measured tiny run loads its executable
-        times: dict[tuple[str, str], list[float]] = {k: [] for k in variants}
+        keys = [(what, tree, mode) for what in ("--version", "tiny run") for tree, mode in envs]
+        for tree in trees:
+            tiny(envs[(tree, "off")])  # primes the store: every measured tiny run loads
+        wall: dict[tuple[str, str, str], list[float]] = {k: [] for k in keys}
+        cpu: dict[tuple[str, str, str], list[float]] = {k: [] for k in keys}
         for r in range(args.rounds):
-            order = list(variants) if r % 2 == 0 else list(reversed(list(variants)))
-            for key in order:
-                times[key].append(variants[key]())
+            for key in keys if r % 2 == 0 else list(reversed(keys)):
+                what, tree, mode = key
+                env = envs[(tree, mode)]
+                w, c = _wall(version, tmp, env) if what == "--version" else tiny(env)
+                wall[key].append(w)
+                cpu[key].append(c)
         decide = {
-            mode: float(
+            key: float(
                 subprocess.run(
                     [PY, "-c", DECIDE, str(args.calls)],
                     env=env,
@@ -175,40 +202,41 @@ def main() -> None:
                     check=True,
                 ).stdout
             )
-            for mode, env in (("off", off), ("on", base))
+            for key, env in envs.items()
         }
-        imp = imports(base, tmp, args.import_rounds)
+        imp = {tree: imports(envs[(tree, "on")], tmp, args.import_rounds) for tree in trees}
 
-    print(f"jaxaot: {where}; {args.rounds} rounds, interleaved; no server running\n")
-    print("| command | JAXAOT_SERVER=0 (off) | default, no server (on) | on / off | on - off |")
+    for tree in trees:
+        print(f"{tree}: jaxaot at {where[tree]}")
+    print(f"{args.rounds} rounds, interleaved; no server running; medians (interquartile range)\n")
+    print("| command | tree | JAXAOT_SERVER=0 (off) | default, no server (on) | on / off |")
     print("|---|---|---|---|---|")
     for what in ("--version", "tiny run"):
-        cells = []
-        for mode in ("off", "on"):
-            q1, _, q3 = statistics.quantiles(times[(what, mode)], n=4)
-            cells.append(
-                f"{statistics.median(times[(what, mode)]):.3f} s (IQR {1000 * (q3 - q1):.0f} ms)"
+        for tree in trees:
+            for label, table in (("wall", wall), ("CPU", cpu)):
+                lo, hi = (table[(what, tree, m)] for m in ("off", "on"))
+                ratio = statistics.median(hi) / statistics.median(lo)
+                print(
+                    f"| `jaxaot {what}`, {label} | {tree} | {_med(lo)} | {_med(hi)} | {ratio:.3f} |"
+                )
+    print()
+    for tree in trees:
+        print(
+            f"{tree}: the decision alone (`try_server`, median of {args.calls} calls): "
+            f"{decide[(tree, 'off')]:.1f} us off, {decide[(tree, 'on')]:.1f} us on"
+        )
+        for mode, got in imp[tree].items():
+            print(
+                f"{tree}: entry imports with the server path {mode} (`-X importtime`, median of "
+                f"{args.import_rounds}): {got['us']:.0f} us cumulative over {got['modules']} modules"
             )
-        lo, hi = (statistics.median(times[(what, m)]) for m in ("off", "on"))
-        print(
-            f"| `jaxaot {what}` | {cells[0]} | {cells[1]} | {hi / lo:.3f} | {1000 * (hi - lo):+.1f} ms |"
-        )
-    print(
-        f"\nThe decision alone (`try_server`, median of {args.calls} calls): "
-        f"{decide['off']:.1f} us off, {decide['on']:.1f} us on"
-    )
-    for mode, what in imp.items():
-        print(
-            f"Entry imports with the server path {mode} (`-X importtime`, median of "
-            f"{args.import_rounds}): {what['us']:.0f} us cumulative over {what['modules']} modules"
-        )
-        for name, us in what["own"].items():  # type: ignore[attr-defined]
-            print(f"  {name}: {us:.0f} us cumulative")
-        extra = what["extra"]
-        print(
-            "  of which the in-process command would not import: "
-            + (", ".join(extra) if extra else "none")  # type: ignore[arg-type]
-        )
+            for name, us in got["own"].items():  # type: ignore[attr-defined]
+                print(f"  {name}: {us:.0f} us cumulative")
+            extra = got["extra"]
+            print(
+                "  of which the in-process command would not import: "
+                + (", ".join(extra) if extra else "none")  # type: ignore[arg-type]
+            )
 
 
 if __name__ == "__main__":
