@@ -19,7 +19,6 @@ record that folder. A run from Python, or a command line it cannot read without 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -39,8 +38,8 @@ from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
 from jaxaot.schema import JaxaotConfig, to_container, validate
 from jaxaot.stages import NODES
 from jaxaot.stages.contract import Entry, OnResume
-from jaxaot.store.entries import shown_with_target
-from jaxaot.util.fsio import folder_problem, trust_from_env, untrusted_path
+from jaxaot.util.fsio import folder_problem, trust_from_env
+from jaxaot.util.verified import checkpoint_files
 
 log = logging.getLogger("jaxaot")
 
@@ -413,57 +412,19 @@ class Checkpoint:
 
     def entry(self, stage: str) -> Entry:
         """One stage's files as an :class:`~jaxaot.stages.contract.Entry`, like a store entry's:
-        verified reads, and the backend the run had (what a Cached stage's ``compat`` is
-        checked against)."""
+        reads checked against the manifest's size and sha256 (a missing or altered file is a
+        StoreError naming it, one the manifest does not list a KeyError), executables unpickled
+        only from a run directory no user you do not trust can write, and the backend the run
+        had (what a Cached stage's ``compat`` is checked against)."""
+        files = checkpoint_files(
+            self.run_dir, stage, self.artifacts, trusted=self.trust, guarded=PICKLED
+        )
         return Entry(
-            label=f"resume_from={self.run_dir}",
-            read=self.reader(stage),
+            label=files.label,
+            read=files.read,
             compat=self.manifest.get("backend") or {},
             source="checkpoint",
         )
-
-    def reader(self, stage: str) -> Callable[[str], bytes]:
-        """``read(name)`` for one stage's files, each checked against the manifest's sha256.
-
-        An artifact the manifest does not list raises KeyError (optional files); one that is
-        listed but missing or altered raises StoreError naming the file.
-        """
-
-        def read(name: str) -> bytes:
-            rel = f"{stage}/{name}"
-            rec = self.artifacts[rel]
-            path = self.run_dir / rel
-            if name in PICKLED and not self.trust:
-                self._check_trusted(path)
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                raise StoreError(f"resume_from: checkpoint file {path} is missing") from None
-            digest = hashlib.sha256(data).hexdigest()
-            if len(data) != rec["size"] or digest != rec["sha256"]:
-                raise StoreError(
-                    f"resume_from: checkpoint file {path} is corrupt ({len(data)} bytes, sha256 "
-                    f"{digest[:12]}; the manifest says {rec['size']} bytes, {rec['sha256'][:12]}); "
-                    "re-run the stage that wrote it"
-                )
-            return data
-
-        return read
-
-    def _check_trusted(self, path: Path) -> None:
-        try:
-            reason = untrusted_path(path, self.run_dir)
-        except FileNotFoundError:
-            return  # reported as missing by the read
-        if reason:
-            via = shown_with_target(self.run_dir)[len(str(self.run_dir)) :]
-            raise StoreError(
-                f"resume_from={str(self.run_dir)!r}{via}: refusing to unpickle "
-                f"{path.name}: {reason}; "
-                "make the run directory writable by you (and your team's group) only "
-                "(chmod -R o-w), or set store.trust=true (JAXAOT_TRUST_STORE=1) if you trust "
-                "every user who can write there"
-            )
 
     def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
         """``cfg`` with the frozen sections taken from the checkpoint; conflicts are errors."""
