@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.sections import (
     JaxSection,
@@ -36,6 +36,9 @@ from jaxaot.stages.lower import LowerConfig
 from jaxaot.stages.stage_out import StageOutConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+if TYPE_CHECKING:
+    from jaxaot.config.argspec import BoundArgs
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,10 @@ def _stored_entry(cs: Any, group: str | None, name: str) -> Any:
     return cur.get(f"{name}.yaml")
 
 
-def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
-    """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
+def typed_config(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
+    """The typed root of a composed config, with what its keys imply (a program's own named
+    axes, a topology's backend and platforms), not yet checked (:func:`validate` checks);
+    raises :class:`ConfigError` for an unknown key or a value of the wrong type."""
     if isinstance(cfg, JaxaotConfig):
         typed: Any = cfg
     else:
@@ -121,12 +126,25 @@ def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
         # node while merging, before the program is there.
         stage_out = dataclasses.replace(typed.stage_out, axis_env=typed.program.axis_env)
         typed = dataclasses.replace(typed, stage_out=stage_out)
-    typed = for_topology(typed)
+    return for_topology(typed)
+
+
+def validated(
+    cfg: DictConfig | JaxaotConfig | dict[str, Any],
+) -> tuple[JaxaotConfig, BoundArgs | None]:
+    """:func:`validate`, and the arguments when its mesh checks bound them (a run with a mesh or
+    axis_env): the run binds them once."""
+    typed = typed_config(cfg)
     check_shared(typed)
     for n in NODES:
         n.check(typed)
-    check_relations(typed)
-    return typed
+    bound = check_relations(typed)
+    return typed, bound
+
+
+def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
+    """Typed, checked config from a composed one; raises :class:`ConfigError` naming the key."""
+    return validated(cfg)[0]
 
 
 def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
@@ -134,4 +152,11 @@ def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-__all__ = ["JaxaotConfig", "register_configs", "to_container", "validate"]
+__all__ = [
+    "JaxaotConfig",
+    "register_configs",
+    "to_container",
+    "typed_config",
+    "validate",
+    "validated",
+]

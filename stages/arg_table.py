@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import human_size, short_name
-from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.tree_paths import SEP, leaf_paths, top_names
 
 if TYPE_CHECKING:
@@ -398,11 +397,11 @@ def input_shardings(
         return list(staged.jit_options["in_shardings"]), {}, {}
     from jaxaot.stages.jax_inputs import resolved_with_keywords  # the lower stage's own rule
 
-    cfg, bound = ctx.cfg, staged.bound
+    bound = staged.bound
     names = staged.signature.get("parameters")
     traced_kw = {k: v for k, v in staged.kwargs.items() if not bound.is_static(k)}
     found = resolved_with_keywords(
-        cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
+        ctx.facts.shardings, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
     )
     sources = dict(found.resolution.sources) if found.resolution is not None else {}
     return list(found.positional), dict(zip(traced_kw, found.keyword, strict=True)), sources
@@ -431,7 +430,7 @@ def record(ctx: StageContext, staged: StagedOut) -> ArgTable:
     static = [(tops[i], _short(a)) for i, a in enumerate(args) if bound.is_static(i)]
     static += [(k, _short(v)) for k, v in kwargs.items() if bound.is_static(k)]
     static += _static_leaves(staged)
-    mesh = mesh_spec(ctx.cfg)
+    mesh = ctx.facts.mesh
     sizes = mesh.sizes if mesh is not None else None
     table, note = None, ""
     if mesh is not None:

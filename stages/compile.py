@@ -39,7 +39,7 @@ from jaxaot.errors import (
 )
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
-from jaxaot.stages.contract import Entry, Plan, StageContext, Uncached, Upstream
+from jaxaot.stages.contract import Entry, Plan, RunFacts, StageContext, Uncached, Upstream
 from jaxaot.stages.convention import (
     Convention,
     convention_of,
@@ -70,7 +70,6 @@ log = logging.getLogger("jaxaot")
 
 if TYPE_CHECKING:
     import jax
-    from jaxaot.config.argspec import BoundArgs
     from jaxaot.schema import JaxaotConfig
 
 
@@ -154,6 +153,8 @@ class Compiled:
     # Compiled with options for this run's own dump or trace (compile.dump/breakdown), which
     # the serialized executable records: never stored, a run without them compiles its own.
     run_options: bool = False
+    # compile.shapes: the sizes its symbolic dimensions were compiled at (execute runs at them).
+    shapes: Mapping[str, int] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         cost = self.cost or {}
@@ -385,10 +386,15 @@ ARTIFACTS = (
 
 
 def cache_key(
-    cfg: Any, lowered: Lowered, target: Target, backend: dict[str, Any], environment: dict[str, Any]
+    comp: Any,
+    lowered: Lowered,
+    target: Target,
+    backend: dict[str, Any],
+    environment: dict[str, Any],
 ) -> dict[str, Any]:
     """Everything the executable and its calling convention depend on, and nothing else (no
-    paths, no times). ``environment`` is :func:`jaxaot.stages.jaxenv.key_environment`."""
+    paths, no times). ``comp`` is the compile section, ``environment``
+    :func:`jaxaot.stages.jaxenv.key_environment`."""
     return {
         "stage": "compile",
         "key_version": _KEY_VERSION,
@@ -398,9 +404,9 @@ def cache_key(
         "platforms": list(lowered.platforms),
         "donate_argnums": list(lowered.donate_argnums),
         "mesh": lowered.meta.get("mesh"),  # the export form's shardings are bound to it
-        "compiler_options": options_of(cfg.compile),
+        "compiler_options": options_of(comp),
         # platform + version, device kind + count + topology, jax + jaxlib
-        "backend": keyed_backend(cfg.compile, lowered, backend),
+        "backend": keyed_backend(comp, lowered, backend),
         "environment": environment,  # flags, env, host CPU, HLO passes, JAX config values
     }
 
@@ -450,7 +456,7 @@ def load(
     """
     from jax.experimental import serialize_executable
 
-    cfg = ctx.cfg.compile
+    cfg = ctx.opts
     if cfg.topology:  # compile-only devices cannot load it; a TPU host can
         from jaxaot.stages import topology
 
@@ -559,7 +565,7 @@ def keep_dump(dump_dir: Path, keep: Sequence[str]) -> dict[str, int]:
 
 
 def record_dump(ctx: StageContext, dump_dir: Path, note: str = "") -> None:
-    files = keep_dump(dump_dir, ctx.cfg.compile.dump_keep)
+    files = keep_dump(dump_dir, ctx.opts.dump_keep)
     ctx.metrics["xla_dump_files"] = len(files)
     ctx.extra["xla_dump"] = {"dir": f"{ctx.stage}/{DUMP_DIR}", "files": files, "note": note}
 
@@ -658,7 +664,7 @@ def run(
 ) -> Compiled:
     """Compile ``target`` (default: :func:`prepare`'s) unless ``compiled`` was made ahead (see
     :func:`start`), and write the artifacts."""
-    cfg = ctx.cfg.compile
+    cfg = ctx.opts
     if compiled is None:
         compiled = start(cfg, target or prepare(cfg, lowered), ctx.out_dir)()
     if cfg.dump:
@@ -795,24 +801,28 @@ def compile_platform(comp: CompileConfig) -> str:
 
 
 def _plan(
-    cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]
+    comp: CompileConfig, facts: RunFacts, up: Upstream, backend: Mapping[str, Any]
 ) -> Plan[Target] | Uncached[Target]:
     """The store key of the executable, and the Target it compiles; no key when jax does not
     say which arguments the executable keeps (a key without them could serve another program)."""
     from jaxaot.stages.jaxenv import key_environment
 
     lowered = up["lower"]
-    target = prepare(cfg.compile, lowered)
+    target = prepare(comp, lowered)
     if target.convention.kept is None:
         why = (
             "this jax does not say which arguments an executable keeps; compiled without the store"
         )
         return Uncached(target, why)
     try:
-        environment = key_environment(compile_platform(cfg.compile))
+        environment = key_environment(compile_platform(comp))
     except Unkeyable as exc:  # an HLO module transformation that cannot be identified
         return Uncached(target, str(exc))
-    return Plan(key_of(cache_key(cfg, lowered, target, dict(backend), environment)), target)
+    return Plan(key_of(cache_key(comp, lowered, target, dict(backend), environment)), target)
+
+
+def _at_sizes(ctx: StageContext[CompileConfig], record: Compiled) -> Compiled:
+    return replace(record, shapes=dict(ctx.opts.shapes)) if ctx.opts.shapes else record
 
 
 class CompileStage:
@@ -848,21 +858,24 @@ class CompileStage:
     compat = staticmethod(compat)
     plan = staticmethod(_plan)
 
-    def run(self, ctx: StageContext, up: Upstream) -> Compiled:
-        return run(ctx, up["lower"])
+    def run(self, ctx: StageContext[CompileConfig], up: Upstream) -> Compiled:
+        return _at_sizes(ctx, run(ctx, up["lower"]))
 
     def run_planned(
-        self, ctx: StageContext, up: Upstream, plan: Plan[Target] | Uncached[Target]
+        self,
+        ctx: StageContext[CompileConfig],
+        up: Upstream,
+        plan: Plan[Target] | Uncached[Target],
     ) -> Compiled:
-        return run(ctx, up["lower"], target=plan.state)
+        return _at_sizes(ctx, run(ctx, up["lower"], target=plan.state))
 
     def run_begun(
-        self, ctx: StageContext, up: Upstream, plan: Plan[Target], begun: Any
+        self, ctx: StageContext[CompileConfig], up: Upstream, plan: Plan[Target], begun: Any
     ) -> Compiled:
-        return run(ctx, up["lower"], compiled=begun, target=plan.state)
+        return _at_sizes(ctx, run(ctx, up["lower"], compiled=begun, target=plan.state))
 
-    def begin(self, cfg: JaxaotConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
-        return start(cfg.compile, plan.state, out_dir)
+    def begin(self, opts: CompileConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
+        return start(opts, plan.state, out_dir)
 
     def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> Compiled:
         """A checkpoint's executable, checked against what its export says it must be."""
@@ -875,12 +888,12 @@ class CompileStage:
         return self._loaded(ctx, up, entry, plan.state)
 
     def _loaded(
-        self, ctx: StageContext, up: Upstream, entry: Entry, target: Target | None
+        self, ctx: StageContext[CompileConfig], up: Upstream, entry: Entry, target: Target | None
     ) -> Compiled:
         lowered = up["lower"]
         expect = [target.convention] if target is not None else export_conventions(lowered)
         record = load(ctx, lowered, entry.read, entry.label, expect)
-        comp = ctx.cfg.compile
+        comp = ctx.opts
         if comp.dump or comp.breakdown:  # both are of a compile: compile again, only for them
             start(comp, target or prepare(comp, lowered), ctx.out_dir)()
             what = " and ".join(
@@ -892,7 +905,7 @@ class CompileStage:
             if comp.breakdown:
                 record_breakdown(ctx, note)
             log.info("[compile] %s", note)
-        return record
+        return _at_sizes(ctx, record)
 
     def storable(self, record: Compiled, plan: Plan[Target]) -> str | None:
         if record.run_options:
@@ -903,17 +916,17 @@ class CompileStage:
         wrong = mismatch(convention_of(record.compiled), [plan.state.convention])
         return f"executable not stored: {wrong} (a jax change?)" if wrong else None
 
-    def before_run(self, cfg: JaxaotConfig, bound: BoundArgs) -> None:
+    def before_run(self, opts: CompileConfig, facts: RunFacts) -> None:
         from jaxaot.config.argspec import concrete_bound
 
         # A polymorphic program compiles at compile.shapes: arguments XLA could not size at
         # those sizes are refused here, before JAX (XLA aborts the process on them).
-        concrete_bound(bound, cfg.compile.shapes)
+        concrete_bound(facts.bound, opts.shapes)
 
-    def before_resume(self, cfg: JaxaotConfig) -> None:
+    def before_resume(self, opts: CompileConfig, facts: RunFacts) -> None:
         from jaxaot.stages.topology import check_resume
 
-        check_resume(cfg.compile)  # a topology's executable runs on a TPU host only
+        check_resume(opts)  # a topology's executable runs on a TPU host only
 
     def resume_default(
         self, saved: Mapping[str, Any], section: dict[str, Any], keys: set[str]
@@ -937,7 +950,7 @@ class CompileStage:
 
     def finish(
         self,
-        cfg: JaxaotConfig,
+        opts: CompileConfig,
         record: Compiled | None,
         stages: dict[str, Any],
         extra: dict[str, Any],
@@ -948,14 +961,14 @@ class CompileStage:
         reserve (not part of the key): a program that does not fit by it has the compile
         stage's status ``does_not_fit``, as one XLA refused has; ``computed`` keeps how the
         executable came (``ran``, ``cached`` or ``resumed``)."""
-        if not cfg.compile.topology or record is None:
+        if not opts.topology or record is None:
             return
         from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
 
         if stages.get("execute", {}).get("status") == "skipped":
             stages["execute"]["note"] = EXECUTE_NOTE
         try:
-            extra["fit"] = fit_of(record, cfg.compile)
+            extra["fit"] = fit_of(record, opts)
         except DoesNotFit as exc:
             stage = stages.get("compile")
             if stage is not None:

@@ -39,6 +39,8 @@ from jaxaot.util.links import LINK_MIN_BYTES, link_same
 
 if TYPE_CHECKING:
     from jaxaot.config.argspec import BoundArgs
+    from jaxaot.config.mesh import ArgShardings, MeshSpec
+    from jaxaot.config.trust import ImportPolicy
     from jaxaot.schema import JaxaotConfig
 
 log = logging.getLogger("jaxaot")
@@ -63,11 +65,37 @@ class Artifact:
         return {"sha256": self.sha256, "size": self.size}
 
 
-@dataclass
-class StageContext:
-    """Per-stage state the runner owns; stages fill ``artifacts``, ``metrics`` and ``warnings``."""
+@dataclass(frozen=True)
+class RunFacts:
+    """What the engine works out once per run from the shared sections and the options of
+    several stages together; a stage reads these and its own options (``StageContext.opts``),
+    never another stage's section."""
 
-    cfg: JaxaotConfig
+    program: str  # program.name
+    target: str  # program.target, "package.module:function"
+    bound: BoundArgs  # program.args/kwargs bound (static and donated marked, specs parsed)
+    policy: ImportPolicy  # what may be imported: trust.*, the environment, the user file
+    backend: str  # compile.backend: where the run compiles and executes
+    platform: str  # that backend's platform ("cpu", "cuda", "rocm", "tpu")
+    topology: str | None  # compile.topology: compiled without devices for this topology
+    num_slices: int  # compile.num_slices: slices of that topology
+    mesh: MeshSpec | None  # mesh.* or stage_out.axis_env's replica mesh
+    mesh_context: bool  # mesh.context: the program is traced with the mesh in context
+    shardings: ArgShardings  # lower.in_shardings and lower.logical_axis_rules
+    shapes: Mapping[str, int]  # compile.shapes: the sizes symbolic dimensions compile at
+    seed: int  # execute.seed: what generated and derived arguments are drawn from
+    stop_after: str
+    compiles: bool  # stop_after is compile or later
+    builds_inputs: bool  # execute runs and makes its inputs from the specs (no execute.inputs)
+
+
+@dataclass
+class StageContext(Generic[Opt]):
+    """Per-stage state the runner owns: the stage's own options and the run's facts; stages
+    fill ``artifacts``, ``metrics`` and ``warnings``."""
+
+    opts: Opt  # this stage's section of the config
+    facts: RunFacts
     stage: str
     out_dir: Path
     artifacts: dict[str, Artifact] = field(default_factory=dict)
@@ -76,8 +104,6 @@ class StageContext:
     # More of this stage's manifest entry: files it has that are not artifacts (not hashed,
     # not stored), e.g. compile.dump's listing.
     extra: dict[str, Any] = field(default_factory=dict)
-    # The run's arguments, bound to the program's signature (what a resumed stage_out needs).
-    bound: BoundArgs | None = None
     # Set by the runner when a consumer is Ahead: a stage calls it with an early record (lower:
     # the module exists, the export does not yet) so that the consumer can begin on it.
     publish_early: Callable[[object], None] | None = None
@@ -237,7 +263,7 @@ class Cached(Protocol[P, R]):
         ...
 
     def plan(
-        self, cfg: JaxaotConfig, up: Upstream, backend: Mapping[str, Any]
+        self, opts: Any, facts: RunFacts, up: Upstream, backend: Mapping[str, Any]
     ) -> Plan[P] | Uncached[P]:
         """Fires when the stage is computed (before the store look-up, under no lock), and for
         an :class:`Ahead` stage also on the early record: the key and the prepared state, or
@@ -265,7 +291,7 @@ class Cached(Protocol[P, R]):
 class Ahead(Protocol[P, H, R_co]):
     """A :class:`Cached` stage with a single input that may start before that input is done."""
 
-    def begin(self, cfg: JaxaotConfig, plan: Plan[P], out_dir: Path) -> Callable[[], H]:
+    def begin(self, opts: Any, plan: Plan[P], out_dir: Path) -> Callable[[], H]:
         """Fires when the input publishes an early record (``StageContext.publish_early``), this
         run computes the stage, its plan has a key, no other job holds the key's lock and the
         store has no entry: the job to run on a worker thread (XLA releases the GIL).
@@ -282,9 +308,9 @@ class Ahead(Protocol[P, H, R_co]):
 class Prepared(Protocol):
     """A stage that checks what it will build from the arguments before any work."""
 
-    def before_run(self, cfg: JaxaotConfig, bound: BoundArgs) -> None:
+    def before_run(self, opts: Any, facts: RunFacts) -> None:
         """Fires once per run for each stage between ``start_at`` and ``stop_after``, after the
-        arguments are bound and before JAX is configured (e.g. the inputs execute builds fit
+        arguments are bound (``facts.bound``) and before JAX is configured (e.g. the inputs execute builds fit
         in memory): raise a :class:`~jaxaot.errors.ConfigError`."""
         ...
 
@@ -301,7 +327,7 @@ class OnResume(Protocol):
         section, the keys overridden) (e.g. compile for the platform it was lowered for)."""
         ...
 
-    def before_resume(self, cfg: JaxaotConfig) -> None:
+    def before_resume(self, opts: Any, facts: RunFacts) -> None:
         """Fires before any stage's work, when this stage is loaded from the checkpoint:
         refuse a resume that cannot work here (raise)."""
         ...
@@ -313,7 +339,7 @@ class Finishing(Protocol[R_contra]):
 
     def finish(
         self,
-        cfg: JaxaotConfig,
+        opts: Any,
         record: R_contra | None,
         stages: dict[str, Any],
         extra: dict[str, Any],
@@ -334,6 +360,7 @@ __all__ = [
     "OnResume",
     "Plan",
     "Prepared",
+    "RunFacts",
     "Stage",
     "StageContext",
     "Uncached",

@@ -344,7 +344,7 @@ def record_memory_breakdown(ctx: StageContext, compiled: Any, hlo: str) -> None:
 
     if memory_breakdown.ARTIFACT in ctx.artifacts:  # from XLA's dump (compile.start)
         return
-    top = int(getattr(ctx.cfg.compile, "memory_top", 10))
+    top = int(getattr(ctx.opts, "memory_top", 10))  # the compile section's
     try:
         found = memory_breakdown.from_proto(compiled, hlo, top)
     except Exception as exc:  # a jaxlib whose proto differs: the compile itself is fine

@@ -25,7 +25,7 @@ from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
 from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
-from jaxaot.stages.contract import StageContext, Upstream
+from jaxaot.stages.contract import RunFacts, StageContext, Upstream
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
 from jaxaot.stages.stage_out import StagedOut
@@ -34,7 +34,6 @@ from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import numpy as np
-    from jaxaot.config.argspec import BoundArgs
     from jaxaot.config.mesh import MeshSpec
     from jaxaot.schema import JaxaotConfig
 
@@ -286,7 +285,7 @@ def _savez(ctx: StageContext, outputs: Any) -> list[dict[str, Any]]:
         value = _shown_value(arr)
         if value is not None:
             described[-1]["value"] = value
-    if ctx.cfg.execute.save_outputs:
+    if ctx.opts.save_outputs:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         ctx.write("outputs.npz", buf.getvalue())
@@ -322,14 +321,10 @@ def _reference(
     ctx: StageContext, staged: StagedOut, args: list[Any], kwargs: dict[str, Any]
 ) -> Any:
     import jax
-    from jaxaot.config.trust import policy_of
     from jaxaot.stages.resolving import resolve_target
 
-    fn = (
-        staged.fn
-        if staged.fn is not None
-        else resolve_target(ctx.cfg.program.target, policy=policy_of(ctx.cfg))
-    )
+    facts = ctx.facts
+    fn = staged.fn if staged.fn is not None else resolve_target(facts.target, policy=facts.policy)
     full, it = [], iter(args)
     for i, a in enumerate(staged.args):
         full.append(a if staged.bound.is_static(i) else next(it))
@@ -338,15 +333,14 @@ def _reference(
         ref = staged.reference_fn or replica_reference(fn, staged)  # fn: resolved when resumed
         static = {k: v for k, v in staged.jit_options.items() if k.startswith("static_")}
         return jax.jit(ref, **static)(*full)
-    from jaxaot.config.mesh import mesh_spec
     from jaxaot.stages.jax_mesh import concrete_mesh
 
-    mesh = mesh_spec(ctx.cfg)
+    mesh = facts.mesh
     if mesh is None:
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
     # The run's mesh on the backend's first devices, as the executable runs.
-    concrete = concrete_mesh(mesh, jax.devices(ctx.cfg.compile.backend))
-    if not ctx.cfg.mesh.context:
+    concrete = concrete_mesh(mesh, jax.devices(facts.backend))
+    if not facts.mesh_context:
         # The mesh only places the arguments, as jax.jit(f, in_shardings=NamedSharding(mesh,
         # spec))(x) without jax.set_mesh: the program may build a mesh of its own.
         full, full_kw = _placed_on(ctx, staged, mesh, concrete, full, full_kw)
@@ -383,30 +377,23 @@ def _placed_on(
     return args, kwargs
 
 
-def _platform_of(ctx: StageContext) -> str:
-    from jaxaot.stages.jaxenv import platform_of
-
-    return platform_of(ctx.cfg.compile.backend)
-
-
 def _derived_inputs(
     ctx: StageContext, staged: StagedOut, exe: Any
 ) -> tuple[list[Any], dict[str, Any]]:
     """The traced arguments of a config with derived nodes: each ``_init_`` made with the
     executable's input shardings for its leaves, then adapted as stage_out adapted the abstract
     ones (the static data must be the same)."""
-    from jaxaot.config.trust import policy_of
     from jaxaot.stages import derived_values as derived
     from jaxaot.stages.adapt import adapt
 
     made, bound = staged.derived, staged.bound
     assert made is not None
-    if ctx.cfg.execute.inputs is not None:
+    if ctx.opts.inputs is not None:
         raise ConfigError(
             "execute.inputs: the arguments hold derived values (_init_, _call_, _ref_, _key_), "
             "which execute makes itself; expected execute.inputs=null"
         )
-    derived.check_fit(made.evaluation.derived_values(), _platform_of(ctx))
+    derived.check_fit(made.evaluation.derived_values(), ctx.facts.platform)
     traced = [i for i in range(len(bound.args)) if not bound.is_static(i)]
     abstract_traced = (
         [made.adapted.args[i] for i in traced],
@@ -419,8 +406,8 @@ def _derived_inputs(
         by_id = {}
     evaluation = derived.concrete(
         bound,
-        policy_of(ctx.cfg),
-        ctx.cfg.execute.seed,
+        ctx.facts.policy,
+        ctx.opts.seed,
         made.evaluation.pure,
         lambda _path, leaves: derived.out_shardings(by_id, leaves),
     )
@@ -466,7 +453,7 @@ def _compare(ctx: StageContext, got: Any, want: Any) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    cfg = ctx.cfg.execute
+    cfg = ctx.opts
     g_leaves, w_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
     worst: dict[str, Any] = {
         "max_abs_err": 0.0,
@@ -564,13 +551,13 @@ def _record_roofline(ctx: StageContext, compiled: Compiled, median_s: float) -> 
 def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Executed:
     import jax
 
-    cfg = ctx.cfg.execute
+    cfg = ctx.opts
     if staged is None:
         raise JaxaotError("execute: no program arguments available (stage_out did not run)")
-    if ctx.cfg.compile.shapes:  # a polymorphic program runs at its compiled sizes
+    if compiled.shapes:  # a polymorphic program runs at the sizes it was compiled at
         from jaxaot.config.argspec import concrete_bound
 
-        staged = replace(staged, bound=concrete_bound(staged.bound, ctx.cfg.compile.shapes))
+        staged = replace(staged, bound=concrete_bound(staged.bound, compiled.shapes))
     exe = compiled.compiled
     if exe is None:  # a topology's executable, loaded off its TPU host (refused before this)
         raise BackendError(f"execute: no executable to run on this host ({compiled.backend})")
@@ -579,11 +566,10 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     elif cfg.inputs is not None:
         host_args, host_kwargs = user_inputs(staged.bound, cfg.inputs)
     else:
-        from jaxaot.config.trust import policy_of
         from jaxaot.stages.resolving import class_resolver
 
         host_args, host_kwargs = spec_inputs(
-            staged.bound, cfg.seed, class_resolver(policy_of(ctx.cfg))
+            staged.bound, cfg.seed, class_resolver(ctx.facts.policy)
         )
     # What the lowering donated: on platforms none of which donate, JAX drops what
     # lower.donate_argnums/donate_argnames asked for, and nothing is consumed.
@@ -770,17 +756,17 @@ class ExecuteStage:
         "roofline.json",
     )
 
-    def run(self, ctx: StageContext, up: Upstream) -> Executed:
+    def run(self, ctx: StageContext[ExecuteConfig], up: Upstream) -> Executed:
         return run(ctx, up["compile"], up["stage_out"])
 
-    def before_run(self, cfg: JaxaotConfig, bound: BoundArgs) -> None:
+    def before_run(self, opts: ExecuteConfig, facts: RunFacts) -> None:
         from jaxaot.config.argspec import concrete_bound
 
         # Derived values (_init_) are sized by eval_shape and checked there (stage_out); the
         # array specs among their arguments are counted here: the inputs this stage builds, a
         # polymorphic program's at the sizes it runs at (compile.shapes), each also refused
         # when XLA could not size it.
-        check_inputs_fit(concrete_bound(bound, cfg.compile.shapes))
+        check_inputs_fit(concrete_bound(facts.bound, facts.shapes))
 
 
 EXECUTE = ExecuteStage()

@@ -12,7 +12,6 @@ from jaxaot.stages.jax_mesh import jax_internal
 
 if TYPE_CHECKING:
     import jax
-    from jaxaot.schema import JaxaotConfig
 
 
 def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
@@ -127,8 +126,8 @@ def donating(platforms: tuple[str, ...]) -> bool:
         ) from None
 
 
-def donation_keys(cfg: JaxaotConfig) -> str:
-    low = cfg.lower
+def donation_keys(low: Any) -> str:
+    """The ``lower`` donation options set (``low``: the lower section), for a message."""
     keys = [
         f"lower.{k}={list(getattr(low, k))}"
         for k in ("donate_argnums", "donate_argnames")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxaot.config.argspec import BoundArgs, symbols
-from jaxaot.config.mesh import MeshSpec
+from jaxaot.config.mesh import ArgShardings, MeshSpec, Shardings
 from jaxaot.errors import ConfigError
 from jaxaot.stages.jax_mesh import abstract_mesh, named
 
@@ -43,7 +43,7 @@ def _typed(leaf: Any, sharding: Any) -> Any:
 
 
 def resolved_inputs(
-    cfg: Any,
+    given: ArgShardings,
     bound: BoundArgs,
     mesh: MeshSpec,
     args: Sequence[Any],
@@ -65,12 +65,12 @@ def resolved_inputs(
     from jaxaot.config.tree_paths import leaf_paths, top_names
 
     amesh = abstract_mesh(mesh)
-    specs, res = input_specs(cfg, bound, mesh, args, names, logical_axes)
+    specs, res = input_specs(given, bound, mesh, args, names, logical_axes)
     shardings = tuple(named(specs, amesh))
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
     if not any(_own(x) is not None for i in traced for x in jax.tree.leaves(args[i])):
         return Inputs(tuple(specs), shardings, res, tuple(args))
-    undecided_all = cfg.lower.in_shardings is None and res is None
+    undecided_all = given.in_shardings is None and res is None
     unmatched = set(res.unmatched) if res is not None else set()
     tops = top_names(len(args), names)
     out, new_args = list(shardings), list(args)
@@ -108,7 +108,7 @@ class AllInputs:
 
 
 def resolved_with_keywords(
-    cfg: Any,
+    sh: ArgShardings,
     bound: BoundArgs,
     mesh: MeshSpec,
     args: Sequence[Any],
@@ -132,14 +132,14 @@ def resolved_with_keywords(
 
     n = len(args)
     if not traced_kw:
-        inputs = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
+        inputs = resolved_inputs(sh, bound, mesh, args, names, logical_axes)
         found = AllInputs(inputs.shardings, (), inputs.specs, inputs.args, {}, inputs.resolution)
-    elif cfg.lower.in_shardings is None or uses_paths(cfg):
-        check_keyword_patterns(cfg.lower.in_shardings, n, traced_kw)
+    elif sh.in_shardings is None or uses_paths(sh):
+        check_keyword_patterns(sh.in_shardings, n, traced_kw)
         kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
         every = replace(bound, args=(*bound.args, *kw_bound))
         tops = [*top_names(n, names), *traced_kw]
-        both = resolved_inputs(cfg, every, mesh, (*args, *traced_kw.values()), tops, logical_axes)
+        both = resolved_inputs(sh, every, mesh, (*args, *traced_kw.values()), tops, logical_axes)
         n_pos = len(both.specs) - len(traced_kw)
         found = AllInputs(
             both.shardings[:n_pos],
@@ -150,8 +150,8 @@ def resolved_with_keywords(
             both.resolution,
         )
     else:
-        pos = resolved_inputs(cfg, bound, mesh, args, names, logical_axes)
-        unset = replace(cfg, lower=replace(cfg.lower, in_shardings=None))
+        pos = resolved_inputs(sh, bound, mesh, args, names, logical_axes)
+        unset = Shardings(in_shardings=None, logical_axis_rules=sh.logical_axis_rules)
         kw_bound = tuple(bound.kwargs[k] for k in traced_kw)
         alone = replace(bound, args=kw_bound, static_argnums=())
         kw = resolved_inputs(

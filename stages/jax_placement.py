@@ -34,10 +34,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.placement import AUTO, Placement, check_kinds, resolve_placement
 from jaxaot.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jaxaot.stages.contract import RunFacts
 
 
 @dataclass(frozen=True)
@@ -84,22 +87,20 @@ def moving_to_device(fn: Any, flags: dict[int | str, list[bool]]) -> Any:
     return entry
 
 
-def target_devices(cfg: Any, platforms: Sequence[str]) -> list[Any] | None:
+def target_devices(facts: RunFacts, platforms: Sequence[str]) -> list[Any] | None:
     """The devices the program will run on, to check memory kinds against: a topology's
     compile-only devices, else ``compile.backend``'s when the lowering is for its platform;
     None when there are none here (a lowering for another platform, stop_after=lower)."""
     import jax
-    from jaxaot.stages.jaxenv import platform_of
 
-    comp = cfg.compile
-    if comp.topology:
+    if facts.topology:
         from jaxaot.targets.tpu import resolve, topology_devices
 
-        return topology_devices(resolve(comp.topology, comp.num_slices))
-    if platform_of(comp.backend) not in platforms:
+        return topology_devices(resolve(facts.topology, facts.num_slices))
+    if facts.platform not in platforms:
         return None
     try:
-        return list(jax.devices(comp.backend))
+        return list(jax.devices(facts.backend))
     except RuntimeError:
         return None
 
@@ -178,7 +179,8 @@ def _retyped(leaf: Any, spec: Any, carry: bool = False) -> Any:
 
 
 def placed(
-    cfg: Any,
+    low: Any,
+    facts: RunFacts,
     staged: Any,
     fn: Any,
     opts: dict[str, Any],
@@ -189,12 +191,12 @@ def placed(
 ) -> Placed:
     """``fn``/``opts``/``args`` (as the lower stage built them: on ``amesh`` when the run has a
     mesh) with ``lower.{in,out}_memory_kinds`` and ``lower.{in,out}_layouts`` applied, and
-    the host-placed argument leaves moved to device memory at ``fn``'s entry."""
+    the host-placed argument leaves moved to device memory at ``fn``'s entry. ``low`` is the
+    lower section."""
     import jax
     from jaxaot.config.path_shardings import path_leaves
     from jaxaot.config.tree_paths import top_names
 
-    low = cfg.lower
     bound = staged.bound
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
     traced_kw = [k for k in kwargs if not bound.is_static(k)]
@@ -219,13 +221,13 @@ def placed(
         outs = resolve_placement(out_leaves, low.out_memory_kinds, low.out_layouts, "out")
     if not ins and not outs:
         return Placed(fn, opts, args, kwargs, None, [])
-    devices = target_devices(cfg, platforms)
+    devices = target_devices(facts, platforms)
     if devices:
         check_kinds({**ins, **outs}, memory_kinds_of(devices[0]), devices[0].device_kind)
     device = None
-    concrete = _concrete_mesh(cfg, amesh, devices, ins, outs) if amesh is not None else None
+    concrete = _concrete_mesh(low, facts, amesh, devices, ins, outs) if amesh is not None else None
     if amesh is None:
-        if cfg.compile.topology:
+        if facts.topology:
             # A topology compile places leaves through a mesh over the topology's devices
             # (stages/topology.py); one device of compile.backend is not one of them.
             keys = [
@@ -235,16 +237,16 @@ def placed(
             ]
             n = len(devices or ())
             raise ConfigError(
-                f"{'/'.join(keys)} with compile.topology={cfg.compile.topology} needs a mesh "
+                f"{'/'.join(keys)} with compile.topology={facts.topology} needs a mesh "
                 f"over the topology's {n} devices, found none; add mesh.shape=[{n}] "
                 "mesh.axes=[data]"
             )
         if devices is None:
             raise ConfigError(
                 "lower.in_memory_kinds/out_memory_kinds/in_layouts/out_layouts without a mesh "
-                f"place leaves on one device of compile.backend={cfg.compile.backend}, and this "
+                f"place leaves on one device of compile.backend={facts.backend}, and this "
                 f"lowering is for {list(platforms)}; expected a mesh (e.g. mesh.shape=[1] "
-                "mesh.axes=[data]) or lower.platforms=[" + cfg.compile.backend + "]"
+                "mesh.axes=[data]) or lower.platforms=[" + facts.backend + "]"
             )
         device = devices[0]
         # The static keyword arguments are bound; the traced ones stay keyword arguments.
@@ -342,7 +344,8 @@ def placed(
 
 
 def _concrete_mesh(
-    cfg: Any,
+    low: Any,
+    facts: RunFacts,
     amesh: Any,
     devices: Sequence[Any] | None,
     ins: dict[str, Placement],
@@ -364,11 +367,11 @@ def _concrete_mesh(
         side, path = wanting[0]
         layout = list((ins if side == "in" else outs)[path].layout or ())
         found = (
-            f"compile.backend={cfg.compile.backend} with {have}"
+            f"compile.backend={facts.backend} with {have}"
             if devices
-            else f"none for lower.platforms={list(cfg.lower.platforms or [])}"
+            else f"none for lower.platforms={list(low.platforms or [])}"
         )
-        backend = cfg.compile.backend
+        backend = facts.backend
         if not devices:
             how = f"lower.platforms=[{backend}] (a lowering for this host's devices)"
         elif backend == "cpu":

@@ -20,9 +20,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
-from jaxaot.config.mesh import MeshSpec, mesh_spec
+from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.placement import check_placement
 from jaxaot.config.sections import PLATFORMS, check_indices
+from jaxaot.config.trust import policy_of
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
@@ -40,7 +41,6 @@ from jaxaot.stages.jax_inputs import jit_inputs
 from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, jax_internal, tracing_on
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
-from jaxaot.stages.jaxenv import platform_of
 from jaxaot.stages.lower_shardings import sharded
 from jaxaot.stages.output_types import import_pytree_classes, register_output_types
 from jaxaot.stages.stage_out import StagedOut
@@ -160,7 +160,7 @@ def _jit_options(ctx: StageContext, staged: StagedOut) -> dict[str, Any]:
     names = _donated_keywords(staged)
     if names:
         opts["donate_argnames"] = names
-    if ctx.cfg.lower.keep_unused:
+    if ctx.opts.keep_unused:
         opts["keep_unused"] = True
     return opts
 
@@ -205,8 +205,8 @@ def _derive_texts(lowered: Any, elide_over: int | None, debug: bool) -> _Texts:
 def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
     """The texts and digest of ``lowered``, computed once per JAX lowering object (a sweep's
     later jobs reuse them); large constants elided per ``lower.elide_constants_over``."""
-    elide_over = ctx.cfg.lower.elide_constants_over  # checked by config.validate
-    debug = bool(ctx.cfg.lower.debug_info)  # locations kept in the texts
+    elide_over = ctx.opts.elide_constants_over  # checked by config.validate
+    debug = bool(ctx.opts.debug_info)  # locations kept in the texts
     texts = memo.derived(
         same, f"texts:{elide_over}:{debug}", lambda: _derive_texts(lowered, elide_over, debug)
     )
@@ -215,20 +215,18 @@ def _texts(ctx: StageContext, lowered: Any, same: Any) -> _Texts:
     return texts
 
 
-def run(ctx: StageContext, staged: StagedOut) -> Lowered:
+def run(ctx: StageContext[LowerConfig], staged: StagedOut) -> Lowered:
     import jax
 
-    cfg = ctx.cfg
-    platforms, notes = check_platforms(
-        tuple(cfg.lower.platforms or (platform_of(cfg.compile.backend),))
-    )
+    low, facts = ctx.opts, ctx.facts
+    platforms, notes = check_platforms(tuple(low.platforms or (facts.platform,)))
     for note in notes:
         ctx.warn(note)
     opts = _jit_options(ctx, staged)
     assert staged.fn is not None, "lowering needs the traced program (a resumed stage_out has none)"
     fn, kwargs, mesh_json = staged.fn, staged.kwargs, staged.replicas
     args = staged.args
-    mesh = mesh_spec(cfg)
+    mesh = facts.mesh
     mesh_context: Any = contextlib.nullcontext()
     amesh = None
     if mesh is not None and not mesh.per_replica:
@@ -236,9 +234,9 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         fn, opts, args, kwargs = sharded(ctx, staged, mesh, amesh, opts)
         mesh_json = mesh.to_json()
     # lower.{in,out}_memory_kinds and lower.{in,out}_layouts on the shardings just made.
-    placement = placed(cfg, staged, fn, opts, tuple(args), kwargs, platforms, amesh)
+    placement = placed(low, facts, staged, fn, opts, tuple(args), kwargs, platforms, amesh)
     fn, opts, args, kwargs = placement.fn, placement.opts, placement.args, placement.kwargs
-    if amesh is not None and cfg.mesh.context:
+    if amesh is not None and facts.mesh_context:
         # The program sees the mesh as under jax.set_mesh (bare PartitionSpecs, shard_map
         # without mesh=); a program without arguments is lowered for the mesh's devices.
         # mesh.context=false: the mesh only places arguments and outputs.
@@ -251,11 +249,11 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             f"lower.out_shardings, so replicated on the mesh: {', '.join(outs[:3])}{more}"
         )
     jitted = jax.jit(fn, **opts)
-    scoped = scoped_metadata(cfg)
+    scoped = scoped_metadata(low.scoped_metadata, facts.policy)
     heap_tuning = contextlib.ExitStack()
     with (
         mesh_context,
-        with_metadata(dict(cfg.lower.xla_metadata), scoped) as annotated,
+        with_metadata(dict(low.xla_metadata), scoped) as annotated,
         heap_tuning,
     ):
         # Reuse stage_out's trace only for the same program, jit options and arguments: with
@@ -274,7 +272,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
             if "should support donation" not in str(exc):
                 raise
             raise ConfigError(
-                f"lower.platforms={list(platforms)} with {donation_keys(cfg)}: {one_line(exc)}; "
+                f"lower.platforms={list(platforms)} with {donation_keys(low)}: {one_line(exc)}; "
                 "donate nothing, or lower the platforms without donation in a run of their own"
             ) from None
         # The texts and the export copy every embedded constant a dozen times: with big ones,
@@ -290,7 +288,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
         donate = _flat_donations(staged) if donating(platforms) else ()
         donate_names = _donated_keywords(staged) if donating(platforms) else ()
         early = {"mesh": mesh_json, "nr_devices": _module_devices(stablehlo)} if mesh_json else {}
-        unplaced = amesh is not None and cfg.mesh.context and not has_arrays(args, kwargs)
+        unplaced = amesh is not None and facts.mesh_context and not has_arrays(args, kwargs)
         if unplaced and mesh is not None and early["nr_devices"] != mesh.size:
             # tracing_on's context did not reach jax.jit: refused rather than compiled wrong.
             raise jax_internal(
@@ -299,7 +297,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 f"lower a program without arguments for the mesh's {mesh.size} devices",
                 RuntimeError("module devices differ from the mesh"),
             )
-        disabled = safety_checks(cfg.lower.disabled_checks)
+        disabled = safety_checks(low.disabled_checks)
         polymorphic = _has_symbolic(staged.args, kwargs)
         if ctx.publish_early is not None and not polymorphic:  # compile while we export
             ctx.publish_early(
@@ -333,7 +331,7 @@ def run(ctx: StageContext, staged: StagedOut) -> Lowered:
                 )
                 pytree_types = register_output_types(exported)
                 # vjp_order: the export carries that many orders of derivatives.
-                exported_bytes = _serialize(exported, cfg.lower.vjp_order)
+                exported_bytes = _serialize(exported, low.vjp_order)
         except Exception as exc:  # e.g. host callbacks (jax.debug.print) have no serialized form
             exported, pytree_types = None, []
             ctx.warn(
@@ -434,14 +432,12 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
     stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
     or the lowering has no symbolic dimensions."""
     import jax
-    from jaxaot.config.order import STAGES
     from jaxaot.errors import one_line
 
     exp = record.exported
-    later = STAGES.index(ctx.cfg.stop_after) >= STAGES.index("compile")
-    if exp is None or not later or not _has_symbolic(exp.in_avals):
+    if exp is None or not ctx.facts.compiles or not _has_symbolic(exp.in_avals):
         return record
-    sizes = dict(ctx.cfg.compile.shapes)
+    sizes = dict(ctx.facts.shapes)
     used: dict[str, int] = {}
     avals = []
     for aval in exp.in_avals:
@@ -470,7 +466,7 @@ def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
         outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
         given, in_flat = jit_inputs(exp.in_tree, in_flat)
         jit_opts = {"out_shardings": outs, **given}
-        if ctx.cfg.mesh.context:
+        if ctx.facts.mesh_context:
             mesh_context = jax.sharding.use_abstract_mesh(amesh)
     structs = [
         jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
@@ -514,9 +510,7 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
             "resume_from: that run's lowering has no exported.bin (jax.export could not "
             "serialize the program; see its lower warnings); start at lower instead"
         ) from None
-    from jaxaot.config.trust import policy_of
-
-    import_pytree_classes(list(meta.get("namedtuples", [])), policy_of(ctx.cfg))
+    import_pytree_classes(list(meta.get("namedtuples", [])), ctx.facts.policy)
     exported = jax.export.deserialize(bytearray(blob))
     for name in ARTIFACTS:
         try:
@@ -564,7 +558,7 @@ def check(cfg: JaxaotConfig) -> None:
             f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
             f"every constant in the texts; found {elide!r}"
         )
-    check_metadata(cfg)
+    check_metadata(low.xla_metadata, low.scoped_metadata, policy_of(cfg))
     check_placement(cfg)
 
 
@@ -600,10 +594,10 @@ class LowerStage:
     check = staticmethod(check)
     summarize = staticmethod(summarize)
 
-    def run(self, ctx: StageContext, up: Upstream) -> Lowered:
+    def run(self, ctx: StageContext[LowerConfig], up: Upstream) -> Lowered:
         return run(ctx, up["stage_out"])
 
-    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> Lowered:
+    def load(self, ctx: StageContext[LowerConfig], up: Upstream, entry: Entry) -> Lowered:
         return load(ctx, entry.read)
 
 

@@ -40,7 +40,7 @@ def sharded(
     rules are resolved on ``staged.args``/``staged.kwargs``, the abstract arguments jax.jit
     traces; what they decided is written to ``path_shardings.json``.
     """
-    cfg = ctx.cfg.lower
+    cfg, sh = ctx.opts, ctx.facts.shardings
     bound = staged.bound
     assert staged.fn is not None  # lowering again always traces the program (see the runner)
     static_kw = {k: v for k, v in staged.kwargs.items() if bound.is_static(k)}
@@ -48,12 +48,12 @@ def sharded(
     fn = functools.partial(staged.fn, **static_kw) if static_kw else staged.fn
     # flax's own logical constraints (nn.with_logical_constraint, LogicallyPartitioned) see
     # lower.logical_axis_rules while the program is traced.
-    fn = under_flax_rules(fn, logical_rules(ctx.cfg, mesh))
+    fn = under_flax_rules(fn, logical_rules(sh, mesh))
     dropped = ("static_argnames",) if traced_kw else ("static_argnames", "donate_argnames")
     opts = {k: v for k, v in opts.items() if k not in dropped}
     names = staged.signature.get("parameters")
     found = resolved_with_keywords(
-        ctx.cfg, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
+        sh, bound, mesh, staged.args, traced_kw, names, staged.logical_axes
     )
     specs = found.specs
     args: tuple[Any, ...] = found.args
@@ -79,7 +79,7 @@ def sharded(
                 cfg.out_shardings,
                 key="lower.out_shardings",
                 mesh=mesh.sizes,
-                logical=logical_rules(ctx.cfg, mesh),
+                logical=logical_rules(sh, mesh),
                 others=_input_leaves(staged, specs, names, list(traced_kw)),
             )
             user = named(trees[0], amesh)

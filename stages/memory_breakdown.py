@@ -247,7 +247,7 @@ def static_positions(ctx: StageContext) -> list[int]:
             if (m := _POSITION.match(str(e.get("path", "")))) and m.end() == len(e["path"])
         )
     except (OSError, ValueError, AttributeError):
-        return sorted(ctx.bound.static_argnums) if ctx.bound is not None else []
+        return sorted(ctx.facts.bound.static_argnums)
 
 
 def moved_path(path: str, old: list[int], new: list[int]) -> str:

@@ -20,20 +20,17 @@ from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
     Literal,
-    bind_config,
     build,
     leaves,
     specs,
     to_static_value,
 )
-from jaxaot.config.mesh import mesh_spec
 from jaxaot.config.sections import check_indices
-from jaxaot.config.trust import policy_of
 from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_line
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
-from jaxaot.stages.contract import Entry, StageContext, Upstream
+from jaxaot.stages.contract import Entry, RunFacts, StageContext, Upstream
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.resolving import (
     abstract_value,
@@ -165,15 +162,18 @@ def _as_args(
 
 
 def _derive(
-    cfg: Any, bound: BoundArgs, fn: Callable[..., Any], names: list[str] | None, policy: Any
+    ctx: StageContext[StageOutConfig],
+    bound: BoundArgs,
+    fn: Callable[..., Any],
+    names: list[str] | None,
 ) -> DerivedArgs:
     """The abstract arguments of a config with derived nodes (``_init_`` through eval_shape:
     nothing allocated), adapted for jax.jit (jaxaot.stages.adapt)."""
     from jaxaot.stages import derived_values as derived
 
     symbolic = any(leaf.symbolic for _, tree in bound.traced_args() for _, leaf in specs(tree))
-    scope = symbolic_scope(cfg.stage_out.shape_constraints) if symbolic else None
-    evaluation = derived.abstract(bound, policy, cfg.execute.seed, scope)
+    scope = symbolic_scope(ctx.opts.shape_constraints) if symbolic else None
+    evaluation = derived.abstract(bound, ctx.facts.policy, ctx.facts.seed, scope)
     args, kwargs = evaluation.arguments()
     return DerivedArgs(evaluation, fn, names, adapt(fn, args, kwargs, names))
 
@@ -210,7 +210,7 @@ def _check_static(signature: Mapping[str, Any], adapted: Any) -> None:
 
 
 def _typed_shardings(
-    cfg: Any,
+    sh: Any,
     bound: BoundArgs,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -225,7 +225,7 @@ def _typed_shardings(
     from jaxaot.stages.jax_inputs import carrying, resolved_with_keywords
 
     traced_kw = {k: v for k, v in kwargs.items() if not bound.is_static(k)}
-    found = resolved_with_keywords(cfg, bound, mesh, args, traced_kw, names, logical_axes)
+    found = resolved_with_keywords(sh, bound, mesh, args, traced_kw, names, logical_axes)
     by_kw = dict(zip(traced_kw, found.keyword, strict=True))
     return carrying(bound, found.args, {**kwargs, **found.kwargs}, found.positional, by_kw)
 
@@ -270,7 +270,7 @@ def _first_sentence(text: str) -> str:
 
 
 def _static_hint(
-    exc: BaseException, bound: BoundArgs, names: Sequence[str] | None, cfg: Any
+    exc: BaseException, bound: BoundArgs, names: Sequence[str] | None, opts: StageOutConfig
 ) -> tuple[str, str] | None:
     """(JAX's error in one sentence, a hint) when a trace needed a concrete value and a
     traced argument is a Python literal (``3``, ``true``): most likely one the function uses
@@ -296,10 +296,10 @@ def _static_hint(
     said += [f"kwargs.{k} is the literal {bound.kwargs[k].value!r}" for k in keywords]
     fixes = []
     if positions:
-        nums = sorted({*cfg.stage_out.static_argnums, *positions})
+        nums = sorted({*opts.static_argnums, *positions})
         fixes.append(f"stage_out.static_argnums=[{','.join(map(str, nums))}]")
     if keywords:
-        kw = sorted({*cfg.stage_out.static_argnames, *keywords})
+        kw = sorted({*opts.static_argnames, *keywords})
         fixes.append(f"stage_out.static_argnames=[{','.join(kw)}]")
     hint = (
         f"hint: {', '.join(said)}; a value the function uses in Python (range, if, shapes) "
@@ -377,22 +377,23 @@ def _jit_options(bound: BoundArgs) -> dict[str, Any]:
     return opts
 
 
-def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -> StagedOut:
+def resumed(ctx: StageContext[StageOutConfig], read: Callable[[str], bytes]) -> StagedOut:
     """The record of a checkpointed stage_out, without importing the program."""
+    facts = ctx.facts
+    bound = facts.bound
     for name in ("jaxpr.txt", "signature.json"):
         ctx.write(name, read(name))
     arg_table.resumed(ctx, read)  # arguments.json/.txt, when the checkpoint has them
     signature = json.loads(ctx.artifacts["signature.json"].path.read_bytes())
     if signature.get("parameters") is not None:  # static/donated options through the signature
-        bound = bind_config(ctx.cfg, signature["parameters"])
-    resolve = class_resolver(policy_of(ctx.cfg))
-    mesh = mesh_spec(ctx.cfg)
+        bound = bound.through(signature["parameters"])
+    resolve = class_resolver(facts.policy)
+    mesh = facts.mesh
     if _uses_derived(bound):  # re-derived by eval_shape; the static data must be the same
-        policy = policy_of(ctx.cfg)
         if signature.get("unfingerprintable"):
             _check_static(signature, None)
-        user_fn = resolve_target(ctx.cfg.program.target, policy=policy)
-        made = _derive(ctx.cfg, bound, user_fn, signature.get("parameters"), policy)
+        user_fn = resolve_target(facts.target, policy=facts.policy)
+        made = _derive(ctx, bound, user_fn, signature.get("parameters"))
         _check_static(signature, made.adapted)
         return StagedOut(
             fn=made.adapted.fn,
@@ -419,7 +420,7 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
             signature=signature,
             replicas=mesh.to_json(),
         )
-    args, kwargs = _as_args(bound, resolve, ctx.cfg.stage_out.shape_constraints)
+    args, kwargs = _as_args(bound, resolve, ctx.opts.shape_constraints)
     return StagedOut(
         fn=None,
         bound=bound,
@@ -431,17 +432,16 @@ def resumed(ctx: StageContext, bound: BoundArgs, read: Callable[[str], bytes]) -
     )
 
 
-def run(ctx: StageContext, upstream: None = None) -> StagedOut:
+def run(ctx: StageContext[StageOutConfig], upstream: None = None) -> StagedOut:
     import jax
 
-    cfg = ctx.cfg
-    policy = policy_of(cfg)
-    fn = resolve_target(cfg.program.target, policy=policy)
+    facts = ctx.facts
+    fn = resolve_target(facts.target, policy=facts.policy)
     names = parameter_names(fn)
-    bound = bind_config(cfg, names)
-    resolve = class_resolver(policy)
+    bound = facts.bound.through(names)  # static/donated options through the signature
+    resolve = class_resolver(facts.policy)
     jit_options = _jit_options(bound)
-    mesh = mesh_spec(cfg)
+    mesh = facts.mesh
     env = mesh if mesh is not None and mesh.per_replica else None
     made: DerivedArgs | None = None
     if _uses_derived(bound):
@@ -450,11 +450,11 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
                 "stage_out.axis_env: derived arguments (_init_, _call_, _ref_, _key_) are not "
                 "supported in a per-replica program; expected plain array specs"
             )
-        made = _derive(cfg, bound, fn, names, policy)
+        made = _derive(ctx, bound, fn, names)
         adapted = made.adapted
-        _check_derived_fit(cfg, made)
+        _check_derived_fit(facts, made)
     else:
-        args, kwargs = _as_args(bound, resolve, cfg.stage_out.shape_constraints)
+        args, kwargs = _as_args(bound, resolve, ctx.opts.shape_constraints)
         adapted = adapt(fn, args, kwargs, names)
     # The traced function and arguments: positions and keyword names are the program's.
     fn, args, kwargs = adapted.fn, adapted.args, adapted.kwargs
@@ -462,7 +462,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
     if mesh is not None and env is None:
         from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, tracing_on
 
-        if cfg.mesh.context:
+        if facts.mesh_context:
             # The program sees the configured mesh while it is traced: get_abstract_mesh, bare
             # PartitionSpecs, reshard and shard_map without a mesh argument. With
             # mesh.context=false it does not (a program that builds its own mesh), as
@@ -471,7 +471,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
             mesh_context = tracing_on(abstract_mesh(mesh), unplaced=unplaced)
         if "explicit" in mesh.axis_types:
             args, kwargs = _typed_shardings(
-                cfg, bound, args, kwargs, mesh, names, adapted.logical_axes
+                facts.shardings, bound, args, kwargs, mesh, names, adapted.logical_axes
             )
     reference_fn = None
     if env is not None:
@@ -486,7 +486,7 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
 
         # flax's own logical constraints see lower.logical_axis_rules, as the lower stage
         # traces the program: the jaxpr holds the constraints the lowering has.
-        traced_fn = under_flax_rules(fn, logical_rules(cfg, mesh))
+        traced_fn = under_flax_rules(fn, logical_rules(facts.shardings, mesh))
     try:
         with mesh_context:
             traced = jax.jit(traced_fn, **jit_options).trace(*args, **kwargs)
@@ -501,23 +501,21 @@ def run(ctx: StageContext, upstream: None = None) -> StagedOut:
         missing = explain_missing_library(exc)  # a cuDNN-only kernel on a host without cuDNN
         if missing is not None:
             raise StageError("stage_out", missing) from None
-        static = _static_hint(exc, bound, names, cfg)
-        said = _traced_as(exc, cfg.program.target, args, kwargs, static[0] if static else None)
+        static = _static_hint(exc, bound, names, ctx.opts)
+        said = _traced_as(exc, facts.target, args, kwargs, static[0] if static else None)
         if static is not None:
             said += f"; {static[1]}"
         if mesh is not None and env is None and "context mesh" in str(exc):
             said += (
                 "; mesh.context=true traces the program with the mesh in context: expected "
                 "mesh.context=false for a program that builds its own mesh"
-                if cfg.mesh.context
+                if facts.mesh_context
                 else "; mesh.context=false traces the program without the mesh in context: "
                 "expected mesh.context=true for a program that uses the context mesh"
             )
         raise StageError("stage_out", said) from exc
     # An array XLA cannot size aborts the process at compile: refused here, in one line.
-    memo.derived(
-        traced.jaxpr, "sizes", lambda: check_traced(traced.jaxpr, bound, cfg.program.target)
-    )
+    memo.derived(traced.jaxpr, "sizes", lambda: check_traced(traced.jaxpr, bound, facts.target))
     jaxpr_text = memo.derived(traced.jaxpr, "text", lambda: str(traced.jaxpr))  # JAX caches traces
     signature = signature_of(traced, bound)
     signature["parameters"] = names
@@ -575,14 +573,12 @@ def _uses_derived(bound: BoundArgs) -> bool:
     return uses_derived(bound)
 
 
-def _check_derived_fit(cfg: Any, made: DerivedArgs) -> None:
+def _check_derived_fit(facts: RunFacts, made: DerivedArgs) -> None:
     """The derived values execute will make must fit in memory: known only now (eval_shape)."""
-    from jaxaot.config.order import STAGES
     from jaxaot.stages.derived_jit import check_fit
-    from jaxaot.stages.jaxenv import platform_of
 
-    if STAGES.index(cfg.stop_after) >= STAGES.index("execute") and cfg.execute.inputs is None:
-        check_fit(made.evaluation.derived_values(), platform_of(cfg.compile.backend))
+    if facts.builds_inputs:
+        check_fit(made.evaluation.derived_values(), facts.platform)
 
 
 def check(cfg: JaxaotConfig) -> None:
@@ -632,12 +628,11 @@ class StageOutStage:
     check = staticmethod(check)
     summarize = staticmethod(summarize)
 
-    def run(self, ctx: StageContext, up: Upstream) -> StagedOut:
+    def run(self, ctx: StageContext[StageOutConfig], up: Upstream) -> StagedOut:
         return run(ctx)
 
-    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> StagedOut:
-        assert ctx.bound is not None
-        return resumed(ctx, ctx.bound, entry.read)
+    def load(self, ctx: StageContext[StageOutConfig], up: Upstream, entry: Entry) -> StagedOut:
+        return resumed(ctx, entry.read)
 
 
 STAGE_OUT = StageOutStage()

@@ -277,7 +277,7 @@ def run(ctx: StageContext, lowered: Lowered, compiled: Any, record: Callable[...
     ``record(compiled, cost, memory)`` builds the stage's Compiled record.
     """
 
-    cfg = ctx.cfg.compile
+    cfg = ctx.opts
     target = target_of(cfg)
     hlo, cost, memory = write_analysis(ctx, compiled, lowered.meta.get("mesh"), target.devices)
     peak_dump.record(ctx, compiled)  # memory_breakdown.json from XLA's dump
@@ -358,9 +358,9 @@ def load(
         mesh_metrics(ctx, shardings)
     # The verdict and estimate from the stored analyses and today's accelerator table, as a
     # fresh compile would give them (the table is not part of the store key).
-    target = target_of(ctx.cfg.compile)
+    target = target_of(ctx.opts)
     fresh = {
-        "fit": verdict(target, ctx.cfg.compile, memory=memory) if memory else None,
+        "fit": verdict(target, ctx.opts, memory=memory) if memory else None,
         "roofline": roofline(target, cost) or meta.get("roofline"),
     }
     ctx.metrics.update(metrics(meta | fresh))

@@ -33,7 +33,7 @@ from jaxaot.stages.contract import (
 )
 from jaxaot.store.cache import Store
 
-CFG: Any = SimpleNamespace(program=SimpleNamespace(name="fake"))
+FACTS: Any = SimpleNamespace(program="fake")  # what the runner itself reads of the run's facts
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Upper:
     def compat(self, backend: Any) -> dict[str, Any]:
         return {"platform": backend.get("platform")}
 
-    def plan(self, cfg: Any, up: Upstream, backend: Any) -> Plan[str] | Uncached[str]:
+    def plan(self, opts: Any, facts: Any, up: Upstream, backend: Any) -> Plan[str] | Uncached[str]:
         text = up["src"].text
         self.calls.append("plan-early" if up["src"].early else "plan")
         if not self.keyed:
@@ -151,7 +151,7 @@ class Upper:
     def storable(self, record: Text, plan: Plan[str]) -> str | None:
         return self.not_storable
 
-    def begin(self, cfg: Any, plan: Plan[str], out_dir: Path) -> Any:
+    def begin(self, opts: Any, plan: Plan[str], out_dir: Path) -> Any:
         self.calls.append("begin")
 
         def job() -> str:
@@ -175,7 +175,8 @@ def drive(
     hows = hows or ("run",) * len(stages)
     checkpoint = Checkpoint(run_dir.parent / "src-run") if "resume" in hows else None
     running = {s.name for s, how in zip(stages, hows, strict=True) if how != "resume"}
-    runner = _Runner(CFG, run_dir, manifest, store, checkpoint, {}, None, running, stages)  # type: ignore[arg-type]
+    opts = {s.name: NoOptions() for s in stages}
+    runner = _Runner(FACTS, opts, run_dir, manifest, store, checkpoint, {}, running, stages)
     try:
         for stage, how in zip(stages, hows, strict=True):
             runner.records[stage.name] = runner.step(stage, how)
@@ -271,7 +272,8 @@ def test_does_not_fit_is_the_stages_status_with_its_verdicts_metrics(
     run_dir = tmp_path / "a"
     run_dir.mkdir()
     manifest = Manifest(run_dir=run_dir, config={})
-    runner = _Runner(CFG, run_dir, manifest, store, None, {}, None, {"src"}, (TooBig(),))  # type: ignore[arg-type]
+    opts = {"src": NoOptions()}
+    runner = _Runner(FACTS, opts, run_dir, manifest, store, None, {}, {"src"}, (TooBig(),))
     with pytest.raises(DoesNotFit):
         runner.step(TooBig(), "run")
     rec = manifest.stages["src"]

@@ -181,7 +181,7 @@ def test_the_compile_key_of_a_reference_program_is_pinned(tmp_path: Path) -> Non
     cfg = jaxaot.validate(jaxaot.compose(["program=axpy"]))
     target = compile_stage.prepare(cfg.compile, lowered)
     backend = {"platform": "cpu", "platform_version": "pinned", "jax": "j", "jaxlib": "l"}
-    inputs = compile_stage.cache_key(cfg, lowered, target, backend, PINNED_ENVIRONMENT)
+    inputs = compile_stage.cache_key(cfg.compile, lowered, target, backend, PINNED_ENVIRONMENT)
     assert sorted(inputs) == [
         "backend",
         "compiler_options",

@@ -439,7 +439,7 @@ def test_check_reference_passes_and_is_recorded(compose_run) -> None:
 
 
 def _ctx(rtol: float | None = None, atol: float | None = None) -> Any:
-    return SimpleNamespace(cfg=SimpleNamespace(execute=SimpleNamespace(rtol=rtol, atol=atol)))
+    return SimpleNamespace(opts=SimpleNamespace(rtol=rtol, atol=atol))
 
 
 @pytest.mark.parametrize(

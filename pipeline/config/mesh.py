@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxaot.config.argspec import (
     ArraySpec,
@@ -42,6 +42,26 @@ if TYPE_CHECKING:
 AXIS_TYPES: tuple[str, ...] = ("auto", "explicit", "manual")
 # Axis names for a mesh given by shape alone (mesh.axes=[]), by position.
 DEFAULT_AXES: tuple[str, ...] = ("data", "model", "pipe", "expert")
+
+
+class ArgShardings(Protocol):
+    """How the arguments are split over the mesh: ``lower.in_shardings`` and
+    ``lower.logical_axis_rules`` (the lower section has both; the run's facts carry them for
+    the stages that build argument types before lowering)."""
+
+    @property
+    def in_shardings(self) -> Any: ...
+    @property
+    def logical_axis_rules(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Shardings:
+    """The two ``lower`` options every stage that builds argument types reads (an
+    :class:`ArgShardings`)."""
+
+    in_shardings: Any = None
+    logical_axis_rules: Any = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +277,7 @@ def _leaf_tree(tree: Any) -> Any:
 
 
 def _check_subtrees(
-    cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec, specs: Sequence[Any], args: Sequence[Any]
+    bound: BoundArgs, mesh: MeshSpec, specs: Sequence[Any], args: Sequence[Any]
 ) -> None:
     """The positional form's spec for each derived value against the arrays it turned into
     (``args``: the abstract arguments jax.jit traces)."""
@@ -305,27 +325,27 @@ def traced_kwargs(bound: BoundArgs) -> list[str]:
     return [k for k in bound.kwargs if not bound.is_static(k)]
 
 
-def check_in_shardings(cfg: JaxaotConfig, bound: BoundArgs, mesh: MeshSpec) -> tuple[Any, ...]:
+def check_in_shardings(sh: ArgShardings, bound: BoundArgs, mesh: MeshSpec) -> tuple[Any, ...]:
     """``lower.in_shardings`` (the positional form) matched to the argument tree (null: every
     argument replicated)."""
     tree, names = argument_tree(bound)
     return match_specs(
-        cfg.lower.in_shardings, tree, key="lower.in_shardings", names=names, mesh=mesh.sizes
+        sh.in_shardings, tree, key="lower.in_shardings", names=names, mesh=mesh.sizes
     )
 
 
-def logical_rules(cfg: JaxaotConfig, mesh: MeshSpec) -> LogicalRules:
-    return parse_logical_rules(cfg.lower.logical_axis_rules, mesh.axes)
+def logical_rules(sh: ArgShardings, mesh: MeshSpec) -> LogicalRules:
+    return parse_logical_rules(sh.logical_axis_rules, mesh.axes)
 
 
-def uses_paths(cfg: JaxaotConfig) -> bool:
+def uses_paths(sh: ArgShardings) -> bool:
     """Whether input shardings come from path patterns and logical-axis rules (resolved on the
     abstract arguments) rather than the positional form (matched on the config's specs)."""
-    return is_pattern_form(cfg.lower.in_shardings) or bool(cfg.lower.logical_axis_rules)
+    return is_pattern_form(sh.in_shardings) or bool(sh.logical_axis_rules)
 
 
 def input_specs(
-    cfg: JaxaotConfig,
+    sh: ArgShardings,
     bound: BoundArgs,
     mesh: MeshSpec,
     args: Sequence[Any],
@@ -336,27 +356,28 @@ def input_specs(
     for the positional form). ``args`` are the abstract arguments jax.jit traces, ``names``
     the parameter names (else ``args[i]``), ``logical_axes`` library metadata by leaf path
     (used with the mapping form or a null ``in_shardings``)."""
-    metadata_alone = cfg.lower.in_shardings is None and bool(logical_axes)
-    if not uses_paths(cfg) and not metadata_alone:
-        specs = check_in_shardings(cfg, bound, mesh)
-        _check_subtrees(cfg, bound, mesh, specs, args)
+    metadata_alone = sh.in_shardings is None and bool(logical_axes)
+    if not uses_paths(sh) and not metadata_alone:
+        specs = check_in_shardings(sh, bound, mesh)
+        _check_subtrees(bound, mesh, specs, args)
         return specs, None
     traced = [i for i in range(len(args)) if not bound.is_static(i)]
     tops = top_names(len(args), names)
     trees, res = resolve(
         [(tops[i], args[i]) for i in traced],
-        cfg.lower.in_shardings,
+        sh.in_shardings,
         key="lower.in_shardings",
         mesh=mesh.sizes,
-        logical=logical_rules(cfg, mesh),
+        logical=logical_rules(sh, mesh),
         logical_axes=logical_axes,
         aliases=[f"args[{i}]" if tops[i] != f"args[{i}]" else None for i in traced],
     )
     return tuple(trees), res
 
 
-def check_parallel(cfg: JaxaotConfig) -> None:
-    """Every pre-JAX check of axis_env, mesh, shardings and device counts."""
+def check_parallel(cfg: JaxaotConfig) -> BoundArgs | None:
+    """Every pre-JAX check of axis_env, mesh, shardings and device counts; the arguments, bound
+    to check them against the mesh, when there is one."""
     mesh = mesh_spec(cfg)
     low = cfg.lower
     for key, value in (
@@ -376,7 +397,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
                 "by jaxaot; expected lower.in_shardings/out_shardings only with mesh.*"
             )
         if is_pattern_form(value):
-            parse_rules(value, key, mesh.axes, logical_rules(cfg, mesh))
+            parse_rules(value, key, mesh.axes, logical_rules(low, mesh))
         else:
             check_axis_names(value, key, mesh.axes)
     if low.logical_axis_rules:
@@ -385,7 +406,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
                 "lower.logical_axis_rules needs a mesh (mesh=... or mesh.shape and mesh.axes); "
                 "found " + ("stage_out.axis_env" if mesh is not None else "no mesh")
             )
-        logical_rules(cfg, mesh)
+        logical_rules(low, mesh)
         if low.in_shardings is not None and not is_pattern_form(low.in_shardings):
             raise ConfigError(
                 "lower.logical_axis_rules apply to path patterns and library metadata, but "
@@ -394,7 +415,7 @@ def check_parallel(cfg: JaxaotConfig) -> None:
             )
     if mesh is None:
         devices_to_start(cfg)  # compile.num_devices alone: the device limits
-        return
+        return None
     what = "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
     if mesh.abstract and will_compile(cfg) and lowers_here(cfg):
         raise ConfigError(
@@ -438,16 +459,19 @@ def check_parallel(cfg: JaxaotConfig) -> None:
         )
     # A static_argnames entry may name a positional parameter, which only the target's
     # signature resolves; the lower stage checks the shapes then.
-    positional = low.in_shardings is not None and not uses_paths(cfg)
+    positional = low.in_shardings is not None and not uses_paths(low)
     if positional and set(bound.static_argnames) <= set(bound.kwargs):
-        check_in_shardings(cfg, bound, mesh)
+        check_in_shardings(low, bound, mesh)
+    return bound
 
 
 __all__ = [
     "AXIS_TYPES",
     "DEFAULT_AXES",
     "XLA_CPU_MAX_DEVICES",
+    "ArgShardings",
     "MeshSpec",
+    "Shardings",
     "argument_tree",
     "axis_env",
     "bound_args",

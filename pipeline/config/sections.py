@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from jaxaot.config.argspec import BoundArgs
     from jaxaot.schema import JaxaotConfig
 
 from jaxaot.config.jax_options import check_before_import
@@ -143,13 +144,15 @@ def check_shared(cfg: JaxaotConfig) -> None:
         check_before_import(str(name), value)  # the rest once JAX is imported (jaxenv)
 
 
-def check_relations(cfg: JaxaotConfig) -> None:
-    """What spans sections, after each node checked its own: meshes and shardings against the
-    devices, the import policy over every importable name, snapshots, the target topology."""
-    check_parallel(cfg)
+def check_relations(cfg: JaxaotConfig) -> BoundArgs | None:
+    """What spans sections, after each stage checked its own: meshes and shardings against the
+    devices, the import policy over every importable name, snapshots, the target topology.
+    The arguments when the mesh checks bound them, else None."""
+    bound = check_parallel(cfg)
     check_imports(cfg)
     _check_snapshot(cfg.snapshot)
     check_topology(cfg)
+    return bound
     # Last, the only checks that look at the file system: where the store and snapshots go.
     check_store_dir(cfg.store.dir, cfg.store.enabled)
     check_snapshot_dirs(cfg.snapshot)

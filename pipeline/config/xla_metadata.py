@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name, policy_of
+from jaxaot.config.trust import DEFAULT_POLICY, ImportPolicy, check_name
 from jaxaot.errors import ConfigError
-
-if TYPE_CHECKING:
-    from jaxaot.schema import JaxaotConfig
 
 SCOPED_KEYS = frozenset({"target", "attributes", "must_fuse", "fuse_limit"})
 
@@ -46,15 +43,14 @@ def _attributes(value: Any, key: str) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
-def scoped_metadata(cfg: JaxaotConfig) -> list[Scoped]:
-    """``lower.scoped_metadata`` parsed and checked."""
-    raw = cfg.lower.scoped_metadata
+def scoped_metadata(raw: Any, policy: ImportPolicy) -> list[Scoped]:
+    """``lower.scoped_metadata`` (``raw``) parsed and checked; each target is imported under
+    ``policy``."""
     if isinstance(raw, str) or not isinstance(raw, Sequence):
         raise ConfigError(
             f"lower.scoped_metadata: expected a list of {{target, ...}}, found {raw!r}"
         )
     out = []
-    policy = policy_of(cfg)
     for i, entry in enumerate(raw):
         key = f"lower.scoped_metadata[{i}]"
         if not isinstance(entry, Mapping) or "target" not in entry:
@@ -81,11 +77,12 @@ def scoped_metadata(cfg: JaxaotConfig) -> list[Scoped]:
     return out
 
 
-def check_metadata(cfg: JaxaotConfig) -> None:
-    _attributes(cfg.lower.xla_metadata, "lower.xla_metadata")
-    policy = policy_of(cfg)
-    for i, scoped in enumerate(scoped_metadata(cfg)):
-        check_name(scoped.target, f"lower.scoped_metadata[{i}].target", policy)
+def check_metadata(xla_metadata: Any, scoped: Any, policy: ImportPolicy) -> None:
+    """``lower.xla_metadata`` and ``lower.scoped_metadata`` before JAX: their shapes, and each
+    scoped target's name against the import ``policy``."""
+    _attributes(xla_metadata, "lower.xla_metadata")
+    for i, one in enumerate(scoped_metadata(scoped, policy)):
+        check_name(one.target, f"lower.scoped_metadata[{i}].target", policy)
 
 
 __all__ = ["SCOPED_KEYS", "Scoped", "check_metadata", "scoped_metadata"]

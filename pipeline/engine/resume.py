@@ -35,7 +35,7 @@ from jaxaot.config.sections import override_key
 from jaxaot.errors import ConfigError, StoreError
 from jaxaot.rundir.dirs import OUTPUTS_ROOT
 from jaxaot.rundir.manifest import MANIFEST_NAME, load_manifest
-from jaxaot.schema import JaxaotConfig, to_container, validate
+from jaxaot.schema import JaxaotConfig, to_container, typed_config, validate
 from jaxaot.stages import NODES
 from jaxaot.stages.contract import Entry, OnResume
 from jaxaot.util.fsio import folder_problem, trust_from_env
@@ -427,7 +427,8 @@ class Checkpoint:
         )
 
     def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:
-        """``cfg`` with the frozen sections taken from the checkpoint; conflicts are errors."""
+        """``cfg`` with the frozen sections taken from the checkpoint (typed, not yet checked:
+        the run validates what it runs with once); conflicts are errors."""
         self.trust = self.trust or cfg.store.trust
         frozen = frozen_sections(cfg.start_at)
         current, saved = to_container(cfg), self.manifest["config"]
@@ -457,7 +458,7 @@ class Checkpoint:
             resumed_inputs = all(STAGES.index(n) < start for n in node.inputs)
             if isinstance(node, OnResume) and i >= start and node.inputs and resumed_inputs:
                 merged[node.name] = node.resume_default(saved, merged[node.name], keys)
-        return validate(merged)
+        return typed_config(merged)
 
 
 __all__ = [

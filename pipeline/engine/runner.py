@@ -33,6 +33,7 @@ from jaxaot.config.mesh import devices_to_start
 from jaxaot.config.order import STAGES
 from jaxaot.engine.own_args import check_deferred
 from jaxaot.engine.resume import Checkpoint, resolve_resume_from
+from jaxaot.engine.run_facts import run_facts
 from jaxaot.errors import (
     DoesNotFit,
     EntryUnusable,
@@ -44,7 +45,7 @@ from jaxaot.errors import (
 )
 from jaxaot.rundir.dirs import claim, remove_unstarted
 from jaxaot.rundir.manifest import Manifest
-from jaxaot.schema import JaxaotConfig, to_container, validate
+from jaxaot.schema import JaxaotConfig, to_container, typed_config, validated
 from jaxaot.stages import NODES
 from jaxaot.stages.contract import (
     Ahead,
@@ -55,6 +56,7 @@ from jaxaot.stages.contract import (
     OnResume,
     Plan,
     Prepared,
+    RunFacts,
     Stage,
     StageContext,
     Uncached,
@@ -180,18 +182,24 @@ def _run(
     chosen: list[Path],
 ) -> RunResult:
     check_deferred(cfg)  # compose()'s refusal: program.target given, program.args another's
-    typed = validate(cfg)
+    typed = typed_config(cfg)
     checkpoint = None
     given = _hydra_overrides() if overrides is None else overrides
-    typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
-    if STAGES.index(typed.start_at) > 0:
-        checkpoint = Checkpoint(typed.resume_from or "")
-        typed = checkpoint.apply(typed, given)
-    bound = bind_config(typed)  # arg specs checked before JAX is imported
+    if typed.start_at in STAGES:  # else validated names the key
+        typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
+        if STAGES.index(typed.start_at) > 0 and typed.resume_from:
+            checkpoint = Checkpoint(typed.resume_from)
+            typed = checkpoint.apply(typed, given)  # the sections it resumes with
+    # Checked once, as the run runs; the arguments bound once (by the mesh checks, or here),
+    # all before JAX is imported.
+    typed, checked_bound = validated(typed)
+    bound = checked_bound if checked_bound is not None else bind_config(typed)
+    facts = run_facts(typed, bound)
+    opts = {n.name: getattr(typed, n.name) for n in NODES}  # each stage's own section
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
     for node in NODES[first : last + 1]:
         if isinstance(node, Prepared):
-            node.before_run(typed, bound)  # e.g. the inputs execute builds fit in memory
+            node.before_run(opts[node.name], facts)  # e.g. the inputs execute builds fit
     # What each node does in this run: resumed from the checkpoint (before start_at; computed
     # again when the first node needs it live), run, or skipped (after stop_after).
     live = set(NODES[first].live_inputs) if first > 0 else set()
@@ -269,7 +277,7 @@ def _run(
             jaxenv.restore_config(restore)
             raise
         records: dict[str, Any] = {}
-        runner = _Runner(typed, out, manifest, store, checkpoint, records, bound, running=computed)
+        runner = _Runner(facts, opts, out, manifest, store, checkpoint, records, running=computed)
         try:
             try:
                 if not configured:
@@ -280,7 +288,7 @@ def _run(
                     store.check_trusted()  # a store others can write to: one line, before work
                 for n, how in zip(NODES, plan, strict=True):
                     if how == "resume" and isinstance(n, OnResume):
-                        n.before_resume(typed)  # e.g. a topology's executable needs its TPU host
+                        n.before_resume(opts[n.name], facts)  # e.g. a TPU host's executable
                 if any(isinstance(n, Cached) for n in NODES[: last + 1]):
                     manifest.backend = jaxenv.run_backend(typed.compile)
                 for node, how in zip(NODES, plan, strict=True):
@@ -301,7 +309,9 @@ def _run(
                 current, phase = None, "the graph and snapshot step"
                 for node in NODES:
                     if isinstance(node, Finishing):
-                        node.finish(typed, records.get(node.name), manifest.stages, manifest.extra)
+                        node.finish(
+                            opts[node.name], records.get(node.name), manifest.stages, manifest.extra
+                        )
                 from jaxaot.snapshots.snapshot import after_run
 
                 after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
@@ -432,13 +442,13 @@ class _Runner:
     stage this run computes: a verified store hit if it is Cached and has a key, else run (with
     what its ``begin`` started ahead, if anything)."""
 
-    cfg: JaxaotConfig
+    facts: RunFacts
+    opts: dict[str, Any]  # each stage's own options, by name
     run_dir: Path
     manifest: Manifest
     store: Any  # jaxaot.store.cache.Store
     checkpoint: Checkpoint | None
     records: dict[str, Any]
-    bound: BoundArgs
     running: set[str] = field(default_factory=set)  # the stages this run computes
     stages: tuple[Stage[Any, Any], ...] = NODES  # in pipeline order
     _ahead: dict[str, _Ahead] = field(default_factory=dict)
@@ -501,8 +511,11 @@ class _Runner:
         return record
 
     def _context(self, node: Stage[Any, Any]) -> StageContext:
-        ctx = StageContext(
-            cfg=self.cfg, stage=node.name, out_dir=self.run_dir / node.name, bound=self.bound
+        ctx: StageContext[Any] = StageContext(
+            opts=self.opts[node.name],
+            facts=self.facts,
+            stage=node.name,
+            out_dir=self.run_dir / node.name,
         )
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         if any(isinstance(c, Ahead) and c.inputs == (node.name,) for c in self._consumers(node)):
@@ -521,8 +534,9 @@ class _Runner:
     def _compat(self, node: Stage[Any, Any]) -> dict[str, Any]:
         return dict(node.compat(self.manifest.backend)) if isinstance(node, Cached) else {}
 
-    def _plan(self, node: Cached[Any, Any], up: Upstream) -> Plan[Any] | Uncached[Any]:
-        return node.plan(self.cfg, up, self.manifest.backend)
+    def _plan(self, node: Stage[Any, Any], up: Upstream) -> Plan[Any] | Uncached[Any]:
+        assert isinstance(node, Cached)
+        return node.plan(self.opts[node.name], self.facts, up, self.manifest.backend)
 
     # -- resume: the checkpoint as an Entry ------------------------------------------------------
     def _resume(
@@ -646,7 +660,7 @@ class _Runner:
                 node.name,
                 key,
                 files={n: a.path for n, a in ctx.artifacts.items()},
-                meta={"program": self.cfg.program.name, "metrics": ctx.metrics},
+                meta={"program": self.facts.program, "metrics": ctx.metrics},
                 compute_seconds=seconds,
                 compat=self._compat(node),
             )
@@ -711,7 +725,7 @@ class _Runner:
                 job = (
                     None
                     if entry is not None
-                    else node.begin(self.cfg, planned, self.run_dir / node.name)
+                    else node.begin(self.opts[node.name], planned, self.run_dir / node.name)
                 )
             except BaseException:
                 lock.release()  # the stage computes in its turn, and reports what failed

@@ -29,6 +29,16 @@ class BoundArgs:
     donate_argnums: tuple[int, ...] = ()
     donate_argnames: tuple[str, ...] = ()
     needs_x64: bool = field(default=False)
+    # The static and donation options as given, to mark the same parsed arguments again
+    # through the target's signature (:meth:`through`).
+    given: Marking | None = field(default=None, compare=False, repr=False)
+
+    def through(self, names_of_positions: Sequence[str] | None) -> BoundArgs:
+        """These parsed arguments marked static and donated through the target's parameter
+        names, as :func:`bind` marks them with ``names_of_positions`` (nothing parsed again)."""
+        if names_of_positions is None or self.given is None:
+            return self
+        return _mark(self.args, self.kwargs, self.given, names_of_positions)
 
     def is_static(self, position: int | str) -> bool:
         if isinstance(position, int):
@@ -49,6 +59,17 @@ def _check_traced(tree: Any, where: str, key: str) -> None:
                 f"{path}: {leaf.value!r} is a {type(leaf.value).__name__} at a non-static "
                 f"position; JAX can only trace arrays and numbers: add it to {key}"
             )
+
+
+@dataclass(frozen=True)
+class Marking:
+    """``stage_out.static_argnums/static_argnames`` and ``lower.donate_argnums/donate_argnames``
+    as the config gives them."""
+
+    static_argnums: tuple[int, ...] = ()
+    static_argnames: tuple[str, ...] = ()
+    donate_argnums: tuple[int, ...] = ()
+    donate_argnames: tuple[str, ...] = ()
 
 
 def bind(
@@ -73,6 +94,21 @@ def bind(
     parsed_kwargs = {
         str(k): parse_leaf_or_tree(v, f"program.kwargs.{k}") for k, v in kwargs.items()
     }
+    given = Marking(
+        tuple(static_argnums), tuple(static_argnames), tuple(donate_argnums), tuple(donate_argnames)
+    )
+    return _mark(parsed_args, parsed_kwargs, given, names_of_positions)
+
+
+def _mark(
+    parsed_args: tuple[Any, ...],
+    parsed_kwargs: dict[str, Any],
+    given: Marking,
+    names_of_positions: Sequence[str] | None,
+) -> BoundArgs:
+    """Parsed arguments marked static, traced or donated (see :func:`bind`)."""
+    static_argnums, static_argnames = given.static_argnums, given.static_argnames
+    donate_argnums, donate_argnames = given.donate_argnums, given.donate_argnames
     n = len(parsed_args)
     names = list(names_of_positions or ())
     known = names_of_positions is not None
@@ -173,7 +209,7 @@ def bind(
         for _, tree in bound.traced_args()
         for _, leaf in leaves(tree)
     )
-    return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64})
+    return BoundArgs(**{**bound.__dict__, "needs_x64": needs_x64, "given": given})
 
 
 def concrete_bound(bound: BoundArgs, sizes: Mapping[str, int]) -> BoundArgs:
