@@ -8,7 +8,7 @@ RUN_STAMP  := $(VENV)/.jaxaot-run
 TEST_STAMP := $(VENV)/.jaxaot-test
 EXTRAS ?= dev,sweep,tpu,cuda-aot,profile,models
 
-.PHONY: run test test-fast test-server lint bench clean venv graphviz slurm
+.PHONY: run test test-fast test-server test-plain lint bench clean venv graphviz slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,16 +50,28 @@ slurm:
 run: $(RUN_STAMP)
 	$(BIN)/jaxaot $(ARGS)
 
-test: $(TEST_STAMP) graphviz slurm
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# pytest-xdist workers (the dev extra's pytest-xdist): one a core, at most 4 (each holds JAX,
+# a resident server and the runs it starts); TEST_WORKERS=0 runs the tests in pytest's own
+# process. The SLURM tests share one worker (one throw-away cluster at a time).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-# The fast tier: the tests that run no subprocess, cluster or long compile (under a minute).
+# Every `jaxaot` a test starts goes through one resident `jaxaot server` per worker, except the
+# tests of the process itself (tests/conftest.py's plain_process): see test-server, test-plain.
+test: $(TEST_STAMP) graphviz slurm
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The fast tier: the tests that start no process and run no pipeline (under a minute).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-# The same suite with every `jaxaot` run going through one resident `jaxaot server`.
+# The same suite with every `jaxaot` run going through the server, the plain_process ones too.
 test-server: $(TEST_STAMP) graphviz slurm
-	JAXAOT_TEST_SERVER=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	JAXAOT_TEST_SERVER=1 $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The same suite with every `jaxaot` run a plain process (no server).
+test-plain: $(TEST_STAMP) graphviz slurm
+	JAXAOT_TEST_SERVER=0 $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
 # (pyproject.toml's package-dir), laid out as symlinks in .typecheck/ (mypy does not run the

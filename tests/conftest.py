@@ -7,6 +7,9 @@ the code in the tree (also from a git worktree), not whatever is installed.
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -65,29 +68,81 @@ def session_cache_home() -> Iterator[Path]:
     shutil.rmtree(SESSION_CACHE_HOME, ignore_errors=True)
 
 
+# Where the suite's `jaxaot` runs go (JAXAOT_TEST_SERVER): by default through one resident
+# `jaxaot server` per pytest process, which forks a child per run with the imports done (a
+# run costs ~0.5 s instead of ~2 s of Python, JAX and Hydra start-up), except the tests marked
+# `plain_process` (exit statuses, signals, what a process prints, the walkthrough), which start
+# a plain `jaxaot` process. "1" sends those through the server too (`make test-server`); "0"
+# starts no server: every run is a plain process (`make test-plain`).
+TEST_SERVER_MODES = {"": "default", "1": "all", "0": "none"}
+
+
+def _test_server_mode() -> str:
+    value = os.environ.get("JAXAOT_TEST_SERVER", "")
+    if value not in TEST_SERVER_MODES:
+        raise pytest.UsageError(
+            f"JAXAOT_TEST_SERVER: expected unset, 1 (every run through the server) or 0 (none), "
+            f"found {value!r}"
+        )
+    return TEST_SERVER_MODES[value]
+
+
+class SuiteServer:
+    """The session's resident ``jaxaot server`` (jaxaot.cli.server) on a private socket,
+    started by the first test that may run ``jaxaot`` (one not in the fast tier)."""
+
+    def __init__(self, folder: Path, env: dict[str, str] | None = None) -> None:
+        self.socket = str(folder / "server.sock")
+        self.started = False
+        # The server's own store and config folders (a served run gets the test's own from
+        # its request's environment); it exits by itself 10 minutes after its last request
+        # should the session die before stopping it.
+        self.env = cli_env(
+            JAXAOT_SERVER_SOCKET=self.socket,
+            JAXAOT_STORE_DIR=str(folder / "store"),
+            XDG_CONFIG_HOME=str(folder / "config"),
+            JAXAOT_SERVER_IDLE="600",
+        )
+        self.env.update(env or {})
+        self.env.pop("JAXAOT_SERVER", None)
+
+    def _command(self, action: str) -> subprocess.CompletedProcess[str]:
+        env = self.env
+        cmd = [sys.executable, "-m", "jaxaot", "server", action]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    def start(self) -> str:
+        if not self.started:
+            started = self._command("start")
+            assert started.returncode == 0, started.stderr
+            self.started = True
+        return self.socket
+
+    def stop(self) -> None:
+        if self.started:
+            self._command("stop")
+
+
 @pytest.fixture(autouse=True, scope="session")
-def test_server() -> Iterator[str | None]:
-    """``JAXAOT_TEST_SERVER=1`` (``make test-server``): the suite's ``jaxaot`` runs go through
-    one resident server (jaxaot.cli.server) on a private socket; otherwise every run is
-    in-process. Yields that socket's path, or None."""
-    if os.environ.get("JAXAOT_TEST_SERVER", "") in ("", "0"):
+def suite_server() -> Iterator[SuiteServer | None]:
+    """The session's :class:`SuiteServer`; None with ``JAXAOT_TEST_SERVER=0``."""
+    if _test_server_mode() == "none":
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="jaxaot-test-server-") as tmp:
-        env = cli_env(JAXAOT_SERVER_SOCKET=str(Path(tmp) / "server.sock"))
-        env.pop("JAXAOT_SERVER", None)
-        cmd = [sys.executable, "-m", "jaxaot", "server"]
-        started = subprocess.run([*cmd, "start"], env=env, capture_output=True, text=True)
-        assert started.returncode == 0, started.stderr
+        server = SuiteServer(Path(tmp))
         try:
-            yield env["JAXAOT_SERVER_SOCKET"]
+            yield server
         finally:
-            subprocess.run([*cmd, "stop"], env=env, capture_output=True, text=True)
+            server.stop()
 
 
 @pytest.fixture(autouse=True)
 def isolated_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_server: str | None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    suite_server: SuiteServer | None,
 ) -> Path:
     store = tmp_path / "store"
     monkeypatch.setenv("JAXAOT_STORE_DIR", str(store))
@@ -96,14 +151,17 @@ def isolated_store(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     for name in ("JAXAOT_ALLOW_IMPORTS", "JAXAOT_TRUST_STORE", "JAXAOT_TRUST_COMMAND_LINE"):
         monkeypatch.delenv(name, raising=False)
-    # No test's `jaxaot` reaches a developer's server; with JAXAOT_TEST_SERVER=1 every one
-    # reaches the suite's own (tests/test_server.py starts its own per test).
-    if test_server is None:
+    # No test's `jaxaot` reaches a developer's server: it reaches the suite's own, or none
+    # (tests/test_server.py starts its own per test). A served run takes its store, config
+    # folders and variables from the test's environment, as a plain process would.
+    node = request.node
+    plain = node.get_closest_marker("plain_process") and _test_server_mode() != "all"
+    if suite_server is None or plain or not node.get_closest_marker("slow"):
         monkeypatch.setenv("JAXAOT_SERVER", "0")
         monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(tmp_path / "no-server" / "server.sock"))
     else:
         monkeypatch.delenv("JAXAOT_SERVER", raising=False)
-        monkeypatch.setenv("JAXAOT_SERVER_SOCKET", test_server)
+        monkeypatch.setenv("JAXAOT_SERVER_SOCKET", suite_server.start())
     return store
 
 
@@ -210,38 +268,294 @@ def compose_run(tmp_path: Path):  # type: ignore[no-untyped-def]
     return call
 
 
-# The fast tier (`make test-fast`, `pytest -m "not slow"`): the unit tests of the modules below,
-# less any that starts a process (the `cli` fixture, a cluster) or runs a whole pipeline
-# (`compose_run`), and the lint and type check. Every other test is marked `slow`.
-FAST_MODULES = frozenset(
+# The fast tier (`make test-fast`, `pytest -m "not slow"`): every test that starts no process
+# and runs no pipeline. Whether a test does is read from the source (ast): a test is slow when
+# it uses a fixture of SLOW_FIXTURES, or when its body, a fixture it uses or a function or
+# class it calls (in its own module, in tests/ or here, followed through) calls one of
+# SLOW_CALLS. So a new unit test is in the fast tier with no list to edit; a test that is slow
+# for another reason (a long compile, a sleep) says so with ``@pytest.mark.slow``.
+SLOW_CALLS = frozenset(
     {
-        "test_argspec",
-        "test_canonical",
-        "test_config",
-        "test_inputs",
-        "test_jax_options",
-        "test_keylock",
-        "test_layers",
-        "test_memo",
-        "test_report",
-        "test_summary",
+        # a process
+        "subprocess.run",
+        "subprocess.Popen",
+        "subprocess.call",
+        "subprocess.check_call",
+        "subprocess.check_output",
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.posix_spawn",
+        "os.posix_spawnp",
+        "multiprocessing.Process",
+        "multiprocessing.Pool",
+        "conftest.run_cli",
+        "conftest.run_sweep",
+        # a whole pipeline in this process
+        "jaxaot.run",
+        "jaxaot.engine.runner.run",
+        "jaxaot.cli.main.main",
+        "conftest.run_numbered",
+        # Graphviz's `dot`
+        "jaxaot.cli.graph_cmd.main",
     }
 )
 SLOW_FIXTURES = frozenset({"cli", "compose_run", "slurm"})
-SLOW_TESTS = frozenset({"test_lint_and_types"})
+TESTS = Path(__file__).resolve().parent
+
+
+class _Module:
+    """One test-side module's top-level functions and classes, and what its names import."""
+
+    def __init__(self, path: Path) -> None:
+        tree = ast.parse(path.read_text(), str(path))
+        self.name = path.stem
+        self.defs: dict[str, ast.AST] = {}
+        self.imports: dict[str, str] = {}  # local name -> dotted name it stands for
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                self.defs[node.name] = node
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        self.imports[alias.asname] = alias.name
+                    else:
+                        root = alias.name.partition(".")[0]
+                        self.imports[root] = root
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                # `_run = run_numbered`, `_go = functools.partial(run_cli, ...)`: an alias
+                value = node.value
+                if (
+                    isinstance(value, ast.Call)
+                    and value.args
+                    and "partial" in ast.unparse(value.func)
+                ):
+                    value = value.args[0]
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and isinstance(value, ast.Name | ast.Attribute):
+                    dotted = self.dotted(value)
+                    if dotted is not None:
+                        self.imports[target.id] = dotted
+
+    def dotted(self, func: ast.expr) -> str | None:
+        """The dotted name a call's function stands for (``sp.run`` -> ``subprocess.run``)."""
+        parts: list[str] = []
+        while isinstance(func, ast.Attribute):
+            parts.append(func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name):
+            return None
+        head = self.imports.get(func.id, f"{self.name}.{func.id}")
+        return ".".join([head, *reversed(parts)])
+
+
+@functools.cache
+def _module(name: str) -> _Module | None:
+    path = TESTS / f"{name}.py"
+    return _Module(path) if path.is_file() else None
+
+
+def _slow(dotted: str, seen: set[str]) -> bool:
+    """Whether calling ``dotted`` starts a process or runs a pipeline, as far as the source in
+    tests/ tells: a name of SLOW_CALLS is; a function or class defined in tests/ is read and
+    followed; anything else is not."""
+    if dotted in SLOW_CALLS:
+        return True
+    if dotted in seen:
+        return False
+    seen.add(dotted)
+    module_name, _, rest = dotted.partition(".")
+    module = _module(module_name)
+    node = module.defs.get(rest.partition(".")[0]) if module else None
+    return module is not None and node is not None and _calls_slow(module, node, None, seen)
+
+
+def _calls_slow(module: _Module, node: ast.AST, cls: ast.ClassDef | None, seen: set[str]) -> bool:
+    """Whether ``node`` (a function, or a class's methods) calls anything slow; ``self.f()``
+    in a method of ``cls`` follows ``cls.f``."""
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        if (
+            cls is not None
+            and isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in ("self", "cls")
+        ):
+            method = next((n for n in cls.body if getattr(n, "name", None) == func.attr), None)
+            key = f"{module.name}.{cls.name}.{func.attr}"
+            if method is not None and key not in seen:
+                seen.add(key)
+                if _calls_slow(module, method, cls, seen):
+                    return True
+            continue
+        target = module.dotted(func)
+        if target is not None and _slow(target, seen):
+            return True
+    return False
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & SLOW_FIXTURES:
+        return True
+    module = _module(item.path.stem) if item.path.parent == TESTS else None
+    function = getattr(item, "originalname", item.name)
+    owner = getattr(item, "cls", None)
+    node = module.defs.get(owner.__name__ if owner else function) if module else None
+    if module is None or node is None:
+        return True  # source not found: not known to be fast
+    seen: set[str] = set()
+    if isinstance(node, ast.ClassDef):
+        cls = node
+        method = next((n for n in cls.body if getattr(n, "name", None) == function), None)
+        if method is None or _calls_slow(module, method, cls, seen):
+            return True
+        fixtures = [n for n in cls.body if getattr(n, "name", None) in names]
+        if any(_calls_slow(module, f, cls, seen) for f in fixtures):
+            return True
+    elif _calls_slow(module, node, None, seen):
+        return True
+    # the fixtures of its module it uses (conftest's slow ones are SLOW_FIXTURES)
+    return any(_slow(f"{module.name}.{name}", seen) for name in names if name in module.defs)
+
+
+# The optional extras the tests use (pyproject's [project.optional-dependencies]): the modules
+# that show each is installed, and what a failure says when it is not (jaxaot's own install
+# hint, Python's, JAX's, Hydra's). Where an extra is missing, a test (or a test module's
+# import) that fails saying so is reported as skipped, naming the extra; a test that needs one
+# and fails otherwise without it is marked ``@pytest.mark.extra("sweep")``. With every extra
+# installed (`make test`) nothing is skipped this way.
+EXTRAS = {
+    "tpu": ("libtpu",),
+    "cuda-aot": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc"),
+    "profile": ("xprof",),
+    "models": ("flax", "equinox", "optax", "orbax.checkpoint"),
+    "sweep": (
+        "hydra_plugins.hydra_joblib_launcher",
+        "hydra_plugins.hydra_submitit_launcher",
+        "optuna",
+        "matplotlib",
+    ),
+}
+EXTRA_MISSING_SAYS = {
+    "tpu": ("'jaxaot[tpu]'", "No module named 'libtpu", "JAX TPU support not installed"),
+    "cuda-aot": ("'jaxaot[cuda-aot]'", "No module named 'jax_plugins", "No module named 'nvidia"),
+    "profile": ("'jaxaot[profile]'", "No module named 'xprof"),
+    "models": (
+        "'jaxaot[models]'",
+        "No module named 'flax",
+        "No module named 'equinox",
+        "No module named 'optax",
+        "No module named 'orbax",
+    ),
+    "sweep": (
+        "'jaxaot[sweep]'",
+        "No module named 'optuna",
+        "No module named 'matplotlib",
+        "No module named 'PIL",
+        "No module named 'hydra_plugins.hydra_joblib_launcher",
+        "No module named 'hydra_plugins.hydra_submitit_launcher",
+        "Could not find 'hydra/launcher/joblib'",
+        "hydra/launcher=joblib: no such option",
+        "Could not load 'hydra/launcher/jaxaot_submitit_slurm'",
+    ),
+}
+
+
+@functools.cache
+def missing_extra_modules(extra: str) -> tuple[str, ...]:
+    """The modules of ``extra`` (a key of :data:`EXTRAS`) that cannot be imported here."""
+    missing = []
+    for name in EXTRAS[extra]:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # its parent package is missing
+            found = False
+        if not found:
+            missing.append(name)
+    return tuple(missing)
+
+
+def extra_reason(extra: str) -> str:
+    """The skip reason of a test that needs ``extra`` (a key of :data:`EXTRAS`), naming it:
+    for ``@pytest.mark.extra``, and at a module's top for its imports,
+    ``pytest.importorskip("optuna", reason=extra_reason("sweep"))``."""
+    missing = missing_extra_modules(extra) or EXTRAS[extra]
+    return f"needs the [{extra}] extra ({', '.join(missing)} not installed): pip install -e '.[{extra}]'"
+
+
+def _missing_extra_in(report: pytest.CollectReport | pytest.TestReport) -> str | None:
+    """The missing extra a failed report's text (traceback, captured output and log) says it
+    failed for, or None."""
+    text = "\n".join([str(report.longrepr), *(content for _, content in report.sections)])
+    for extra, says in EXTRA_MISSING_SAYS.items():
+        if missing_extra_modules(extra) and any(s in text for s in says):
+            return extra
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        extra = _missing_extra_in(report)
+        if extra is not None:
+            report.outcome = "skipped"
+            report.longrepr = (
+                str(item.path),
+                item.location[1] or 0,
+                f"Skipped: {extra_reason(extra)}",
+            )
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
+    report = yield
+    if report.failed and isinstance(collector, pytest.Module):
+        extra = _missing_extra_in(report)
+        if extra is not None:
+            report.outcome = "skipped"
+            report.longrepr = (str(collector.path), None, f"Skipped: {extra_reason(extra)}")
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: left out of the fast tier (make test-fast)")
+    config.addinivalue_line(
+        "markers",
+        "plain_process: its `jaxaot` runs start a plain process, never the suite's server "
+        "(the process itself is tested)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"extra(*names): needs these optional extras ({', '.join(EXTRAS)}); skipped, naming "
+        "them, where they are not installed",
+    )
+    # pytest-xdist's, registered here too for runs without it (-p no:xdist)
+    config.addinivalue_line("markers", "xdist_group(name): run in one xdist worker")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.module.__name__ if item.module is not None else ""
-        fast = (
-            module in FAST_MODULES
-            and getattr(item, "originalname", item.name) not in SLOW_TESTS
-            and not SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
-        )
-        if not fast:
+        if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+        for mark in item.iter_markers("extra"):
+            for extra in mark.args:
+                if extra not in EXTRAS:
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: @pytest.mark.extra: expected one of {', '.join(EXTRAS)}, "
+                        f"found {extra!r}"
+                    )
+                if missing_extra_modules(extra):
+                    item.add_marker(pytest.mark.skip(reason=extra_reason(extra)))
+        if "slurm" in getattr(item, "fixturenames", ()):
+            # one throw-away SLURM cluster at a time: its tests run in one xdist worker
+            item.add_marker(pytest.mark.xdist_group("slurm"))

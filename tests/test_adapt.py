@@ -7,13 +7,17 @@ import re
 import threading
 from typing import Any
 
+import pytest
+from conftest import extra_reason
+
+pytest.importorskip("equinox", reason=extra_reason("models"))
+
 import equinox as eqx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from flax import nnx
 from flax.training import train_state
 from jaxaot.config.tree_paths import argument_paths

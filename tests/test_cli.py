@@ -15,6 +15,8 @@ import pytest
 import yaml
 from conftest import REPO, cli_env, read_manifest, run_cli
 
+pytestmark = pytest.mark.plain_process  # the `jaxaot` command as a process
+
 MODEL = textwrap.dedent(
     """
     import jax.numpy as jnp

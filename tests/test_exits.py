@@ -21,6 +21,8 @@ from conftest import REPO, cli_env, read_manifest, run_cli
 from jaxaot.errors import StageError
 from jaxaot.util.exits import ProgramExit, Terminated, exit_code, guard_os_exit, signals_raise
 
+pytestmark = pytest.mark.plain_process  # exit statuses and signals of a started `jaxaot`
+
 TARGETS = textwrap.dedent(
     """
     import os

@@ -462,6 +462,7 @@ def _progress(stdout: str) -> list[tuple[int, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.extra("tpu")
 def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     from conftest import cli_env, run_cli
 
@@ -524,6 +525,7 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extra("tpu")
 def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     from conftest import cli_env, run_cli
 
@@ -564,6 +566,7 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extra("tpu")
 @pytest.mark.parametrize("to", ["group", "search"])
 def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
     tmp_path: Path, to: str

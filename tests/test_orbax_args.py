@@ -9,11 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import extra_reason
+
+pytest.importorskip("orbax.checkpoint", reason=extra_reason("models"))
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-import pytest
 import tensorstore as ts
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P

@@ -9,13 +9,17 @@ import json
 import re
 from typing import Any, NamedTuple
 
+import pytest
+from conftest import extra_reason
+
+pytest.importorskip("equinox", reason=extra_reason("models"))
+
 import equinox as eqx
 import flax.core.meta as flax_meta
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-import pytest
 from flax.training import train_state
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P

@@ -23,6 +23,8 @@ from jaxaot.rundir.logs import (
     verbose_argv,
 )
 
+pytestmark = pytest.mark.plain_process  # what a started `jaxaot` prints
+
 AXPY = ["program=axpy", "program.args=[3,4]"]
 INFO = "[jaxaot][INFO]"
 

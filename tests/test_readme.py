@@ -10,6 +10,10 @@ commands and are left alone.
 Only where things are written is redirected: each README section (``## ...``) runs its blocks
 in order in a fresh temporary directory, so the README's relative ``outputs/`` and
 ``golden/`` land there, with ``JAXAOT_STORE_DIR`` pointing at one store shared by the sections.
+The ``jaxaot`` commands run as written and reach a resident ``jaxaot server`` of the examples'
+own, as after the README's ``jaxaot server start`` (served runs are what in-process runs are:
+tests/test_server.py), except in the section that starts and stops its own; with
+``JAXAOT_TEST_SERVER=0`` every one is a plain process.
 A block is left out only by an explicit marker right before it, with its reason:
 
     <!-- readme-test: skip (needs a TPU host) -->
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env
+from conftest import REPO, SuiteServer, cli_env
 
 README = REPO / "README.md"
 COMMAND = re.compile(
@@ -146,8 +150,18 @@ BLOCKS = readme_blocks()
 SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if not b.skip))
 
 
+# Sections that start and stop a `jaxaot server` of their own: their examples get a socket of
+# their own, and run in-process where no server of theirs runs.
+OWN_SERVER = frozenset(b.section for b in BLOCKS if not b.skip and "jaxaot server" in b.text)
+
+
 @pytest.fixture(scope="module")
-def readme_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def readme_env(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> Iterator[dict[str, str]]:
+    """The examples' environment: this checkout's console scripts first on PATH, one store,
+    and (unless ``JAXAOT_TEST_SERVER=0``) a resident ``jaxaot server`` of the examples' own
+    that the ``jaxaot`` commands reach, as after the README's ``jaxaot server start``."""
     bin_dir = tmp_path_factory.mktemp("bin")
     for name, module in SCRIPTS.items():
         script = bin_dir / name
@@ -156,15 +170,29 @@ def readme_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     (bin_dir / "python").symlink_to(sys.executable)
     store = tmp_path_factory.mktemp("store")
     env = cli_env(
-        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        JAXAOT_STORE_DIR=str(store),
-        # The README's `jaxaot server start` starts the examples' own server, not a developer's.
-        JAXAOT_SERVER_SOCKET=str(tmp_path_factory.mktemp("server") / "server.sock"),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", JAXAOT_STORE_DIR=str(store)
     )
     env.pop("JAXAOT_SERVER", None)
-    yield env
-    # A failed example may leave its server running: none outlives the tests.
-    subprocess.run([sys.executable, "-m", "jaxaot", "server", "stop"], env=env, capture_output=True)
+    server = None
+    if suite_server is not None:
+        server = SuiteServer(tmp_path_factory.mktemp("server"), env)
+        env["JAXAOT_SERVER_SOCKET"] = server.start()
+    try:
+        yield env
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _section_env(section: str, env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    if section not in OWN_SERVER:
+        return env
+    # The section's `jaxaot server start` starts the examples' own server, not a developer's
+    # nor the one the other sections share; a failed example may leave it running: none
+    # outlives its section (the caller stops it).
+    folder = tmp_path / "own-server"
+    folder.mkdir(mode=0o700)
+    return {**env, "JAXAOT_SERVER_SOCKET": str(folder / "server.sock")}
 
 
 def _run(block: Block, cwd: Path, env: dict[str, str], n: int) -> None:
@@ -201,11 +229,19 @@ def test_readme_section_runs_verbatim(
     section: str, tmp_path: Path, readme_env: dict[str, str]
 ) -> None:
     """Every example of one README section, in order, in one fresh directory."""
-    for n, block in enumerate(b for b in BLOCKS if b.section == section):
-        if block.skip:
-            print(f"readme-test: skipped {block}: {block.skip}")
-            continue
-        _run(block, tmp_path, readme_env, n)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _section_env(section, readme_env, tmp_path)
+    try:
+        for n, block in enumerate(b for b in BLOCKS if b.section == section):
+            if block.skip:
+                print(f"readme-test: skipped {block}: {block.skip}")
+                continue
+            _run(block, work, env, n)
+    finally:
+        if env is not readme_env:
+            stop = [sys.executable, "-m", "jaxaot", "server", "stop"]
+            subprocess.run(stop, env=env, capture_output=True, timeout=120)
 
 
 def test_readme_skips_are_explicit() -> None:

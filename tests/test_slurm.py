@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, cli_env, read_manifest
+from conftest import REPO, cli_env, extra_reason, missing_extra_modules, read_manifest
 from jaxaot.config.order import STAGES
 from jaxaot.sweeps.requeue import prepare, resume_point, stamp_manifest
 from jaxaot.sweeps.slurm import JobState, _expand, _parse, query_states, wait_all
@@ -42,7 +42,7 @@ SLOW = ["program.target=slurm_programs:slow_compile", "hydra.callbacks.sweep.hea
 def slurm() -> Iterator[Any]:
     from slurm_cluster import SlurmCluster, unavailable
 
-    reason = unavailable()
+    reason = unavailable() or (extra_reason("sweep") if missing_extra_modules("sweep") else None)
     if reason:
         print(f"\nSLURM tests skipped: {reason}", file=sys.stderr)
         pytest.skip(reason)

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, read_manifest, run_cli
+from conftest import cli_env, extra_reason, read_manifest, run_cli
+
+pytest.importorskip("matplotlib", reason=extra_reason("sweep"))
+
 from jaxaot.sweeps.progress import WARNING_CHARS, human_value, progress_line
 from PIL import Image
 

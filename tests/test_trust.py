@@ -61,7 +61,7 @@ def _allow_line(name: str) -> str:
         "cProfile:run",
         "profile:run",
         "distutils.spawn:spawn",
-        "joblib:load",
+        pytest.param("joblib:load", marks=pytest.mark.extra("sweep")),
         "logging.config:fileConfig",
         "numpy:fromfile",
         "gzip:open",

@@ -11,7 +11,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import read_manifest
+
+# the walkthrough as a user runs it: one `jaxaot` process a case
+pytestmark = pytest.mark.plain_process
 
 
 def _module(run_dir: Path) -> str:
