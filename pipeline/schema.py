@@ -28,9 +28,11 @@ from jaxaot.config.sections import (
     writable,
 )
 from jaxaot.config.topology_config import for_topology
+from jaxaot.config.trust import policy_of
 from jaxaot.errors import ConfigError
 from jaxaot.stages import NODES
 from jaxaot.stages.compile import CompileConfig
+from jaxaot.stages.contract import CheckFacts
 from jaxaot.stages.execute import ExecuteConfig
 from jaxaot.stages.lower import LowerConfig
 from jaxaot.stages.stage_out import StageOutConfig
@@ -136,8 +138,9 @@ def validated(
     axis_env): the run binds them once."""
     typed = typed_config(cfg)
     check_shared(typed)
+    facts = CheckFacts(policy=policy_of(typed))
     for n in NODES:
-        n.check(typed)
+        n.check(getattr(typed, n.name), facts)
     bound = check_relations(typed)
     return typed, bound
 

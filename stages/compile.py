@@ -39,7 +39,15 @@ from jaxaot.errors import (
 )
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
-from jaxaot.stages.contract import Entry, Plan, RunFacts, StageContext, Uncached, Upstream
+from jaxaot.stages.contract import (
+    CheckFacts,
+    Entry,
+    Plan,
+    RunFacts,
+    StageContext,
+    Uncached,
+    Upstream,
+)
 from jaxaot.stages.convention import (
     Convention,
     convention_of,
@@ -70,7 +78,6 @@ log = logging.getLogger("jaxaot")
 
 if TYPE_CHECKING:
     import jax
-    from jaxaot.schema import JaxaotConfig
 
 
 DEFAULT_DUMP = ("hlo", "buffer_assignment", "memory_usage")  # compile.dump_keep's default
@@ -714,9 +721,8 @@ def run(
     )
 
 
-def check(cfg: JaxaotConfig) -> None:
+def check(comp: CompileConfig, facts: CheckFacts) -> None:
     """compile's options, before JAX: backend, symbolic sizes, device counts."""
-    comp = cfg.compile
     if comp.backend not in BACKENDS:
         raise ConfigError(
             f"compile.backend: expected one of {', '.join(BACKENDS)}, found {comp.backend!r}"

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from jaxaot.config.argspec import BoundArgs
     from jaxaot.config.mesh import ArgShardings, MeshSpec
     from jaxaot.config.trust import ImportPolicy
-    from jaxaot.schema import JaxaotConfig
 
 log = logging.getLogger("jaxaot")
 
@@ -63,6 +62,14 @@ class Artifact:
 
     def to_json(self) -> dict[str, Any]:
         return {"sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True)
+class CheckFacts:
+    """What a stage's :meth:`Stage.check` may read besides its own options: known from the
+    config alone, before JAX is imported and before the arguments are bound."""
+
+    policy: ImportPolicy  # what may be imported: trust.*, the environment, the user file
 
 
 @dataclass(frozen=True)
@@ -212,9 +219,11 @@ class Stage(Protocol[Opt, R]):
     verb: str  # progress lines: "still compiling"
     report: tuple[str, ...]  # metrics that become sweep report columns (<name>.<metric>)
 
-    def check(self, cfg: JaxaotConfig) -> None:
+    def check(self, opts: Opt, facts: CheckFacts) -> None:
         """Fires in :func:`jaxaot.schema.validate`, for every stage of every run, before JAX is
-        imported: raise :class:`~jaxaot.errors.ConfigError` naming the key."""
+        imported, with this stage's options: raise :class:`~jaxaot.errors.ConfigError` naming
+        the key. What spans sections is checked after every stage's check
+        (:func:`jaxaot.config.sections.check_relations`)."""
         ...
 
     def run(self, ctx: StageContext, up: Upstream) -> R:
@@ -354,6 +363,7 @@ __all__ = [
     "Ahead",
     "Artifact",
     "Cached",
+    "CheckFacts",
     "Entry",
     "Finishing",
     "Loadable",

@@ -25,7 +25,7 @@ from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
 from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
-from jaxaot.stages.contract import RunFacts, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, RunFacts, StageContext, Upstream
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
 from jaxaot.stages.stage_out import StagedOut
@@ -35,7 +35,6 @@ from jaxaot.util.reprs import tree_text
 if TYPE_CHECKING:
     import numpy as np
     from jaxaot.config.mesh import MeshSpec
-    from jaxaot.schema import JaxaotConfig
 
 CHECKS: tuple[str, ...] = ("none", "reference")  # execute.check
 
@@ -669,9 +668,8 @@ def run(ctx: StageContext, compiled: Compiled, staged: StagedOut | None) -> Exec
     return Executed(outputs=outputs, timings=timings, check=check)
 
 
-def check(cfg: JaxaotConfig) -> None:
+def check(ex: ExecuteConfig, facts: CheckFacts) -> None:
     """execute's options, before JAX."""
-    ex = cfg.execute
     if ex.seed < 0:  # numpy's generators take non-negative seeds only
         raise ConfigError(f"execute.seed: expected an int >= 0, found {ex.seed}")
     if ex.check not in CHECKS:

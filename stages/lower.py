@@ -21,13 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jaxaot.config.argspec import symbols
 from jaxaot.config.mesh import MeshSpec
-from jaxaot.config.placement import check_placement
 from jaxaot.config.sections import PLATFORMS, check_indices
-from jaxaot.config.trust import policy_of
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
-from jaxaot.stages.contract import Entry, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, Entry, StageContext, Upstream
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.export_rules import (
     check_disabled,
@@ -51,7 +49,6 @@ from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import jax
-    from jaxaot.schema import JaxaotConfig
 
 
 @dataclass(frozen=True)
@@ -533,10 +530,9 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
     )
 
 
-def check(cfg: JaxaotConfig) -> None:
+def check(low: LowerConfig, facts: CheckFacts) -> None:
     """lower's options, before JAX: donation, platform and safety-check spellings, metadata,
-    text options."""
-    low = cfg.lower
+    text options (placement against the mesh and the topology: check_relations)."""
     check_indices("lower.donate_argnums", low.donate_argnums)
     check_disabled(low.disabled_checks)
     for p in low.platforms or ():
@@ -558,8 +554,7 @@ def check(cfg: JaxaotConfig) -> None:
             f"lower.elide_constants_over: expected a number of elements >= 0, or null to keep "
             f"every constant in the texts; found {elide!r}"
         )
-    check_metadata(low.xla_metadata, low.scoped_metadata, policy_of(cfg))
-    check_placement(cfg)
+    check_metadata(low.xla_metadata, low.scoped_metadata, facts.policy)
 
 
 def summarize(m: Mapping[str, Any]) -> str:

@@ -30,7 +30,7 @@ from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
-from jaxaot.stages.contract import Entry, RunFacts, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, Entry, RunFacts, StageContext, Upstream
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.resolving import (
     abstract_value,
@@ -44,7 +44,6 @@ from jaxaot.util.reprs import tree_text
 
 if TYPE_CHECKING:
     import jax
-    from jaxaot.schema import JaxaotConfig
 
 
 @dataclass(frozen=True)
@@ -581,9 +580,9 @@ def _check_derived_fit(facts: RunFacts, made: DerivedArgs) -> None:
         check_fit(made.evaluation.derived_values(), facts.platform)
 
 
-def check(cfg: JaxaotConfig) -> None:
+def check(opts: StageOutConfig, facts: CheckFacts) -> None:
     """stage_out's options, before JAX (the argument specs are bound by the engine)."""
-    check_indices("stage_out.static_argnums", cfg.stage_out.static_argnums)
+    check_indices("stage_out.static_argnums", opts.static_argnums)
 
 
 def summarize(m: Mapping[str, Any]) -> str:

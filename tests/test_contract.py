@@ -67,7 +67,7 @@ class Source:
     recomputed_differs: dict[str, str] = field(default_factory=dict)
     load_raises: Exception | None = None
 
-    def check(self, cfg: Any) -> None:
+    def check(self, opts: Any, facts: Any) -> None:
         return None
 
     def summarize(self, metrics: Any) -> str:
@@ -112,7 +112,7 @@ class Upper:
     not_storable: str | None = None
     threads: list[str] = field(default_factory=list)
 
-    def check(self, cfg: Any) -> None:
+    def check(self, opts: Any, facts: Any) -> None:
         return None
 
     def summarize(self, metrics: Any) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 from jaxaot.config.jax_options import check_before_import
 from jaxaot.config.mesh import check_parallel
 from jaxaot.config.order import STAGES
+from jaxaot.config.placement import check_placement
 from jaxaot.config.snapshot_dirs import check_snapshot_dirs
 from jaxaot.config.topology_config import check_topology
 from jaxaot.config.trust import check_imports
@@ -148,6 +149,7 @@ def check_relations(cfg: JaxaotConfig) -> BoundArgs | None:
     """What spans sections, after each stage checked its own: meshes and shardings against the
     devices, the import policy over every importable name, snapshots, the target topology.
     The arguments when the mesh checks bound them, else None."""
+    check_placement(cfg)  # lower's placement keys against the mesh and compile.topology
     bound = check_parallel(cfg)
     check_imports(cfg)
     _check_snapshot(cfg.snapshot)
