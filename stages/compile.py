@@ -43,6 +43,7 @@ from jaxaot.stages.contract import (
     CheckFacts,
     Entry,
     Plan,
+    Presentation,
     RunFacts,
     StageContext,
     Uncached,
@@ -843,24 +844,10 @@ class CompileStage:
     sections: tuple[str, ...] = ("compile",)
     artifacts: tuple[str, ...] = ARTIFACTS
     required: tuple[str, ...] = ("executable.bin",)
-    verb: str = "compiling"
-    report: tuple[str, ...] = (
-        "flops",
-        "bytes_accessed",
-        "argument_bytes",
-        "output_bytes",
-        "temp_bytes",
-        "code_bytes",
-        "peak_bytes",
-        "peak_top",
-        "breakdown_threads_s",
-        "breakdown_top",
-    )
-    noun: str = "executable"
+    show: Presentation = Presentation(verb="compiling", noun="executable", summarize=summarize)
     again: str = "compiled again from lower/exported.bin"
     recomputed_differs: Mapping[str, str] = MappingProxyType({})
     check = staticmethod(check)
-    summarize = staticmethod(summarize)
     compat = staticmethod(compat)
     plan = staticmethod(_plan)
 

@@ -65,6 +65,17 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Presentation:
+    """How a stage shows itself: progress lines, the runner's messages, the run's summary."""
+
+    verb: str  # "compiling": "still compiling (...)", "..., compiling instead"
+    noun: str  # what its record is called in messages: "executable"
+    # The stage's summary line from the metrics its manifest entry holds (any jaxaot's
+    # manifest). Fires when a summary is rendered: the end of a run, ``jaxaot-report``.
+    summarize: Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
 class CheckFacts:
     """What a stage's :meth:`Stage.check` may read besides its own options: known from the
     config alone, before JAX is imported and before the arguments are bound."""
@@ -216,8 +227,7 @@ class Stage(Protocol[Opt, R]):
     sections: tuple[str, ...]  # config sections taken from the checkpoint when a later stage
     # resumes (its options, and whatever else changes what it makes)
     artifacts: tuple[str, ...]  # files it writes and a store entry holds
-    verb: str  # progress lines: "still compiling"
-    report: tuple[str, ...]  # metrics that become sweep report columns (<name>.<metric>)
+    show: Presentation  # verb, noun and summary line
 
     def check(self, opts: Opt, facts: CheckFacts) -> None:
         """Fires in :func:`jaxaot.schema.validate`, for every stage of every run, before JAX is
@@ -233,17 +243,11 @@ class Stage(Protocol[Opt, R]):
         becomes a :class:`~jaxaot.errors.StageError` naming the stage."""
         ...
 
-    def summarize(self, metrics: Mapping[str, Any]) -> str:
-        """Fires when a summary is rendered (end of a run, ``jaxaot-report``): the stage's one
-        summary line from the metrics its manifest entry holds; any jaxaot's manifest."""
-        ...
-
 
 @runtime_checkable
 class Loadable(Protocol[R_co]):
     """A stage whose record can be made from verified files."""
 
-    noun: str  # what its record is called in messages ("executable")
     again: str  # what happens when a checkpoint's result cannot serve ("computed again")
     # Artifacts compared with the checkpoint's when the stage, before start_at, is computed
     # again as a live input: the warning when they differ.
@@ -370,6 +374,7 @@ __all__ = [
     "OnResume",
     "Plan",
     "Prepared",
+    "Presentation",
     "RunFacts",
     "Stage",
     "StageContext",

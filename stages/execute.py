@@ -25,7 +25,7 @@ from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
 from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
-from jaxaot.stages.contract import CheckFacts, RunFacts, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, Presentation, RunFacts, StageContext, Upstream
 from jaxaot.stages.inputs import spec_inputs, user_inputs
 from jaxaot.stages.jax_mesh import replica_reference
 from jaxaot.stages.stage_out import StagedOut
@@ -731,19 +731,7 @@ class ExecuteStage:
     live_inputs: tuple[str, ...] = ()
     sections: tuple[str, ...] = ("execute",)
     check = staticmethod(check)
-    summarize = staticmethod(summarize)
-    verb: str = "executing"
-    report: tuple[str, ...] = (
-        "median_s",
-        "stddev_s",
-        "flops_per_s",
-        "intensity",
-        "roofline_fraction",
-        "peak_flops",
-        "peak_bytes_per_s",
-        "profile_top_op",
-        "profile_top_share",
-    )
+    show: Presentation = Presentation(verb="executing", noun="result", summarize=summarize)
     artifacts: tuple[str, ...] = (
         "outputs.npz",
         "outputs.bits.npz",

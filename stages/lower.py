@@ -25,7 +25,7 @@ from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.stages import module_text
-from jaxaot.stages.contract import CheckFacts, Entry, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, Entry, Presentation, StageContext, Upstream
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.export_rules import (
     check_disabled,
@@ -581,13 +581,10 @@ class LowerStage:
     )  # lowering again needs the traced program, not its record
     sections: tuple[str, ...] = ("lower", "mesh")
     artifacts: tuple[str, ...] = ARTIFACTS
-    verb: str = "lowering"
-    report: tuple[str, ...] = ()
-    noun: str = "lowering"
+    show: Presentation = Presentation(verb="lowering", noun="lowering", summarize=summarize)
     again: str = "computed again"
     recomputed_differs: Mapping[str, str] = MappingProxyType({})
     check = staticmethod(check)
-    summarize = staticmethod(summarize)
 
     def run(self, ctx: StageContext[LowerConfig], up: Upstream) -> Lowered:
         return run(ctx, up["stage_out"])

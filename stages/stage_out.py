@@ -30,7 +30,7 @@ from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
-from jaxaot.stages.contract import CheckFacts, Entry, RunFacts, StageContext, Upstream
+from jaxaot.stages.contract import CheckFacts, Entry, Presentation, RunFacts, StageContext, Upstream
 from jaxaot.stages.jax_mesh import per_replica, stacked, unbound_axis_error
 from jaxaot.stages.resolving import (
     abstract_value,
@@ -614,9 +614,7 @@ class StageOutStage:
         arg_table.JSON_NAME,
         arg_table.TEXT_NAME,
     )
-    verb: str = "tracing"
-    report: tuple[str, ...] = ()
-    noun: str = "traced program"
+    show: Presentation = Presentation(verb="tracing", noun="traced program", summarize=summarize)
     again: str = "computed again"
     recomputed_differs: Mapping[str, str] = MappingProxyType(
         {
@@ -625,7 +623,6 @@ class StageOutStage:
     )
 
     check = staticmethod(check)
-    summarize = staticmethod(summarize)
 
     def run(self, ctx: StageContext[StageOutConfig], up: Upstream) -> StagedOut:
         return run(ctx)

@@ -26,6 +26,7 @@ from jaxaot.stages.contract import (
     Entry,
     Loadable,
     Plan,
+    Presentation,
     Stage,
     StageContext,
     Uncached,
@@ -34,6 +35,10 @@ from jaxaot.stages.contract import (
 from jaxaot.store.cache import Store
 
 FACTS: Any = SimpleNamespace(program="fake")  # what the runner itself reads of the run's facts
+SOURCE_SHOWS = Presentation(
+    verb="reading", noun="text", summarize=lambda m: f"{m.get('chars', 0)} chars"
+)
+UPPER_SHOWS = Presentation(verb="upper-casing", noun="upper text", summarize=lambda m: "")
 
 
 @dataclass(frozen=True)
@@ -60,18 +65,13 @@ class Source:
     live_inputs: tuple[str, ...] = ()
     sections: tuple[str, ...] = ("src",)
     artifacts: tuple[str, ...] = ("src.txt",)
-    verb: str = "reading"
-    report: tuple[str, ...] = ()
-    noun: str = "text"
+    show: Presentation = SOURCE_SHOWS
     again: str = "read again"
     recomputed_differs: dict[str, str] = field(default_factory=dict)
     load_raises: Exception | None = None
 
     def check(self, opts: Any, facts: Any) -> None:
         return None
-
-    def summarize(self, metrics: Any) -> str:
-        return f"{metrics.get('chars', 0)} chars"
 
     def run(self, ctx: StageContext, up: Upstream) -> Text:
         self.calls.append("run")
@@ -102,9 +102,7 @@ class Upper:
     sections: tuple[str, ...] = ("upper",)
     artifacts: tuple[str, ...] = ("upper.txt",)
     required: tuple[str, ...] = ("upper.txt",)
-    verb: str = "upper-casing"
-    report: tuple[str, ...] = ()
-    noun: str = "upper text"
+    show: Presentation = UPPER_SHOWS
     again: str = "computed again"
     recomputed_differs: dict[str, str] = field(default_factory=dict)
     keyed: bool = True
@@ -114,9 +112,6 @@ class Upper:
 
     def check(self, opts: Any, facts: Any) -> None:
         return None
-
-    def summarize(self, metrics: Any) -> str:
-        return ""
 
     def compat(self, backend: Any) -> dict[str, Any]:
         return {"platform": backend.get("platform")}

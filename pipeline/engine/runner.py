@@ -561,7 +561,7 @@ class _Runner:
                     raise
                 reason = exc.reason if isinstance(exc, StageError) else one_line(exc)
                 why = f"unusable here ({reason})"
-        return None, f"checkpoint {node.noun} {why}; not loaded, {node.again}"
+        return None, f"checkpoint {node.show.noun} {why}; not loaded, {node.again}"
 
     def _compare_with_checkpoint(self, node: Stage[Any, Any], ctx: StageContext) -> None:
         """A stage recomputed before ``start_at``: say when it differs from the checkpoint's."""
@@ -630,10 +630,10 @@ class _Runner:
             except StoreError as exc:  # EntryUnusable, or verified bytes the read refused
                 reason = one_line(exc)
                 outcome = self.store.discard(node.name, key, reason)
-                ctx.warn(f"{label} unusable ({reason}); {outcome}, {node.verb} instead")
+                ctx.warn(f"{label} unusable ({reason}); {outcome}, {node.show.verb} instead")
                 ctx.reset()
             except NotLoadableHere as exc:  # the entry is fine; this process is not
-                ctx.warn(f"{label} not loaded cold ({one_line(exc)}), {node.verb} instead")
+                ctx.warn(f"{label} not loaded cold ({one_line(exc)}), {node.show.verb} instead")
                 ctx.reset()
             else:
                 saved = max(entry.compute_seconds - (time.perf_counter() - t0), 0.0)

@@ -74,7 +74,7 @@ def where_it_stopped(run_dir: Path, task_cfg: Any) -> str:
         return "after its last stage"
     if stage == "compile":
         return "in the compiler"
-    verb = {n.name: n.verb for n in NODES}.get(stage) or "in"
+    verb = {n.name: n.show.verb for n in NODES}.get(stage) or "in"
     return f"while {verb} ({stage})"
 
 

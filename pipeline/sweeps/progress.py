@@ -38,7 +38,7 @@ PLAN_NAME = "sweep.json"
 JOB_NAME = "job.json"
 LINES_DIR = "progress"
 
-_VERB = {node.name: node.verb for node in NODES}  # "still compiling (...)"
+_VERB = {node.name: node.show.verb for node in NODES}  # "still compiling (...)"
 
 
 class AtMost(int):
