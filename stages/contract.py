@@ -19,6 +19,12 @@ Outcomes of ``load`` that steer the runner are exception types
 (:class:`~jaxaot.errors.EntryUnusable`, :class:`~jaxaot.errors.NotLoadableHere`), and a program
 that does not fit is :class:`~jaxaot.errors.DoesNotFit`.
 
+A stage reads its own options and the run's facts, never another stage's section: ``check``
+gets its options and :class:`CheckFacts` (before JAX, before the arguments are bound); every
+other member gets its options (``StageContext.opts`` or ``opts``) and :class:`RunFacts`, which
+the engine works out once per run (:func:`jaxaot.engine.run_facts.run_facts`). A result
+another stage needs travels in the record (execute runs at the sizes in ``Compiled.shapes``).
+
 Stages write files only through :meth:`StageContext.write`, so every artifact is written
 atomically and lands in the manifest with its sha256 and size.
 """
