@@ -99,7 +99,7 @@ def _identity_checks(prog: str, tmp: Path, reps: int = 200) -> list[tuple[str, f
             t0 = time.perf_counter()
             target = compile_stage.prepare(typed.compile, lowered)  # convention to key, check
             env = jaxenv.key_environment(compile_stage.compile_platform(typed.compile))
-            key_of(compile_stage.cache_key(typed, lowered, target, backend, env))
+            key_of(compile_stage.cache_key(typed.compile, lowered, target, backend, env))
             why = compile_stage.mismatch(compile_stage.convention_of(loaded), [target.convention])
             samples.append(time.perf_counter() - t0)
             assert why is None, why

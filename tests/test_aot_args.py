@@ -274,7 +274,7 @@ def test_the_resolution_recorded_holds_the_keyword_leaves() -> None:
     assert mesh is not None
     s = jax.ShapeDtypeStruct((8,), jnp.float32)
     found = resolved_with_keywords(
-        cfg, bind_config(cfg, ["x"]), mesh, (s,), {"a": s, "b": s}, ["x"], {"a": ("batch",)}
+        cfg.lower, bind_config(cfg, ["x"]), mesh, (s,), {"a": s, "b": s}, ["x"], {"a": ("batch",)}
     )
     assert found.resolution is not None
     assert {r["path"]: r["by"] for r in found.resolution.table()} == {

@@ -263,7 +263,7 @@ def test_an_error_near_zero_passes_by_the_absolute_tolerance() -> None:
     import numpy as np
     from jaxaot.stages.execute import _compare
 
-    ctx = SimpleNamespace(cfg=SimpleNamespace(execute=SimpleNamespace(rtol=None, atol=None)))
+    ctx = SimpleNamespace(opts=SimpleNamespace(rtol=None, atol=None))
     want = np.array([1e-7, 1.0], np.float32)
     got = np.array([2.4e-7, 1.0], np.float32)  # rel err 1.4 next to a zero, abs err 1.4e-7
     check = _compare(ctx, [got], [want])  # type: ignore[arg-type]
