@@ -61,9 +61,10 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup
 test: $(TEST_STAMP) graphviz slurm
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
-# The fast tier: the tests that start no process and run no pipeline (under a minute).
+# The fast tier: the tests that start no process, run no pipeline, compose no config and
+# compile nothing (tests/conftest.py says how it is read; under a minute).
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The same suite with every `jaxaot` run going through the server, the plain_process ones too.
 test-server: $(TEST_STAMP) graphviz slurm

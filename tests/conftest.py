@@ -268,12 +268,13 @@ def compose_run(tmp_path: Path):  # type: ignore[no-untyped-def]
     return call
 
 
-# The fast tier (`make test-fast`, `pytest -m "not slow"`): every test that starts no process
-# and runs no pipeline. Whether a test does is read from the source (ast): a test is slow when
-# it uses a fixture of SLOW_FIXTURES, or when its body, a fixture it uses or a function or
-# class it calls (in its own module, in tests/ or here, followed through) calls one of
-# SLOW_CALLS. So a new unit test is in the fast tier with no list to edit; a test that is slow
-# for another reason (a long compile, a sleep) says so with ``@pytest.mark.slow``.
+# The fast tier (`make test-fast`, `pytest -m "not slow"`): every test that starts no process,
+# runs no pipeline, composes no config with Hydra and compiles nothing with XLA. Whether a test
+# does is read from the source (ast): a test is slow when it uses a fixture of SLOW_FIXTURES,
+# or when its body, a fixture it uses or a function or class it calls (in its own module, in
+# tests/ or here, followed through) calls one of SLOW_CALLS or SLOW_METHODS. So a new unit test
+# is in the fast tier with no list to edit; a test that is slow for another reason (a sleep, a
+# Hydra config loader of its own) says so with ``@pytest.mark.slow``.
 SLOW_CALLS = frozenset(
     {
         # a process
@@ -298,8 +299,19 @@ SLOW_CALLS = frozenset(
         "conftest.run_numbered",
         # Graphviz's `dot`
         "jaxaot.cli.graph_cmd.main",
+        # a Hydra composition of the whole config (~0.4 s each)
+        "jaxaot.compose",
+        "jaxaot.api.compose",
+        # an XLA compile: jit (compiles when called), `lowered.compile()`
+        "jax.jit",
+        "jax.pmap",
+        # a fixture chosen at run time: not known to be fast
+        "getfixturevalue",
     }
 )
+# Method calls slow whatever their receiver: `.compile()` of a lowering (not re.compile), and
+# `.lower(...)` with arguments (a jitted function's; str.lower takes none).
+SLOW_METHODS = frozenset({"compile", "lower"})
 SLOW_FIXTURES = frozenset({"cli", "compose_run", "slurm"})
 TESTS = Path(__file__).resolve().parent
 
@@ -315,7 +327,9 @@ class _Module:
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 self.defs[node.name] = node
-            elif isinstance(node, ast.Import):
+        # imports at the top and inside functions (`from conftest import run_cli` in a test)
+        for node in [*tree.body, *(n for n in ast.walk(tree) if n not in tree.body)]:
+            if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
                         self.imports[alias.asname] = alias.name
@@ -325,7 +339,7 @@ class _Module:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            elif node in tree.body and isinstance(node, ast.Assign) and len(node.targets) == 1:
                 # `_run = run_numbered`, `_go = functools.partial(run_cli, ...)`: an alias
                 value = node.value
                 if (
@@ -362,7 +376,7 @@ def _slow(dotted: str, seen: set[str]) -> bool:
     """Whether calling ``dotted`` starts a process or runs a pipeline, as far as the source in
     tests/ tells: a name of SLOW_CALLS is; a function or class defined in tests/ is read and
     followed; anything else is not."""
-    if dotted in SLOW_CALLS:
+    if dotted in SLOW_CALLS or dotted.rpartition(".")[2] in SLOW_CALLS:
         return True
     if dotted in seen:
         return False
@@ -393,6 +407,13 @@ def _calls_slow(module: _Module, node: ast.AST, cls: ast.ClassDef | None, seen: 
                 if _calls_slow(module, method, cls, seen):
                     return True
             continue
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in SLOW_METHODS
+            and (func.attr != "lower" or call.args or call.keywords)
+            and module.dotted(func) not in ("re.compile", "regex.compile")
+        ):
+            return True
         target = module.dotted(func)
         if target is not None and _slow(target, seen):
             return True

@@ -19,6 +19,10 @@ from jaxaot.sweeps import compose_cache
 from jaxaot.sweeps.compose_cache import SweepConfigLoader
 from omegaconf import DictConfig, OmegaConf
 
+# Hydra's own sweep composition (its config loader and launcher), seconds a test: not the
+# fast tier.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def loader() -> Iterator[Any]:
