@@ -27,7 +27,7 @@ from jaxaot.config.sections import name_after_target
 from jaxaot.config.trust import check_task_config, install_command_line, install_guards
 from jaxaot.engine.own_args import check_own_arguments
 from jaxaot.engine.resume import resolve_latest_argv
-from jaxaot.errors import ConfigError, JaxaotError
+from jaxaot.errors import ConfigError, DoesNotFit, JaxaotError
 from jaxaot.rundir.dirs import (
     check_user_dirs,
     print_only,
@@ -155,7 +155,7 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
         _remove_if_unstarted()
         if _debug(cfg):
             traceback.print_exc()
-        code = int(getattr(exc, "exit_code", 1))  # 3: does not fit (compile.topology)
+        code = DoesNotFit.exit_code if isinstance(exc, DoesNotFit) else 1
         # In a sweep the job's progress line shows the error: printed once.
         if not _is_multirun() or not _progress_lines():
             print(f"jaxaot: {'error: ' if code == 1 else ''}{exc}", file=sys.stderr, flush=True)
