@@ -123,6 +123,11 @@ class MissingDependencyError(JaxaotError, ImportError):
     """An optional dependency of a feature is not installed (the message names the extra)."""
 
 
+class UnsafeSocketError(JaxaotError, PermissionError):
+    """The server socket's folder, or the process listening on the socket, is not this
+    user's own: nothing is sent through it."""
+
+
 class RunDirError(JaxaotError, OSError):
     """The run directory cannot take the run's manifest (a full disk, a read-only file system)."""
 
@@ -164,5 +169,6 @@ __all__ = [
     "StoreError",
     "TargetError",
     "Unkeyable",
+    "UnsafeSocketError",
     "UnusableExecutable",
 ]

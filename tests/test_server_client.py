@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from jaxaot.cli.server import client, protocol
-from jaxaot.cli.server.folder import UnsafeSocketError
+from jaxaot.errors import UnsafeSocketError
 
 NO_GROUP = 4_194_304  # above the kernel's largest pid: signals to this group reach no one
 

@@ -30,6 +30,7 @@ import pytest
 from conftest import cli_env
 from jaxaot.cli.server import client, protocol
 from jaxaot.cli.server import folder as ss
+from jaxaot.errors import UnsafeSocketError
 
 ATTACKER = 65534  # nobody
 SERVER = [sys.executable, "-m", "jaxaot", "server"]
@@ -82,7 +83,7 @@ def test_unsafe_folders_are_one_line_naming_the_folder(tmp_path: Path) -> None:
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o755)
     loose.chmod(0o755)
-    with pytest.raises(ss.UnsafeSocketError) as info:
+    with pytest.raises(UnsafeSocketError) as info:
         ss.check_folder(loose, create=True)
     assert str(info.value) == (
         f"server socket folder {loose} has mode 0755, not 0700: others have access; "
@@ -92,19 +93,19 @@ def test_unsafe_folders_are_one_line_naming_the_folder(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(real)
-    with pytest.raises(ss.UnsafeSocketError, match=r"folder .*/link is a symbolic link; set"):
+    with pytest.raises(UnsafeSocketError, match=r"folder .*/link is a symbolic link; set"):
         ss.check_folder(tmp_path / "link", create=True)
-    with pytest.raises(ss.UnsafeSocketError, match=r"is unsafe: .*/link is a symbolic link"):
+    with pytest.raises(UnsafeSocketError, match=r"is unsafe: .*/link is a symbolic link"):
         ss.check_folder(tmp_path / "link" / "inner", create=True)
     assert not (real / "inner").exists()
     (tmp_path / "file").write_text("")
-    with pytest.raises(ss.UnsafeSocketError, match=r"/file is not a folder"):
+    with pytest.raises(UnsafeSocketError, match=r"/file is not a folder"):
         ss.check_folder(tmp_path / "file", create=True)
     # A folder on the way that others can write to (not sticky): they could swap ours out.
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    with pytest.raises(ss.UnsafeSocketError, match=r"/shared is writable by others and not sticky"):
+    with pytest.raises(UnsafeSocketError, match=r"/shared is writable by others and not sticky"):
         ss.check_folder(shared / "mine", create=True)
     assert not (shared / "mine").exists()
     shared.chmod(0o1777)  # like /tmp: others cannot rename what is ours
@@ -153,7 +154,7 @@ def test_connect_to_ones_own_listener(tmp_path: Path) -> None:
         sock.close()
     (folder / "s.sock").unlink()
     (folder / "s.sock").write_text("")
-    with pytest.raises(ss.UnsafeSocketError, match=r"s\.sock is not a socket of yours"):
+    with pytest.raises(UnsafeSocketError, match=r"s\.sock is not a socket of yours"):
         client.connect(folder / "s.sock")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.cli.server import facts
-from jaxaot.cli.server.folder import FIX, UnsafeSocketError, check_folder, socket_path
+from jaxaot.cli.server.folder import FIX, check_folder, socket_path
 from jaxaot.cli.server.protocol import (
     PROTOCOL,
     operation,
@@ -30,6 +30,7 @@ from jaxaot.cli.server.protocol import (
     recv,
     send,
 )
+from jaxaot.errors import UnsafeSocketError
 
 
 def connect(path: Path) -> socket.socket | None:

@@ -102,8 +102,9 @@ def serve_forever() -> None:
     import fcntl
     import warnings
 
-    from jaxaot.cli.server.folder import UnsafeSocketError, check_folder, socket_path
+    from jaxaot.cli.server.folder import check_folder, socket_path
     from jaxaot.cli.server.loop import Server
+    from jaxaot.errors import UnsafeSocketError
 
     path = socket_path()
     try:

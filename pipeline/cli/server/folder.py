@@ -25,16 +25,11 @@ import stat
 import sys
 from pathlib import Path
 
-from jaxaot.errors import JaxaotError
+from jaxaot.errors import UnsafeSocketError
 
 OVERRIDE = "JAXAOT_SERVER_SOCKET"
 FIX = f"set {OVERRIDE} to a path in a folder of your own (e.g. ~/.jaxaot/server.sock)"
 _OPEN = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafeSocketError(JaxaotError, PermissionError):
-    """The server socket's folder, or the process listening on the socket, is not this
-    user's own: nothing is sent through it."""
 
 
 def runtime_dir() -> Path | None:
@@ -166,7 +161,6 @@ def check_folder(folder: Path, *, create: bool) -> None:
 __all__ = [
     "FIX",
     "OVERRIDE",
-    "UnsafeSocketError",
     "check_folder",
     "default_folder",
     "folder_problem",
