@@ -154,10 +154,10 @@ def check_relations(cfg: JaxaotConfig) -> BoundArgs | None:
     check_imports(cfg)
     _check_snapshot(cfg.snapshot)
     check_topology(cfg)
-    return bound
     # Last, the only checks that look at the file system: where the store and snapshots go.
     check_store_dir(cfg.store.dir, cfg.store.enabled)
     check_snapshot_dirs(cfg.snapshot)
+    return bound
 
 
 def check_indices(key: str, values: list[int]) -> None:
