@@ -26,7 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Hypothesis keeps its caches in ./.hypothesis by default: the tests leave nothing where pytest
-# runs (issue 14), so they go to the temp dir.
+# runs, so they go to the temp dir.
 os.environ.setdefault(
     "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "jaxaot-tests-hypothesis")
 )

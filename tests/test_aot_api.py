@@ -427,8 +427,8 @@ def test_every_dtype_round_trips_on_disk(compose_run: Any, dtype: str) -> None:
 
 
 def test_int4_inputs_on_a_mesh(compose_run: Any) -> None:
-    # JAX: jit with shardings on a 2-device mesh adds int4 arrays (jaxaot's placement used to
-    # give an unpacked layout the executable refused).
+    # JAX: jit with shardings on a 2-device mesh adds int4 arrays (jaxaot places them in the
+    # layout the executable takes; an unpacked layout is refused).
     result = compose_run(
         f"{T}:add",
         "program.args=[i4[4], i4[4]]",

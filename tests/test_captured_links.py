@@ -1,4 +1,4 @@
-"""One copy of a big executable on disk (issue 19): run directories hard-link the store's entry.
+"""One copy of a big executable on disk: run directories hard-link the store's entry.
 
 A program that captures a 256 KiB constant compiles to an executable over
 :data:`jaxaot.util.links.LINK_MIN_BYTES`: its run directory's ``compile/executable.bin`` and the

@@ -1,5 +1,5 @@
-"""The ``jaxaot`` command in a subprocess: Hydra's introspection, the issue's example, user
-config directories, and errors as one line with a non-zero exit."""
+"""The ``jaxaot`` command in a subprocess: Hydra's introspection, a user module through every
+stage option, user config directories, and errors as one line with a non-zero exit."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def test_cfg_job_prints_the_composed_config_without_running(tmp_path: Path) -> N
     assert not (tmp_path / "run").exists()
 
 
-# --- the issue's example ---------------------------------------------------------------------
+# --- a user module through every stage option ------------------------------------------------
 
 
 def test_the_issues_example_with_a_user_module(tmp_path: Path) -> None:

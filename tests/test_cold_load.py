@@ -1,5 +1,5 @@
-"""Executables loaded in a process that lowered nothing (issue 12, item 4): LAPACK custom calls,
-NamedTuple outputs, and a custom call no one here can vouch for.
+"""Executables loaded in a process that lowered nothing: LAPACK custom calls, NamedTuple
+outputs, and a custom call no one here can vouch for.
 
 Each scenario runs the program once to fill the store and a run directory, then loads the
 executable in fresh subprocesses; every output must equal the first run's bit for bit.
@@ -55,7 +55,7 @@ def test_linalg_executable_loads_cold_from_the_store(tmp_path: Path, op: str, co
     results = {"eigh": "EighResult", "svd": "SVDResult", "qr": "QRResult"}
     if op in results:
         assert lowered["namedtuples"] == [f"jax._src.numpy.linalg:{results[op]}"]
-    # A resumed compile is keyed by its export (issue 12): the first resume here stores the
+    # A resumed compile is keyed by its export's bytes: the first resume here stores the
     # executable it compiles from exported.bin, the cold process below is served that entry.
     # (in a fresh process too: this test process may run more devices, which the key covers)
     warm = _run(tmp_path, "warm", f"resume_from={first}", "start_at=compile")

@@ -83,7 +83,7 @@ def test_stage_out_static_args_default_to_the_programs() -> None:
     ],
 )
 def test_free_form_dict_and_list_overrides(override: str, key: str, value: Any) -> None:
-    # The issue's own example sets compile.compiler_options={...} on the command line.
+    # A user sets compile.compiler_options={...} on the command line.
     typed = validate(jaxaot.compose(["program=axpy", override]))
     section, _, name = key.partition(".")
     assert getattr(getattr(typed, section), name) == value
@@ -131,8 +131,8 @@ def test_unknown_keys_and_wrong_types(cfg: dict[str, Any], match: str) -> None:
     ],
 )
 def test_a_key_added_with_plus_is_unknown_naming_it(override: str, message: str) -> None:
-    # Hydra lets `+key=value` add a key to the typed config; it used to surface as
-    # "internal error: FrozenInstanceError" when the frozen dataclass was built.
+    # Hydra lets `+key=value` add a key to the typed config; it is an unknown key, not an
+    # "internal error: FrozenInstanceError" from building the frozen dataclass.
     with pytest.raises(ConfigError) as info:
         validate(jaxaot.compose(["program=axpy", override]))
     assert str(info.value) == message

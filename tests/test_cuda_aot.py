@@ -1,4 +1,4 @@
-"""compile.topology for NVIDIA GPUs (issue 16): deviceless CUDA compiles on this CPU host.
+"""compile.topology for NVIDIA GPUs: deviceless CUDA compiles on this CPU host.
 
 Tiny programs for h100 / b200 targets through the CUDA plugin's compile-only devices, each a
 second or two. The executable cannot run here: what is checked is the CUDA compile itself

@@ -1,4 +1,4 @@
-"""XLA's dumps per run (issue 18, item 2): ``compile.dump=true`` writes this compile's dumps into
+"""XLA's dumps per run: ``compile.dump=true`` writes this compile's dumps into
 ``compile/xla_dump/``, never through the process's XLA_FLAGS and never into the compile key."""
 
 from __future__ import annotations

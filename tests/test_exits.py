@@ -1,7 +1,8 @@
-"""Honest exits (issue 12): a run that ends early is recorded, says so in one line, exits non-zero.
+"""Honest exits: a run that ends early is recorded, says so in one line, exits non-zero.
 
-``sys.exit(0)`` and ``os._exit(0)`` in a target used to make jaxaot exit 0 with no stage run;
-Ctrl-C printed a traceback; SIGTERM killed the process; each left the manifest ``running``.
+``sys.exit(0)`` and ``os._exit(0)`` in a target fail its stage (exit 1), never exit 0 with no
+stage run; Ctrl-C and SIGTERM print one line, no traceback, and exit 130 / 143; none leaves the
+manifest ``running``.
 Every case runs ``jaxaot`` in a subprocess, as a user or a batch system would.
 """
 
@@ -84,7 +85,7 @@ def test_a_target_that_exits_fails_its_stage(
         cwd=tmp_path,
         env=user_env,
     )
-    assert proc.returncode == 1, proc.stderr  # was 0, with no stage run
+    assert proc.returncode == 1, proc.stderr  # the stage fails: never 0 with no stage run
     how = "sys.exit" if target == "calls_sys_exit" else "os._exit"
     message = (
         f"stage 'stage_out' failed: the program called {how}(0); expected it to return "
@@ -227,7 +228,7 @@ def test_an_interrupt_python_drops_still_ends_the_run(
     tmp_path: Path, user_env: dict[str, str], sig: int, code: int, line: str
 ) -> None:
     """A signal whose exception is raised where Python drops it (a __del__, JAX's gc callback)
-    ends the run after the stage: it was seen finishing as ``ok`` (issue 19's server tests)."""
+    ends the run after the stage as ``interrupted``, never as ``ok`` with exit 0."""
     proc = run_cli(
         [
             "program.target=exit_targets:signalled_where_python_drops_it",

@@ -1,6 +1,6 @@
-"""jaxaot-diff compares optimized HLO as structure (issue 18, item 4): fusions by kind, ops
-added and removed, collectives and their bytes, bytes per fusion, layouts; jaxlib's HLO parser
-first, the regex reader when jaxlib refuses the text."""
+"""jaxaot-diff compares optimized HLO as structure: fusions by kind, ops added and removed,
+collectives and their bytes, bytes per fusion, layouts; jaxlib's HLO parser first, the regex
+reader when jaxlib refuses the text."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Captured constants (issue 19): texts elide them, the compile key never does."""
+"""Captured constants: texts elide them, the compile key never does."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def test_no_import_circles_between_modules() -> None:
 
 
 def test_no_two_modules_share_a_name() -> None:
-    """``parallel.py`` in two folders once meant two different things; a name is one concept."""
+    """A name is one concept: two ``parallel.py`` in two folders would mean two different things."""
     leaves: dict[str, list[str]] = {}
     for module, path in _modules().items():
         if path.name not in ("__init__.py", "__main__.py"):

@@ -1,8 +1,8 @@
-"""Limits checked before any work (issue 12): device counts, array sizes, input memory, seeds.
+"""Limits checked before any work: device counts, array sizes, input memory, seeds.
 
-Each case used to start work it could not finish: a million virtual CPU devices, an XLA abort
+Unchecked, each case starts work it cannot finish: a million virtual CPU devices, an XLA abort
 (SIGABRT) on an array size that overflows int64, a MemoryError after compiling, a seed that
-failed in the execute stage. Each is now one line on stderr, exit 1, before the run starts.
+fails in the execute stage. Each is one line on stderr, exit 1, before the run starts.
 The 2048-device case is XLA:CPU's real limit, measured: it compiles, 2049 do not.
 """
 

@@ -71,8 +71,8 @@ def test_second_run_in_a_process_reuses_lowering_and_executable(compose_run: Any
     before = memo.stats()
     warm = compose_run("program=mlp", "execute.repeats=1")
     after = memo.stats()
-    # The jaxpr text, and the lowering's texts, digest and cost analysis (one memo entry since
-    # issue 19); the executable the cold run compiled and stored is the one the warm run loads.
+    # The jaxpr text, and the lowering's texts, digest and cost analysis (one memo entry); the
+    # executable the cold run compiled and stored is the one the warm run loads.
     assert after["derived_hits"] - before["derived_hits"] >= 2
     assert after["executable_hits"] - before["executable_hits"] == 1
     assert warm.manifest["stages"]["compile"]["status"] == "cached"

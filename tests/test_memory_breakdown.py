@@ -1,5 +1,5 @@
-"""Peak memory and what makes it (issue 27, item 1): memory_breakdown.json against plain JAX and
-XLA's own dump of the same compile, on CPU and on a v5e:2x2 topology compile."""
+"""Peak memory and what makes it: memory_breakdown.json against plain JAX and XLA's own dump of
+the same compile, on CPU and on a v5e:2x2 topology compile."""
 
 from __future__ import annotations
 

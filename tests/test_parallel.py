@@ -147,7 +147,7 @@ def test_collective_without_axis_env_says_how_to_bind(compose_run: Any) -> None:
     with pytest.raises(
         ConfigError, match=r"over axis 'i', but no axis names are bound.*axis_env=\[\[i,4\]\]"
     ):
-        # the shipped program brings its axis_env (issue 14): take it away
+        # the shipped program brings its axis_env: take it away
         compose_run("program=collectives_psum", "program.axis_env=null", "stop_after=stage_out")
 
 
@@ -211,19 +211,19 @@ def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) 
     assert second["execute"].check["ok"]
 
 
-# --- device limits, checked before any device starts (issue 12) ------------------------------
+# --- device limits, checked before any device starts ----------------------------------------
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        # The issue's repro: a million virtual CPU devices, started until memory ran out.
+        # A million virtual CPU devices: unchecked, they are started until memory runs out.
         (
             ["program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]"],
             r"^stage_out\.axis_env=\[\[i,1000\],\[j,1000\]\] needs 1000000 virtual CPU devices, but "
             r"XLA:CPU runs at most 2048 in one process .*; stop_after=lower needs no devices",
         ),
-        # XLA's own message for this was "Multiprocess computations aren't implemented".
+        # Unchecked, XLA says "Multiprocess computations aren't implemented".
         (
             ["program=mlp", "mesh.shape=[64,64]"],
             r"^mesh\.shape=\[64, 64\] needs 4096 virtual CPU devices, but XLA:CPU runs at most 2048",

@@ -1,4 +1,4 @@
-"""``execute.profile=true`` (issue 18, item 1): a jax.profiler trace of the timed calls that
+"""``execute.profile=true``: a jax.profiler trace of the timed calls that
 XProf and Perfetto read, and per-op time of the executable from it."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_the_sweep_report_shows_the_top_op(tmp_path: Path) -> None:
 
 
 def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> None:
-    """compile.breakdown=true (issue 18, item 3): XLA's phases and hot spots from a trace of the
+    """compile.breakdown=true: XLA's phases and hot spots from a trace of the
     compile, in compile_trace/breakdown.json and the manifest, the summary, the sweep report and jaxaot-diff; not in the key."""
     import subprocess
     import sys

@@ -1,7 +1,8 @@
-"""Run directories are never shared (issue 12): unique time-stamped dirs, refused reuse.
+"""Run directories are never shared: unique time-stamped dirs, refused reuse.
 
-Two runs started in the same second used to share Hydra's ``outputs/<date>/<time>/``, the later
-silently replacing the earlier's manifest, ``.hydra/`` and artifacts.
+Two runs started in the same second get ``<time>``, ``<time>-1``, ...: one shared
+``outputs/<date>/<time>/`` would let the later silently replace the earlier's manifest,
+``.hydra/`` and artifacts. A run dir named on the command line that already holds a run is refused.
 """
 
 from __future__ import annotations

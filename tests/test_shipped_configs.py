@@ -1,5 +1,5 @@
 """Every shipped ``conf/program/*.yaml`` composed, validated and run through all four stages,
-as shipped: the collective programs carry their own ``axis_env`` (issue 14)."""
+as shipped: the collective programs carry their own ``axis_env``."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_every_program_config_runs_through_all_stages(compose_run, name: str) ->
     assert result.ok, result.manifest["error"]
     assert [result.manifest["stages"][s]["status"] for s in STAGES[:2]] == ["ran", "ran"]
     assert result.manifest["stages"]["compile"]["status"] in ("ran", "cached")
-    # captured_constant exists to draw the advice to pass big constants as arguments (issue 19).
+    # captured_constant exists to draw the advice to pass big constants as arguments.
     advice = ["large constant"] if name == "captured_constant" else []
     assert [w for w in result.manifest["warnings"] if "large constant" not in w] == []
     assert [

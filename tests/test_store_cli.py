@@ -184,7 +184,7 @@ def test_main_returns_exit_codes_in_process(
     assert "invalid size '1QB'" in err and "entry.json is not valid JSON" in out
 
 
-# -- verify --deep, temp folders, read-only stores (issue 12, items 2 and 10) ----------------
+# -- verify --deep, temp folders, read-only stores ---------------------------------------------
 
 
 def test_verify_deep_reports_and_removes_an_entry_that_cannot_be_loaded(

@@ -1,5 +1,5 @@
-"""Shared and team stores (issue 12, items 8 and 9): modes follow the umask, and nothing that
-users you do not trust can write is unpickled, from the store or from ``resume_from``."""
+"""Shared and team stores: modes follow the umask, and nothing that users you do not trust can
+write is unpickled, from the store or from ``resume_from``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""compile.topology (issue 15): compiling for TPU topologies on this CPU host through libtpu.
+"""compile.topology: compiling for TPU topologies on this CPU host through libtpu.
 
 Tiny programs on v5e:2x2 / v4:2x2x1, each compile a second or so. The fit verdict is checked
 against XLA's own memory analysis and its own HBM rejection; the store against a second run.
@@ -114,7 +114,7 @@ def test_bad_names_are_one_line_config_errors(value: str, match: str) -> None:
 
 def test_table_has_every_figure_with_a_source() -> None:
     for gen in GENERATIONS.values():
-        if gen.platform == "cuda":  # NVIDIA GPUs (issue 16): tests/test_cuda_aot.py
+        if gen.platform == "cuda":  # NVIDIA GPUs: tests/test_cuda_aot.py
             assert gen.source.startswith("NVIDIA ")
         else:
             assert gen.platform == "tpu" and gen.source.startswith("cloud.google.com/tpu/docs")

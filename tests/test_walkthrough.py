@@ -54,7 +54,7 @@ def test_static_x_7_folds_the_constant_14_and_runs_to_19(cli) -> None:
 def test_int32_3_arrays_for_scalar_types_are_refused_naming_the_input(cli, tmp_path: Path) -> None:
     """The walkthrough calls the scalar-typed executable with int32[3] arrays and JAX refuses
     ("Argument types differ ..."); jaxaot refuses the same inputs before the call, naming the
-    file, the declared and the found type (issue 12: inputs are never converted)."""
+    file, the declared and the found type (inputs are never converted)."""
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
     np.save(a, np.arange(3, dtype=np.int32))
     np.save(b, np.arange(3, dtype=np.int32))
