@@ -29,7 +29,7 @@ from typing import Any
 
 from jaxaot.errors import DoesNotFit, one_line
 from jaxaot.stages.contract import StageContext
-from jaxaot.util.fsio import sha256_bytes
+from jaxaot.util.fsio import flock_file, sha256_bytes
 
 log = logging.getLogger("jaxaot")
 
@@ -66,16 +66,10 @@ def options(folder: Path) -> dict[str, Any]:
 def locked(folder: Path) -> Iterator[None]:
     """``folder``, emptied, to one compile at a time (processes of a sweep may compile the same
     program; one lock file per 256th of the names), and removed after."""
-    locks = folder.parent / "locks"
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    locks.mkdir(exist_ok=True)
-    with open(locks / f"{folder.name[:2]}.lock", "a") as handle:
-        try:
-            import fcntl
-
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # no locks here: the folder is still this compile's
-            pass
+    # Where no lock can be had (no fcntl, a file system without locks) the compile goes on
+    # unlocked: the folder is still this compile's.
+    with flock_file(folder.parent / "locks" / f"{folder.name[:2]}.lock"):
         shutil.rmtree(folder, ignore_errors=True)
         try:
             yield

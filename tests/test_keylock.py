@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from jaxaot.errors import ConfigError
-from jaxaot.store.locks import KeyLock, remove_idle_locks
+from jaxaot.store.locks import KeyLock, file_lock, remove_idle_locks
+from jaxaot.util.fsio import FILE_MODE, flock_file
 
 KEY = "ab" * 32
 
@@ -32,7 +35,8 @@ def test_a_held_key_is_refused_without_waiting_and_free_after_release(tmp_path: 
     assert (tmp_path / "locks" / "compile" / f"{KEY}.lock").is_file()
 
 
-def test_with_waits_for_the_holder(tmp_path: Path) -> None:
+def test_with_waits_for_the_holder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jaxaot")
     holder = KeyLock(_store(tmp_path), "compile", KEY)
     assert holder.acquire()
 
@@ -46,6 +50,9 @@ def test_with_waits_for_the_holder(tmp_path: Path) -> None:
         assert waiter.held
         assert time.perf_counter() - t0 >= 0.25
     assert not waiter.held
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == f"[compile] {KEY[:12]} is being computed by another job; waiting for it"
+    assert said[1].startswith("[compile] waited ") and said[1].endswith(f" s for {KEY[:12]}")
 
 
 def test_disabled_or_read_only_store_runs_unlocked(tmp_path: Path) -> None:
@@ -94,3 +101,71 @@ def test_a_failed_compile_leaves_its_key_unlocked(compose_run) -> None:  # type:
         worker.join(timeout=120)
         assert not worker.is_alive(), "the second run waited on a lock the first one kept"
     assert len(errors) == 2 and "xla_backend_optimization_level" in errors[1]
+
+
+def test_flock_file_shared_exclusive_busy_and_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b.lock"
+    with flock_file(path, shared=True) as first, flock_file(path, shared=True) as second:
+        assert first.held and second.held and path.is_file()  # folders and file created
+        assert (path.stat().st_mode & 0o777) == FILE_MODE & ~_umask()
+        busy = flock_file(path, wait=False)
+        assert busy.busy and not busy.held and busy.fileno() == -1
+    assert not first.held and first.fileno() == -1
+    holder = flock_file(path)
+    assert not os.get_inheritable(holder.fileno())  # a started program never holds it
+    waited: list[float] = []
+    threading.Timer(0.3, holder.close).start()
+    t0 = time.perf_counter()
+    with flock_file(path, waiting=lambda: waited.append(time.perf_counter() - t0)) as waiter:
+        assert waiter.held and len(waited) == 1 and time.perf_counter() - t0 >= 0.25
+    with pytest.raises(FileNotFoundError):
+        flock_file(tmp_path / "missing.lock", create=False)
+    assert not (tmp_path / "missing.lock").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_no_lock_here_runs_unlocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without locks (ENOLCK): KeyLock, file_lock and gc run unlocked."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, how: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = flock_file(tmp_path / "x.lock")
+    assert not lock.held and not lock.busy and isinstance(lock.error, OSError)
+    key = KeyLock(_store(tmp_path), "compile", KEY)
+    assert key.acquire(blocking=False) and not key.held
+    with file_lock(tmp_path / "stats.lock", exclusive=True) as locked:
+        assert locked is False
+    old = time.time() - 7200
+    os.utime(key.path, (old, old))
+    assert remove_idle_locks(tmp_path, older_than_s=3600) == 0 and key.path.exists()
+
+
+def test_an_unopenable_lock_runs_unlocked(tmp_path: Path) -> None:
+    (tmp_path / "locks").write_text("a file where the locks folder goes")
+    key = KeyLock(_store(tmp_path), "compile", KEY)
+    assert key.acquire() and not key.held
+    with file_lock(tmp_path / "locks" / "stats.lock", exclusive=False) as locked:
+        assert locked is False
+
+
+def test_a_peak_dump_folder_is_one_compiles_at_a_time(tmp_path: Path) -> None:
+    from jaxaot.stages import peak_dump
+
+    folder = tmp_path / "peak" / "ab12"
+    folder.mkdir(parents=True)
+    (folder / "stale.txt").write_text("a previous compile's dump")
+    with peak_dump.locked(folder):
+        assert not folder.exists()  # emptied for this compile
+        assert flock_file(tmp_path / "peak" / "locks" / "ab.lock", wait=False).busy
+    assert not folder.exists()
+    with flock_file(tmp_path / "peak" / "locks" / "ab.lock", wait=False) as free:
+        assert free.held

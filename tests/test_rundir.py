@@ -214,3 +214,34 @@ def test_a_default_sweep_dir_holds_all_its_jobs_under_a_parallel_launcher(tmp_pa
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
     seeds = sorted(read_manifest(sweep / str(n))["config"]["execute"]["seed"] for n in range(2))
     assert seeds == [0, 1]
+
+
+def test_load_manifest_refuses_other_versions_and_damage_naming_the_file(tmp_path: Path) -> None:
+    import json
+
+    from jaxaot.errors import StoreError
+    from jaxaot.rundir.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
+
+    path = tmp_path / MANIFEST_NAME
+    with pytest.raises(StoreError, match=rf"resume_from=.*: no {MANIFEST_NAME} there"):
+        load_manifest(tmp_path)
+    path.write_text(json.dumps({"format_version": MANIFEST_FORMAT_VERSION, "stages": {}}))
+    assert load_manifest(tmp_path) == {"format_version": MANIFEST_FORMAT_VERSION, "stages": {}}
+    refusals = {
+        json.dumps({"format_version": MANIFEST_FORMAT_VERSION + 1}): (
+            rf"manifest format version {MANIFEST_FORMAT_VERSION + 1}, "
+            rf"this jaxaot reads version {MANIFEST_FORMAT_VERSION}"
+        ),
+        '{"stages": {}}': "has no integer format_version",
+        '{"format_version": "1"}': "has no integer format_version",
+        "[1]": "is not a JSON object",
+        '{"format_version": 1': "is not valid JSON",
+    }
+    for text, reason in refusals.items():
+        path.write_text(text)
+        with pytest.raises(StoreError, match=rf"^{path}: .*{reason}"):
+            load_manifest(tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(StoreError, match=rf"^{path}: unreadable manifest"):
+        load_manifest(tmp_path)

@@ -6,7 +6,6 @@ stage, so an interrupted run still leaves a consistent record of the stages that
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 
 from jaxaot.errors import RunDirError, StoreError
 from jaxaot.util.fsio import atomic_write_json
+from jaxaot.util.verified import Refused, read_versioned_json
 
 log = logging.getLogger("jaxaot")
 
@@ -128,21 +128,16 @@ class Manifest:
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:
-    """Read a run's manifest, refusing unknown format versions."""
+    """Read a run's manifest, refusing unknown format versions (a StoreError naming the file)."""
     path = Path(run_dir) / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text())
+        return read_versioned_json(path, MANIFEST_FORMAT_VERSION, kind="manifest")
     except FileNotFoundError:
         raise StoreError(f"resume_from={str(run_dir)!r}: no {MANIFEST_NAME} there") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise StoreError(f"{path}: unreadable manifest ({exc})") from None
-    version = data.get("format_version")
-    if version != MANIFEST_FORMAT_VERSION:
-        raise StoreError(
-            f"{path}: manifest format version {version!r}; this jaxaot reads version "
-            f"{MANIFEST_FORMAT_VERSION}"
-        )
-    return data
+    except Refused as bad:
+        raise StoreError(f"{path}: {bad.reason}") from None
 
 
 __all__ = ["MANIFEST_FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "load_manifest"]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from jaxaot.util.fsio import FileLock, flock_file
 
 log = logging.getLogger("jaxaot")
 
@@ -33,22 +34,12 @@ def file_lock(path: Path, exclusive: bool) -> Iterator[bool]:
     the caller then runs unlocked, as :class:`KeyLock` does.
     """
     try:
-        import fcntl
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    except (ImportError, OSError):
+        lock = flock_file(path, shared=not exclusive)
+    except OSError:
         yield False
         return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            locked = True
-        except OSError:
-            locked = False
-        yield locked
-    finally:
-        os.close(fd)
+    with lock:
+        yield lock.held
 
 
 def remove_idle_locks(root: Path, older_than_s: float) -> int:
@@ -59,27 +50,23 @@ def remove_idle_locks(root: Path, older_than_s: float) -> int:
     a job that creates a fresh one: at worst one key is computed twice, never stored wrongly
     (the store's puts are atomic). Returns how many were removed.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: nothing was ever locked
-        return 0
     removed = 0
     now = time.time()
     for path in sorted(Path(root, LOCKS_DIR).glob("*/*.lock")):
         try:
             if now - path.stat().st_mtime <= older_than_s:
                 continue
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
+            lock = flock_file(path, wait=False, create=False)
+        except OSError:  # already gone, or unreadable
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            path.unlink()
-            removed += 1
-        except OSError:  # held by a running job (or already gone)
-            pass
-        finally:
-            os.close(fd)
+        with lock:
+            if not lock.held:  # held by a running job, or not lockable here
+                continue
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
     return removed
 
 
@@ -90,55 +77,47 @@ class KeyLock:
         self.stage, self.key = stage, key
         self.path = Path(store.root) / LOCKS_DIR / stage / f"{key}.lock"
         self._usable = bool(store.enabled and not store.read_only)
-        self._fd: int | None = None
+        self._lock: FileLock | None = None
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock; False only when ``blocking=False`` and another job holds it."""
-        if self.held:
+        if self.held or not self._usable:
             return True
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: run unlocked
-            return True
-        if not self._usable:
-            return True
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o666)
-        except OSError as exc:
-            log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)
-            return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not blocking:
-                os.close(fd)
-                return False
-            t0 = time.perf_counter()
+        waited_from: list[float] = []
+
+        def waiting() -> None:
+            waited_from.append(time.perf_counter())
             log.info(
                 "[%s] %s is being computed by another job; waiting for it",
                 self.stage,
                 self.key[:12],
             )
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            log.info(
-                "[%s] waited %.2f s for %s", self.stage, time.perf_counter() - t0, self.key[:12]
+
+        try:
+            lock = flock_file(self.path, wait=blocking, waiting=waiting)
+        except OSError as exc:
+            lock = FileLock(self.path, -1, error=exc)
+        if lock.busy:
+            return False
+        if not lock.held:
+            log.debug(
+                "[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], lock.error
             )
-        except OSError as exc:  # e.g. ENOLCK
-            os.close(fd)
-            log.debug("[%s] no lock for %s (%s); running unlocked", self.stage, self.key[:12], exc)
             return True
-        self._fd = fd
+        if waited_from:
+            waited = time.perf_counter() - waited_from[0]
+            log.info("[%s] waited %.2f s for %s", self.stage, waited, self.key[:12])
+        self._lock = lock
         return True
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # closing the descriptor releases the flock
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.close()
 
     def __enter__(self) -> KeyLock:
         self.acquire(blocking=True)

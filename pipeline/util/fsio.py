@@ -3,7 +3,8 @@
 A write goes to a uniquely named temp file in the destination directory, is fsynced and then
 renamed over the destination, so a reader sees the old file, the new file or nothing, never a
 torn one. An interrupted write leaves only a ``.tmp-*`` file that :func:`remove_stale_temps`
-(called by later runs and by ``jaxaot-store gc``) cleans up.
+(called by later runs and by ``jaxaot-store gc``) cleans up. :func:`flock_file` is the one way
+jaxaot takes an advisory lock on a file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,87 @@ def atomic_write_text(path: Path, text: str) -> str:
 
 def atomic_write_json(path: Path, obj: Any) -> str:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+class FileLock:
+    """An advisory ``flock`` taken by :func:`flock_file`; :meth:`close` (or the end of a
+    ``with`` block) releases it. ``held``: this process holds it. ``busy``: another process
+    held it and :func:`flock_file` did not wait. ``error``: why no lock can be had here (no
+    ``fcntl``, a file system without locks); its caller then runs unlocked."""
+
+    __slots__ = ("_fd", "busy", "error", "held", "path")
+
+    def __init__(
+        self, path: Path, fd: int, *, busy: bool = False, error: Exception | None = None
+    ) -> None:
+        self.path, self._fd = path, fd
+        self.held = fd >= 0
+        self.busy, self.error = busy, error
+
+    def fileno(self) -> int:
+        """The lock file's descriptor (-1 when none is open); closing it releases the lock."""
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            self.held = False
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "busy" if self.busy else f"unlocked ({self.error})"
+        return f"FileLock({str(self.path)!r}, {state})"
+
+
+def flock_file(
+    path: Path,
+    *,
+    shared: bool = False,
+    wait: bool = True,
+    create: bool = True,
+    waiting: Callable[[], None] | None = None,
+) -> FileLock:
+    """Open ``path`` and take its ``flock``, exclusive or ``shared``: the one way jaxaot locks a
+    file. With ``create``, the file (mode :data:`FILE_MODE` minus the umask) and its folders
+    are made when missing. Where another process holds a conflicting lock, ``wait`` blocks
+    until it is free (calling ``waiting()`` first, once); otherwise the lock comes back
+    ``busy``. The descriptor is close-on-exec, so a program this process starts never holds it.
+
+    OSError when the file cannot be opened (or created); where no lock can be had (no
+    ``fcntl``, ENOLCK and the like) the lock comes back not held, with its ``error``.
+    """
+    path = Path(path)
+    try:
+        import fcntl
+    except ImportError as exc:  # pragma: no cover - not POSIX
+        return FileLock(path, -1, error=exc)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), FILE_MODE)
+    how = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                os.close(fd)
+                return FileLock(path, -1, busy=True)
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, how)
+    except OSError as exc:  # ENOLCK, a file system that cannot lock
+        os.close(fd)
+        return FileLock(path, -1, error=exc)
+    except BaseException:  # interrupted while waiting
+        os.close(fd)
+        raise
+    return FileLock(path, fd)
 
 
 ENV_TRUST = "JAXAOT_TRUST_STORE"
@@ -365,10 +448,12 @@ __all__ = [
     "ENV_TRUST",
     "FILE_MODE",
     "TEMP_PREFIX",
+    "FileLock",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "canonical_json",
+    "flock_file",
     "folder_problem",
     "key_of",
     "loose_permissions",
