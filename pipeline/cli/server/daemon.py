@@ -99,12 +99,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def serve_forever() -> None:
     """The server process (see the module's docstring)."""
-    import fcntl
     import warnings
 
     from jaxaot.cli.server.folder import check_folder, socket_path
     from jaxaot.cli.server.loop import Server
     from jaxaot.errors import UnsafeSocketError
+    from jaxaot.util.fsio import flock_file
 
     path = socket_path()
     try:
@@ -112,10 +112,9 @@ def serve_forever() -> None:
     except UnsafeSocketError as exc:
         print(f"jaxaot: error: {exc}", file=sys.stderr)  # to the log: `start` said it first
         sys.exit(2)
-    lock = path.with_suffix(".lock").open("a")
-    try:  # one server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    # One server per socket: a second one (two `JAXAOT_SERVER=1` runs at once) leaves.
+    lock = flock_file(path.with_suffix(".lock"), wait=False)
+    if lock.busy:
         return
     env_before = dict(os.environ)
     with warnings.catch_warnings(record=True) as warned:
