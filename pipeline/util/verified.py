@@ -140,8 +140,8 @@ class VerifiedFiles:
         path = self.path(name)
         rec = self.files[name]
         if self._trust is not None and (self._guarded is None or name in self._guarded):
-            trust, self._trust = self._trust, None
-            trust()
+            self._trust()  # raises while the files are not trusted: every read asks again
+            self._trust = None  # trusted once: the later reads of this entry skip the check
         try:
             data = path.read_bytes()
         except OSError as exc:
