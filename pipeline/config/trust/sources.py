@@ -260,7 +260,7 @@ def check_imports(cfg: JaxaotConfig) -> None:
 
 def pytree_tags(tree: Any, where: str) -> Iterable[tuple[str, str]]:
     """(key, class) of every ``_pytree_: pkg.mod:Class`` tag in an argument tree
-    (pipeline/config/argspec.py: pytree containers named by import path)."""
+    (pipeline/config/argspec/leaf_types.py: pytree containers named by import path)."""
     if isinstance(tree, dict):
         tag = tree.get("_pytree_")
         if isinstance(tag, str) and tag != "tuple":
