@@ -137,12 +137,19 @@ def validated(
     """:func:`validate`, and the arguments when its mesh checks bound them (a run with a mesh or
     axis_env): the run binds them once."""
     typed = typed_config(cfg)
+    check_sections(typed)
+    bound = check_relations(typed)
+    return typed, bound
+
+
+def check_sections(typed: JaxaotConfig) -> None:
+    """Each section on its own: the shared sections' checks, then each stage's ``check`` with
+    its options. Reads no file and binds no argument; :func:`validated` runs it first, and a
+    resume runs it on the user's config before it opens the checkpoint."""
     check_shared(typed)
     facts = CheckFacts(policy=policy_of(typed))
     for n in NODES:
         n.check(getattr(typed, n.name), facts)
-    bound = check_relations(typed)
-    return typed, bound
 
 
 def validate(cfg: DictConfig | JaxaotConfig | dict[str, Any]) -> JaxaotConfig:
@@ -157,6 +164,7 @@ def to_container(cfg: JaxaotConfig) -> dict[str, Any]:
 
 __all__ = [
     "JaxaotConfig",
+    "check_sections",
     "register_configs",
     "to_container",
     "typed_config",

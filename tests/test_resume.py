@@ -288,3 +288,30 @@ def test_a_run_judged_not_to_fit_keeps_its_executable_for_a_later_try(compose_ru
     assert (src / "compile" / "executable.bin").exists()
     with pytest.raises(BackendError, match="this host has no TPU"):
         compose_run(f"resume_from={src}", "start_at=execute")
+
+
+@pytest.mark.parametrize("bad_first", [True, False], ids=["bad-key-first", "resume-dir-first"])
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ("execute.seed=-1", r"^execute\.seed: expected an int >= 0, found -1$"),
+        ("store.dir=/dev/null", r"^store\.dir=/dev/null: expected a folder"),
+    ],
+)
+def test_a_resume_names_the_users_config_error_before_a_missing_checkpoint(
+    tmp_path, bad, named, bad_first
+):
+    """The user's own config is checked before the checkpoint is opened: a bad key, or a store
+    folder that cannot be one, is the error, not the resume_from that does not exist."""
+    missing = f"resume_from={tmp_path / 'nonexistent'}"
+    overrides = ["program=axpy", "start_at=compile"]
+    overrides += [bad, missing] if bad_first else [missing, bad]
+    with pytest.raises(ConfigError, match=named):
+        jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "r", overrides=overrides)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_resume_from_a_missing_folder_with_a_good_config_names_the_folder(tmp_path):
+    overrides = ["program=axpy", "start_at=compile", f"resume_from={tmp_path / 'nonexistent'}"]
+    with pytest.raises(StoreError, match=r"resume_from='.*nonexistent': no such run directory"):
+        jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "r", overrides=overrides)

@@ -45,7 +45,7 @@ from jaxaot.errors import (
 )
 from jaxaot.rundir.dirs import claim, remove_unstarted
 from jaxaot.rundir.manifest import Manifest
-from jaxaot.schema import JaxaotConfig, to_container, typed_config, validated
+from jaxaot.schema import JaxaotConfig, check_sections, to_container, typed_config, validated
 from jaxaot.stages import NODES
 from jaxaot.stages.contract import (
     Ahead,
@@ -64,6 +64,7 @@ from jaxaot.stages.contract import (
     compat_mismatch,
 )
 from jaxaot.store.locks import KeyLock
+from jaxaot.store.root import check_store_dir
 from jaxaot.util import exits
 from omegaconf import DictConfig
 
@@ -185,7 +186,12 @@ def _run(
     typed = typed_config(cfg)
     checkpoint = None
     given = _hydra_overrides() if overrides is None else overrides
-    if typed.start_at in STAGES:  # else validated names the key
+    if typed.resume_from:
+        # The user's own config first, so that a bad key is named before a checkpoint's
+        # problem: each section alone, and the store folder (never taken from a checkpoint).
+        # What spans sections is checked on the config the run resumes with, below.
+        check_sections(typed)
+        check_store_dir(typed.store.dir, typed.store.enabled)
         typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
         if STAGES.index(typed.start_at) > 0 and typed.resume_from:
             checkpoint = Checkpoint(typed.resume_from)
