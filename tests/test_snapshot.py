@@ -143,6 +143,76 @@ def test_golden_problems_are_clear_errors(compose_run, tmp_path: Path) -> None:
         compose_run(*AXPY8, "stop_after=lower", f"snapshot.write={tmp_path / 'other'}")
 
 
+GOOD_ENTRY = {"sha256": "0" * 64, "size": 0}
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("{not json", r"not valid JSON: expected the JSON object jaxaot writes, found Expecting"),
+        ("[1, 2]", r"expected the JSON object jaxaot writes, found a JSON list"),
+        ('{"files": {}}', r"format_version: expected the integer 1, found none"),
+        ('{"format_version": "1"}', r"format_version: expected the integer 1, found '1'"),
+        ('{"format_version": true}', r"format_version: expected the integer 1, found True"),
+        ('{"format_version": 2}', r"snapshot format version 2; this jaxaot reads version 1"),
+        ('{"format_version": 1, "files": []}', r"files: expected an object .* found a JSON list"),
+        (
+            json.dumps({"format_version": 1, "files": {"../x.txt": GOOD_ENTRY}}),
+            r"file entry '\.\./x\.txt': expected a path inside the folder, found one that leaves",
+        ),
+        (
+            json.dumps({"format_version": 1, "files": {"a.txt": {"sha256": "ab"}}}),
+            r"file entry 'a\.txt': expected \{\"sha256\": str, \"size\": int\}, found \{'sha256'",
+        ),
+    ],
+    ids=[
+        "bad-json",
+        "not-object",
+        "no-version",
+        "string-version",
+        "bool-version",
+        "other-version",
+        "files-list",
+        "entry-leaves",
+        "entry-record",
+    ],
+)
+def test_unusable_index_says_what_expected_found_and_the_fix(
+    tmp_path: Path, index: str, message: str
+) -> None:
+    (tmp_path / INDEX_NAME).write_text(index)
+    with pytest.raises(SnapshotError) as err:
+        load_snapshot(tmp_path)
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith(f"{tmp_path / INDEX_NAME}: ")
+    assert re.search(message, text), text
+    assert text.endswith(f"; rewrite it with snapshot.verify={tmp_path} snapshot.update=true")
+    # an update reads it as an empty snapshot, so the fix it names works
+    assert load_snapshot(tmp_path, check=False).files == {}
+
+
+def test_unreadable_index_says_the_fix(tmp_path: Path) -> None:
+    index = tmp_path / INDEX_NAME
+    index.mkdir()  # unreadable as a file, for root too
+    with pytest.raises(SnapshotError) as err:
+        load_snapshot(tmp_path)
+    assert str(err.value) == (
+        f"{index}: unreadable (Is a directory); make it readable or rewrite it with "
+        f"snapshot.verify={tmp_path} snapshot.update=true"
+    )
+
+
+def test_update_rewrites_an_unusable_index(compose_run, tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / INDEX_NAME).write_text('{"format_version": 99}')
+    with pytest.raises(SnapshotError, match=r"format version 99; this jaxaot reads version 1; "):
+        compose_run(*AXPY8, "stop_after=lower", f"snapshot.verify={golden}")
+    compose_run(*AXPY8, "stop_after=lower", f"snapshot.verify={golden}", "snapshot.update=true")
+    assert load_snapshot(golden).stages == ["stage_out", "lower"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

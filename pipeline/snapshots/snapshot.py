@@ -41,7 +41,7 @@ from jaxaot.util.verified import (
     Mismatch,
     Refused,
     VerifiedFiles,
-    read_versioned_json,
+    parse_versioned_json,
     record_of,
 )
 
@@ -153,28 +153,73 @@ def _versions(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_snapshot(folder: Path, *, check: bool = True) -> Snapshot:
-    """Read a snapshot; with ``check``, every file must match the sha256 in ``snapshot.json``."""
-    folder = Path(folder)
-    index_path = folder / INDEX_NAME
+def _index_problem(raw: bytes) -> str:
+    """What is wrong with a ``snapshot.json`` that :func:`parse_versioned_json` refused: what,
+    expected and found, in one clause."""
     try:
-        index = read_versioned_json(index_path, SNAPSHOT_FORMAT_VERSION, kind="snapshot")
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"not valid JSON: expected the JSON object jaxaot writes, found {exc}"
+    if not isinstance(doc, dict):
+        return f"expected the JSON object jaxaot writes, found a JSON {type(doc).__name__}"
+    found = doc.get("format_version")
+    if not isinstance(found, int) or isinstance(found, bool):
+        shown = "none" if "format_version" not in doc else repr(found)
+        return f"format_version: expected the integer {SNAPSHOT_FORMAT_VERSION}, found {shown}"
+    return f"snapshot format version {found}; this jaxaot reads version {SNAPSHOT_FORMAT_VERSION}"
+
+
+def _read_index(folder: Path) -> tuple[dict[str, Any], dict[str, FileRecord]]:
+    """``snapshot.json`` of ``folder`` and its file records; SnapshotError (one line: what,
+    expected, found, and the update that rewrites it) when it cannot be used."""
+    index_path = folder / INDEX_NAME
+    fix = f"rewrite it with snapshot.verify={folder} snapshot.update=true"
+    try:
+        raw = index_path.read_bytes()
     except FileNotFoundError:
         raise SnapshotError(f"{folder}: not a jaxaot snapshot (no {INDEX_NAME})") from None
     except OSError as exc:
-        raise SnapshotError(f"{index_path}: unreadable ({exc})") from None
-    except Refused as bad:
-        hint = "; rewrite it with snapshot.update=true" if bad.incompatible else ""
-        raise SnapshotError(f"{index_path}: {bad.reason}{hint}") from None
-    listed = index.get("files")
+        raise SnapshotError(
+            f"{index_path}: unreadable ({exc.strerror or exc}); make it readable or {fix}"
+        ) from None
+    try:
+        index = parse_versioned_json(raw, SNAPSHOT_FORMAT_VERSION, name=INDEX_NAME, kind="snapshot")
+    except Refused:
+        raise SnapshotError(f"{index_path}: {_index_problem(raw)}; {fix}") from None
+    listed = index.get("files", {})
+    if not isinstance(listed, dict):
+        raise SnapshotError(
+            f"{index_path}: files: expected an object of file records, found a JSON "
+            f"{type(listed).__name__}; {fix}"
+        )
     records: dict[str, FileRecord] = {}
-    for rel, raw in (listed if isinstance(listed, dict) else {}).items():
+    for rel, entry in listed.items():
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise SnapshotError(f"{index_path}: file entry {rel!r} leaves the folder")
-        rec = FileRecord.from_json(raw)
-        if rec is None and check:
-            raise SnapshotError(f"{index_path}: file entry {rel!r} has no sha256 and size")
-        records[rel] = rec or FileRecord("", -1)
+            raise SnapshotError(
+                f"{index_path}: file entry {rel!r}: expected a path inside the folder, found "
+                f"one that leaves it; {fix}"
+            )
+        rec = FileRecord.from_json(entry)
+        if rec is None:
+            raise SnapshotError(
+                f'{index_path}: file entry {rel!r}: expected {{"sha256": str, "size": int}}, '
+                f"found {entry!r}; {fix}"
+            )
+        records[rel] = rec
+    return index, records
+
+
+def load_snapshot(folder: Path, *, check: bool = True) -> Snapshot:
+    """Read a snapshot; with ``check``, every file must match the sha256 in ``snapshot.json``.
+    Without it (an update, which rewrites the folder), a ``snapshot.json`` that cannot be used
+    reads as an empty snapshot, and a file is what is there."""
+    folder = Path(folder)
+    try:
+        index, records = _read_index(folder)
+    except SnapshotError:
+        if check or not (folder / INDEX_NAME).is_file():
+            raise
+        return Snapshot(files={}, program="")
 
     def refuse(m: Mismatch) -> Exception:
         if m.missing:
@@ -210,8 +255,9 @@ def write_snapshot(snapshot: Snapshot, folder: Path) -> None:
     one does not (a stage the new run did not reach)."""
     folder = Path(folder)
     try:
-        old = set(json.loads((folder / INDEX_NAME).read_text()).get("files", {}))
-    except (OSError, ValueError):
+        listed = json.loads((folder / INDEX_NAME).read_bytes()).get("files", {})
+        old = set(listed) if isinstance(listed, dict) else set()
+    except (OSError, ValueError, AttributeError):  # no index, or one an update replaces whole
         old = set()
     for rel, text in sorted(snapshot.files.items()):
         atomic_write_text(folder / rel, text)
