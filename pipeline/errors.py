@@ -87,13 +87,16 @@ class CheckError(JaxaotError, AssertionError):
 
 
 class StoreError(JaxaotError, OSError):
-    """A checkpoint or store entry is missing, corrupt or from an incompatible version."""
+    """A checkpoint or store entry is missing, corrupt or from an incompatible version. Raised
+    while a store hit loads, the runner drops the entry and computes the stage; raised while a
+    checkpoint loads, it ends the run (only :class:`EntryUnusable` computes the stage)."""
 
 
 class EntryUnusable(StoreError):
     """Verified files (a store entry or a checkpoint) that cannot serve this run: the stage's
     ``load`` raises it, the runner drops a store entry (a checkpoint is left alone) and computes
-    the stage instead. The message is the reason, shown in the warning."""
+    the stage instead (on a resume, where the stage's live inputs are computed this run). The
+    message is the reason, shown in the warning."""
 
 
 class UnusableExecutable(EntryUnusable):
@@ -103,7 +106,8 @@ class UnusableExecutable(EntryUnusable):
 
 class NotLoadableHere(JaxaotError, RuntimeError):
     """The entry is fine; this process cannot load it: the stage's ``load`` raises it, the
-    runner keeps the entry and computes the stage here."""
+    runner keeps the entry and computes the stage here (on a resume, where the stage's live
+    inputs are computed this run)."""
 
 
 class ColdLoadError(NotLoadableHere):

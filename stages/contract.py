@@ -15,9 +15,18 @@ capability protocols, and the runner (:mod:`jaxaot.engine.runner`) branches on
   checkpoint.
 * :class:`Finishing`: it adds to the run's manifest after the last stage.
 
-Outcomes of ``load`` that steer the runner are exception types
-(:class:`~jaxaot.errors.EntryUnusable`, :class:`~jaxaot.errors.NotLoadableHere`), and a program
-that does not fit is :class:`~jaxaot.errors.DoesNotFit`.
+Outcomes of ``load`` that steer the runner are exception types, one rule for every stage:
+
+* On a store hit (:meth:`Cached.load_planned`) any :class:`~jaxaot.errors.StoreError`
+  (:class:`~jaxaot.errors.EntryUnusable` included) drops the entry and
+  :class:`~jaxaot.errors.NotLoadableHere` keeps it; either way the stage is computed. Any other
+  error ends the run.
+* On a resume (:meth:`Loadable.load` of a checkpoint) :class:`~jaxaot.errors.EntryUnusable` and
+  :class:`~jaxaot.errors.NotLoadableHere` compute the stage instead, where its live inputs are
+  computed this run; any other error (a corrupt or missing checkpoint file is a plain
+  StoreError) is the user's and ends the run.
+
+A program that does not fit is :class:`~jaxaot.errors.DoesNotFit`.
 
 A stage reads its own options and the run's facts, never another stage's section: ``check``
 gets its options and :class:`CheckFacts` (before JAX, before the arguments are bound); every
@@ -262,10 +271,10 @@ class Loadable(Protocol[R_co]):
     def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> R_co:
         """Fires for a stage before ``start_at`` (from ``resume_from``'s checkpoint, whose
         compatibility was checked first), and, for a stage that is not :class:`Cached`, only
-        then. Raise :class:`~jaxaot.errors.EntryUnusable` or
-        :class:`~jaxaot.errors.NotLoadableHere` (or :class:`~jaxaot.errors.StageError`) when
-        the result cannot serve this run: the stage is computed instead where its live inputs
-        are; any other error ends the run."""
+        then. Raise :class:`~jaxaot.errors.EntryUnusable` (the files cannot serve this run) or
+        :class:`~jaxaot.errors.NotLoadableHere` (this process cannot load them): the stage is
+        computed instead where its live inputs are computed this run, else the error ends the
+        run. Any other error (a plain StoreError for a corrupt or missing file) ends the run."""
         ...
 
 
@@ -295,9 +304,11 @@ class Cached(Protocol[P, R]):
         ...
 
     def load_planned(self, ctx: StageContext, up: Upstream, entry: Entry, plan: Plan[P]) -> R:
-        """Fires on a store hit, in place of :meth:`Loadable.load`, with the same outcomes:
-        :class:`~jaxaot.errors.EntryUnusable` drops the entry,
-        :class:`~jaxaot.errors.NotLoadableHere` keeps it; either way the stage is computed."""
+        """Fires on a store hit, in place of :meth:`Loadable.load`. Any
+        :class:`~jaxaot.errors.StoreError` (:class:`~jaxaot.errors.EntryUnusable` included:
+        the entry's bytes cannot serve this run) drops the entry;
+        :class:`~jaxaot.errors.NotLoadableHere` (the entry is fine, this process cannot load
+        it) keeps it; either way the stage is computed, warned. Any other error ends the run."""
         ...
 
     def storable(self, record: R, plan: Plan[P]) -> str | None:

@@ -8,6 +8,7 @@ and what each steering outcome (EntryUnusable, NotLoadableHere, DoesNotFit) does
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,13 @@ from typing import Any
 import pytest
 from jaxaot.engine.resume import Checkpoint
 from jaxaot.engine.runner import _Runner
-from jaxaot.errors import DoesNotFit, EntryUnusable, NotLoadableHere
+from jaxaot.errors import (
+    DoesNotFit,
+    EntryUnusable,
+    NotLoadableHere,
+    StageError,
+    StoreError,
+)
 from jaxaot.rundir.manifest import Manifest
 from jaxaot.stages.contract import (
     Ahead,
@@ -298,3 +305,75 @@ def test_a_corrupt_checkpoint_file_is_the_users_error(tmp_path: Path, store: Sto
     (tmp_path / "src-run" / "src" / "src.txt").write_text("tampered")
     with pytest.raises(StoreError, match=r"checkpoint file .*src\.txt is corrupt"):
         drive((Source(),), tmp_path / "r", store, hows=("resume",))
+
+
+def test_any_store_error_on_a_hit_drops_the_entry_and_computes(
+    tmp_path: Path, store: Store
+) -> None:
+    drive((Source(), Upper()), tmp_path / "a", store)
+    bad = Upper(load_raises=StoreError("upper.txt: not the bytes its manifest records"))
+    rec = drive((Source(), bad), tmp_path / "b", store).stages["upper"]
+    assert rec["status"] == "ran" and "run_planned" in bad.calls
+    assert any(
+        "unusable (upper.txt: not the bytes" in w and "entry removed" in w for w in rec["warnings"]
+    )
+
+
+def test_another_error_on_a_hit_ends_the_run(tmp_path: Path, store: Store) -> None:
+    drive((Source(), Upper()), tmp_path / "a", store)
+    broken = Upper(load_raises=StageError("upper", "a bug in load"))
+    with pytest.raises(StageError, match="a bug in load"):
+        drive((Source(), broken), tmp_path / "b", store)
+    assert "run_planned" not in broken.calls
+    assert drive((Source(), Upper()), tmp_path / "c", store).stages["upper"]["status"] == "cached"
+
+
+def test_a_stored_executable_for_another_module_is_warned_dropped_and_compiled_again(
+    tmp_path: Path, store: Store
+) -> None:
+    """jaxaot.stages.topology.load refuses a stored compile whose module is not this run's
+    lowering with EntryUnusable: on a hit the entry is dropped and the stage computed."""
+    from jaxaot.stages import topology
+
+    class OtherModule(Upper):
+        def load_planned(
+            self, ctx: StageContext, up: Upstream, entry: Entry, plan: Plan[str]
+        ) -> Text:
+            self.calls.append("load_planned")
+            files = {"compiled.json": json.dumps({"module_sha256": "another"}).encode()}
+            lowered: Any = SimpleNamespace(module_sha256="this run's")
+            return topology.load(ctx, lowered, files.__getitem__, ("compiled.json",), Text)
+
+    drive((Source(), Upper()), tmp_path / "a", store)
+    other = OtherModule()
+    rec = drive((Source(), other), tmp_path / "b", store).stages["upper"]
+    assert rec["status"] == "ran" and other.calls[-2:] == ["load_planned", "run_planned"]
+    label = f"store entry upper/{rec['key'][:12]}"
+    assert rec["warnings"] == [
+        f"{label} unusable (stored executable is for another module); entry removed, "
+        "upper-casing instead"
+    ]
+    assert drive((Source(), Upper()), tmp_path / "c", store).stages["upper"]["status"] == "cached"
+
+
+def test_a_checkpoint_not_loadable_here_is_computed_again(tmp_path: Path, store: Store) -> None:
+    drive((Source(),), tmp_path / "src-run", store)
+    cold = Source(load_raises=NotLoadableHere("no kernel here"))
+    rec = drive((cold,), tmp_path / "r", store, hows=("resume",)).stages["src"]
+    assert cold.calls == ["load", "run"] and rec["status"] == "ran"
+    assert rec["warnings"][0].startswith("checkpoint text unusable here (no kernel here)")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [StageError("src", "a bug in load"), StoreError("src.txt: not in the checkpoint")],
+    ids=["stage-error", "store-error"],
+)
+def test_any_other_error_from_a_checkpoint_load_ends_the_run(
+    tmp_path: Path, store: Store, error: Exception
+) -> None:
+    drive((Source(),), tmp_path / "src-run", store)
+    failing = Source(load_raises=error)
+    with pytest.raises(type(error)):
+        drive((failing,), tmp_path / "r", store, hows=("resume",))
+    assert failing.calls == ["load"]

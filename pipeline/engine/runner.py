@@ -549,8 +549,10 @@ class _Runner:
         self, node: Stage[Any, Any], ctx: StageContext, up: dict[str, Any]
     ) -> tuple[Any, str | None]:
         """(record, None) from the checkpoint, or (None, why) when the checkpoint's result
-        cannot serve this run (the same compatibility rule as the store's): then the stage is
-        computed, the store first. A corrupt or missing checkpoint file is an error."""
+        cannot serve this run (the same compatibility rule as the store's, or ``load`` raised
+        EntryUnusable or NotLoadableHere) and its live inputs are computed: then the stage is
+        computed, the store first. Any other error of ``load`` (a corrupt or missing checkpoint
+        file, a refused import) ends the run."""
         assert self.checkpoint is not None and isinstance(node, Loadable)
         entry = self.checkpoint.entry(node.name)
         why = compat_mismatch(entry.compat, self._compat(node))
@@ -559,14 +561,13 @@ class _Runner:
         else:
             try:
                 return node.load(ctx, up, entry), None
-            except (EntryUnusable, NotLoadableHere, StageError) as exc:
+            except (EntryUnusable, NotLoadableHere) as exc:
                 # A result that cannot serve this run, from a stage that can compute it:
                 # compute. Anything else (a corrupt or missing file, a refused import) is the
                 # user's.
                 if not all(i in self.running for i in node.live_inputs):
                     raise
-                reason = exc.reason if isinstance(exc, StageError) else one_line(exc)
-                why = f"unusable here ({reason})"
+                why = f"unusable here ({one_line(exc)})"
         return None, f"checkpoint {node.show.noun} {why}; not loaded, {node.again}"
 
     def _compare_with_checkpoint(self, node: Stage[Any, Any], ctx: StageContext) -> None:
@@ -633,7 +634,7 @@ class _Runner:
             ctx.same_as = {name: entry.path(name) for name in entry.files}  # one copy on disk
             try:
                 record = node.load_planned(ctx, up, stored, plan)
-            except StoreError as exc:  # EntryUnusable, or verified bytes the read refused
+            except StoreError as exc:  # EntryUnusable, or any other fault of the entry
                 reason = one_line(exc)
                 outcome = self.store.discard(node.name, key, reason)
                 ctx.warn(f"{label} unusable ({reason}); {outcome}, {node.show.verb} instead")
