@@ -11,8 +11,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import inspect
 import json
 from pathlib import Path
+from typing import Generic, Protocol
 
 import jaxaot
 import pytest
@@ -20,7 +22,7 @@ from conftest import REPO
 from jaxaot.config import sections
 from jaxaot.config.order import STAGES
 from jaxaot.schema import JaxaotConfig
-from jaxaot.stages import NODE_BY_NAME, NODES
+from jaxaot.stages import NODE_BY_NAME, NODES, contract
 from jaxaot.stages.contract import Cached, Stage, compat_mismatch
 
 SHARED = {"program", "mesh", "store", "snapshot", "trust", "jax"}
@@ -213,3 +215,54 @@ def test_the_stage_name_check_catches_a_planted_branch(tmp_path: Path) -> None:
         "        pass\n"
     )
     assert _string_constants(planted) & set(STAGES) == {"compile"}
+
+
+# What each stage is, exactly: a misspelt member drops a capability silently at runtime
+# (runtime_checkable's isinstance says no), so it is pinned here.
+CAPABILITIES = {
+    "stage_out": {"Stage", "Loadable"},
+    "lower": {"Stage", "Loadable"},
+    "compile": {"Stage", "Loadable", "Cached", "Ahead", "Prepared", "OnResume", "Finishing"},
+    "execute": {"Stage", "Prepared"},
+}
+
+
+def _protocol_members(proto: type) -> dict[str, object]:
+    """A capability protocol's members (its own and those of the protocols it extends): name
+    -> the declared function, or None for an attribute."""
+    members: dict[str, object] = {}
+    for cls in reversed(proto.__mro__):
+        if cls in (object, Protocol, Generic) or not getattr(cls, "_is_protocol", False):
+            continue
+        members |= {a: None for a in getattr(cls, "__annotations__", {}) if not a.startswith("_")}
+        members |= {
+            a: v for a, v in vars(cls).items() if not a.startswith("_") and inspect.isfunction(v)
+        }
+    return members
+
+
+def _parameters(fn: object) -> list[str]:
+    return [p for p in inspect.signature(fn).parameters if p != "self"]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("node", NODES, ids=[n.name for n in NODES])
+def test_each_stage_has_exactly_its_capabilities_and_every_member_of_each(node: Stage) -> None:
+    protocols = [getattr(contract, name) for name in sorted(CAPABILITIES["compile"])]
+    assert {p.__name__ for p in protocols if isinstance(node, p)} == CAPABILITIES[node.name]
+    declared: set[str] = set()
+    for proto in protocols:
+        if proto.__name__ not in CAPABILITIES[node.name]:
+            continue
+        for name, fn in _protocol_members(proto).items():
+            declared.add(name)
+            assert hasattr(node, name), f"{node.name} lacks {proto.__name__}.{name}"
+            if fn is not None:  # a method: as many parameters (the runner passes them in order)
+                assert len(_parameters(getattr(node, name))) == len(_parameters(fn)), name
+    # Every public method of the stage is a member of a capability it has: a misspelt one
+    # would be an extra name here.
+    extra = {
+        a
+        for a in dir(type(node))
+        if not a.startswith("_") and inspect.isroutine(getattr(type(node), a))
+    } - declared
+    assert not extra, f"{node.name}: {sorted(extra)} belong to no capability it has"
