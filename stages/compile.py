@@ -870,12 +870,12 @@ class CompileStage:
     def begin(self, opts: CompileConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
         return start(opts, plan.state, out_dir)
 
-    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> Compiled:
+    def load(self, ctx: StageContext[CompileConfig], up: Upstream, entry: Entry) -> Compiled:
         """A checkpoint's executable, checked against what its export says it must be."""
         return self._loaded(ctx, up, entry, None)
 
     def load_planned(
-        self, ctx: StageContext, up: Upstream, entry: Entry, plan: Plan[Target]
+        self, ctx: StageContext[CompileConfig], up: Upstream, entry: Entry, plan: Plan[Target]
     ) -> Compiled:
         """A store hit, checked against the convention its key was made from."""
         return self._loaded(ctx, up, entry, plan.state)

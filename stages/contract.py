@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("jaxaot")
 
 Opt = TypeVar("Opt")  # a stage's options (its config section's schema)
+Opt_contra = TypeVar("Opt_contra", contravariant=True)  # options a capability only reads
 R = TypeVar("R")  # a stage's record
 R_co = TypeVar("R_co", covariant=True)
 R_contra = TypeVar("R_contra", contravariant=True)
@@ -251,7 +252,7 @@ class Stage(Protocol[Opt, R]):
         (:func:`jaxaot.config.sections.check_relations`)."""
         ...
 
-    def run(self, ctx: StageContext, up: Upstream) -> R:
+    def run(self, ctx: StageContext[Opt], up: Upstream) -> R:
         """Fires when this run computes the stage (between ``start_at`` and ``stop_after``, or
         a live input before ``start_at``), after any store look-up missed. A
         :class:`~jaxaot.errors.JaxaotError` is the run's error as it is; any other exception
@@ -260,7 +261,7 @@ class Stage(Protocol[Opt, R]):
 
 
 @runtime_checkable
-class Loadable(Protocol[R_co]):
+class Loadable(Protocol[Opt, R_co]):
     """A stage whose record can be made from verified files."""
 
     again: str  # what happens when a checkpoint's result cannot serve ("computed again")
@@ -268,7 +269,7 @@ class Loadable(Protocol[R_co]):
     # again as a live input: the warning when they differ.
     recomputed_differs: Mapping[str, str]
 
-    def load(self, ctx: StageContext, up: Upstream, entry: Entry) -> R_co:
+    def load(self, ctx: StageContext[Opt], up: Upstream, entry: Entry) -> R_co:
         """Fires for a stage before ``start_at`` (from ``resume_from``'s checkpoint, whose
         compatibility was checked first), and, for a stage that is not :class:`Cached`, only
         then. Raise :class:`~jaxaot.errors.EntryUnusable` (the files cannot serve this run) or
@@ -279,7 +280,7 @@ class Loadable(Protocol[R_co]):
 
 
 @runtime_checkable
-class Cached(Protocol[P, R]):
+class Cached(Protocol[Opt, P, R]):
     """A stage whose result the store shares between runs. Store entries and checkpoints are
     checked by one rule, :func:`compat_mismatch` against :meth:`compat`."""
 
@@ -291,19 +292,19 @@ class Cached(Protocol[P, R]):
         ...
 
     def plan(
-        self, opts: Any, facts: RunFacts, up: Upstream, backend: Mapping[str, Any]
+        self, opts: Opt, facts: RunFacts, up: Upstream, backend: Mapping[str, Any]
     ) -> Plan[P] | Uncached[P]:
         """Fires when the stage is computed (before the store look-up, under no lock), and for
         an :class:`Ahead` stage also on the early record: the key and the prepared state, or
         :class:`Uncached` (then the store is not used). An error here is the stage's error."""
         ...
 
-    def run_planned(self, ctx: StageContext, up: Upstream, plan: Plan[P] | Uncached[P]) -> R:
+    def run_planned(self, ctx: StageContext[Opt], up: Upstream, plan: Plan[P] | Uncached[P]) -> R:
         """Fires in place of :meth:`Stage.run` after a store miss (holding the key's lock) or
         for :class:`Uncached`."""
         ...
 
-    def load_planned(self, ctx: StageContext, up: Upstream, entry: Entry, plan: Plan[P]) -> R:
+    def load_planned(self, ctx: StageContext[Opt], up: Upstream, entry: Entry, plan: Plan[P]) -> R:
         """Fires on a store hit, in place of :meth:`Loadable.load`. Any
         :class:`~jaxaot.errors.StoreError` (:class:`~jaxaot.errors.EntryUnusable` included:
         the entry's bytes cannot serve this run) drops the entry;
@@ -318,27 +319,27 @@ class Cached(Protocol[P, R]):
 
 
 @runtime_checkable
-class Ahead(Protocol[P, H, R_co]):
+class Ahead(Cached[Opt, P, R], Protocol[Opt, P, H, R]):
     """A :class:`Cached` stage with a single input that may start before that input is done."""
 
-    def begin(self, opts: Any, plan: Plan[P], out_dir: Path) -> Callable[[], H]:
+    def begin(self, opts: Opt, plan: Plan[P], out_dir: Path) -> Callable[[], H]:
         """Fires when the input publishes an early record (``StageContext.publish_early``), this
         run computes the stage, its plan has a key, no other job holds the key's lock and the
         store has no entry: the job to run on a worker thread (XLA releases the GIL).
         ``out_dir`` is the stage's run-dir folder."""
         ...
 
-    def run_begun(self, ctx: StageContext, up: Upstream, plan: Plan[P], begun: H) -> R_co:
+    def run_begun(self, ctx: StageContext[Opt], up: Upstream, plan: Plan[P], begun: H) -> R:
         """Fires in the stage's turn, in place of :meth:`Cached.run_planned`, when the job
         begun ahead has the key this turn's plan has: ``begun`` is what the job returned."""
         ...
 
 
 @runtime_checkable
-class Prepared(Protocol):
+class Prepared(Protocol[Opt_contra]):
     """A stage that checks what it will build from the arguments before any work."""
 
-    def before_run(self, opts: Any, facts: RunFacts) -> None:
+    def before_run(self, opts: Opt_contra, facts: RunFacts) -> None:
         """Fires once per run for each stage between ``start_at`` and ``stop_after``, after the
         arguments are bound (``facts.bound``) and before JAX is configured (e.g. the inputs execute builds fit
         in memory): raise a :class:`~jaxaot.errors.ConfigError`."""
@@ -346,7 +347,7 @@ class Prepared(Protocol):
 
 
 @runtime_checkable
-class OnResume(Protocol):
+class OnResume(Protocol[Opt_contra]):
     """A stage with a say in a resume."""
 
     def resume_default(
@@ -357,19 +358,19 @@ class OnResume(Protocol):
         section, the keys overridden) (e.g. compile for the platform it was lowered for)."""
         ...
 
-    def before_resume(self, opts: Any, facts: RunFacts) -> None:
+    def before_resume(self, opts: Opt_contra, facts: RunFacts) -> None:
         """Fires before any stage's work, when this stage is loaded from the checkpoint:
         refuse a resume that cannot work here (raise)."""
         ...
 
 
 @runtime_checkable
-class Finishing(Protocol[R_contra]):
+class Finishing(Protocol[Opt_contra, R_contra]):
     """A stage that adds to the run's manifest once every stage is done."""
 
     def finish(
         self,
-        opts: Any,
+        opts: Opt_contra,
         record: R_contra | None,
         stages: dict[str, Any],
         extra: dict[str, Any],

@@ -615,7 +615,7 @@ class _Runner:
 
     def _compute_locked(
         self,
-        node: Cached[Any, Any],
+        node: Cached[Any, Any, Any],
         ctx: StageContext,
         up: dict[str, Any],
         plan: Plan[Any],
