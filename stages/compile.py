@@ -953,7 +953,12 @@ class CompileStage:
         The verdict is made here, from the stored or fresh memory analysis and this run's
         reserve (not part of the key): a program that does not fit by it has the compile
         stage's status ``does_not_fit``, as one XLA refused has; ``computed`` keeps how the
-        executable came (``ran``, ``cached`` or ``resumed``)."""
+        executable came (``ran``, ``cached`` or ``resumed``).
+
+        The one entry of another stage written here: a skipped execute's ``note`` says how to
+        run this executable (it is for compile-only devices, which only compile.topology
+        tells; execute reads its own options alone, and a skipped stage has no record and no
+        member that fires)."""
         if not opts.topology or record is None:
             return
         from jaxaot.stages.topology import EXECUTE_NOTE, fit_of
@@ -963,7 +968,7 @@ class CompileStage:
         try:
             extra["fit"] = fit_of(record, opts)
         except DoesNotFit as exc:
-            stage = stages.get("compile")
+            stage = stages.get(self.name)
             if stage is not None:
                 stage["computed"] = stage.get("status")
                 stage["status"] = exc.run_status
