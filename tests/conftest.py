@@ -17,12 +17,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jaxaot
 import pytest
+from jaxaot.errors import BackendError, MissingDependencyError
 
 REPO = Path(__file__).resolve().parent.parent
 # Hypothesis keeps its caches in ./.hypothesis by default: the tests leave nothing where pytest
@@ -445,12 +446,17 @@ def _is_slow(item: pytest.Item) -> bool:
     return any(_slow(f"{module.name}.{name}", seen) for name in names if name in module.defs)
 
 
-# The optional extras the tests use (pyproject's [project.optional-dependencies]): the modules
-# that show each is installed, and what a failure says when it is not (jaxaot's own install
-# hint, Python's, JAX's, Hydra's). Where an extra is missing, a test (or a test module's
-# import) that fails saying so is reported as skipped, naming the extra; a test that needs one
-# and fails otherwise without it is marked ``@pytest.mark.extra("sweep")``. With every extra
-# installed (`make test`) nothing is skipped this way.
+# The optional extras the tests use (pyproject's [project.optional-dependencies]) and the modules
+# that show each is installed. An extra is missing where one of its modules is not on this
+# venv's path; that is decided once, as the session starts (:data:`MISSING_EXTRAS`), so a test
+# that hides a module (``sys.modules["optuna"] = None``) changes nothing. Where an extra is
+# missing, a test that fails by raising ImportError for one of its missing modules, or jaxaot's
+# own error for it (MissingDependencyError, or the BackendError of a topology compile) naming
+# ``jaxaot[<extra>]``, and a test module whose import does, are reported as skipped, naming it;
+# the decision is made from the exception, never from what the test printed. A test whose
+# failure without the extra is something else (an assertion on a `jaxaot` subprocess's output)
+# is marked ``@pytest.mark.extra("sweep")``. With every extra installed (`make test`) nothing
+# is skipped this way.
 EXTRAS = {
     "tpu": ("libtpu",),
     "cuda-aot": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc"),
@@ -463,59 +469,55 @@ EXTRAS = {
         "matplotlib",
     ),
 }
-EXTRA_MISSING_SAYS = {
-    "tpu": ("'jaxaot[tpu]'", "No module named 'libtpu", "JAX TPU support not installed"),
-    "cuda-aot": ("'jaxaot[cuda-aot]'", "No module named 'jax_plugins", "No module named 'nvidia"),
-    "profile": ("'jaxaot[profile]'", "No module named 'xprof"),
-    "models": (
-        "'jaxaot[models]'",
-        "No module named 'flax",
-        "No module named 'equinox",
-        "No module named 'optax",
-        "No module named 'orbax",
-    ),
-    "sweep": (
-        "'jaxaot[sweep]'",
-        "No module named 'optuna",
-        "No module named 'matplotlib",
-        "No module named 'PIL",
-        "No module named 'hydra_plugins.hydra_joblib_launcher",
-        "No module named 'hydra_plugins.hydra_submitit_launcher",
-        "Could not find 'hydra/launcher/joblib'",
-        "hydra/launcher=joblib: no such option",
-        "Could not load 'hydra/launcher/jaxaot_submitit_slurm'",
-    ),
-}
 
 
-@functools.cache
+def _on_path(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # its parent package is missing, or is no package
+        return False
+
+
+def find_missing_extras(
+    extras: dict[str, tuple[str, ...]], on_path: Callable[[str], bool] = _on_path
+) -> dict[str, tuple[str, ...]]:
+    """Each extra of ``extras`` with its modules that ``on_path`` does not find."""
+    return {extra: tuple(m for m in mods if not on_path(m)) for extra, mods in extras.items()}
+
+
+MISSING_EXTRAS = find_missing_extras(EXTRAS)
+
+
 def missing_extra_modules(extra: str) -> tuple[str, ...]:
-    """The modules of ``extra`` (a key of :data:`EXTRAS`) that cannot be imported here."""
-    missing = []
-    for name in EXTRAS[extra]:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ImportError:  # its parent package is missing
-            found = False
-        if not found:
-            missing.append(name)
-    return tuple(missing)
+    """The modules of ``extra`` (a key of :data:`EXTRAS`) that this venv does not have."""
+    return MISSING_EXTRAS[extra]
 
 
 def extra_reason(extra: str) -> str:
     """The skip reason of a test that needs ``extra`` (a key of :data:`EXTRAS`), naming it:
     for ``@pytest.mark.extra``, and at a module's top for its imports,
     ``pytest.importorskip("optuna", reason=extra_reason("sweep"))``."""
-    missing = missing_extra_modules(extra) or EXTRAS[extra]
+    missing = MISSING_EXTRAS.get(extra) or EXTRAS[extra]
     return f"needs the [{extra}] extra ({', '.join(missing)} not installed): pip install -e '.[{extra}]'"
 
 
-def _missing_extra_in(report: pytest.CollectReport | pytest.TestReport) -> str | None:
-    """The missing extra a failed report's text (traceback, captured output and log) says it
-    failed for, or None."""
-    text = "\n".join([str(report.longrepr), *(content for _, content in report.sections)])
-    for extra, says in EXTRA_MISSING_SAYS.items():
-        if missing_extra_modules(extra) and any(s in text for s in says):
+def missing_extra_of(exc: BaseException | None) -> str | None:
+    """The missing extra that ``exc`` is the failure for: an ImportError naming one of its
+    missing modules (or a module inside one, or a package above one), or jaxaot's own error
+    for it (MissingDependencyError; the BackendError of a topology compile without libtpu or
+    the CUDA plugin), whose message names ``jaxaot[<extra>]``; None for any other exception,
+    or an extra that is installed."""
+    name = (exc.name or "") if isinstance(exc, ImportError) else ""
+    for extra, missing in MISSING_EXTRAS.items():
+        if not missing:
+            continue
+        if name and any(
+            name == m or name.startswith(m + ".") or m.startswith(name + ".") for m in missing
+        ):
+            return extra
+        if isinstance(exc, (MissingDependencyError, BackendError)) and (
+            f"'jaxaot[{extra}]'" in str(exc)
+        ):
             return extra
     return None
 
@@ -525,8 +527,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Iterator[pytest.TestReport]:
     report = yield
-    if report.failed and report.when in ("setup", "call"):
-        extra = _missing_extra_in(report)
+    if report.failed and report.when in ("setup", "call") and call.excinfo is not None:
+        extra = missing_extra_of(call.excinfo.value)
         if extra is not None:
             report.outcome = "skipped"
             report.longrepr = (
@@ -537,15 +539,21 @@ def pytest_runtest_makereport(
     return report
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
-    report = yield
-    if report.failed and isinstance(collector, pytest.Module):
-        extra = _missing_extra_in(report)
-        if extra is not None:
-            report.outcome = "skipped"
-            report.longrepr = (str(collector.path), None, f"Skipped: {extra_reason(extra)}")
-    return report
+class _ExtrasModule(pytest.Module):
+    """A test module whose import failing for a missing extra skips it, naming the extra."""
+
+    def _getobj(self) -> Any:
+        try:
+            return super()._getobj()
+        except pytest.Collector.CollectError as exc:
+            extra = missing_extra_of(exc.__cause__)
+            if extra is None:
+                raise
+            raise pytest.skip.Exception(extra_reason(extra), allow_module_level=True) from None
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module:
+    return _ExtrasModule.from_parent(parent, path=module_path)
 
 
 def pytest_configure(config: pytest.Config) -> None:
