@@ -196,6 +196,7 @@ def test_a_best_trial_of_an_earlier_sweep_is_named_so() -> None:
     )
 
 
+@pytest.mark.extra("sweep")
 def test_a_search_with_two_equal_best_points_reports_the_tie(tmp_path: Path) -> None:
     """fast-math changes no buffer: the two smallest-argument points need the same temp memory."""
     proc, sweep_dir = run_sweep(

@@ -95,6 +95,7 @@ def _ops(hlo: str) -> list[tuple[str, str]]:
     return sorted(re.findall(r"^\s*(?:ROOT )?%\S+ = (\S+) ([\w-]+)\(", hlo, re.M))
 
 
+@pytest.mark.extra("tpu")
 def test_an_effort_sweep_on_a_topology(tmp_path: Path) -> None:
     """compile.optimization_level=O0,O1,O2,O3 with the basic sweeper: a row per level with its
     compile time and verdict, four compile keys, and each level's executable plain JAX's at

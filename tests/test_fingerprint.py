@@ -78,6 +78,7 @@ def fingerprints(tmp_path: Path, lr: str, act: str, seed: str) -> dict[str, str]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extra("models")
 def test_fingerprints_agree_across_processes_and_follow_the_data(tmp_path: Path) -> None:
     first = fingerprints(tmp_path, "1e-3", "relu", seed="1")
     again = fingerprints(tmp_path, "1e-3", "relu", seed="2")  # another string-hash seed

@@ -56,6 +56,7 @@ def test_flax_default_eager_sharding_model_keeps_its_names_as_metadata(compose_r
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5, strict=True)
 
 
+@pytest.mark.extra("models")
 def test_a_failing_init_of_library_objects_names_them_in_one_line(compose_run: Any) -> None:
     with pytest.raises(ArgSpecError) as err:
         compose_run(
@@ -106,6 +107,7 @@ def test_get_parses_and_refuses_other_keys_in_one_line() -> None:
             bind([bad], {})
 
 
+@pytest.mark.extra("models")
 def test_get_goes_through_the_import_policy(compose_run: Any) -> None:
     from jaxaot.errors import ConfigError
 

@@ -195,6 +195,7 @@ def test_printing_the_resolved_config_creates_no_dirs(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.extra("sweep")
 def test_a_default_sweep_dir_holds_all_its_jobs_under_a_parallel_launcher(tmp_path: Path) -> None:
     # joblib's workers get the sweep's config pickled with its resolver cache: every job
     # resolves ${unique_dir:...} to the one sweep dir the launching process created.

@@ -262,6 +262,7 @@ def test_llama3_8b_experiment_composes_for_v5e_and_v6e() -> None:
         assert cfg.lower.donate_argnums == [0, 1]
 
 
+@pytest.mark.extra("models", "tpu")
 def test_llama3_8b_lowers_for_v5e_256_with_its_own_logical_axes(tmp_path: Path) -> None:
     """Nothing allocated (the model and AdamW state are jax.eval_shape of their inits); every
     parameter and moment sharded by its nnx metadata through the rules; the lowering only (a

@@ -196,6 +196,7 @@ NNX = (
 )
 
 
+@pytest.mark.extra("models")
 def test_nnx_optimizer_offload_returns_its_update_to_the_host(compose_run: Any) -> None:
     """nnx.Optimizer's state in pinned_host: each Variable's update keeps the memory kind and
     sharding it came in with (no lower.out_memory_kinds needed), the donated buffers still hold

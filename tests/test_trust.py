@@ -633,6 +633,7 @@ def test_the_cli_refuses_yaml_unsafe_load_with_a_command_in_a_config_string(tmp_
     assert not (tmp_path / "run" / "manifest.json").exists()
 
 
+@pytest.mark.extra("sweep")
 def test_a_launched_jobs_policy_is_the_submitting_command_lines(tmp_path: Path) -> None:
     """A joblib worker runs the job under the command line that started the sweep."""
     marker = tmp_path / "pwned"
@@ -794,6 +795,7 @@ def test_a_preset_may_not_write_the_slurm_batch_script(tmp_path: Path, body: str
     assert jaxaot.compose(["program=axpy", "experiment=p", line], config_dir=merged) is not None
 
 
+@pytest.mark.extra("sweep")
 def test_the_shipped_slurm_launcher_and_its_command_line_options_compose(tmp_path: Path) -> None:
     jaxaot.compose(  # no ConfigError: the command line's options
         [

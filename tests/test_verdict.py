@@ -189,6 +189,7 @@ def _rows(sweep_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.extra("tpu")
 def test_status_exit_code_manifest_summary_and_report_agree_at_the_boundary(
     tmp_path: Path,
 ) -> None:

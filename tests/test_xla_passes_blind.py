@@ -66,7 +66,14 @@ def _run(tmp_path: Path, script: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("pre", ["import jax.extend", "import flax.nnx", CLEARED])
+@pytest.mark.parametrize(
+    "pre",
+    [
+        "import jax.extend",
+        pytest.param("import flax.nnx", marks=pytest.mark.extra("models")),
+        CLEARED,
+    ],
+)
 def test_jax_extend_imported_first_keeps_the_store(tmp_path: Path, pre: str) -> None:
     out = _run(tmp_path, RUN_TWICE.format(pre=pre))
     assert out["blind"] is None
