@@ -37,6 +37,7 @@ from jaxaot.errors import (
     UnusableExecutable,
     one_line,
 )
+from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.contract import (
@@ -757,33 +758,33 @@ def check(comp: CompileConfig, facts: CheckFacts) -> None:
     check_memory_keys(comp)  # compile.memory_top, compile.hbm_reserve, compile.host_memory_bytes
 
 
-def summarize(m: Mapping[str, Any]) -> str:
+def summarize(m: CompileMetrics) -> str:
     """The summary line: cost, memory, a topology's verdict, shardings."""
     parts = []
-    if m.get("flops") is not None:
-        parts.append(human_count(m["flops"], "FLOP"))
-    if m.get("bytes_accessed") is not None:
-        accessed = m["bytes_accessed"]
+    if m.flops is not None:
+        parts.append(human_count(m.flops, "FLOP"))
+    if m.bytes_accessed is not None:
+        accessed = m.bytes_accessed
         parts.append(f"{human_bytes(accessed)} accessed" if accessed >= 0 else "bytes accessed n/a")
     parts += loops_summary(m)
-    if m.get("temp_bytes") is not None:
+    if m.temp_bytes is not None:
         parts.append(
-            f"mem arg {human_bytes(m.get('argument_bytes'))} out {human_bytes(m.get('output_bytes'))}"
-            f" temp {human_bytes(m.get('temp_bytes'))} code {human_bytes(m.get('code_bytes'))}"
+            f"mem arg {human_bytes(m.argument_bytes)} out {human_bytes(m.output_bytes)}"
+            f" temp {human_bytes(m.temp_bytes)} code {human_bytes(m.code_bytes)}"
         )
     parts += memory_breakdown.summary(m)
     parts += topology_summary(m)
-    if m.get("breakdown_top"):
+    if m.breakdown_top:
         parts.append(
-            f"compile threads {human_seconds(m['breakdown_threads_s'])}, most in "
-            f"{m['breakdown_top']} ({human_seconds(m['breakdown_top_s'])})"
+            f"compile threads {human_seconds(m.breakdown_threads_s)}, most in "
+            f"{m.breakdown_top} ({human_seconds(m.breakdown_top_s)})"
         )
-    if m.get("xla_dump_files") is not None:
-        parts.append(f"XLA dump: {m['xla_dump_files']} files (compile/{DUMP_DIR}/)")
-    if m.get("mesh"):
+    if m.xla_dump_files is not None:
+        parts.append(f"XLA dump: {m.xla_dump_files} files (compile/{DUMP_DIR}/)")
+    if m.mesh:
         parts.append(
-            f"mesh {m['mesh']}: sharded in {m.get('sharded_inputs')}/{m.get('inputs')}, "
-            f"out {m.get('sharded_outputs')}/{m.get('outputs')} (compile/shardings.json)"
+            f"mesh {m.mesh}: sharded in {m.sharded_inputs}/{m.inputs}, "
+            f"out {m.sharded_outputs}/{m.outputs} (compile/shardings.json)"
         )
     return "; ".join(parts)
 
@@ -844,7 +845,12 @@ class CompileStage:
     sections: tuple[str, ...] = ("compile",)
     artifacts: tuple[str, ...] = ARTIFACTS
     required: tuple[str, ...] = ("executable.bin",)
-    show: Presentation = Presentation(verb="compiling", noun="executable", summarize=summarize)
+    show: Presentation[CompileMetrics] = Presentation(
+        verb="compiling",
+        noun="executable",
+        figures=CompileMetrics.from_metrics,
+        summarize=summarize,
+    )
     again: str = "compiled again from lower/exported.bin"
     recomputed_differs: Mapping[str, str] = MappingProxyType({})
     check = staticmethod(check)

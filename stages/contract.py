@@ -66,6 +66,7 @@ R_co = TypeVar("R_co", covariant=True)
 R_contra = TypeVar("R_contra", contravariant=True)
 P = TypeVar("P")  # what a Cached stage prepares with its key (compile: the Target)
 H = TypeVar("H")  # what an Ahead stage's early job returns (compile: the XLA executable)
+M = TypeVar("M")  # a stage's typed metrics record (jaxaot.rundir.metrics: CompileMetrics)
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,20 @@ class Artifact:
 
 
 @dataclass(frozen=True)
-class Presentation:
+class Presentation(Generic[M]):
     """How a stage shows itself: progress lines, the runner's messages, the run's summary."""
 
     verb: str  # "compiling": "still compiling (...)", "..., compiling instead"
     noun: str  # what its record is called in messages: "executable"
-    # The stage's summary line from the metrics its manifest entry holds (any jaxaot's
-    # manifest). Fires when a summary is rendered: the end of a run, ``jaxaot-report``.
-    summarize: Callable[[Mapping[str, Any]], str]
+    # The metrics its manifest entry holds (any jaxaot's manifest) as its typed record:
+    # ``CompileMetrics.from_metrics``.
+    figures: Callable[[Mapping[str, Any]], M]
+    summarize: Callable[[M], str]  # the stage's summary line from that record
+
+    def line(self, metrics: Mapping[str, Any]) -> str:
+        """The summary line of a manifest's ``stages.<name>.metrics``. Fires when a summary is
+        rendered: the end of a run, ``jaxaot-report``."""
+        return self.summarize(self.figures(metrics))
 
 
 @dataclass(frozen=True)
@@ -243,7 +250,7 @@ class Stage(Protocol[Opt, R]):
     sections: tuple[str, ...]  # config sections taken from the checkpoint when a later stage
     # resumes (its options, and whatever else changes what it makes)
     artifacts: tuple[str, ...]  # files it writes and a store entry holds
-    show: Presentation  # verb, noun and summary line
+    show: Presentation[Any]  # verb, noun and summary line
 
     def check(self, opts: Opt, facts: CheckFacts) -> None:
         """Fires in :func:`jaxaot.schema.validate`, for every stage of every run, before JAX is

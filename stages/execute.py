@@ -16,13 +16,13 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
+from jaxaot.rundir.metrics import ExecuteMetrics
 from jaxaot.stages import profile, roofline
 from jaxaot.stages.compile import Compiled
 from jaxaot.stages.contract import CheckFacts, Presentation, RunFacts, StageContext, Upstream
@@ -688,36 +688,33 @@ def check(ex: ExecuteConfig, facts: CheckFacts) -> None:
             )
 
 
-def summarize(m: Mapping[str, Any]) -> str:
+def summarize(m: ExecuteMetrics) -> str:
     """The summary line: timing, achieved FLOP/s, the check and which tolerance held."""
     parts = []
-    if m.get("median_s") is not None:
+    if m.median_s is not None:
+        parts.append(f"median {human_seconds(m.median_s)} (sd {human_seconds(m.stddev_s)})")
+    if m.flops_per_s:
+        parts.append(human_count(m.flops_per_s, "FLOP/s"))
+    if m.roofline_bound:
         parts.append(
-            f"median {human_seconds(m['median_s'])} (sd {human_seconds(m.get('stddev_s'))})"
+            f"roofline: {m.intensity:.3g} FLOP/B, {m.roofline_bound}-bound, "
+            f"{m.roofline_fraction:.0%} of roof (peaks {human_count(m.peak_flops, 'FLOP/s')}, "
+            f"{human_bytes(m.peak_bytes_per_s)}/s calibrated)"
         )
-    if m.get("flops_per_s"):
-        parts.append(human_count(m["flops_per_s"], "FLOP/s"))
-    if m.get("roofline_bound"):
+    if m.profile_top_op:
         parts.append(
-            f"roofline: {m['intensity']:.3g} FLOP/B, {m['roofline_bound']}-bound, "
-            f"{m['roofline_fraction']:.0%} of roof (peaks {human_count(m['peak_flops'], 'FLOP/s')}, "
-            f"{human_bytes(m['peak_bytes_per_s'])}/s calibrated)"
+            f"profiled: {m.profile_ops} ops, top {m.profile_top_op} "
+            f"{m.profile_top_share:.0%} (execute/profile.json)"
         )
-    if m.get("profile_top_op"):
-        parts.append(
-            f"profiled: {m['profile_ops']} ops, top {m['profile_top_op']} "
-            f"{m['profile_top_share']:.0%} (execute/profile.json)"
-        )
-    if m.get("check") == "ok":
+    abs_err = 0 if m.max_abs_err is None else m.max_abs_err
+    rel_err = 0 if m.max_rel_err is None else m.max_rel_err
+    if m.check == "ok":
         # Which tolerance passed: "max rel err 1.4" alone reads as a failure when the
         # absolute bound is what held (an error next to a zero).
-        passed = m.get("check_passed_by") or f"max rel err {m.get('max_rel_err', 0):.2g}"
+        passed = m.check_passed_by or f"max rel err {rel_err:.2g}"
         parts.append(f"check ok ({passed})")  # older manifests have no check_passed_by: the rel err
-    elif m.get("check"):
-        parts.append(
-            f"check {m['check']} (max abs err {m.get('max_abs_err', 0):.2g}, "
-            f"max rel err {m.get('max_rel_err', 0):.2g})"
-        )
+    elif m.check:
+        parts.append(f"check {m.check} (max abs err {abs_err:.2g}, max rel err {rel_err:.2g})")
     return "; ".join(parts)
 
 
@@ -731,7 +728,9 @@ class ExecuteStage:
     live_inputs: tuple[str, ...] = ()
     sections: tuple[str, ...] = ("execute",)
     check = staticmethod(check)
-    show: Presentation = Presentation(verb="executing", noun="result", summarize=summarize)
+    show: Presentation[ExecuteMetrics] = Presentation(
+        verb="executing", noun="result", figures=ExecuteMetrics.from_metrics, summarize=summarize
+    )
     artifacts: tuple[str, ...] = (
         "outputs.npz",
         "outputs.bits.npz",

@@ -186,7 +186,7 @@ def verdict(
     return fit
 
 
-def figures(needed: int, available: int, unit: int = 1024**3) -> tuple[str, str]:
+def figures(needed: float, available: float, unit: int = 1024**3) -> tuple[str, str]:
     """``needed`` and ``available`` in ``unit`` with as many decimals as it takes for the two
     printed numbers to compare as the bytes do (15.75 vs 15.75 only when equal): from one
     decimal for needed and two for available."""
@@ -199,7 +199,7 @@ def figures(needed: int, available: int, unit: int = 1024**3) -> tuple[str, str]
     return str(needed), str(available)
 
 
-def unit_of(n: int) -> tuple[int, str]:
+def unit_of(n: float) -> tuple[int, str]:
     """The binary unit ``n`` reads best in: (bytes per unit, name)."""
     for scale, name in ((1024**4, "TiB"), (1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
         if n >= scale:
@@ -207,7 +207,7 @@ def unit_of(n: int) -> tuple[int, str]:
     return 1, "B"
 
 
-def pair_figures(needed: int, available: int) -> tuple[str, str]:
+def pair_figures(needed: float, available: float) -> tuple[str, str]:
     """Needed and available with their units, as the verdict prints them: in the unit of
     ``available`` with the decimals that keep their order, or a need of a smaller unit in its
     own (``8.7 MiB`` beside ``15.75 GiB``: far from the limit)."""
@@ -221,7 +221,7 @@ def pair_figures(needed: int, available: int) -> tuple[str, str]:
     return f"{a} {name}", f"{b} {name}"
 
 
-def pair_text(needed: int, available: int) -> str:
+def pair_text(needed: float, available: float) -> str:
     """``15.8 GiB of 15.75 GiB``: :func:`pair_figures` in one line."""
     need, have = pair_figures(needed, available)
     return f"{need} of {have}"

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.stages.loop_trips import callee_of, trip_count
 from jaxaot.util.canonical import canonical_hlo
 from jaxaot.util.hlo_parse import COLLECTIVES, Computation, Instruction, array_bytes, parse_hlo
+
+if TYPE_CHECKING:
+    from jaxaot.rundir.metrics import CompileMetrics
 
 KEYS = ("flops", "transcendentals", "bytes accessed")
 NOTE = "XLA counts loop bodies once"
@@ -417,21 +420,21 @@ def loop_aware(
     return cost, info
 
 
-def loops_summary(m: Any) -> list[str]:
+def loops_summary(m: CompileMetrics) -> list[str]:
     """The summary line's words on loops: XLA's figure where counting loops changed it, and
     the loops whose trip count is unknown (counted once)."""
     from jaxaot.util.humanize import human_count
 
     parts = []
-    xla, flops = m.get("flops_xla"), m.get("flops")
-    if m.get("loops") and xla is not None and flops is not None and 0 <= xla != flops:
+    xla, flops = m.flops_xla, m.flops
+    if m.loops and xla is not None and flops is not None and 0 <= xla != flops:
         parts.append(
-            f"{m.get('loops')} loop(s) counted per trip (XLA, loop bodies once: "
+            f"{m.loops} loop(s) counted per trip (XLA, loop bodies once: "
             f"{human_count(xla, 'FLOP')})"
         )
-    if m.get("loops_unknown_trip_count"):
+    if m.loops_unknown_trip_count:
         parts.append(
-            f"{m['loops_unknown_trip_count']} loop(s) of unknown trip count counted once "
+            f"{m.loops_unknown_trip_count} loop(s) of unknown trip count counted once "
             "(compile/loops.json)"
         )
     return parts

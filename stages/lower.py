@@ -24,6 +24,7 @@ from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
+from jaxaot.rundir.metrics import LowerMetrics
 from jaxaot.stages import module_text
 from jaxaot.stages.contract import CheckFacts, Entry, Presentation, StageContext, Upstream
 from jaxaot.stages.cost_figures import costs_of
@@ -557,15 +558,15 @@ def check(low: LowerConfig, facts: CheckFacts) -> None:
     check_metadata(low.xla_metadata, low.scoped_metadata, facts.policy)
 
 
-def summarize(m: Mapping[str, Any]) -> str:
+def summarize(m: LowerMetrics) -> str:
     """The summary line: platforms, mesh, pre-compile FLOPs."""
-    parts = [f"platforms {','.join(m.get('platforms', []))}"]
-    if m.get("mesh"):
-        parts.append(f"mesh {m['mesh']} ({m.get('devices')} devices)")
-    if m.get("flops") is not None:
-        parts.append(f"{human_count(m['flops'], 'FLOP')} (pre-compile)")
-    if m.get("disabled_checks"):
-        parts.append(f"export checks off: {', '.join(m['disabled_checks'])}")
+    parts = [f"platforms {','.join(m.platforms)}"]
+    if m.mesh:
+        parts.append(f"mesh {m.mesh} ({m.devices} devices)")
+    if m.flops is not None:
+        parts.append(f"{human_count(m.flops, 'FLOP')} (pre-compile)")
+    if m.disabled_checks:
+        parts.append(f"export checks off: {', '.join(m.disabled_checks)}")
     return "; ".join(parts)
 
 
@@ -581,7 +582,9 @@ class LowerStage:
     )  # lowering again needs the traced program, not its record
     sections: tuple[str, ...] = ("lower", "mesh")
     artifacts: tuple[str, ...] = ARTIFACTS
-    show: Presentation = Presentation(verb="lowering", noun="lowering", summarize=summarize)
+    show: Presentation[LowerMetrics] = Presentation(
+        verb="lowering", noun="lowering", figures=LowerMetrics.from_metrics, summarize=summarize
+    )
     again: str = "computed again"
     recomputed_differs: Mapping[str, str] = MappingProxyType({})
     check = staticmethod(check)

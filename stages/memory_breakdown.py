@@ -51,6 +51,7 @@ from jaxaot.stages.buffer_assignment import (
 from jaxaot.util.humanize import human_bytes
 
 if TYPE_CHECKING:
+    from jaxaot.rundir.metrics import CompileMetrics
     from jaxaot.stages.contract import StageContext
 
 ARTIFACT = "memory_breakdown.json"
@@ -506,16 +507,16 @@ def read_metrics(ctx: StageContext, data: bytes) -> None:
     ctx.metrics.update(metrics(breakdown))
 
 
-def summary(m: Mapping[str, Any]) -> list[str]:
+def summary(m: CompileMetrics) -> list[str]:
     """The summary line's part: ``peak 1.2 GiB: <top three>``."""
-    if m.get("peak_bytes") is None:
+    if m.peak_bytes is None:
         return []
-    top = m.get("peak_top")
-    if m.get("fits") is not None:
+    top = m.peak_top
+    if m.verdict.known:
         # Beside a topology's verdict, XLA's peak would read as HBM, and it is not: libtpu's
         # counts on-chip (VMEM) and host memory too. The verdict's figure is the HBM one.
         return [f"live at the peak: {top}"] if top else []
-    return [f"peak {human_bytes(m['peak_bytes'])}" + (f": {top}" if top else "")]
+    return [f"peak {human_bytes(m.peak_bytes)}" + (f": {top}" if top else "")]
 
 
 __all__ = [

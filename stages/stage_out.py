@@ -27,6 +27,7 @@ from jaxaot.config.argspec import (
 )
 from jaxaot.config.sections import check_indices
 from jaxaot.errors import ConfigError, JaxaotError, StageError, StoreError, one_line
+from jaxaot.rundir.metrics import StageOutMetrics
 from jaxaot.stages import arg_table
 from jaxaot.stages.adapt import adapt
 from jaxaot.stages.array_limits import check_traced
@@ -585,13 +586,17 @@ def check(opts: StageOutConfig, facts: CheckFacts) -> None:
     check_indices("stage_out.static_argnums", opts.static_argnums)
 
 
-def summarize(m: Mapping[str, Any]) -> str:
+def summarize(m: StageOutMetrics) -> str:
     """The summary line: inputs, outputs, static arguments, equations."""
+
+    def count(n: int | None) -> int:
+        return 0 if n is None else n
+
     text = (
-        f"{m.get('inputs', 0)} in, {m.get('outputs', 0)} out, {m.get('static', 0)} static; "
-        f"{m.get('eqns', 0)} eqns"
+        f"{count(m.inputs)} in, {count(m.outputs)} out, {count(m.static)} static; "
+        f"{count(m.eqns)} eqns"
     )
-    return text + (f"; {m['replicas']} replicas" if m.get("replicas") else "")
+    return text + (f"; {m.replicas} replicas" if m.replicas else "")
 
 
 class StageOutStage:
@@ -614,7 +619,12 @@ class StageOutStage:
         arg_table.JSON_NAME,
         arg_table.TEXT_NAME,
     )
-    show: Presentation = Presentation(verb="tracing", noun="traced program", summarize=summarize)
+    show: Presentation[StageOutMetrics] = Presentation(
+        verb="tracing",
+        noun="traced program",
+        figures=StageOutMetrics.from_metrics,
+        summarize=summarize,
+    )
     again: str = "computed again"
     recomputed_differs: Mapping[str, str] = MappingProxyType(
         {

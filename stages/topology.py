@@ -22,10 +22,10 @@ a TPU host loads it like any other (``resume_from=<run> start_at=execute``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.errors import BackendError, DoesNotFit, EntryUnusable, StageError
@@ -47,6 +47,9 @@ from jaxaot.stages.lower import Lowered
 from jaxaot.targets.tpu import Target, quiet_libtpu, resolve, topology_devices
 from jaxaot.util.hlo_parse import COLLECTIVES, collectives
 from jaxaot.util.humanize import human_bytes, human_seconds
+
+if TYPE_CHECKING:
+    from jaxaot.rundir.metrics import CompileMetrics
 
 # The execute stage of a compile.topology run: recorded as skipped, with this note.
 EXECUTE_NOTE = (
@@ -418,36 +421,36 @@ def tpu_present() -> bool:
         return False
 
 
-def topology_summary(m: Mapping[str, Any]) -> list[str]:
+def topology_summary(m: CompileMetrics) -> list[str]:
     """``compile.topology``'s fit verdict (device and host memory, the reserve), collectives
     and roofline estimate: the figures printed as the verdict compared them."""
-    if m.get("fits") is None:
+    v = m.verdict
+    if v.fits is None:
         return []
-    need, have = m.get("hbm_bytes_needed"), m.get("hbm_bytes_available")
+    need, have = v.hbm_bytes_needed, v.hbm_bytes_available
     hbm = pair_text(need, have) if need is not None and have is not None else "-"
-    reserve = m.get("hbm_reserve_bytes")
+    reserve = v.hbm_reserve_bytes
     kept = f", {human_bytes(reserve)} reserved" if reserve else ""
-    if m["fits"] or m.get("hbm_fits") is not True:
-        head = f"{'fits' if m['fits'] else 'DOES NOT FIT'}: {hbm} HBM per device"
+    if v.fits or v.hbm_fits is not True:
+        head = f"{'fits' if v.fits else 'DOES NOT FIT'}: {hbm} HBM per device"
     else:  # the device memory fits; the host's does not
         head = f"DOES NOT FIT in host memory (HBM fits: {hbm} per device"
         kept += ")"
-    parts = [f"{head}{kept} ({m.get('topology')})"]
+    parts = [f"{head}{kept} ({v.topology})"]
     if need is not None and have is not None and need > have:
         parts.append(f"{human_bytes(need - have)} over")
-    host_need, host_have = m.get("host_bytes_needed"), m.get("host_bytes_available")
+    host_need, host_have = v.host_bytes_needed, v.host_bytes_available
     if host_need:
         host = pair_text(host_need, host_have) if host_have is not None else human_bytes(host_need)
-        mark = " (DOES NOT FIT)" if m.get("host_fits") is False else ""
+        mark = " (DOES NOT FIT)" if v.host_fits is False else ""
         parts.append(f"host memory {host} per device{mark}")
-    if m.get("peak_top") and m.get("peak_bytes") is None:  # XLA refused it: no peak figure
-        parts.append(f"live at the peak: {m['peak_top']}")
-    if m.get("collectives") is not None:
-        parts.append(f"{m['collectives']} collectives ({human_bytes(m.get('collective_bytes'))})")
-    if m.get("est_step_s") is not None:
+    if m.peak_top and m.peak_bytes is None:  # XLA refused it: no peak figure
+        parts.append(f"live at the peak: {m.peak_top}")
+    if v.collectives is not None:
+        parts.append(f"{v.collectives} collectives ({human_bytes(v.collective_bytes)})")
+    if v.est_step_s is not None:
         parts.append(
-            f"est. step >= {human_seconds(m['est_step_s'])} ({m.get('est_bound')}-bound "
-            "roofline estimate)"
+            f"est. step >= {human_seconds(v.est_step_s)} ({v.est_bound}-bound roofline estimate)"
         )
     return parts
 

@@ -332,14 +332,7 @@ def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = jax.make_mesh(
-        (4,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4]
-    )
-    sds = jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=NamedSharding(mesh, P("data")))
-    with jax.set_mesh(mesh):
-        traced = jax.jit(progs.resharded).trace(sds)
-        want_specs = [o.sharding.spec for o in traced.out_info]
-    assert want_specs == [P("data", None), P(None, None)]
+    # The run first: it starts this process's JAX backend with the devices the mesh needs.
     result = compose_run(
         f"{T}:resharded",
         "program.args=[f32[8,2]]",
@@ -350,6 +343,14 @@ def test_explicit_axes_shardings_are_part_of_the_types(compose_run: Any) -> None
         "execute.check=reference",
         "execute.repeats=1",
     )
+    mesh = jax.make_mesh(
+        (4,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4]
+    )
+    sds = jax.ShapeDtypeStruct((8, 2), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):
+        traced = jax.jit(progs.resharded).trace(sds)
+        want_specs = [o.sharding.spec for o in traced.out_info]
+    assert want_specs == [P("data", None), P(None, None)]
     staged = result.records["stage_out"]
     assert [o.sharding.spec for o in staged.traced.out_info] == want_specs
     outs = result.records["compile"].compiled.output_shardings

@@ -26,7 +26,7 @@ from jaxaot.errors import BackendError, ConfigError
 from jaxaot.schema import validate
 from jaxaot.stages.export_rules import check_platforms
 from jaxaot.stages.inputs import spec_inputs
-from jaxaot.stages.lower import canonical_stablehlo, summarize
+from jaxaot.stages.lower import LOWER, canonical_stablehlo
 
 T = "program.target=aot_export_programs"
 ADD = (f"{T}:add", "program.args=[f32[4], f32[4]]")
@@ -243,7 +243,7 @@ def test_an_export_for_tpu_runs_on_cpu_with_the_platform_check_disabled(compose_
     assert got.platforms == ("tpu",)
     assert got.disabled_safety_checks == want.disabled_safety_checks
     assert _lowered_json(result.run_dir)["disabled_checks"] == ["platform"]
-    summary = summarize(result.manifest["stages"]["lower"]["metrics"])
+    summary = LOWER.show.line(result.manifest["stages"]["lower"]["metrics"])
     assert summary.endswith("; export checks off: platform")
     # Without it, JAX refuses the call and jaxaot the compile.
     plain = jax.export.export(jax.jit(progs.add), platforms=("tpu",))(X4, X4)
@@ -271,7 +271,7 @@ def test_a_check_disabled_twice_is_exported_twice_as_jax_does(compose_run: Any) 
     assert got.disabled_safety_checks == want.disabled_safety_checks
     assert canonical_stablehlo(got.mlir_module()) == canonical_stablehlo(want.mlir_module())
     assert _lowered_json(result.run_dir)["disabled_checks"] == ["platform", "platform"]
-    summary = summarize(result.manifest["stages"]["lower"]["metrics"])
+    summary = LOWER.show.line(result.manifest["stages"]["lower"]["metrics"])
     assert summary.endswith("; export checks off: platform, platform")  # what the export holds
     x, y = run_inputs(result)[0]
     assert_same(result.records["execute"].outputs, want.call(x, y))

@@ -43,9 +43,11 @@ from jaxaot.store.cache import Store
 
 FACTS: Any = SimpleNamespace(program="fake")  # what the runner itself reads of the run's facts
 SOURCE_SHOWS = Presentation(
-    verb="reading", noun="text", summarize=lambda m: f"{m.get('chars', 0)} chars"
+    verb="reading", noun="text", figures=dict, summarize=lambda m: f"{m.get('chars', 0)} chars"
 )
-UPPER_SHOWS = Presentation(verb="upper-casing", noun="upper text", summarize=lambda m: "")
+UPPER_SHOWS = Presentation(
+    verb="upper-casing", noun="upper text", figures=dict, summarize=lambda m: ""
+)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"errors", "util", "targets", "rundir", "conf"},
     "store": {"errors", "util"},
     "rundir": {"errors", "util"},
-    "stages": {"errors", "util", "targets", "config", "models"},
+    "stages": {"errors", "util", "targets", "config", "models", "rundir"},
     "models": {"errors", "util", "config"},
     "snapshots": {"errors", "util", "version", "config", "rundir", "stages"},
     "schema": {"errors", "util", "targets", "config", "rundir", "stages", "conf"},

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import loop_programs as lp
 import pytest
 from conftest import cli_env, run_cli
+from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.stages import loop_costs, loop_trips
 from jaxaot.stages.executable import costs_of
 
@@ -146,12 +147,14 @@ def test_a_data_dependent_while_loop_stays_counted_once_and_says_so() -> None:
     assert loop["trip_count"] is None and loop["source"] == "unknown trip count"
     assert cost["flops"] == cost["flops_xla"] and cost["loops_unknown_trip_count"] == 1
     words = loop_costs.loops_summary(
-        {
-            "flops": cost["flops"],
-            "flops_xla": cost["flops_xla"],
-            "loops": 1,
-            "loops_unknown_trip_count": 1,
-        }
+        CompileMetrics.from_metrics(
+            {
+                "flops": cost["flops"],
+                "flops_xla": cost["flops_xla"],
+                "loops": 1,
+                "loops_unknown_trip_count": 1,
+            }
+        )
     )
     assert words == ["1 loop(s) of unknown trip count counted once (compile/loops.json)"]
 

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import jaxaot
 import pytest
+from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.snapshots.diff import diff_report, load_side, render
 from jaxaot.stages import buffer_assignment as ba
 from jaxaot.stages import memory_breakdown as mb
-from jaxaot.stages.compile import summarize
+from jaxaot.stages.compile import COMPILE
 from jaxaot.util import protowire as pw
 from jaxaot.util.humanize import human_bytes
 
@@ -363,7 +364,7 @@ def test_a_run_writes_the_breakdown_and_a_store_hit_serves_it(tmp_path: Path) ->
     plain = jax.jit(mlp).lower(spec, jnp.zeros((64, 256))).compile().memory_analysis()
     assert stage["metrics"]["peak_bytes"] == plain.peak_memory_in_bytes == found["peak_bytes"]
     assert stage["metrics"]["peak_top"].startswith("f32[512,512] args[0][1]['w'] (1.0 MiB), ")
-    line = summarize(stage["metrics"])
+    line = COMPILE.show.line(stage["metrics"])
     assert f"peak {human_bytes(found['peak_bytes'])}: f32[512,512]" in line
 
     again = _run(tmp_path, "b", "compile.memory_top=3")
@@ -436,10 +437,11 @@ def test_a_platform_without_the_proto_gets_the_breakdown_from_xlas_dump(
 def test_the_summary_shows_xlas_peak_only_where_no_verdict_stands_beside_it() -> None:
     """libtpu's peak counts on-chip (VMEM) and host memory: beside a topology's HBM verdict the
     summary names what is live at the peak, and leaves the figure to the verdict."""
-    plain = mb.summary({"peak_bytes": 2048, "peak_top": "f32[512] args[0] (2.0 KiB)"})
+    figures = CompileMetrics.from_metrics
+    plain = mb.summary(figures({"peak_bytes": 2048, "peak_top": "f32[512] args[0] (2.0 KiB)"}))
     assert plain == ["peak 2.0 KiB: f32[512] args[0] (2.0 KiB)"]
     beside = mb.summary(
-        {"peak_bytes": 4096, "peak_top": "f32[512] args[0] (2.0 KiB)", "fits": True}
+        figures({"peak_bytes": 4096, "peak_top": "f32[512] args[0] (2.0 KiB)", "fits": True})
     )
     assert beside == ["live at the peak: f32[512] args[0] (2.0 KiB)"]
-    assert mb.summary({"peak_bytes": None}) == []
+    assert mb.summary(figures({"peak_bytes": None})) == []

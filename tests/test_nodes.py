@@ -45,7 +45,7 @@ def test_nodes_are_the_stages_in_order_and_declare_what_they_own() -> None:
     assert set(owned) <= {f.name for f in dataclasses.fields(JaxaotConfig)}
     for n in NODES:
         assert isinstance(n, Stage)
-        assert n.show.verb and n.show.noun and n.show.summarize({}) is not None
+        assert n.show.verb and n.show.noun and n.show.line({}) is not None
         assert all(i in NODE_BY_NAME and STAGES.index(i) < STAGES.index(n.name) for i in n.inputs)
         assert set(n.live_inputs) <= set(n.inputs)
 

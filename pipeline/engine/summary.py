@@ -15,7 +15,7 @@ def _details(stage: str, metrics: dict[str, Any]) -> str:
     """The node's own summary line from its metrics; empty for a stage that failed before it
     had any (or one this jaxaot does not know: a manifest from another version)."""
     node = NODE_BY_NAME.get(stage)
-    return node.show.summarize(metrics) if node is not None and metrics else ""
+    return node.show.line(metrics) if node is not None and metrics else ""
 
 
 def _value_text(value: Any) -> str:
