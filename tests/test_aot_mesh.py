@@ -282,6 +282,13 @@ def test_mesh_in_context_refuses_a_program_with_its_own_mesh_as_jax_does(
     compose_run: Any,
 ) -> None:
     # JAX: with another mesh in context, shard_map on the program's own mesh is refused.
+    with pytest.raises(jaxaot.errors.StageError, match=r"The context mesh .* should match") as ours:
+        compose_run(f"{T}:own_mesh", "program.args=[f32[4]]", "mesh.shape=[2]", "mesh.axes=[data]")
+    assert str(ours.value).endswith(
+        "; mesh.context=true traces the program with the mesh in context: expected "
+        "mesh.context=false for a program that builds its own mesh"
+    )
+    # Plain JAX after the run: the run starts the virtual devices the mesh needs.
     x = jnp.arange(4.0)
     with (
         jax.set_mesh(cpu_mesh()),
@@ -289,12 +296,6 @@ def test_mesh_in_context_refuses_a_program_with_its_own_mesh_as_jax_does(
     ):
         jax.jit(progs.own_mesh)(x)
     assert "The context mesh" in str(plain.value)
-    with pytest.raises(jaxaot.errors.StageError, match=r"The context mesh .* should match") as ours:
-        compose_run(f"{T}:own_mesh", "program.args=[f32[4]]", "mesh.shape=[2]", "mesh.axes=[data]")
-    assert str(ours.value).endswith(
-        "; mesh.context=true traces the program with the mesh in context: expected "
-        "mesh.context=false for a program that builds its own mesh"
-    )
 
 
 def test_a_program_that_needs_the_context_mesh_under_context_false(compose_run: Any) -> None:
