@@ -85,12 +85,47 @@ def test_requests_it_cannot_serve_are_declined(running: Running) -> None:
 def test_a_changed_file_declines_and_asks_for_a_restart(running: Running, tmp_path: Path) -> None:
     watched = tmp_path / "module.py"
     watched.write_text("x = 1\n")
-    running.server.files = {str(watched): loop._stat(str(watched))}
+    running.server.files = {str(watched): loop._signature(str(watched))}
     watched.write_text("x = 22\n")
     req, _ = client.request(["program=axpy"])
     assert running.send(req) == {"declined": f"changed: {watched}"}
     running.thread.join(10)
     assert running.restart is True  # the caller re-executes the server
+
+
+def test_a_watched_folder_changes_by_its_entries_not_its_pycache(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    plugins = tmp_path / "hydra_plugins"
+    absent = tmp_path / "elsewhere" / "hydra_plugins"
+    for folder in (site, plugins, site / "pkg"):
+        folder.mkdir()
+    (site / "a.pth").write_text("/somewhere\n")
+    server = loop.Server(tmp_path / "s.sock", dict(os.environ), [], lock=None)
+
+    def watch() -> None:
+        server.files = {str(f): loop._signature(str(f)) for f in (site, plugins, absent)}
+
+    watch()
+    # A first import elsewhere writes __pycache__ into the folder: its mtime moves, no code did.
+    for folder in (site, plugins):
+        mtime = folder.stat().st_mtime_ns
+        (folder / "__pycache__").mkdir()
+        os.utime(folder, ns=(mtime + 10**9, mtime + 10**9))  # whatever the clock's granularity
+    assert server.stale() is None
+    (plugins / "my_sweeper").mkdir()  # a plugin added
+    assert server.stale() == str(plugins)
+    watch()
+    (site / "new.pth").write_text("import x\n")  # a new .pth file
+    assert server.stale() == str(site)
+    watch()
+    (site / "a.pth").write_text("/elsewhere/too\n")  # an edited one
+    assert server.stale() == str(site)
+    watch()
+    (site / "pkg").rmdir()  # a package removed
+    assert server.stale() == str(site)
+    watch()
+    absent.mkdir(parents=True)  # a hydra_plugins folder that was not there at start
+    assert server.stale() == str(absent)
 
 
 def test_an_idle_loop_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

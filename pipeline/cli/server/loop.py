@@ -20,6 +20,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 from collections import OrderedDict
@@ -51,6 +52,22 @@ Job = Callable[["OrderedDict[str, bytes]", int], None]
 def _stat(path: str) -> tuple[int, ...]:
     st = os.stat(path)
     return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _signature(path: str) -> tuple[Any, ...] | None:
+    """What a watched path's change is judged by, or None when it is absent. A file: its size,
+    inode, mtime and ctime. A folder: the names of its entries other than ``__pycache__`` (a
+    package installed or removed, a plugin added), with each ``.pth`` file's stat; Python
+    writing ``__pycache__`` into it on a first import changes its mtime, not its code."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        names = sorted(n for n in os.listdir(path) if n != "__pycache__")
+        pth = [_stat(os.path.join(path, n)) for n in names if n.endswith(".pth")]
+    except OSError:
+        return None
+    return (*names, *pth)
 
 
 class _Run:
@@ -105,32 +122,22 @@ class Server:
         self.listener: socket.socket | None = None
 
     @staticmethod
-    def _module_files() -> dict[str, tuple[int, ...] | None]:
-        """By size, inode, mtime and ctime: every imported module's file, the site-packages
-        folders (a package installed or removed, a new .pth file), and each sys.path entry's
+    def _module_files() -> dict[str, tuple[Any, ...] | None]:
+        """By :func:`_signature`: every imported module's file, the site-packages folders (a
+        package installed or removed, a new or edited .pth file), and each sys.path entry's
         hydra_plugins folder, there or not (Hydra's plugins were looked up at start)."""
         import site
 
         names = [getattr(mod, "__file__", None) for mod in list(sys.modules.values())]
         names += [*site.getsitepackages(), site.getusersitepackages()]
         names += [os.path.join(p, "hydra_plugins") for p in sys.path if p]
-        out: dict[str, tuple[int, ...] | None] = {}
-        for f in names:
-            if f and f not in out:
-                try:
-                    out[f] = _stat(f)
-                except OSError:
-                    out[f] = None  # absent: its appearing counts as a change
-        return out
+        # An absent path's appearing counts as a change (None, then a signature).
+        return {f: _signature(f) for f in dict.fromkeys(names) if f}
 
     def stale(self) -> str | None:
-        """The first watched file that changed since the server started, or None."""
+        """The first watched path that changed since the server started, or None."""
         for f, seen in self.files.items():
-            try:
-                now: tuple[int, ...] | None = _stat(f)
-            except OSError:
-                now = None
-            if now != seen:
+            if _signature(f) != seen:
                 return f
         return None
 
