@@ -21,7 +21,7 @@ or ``<stage>.seconds`` (a stage's wall time); :func:`objective` turns such a nam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Self, cast
 
@@ -298,33 +298,24 @@ class Metric:
         return f"{value:.6g}"
 
 
-def _catalogue(column: Column) -> tuple[Metric, ...]:
-    found = []
+def _figures() -> Iterator[tuple[Metric, Mapping[str, Any]]]:
+    """Every figure of every stage record, in field order (a fit verdict's own figures where
+    the record holds one), with its field's metadata (unit, column, objective)."""
     for stage, record in RECORDS.items():
         for f in fields(record):
             if "record" in f.metadata:
-                found += [
-                    Metric(stage, g.name, g.metadata["unit"], verdict=True)
-                    for g in fields(f.metadata["record"])
-                    if g.metadata["column"] == column
-                ]
-            elif f.metadata["column"] == column:
-                found.append(Metric(stage, f.name, f.metadata["unit"]))
-    return tuple(found)
+                for g in fields(f.metadata["record"]):
+                    yield Metric(stage, g.name, g.metadata["unit"], verdict=True), g.metadata
+            else:
+                yield Metric(stage, f.name, f.metadata["unit"]), f.metadata
+
+
+def _catalogue(column: Column) -> tuple[Metric, ...]:
+    return tuple(m for m, meta in _figures() if meta["column"] == column)
 
 
 def _objectives() -> tuple[Metric, ...]:
-    figures = []
-    for stage, record in RECORDS.items():
-        for f in fields(record):
-            if "record" in f.metadata:
-                figures += [
-                    Metric(stage, g.name, g.metadata["unit"], verdict=True)
-                    for g in fields(f.metadata["record"])
-                    if g.metadata["objective"]
-                ]
-            elif f.metadata["objective"]:
-                figures.append(Metric(stage, f.name, f.metadata["unit"]))
+    figures = [m for m, meta in _figures() if meta["objective"]]
     # Report columns first (their order in the report), then the verdict's figures.
     figures.sort(key=lambda m: m.verdict)
     return (*(Metric(stage, "seconds", "s") for stage in RECORDS), *figures)
