@@ -40,6 +40,7 @@ from jaxaot.errors import (
 from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
+from jaxaot.stages.concrete_export import at_sizes
 from jaxaot.stages.contract import (
     CheckFacts,
     Entry,
@@ -143,6 +144,9 @@ class Target:
     module_sha256: str
     convention: Convention
     lower: Callable[[], Any]  # -> jax.stages.Lowered, built once
+    # The lowering it compiles: the lower stage's, or a polymorphic one's export made concrete
+    # at compile.shapes (:func:`_concrete_lowering`).
+    lowered: Lowered
     device_assignment: tuple[Any, ...] | None = None
     # The whole compile, where it is not ``lower().compile()``: a topology's; and
     # the same compile dumping into (a folder, with these options): compile.dump.
@@ -271,9 +275,16 @@ def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
     return export_lowering(lowered, platform_of(backend), concrete, device=device)
 
 
+def _concrete_lowering(comp: CompileConfig, facts: RunFacts, lowered: Lowered) -> Lowered:
+    """The lowering this stage compiles: a polymorphic one made concrete at ``compile.shapes``
+    (a ConfigError naming a missing size or a constraint that fails), any other as it is."""
+    return at_sizes(lowered, comp.shapes, facts.mesh_context)
+
+
 def prepare(cfg: Any, lowered: Lowered) -> Target:
     """Check the backend, platform and device count, and choose what to compile: the live
-    lowering when there is one for exactly this platform, else the export."""
+    lowering when there is one for exactly this platform, else the export. ``lowered`` is
+    concrete (:func:`_concrete_lowering`)."""
     import jax
 
     if cfg.topology:  # onto libtpu's compile-only devices
@@ -291,6 +302,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
                 module_sha256=lowered.module_sha256,
                 convention=convention_of(lowered.lowered),
                 lower=no_lowering,
+                lowered=lowered,
                 compile_job=plan.job,
                 compile_dumped=plan.dumped,
             )
@@ -300,6 +312,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
             module_sha256=sha256_bytes(bytes(exp.serialize())),
             convention=export_conventions(lowered)[1],
             lower=no_lowering,
+            lowered=lowered,
             compile_job=plan.job,
             compile_dumped=plan.dumped,
         )
@@ -317,6 +330,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
             module_sha256=lowered.module_sha256,
             convention=convention_of(live),
             lower=lambda: live,
+            lowered=lowered,
             # Lowered against an AbstractMesh: bound to concrete devices at compile.
             device_assignment=tuple(devs) if sharded else None,
         )
@@ -345,6 +359,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         module_sha256=sha256_bytes(bytes(exp.serialize())),
         convention=convention,
         lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)),
+        lowered=lowered,
     )
 
 
@@ -815,7 +830,7 @@ def _plan(
     say which arguments the executable keeps (a key without them could serve another program)."""
     from jaxaot.stages.jaxenv import key_environment
 
-    lowered = up["lower"]
+    lowered = _concrete_lowering(comp, facts, up["lower"])
     target = prepare(comp, lowered)
     if target.convention.kept is None:
         why = (
@@ -830,6 +845,10 @@ def _plan(
 
 
 def _at_sizes(ctx: StageContext[CompileConfig], record: Compiled) -> Compiled:
+    """The record with the sizes execute runs at (compile.shapes), and the sizes a polymorphic
+    lowering was compiled at in the metrics."""
+    if record.lowered.state == "concrete":
+        ctx.metrics["shapes"] = dict(record.lowered.meta["shapes"])
     return replace(record, shapes=dict(ctx.opts.shapes)) if ctx.opts.shapes else record
 
 
@@ -858,7 +877,7 @@ class CompileStage:
     plan = staticmethod(_plan)
 
     def run(self, ctx: StageContext[CompileConfig], up: Upstream) -> Compiled:
-        return _at_sizes(ctx, run(ctx, up["lower"]))
+        return _at_sizes(ctx, run(ctx, _concrete_lowering(ctx.opts, ctx.facts, up["lower"])))
 
     def run_planned(
         self,
@@ -866,12 +885,15 @@ class CompileStage:
         up: Upstream,
         plan: Plan[Target] | Uncached[Target],
     ) -> Compiled:
-        return _at_sizes(ctx, run(ctx, up["lower"], target=plan.state))
+        return _at_sizes(ctx, run(ctx, plan.state.lowered, target=plan.state))
 
     def run_begun(
         self, ctx: StageContext[CompileConfig], up: Upstream, plan: Plan[Target], begun: Any
     ) -> Compiled:
-        return _at_sizes(ctx, run(ctx, up["lower"], compiled=begun, target=plan.state))
+        # ``plan`` was made on lower's early record (no export yet): the record compiled is
+        # lower's final one.
+        lowered = _concrete_lowering(ctx.opts, ctx.facts, up["lower"])
+        return _at_sizes(ctx, run(ctx, lowered, compiled=begun, target=plan.state))
 
     def begin(self, opts: CompileConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
         return start(opts, plan.state, out_dir)
@@ -889,10 +911,14 @@ class CompileStage:
     def _loaded(
         self, ctx: StageContext[CompileConfig], up: Upstream, entry: Entry, target: Target | None
     ) -> Compiled:
-        lowered = up["lower"]
+        comp = ctx.opts
+        lowered = (
+            target.lowered
+            if target is not None
+            else _concrete_lowering(comp, ctx.facts, up["lower"])
+        )
         expect = [target.convention] if target is not None else export_conventions(lowered)
         record = load(ctx, lowered, entry.read, entry.label, expect)
-        comp = ctx.opts
         if comp.dump or comp.breakdown:  # both are of a compile: compile again, only for them
             start(comp, target or prepare(comp, lowered), ctx.out_dir)()
             what = " and ".join(

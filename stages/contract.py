@@ -123,10 +123,10 @@ class RunFacts:
     mesh: MeshSpec | None  # mesh.* or stage_out.axis_env's replica mesh
     mesh_context: bool  # mesh.context: the program is traced with the mesh in context
     shardings: ArgShardings  # lower.in_shardings and lower.logical_axis_rules
-    shapes: Mapping[str, int]  # compile.shapes: the sizes symbolic dimensions compile at
+    # compile.shapes: the sizes symbolic dimensions compile and run at (execute checks the
+    # inputs it builds at them before JAX; compile reads its own option)
+    shapes: Mapping[str, int]
     seed: int  # execute.seed: what generated and derived arguments are drawn from
-    stop_after: str
-    compiles: bool  # stop_after is compile or later
     builds_inputs: bool  # execute runs and makes its inputs from the specs (no execute.inputs)
 
 

@@ -6,7 +6,9 @@ compile needs no Python code of the program once it has this), ``lowered.json`` 
 module digest, donate_argnums and donate_argnames as lowered, device count, mesh, and where
 they apply disabled_checks, placement and the output namedtuple classes a resume registers)
 and ``cost_analysis.json`` where the lowering offers one. Shardings on a mesh are
-``lower_shardings``'s, platform names and donation across platforms ``export_rules``'s.
+``lower_shardings``'s, platform names and donation across platforms ``export_rules``'s. A
+program with symbolic dimensions is lowered and exported once, polymorphic: the compile stage
+makes it concrete at its ``compile.shapes``.
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from jaxaot.config.argspec import symbols
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
 from jaxaot.errors import ConfigError, StageError, StoreError, one_line
 from jaxaot.rundir.metrics import LowerMetrics
 from jaxaot.stages import module_text
+from jaxaot.stages.concrete_export import has_symbolic
 from jaxaot.stages.contract import CheckFacts, Entry, Presentation, StageContext, Upstream
 from jaxaot.stages.cost_figures import costs_of
 from jaxaot.stages.export_rules import (
@@ -36,7 +38,6 @@ from jaxaot.stages.export_rules import (
     donation_keys,
     safety_checks,
 )
-from jaxaot.stages.jax_inputs import jit_inputs
 from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, jax_internal, tracing_on
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
@@ -110,8 +111,9 @@ class Lowered:
     meta: dict[str, Any]
     # Which of its lives this record is in: "early" (the module exists, the export not yet:
     # what compile-ahead begins on), "live" (lowered in this process), "concrete" (a
-    # polymorphic export made concrete for compile.shapes), "loaded" (from a checkpoint: the
-    # export alone, no program code).
+    # polymorphic export made concrete at compile.shapes by the compile stage:
+    # jaxaot.stages.concrete_export), "loaded" (from a checkpoint: the export alone, no
+    # program code).
     state: Literal["early", "live", "concrete", "loaded"] = "live"
     donate_argnames: tuple[str, ...] = ()  # the exported function's donated keyword arguments
 
@@ -296,7 +298,7 @@ def run(ctx: StageContext[LowerConfig], staged: StagedOut) -> Lowered:
                 RuntimeError("module devices differ from the mesh"),
             )
         disabled = safety_checks(low.disabled_checks)
-        polymorphic = _has_symbolic(staged.args, kwargs)
+        polymorphic = has_symbolic(staged.args, kwargs)
         if ctx.publish_early is not None and not polymorphic:  # compile while we export
             ctx.publish_early(
                 Lowered(
@@ -373,7 +375,7 @@ def run(ctx: StageContext[LowerConfig], staged: StagedOut) -> Lowered:
         meta=meta,
         donate_argnames=donate_names,
     )
-    return for_compile(ctx, record) if polymorphic else record
+    return record
 
 
 def _same_inputs(these: Any, traced: Any) -> bool:
@@ -414,78 +416,6 @@ def _embeds_big_constants(lowered: Any) -> bool:
     return heap.worth_it(sum(c.nbytes for c in module_text.large_constants(lowered, 1024)))
 
 
-def _has_symbolic(*trees: Any) -> bool:
-    import jax
-
-    return any(
-        not isinstance(d, int)
-        for leaf in jax.tree_util.tree_leaves(trees)
-        for d in getattr(leaf, "shape", ())
-    )
-
-
-def for_compile(ctx: StageContext, record: Lowered) -> Lowered:
-    """A polymorphic lowering made concrete for ``compile.shapes``: the export
-    called at those sizes, exported again (JAX checks the shape constraints there). exported.bin
-    stays polymorphic: every size compiles from one lowering. Unchanged when nothing compiles
-    or the lowering has no symbolic dimensions."""
-    import jax
-    from jaxaot.errors import one_line
-
-    exp = record.exported
-    if exp is None or not ctx.facts.compiles or not _has_symbolic(exp.in_avals):
-        return record
-    sizes = dict(ctx.facts.shapes)
-    used: dict[str, int] = {}
-    avals = []
-    for aval in exp.in_avals:
-        shape = []
-        for d in aval.shape:
-            if isinstance(d, int):
-                shape.append(d)
-                continue
-            names = symbols(str(d))
-            missing = [v for v in names if v not in sizes]
-            if missing:
-                raise ConfigError(
-                    f"compile.shapes: the lowering is polymorphic in {str(d)!r}; expected a size "
-                    f"for {', '.join(repr(m) for m in missing)} (e.g. compile.shapes="
-                    f"{{{missing[0]}: 32}}), or stop_after=lower"
-                )
-            used |= {v: sizes[v] for v in names}
-            shape.append(int(d._evaluate(sizes)))  # jax 0.10: no public evaluation of a dim
-        avals.append((tuple(shape), aval))
-    in_flat: list[Any] = [None] * len(avals)
-    jit_opts: dict[str, Any] = {}
-    mesh_context: Any = contextlib.nullcontext()
-    if record.meta.get("mesh") and exp.nr_devices > 1:  # called on the lowering's own mesh
-        amesh = abstract_mesh(MeshSpec.from_json(record.meta["mesh"]))
-        in_flat = list(exp.in_shardings_jax(amesh))
-        outs = jax.tree_util.tree_unflatten(exp.out_tree, exp.out_shardings_jax(amesh))
-        given, in_flat = jit_inputs(exp.in_tree, in_flat)
-        jit_opts = {"out_shardings": outs, **given}
-        if ctx.facts.mesh_context:
-            mesh_context = jax.sharding.use_abstract_mesh(amesh)
-    structs = [
-        jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
-        for (shape, aval), sharding in zip(avals, in_flat, strict=True)
-    ]
-    args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, structs)
-    try:
-        with mesh_context:
-            # The same safety checks off as the export it calls (its custom calls recur).
-            concrete = jax.export.export(
-                jax.jit(exp.call, **jit_opts),
-                platforms=exp.platforms,
-                disabled_checks=exp.disabled_safety_checks,
-            )(*args, **kwargs)
-    except ValueError as exc:  # a shape constraint or a division that does not hold
-        raise ConfigError(f"compile.shapes={used}: {one_line(exc)}") from None
-    ctx.metrics.update(shapes=used)
-    meta = {**record.meta, "shapes": used}
-    return replace(record, exported=concrete, lowered=None, meta=meta, state="concrete")
-
-
 ARTIFACTS = (
     "module.stablehlo.mlir",
     "module.hlo.txt",
@@ -516,18 +446,15 @@ def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
         except (KeyError, FileNotFoundError):
             continue  # optional: HLO text / cost analysis are absent for some lowerings
     ctx.metrics.update(platforms=list(meta["platforms"]))
-    return for_compile(
-        ctx,
-        Lowered(
-            exported=exported,
-            lowered=None,
-            platforms=tuple(meta["platforms"]),
-            module_sha256=meta["module_sha256"],
-            donate_argnums=tuple(meta["donate_argnums"]),
-            meta=meta,
-            state="loaded",
-            donate_argnames=tuple(meta.get("donate_argnames", ())),
-        ),
+    return Lowered(
+        exported=exported,
+        lowered=None,
+        platforms=tuple(meta["platforms"]),
+        module_sha256=meta["module_sha256"],
+        donate_argnums=tuple(meta["donate_argnums"]),
+        meta=meta,
+        state="loaded",
+        donate_argnames=tuple(meta.get("donate_argnames", ())),
     )
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def run_facts(cfg: JaxaotConfig, bound: BoundArgs) -> RunFacts:
     """What the stages read besides their own options: the program, its bound arguments, the
     import policy, the backend and its platform, the mesh and how arguments are split over
-    it, and how far the run goes."""
+    it, and whether execute builds its inputs."""
     from jaxaot.stages.jaxenv import platform_of
 
     last = STAGES.index(cfg.stop_after)
@@ -36,8 +36,6 @@ def run_facts(cfg: JaxaotConfig, bound: BoundArgs) -> RunFacts:
         shardings=Shardings(cfg.lower.in_shardings, cfg.lower.logical_axis_rules),
         shapes=dict(cfg.compile.shapes),
         seed=cfg.execute.seed,
-        stop_after=cfg.stop_after,
-        compiles=last >= STAGES.index("compile"),
         builds_inputs=last >= STAGES.index("execute") and cfg.execute.inputs is None,
     )
 

@@ -43,7 +43,7 @@ Unit = Literal[
     "text",
     "flag",  # true or false
     "names",  # a list of names
-    "sizes",  # name -> size (lower.shapes: compile.shapes as used)
+    "sizes",  # name -> size (compile.shapes: the symbolic dimensions' sizes compiled at)
     "outputs",  # execute's outputs as the summary shows them
 ]
 NUMERIC_UNITS: frozenset[str] = frozenset(
@@ -173,7 +173,6 @@ class LowerMetrics(_Figures):
     flops: float | None = _figure("FLOP")  # before XLA's optimisations
     bytes_accessed: float | None = _figure("bytes")
     disabled_checks: tuple[str, ...] = _figure("names")
-    shapes: Mapping[str, Any] | None = _figure("sizes")
 
 
 @dataclass(frozen=True)
@@ -233,6 +232,9 @@ class CompileMetrics(_Figures):
     inputs: int | None = _figure("count")
     sharded_outputs: int | None = _figure("count")
     outputs: int | None = _figure("count")
+    # The sizes a polymorphic lowering's symbolic dimensions were compiled at (those of
+    # compile.shapes it uses); None for a lowering without symbolic dimensions.
+    shapes: Mapping[str, Any] | None = _figure("sizes")
     verdict: FitVerdict = field(default_factory=FitVerdict, metadata={"record": FitVerdict})
 
 
