@@ -2,7 +2,8 @@
 
 lower exports a program with symbolic dimensions once (``exported.bin`` stays polymorphic);
 each compile calls that export at its own sizes and exports the call again, where JAX checks
-the shape constraints. What compile keys and compiles is that concrete export.
+the shape constraints. What compile keys and compiles is that concrete export, whose bytes
+depend on the polymorphic export and the sizes alone (:func:`_without_call_sites`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ def has_symbolic(*trees: Any) -> bool:
         for leaf in jax.tree_util.tree_leaves(trees)
         for d in getattr(leaf, "shape", ())
     )
+
+
+def _without_call_sites() -> Any:
+    """A context in which a trace records no Python locations of its own
+    (``jax_traceback_in_locations_limit=0``, thread-local). The call of the export is traced
+    in it: the module's locations are then those the export carries (the program's own), not
+    the paths and lines of whatever called jaxaot, which the compile key would hash."""
+    try:
+        from jax._src import config  # jax 0.10.2: no public context manager for this option
+
+        return config.traceback_in_locations_limit(0)
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
 
 
 def at_sizes(record: Lowered, sizes: Mapping[str, int], mesh_context: bool) -> Lowered:
@@ -80,7 +94,7 @@ def at_sizes(record: Lowered, sizes: Mapping[str, int], mesh_context: bool) -> L
     ]
     args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, structs)
     try:
-        with in_context:
+        with in_context, _without_call_sites():
             # The same safety checks off as the export it calls (its custom calls recur).
             concrete = jax.export.export(
                 jax.jit(exp.call, **jit_opts),

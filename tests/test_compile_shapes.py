@@ -82,3 +82,35 @@ def test_a_missing_size_fails_the_compile_stage_after_lower(
         "stop_after=compile",
     )
     assert again.manifest["stages"]["compile"]["metrics"]["shapes"] == {"b": 2}
+
+
+def _concrete_bytes(poly: Any, depth: int) -> bytes:
+    """``poly`` made concrete at b=3 from a call stack ``depth`` frames deeper."""
+    if depth:
+        return _concrete_bytes(poly, depth - 1)
+    from jaxaot.stages.concrete_export import at_sizes
+    from jaxaot.stages.lower import Lowered
+
+    record = Lowered(
+        exported=poly,
+        lowered=None,
+        platforms=("cpu",),
+        module_sha256="0" * 64,
+        donate_argnums=(),
+        meta={},
+        state="loaded",
+    )
+    made = at_sizes(record, {"b": 3}, mesh_context=False)
+    assert made.state == "concrete" and made.meta["shapes"] == {"b": 3}
+    return bytes(made.exported.serialize())
+
+
+def test_the_concrete_export_does_not_depend_on_who_made_it() -> None:
+    # Its bytes are what the compile key hashes: one export at one size, one key, whatever
+    # called jaxaot (the CLI, the Python API, a test).
+    import aot_api_programs as progs
+    import jax.numpy as jnp
+
+    (b,) = jax.export.symbolic_shape("b")
+    poly = jax.export.export(jax.jit(progs.rows))(jax.ShapeDtypeStruct((b, 4), jnp.float32))
+    assert _concrete_bytes(poly, 0) == _concrete_bytes(poly, 3)
