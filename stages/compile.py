@@ -7,6 +7,10 @@ for a mesh runs on the backend's first N devices. Writes ``optimized.hlo.txt``,
 buffers live at it, :mod:`jaxaot.stages.memory_breakdown`), ``executable.bin`` and
 ``shardings.json`` (each input's and output's compiled sharding).
 
+A lowering with symbolic dimensions compiles at ``compile.shapes``: its export made concrete
+there (:mod:`jaxaot.stages.concrete_export`) before the key is computed, whether the lowering
+was computed this run or loaded from a checkpoint.
+
 The compile key covers the calling convention of what is compiled, and every executable
 loaded from the store or a checkpoint is checked against the convention the run expects before
 it is called (:mod:`jaxaot.stages.convention`).
@@ -131,12 +135,13 @@ class Target:
     """What the compile stage compiles, and what its key and load check are made of.
 
     ``form`` is ``lowered`` (the program's own lowering, compiled as is) or ``exported``
-    (``jax.jit(exported.call)`` lowered for one platform: a resumed run, or a multi-platform
-    lowering); for ``compile.topology``, ``topology-lowered`` (the program's own lowering on
-    the topology's devices) or ``topology`` (through the export). ``module_sha256`` identifies
-    what is compiled: the canonical module text of the live lowering, or the sha256 of the
-    serialized export (``exported.bin``'s very bytes, never a side file). The export form's
-    lowering is made only when it is compiled (:meth:`lower`):
+    (``jax.jit(exported.call)`` lowered for one platform: a resumed run, a multi-platform
+    lowering, or a polymorphic one made concrete); for ``compile.topology``,
+    ``topology-lowered`` (the program's own lowering on the topology's devices) or
+    ``topology`` (through the export). ``module_sha256`` identifies what is compiled: the
+    canonical module text of the live lowering, or the sha256 of the serialized export
+    (``exported.bin``'s very bytes, or those of its concrete export at compile.shapes; never
+    a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
     a store hit needs just the hash and the convention.
     """
 
