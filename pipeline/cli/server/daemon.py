@@ -131,6 +131,12 @@ def serve_forever() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
     if server.loop():  # an imported file changed: start again from fresh code
+        # To the log (the server's stderr): why its counts start again from 0.
+        print(
+            f"jaxaot server: {server.restart_reason} changed; restarting",
+            file=sys.stderr,
+            flush=True,
+        )
         # With the environment it started with, not the one its imports added to.
         os.execve(sys.executable, [sys.executable, "-c", SERVE], env_before)
 

@@ -112,6 +112,7 @@ class Server:
         self.served = 0
         self.declined = 0
         self.restart_requested = False
+        self.restart_reason = ""  # the watched path whose change asked for the restart
         self.sel = selectors.DefaultSelector()
         self.runs: dict[int, _Run] = {}  # by pidfd
         # Hydra compositions the runs reported (jaxaot.cli.server.compositions), and the
@@ -366,6 +367,7 @@ class Server:
             self.declined += 1
             if changed:
                 self.restart_requested = True
+                self.restart_reason = changed
             return
         self.fork(req, fds, conn, targets)
 
