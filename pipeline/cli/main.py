@@ -11,6 +11,7 @@ Errors that jaxaot raises on purpose are printed as one line on stderr with a no
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -150,6 +151,11 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
             name_after_target(cfg, overrides)
             check_own_arguments(cfg, overrides)
         check_task_config(cfg)  # trust.* and store.trust: the command line's, in every job
+        if gc.get_freeze_count() == 0:
+            # What this process holds now (Hydra, jaxaot, the composed config) lives as long
+            # as it does: frozen, the collector's full passes during the run (JAX's import,
+            # tracing) skip it. Once per process; a served run's server froze its own.
+            gc.freeze()
         result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
         _remove_if_unstarted()
