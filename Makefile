@@ -76,7 +76,8 @@ test-plain: $(TEST_STAMP) graphviz slurm
 
 # mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
 # (pyproject.toml's package-dir), laid out as symlinks in .typecheck/ (mypy does not run the
-# editable install's import hook).
+# editable install's import hook). Its incremental cache, .mypy_cache/, outlives the layout: a
+# later `make lint` rechecks only what changed and what depends on it.
 TYPECHECK := .typecheck
 
 lint: $(TEST_STAMP)
@@ -87,7 +88,7 @@ lint: $(TEST_STAMP)
 	@ln -s "$$PWD/stages" $(TYPECHECK)/jaxaot/stages
 	@ln -s "$$PWD/conf" $(TYPECHECK)/jaxaot/conf
 	@ln -s "$$PWD/jaxaot_examples" $(TYPECHECK)/jaxaot/examples
-	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml -p jaxaot
+	cd $(TYPECHECK) && ../$(BIN)/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p jaxaot
 
 bench: $(TEST_STAMP)
 	@echo "bench: jaxaot vs a hand-written jit script, whole processes, 7 rounds of axpy and transformer (a few minutes)"

@@ -7,6 +7,7 @@ imports under ``if TYPE_CHECKING:`` are left out: they name types for annotation
 from __future__ import annotations
 
 import ast
+import fcntl
 import subprocess
 import sys
 from pathlib import Path
@@ -216,7 +217,16 @@ def test_light_entry_points_import_neither_jax_nor_hydra(
     assert out.stdout.strip() == "[]", f"{module} imports {out.stdout.strip()}"
 
 
-def test_lint_and_types(tmp_path: Path) -> None:
+def _mypy_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """mypy's incremental cache: pytest's cache folder (``.pytest_cache/d/mypy``) where pytest
+    keeps one, so a later session rechecks only the modules whose sources (the checkout's or a
+    dependency's) changed, and their dependents; ``tmp_path`` under ``-p no:cacheprovider``. A
+    clean clone has none: its first session checks everything."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("mypy") if cache is not None else tmp_path / "mypy-cache"
+
+
+def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """``make lint``'s checks: ruff's rules and format (no ``# fmt: skip`` needed), and mypy
     over the package as it installs (``jaxaot``, laid out as symlinks like the Makefile does)."""
     bin_dir = Path(sys.executable).parent
@@ -236,19 +246,23 @@ def test_lint_and_types(tmp_path: Path) -> None:
             (tree / item.name).symlink_to(item)
     for name, folder in (("stages", "stages"), ("conf", "conf"), ("examples", "jaxaot_examples")):
         (tree / name).symlink_to(REPO / folder)
-    proc = subprocess.run(
-        [
-            str(bin_dir / "mypy"),
-            "--config-file",
-            str(REPO / "pyproject.toml"),
-            "-p",
-            "jaxaot",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    cache = _mypy_cache(request, tmp_path)
+    # one mypy at a time on a cache (two sessions of one checkout share it)
+    with open(cache.parent / "mypy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            [
+                str(bin_dir / "mypy"),
+                "--config-file",
+                str(REPO / "pyproject.toml"),
+                "-p",
+                "jaxaot",
+                "--cache-dir",
+                str(cache),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no issues found" in proc.stdout
