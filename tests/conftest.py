@@ -37,6 +37,11 @@ os.environ.setdefault(
 SESSION_CACHE_HOME = Path(tempfile.mkdtemp(prefix="jaxaot-tests-cache-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE_HOME)
 
+# Outside a test (a module- or session-scoped fixture, before any test's isolated_store) a
+# `jaxaot` the suite starts runs in its own process: it never reaches a developer's server.
+os.environ["JAXAOT_SERVER"] = "0"
+os.environ["JAXAOT_SERVER_SOCKET"] = str(SESSION_CACHE_HOME / "no-server" / "server.sock")
+
 # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`, `nohup`)
 # inherits SIGINT ignored, and every jaxaot the tests start would then ignore it too (a process
 # keeps an ignored signal ignored across exec), so the Ctrl-C tests would test nothing. A
