@@ -256,7 +256,7 @@ class Stage(Protocol[Opt, R]):
         """Fires in :func:`jaxaot.schema.validate`, for every stage of every run, before JAX is
         imported, with this stage's options: raise :class:`~jaxaot.errors.ConfigError` naming
         the key. What spans sections is checked after every stage's check
-        (:func:`jaxaot.config.sections.check_relations`)."""
+        (:func:`jaxaot.schema.check_relations`)."""
         ...
 
     def run(self, ctx: StageContext[Opt], up: Upstream) -> R:

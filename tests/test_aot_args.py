@@ -270,11 +270,12 @@ def test_the_resolution_recorded_holds_the_keyword_leaves() -> None:
     overrides = [f"{T}:scaled", "program.args=[f32[8]]", "+program.kwargs.a=f32[8]"]
     overrides += ["+program.kwargs.b=f32[8]", *MESH2, "lower.in_shardings=[[data]]"]
     cfg = validate(jaxaot.compose(overrides))
-    mesh = mesh_spec(cfg)
+    mesh = mesh_spec(cfg.mesh, cfg.stage_out)
     assert mesh is not None
     s = jax.ShapeDtypeStruct((8,), jnp.float32)
+    bound = bind_config(cfg.program, cfg.stage_out, cfg.lower, ["x"])
     found = resolved_with_keywords(
-        cfg.lower, bind_config(cfg, ["x"]), mesh, (s,), {"a": s, "b": s}, ["x"], {"a": ("batch",)}
+        cfg.lower, bound, mesh, (s,), {"a": s, "b": s}, ["x"], {"a": ("batch",)}
     )
     assert found.resolution is not None
     assert {r["path"]: r["by"] for r in found.resolution.table()} == {

@@ -134,31 +134,18 @@ def test_every_import_goes_down_the_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# Modules below the schema that name the root config in annotations (imported under
-# TYPE_CHECKING): the checks that read several sections at once, the binding of the program's
-# arguments and the snapshot step. None may join; one that stops naming it leaves the set.
-ROOT_TYPED_BELOW_SCHEMA = {
-    "jaxaot.config.argspec.binding",
-    "jaxaot.config.mesh",
-    "jaxaot.config.sections",
-    "jaxaot.config.topology_config",
-    "jaxaot.config.trust.sources",
-    "jaxaot.snapshots.snapshot",
-}
-
-
-def test_stages_read_their_options_and_facts_not_the_root_config() -> None:
-    """A stage gets its own options and the run's facts (jaxaot.stages.contract): no module
-    under stages/ imports jaxaot.schema, not even for annotations; below the schema only the
-    modules of ROOT_TYPED_BELOW_SCHEMA do."""
+def test_below_the_schema_no_module_names_the_root_config() -> None:
+    """A stage gets its own options and the run's facts (jaxaot.stages.contract); a function
+    below the schema takes the sections it reads. No module of a part the schema sits above
+    imports jaxaot.schema, not even for annotations: what reads the root lives in the schema
+    or above it."""
     below = {p for p, allowed in ALLOWED.items() if "schema" not in allowed} - {"schema"}
     naming = {
         m
         for m, path in _modules().items()
         if _part(m) in below and "jaxaot.schema" in _imports(m, path, typing_too=True)
     }
-    assert not {m for m in naming if _part(m) == "stages"}
-    assert naming == ROOT_TYPED_BELOW_SCHEMA
+    assert not naming
 
 
 def test_no_import_circles_between_modules() -> None:

@@ -10,7 +10,7 @@ import jax
 import jaxaot
 import numpy as np
 import pytest
-from jaxaot.config.mesh import devices_to_start
+from jaxaot.config.mesh import devices_to_start, mesh_spec
 from jaxaot.errors import ConfigError
 from jaxaot.stages.inputs import spec_inputs
 
@@ -24,6 +24,10 @@ def _hlo(run_dir: Path) -> str:
 
 def _typed(*overrides: str) -> jaxaot.JaxaotConfig:
     return jaxaot.validate(jaxaot.compose(list(overrides)))
+
+
+def _devices(cfg: jaxaot.JaxaotConfig) -> int | None:
+    return devices_to_start(cfg.compile, mesh_spec(cfg.mesh, cfg.stage_out), cfg.stop_after)
 
 
 # --- replica groups, exactly as jax.xla_computation's documentation gives them -------------
@@ -189,9 +193,9 @@ def test_axis_env_config_errors(overrides: list[str], message: str) -> None:
 )
 def test_devices_to_start(overrides: list[str], expected: int | None) -> None:
     env = [] if any("axis_env" in o for o in overrides) else ["stage_out.axis_env=[[i,4],[j,2]]"]
-    assert devices_to_start(_typed("program=collectives", *env, *overrides)) == expected
+    assert _devices(_typed("program=collectives", *env, *overrides)) == expected
     if not overrides:
-        assert devices_to_start(_typed("program=mlp")) is None  # no mesh: JAX's own count
+        assert _devices(_typed("program=mlp")) is None  # no mesh: JAX's own count
 
 
 def test_resumed_per_replica_run_checks_against_its_reference(compose_run: Any) -> None:
@@ -256,19 +260,17 @@ def test_device_limits_are_config_errors(overrides: list[str], message: str) -> 
 def test_device_limits_bind_only_runs_that_start_devices() -> None:
     # Lowering needs no devices, whatever the mesh; another backend starts no virtual ones.
     assert (
-        devices_to_start(
+        _devices(
             _typed(
                 "program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]", "stop_after=lower"
             )
         )
         is None
     )
-    assert devices_to_start(_typed("program=mlp", "mesh.shape=[64,64]", "stop_after=lower")) is None
+    assert _devices(_typed("program=mlp", "mesh.shape=[64,64]", "stop_after=lower")) is None
     assert (
-        devices_to_start(
-            _typed("program=mlp", "compile.num_devices=1024", "compile.max_devices=2048")
-        )
+        _devices(_typed("program=mlp", "compile.num_devices=1024", "compile.max_devices=2048"))
         == 1024
     )
     tpu = _typed("program=mlp", "mesh.shape=[64,64]", "compile.backend=tpu", "stop_after=compile")
-    assert devices_to_start(tpu) == 4096
+    assert _devices(tpu) == 4096

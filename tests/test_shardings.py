@@ -153,7 +153,7 @@ def test_mesh_shape_alone_gets_default_axis_names() -> None:
     typed = _typed("program=mlp", "mesh.shape=[16,16]", "mesh.abstract=true", "stop_after=lower")
     from jaxaot.config.mesh import mesh_spec
 
-    mesh = mesh_spec(typed)
+    mesh = mesh_spec(typed.mesh, typed.stage_out)
     assert mesh is not None and mesh.axes == ("data", "model") and mesh.size == 256
 
 

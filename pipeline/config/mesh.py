@@ -20,7 +20,6 @@ from jaxaot.config.argspec import (
     Given,
     Literal,
     PytreeNode,
-    bind_config,
     leaves,
 )
 from jaxaot.config.derived import DERIVED_TYPES, describe
@@ -37,7 +36,7 @@ from jaxaot.config.tree_paths import top_names
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.schema import JaxaotConfig
+    from jaxaot.config.sections import MeshConfig
 
 AXIS_TYPES: tuple[str, ...] = ("auto", "explicit", "manual")
 # Axis names for a mesh given by shape alone (mesh.axes=[]), by position.
@@ -53,6 +52,33 @@ class ArgShardings(Protocol):
     def in_shardings(self) -> Any: ...
     @property
     def logical_axis_rules(self) -> Any: ...
+
+
+class LowerShardings(ArgShardings, Protocol):
+    """``lower``'s sharding options: an :class:`ArgShardings` plus ``lower.out_shardings``."""
+
+    @property
+    def out_shardings(self) -> Any: ...
+
+
+class ReplicaAxes(Protocol):
+    """``stage_out.axis_env``: the named axes of a per-replica program (the stage_out section
+    has it)."""
+
+    @property
+    def axis_env(self) -> Any: ...
+
+
+class DeviceOptions(Protocol):
+    """The compile options that say how many devices a run starts (the compile section has
+    them)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def num_devices(self) -> int | None: ...
+    @property
+    def max_devices(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -107,9 +133,9 @@ def _is_name(value: Any) -> bool:
     return isinstance(value, str) and value.isidentifier()
 
 
-def axis_env(cfg: JaxaotConfig) -> tuple[tuple[str, int], ...] | None:
+def axis_env(stage_out: ReplicaAxes) -> tuple[tuple[str, int], ...] | None:
     """``stage_out.axis_env`` as ``((name, size), ...)``, or None when it is not set."""
-    raw = cfg.stage_out.axis_env
+    raw = stage_out.axis_env
     if raw is None:
         return None
     key = "stage_out.axis_env"
@@ -132,8 +158,7 @@ def axis_env(cfg: JaxaotConfig) -> tuple[tuple[str, int], ...] | None:
     return tuple(env)
 
 
-def _config_mesh(cfg: JaxaotConfig) -> MeshSpec | None:
-    m = cfg.mesh
+def _config_mesh(m: MeshConfig) -> MeshSpec | None:
     if m.shape is None:
         if m.axes:
             raise ConfigError(
@@ -161,13 +186,13 @@ def _config_mesh(cfg: JaxaotConfig) -> MeshSpec | None:
     return MeshSpec(tuple(shape), tuple(axes), tuple(types), abstract=m.abstract)
 
 
-def mesh_spec(cfg: JaxaotConfig) -> MeshSpec | None:
+def mesh_spec(mesh: MeshConfig, stage_out: ReplicaAxes) -> MeshSpec | None:
     """The run's mesh: from ``mesh.*``, or the replica mesh of ``stage_out.axis_env``."""
-    env = axis_env(cfg)
-    mesh = _config_mesh(cfg)
-    if env is not None and mesh is not None:
+    env = axis_env(stage_out)
+    spec = _config_mesh(mesh)
+    if env is not None and spec is not None:
         raise ConfigError(
-            f"stage_out.axis_env and mesh.shape={list(mesh.shape)} are both set; expected one: "
+            f"stage_out.axis_env and mesh.shape={list(spec.shape)} are both set; expected one: "
             "axis_env for a per-replica program, a mesh (with lower.in_shardings) for a global one"
         )
     if env is not None:
@@ -177,16 +202,17 @@ def mesh_spec(cfg: JaxaotConfig) -> MeshSpec | None:
             ("auto",) * len(env),
             per_replica=True,
         )
-    return mesh
+    return spec
 
 
-def will_compile(cfg: JaxaotConfig) -> bool:
+def will_compile(stop_after: str) -> bool:
+    """Whether a run that stops after ``stop_after`` compiles."""
     from jaxaot.config.order import STAGES
 
-    return STAGES.index(cfg.stop_after) >= STAGES.index("compile")
+    return STAGES.index(stop_after) >= STAGES.index("compile")
 
 
-def lowers_here(cfg: JaxaotConfig) -> bool:
+def lowers_here(resume_from: str | None, start_at: str) -> bool:
     """Whether this run lowers the program (else its lowering comes from ``resume_from``).
 
     A lowering on an abstract mesh compiles on any concrete mesh of the same axes, as JAX
@@ -194,21 +220,21 @@ def lowers_here(cfg: JaxaotConfig) -> bool:
     compile runs it on the backend's first ``mesh.size`` devices."""
     from jaxaot.config.order import STAGES
 
-    return not cfg.resume_from or STAGES.index(cfg.start_at) <= STAGES.index("lower")
+    return not resume_from or STAGES.index(start_at) <= STAGES.index("lower")
 
 
-def devices_to_start(cfg: JaxaotConfig) -> int | None:
-    """Virtual CPU devices for this run: ``compile.num_devices``, else what the mesh needs when
-    the run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
+def devices_to_start(comp: DeviceOptions, mesh: MeshSpec | None, stop_after: str) -> int | None:
+    """Virtual CPU devices for a run on ``mesh`` that stops after ``stop_after``:
+    ``compile.num_devices`` (``comp``: the compile section), else what the mesh needs when the
+    run compiles. None leaves JAX's count alone (1, or what ``XLA_FLAGS`` /
     ``JAX_NUM_CPU_DEVICES`` say): lowering-only runs and programs without a mesh.
 
     Checked against XLA:CPU's limit and ``compile.max_devices`` before any device starts: a
     device costs memory and a thread, and ``axis_env=[[i,1000],[j,1000]]`` would start a million.
     """
-    mesh = mesh_spec(cfg)
-    if cfg.compile.num_devices is not None:
-        n, what = cfg.compile.num_devices, f"compile.num_devices={cfg.compile.num_devices}"
-    elif mesh is not None and will_compile(cfg):
+    if comp.num_devices is not None:
+        n, what = comp.num_devices, f"compile.num_devices={comp.num_devices}"
+    elif mesh is not None and will_compile(stop_after):
         n = mesh.size
         env = ",".join(f"[{a},{k}]" for a, k in mesh.sizes.items())
         what = (
@@ -216,8 +242,8 @@ def devices_to_start(cfg: JaxaotConfig) -> int | None:
         )
     else:
         return None
-    if cfg.compile.backend == "cpu":
-        _check_device_count(cfg, n, what)
+    if comp.backend == "cpu":
+        _check_device_count(comp.max_devices, n, what)
     return n
 
 
@@ -233,7 +259,7 @@ _NO_DEVICES = (
 )
 
 
-def _check_device_count(cfg: JaxaotConfig, n: int, what: str) -> None:
+def _check_device_count(cap: int, n: int, what: str) -> None:
     if n > XLA_CPU_MAX_DEVICES:
         raise ConfigError(
             f"{what} needs {n} virtual CPU devices, but XLA:CPU runs at most "
@@ -241,17 +267,12 @@ def _check_device_count(cfg: JaxaotConfig, n: int, what: str) -> None:
             f"device {XLA_CPU_MAX_DEVICES} would belong to another process); expected at most "
             f"{XLA_CPU_MAX_DEVICES} devices; {_NO_DEVICES}"
         )
-    cap = cfg.compile.max_devices
     if n > cap:
         raise ConfigError(
             f"{what} needs {n} virtual CPU devices, more than compile.max_devices={cap}; "
             f"expected fewer devices, or compile.max_devices={n} to start them all (each costs "
             f"memory and a thread; XLA:CPU allows up to {XLA_CPU_MAX_DEVICES}); {_NO_DEVICES}"
         )
-
-
-def bound_args(cfg: JaxaotConfig) -> BoundArgs:
-    return bind_config(cfg)
 
 
 def _leaf_tree(tree: Any) -> Any:
@@ -375,11 +396,12 @@ def input_specs(
     return tuple(trees), res
 
 
-def check_parallel(cfg: JaxaotConfig) -> BoundArgs | None:
-    """Every pre-JAX check of axis_env, mesh, shardings and device counts; the arguments, bound
-    to check them against the mesh, when there is one."""
-    mesh = mesh_spec(cfg)
-    low = cfg.lower
+def check_parallel(
+    mesh: MeshSpec | None, low: LowerShardings, comp: DeviceOptions, stop_after: str, lowers: bool
+) -> None:
+    """Every pre-JAX check of the mesh (:func:`mesh_spec`), the sharding options of ``lower``
+    and device counts that needs no argument; :func:`check_bound` then checks the bound
+    arguments against the mesh. ``lowers``: whether this run lowers (:func:`lowers_here`)."""
     for key, value in (
         ("lower.in_shardings", low.in_shardings),
         ("lower.out_shardings", low.out_shardings),
@@ -414,24 +436,31 @@ def check_parallel(cfg: JaxaotConfig) -> BoundArgs | None:
                 "patterns (e.g. {'args[0]': [data, null]}) or null"
             )
     if mesh is None:
-        devices_to_start(cfg)  # compile.num_devices alone: the device limits
-        return None
-    what = "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
-    if mesh.abstract and will_compile(cfg) and lowers_here(cfg):
+        devices_to_start(comp, None, stop_after)  # compile.num_devices alone: the device limits
+        return
+    if mesh.abstract and will_compile(stop_after) and lowers:
         raise ConfigError(
             f"mesh.abstract=true describes a mesh to lower for, not to run on, but stop_after="
-            f"{cfg.stop_after}; expected stop_after=lower (compile on the target with "
+            f"{stop_after}; expected stop_after=lower (compile on the target with "
             "resume_from=<run> start_at=compile), or mesh.abstract=false to compile here"
         )
-    n = cfg.compile.num_devices
-    if n is not None and n < mesh.size and will_compile(cfg) and cfg.compile.backend == "cpu":
+    n = comp.num_devices
+    if n is not None and n < mesh.size and will_compile(stop_after) and comp.backend == "cpu":
         raise ConfigError(
-            f"compile.num_devices={n} but {what} needs {mesh.size} devices; expected "
+            f"compile.num_devices={n} but {_mesh_key(mesh)} needs {mesh.size} devices; expected "
             f"compile.num_devices={mesh.size} (or null: start what the mesh needs), or "
             "stop_after=lower to lower without devices"
         )
-    devices_to_start(cfg)  # the device limits, before any device starts
-    bound = bound_args(cfg)
+    devices_to_start(comp, mesh, stop_after)  # the device limits, before any device starts
+
+
+def _mesh_key(mesh: MeshSpec) -> str:
+    return "stage_out.axis_env" if mesh.per_replica else f"mesh.shape={list(mesh.shape)}"
+
+
+def check_bound(bound: BoundArgs, mesh: MeshSpec, low: ArgShardings) -> None:
+    """The bound arguments against the mesh: a per-replica program's are concrete and
+    positional; ``lower.in_shardings`` in the positional form matches their shapes."""
     if mesh.per_replica:
         symbolic = [
             (p, leaf)
@@ -454,7 +483,7 @@ def check_parallel(cfg: JaxaotConfig) -> BoundArgs | None:
     kw = traced_kwargs(bound)
     if kw and mesh.per_replica:
         raise ConfigError(
-            f"program.kwargs.{kw[0]}: {what} programs take traced arguments positionally (each "
+            f"program.kwargs.{kw[0]}: {_mesh_key(mesh)} programs take traced arguments positionally (each "
             "gets a leading replica axis); expected it in program.args, or a mesh (mesh.*)"
         )
     # A static_argnames entry may name a positional parameter, which only the target's
@@ -462,7 +491,6 @@ def check_parallel(cfg: JaxaotConfig) -> BoundArgs | None:
     positional = low.in_shardings is not None and not uses_paths(low)
     if positional and set(bound.static_argnames) <= set(bound.kwargs):
         check_in_shardings(low, bound, mesh)
-    return bound
 
 
 __all__ = [
@@ -470,11 +498,14 @@ __all__ = [
     "DEFAULT_AXES",
     "XLA_CPU_MAX_DEVICES",
     "ArgShardings",
+    "DeviceOptions",
+    "LowerShardings",
     "MeshSpec",
+    "ReplicaAxes",
     "Shardings",
     "argument_tree",
     "axis_env",
-    "bound_args",
+    "check_bound",
     "check_in_shardings",
     "check_parallel",
     "devices_to_start",

@@ -168,7 +168,7 @@ def check_placement(cfg: Any) -> None:
     rules = {name: parse(getattr(low, name), f"lower.{name}") for name in KEYS}
     if not any(r.set for r in rules.values()):
         return
-    mesh = mesh_spec(cfg)
+    mesh = mesh_spec(cfg.mesh, cfg.stage_out)
     if mesh is not None and mesh.per_replica:
         first = next(r.key for r in rules.values() if r.set)
         raise ConfigError(

@@ -1,6 +1,7 @@
 """The config sections every run shares (program, mesh, store, snapshot, trust, jax) and the
 config language's helpers; each stage's own section is declared by its node
-(``stages/<name>.py``), and :mod:`jaxaot.schema` assembles the root. Nothing here imports JAX.
+(``stages/<name>.py``), and :mod:`jaxaot.schema` assembles the root and checks what spans its
+sections. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -8,21 +9,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from jaxaot.config.argspec import BoundArgs
-    from jaxaot.schema import JaxaotConfig
-
-from jaxaot.config.jax_options import check_before_import
-from jaxaot.config.mesh import check_parallel
-from jaxaot.config.order import STAGES
-from jaxaot.config.placement import check_placement
-from jaxaot.config.snapshot_dirs import check_snapshot_dirs
-from jaxaot.config.topology_config import check_topology
-from jaxaot.config.trust import check_imports
 from jaxaot.errors import ConfigError
-from jaxaot.util.store_root import check_store_dir
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -113,53 +102,6 @@ def writable(node: Any) -> None:
                 writable(node._get_node(key))
 
 
-def _stage_index(key: str, value: str) -> int:
-    if value not in STAGES:
-        raise ConfigError(f"{key}: expected one of {', '.join(STAGES)}, found {value!r}")
-    return STAGES.index(value)
-
-
-def check_shared(cfg: JaxaotConfig) -> None:
-    """The run's own keys and the shared sections, before each stage node's checks."""
-    first = _stage_index("start_at", cfg.start_at)
-    last = _stage_index("stop_after", cfg.stop_after)
-    if first > last:
-        raise ConfigError(
-            f"start_at={cfg.start_at!r} comes after stop_after={cfg.stop_after!r}; "
-            "expected start_at <= stop_after"
-        )
-    if first > 0 and not cfg.resume_from:
-        raise ConfigError(
-            f"start_at={cfg.start_at!r} needs resume_from=<run dir> to load the earlier stages"
-        )
-    if ":" not in cfg.program.target:
-        raise ConfigError(
-            f"program.target: expected 'package.module:function', found {cfg.program.target!r}"
-        )
-    for name, value in cfg.jax.config.items():
-        if not str(name).startswith("jax_"):
-            raise ConfigError(
-                f"jax.config.{name}: expected a JAX config option (jax_enable_x64, "
-                "jax_default_matmul_precision, ...: the names jax.config.update takes)"
-            )
-        check_before_import(str(name), value)  # the rest once JAX is imported (jaxenv)
-
-
-def check_relations(cfg: JaxaotConfig) -> BoundArgs | None:
-    """What spans sections, after each stage checked its own: meshes and shardings against the
-    devices, the import policy over every importable name, snapshots, the target topology.
-    The arguments when the mesh checks bound them, else None."""
-    check_placement(cfg)  # lower's placement keys against the mesh and compile.topology
-    bound = check_parallel(cfg)
-    check_imports(cfg)
-    _check_snapshot(cfg.snapshot)
-    check_topology(cfg)
-    # Last, the only checks that look at the file system: where the store and snapshots go.
-    check_store_dir(cfg.store.dir, cfg.store.enabled)
-    check_snapshot_dirs(cfg.snapshot)
-    return bound
-
-
 def check_indices(key: str, values: list[int]) -> None:
     for v in values:
         if v < 0:
@@ -168,7 +110,8 @@ def check_indices(key: str, values: list[int]) -> None:
         raise ConfigError(f"{key}: expected distinct positions, found {values}")
 
 
-def _check_snapshot(snap: SnapshotConfig) -> None:
+def check_snapshot(snap: SnapshotConfig) -> None:
+    """The snapshot section's keys together (the folders are checked apart: snapshot_dirs)."""
     if snap.write and snap.verify:
         raise ConfigError(
             f"snapshot.write={snap.write!r} and snapshot.verify={snap.verify!r}: expected one of "
@@ -278,9 +221,7 @@ __all__ = [
     "StoreConfig",
     "TrustConfig",
     "check_indices",
-    "check_relations",
-    "check_shared",
-    "check_snapshot_dirs",
+    "check_snapshot",
     "config_error",
     "name_after_target",
     "override_key",

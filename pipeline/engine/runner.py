@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from jaxaot.config.argspec import BoundArgs, bind_config
-from jaxaot.config.mesh import devices_to_start
+from jaxaot.config.mesh import devices_to_start, mesh_spec
 from jaxaot.config.order import STAGES
 from jaxaot.engine.own_args import check_deferred
 from jaxaot.engine.resume import Checkpoint, resolve_resume_from
@@ -199,7 +199,11 @@ def _run(
     # Checked once, as the run runs; the arguments bound once (by the mesh checks, or here),
     # all before JAX is imported.
     typed, checked_bound = validated(typed)
-    bound = checked_bound if checked_bound is not None else bind_config(typed)
+    bound = (
+        checked_bound
+        if checked_bound is not None
+        else bind_config(typed.program, typed.stage_out, typed.lower)
+    )
     facts = run_facts(typed, bound)
     opts = {n.name: getattr(typed, n.name) for n in NODES}  # each stage's own section
     first, last = STAGES.index(typed.start_at), STAGES.index(typed.stop_after)
@@ -320,7 +324,7 @@ def _run(
                         )
                 from jaxaot.snapshots.snapshot import after_run
 
-                after_run(typed, manifest, print_output=print_summary)  # graph, snapshot
+                after_run(typed.snapshot, manifest, print_output=print_summary)  # graph, snapshot
                 exits.raise_pending()
                 manifest.status = "ok"
             except SystemExit as exc:  # sys.exit / os._exit in user code: a failed stage
@@ -374,7 +378,9 @@ def _configure_jax(typed: JaxaotConfig, bound: BoundArgs) -> dict[str, Any]:
 
     return jaxenv.configure(
         backend=typed.compile.backend,
-        num_devices=devices_to_start(typed),
+        num_devices=devices_to_start(
+            typed.compile, mesh_spec(typed.mesh, typed.stage_out), typed.stop_after
+        ),
         x64=bound.needs_x64,
         jax_config=typed.jax.config,
     )
@@ -396,7 +402,7 @@ def _import_target(typed: JaxaotConfig, bound: BoundArgs) -> dict[str, Any]:
     try:
         restore = _configure_jax(typed, bound)
         with exits.guard_os_exit():
-            resolve_target(target, policy=policy_of(typed))
+            resolve_target(target, policy=policy_of(typed.trust))
     except SystemExit as exc:
         jaxenv.restore_config(restore)
         if exits.preempted() is not None:  # the job system's exit, not the program's

@@ -46,7 +46,7 @@ from jaxaot.util.verified import (
 )
 
 if TYPE_CHECKING:
-    from jaxaot.schema import JaxaotConfig
+    from jaxaot.config.sections import SnapshotConfig
 
 # Snapshot format history:
 #   1 (2026-11-22): snapshot.json {format_version, program, stages, files{path: {sha256, size}}};
@@ -350,13 +350,13 @@ def _say(print_output: bool) -> Callable[[str], None]:
     return (lambda text: print(text, flush=True)) if print_output else (lambda _text: None)
 
 
-def after_run(cfg: JaxaotConfig, manifest: Manifest, *, print_output: bool = False) -> None:
-    """The runner's last step: draw the graph, then write or verify the snapshot.
+def after_run(snap: SnapshotConfig, manifest: Manifest, *, print_output: bool = False) -> None:
+    """The runner's last step, as the ``snapshot`` section says: draw the graph, then write or
+    verify the snapshot.
 
     Records what happened under ``snapshot`` in the manifest; raises SnapshotMismatch when
     verify finds a difference and ``snapshot.update`` is off.
     """
-    snap = cfg.snapshot
     if not (snap.write or snap.verify or snap.graph):
         return
     say = _say(print_output)
@@ -380,7 +380,7 @@ def after_run(cfg: JaxaotConfig, manifest: Manifest, *, print_output: bool = Fal
             _write_golden(actual, snap.write, record, say)
     else:
         with _writing(f"snapshot.verify={snap.verify}"):
-            _verify(actual, snap.verify or "", cfg, manifest.run_dir, record, say)
+            _verify(actual, snap, manifest.run_dir, record, say)
 
 
 def _write_golden(
@@ -416,13 +416,13 @@ def _write_golden(
 
 def _verify(
     actual: Snapshot,
-    where: str,
-    cfg: JaxaotConfig,
+    snap: SnapshotConfig,
     run_dir: Path,
     record: dict[str, Any],
     say: Callable[[str], None],
 ) -> None:
-    snap, folder = cfg.snapshot, Path(where)
+    where = snap.verify or ""
+    folder = Path(where)
     record.update(mode="verify", dir=where, update=snap.update)
     if not (folder / INDEX_NAME).is_file():
         if not snap.update:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxaot.config import derived
 from jaxaot.config.argspec.dtypes import SIXTY_FOUR_BIT
@@ -15,7 +15,25 @@ from jaxaot.config.argspec.trees import leaves, map_tree, specs, to_static_value
 from jaxaot.errors import ArgSpecError, ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.schema import JaxaotConfig
+    from jaxaot.config.sections import ProgramConfig
+
+
+class StaticOptions(Protocol):
+    """The static-argument options (the stage_out section has them)."""
+
+    @property
+    def static_argnums(self) -> Sequence[int]: ...
+    @property
+    def static_argnames(self) -> Sequence[str]: ...
+
+
+class DonationOptions(Protocol):
+    """The donation options (the lower section has them)."""
+
+    @property
+    def donate_argnums(self) -> Sequence[int]: ...
+    @property
+    def donate_argnames(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)
@@ -225,14 +243,20 @@ def concrete_bound(bound: BoundArgs, sizes: Mapping[str, int]) -> BoundArgs:
     return replace(bound, args=args, kwargs=kwargs)
 
 
-def bind_config(cfg: JaxaotConfig, names_of_positions: Sequence[str] | None = None) -> BoundArgs:
-    """:func:`bind` with the program, static and donation options of a typed config."""
+def bind_config(
+    program: ProgramConfig,
+    stage_out: StaticOptions,
+    lower: DonationOptions,
+    names_of_positions: Sequence[str] | None = None,
+) -> BoundArgs:
+    """:func:`bind` with the program section's arguments, stage_out's static options and
+    lower's donation options."""
     return bind(
-        cfg.program.args,
-        cfg.program.kwargs,
-        static_argnums=cfg.stage_out.static_argnums,
-        static_argnames=cfg.stage_out.static_argnames,
-        donate_argnums=cfg.lower.donate_argnums,
-        donate_argnames=cfg.lower.donate_argnames,
+        program.args,
+        program.kwargs,
+        static_argnums=stage_out.static_argnums,
+        static_argnames=stage_out.static_argnames,
+        donate_argnums=lower.donate_argnums,
+        donate_argnames=lower.donate_argnames,
         names_of_positions=names_of_positions,
     )

@@ -37,7 +37,7 @@ from jaxaot.config.trust.rules import Rule
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.schema import JaxaotConfig
+    from jaxaot.config.sections import ProgramConfig, StoreConfig, TrustConfig
 
 STORE_KEY = "store.trust"
 ENV_STORE = "JAXAOT_TRUST_STORE"
@@ -228,10 +228,10 @@ def user_policy(allow: Iterable[str] = (), deny: Iterable[str] = ()) -> ImportPo
     return ImportPolicy(tuple(rules), command_line_allow=allow, env_allow=env)
 
 
-def policy_of(cfg: JaxaotConfig) -> ImportPolicy:
+def policy_of(trust: TrustConfig) -> ImportPolicy:
     """The policy a run imports under: its ``trust`` section (the command line's, which
     composition checked) plus the environment and the user file."""
-    return user_policy(cfg.trust.allow_imports, cfg.trust.deny_imports)
+    return user_policy(trust.allow_imports, trust.deny_imports)
 
 
 def hydra_policy() -> ImportPolicy:
@@ -241,20 +241,20 @@ def hydra_policy() -> ImportPolicy:
     return user_policy(cl.allow or (), cl.deny or ())
 
 
-def store_trusted(cfg: JaxaotConfig) -> bool:
+def store_trusted(store: StoreConfig) -> bool:
     """``store.trust=true`` (from the command line: composition checked) or
     ``JAXAOT_TRUST_STORE=1``."""
-    return bool(cfg.store.trust) or store_trusted_by_env()
+    return bool(store.trust) or store_trusted_by_env()
 
 
-def check_imports(cfg: JaxaotConfig) -> None:
-    """Validation: the rules are well formed and every name in the config passes the policy
-    as a string (nothing is imported)."""
-    policy = policy_of(cfg)
-    check_name(cfg.program.target, "program.target", policy)
-    for key, name in pytree_tags(cfg.program.args, "program.args"):
+def check_imports(program: ProgramConfig, trust: TrustConfig) -> None:
+    """Validation: the rules are well formed and every name in the program section passes the
+    policy as a string (nothing is imported)."""
+    policy = policy_of(trust)
+    check_name(program.target, "program.target", policy)
+    for key, name in pytree_tags(program.args, "program.args"):
         check_name(name, key, policy)
-    for key, name in pytree_tags(cfg.program.kwargs, "program.kwargs"):
+    for key, name in pytree_tags(program.kwargs, "program.kwargs"):
         check_name(name, key, policy)
 
 
