@@ -229,7 +229,8 @@ def check_relations(cfg: JaxaotConfig) -> BoundArgs | None:
     """What spans sections, after :func:`check_shared` and each stage checked its own: meshes
     and shardings against the devices, the import policy over every importable name, snapshots,
     the target topology. The arguments when the mesh checks bound them, else None."""
-    check_placement(cfg)  # lower's placement keys against the mesh and compile.topology
+    # lower's placement keys against the mesh and compile.topology
+    check_placement(cfg.lower, cfg.mesh, cfg.stage_out, cfg.compile)
     mesh = mesh_spec(cfg.mesh, cfg.stage_out)
     check_parallel(
         mesh,

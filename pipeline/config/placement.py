@@ -34,11 +34,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxaot.config.path_shardings import PathLeaf, first_match, no_match_error, pattern_parts
 from jaxaot.config.sharding import _yaml
 from jaxaot.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jaxaot.config.mesh import ReplicaAxes
+    from jaxaot.config.sections import MeshConfig
 
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 AUTO, DEFAULT = "auto", "default"
@@ -156,26 +160,38 @@ def parse(value: Any, key: str) -> Rules:
     return Rules(key, every=one(value, key))
 
 
-def check_placement(cfg: Any) -> None:
-    """The four keys, before JAX: their values, and what this run can place. A major-to-minor
-    layout needs the devices while lowering (jax 0.10.2 compares it with their default
-    layout), which ``mesh.abstract=true`` and ``compile.topology`` (lowered off their devices)
-    do not give; a per-replica program (``stage_out.axis_env``) has its own
+class TargetOptions(Protocol):
+    """The compile options that say whether a run compiles for TPU (the compile section has
+    them)."""
+
+    @property
+    def topology(self) -> str | None: ...
+    @property
+    def backend(self) -> str: ...
+
+
+def check_placement(
+    low: Any, mesh: MeshConfig, stage_out: ReplicaAxes, comp: TargetOptions
+) -> None:
+    """The four keys of the lower section ``low``, before JAX: their values, and what this
+    run can place (on the mesh of ``mesh`` and ``stage_out.axis_env``, for ``comp``'s target).
+    A major-to-minor layout needs the devices while lowering (jax 0.10.2 compares it with
+    their default layout), which ``mesh.abstract=true`` and ``compile.topology`` (lowered off
+    their devices) do not give; a per-replica program (``stage_out.axis_env``) has its own
     shardings."""
     from jaxaot.config.mesh import mesh_spec
 
-    low = cfg.lower
     rules = {name: parse(getattr(low, name), f"lower.{name}") for name in KEYS}
     if not any(r.set for r in rules.values()):
         return
-    mesh = mesh_spec(cfg.mesh, cfg.stage_out)
-    if mesh is not None and mesh.per_replica:
+    spec = mesh_spec(mesh, stage_out)
+    if spec is not None and spec.per_replica:
         first = next(r.key for r in rules.values() if r.set)
         raise ConfigError(
             f"{first}: a per-replica program (stage_out.axis_env) places its arguments itself; "
             "expected a mesh (mesh.shape, mesh.axes) instead of axis_env, or null"
         )
-    target = _tpu_target(cfg)
+    target = _tpu_target(comp)
     if target is not None:
         for name in ("in_memory_kinds", "out_memory_kinds"):
             r = rules[name]
@@ -186,14 +202,10 @@ def check_placement(cfg: Any) -> None:
         r = rules[name]
         concrete = [(r.key, r.every)] if isinstance(r.every, tuple) else []
         concrete += [(f"{r.key}[{pat!r}]", v) for pat, _, v in r.patterns if isinstance(v, tuple)]
-        abstract = mesh is not None and mesh.abstract
-        if concrete and (abstract or cfg.compile.topology):
+        abstract = spec is not None and spec.abstract
+        if concrete and (abstract or comp.topology):
             where, value = concrete[0]
-            what = (
-                f"compile.topology={cfg.compile.topology}"
-                if cfg.compile.topology
-                else "mesh.abstract=true"
-            )
+            what = f"compile.topology={comp.topology}" if comp.topology else "mesh.abstract=true"
             raise ConfigError(
                 f"{where}: layout {list(value)} needs the devices while lowering (jax 0.10.2 "
                 f"compares it with their default layout), which {what} lowers without; "
@@ -202,9 +214,8 @@ def check_placement(cfg: Any) -> None:
             )
 
 
-def _tpu_target(cfg: Any) -> str | None:
+def _tpu_target(comp: TargetOptions) -> str | None:
     """``compile.topology=...`` or ``compile.backend=tpu`` when the run compiles for TPU."""
-    comp = cfg.compile
     if comp.topology:
         return f"compile.topology={comp.topology}"
     if str(comp.backend or "").lower() == "tpu":
@@ -281,6 +292,7 @@ __all__ = [
     "TPU_REFUSED_KINDS",
     "Placement",
     "Rules",
+    "TargetOptions",
     "check_kinds",
     "check_placement",
     "parse",
