@@ -45,7 +45,6 @@ from jaxaot.config.trust.sources import (
     hydra_policy,
     install_command_line,
     policy_of,
-    store_trusted,
     user_file,
     user_policy,
 )
@@ -76,7 +75,6 @@ __all__ = [
     "install_instantiation_guards",
     "make_policy",
     "policy_of",
-    "store_trusted",
     "user_file",
     "user_policy",
 ]

@@ -37,7 +37,7 @@ from jaxaot.config.trust.rules import Rule
 from jaxaot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from jaxaot.config.sections import ProgramConfig, StoreConfig, TrustConfig
+    from jaxaot.config.sections import ProgramConfig, TrustConfig
 
 STORE_KEY = "store.trust"
 ENV_STORE = "JAXAOT_TRUST_STORE"
@@ -241,12 +241,6 @@ def hydra_policy() -> ImportPolicy:
     return user_policy(cl.allow or (), cl.deny or ())
 
 
-def store_trusted(store: StoreConfig) -> bool:
-    """``store.trust=true`` (from the command line: composition checked) or
-    ``JAXAOT_TRUST_STORE=1``."""
-    return bool(store.trust) or store_trusted_by_env()
-
-
 def check_imports(program: ProgramConfig, trust: TrustConfig) -> None:
     """Validation: the rules are well formed and every name in the program section passes the
     policy as a string (nothing is imported)."""
@@ -288,7 +282,6 @@ __all__ = [
     "parse_overrides",
     "policy_of",
     "pytree_tags",
-    "store_trusted",
     "store_trusted_by_env",
     "user_file",
     "user_policy",
