@@ -468,7 +468,7 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
 
     sweep = tmp_path / "fit"
     args = [
-        *_fit_args(sweep, "tests.fit_programs:crash_from", 2048, 16384, 2048),
+        *_fit_args(sweep, "tests.fit_programs:crash_from", 6144, 12288, 2048),
         "compile.topology=v5e:2x2",
     ]
     env = cli_env()
@@ -489,26 +489,27 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     first.wait()
     before = {p["n"]: p for p in _probes(sweep)}
     assert len(before) >= 2
-    assert before[2048]["status"] == "fits"
-    assert before[16384]["status"] == "crashed"  # low, then high: the second probe
+    assert before[6144]["status"] == "fits"
+    assert before[12288]["status"] == "crashed"  # low, then high: the second probe
 
     proc = run_cli(args, cwd=tmp_path, env=env)
     fit = json.loads((sweep / "fit.json").read_text())
     (search,) = fit["searches"]
     # 2 MiB per n: 6144 (12 GiB) fits in 15.75 GiB, 8192 (16 GiB) does not; n >= 12288 crashes.
+    # Resumed: 6144 taken from fit.json, 12288 run again (crashes), then 8192 (below the crash).
     assert (search["largest_fit"], search["smallest_misfit"]) == (6144, 8192), proc.stderr[-2000:]
-    crash = next(p for p in search["probes"] if p["n"] == 16384)
+    crash = next(p for p in search["probes"] if p["n"] == 12288)
     assert crash["fits"] is None and crash["status"] == "crashed"
     assert crash["error"].startswith("crashed: SIGSEGV while tracing (stage_out)")
-    assert search["no_verdict"] == [16384]
+    assert search["no_verdict"] == [12288]
     # the first run's verdicts were taken; its probes without one ran again, as new jobs
     verdicts = {n for n, p in before.items() if p["fits"] is not None}
     assert fit["reused_probes"] == len(verdicts)
     later = [p for p in search["probes"] if p["n"] not in verdicts]
     assert all(p["job"] >= max(q["job"] for q in before.values()) + 1 for p in later)
     assert {n for n, p in before.items() if p["fits"] is None} <= {p["n"] for p in later}
-    assert [p["n"] for p in later].count(16384) == 1
-    rerun = "n=16384: fit.json records no verdict (crashed: SIGSEGV while tracing (stage_out)"
+    assert [p["n"] for p in later].count(12288) == 1
+    rerun = "n=12288: fit.json records no verdict (crashed: SIGSEGV while tracing (stage_out)"
     assert rerun in proc.stdout + proc.stderr
     for p in later:
         record = json.loads((sweep / str(p["job"]) / "job.json").read_text())
@@ -516,7 +517,7 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     job = json.loads((sweep / str(crash["job"]) / "job.json").read_text())
     assert job["code"] == 128 + signal.SIGSEGV and job["error"] == crash["error"]
     assert "n=6144 fits, n=8192 does not" in proc.stdout
-    assert "no verdict: n=16384 crashed: SIGSEGV" in proc.stdout
+    assert "no verdict: n=12288 crashed: SIGSEGV" in proc.stdout
     counts = _progress(proc.stdout)
     assert counts and all(k <= int(b.lstrip("≤")) for k, b in counts)
     assert counts[-1][0] >= len(search["probes"])  # finish slots count the first run's jobs too
@@ -530,9 +531,11 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     from conftest import cli_env, run_cli
 
     sweep = tmp_path / "fit"
-    args = _fit_args(sweep, "tests.fit_programs:scale,tests.fit_programs:twice", 2048, 8192, 2048)
+    # 1 MiB per n, n in {2048, 4096}: two probes a search. scale needs 2 MiB per n, twice 4.2:
+    # all four fit at 2048; at 4096 twice (17.2 GiB) fits v6e's 31.25 GiB, not v5e's 15.75.
+    args = _fit_args(sweep, "tests.fit_programs:scale,tests.fit_programs:twice", 2048, 4096, 2048)
     args[-1:-1] = ["compile.topology=v5e:2x2,v6e:2x2"]
-    args = [a.replace("1048576", "524288") for a in args]  # 1 MiB per n
+    args = [a.replace("1048576", "524288") for a in args]
     proc = run_cli(args, cwd=tmp_path, env=cli_env())
     fit = json.loads((sweep / "fit.json").read_text())
     assert len(fit["searches"]) == 4, proc.stderr[-2000:]
@@ -545,6 +548,7 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
         assert s["est_step_s_at_fit"] == at["est_step_s"] and at["est_step_s"] > 0
         assert s["hbm_bytes_needed_at_fit"] == at["hbm_bytes_needed"]
         assert "\\" not in s["label"] and s["topology"] in ("v5e:2x2", "v6e:2x2")
+    assert any(p["fits"] is False for s in fit["searches"] for p in s["probes"])  # a boundary
     assert {f["topology"] for f in fit["fronts"]} == {"v5e:2x2", "v6e:2x2"}
     for f in fit["fronts"]:
         mine = [s for s in fit["searches"] if s["topology"] == f["topology"]]
@@ -572,9 +576,11 @@ def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
     tmp_path: Path, to: str
 ) -> None:
     """SIGTERM to the process group (as ``timeout`` sends it) or to the search alone: one line,
-    exit 143, the probe's process ended and its run recorded as interrupted. Run again, the
-    search takes job 0's verdict, runs n=4096 again as job 2 and exits 0: the interrupted job 1
-    is superseded (out of sweep.md), and the summary counts 1 compile, 1 reused."""
+    exit 143, the probe's process ended and its run recorded as interrupted. Run again (after
+    the group's SIGTERM: either way the search leaves the same fit.json and job 1, asserted
+    below, for the resume to start from), the search takes job 0's verdict, runs n=4096 again
+    as job 2 and exits 0: the interrupted job 1 is superseded (out of sweep.md), and the summary
+    counts 1 compile, 1 reused."""
     from conftest import cli_env, run_cli
 
     sweep, mark = tmp_path / "fit", tmp_path / "slow.pid"
@@ -618,6 +624,8 @@ def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
     assert job1["error"] == "terminated by SIGTERM during stage 'stage_out'"
     running = [p for p in _probes(sweep) if p["status"] == "running"]
     assert [(p["n"], p["job"]) for p in running] == [(4096, 1)]
+    if to == "search":
+        return  # what the resume starts from is the group's, asserted the same above
 
     proc = run_cli(args, cwd=tmp_path, env=cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

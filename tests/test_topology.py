@@ -550,8 +550,8 @@ def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
             "program.args=[bf16[8,8]]",
             "compile.topology=v5e:2x2",
             "hydra.sweeper.overrides=['program.args.0=bf16[{n},1048576]']",
-            "hydra.sweeper.low=1024",
-            "hydra.sweeper.high=16384",
+            "hydra.sweeper.low=4096",
+            "hydra.sweeper.high=8192",
             "hydra.sweeper.multiple=1024",
             f"hydra.sweep.dir={sweep}",
         ],
@@ -564,10 +564,11 @@ def test_fit_sweeper_bisects_per_topology(tmp_path: Path) -> None:
     # 2 MiB per n: 7168 x 2 MiB = 14 GiB fits in 15.75, 8192 x 2 MiB = 16 GiB does not.
     assert (search["largest_fit"], search["smallest_misfit"]) == (7168, 8192)
     assert search["hbm_bytes_needed_at_fit"] >= 7168 * 2 * 1024**2
-    assert search["compiles"] == 6 and search["linear_scan_compiles"] == 8
+    # low, high, then the medians: 4096, 8192, 6144, 7168 (a scan from 4096 takes 5)
+    assert search["compiles"] == 4 and search["linear_scan_compiles"] == 5
     assert "n=7168 fits, n=8192 does not" in proc.stdout
     report = (sweep / "sweep.md").read_text()
-    assert "6 jobs: 4 ok, 2 do not fit, 0 failed." in report
+    assert "4 jobs: 3 ok, 1 do not fit, 0 failed." in report
 
 
 # -- the shipped experiment and its program --------------------------------------------------
