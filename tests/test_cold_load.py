@@ -15,15 +15,21 @@ import pytest
 from conftest import PAIRS_MODULE, cli_env, read_manifest, run_cli, write_pairs_module
 from jaxaot.util.fsio import sha256_bytes
 
-# jax.numpy.linalg functions with LAPACK custom calls on CPU, and arguments they accept.
+# jax.numpy.linalg functions with LAPACK custom calls on CPU, and arguments they accept: each
+# one a set of LAPACK targets of its own (solve makes inv's two, det the first of them).
 OPS = {
     "inv": "[f32[6,6]]",
-    "solve": "[f32[6,6],f32[6]]",
     "eigh": "[f32[6,6]]",  # EighResult: a NamedTuple output
     "svd": "[f32[6,6]]",  # SVDResult
     "qr": "[f32[6,6]]",  # QRResult
     "cholesky": "[f32[6,6]]",
-    "det": "[f32[6,6]]",
+}
+LAPACK = {  # jax 0.10.2, f32 on CPU
+    "inv": {"lapack_sgetrf_ffi", "lapack_strsm_ffi"},
+    "eigh": {"lapack_ssyevd_ffi"},
+    "svd": {"lapack_sgesdd_ffi"},
+    "qr": {"lapack_sgeqrf_ffi", "lapack_sorgqr_ffi"},
+    "cholesky": {"lapack_spotrf_ffi"},
 }
 
 
@@ -48,8 +54,12 @@ def _run(tmp_path: Path, name: str, *overrides: str, env: dict[str, str] | None 
 def test_linalg_executable_loads_cold_from_the_store(tmp_path: Path, op: str, compose_run) -> None:  # type: ignore[no-untyped-def]
     """Run once (here), then resume the lowering in a fresh process that lowers nothing and
     hits the store: the route that segfaulted."""
+    from jaxaot.stages import custom_calls
+
     program = [f"program.target=jax.numpy.linalg:{op}", f"program.args={OPS[op]}"]
     first = compose_run(*program).run_dir
+    hlo = (first / "compile" / "optimized.hlo.txt").read_bytes()
+    assert {t for t in custom_calls.targets_of(hlo) if t.startswith("lapack_")} == LAPACK[op]
     lowered = json.loads((first / "lower" / "lowered.json").read_text())
     assert (first / "lower" / "exported.bin").is_file(), "every linalg op must be resumable"
     results = {"eigh": "EighResult", "svd": "SVDResult", "qr": "QRResult"}

@@ -122,6 +122,7 @@ def test_an_effort_sweep_on_a_topology(tmp_path: Path) -> None:
     assert [r["compile.optimization_level"] for r in rows] == ["O0", "O1", "O2", "O3"]
     assert {r["compile.memory_fitting_level"] for r in rows} == {"O2"}  # set: a column
     keys, hlos = set(), set()
+    plains: dict[str, Any] = {}  # plain JAX's executable at each level
     for row in rows:
         level = row["compile.optimization_level"]
         manifest = read_manifest(sweep_dir / row["dir"])
@@ -133,7 +134,7 @@ def test_an_effort_sweep_on_a_topology(tmp_path: Path) -> None:
         memory = json.loads(
             (sweep_dir / row["dir"] / "compile" / "memory_analysis.json").read_text()
         )
-        plain = _plain(level)
+        plain = plains[level] = _plain(level)
         assert _ops(hlo) == _ops(plain.as_text()), level
         assert memory == memory_of(plain), level
         assert int(row["compile.hbm_bytes_needed"]) == stage["metrics"]["hbm_bytes_needed"]
@@ -144,6 +145,6 @@ def test_an_effort_sweep_on_a_topology(tmp_path: Path) -> None:
     head = next(ln for ln in md.splitlines() if ln.startswith("| job |"))
     assert "| mem. fit level |" in head and "| fits |" in head and "| compile |" in head
     # JAX's own config value compiles the same executable as the compile option
-    via_config, option = _plain("O1", via_config=True), _plain("O1")
+    via_config, option = _plain("O1", via_config=True), plains["O1"]
     assert canonical_hlo(via_config.as_text()) == canonical_hlo(option.as_text())
     assert memory_of(via_config) == memory_of(option)

@@ -10,6 +10,7 @@ about once, dropped and recompiled; a checkpoint's is not loaded and the export 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import sys
@@ -118,21 +119,30 @@ def _compile(result: jaxaot.RunResult) -> dict[str, Any]:
 CASES = st.tuples(st.sampled_from(sorted(PROGRAMS)), st.booleans(), st.booleans())
 
 
-def test_one_shared_store_serves_only_the_same_program(compose_run: Any) -> None:
+def test_one_shared_store_serves_only_the_same_program(tmp_path: Path) -> None:
     reference: dict[tuple[str, bool, bool], Any] = {}  # store off: compiled fresh every time
     program_of_key: dict[str, tuple[str, bool, bool]] = {}
     key_of_program: dict[tuple[str, bool, bool], str] = {}
+    composed: dict[tuple[str, bool, bool], Any] = {}  # Hydra composes each case once
 
-    # ~0.4 s a run (two for a case seen first): 12 examples of up to 3 runs, ~20-30 s.
+    def run(case: tuple[str, bool, bool], store: bool) -> jaxaot.RunResult:
+        if case not in composed:
+            composed[case] = jaxaot.compose(_overrides(*case))
+        cfg = copy.deepcopy(composed[case])
+        cfg.store.enabled = store
+        return jaxaot.run(cfg, run_dir=tmp_path / f"api{len(list(tmp_path.glob('api*')))}")
+
+    # ~0.3 s a run (two for a case seen first) and ~0.5 s a composition: 12 examples of up to
+    # 3 runs, ~15-20 s.
     @settings(max_examples=12, deadline=None, database=None)
     @given(st.lists(CASES, min_size=1, max_size=3))
     def check(steps: list[tuple[str, bool, bool]]) -> None:
         for case in steps:
             if case not in reference:
-                off = compose_run(*_overrides(*case), "store.enabled=false")
+                off = run(case, store=False)
                 assert _compile(off)["status"] == "ran"
                 reference[case] = off["execute"].outputs
-            result = compose_run(*_overrides(*case))
+            result = run(case, store=True)
             stage = _compile(result)
             key = stage["key"]
             assert not stage["warnings"], stage["warnings"]
