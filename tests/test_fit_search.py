@@ -577,15 +577,17 @@ def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
 ) -> None:
     """SIGTERM to the process group (as ``timeout`` sends it) or to the search alone: one line,
     exit 143, the probe's process ended and its run recorded as interrupted. Run again (after
-    the group's SIGTERM: either way the search leaves the same fit.json and job 1, asserted
-    below, for the resume to start from), the search takes job 0's verdict, runs n=4096 again
-    as job 2 and exits 0: the interrupted job 1 is superseded (out of sweep.md), and the summary
-    counts 1 compile, 1 reused."""
+    the group's SIGTERM: either way the search leaves its slow job interrupted and recorded as
+    running, asserted below, for the resume to start from), the search takes job 0's verdict,
+    runs n=4096 again as job 2 and exits 0: the interrupted job 1 is superseded (out of
+    sweep.md), and the summary counts 1 compile, 1 reused. The search alone is signalled in
+    its first job (n=4096 only), which needs no job before it."""
     from conftest import cli_env, run_cli
 
     sweep, mark = tmp_path / "fit", tmp_path / "slow.pid"
+    low, slow = (2048, 1) if to == "group" else (4096, 0)  # slow: the job signalled
     args = [
-        *_fit_args(sweep, "tests.probe_signal_programs:slow_from", 2048, 4096, 2048),
+        *_fit_args(sweep, "tests.probe_signal_programs:slow_from", low, 4096, 2048),
         "compile.topology=v5e:2x2",
     ]
     first = subprocess.Popen(
@@ -619,13 +621,13 @@ def test_sigterm_ends_the_search_in_one_line_and_a_resume_supersedes_its_job(
         time.sleep(0.1)
     else:
         pytest.fail(f"the probe's process {probe_pid} outlived the search")
-    job1 = json.loads((sweep / "1" / "manifest.json").read_text())
-    assert job1["status"] == "interrupted", job1
-    assert job1["error"] == "terminated by SIGTERM during stage 'stage_out'"
+    job = json.loads((sweep / str(slow) / "manifest.json").read_text())
+    assert job["status"] == "interrupted", job
+    assert job["error"] == "terminated by SIGTERM during stage 'stage_out'"
     running = [p for p in _probes(sweep) if p["status"] == "running"]
-    assert [(p["n"], p["job"]) for p in running] == [(4096, 1)]
+    assert [(p["n"], p["job"]) for p in running] == [(4096, slow)]
     if to == "search":
-        return  # what the resume starts from is the group's, asserted the same above
+        return  # the resume below starts from the group's
 
     proc = run_cli(args, cwd=tmp_path, env=cli_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
