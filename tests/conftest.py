@@ -451,6 +451,25 @@ def _is_slow(item: pytest.Item) -> bool:
     return any(_slow(f"{module.name}.{name}", seen) for name in names if name in module.defs)
 
 
+def _shares_a_slow_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture of its own module that outlives one test (module or class
+    scope) and is slow (starts a process, runs a pipeline: as :func:`_is_slow` reads it)."""
+    module = _module(item.path.stem) if item.path.parent == TESTS else None
+    info = getattr(item, "_fixtureinfo", None)
+    if module is None or info is None:
+        return False
+    own = getattr(getattr(item, "module", None), "__name__", None)
+    for name, defs in info.name2fixturedefs.items():
+        fixture = defs[-1]
+        if (
+            fixture.scope != "function"
+            and getattr(fixture.func, "__module__", None) == own
+            and _slow(f"{module.name}.{name}", set())
+        ):
+            return True
+    return False
+
+
 # The optional extras the tests use (pyproject's [project.optional-dependencies]) and the modules
 # that show each is installed. An extra is missing where one of its modules is not on this
 # venv's path; that is decided once, as the session starts (:data:`MISSING_EXTRAS`), so a test
@@ -575,8 +594,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     # pytest-xdist's, registered here too for runs without it (-p no:xdist)
     config.addinivalue_line("markers", "xdist_group(name): run in one xdist worker")
+    config.pluginmanager.register(_XdistGroupNodeIds(), "jaxaot-xdist-group-node-ids")
 
 
+class _XdistGroupNodeIds:
+    """An xdist worker (--dist loadgroup) tells the controller each test's group by naming it
+    ``<nodeid>@<group>``, which xdist 3.8 writes to ``item._nodeid``; pytest 9.2 reads a node's
+    id from ``item._id``, so without this every test is a group of its own."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            named = item.__dict__.get("_nodeid")
+            if isinstance(named, str) and named != item.nodeid:
+                item._id = NodeId.parse(named)
+
+
+# First: an xdist worker names each test by the xdist_group marks it has when its hook runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
@@ -593,3 +630,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "slurm" in getattr(item, "fixturenames", ()):
             # one throw-away SLURM cluster at a time: its tests run in one xdist worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif not item.get_closest_marker("xdist_group") and _shares_a_slow_fixture(item):
+            # a worker makes a module-scoped fixture for the tests it runs: the tests that share
+            # a slow one run in one worker (--dist loadgroup), which makes it once
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))

@@ -106,6 +106,9 @@ def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     )
 
 
+# its sweep is a fixture chosen at run time: in the xdist worker of the tests that share them
+# (conftest's group for this module's module-scoped fixtures)
+@pytest.mark.xdist_group("test_sweep")
 @pytest.mark.parametrize("which", ["basic_sweep", "joblib_sweep"])
 def test_report_has_a_row_per_job_and_valid_plots(
     which: str, request: pytest.FixtureRequest
