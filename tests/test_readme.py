@@ -12,8 +12,8 @@ in order in a fresh temporary directory, so the README's relative ``outputs/`` a
 ``golden/`` land there, with ``JAXAOT_STORE_DIR`` pointing at one store shared by the sections.
 The ``jaxaot`` commands run as written and reach a resident ``jaxaot server`` of the examples'
 own, as after the README's ``jaxaot server start`` (served runs are what in-process runs are:
-tests/test_server.py), except in the section that starts and stops its own; with
-``JAXAOT_TEST_SERVER=0`` every one is a plain process.
+tests/test_server.py), except from the example that starts a server of its own to the end of
+its section; with ``JAXAOT_TEST_SERVER=0`` every one is a plain process.
 A block is left out only by an explicit marker right before it, with its reason:
 
     <!-- readme-test: skip (needs a TPU host) -->
@@ -150,9 +150,10 @@ BLOCKS = readme_blocks()
 SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if not b.skip))
 
 
-# Sections that start and stop a `jaxaot server` of their own: their examples get a socket of
-# their own, and run in-process where no server of theirs runs.
-OWN_SERVER = frozenset(b.section for b in BLOCKS if not b.skip and "jaxaot server" in b.text)
+# Examples that start and stop a `jaxaot server` of their own: from the first of them to the end
+# of its section, the examples get a socket of their own, and run in-process where no server of
+# theirs runs; the section's examples before it reach the examples' shared server.
+OWN_SERVER = frozenset(b for b in BLOCKS if not b.skip and "jaxaot server" in b.text)
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +185,7 @@ def readme_env(
             server.stop()
 
 
-def _section_env(section: str, env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    if section not in OWN_SERVER:
-        return env
+def _own_server_env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     # The section's `jaxaot server start` starts the examples' own server, not a developer's
     # nor the one the other sections share; a failed example may leave it running: none
     # outlives its section (the caller stops it).
@@ -231,12 +230,14 @@ def test_readme_section_runs_verbatim(
     """Every example of one README section, in order, in one fresh directory."""
     work = tmp_path / "work"
     work.mkdir()
-    env = _section_env(section, readme_env, tmp_path)
+    env = readme_env
     try:
         for n, block in enumerate(b for b in BLOCKS if b.section == section):
             if block.skip:
                 print(f"readme-test: skipped {block}: {block.skip}")
                 continue
+            if block in OWN_SERVER and env is readme_env:
+                env = _own_server_env(readme_env, tmp_path)
             _run(block, work, env, n)
     finally:
         if env is not readme_env:
