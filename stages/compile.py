@@ -849,11 +849,16 @@ def _plan(
     return Plan(key_of(cache_key(comp, lowered, target, dict(backend), environment)), target)
 
 
+def _sized(ctx: StageContext[CompileConfig], lowered: Lowered) -> Lowered:
+    """``lowered``, with the sizes a polymorphic lowering is compiled at in the metrics before
+    anything is compiled or loaded: a compile that fails or does not fit records them too."""
+    if lowered.state == "concrete":
+        ctx.metrics["shapes"] = dict(lowered.meta["shapes"])
+    return lowered
+
+
 def _at_sizes(ctx: StageContext[CompileConfig], record: Compiled) -> Compiled:
-    """The record with the sizes execute runs at (compile.shapes), and the sizes a polymorphic
-    lowering was compiled at in the metrics."""
-    if record.lowered.state == "concrete":
-        ctx.metrics["shapes"] = dict(record.lowered.meta["shapes"])
+    """The record with the sizes execute runs at (compile.shapes)."""
     return replace(record, shapes=dict(ctx.opts.shapes)) if ctx.opts.shapes else record
 
 
@@ -882,7 +887,8 @@ class CompileStage:
     plan = staticmethod(_plan)
 
     def run(self, ctx: StageContext[CompileConfig], up: Upstream) -> Compiled:
-        return _at_sizes(ctx, run(ctx, _concrete_lowering(ctx.opts, ctx.facts, up["lower"])))
+        lowered = _sized(ctx, _concrete_lowering(ctx.opts, ctx.facts, up["lower"]))
+        return _at_sizes(ctx, run(ctx, lowered))
 
     def run_planned(
         self,
@@ -890,14 +896,14 @@ class CompileStage:
         up: Upstream,
         plan: Plan[Target] | Uncached[Target],
     ) -> Compiled:
-        return _at_sizes(ctx, run(ctx, plan.state.lowered, target=plan.state))
+        return _at_sizes(ctx, run(ctx, _sized(ctx, plan.state.lowered), target=plan.state))
 
     def run_begun(
         self, ctx: StageContext[CompileConfig], up: Upstream, plan: Plan[Target], begun: Any
     ) -> Compiled:
         # ``plan`` was made on lower's early record (no export yet): the record compiled is
         # lower's final one.
-        lowered = _concrete_lowering(ctx.opts, ctx.facts, up["lower"])
+        lowered = _sized(ctx, _concrete_lowering(ctx.opts, ctx.facts, up["lower"]))
         return _at_sizes(ctx, run(ctx, lowered, compiled=begun, target=plan.state))
 
     def begin(self, opts: CompileConfig, plan: Plan[Target], out_dir: Path) -> Callable[[], Any]:
@@ -917,10 +923,11 @@ class CompileStage:
         self, ctx: StageContext[CompileConfig], up: Upstream, entry: Entry, target: Target | None
     ) -> Compiled:
         comp = ctx.opts
-        lowered = (
+        lowered = _sized(
+            ctx,
             target.lowered
             if target is not None
-            else _concrete_lowering(comp, ctx.facts, up["lower"])
+            else _concrete_lowering(comp, ctx.facts, up["lower"]),
         )
         expect = [target.convention] if target is not None else export_conventions(lowered)
         record = load(ctx, lowered, entry.read, entry.label, expect)

@@ -114,3 +114,24 @@ def test_the_concrete_export_does_not_depend_on_who_made_it() -> None:
     (b,) = jax.export.symbolic_shape("b")
     poly = jax.export.export(jax.jit(progs.rows))(jax.ShapeDtypeStruct((b, 4), jnp.float32))
     assert _concrete_bytes(poly, 0) == _concrete_bytes(poly, 3)
+
+
+@pytest.mark.extra("tpu")
+def test_a_polymorphic_compile_that_does_not_fit_records_its_sizes(
+    compose_run: Any, tmp_path: Path
+) -> None:
+    """The sizes are in compile's metrics before XLA runs: a does-not-fit row (a fit search
+    over compile.shapes) says which sizes did not fit."""
+    from jaxaot.errors import DoesNotFit
+
+    run_dir = tmp_path / "big"
+    with pytest.raises(DoesNotFit):
+        compose_run(
+            *POLY,
+            "+compile.shapes.b=1073741824",  # 16 GiB of f32[b,4]
+            "compile.topology=v5e:2x2",
+            run_dir=run_dir,
+        )
+    compile_ = json.loads((run_dir / "manifest.json").read_text())["stages"]["compile"]
+    assert compile_["status"] == "does_not_fit"
+    assert compile_["metrics"]["shapes"] == {"b": 1073741824}
