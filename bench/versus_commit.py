@@ -101,6 +101,13 @@ def main() -> None:
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    head += "+uncommitted changes" if dirty else ""  # the working tree is what runs
     with tempfile.TemporaryDirectory(prefix="jaxaot-versus-") as tmp:
         t = Path(tmp)
         worktree = t / "before-tree"

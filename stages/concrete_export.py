@@ -9,6 +9,7 @@ depend on the polymorphic export and the sizes alone (:func:`_without_call_sites
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from jaxaot.stages.jax_mesh import abstract_mesh
 
 if TYPE_CHECKING:
     from jaxaot.stages.lower import Lowered
+
+log = logging.getLogger("jaxaot")
 
 
 def has_symbolic(*trees: Any) -> bool:
@@ -45,6 +48,11 @@ def _without_call_sites() -> Any:
 
         return config.traceback_in_locations_limit(0)
     except (ImportError, AttributeError):
+        log.warning(
+            "[compile] this jax has no jax._src.config.traceback_in_locations_limit: a "
+            "polymorphic program's compile key may depend on where jaxaot was called from "
+            "(a store miss, never a wrong hit)"
+        )
         return contextlib.nullcontext()
 
 

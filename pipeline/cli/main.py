@@ -154,7 +154,9 @@ def _app(cfg: DictConfig) -> int | JobOutcome:
         if gc.get_freeze_count() == 0:
             # What this process holds now (Hydra, jaxaot, the composed config) lives as long
             # as it does: frozen, the collector's full passes during the run (JAX's import,
-            # tracing) skip it. Once per process; a served run's server froze its own.
+            # tracing) skip it. Once per process; a served run's server froze its own. Cycles
+            # already unreachable here (the composition's leftovers) stay for the process's
+            # life: a collection first would cost what freezing saves.
             gc.freeze()
         result = run(cfg, print_summary=bool(snapshot) or not _is_multirun())
     except JaxaotError as exc:
