@@ -75,6 +75,19 @@ def test_linalg_executable_loads_cold_from_the_store(tmp_path: Path, op: str, co
     assert _outputs(cold) == _outputs(first)
 
 
+@pytest.mark.parametrize("op, args", [("solve", "[f32[6,6], f32[6]]"), ("det", "[f32[6,6]]")])
+def test_solve_and_det_make_no_lapack_call_inv_does_not(op: str, args: str, compose_run) -> None:  # type: ignore[no-untyped-def]
+    """Why OPS leaves them out: their cold loads are inv's (the same LAPACK targets, fewer)."""
+    from jaxaot.stages import custom_calls
+
+    run = compose_run(
+        f"program.target=jax.numpy.linalg:{op}", f"program.args={args}", "stop_after=compile"
+    )
+    hlo = (run.run_dir / "compile" / "optimized.hlo.txt").read_bytes()
+    lapack = {t for t in custom_calls.targets_of(hlo) if t.startswith("lapack_")}
+    assert lapack and lapack <= LAPACK["inv"], lapack
+
+
 @pytest.mark.parametrize("op", ["inv", "eigh"])
 def test_every_load_route_gives_the_first_runs_outputs(tmp_path: Path, op: str) -> None:
     program = [f"program.target=jax.numpy.linalg:{op}", f"program.args={OPS[op]}"]
