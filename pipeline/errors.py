@@ -127,6 +127,11 @@ class MissingDependencyError(JaxaotError, ImportError):
     """An optional dependency of a feature is not installed (the message names the extra)."""
 
 
+class VersionError(JaxaotError, RuntimeError):
+    """The installed JAX (or jaxlib) is too old, or laid out otherwise, for a feature: the
+    message names the feature, the version it needs, the installed one and the pip command."""
+
+
 class UnsafeSocketError(JaxaotError, PermissionError):
     """The server socket's folder, or the process listening on the socket, is not this
     user's own: nothing is sent through it."""
@@ -175,4 +180,5 @@ __all__ = [
     "Unkeyable",
     "UnsafeSocketError",
     "UnusableExecutable",
+    "VersionError",
 ]

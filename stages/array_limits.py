@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import (
     MAX_ARRAY_BYTES,
     BoundArgs,
@@ -100,9 +101,7 @@ def _where(eqn: Any) -> str:
     if eqn is None:
         return ""
     try:
-        from jax._src import source_info_util  # jax 0.10: no public summary of an equation
-
-        summary = str(source_info_util.summarize(eqn.source_info)).strip()
+        summary = compat_jax.source_summary(eqn.source_info)
     except Exception:
         summary = ""
     at = f" at {summary}" if summary else ""  # no user frame when the target is JAX's own

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import symbols
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.errors import ConfigError, one_line
@@ -44,9 +45,7 @@ def _without_call_sites() -> Any:
     in it: the module's locations are then those the export carries (the program's own), not
     the paths and lines of whatever called jaxaot, which the compile key would hash."""
     try:
-        from jax._src import config  # jax 0.10.2: no public context manager for this option
-
-        return config.traceback_in_locations_limit(0)
+        return compat_jax.traceback_in_locations_limit(0)
     except (ImportError, AttributeError):
         log.warning(
             "[compile] this jax has no jax._src.config.traceback_in_locations_limit: a "
@@ -83,7 +82,7 @@ def at_sizes(record: Lowered, sizes: Mapping[str, int], mesh_context: bool) -> L
                     f"{{{missing[0]}: 32}}), or stop_after=lower"
                 )
             used |= {v: sizes[v] for v in names}
-            shape.append(int(d._evaluate(dict(sizes))))  # jax 0.10: no public evaluation of a dim
+            shape.append(compat_jax.evaluate_dim(d, sizes))
         avals.append((tuple(shape), aval))
     in_flat: list[Any] = [None] * len(avals)
     jit_opts: dict[str, Any] = {}
@@ -95,7 +94,7 @@ def at_sizes(record: Lowered, sizes: Mapping[str, int], mesh_context: bool) -> L
         given, in_flat = jit_inputs(exp.in_tree, in_flat)
         jit_opts = {"out_shardings": outs, **given}
         if mesh_context:
-            in_context = jax.sharding.use_abstract_mesh(amesh)
+            in_context = compat_jax.use_abstract_mesh(amesh)
     structs = [
         jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
         for (shape, aval), sharding in zip(avals, in_flat, strict=True)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.stages.lower import Lowered
 
 
@@ -48,10 +49,7 @@ def kept_inputs(stage: Any) -> tuple[int, ...] | None:
     (also a deserialized one) on its executable; ``Exported.module_kept_var_idx`` is the same
     list (tests/test_store_identity.py checks that the three agree).
     """
-    lowering = getattr(stage, "_lowering", None)
-    kept = getattr(lowering, "compile_args", {}).get("kept_var_idx") if lowering else None
-    if kept is None:
-        kept = getattr(getattr(stage, "_executable", None), "_kept_var_idx", None)
+    kept = compat_jax.kept_var_idx(stage)
     return tuple(sorted(int(i) for i in kept)) if kept is not None else None
 
 

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import ColdLoadError
 from jaxaot.stages.jaxenv import platform_of
 
@@ -58,24 +59,11 @@ def targets_of(hlo_text: bytes | str | None) -> frozenset[str]:
     return frozenset(m.decode() for m in _TARGET.findall(data))
 
 
-def _init_lapack() -> None:
-    from jax._src.lib import lapack
-
-    lapack._lapack.initialize()  # idempotent; about 0.1 s the first time
-
-
-def _init_hybrid() -> None:
-    from jax._src.lib import gpu_solver
-
-    if gpu_solver is not None:
-        gpu_solver.initialize_hybrid_kernels()
-
-
 # (target prefix, platforms, initializer): what jaxlib initializes lazily at lowering time.
 _LAZY: tuple[tuple[str, tuple[str, ...], Callable[[], None]], ...] = (
-    ("lapack_", ("cpu",), _init_lapack),
-    ("cuhybrid_", ("cuda", "gpu"), _init_hybrid),
-    ("hiphybrid_", ("rocm", "gpu"), _init_hybrid),
+    ("lapack_", ("cpu",), compat_jax.init_lapack),
+    ("cuhybrid_", ("cuda", "gpu"), compat_jax.init_hybrid_kernels),
+    ("hiphybrid_", ("rocm", "gpu"), compat_jax.init_hybrid_kernels),
 )
 
 
@@ -83,27 +71,8 @@ def _vouched() -> frozenset[str]:
     """Targets that are registered whenever jax is imported (jaxlib's) or that JAX promises to
     keep working across processes and versions (jax.export's stable set)."""
     names: set[str] = set(_XLA_BUILTIN)
-    try:
-        from jax._src.export import _export
-
-        names |= set(_export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE)
-    except (ImportError, AttributeError):  # a private name moved: rely on the registrations
-        pass
-    from jax._src import lib as jaxlib_modules
-    from jax._src.lib import xla_client
-
-    # The modules jax already imported (None where a plugin is absent): importing others here
-    # would start CUDA probes and print their warnings.
-    for module in ("lapack", "gpu_linalg", "gpu_solver", "gpu_sparse", "gpu_prng", "cpu_sparse"):
-        registrations = getattr(getattr(jaxlib_modules, module, None), "registrations", None)
-        if callable(registrations):
-            for targets in registrations().values():
-                names.update(name for name, *_ in targets)
-    for platform in ("cpu", "CUDA", "ROCM"):
-        try:
-            names.update(xla_client.custom_call_targets(platform))  # Python callbacks
-        except Exception:
-            continue
+    names |= compat_jax.stable_custom_call_targets()  # empty where the list moved
+    names |= compat_jax.registered_custom_call_targets()
     return frozenset(names)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.stages.contract import StageContext
 from jaxaot.stages.cost_figures import costs_of
@@ -88,27 +89,10 @@ def rebound(live: Any, client: Any) -> Any | None:
     checks the optimized HLO equal), without lowering the program again through its export.
     jax 0.10 has no public way to say which client compiles a lowering: the copy
     replaces ``compile_args["backend"]`` of the private ``MeshComputation``, and never touches
-    ``live`` itself.
+    ``live`` itself. Constants hoisted to arguments (jax_use_simplified_jaxpr_constants):
+    jax 0.10 cannot serialize that executable; the export can.
     """
-    import copy
-
-    try:
-        comp = live._lowering
-        args = comp.compile_args
-        if not isinstance(args, dict) or "backend" not in args:
-            return None
-        if comp._device_list is not None:  # bound to this host's devices (no AbstractMesh)
-            return None
-        if comp.const_args:  # constants hoisted to arguments (jax_use_simplified_jaxpr_
-            return None  # constants): jax 0.10 cannot serialize that executable; the export can
-        rebound_comp = copy.copy(comp)
-        rebound_comp.compile_args = {**args, "backend": client}
-        rebound_comp._executable = None  # a copy must not share the CPU lowering's cache
-        out = copy.copy(live)
-        out._lowering = rebound_comp
-    except AttributeError:
-        return None
-    return out
+    return compat_jax.lowered_for_client(live, client)
 
 
 # What write_analysis already has for the executable it analyses (its optimized HLO text), and
@@ -251,7 +235,7 @@ def describe_formats(compiled: Any) -> dict[str, Any]:
     try:
         in_avals = compiled.in_avals  # every input, the dropped ones too
     except Exception:  # a compiled object without them: the lowering's arguments
-        in_avals = jax.tree.map(lambda a: a._aval, compiled.args_info)
+        in_avals = jax.tree.map(compat_jax.arg_aval, compiled.args_info)
     in_flat = jax.tree_util.tree_flatten_with_path(in_avals)[0]
     in_paths = [input_path(path) for path, _ in in_flat]
     ins = [a for _, a in in_flat]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import ConfigError, one_line
-from jaxaot.stages.jax_mesh import jax_internal
 
 if TYPE_CHECKING:
     import jax
@@ -31,19 +31,7 @@ def check_platforms(platforms: tuple[str, ...]) -> tuple[tuple[str, ...], list[s
     other than aliases initialize none."""
     import difflib
 
-    # No public list or canonicalization of platforms in jax 0.10: xla_bridge's private ones.
-    try:
-        from jax._src import xla_bridge
-
-        aliases = dict(xla_bridge._platform_aliases)  # cuda -> gpu, ...
-        known = sorted(xla_bridge.known_platforms())
-        canonicalize = xla_bridge.canonicalize_platform
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise jax_internal(
-            "jax._src.xla_bridge's _platform_aliases, known_platforms or canonicalize_platform",
-            "read lower.platforms as JAX does",
-            exc,
-        ) from None
+    aliases, known, canonicalize = compat_jax.platform_rules()  # cuda -> gpu, ...
     out: list[str] = []
     notes: list[str] = []
     for p in platforms:
@@ -111,15 +99,13 @@ def custom_call_hint(exc: Exception) -> str:
     return f"; to export it anyway (no stability guarantee), lower.disabled_checks='[{listed}]'"
 
 
-# Platforms JAX implements donation for (jax 0.10.2: mlir._platforms_with_donation, private).
 def donating(platforms: tuple[str, ...]) -> bool:
+    """Whether one of ``platforms`` implements donation (JAX's rule)."""
+    supported = compat_jax.platforms_with_donation()
     try:
-        from jax._src.interpreters import mlir
-
-        supported = mlir._platforms_with_donation
         return any(p in supported for p in platforms)
-    except (ImportError, AttributeError, TypeError) as exc:
-        raise jax_internal(
+    except TypeError as exc:
+        raise compat_jax.jax_internal(
             "jax._src.interpreters.mlir._platforms_with_donation",
             "record which arguments are donated",
             exc,

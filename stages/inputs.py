@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import (
     SIXTY_FOUR_BIT,
     ArraySpec,
@@ -487,9 +488,7 @@ def weakly_typed(arr: np.ndarray) -> Any:
     """``arr`` as a weakly typed JAX array, the form a Python scalar takes (``f32[]~weak``):
     JAX's reference run then promotes it as the traced program did. JAX has no public
     constructor for a weakly typed array of any shape (jax 0.10)."""
-    from jax._src.lax.lax import _convert_element_type
-
-    return _convert_element_type(arr, arr.dtype, weak_type=True)
+    return compat_jax.weakly_typed(arr)
 
 
 def spec_inputs(

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import ArraySpec, BoundArgs, map_tree
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sharding import Leaf, match_specs
-from jaxaot.errors import BackendError, ConfigError, one_line
+from jaxaot.errors import ConfigError
 
 _UNBOUND = re.compile(r"unbound axis name:\s*([^\s.]+)")
 
@@ -66,18 +66,6 @@ def on_devices(amesh: Any, devices: Sequence[Any]) -> Any:
     )
 
 
-def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
-    """The one-line error for a private JAX internal that the installed JAX lacks or lays out
-    otherwise: jaxaot refuses rather than run on without it (jax 0.10.2 has each one used)."""
-    import jax
-
-    return BackendError(
-        f"jax {jax.__version__}: {what}, which jaxaot uses to {use}, is missing or changed "
-        f"({one_line(exc)}); expected jax 0.10.2, which has it (jax>=0.10.2,<0.11 as jaxaot "
-        "requires): install that jax, or a jaxaot made for this one"
-    )
-
-
 @contextlib.contextmanager
 def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     """``amesh`` in context while a program is traced and lowered (``jax.set_mesh`` without
@@ -91,80 +79,14 @@ def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     ("xla.sdy.LocalToGlobalShape for Host"). Here jax.jit records ``amesh`` whatever its axis
     types, as it records a concrete mesh in ``jax.set_mesh``: the program is lowered for the
     mesh's devices, as ``with jax.set_mesh(mesh): jax.jit(f).lower()`` is."""
-    import jax
     from jax.sharding import AxisType
 
-    with jax.sharding.use_abstract_mesh(amesh):
+    with compat_jax.use_abstract_mesh(amesh):
         if not unplaced or AxisType.Explicit in amesh.axis_types:
             yield
             return
-        with _auto_context_mesh():
+        with compat_jax.auto_context_mesh():
             yield
-
-
-_PATCH_LOCK = threading.Lock()
-_PATCH_DEPTH = 0  # contexts open in any thread; the patch is in place while it is above 0
-_ORIGINAL: list[Any] = []  # jax's get_ctx_mesh while the patch is in place
-_TRACING = threading.local()  # .depth: contexts open in this thread
-
-
-def _original_ctx_mesh() -> Any:
-    """jax's private ``pjit.get_ctx_mesh`` (jax 0.10.2: the device context a jit records),
-    checked to be what this module replaces, or a one-line error naming the jax version."""
-    import inspect
-
-    use = "lower a program without arguments for its mesh's devices"
-    try:
-        from jax._src import pjit
-
-        original = pjit.get_ctx_mesh
-        params = list(inspect.signature(original).parameters)
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, exc) from None
-    if params != ["use_resource_env"]:
-        found = TypeError(f"get_ctx_mesh takes ({', '.join(params)}), not (use_resource_env)")
-        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, found)
-    return pjit
-
-
-@contextlib.contextmanager
-def _auto_context_mesh() -> Iterator[None]:
-    """A jit traced in this thread inside this context, with an AbstractMesh in its context
-    and no concrete mesh, records that mesh as its device context.
-
-    jax's private ``pjit.get_ctx_mesh`` is module state: it is replaced while any thread is
-    inside this context, by a function that answers as jax's own does except in a thread
-    inside it (a thread-local count), where it gives the context AbstractMesh jax's own
-    leaves out. A trace in another thread, or in this one outside the context, gets jax's own
-    answer."""
-    import jax
-
-    global _PATCH_DEPTH
-    pjit = _original_ctx_mesh()
-    with _PATCH_LOCK:
-        if _PATCH_DEPTH == 0:
-            original = pjit.get_ctx_mesh
-
-            def get_ctx_mesh(use_resource_env: bool) -> Any:
-                found = original(use_resource_env)
-                if getattr(_TRACING, "depth", 0) and found.empty and not use_resource_env:
-                    context = jax.sharding.get_abstract_mesh()  # thread-local: this trace's own
-                    if not context.empty:
-                        return context
-                return found
-
-            _ORIGINAL.append(original)
-            pjit.get_ctx_mesh = get_ctx_mesh
-        _PATCH_DEPTH += 1
-    _TRACING.depth = getattr(_TRACING, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _TRACING.depth -= 1
-        with _PATCH_LOCK:
-            _PATCH_DEPTH -= 1
-            if _PATCH_DEPTH == 0:
-                pjit.get_ctx_mesh = _ORIGINAL.pop()
 
 
 def bound_context(live: Any, devices: Sequence[Any]) -> Any:
@@ -182,32 +104,7 @@ def bound_context(live: Any, devices: Sequence[Any]) -> Any:
     compile cache the copy resets) is read too. Where jax lays its lowerings out otherwise, a
     program with arguments (their shardings name its mesh) is compiled as it is, and one
     without is refused in one line (compiled as it is, its outputs could not be read)."""
-    import copy
-
-    import jax
-    from jax.sharding import AbstractMesh
-
-    what = "jax.stages.Lowered._lowering's compile_args['context_mesh'] and _executable"
-    use = "bind a mesh lowering's context mesh to the devices it compiles for"
-    comp: Any = getattr(live, "_lowering", None)
-    args = getattr(comp, "compile_args", None)
-    if not isinstance(args, dict) or "context_mesh" not in args:
-        if jax.tree.leaves(live.args_info):
-            return live
-        found = "no _lowering" if comp is None else "no compile_args['context_mesh']"
-        raise jax_internal(what, use, AttributeError(found))
-    context = args["context_mesh"]
-    if not isinstance(context, AbstractMesh) or context.empty:
-        return live
-    if not hasattr(comp, "_executable"):  # the compile cache the copy must not share
-        raise jax_internal(what, use, AttributeError("no _executable"))
-    mesh = on_devices(context, devices)
-    rebound = copy.copy(comp)
-    rebound.compile_args = {**args, "context_mesh": mesh}
-    rebound._executable = None  # the copy must not share the original's compile cache
-    out = copy.copy(live)
-    out._lowering = rebound
-    return out
+    return compat_jax.lowered_with_context_mesh(live, lambda amesh: on_devices(amesh, devices))
 
 
 def has_arrays(*trees: Any) -> bool:
@@ -399,7 +296,6 @@ __all__ = [
     "bound_context",
     "concrete_mesh",
     "has_arrays",
-    "jax_internal",
     "named",
     "on_devices",
     "output_shardings",

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.placement import AUTO, Placement, check_kinds, resolve_placement
 from jaxaot.errors import ConfigError
 
@@ -214,9 +215,9 @@ def placed(
     if out_placed:
         t = staged.traced
         assert t is not None, "output placement needs the traced program"
-        out_info, out_tree = t.out_info, t.out_tree
+        out_info, out_tree = t.out_info, compat_jax.traced_out_tree(t)
         if staged.returns_updates:  # (the user's output, the NNX updates): the user's output
-            out_info, out_tree = t.out_info[0], t.out_tree.children()[0]
+            out_info, out_tree = t.out_info[0], out_tree.children()[0]
         _, out_leaves = path_leaves([("output", out_info)])
         outs = resolve_placement(out_leaves, low.out_memory_kinds, low.out_layouts, "out")
     if not ins and not outs:

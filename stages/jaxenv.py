@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import BackendError, ConfigError
 from jaxaot.stages import xla_inputs, xla_passes
 from jaxaot.stages.xla_flags import (
@@ -133,12 +134,7 @@ _warned_changed = False
 
 
 def _backends_started() -> bool:
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except Exception:  # no such probe in this JAX: assume the earliest snapshot
-        return True
+    return compat_jax.backends_started()  # True where JAX cannot say: the earliest snapshot
 
 
 def _note_flags() -> None:

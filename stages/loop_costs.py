@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.stages.loop_trips import callee_of, trip_count
 from jaxaot.util.canonical import canonical_hlo
 from jaxaot.util.hlo_parse import COLLECTIVES, Computation, Instruction, array_bytes, parse_hlo
@@ -334,8 +335,6 @@ def analyser(client: Any = None) -> Any:
     by ``client`` (the executable's), or by the host CPU client (XLA's generic analysis) where
     that one has none (a compile-only topology client); ``analyse.label()`` says which."""
     import jax
-    import jaxlib._hlo as hlo
-    from jax._src.lib import _jax
 
     clients: list[tuple[Any, str]] = []
     if client is not None:
@@ -347,12 +346,12 @@ def analyser(client: Any = None) -> Any:
 
     def analyse(text: str) -> dict[str, float] | None:
         try:
-            module = hlo.hlo_module_from_text(text)
+            module = compat_jax.hlo_module_from_text(text)
         except Exception:
             return None
         for each, label in chosen or clients:
             try:
-                cost = _jax.hlo_module_cost_analysis(each, module)
+                cost = compat_jax.hlo_module_cost_analysis(each, module)
             except Exception:
                 continue
             if not chosen:

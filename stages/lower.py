@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import PLATFORMS, check_indices
 from jaxaot.config.xla_metadata import check_metadata, scoped_metadata
@@ -38,7 +39,7 @@ from jaxaot.stages.export_rules import (
     donation_keys,
     safety_checks,
 )
-from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, jax_internal, tracing_on
+from jaxaot.stages.jax_mesh import abstract_mesh, has_arrays, tracing_on
 from jaxaot.stages.jax_metadata import with_metadata
 from jaxaot.stages.jax_placement import placed
 from jaxaot.stages.lower_shardings import sharded
@@ -280,7 +281,7 @@ def run(ctx: StageContext[LowerConfig], staged: StagedOut) -> Lowered:
         heap_tuning.enter_context(heap.reusing_big_buffers(_embeds_big_constants(lowered)))
         # JAX hands back its cached lowering object for a program it lowered before in this
         # process (a sweep's later jobs): its texts and cost analysis are computed once.
-        same = getattr(lowered, "_lowering", None)
+        same = compat_jax.lowering_of(lowered)
         texts = _texts(ctx, lowered, same)
         stablehlo, module_sha = texts.stablehlo, texts.module_sha256
         # For platforms none of which implement donation JAX drops it (its warning says so):
@@ -291,7 +292,7 @@ def run(ctx: StageContext[LowerConfig], staged: StagedOut) -> Lowered:
         unplaced = amesh is not None and facts.mesh_context and not has_arrays(args, kwargs)
         if unplaced and mesh is not None and early["nr_devices"] != mesh.size:
             # tracing_on's context did not reach jax.jit: refused rather than compiled wrong.
-            raise jax_internal(
+            raise compat_jax.jax_internal(
                 "jax._src.pjit.get_ctx_mesh (its result no longer decides the devices of a "
                 f"jit without arguments: lowered for {early['nr_devices']})",
                 f"lower a program without arguments for the mesh's {mesh.size} devices",
@@ -399,11 +400,10 @@ def _serialize(exported: Any, vjp_order: int) -> bytearray | memoryview:
     modules of their own: jax's own call."""
     try:
         import flatbuffers
-        from jax._src.export import serialization  # no public sizing in jax 0.10
-
-        build = serialization._serialize_exported
-    except (ImportError, AttributeError):
+    except ImportError:
         build = None
+    else:
+        build = compat_jax.export_serializer()
     if build is None or vjp_order:
         return exported.serialize(vjp_order=vjp_order)
     builder = flatbuffers.Builder(len(exported.mlir_module_serialized) + (1 << 16))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.mesh import MeshSpec, logical_rules
 from jaxaot.config.path_shardings import (
     Resolution,
@@ -70,9 +71,9 @@ def sharded(
         # With NNX arguments the traced function returns (the user's output, the Variables it
         # updated): lower.out_shardings describe the user's output; each update keeps the
         # sharding its Variable came in with (a parameter stays laid out as it was).
-        out_info, out_tree = traced.out_info, traced.out_tree
+        out_info, out_tree = traced.out_info, compat_jax.traced_out_tree(traced)
         if staged.returns_updates:
-            out_info, out_tree = traced.out_info[0], traced.out_tree.children()[0]
+            out_info, out_tree = traced.out_info[0], out_tree.children()[0]
         if is_pattern_form(cfg.out_shardings):
             trees, outs = resolve(
                 [("output", out_info)],

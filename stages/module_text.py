@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.util.canonical import canonical_stablehlo
 from jaxaot.util.fsio import sha256_bytes
 
@@ -75,8 +76,7 @@ def module_digest(lowered: Any) -> str:
     per-process counter; neither changes the program, so neither changes the digest (the
     same rule as the canonical text). Falls back to the canonical full text.
     """
-    from jax._src.lib.mlir import ir, passmanager
-
+    ir, passmanager = compat_jax.mlir_ir()
     module = lowered.compiler_ir("stablehlo")
     try:
         with module.context:
@@ -126,8 +126,7 @@ def large_constants(lowered: Any, over_elements: int) -> list[LargeConstant]:
     attribute: the MLIR bindings cannot hand a complex dense attribute to Python (jaxlib
     0.10 raises TypeError by name and aborts the process by index; older ones abort), and one
     constant that cannot be read must not hide the others."""
-    from jax._src.lib.mlir import ir
-
+    ir, _ = compat_jax.mlir_ir()
     module = lowered.compiler_ir("stablehlo")
     found: list[LargeConstant] = []
 
@@ -194,13 +193,9 @@ def hlo_text(lowered: Any, keep_large: bool, debug: bool = False) -> tuple[str, 
     ``keep_large=False`` prints constants of more than a few elements as ``{...}`` (XLA's
     printer has one fixed threshold), so callers pass it only when StableHLO elided some.
     """
-    from jax._src.lib import hlo
-
-    module = lowered._lowering.hlo().as_hlo_module()
-    opts = hlo.HloPrintOptions.short_parsable()
-    opts.print_metadata = debug  # op names and source locations, as as_text(debug_info=True)
-    opts.print_large_constants = keep_large
-    return str(module.to_string(opts)), module
+    module = compat_jax.hlo_module(lowered)
+    # debug: op names and source locations, as as_text(debug_info=True)
+    return compat_jax.hlo_module_to_text(module, debug=debug, keep_large=keep_large), module
 
 
 def cost_analysis(lowered: Any, hlo_module: Any | None) -> dict[str, float] | None:
@@ -209,10 +204,8 @@ def cost_analysis(lowered: Any, hlo_module: Any | None) -> dict[str, float] | No
     cost: Any = None
     try:
         if hlo_module is not None:
-            from jax._src.lib import _jax
-
-            cost = _jax.hlo_module_cost_analysis(
-                lowered._lowering.compile_args["backend"], hlo_module
+            cost = compat_jax.hlo_module_cost_analysis(
+                compat_jax.lowering_backend(lowered), hlo_module
             )
     except Exception:
         cost = None

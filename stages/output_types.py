@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import StoreError
 
 # Containers jax.export serializes itself.
@@ -64,15 +65,14 @@ def _aux_from_bytes(data: bytes) -> Any:
 
 def _register_class(cls: type, name: str) -> None:
     """Let jax.export (de)serialize ``cls`` under ``name``; once per process."""
-    from jax._src.export import _export
-
-    if cls in _export.serialization_registry:
+    serialization, deserialization = compat_jax.export_registries()
+    if cls in serialization:
         return  # registered before (by us, or by the user under a name of their own)
-    stale = _export.deserialization_registry.get(name)
+    stale = deserialization.get(name)
     if stale is not None and stale[0] is not cls:
         # The same module:class imported again (a reloaded module): the new class replaces it.
-        del _export.deserialization_registry[name]
-        _export.serialization_registry.pop(stale[0], None)
+        del deserialization[name]
+        serialization.pop(stale[0], None)
     import jax
 
     if _is_namedtuple(cls):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import (
     ArraySpec,
     BoundArgs,
@@ -363,7 +364,7 @@ def signature_of(traced: Any, bound: BoundArgs) -> dict[str, Any]:
         "outputs": outputs,
         "static": static,
         "in_tree": str(traced.in_tree),
-        "out_tree": str(traced.out_tree),
+        "out_tree": str(compat_jax.traced_out_tree(traced)),
     }
 
 

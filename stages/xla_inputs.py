@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import Unkeyable
 from jaxaot.stages.xla_flags import OUTPUT_ONLY_XLA_FLAGS
 
@@ -23,9 +24,7 @@ def debug_options_sha256() -> str | None:
     variable says now, and every flag form and repeat as XLA read it. None where this jaxlib
     does not expose them."""
     try:
-        from jax._src.lib import xla_client
-
-        options = xla_client.CompileOptions()
+        options = compat_jax.compile_options()
         debug = options.executable_build_options.debug_options
     except Exception:  # another jaxlib
         return None

@@ -35,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import Unkeyable
 from jaxaot.util.code_names import global_names
 
@@ -62,11 +63,10 @@ def watch() -> None:
         if _watching:
             return
         _watching = True
-        from jax._src.lib import _xla
-
-        if _xla is None or not hasattr(_xla, "register_xla_transform"):
+        _xla = compat_jax.xla_transform_registry()
+        if _xla is None:
             return  # this jaxlib has no registry
-        if "jax._src.xla_transform" in sys.modules:
+        if compat_jax.xla_transform_imported():
             _blind = _rule_out_earlier()
         _wrap(_xla)
 
@@ -87,12 +87,12 @@ def _rule_out_earlier() -> str | None:
     on each one initialized later, which then calls the wrapped registry). The in-process CPU
     registry cannot be listed: :func:`_cpu_probe` compiles a module and sees whether a Python
     callback was handed it."""
+    hooks = compat_jax.backend_initialization_hooks()
     try:
-        from jax._src import xla_bridge
-
-        hooks = list(xla_bridge._backend_initialization_hooks)
-        backends = list(xla_bridge._backends.values())
+        backends = compat_jax.started_backends()
     except (ImportError, AttributeError):
+        hooks = None
+    if hooks is None:
         return f"{_EARLIER} (jax's backend-initialization hooks cannot be read)"
     found = []
     for hook in hooks:
@@ -126,11 +126,7 @@ def _cpu_probe(backends: list[Any]) -> str | None:
     import tracemalloc
 
     try:
-        from jaxlib import xla_client as xc
-
-        client = next((c for c in backends if getattr(c, "platform", None) == "cpu"), None)
-        if client is None:  # the in-process registry is the process's, not a client's
-            client = xc._xla.get_tfrt_cpu_client(asynchronous=False, num_devices=1)
+        client, devices, options = compat_jax.cpu_probe_client(backends)
         n = _PROBE_BYTES
         t = f"tensor<{n}xi8>"
         module = (
@@ -138,8 +134,6 @@ def _cpu_probe(backends: list[Any]) -> str | None:
             f'    %0 = stablehlo.constant dense<"0x{os.urandom(n).hex()}"> : {t}\n'
             f"    return %0 : {t}\n  }}\n}}\n"
         ).encode()
-        devices = xc._xla.DeviceList(tuple(client.devices()[:1]))
-        options = xc.CompileOptions()
     except Exception as e:  # any failure: the registry stays unknown
         return f"the CPU probe could not be set up: {type(e).__name__}: {e}"
     tracing = tracemalloc.is_tracing()

@@ -130,7 +130,7 @@ def test_a_jax_without_get_ctx_mesh_is_refused_naming_the_version(
     assert re.match(
         rf"jax {VERSION}: jax\._src\.pjit\.get_ctx_mesh, which jaxaot uses to lower a program "
         rf"without arguments for its mesh's devices, is missing or changed \({found}\); expected "
-        r"jax 0\.10\.2, which has it \(jax>=0\.10\.2,<0\.11 as jaxaot requires\): install that "
+        r"jax 0\.10\.2, which has it \(jax>=0\.6\.0,<0\.11 as jaxaot requires\): install that "
         r"jax, or a jaxaot made for this one$",
         text,
     ), text
@@ -215,13 +215,13 @@ def test_a_jax_whose_jit_ignores_the_context_is_refused_not_lowered_for_one_devi
     # A later JAX that keeps get_ctx_mesh but no longer asks it: the argless program would be
     # lowered for one device and fail to compile; the lower stage refuses it instead.
     import jaxaot
-    from jaxaot.stages import jax_mesh
+    from jaxaot.compat import jax as compat_jax
 
     @contextlib.contextmanager
     def inert() -> Iterator[None]:
         yield
 
-    monkeypatch.setattr(jax_mesh, "_auto_context_mesh", inert)
+    monkeypatch.setattr(compat_jax, "auto_context_mesh", inert)
     overrides = [
         "program.target=aot_mesh_programs:argless",
         "program.args=[]",

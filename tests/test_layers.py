@@ -28,17 +28,19 @@ ROOTS = {
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "version": set(),
-    "util": {"errors", "version"},
-    "targets": {"errors", "util"},
-    "config": {"errors", "util", "targets", "rundir", "conf"},
-    "store": {"errors", "util"},
+    "compat": {"errors"},
+    "util": {"errors", "version", "compat"},
+    "targets": {"errors", "util", "compat"},
+    "config": {"errors", "util", "targets", "rundir", "conf", "compat"},
+    "store": {"errors", "util", "compat"},
     "rundir": {"errors", "util"},
-    "stages": {"errors", "util", "targets", "config", "models", "rundir"},
+    "stages": {"errors", "util", "targets", "config", "models", "rundir", "compat"},
     "models": {"errors", "util", "config"},
-    "snapshots": {"errors", "util", "version", "config", "rundir", "stages"},
+    "snapshots": {"errors", "util", "version", "config", "rundir", "stages", "compat"},
     "schema": {"errors", "util", "targets", "config", "rundir", "stages", "conf"},
     "engine": {
         "errors",
+        "compat",
         "util",
         "targets",
         "config",
@@ -49,10 +51,11 @@ ALLOWED: dict[str, set[str]] = {
         "schema",
         "conf",  # the shipped program options (engine.own_args)
     },
-    "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots"},
+    "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots", "compat"},
     "api": {"errors", "config", "engine", "conf", "snapshots", "schema"},
     "cli": {
         "errors",
+        "compat",
         "util",
         "version",
         "targets",
@@ -146,6 +149,70 @@ def test_below_the_schema_no_module_names_the_root_config() -> None:
         if _part(m) in below and "jaxaot.schema" in _imports(m, path, typing_too=True)
     }
     assert not naming
+
+
+# Private modules of JAX and jaxlib: only jaxaot.compat imports them (its docstring says why).
+PRIVATE_JAX = ("jax._src", "jaxlib._", "jaxlib.xla_client", "jaxlib.mlir", "jaxlib.xla_extension")
+
+
+def _is_private(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(
+        name.startswith(p) if p.endswith("_") else name == p or name.startswith(p + ".")
+        for p in prefixes
+    )
+
+
+def _private_imports(path: Path, prefixes: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, module) for each private module ``path`` imports: import statements (inside
+    functions too), and string literals handed to ``importlib.import_module``/``__import__``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and ast.unparse(node.func).endswith(("import_module", "__import__"))
+        ):
+            names = [str(node.args[0].value)]
+        hits = [n for n in names if _is_private(n, prefixes)]
+        if hits:
+            found.append((node.lineno, hits[0]))
+    return sorted(found)
+
+
+def test_only_the_compat_package_imports_jax_privates() -> None:
+    compat = REPO / "pipeline" / "compat"
+    wrong = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in sorted(_modules().values())
+        if compat not in path.parents
+        for line, name in _private_imports(path, PRIVATE_JAX)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_import_rule_sees_each_form(tmp_path: Path) -> None:
+    forms = {
+        "import jax._src.pjit": "jax._src.pjit",
+        "from jax._src import xla_bridge": "jax._src",
+        "from jaxlib import _hlo": "jaxlib._hlo",
+        "import jaxlib.xla_client as xc": "jaxlib.xla_client",
+        "from jaxlib.mlir import ir": "jaxlib.mlir",
+        "importlib.import_module('jax._src.checkify')": "jax._src.checkify",
+        "__import__('jaxlib._jax')": "jaxlib._jax",
+        "from jax import export": None,
+        "import jaxlib": None,
+        "import jax.extend.mlir": None,
+    }
+    path = tmp_path / "forms.py"
+    path.write_text("def f():\n" + "".join(f"    {f}\n" for f in forms))
+    found = dict(_private_imports(path, PRIVATE_JAX))
+    assert [found.get(line) for line in range(2, 2 + len(forms))] == list(forms.values())
 
 
 def test_no_import_circles_between_modules() -> None:

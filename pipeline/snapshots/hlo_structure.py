@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.util.hlo_parse import (
     COLLECTIVES,
     Instruction,
@@ -48,9 +49,7 @@ def _computations(text: str) -> tuple[str, dict[str, list[Instruction]]]:
     instruction as XLA does (which :func:`parse_instruction` reads); the regex reader when
     jaxlib refuses the text (or is not there)."""
     try:
-        from jaxlib import _hlo  # type: ignore[attr-defined,unused-ignore]  # no JAX import
-
-        module = _hlo.hlo_module_from_text(text)
+        module = compat_jax.hlo_module_from_text(text)  # imports jaxlib, not JAX
         comps = {
             c.name: [
                 i for i in map(parse_instruction, (x.to_string() for x in c.instructions())) if i

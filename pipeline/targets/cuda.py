@@ -35,6 +35,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import BackendError
 from jaxaot.util.console import quiet_libtpu
 
@@ -106,13 +107,8 @@ def quiet_plugin_discovery() -> None:
     if not _plugin_without_driver():
         return
     prepare()
-    from jax._src import xla_bridge  # JAX has no public "discover plugins now"
-
-    discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
-    if discover is None:
-        return
     with quiet_libtpu():
-        discover()
+        compat_jax.discover_pjrt_plugins()
 
 
 def target_config(gen: Generation) -> str:

@@ -22,9 +22,6 @@ SERVE = "from jaxaot.cli.server.daemon import serve_forever; serve_forever()"
 # a sys.modules diff around a warm run of program=transformer_train.
 _RUN_IMPORTS = (
     "hydra._internal.logging_config",
-    "jax._src.checkify",
-    "jax._src.pallas.core",
-    "jax._src.pallas.mosaic.interpret.params",
     "jax.experimental.multihost_utils",
     "jax.extend",
     "jax.extend.backend",
@@ -35,8 +32,6 @@ _RUN_IMPORTS = (
     "jax.extend.random",
     "jax.extend.sharding",
     "jax.extend.source_info_util",
-    "jaxlib.mlir.dialects.mhlo",
-    "jaxlib.mlir.dialects.builtin",
     "jaxaot.examples.axpy",
     "jaxaot.examples.collectives",
     "jaxaot.examples.mlp",
@@ -77,8 +72,11 @@ def preimport() -> None:
         "jaxaot.cli.server.compositions",
     ):
         importlib.import_module(name)
-    for name in _RUN_IMPORTS:  # what a run imports as it goes (~80 ms): optional, none starts
-        with contextlib.suppress(Exception):  # a backend (checked below)
+    from jaxaot.compat import jax as compat_jax
+
+    # What a run imports as it goes (~80 ms): optional, none starts a backend (checked below).
+    for name in (*_RUN_IMPORTS, *compat_jax.PREIMPORT):
+        with contextlib.suppress(Exception):
             importlib.import_module(name)
     from jaxaot.api import compose
 
@@ -87,9 +85,7 @@ def preimport() -> None:
     GlobalHydra.instance().clear()  # each run initializes its own
     spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
     jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
-    from jax._src import xla_bridge
-
-    if getattr(xla_bridge, "_backends", None):  # forked children must start their own
+    if compat_jax.started_backends():  # forked children must start their own
         raise RuntimeError("jaxaot server: a JAX backend started while warming up")
 
 

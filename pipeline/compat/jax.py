@@ -1,0 +1,596 @@
+"""Every private JAX and jaxlib touch of jaxaot, public path first, gated by version.
+
+Importing this module imports no JAX: each function imports what it reads. Versions are read
+from the installed distributions' metadata (:func:`jax_version`, :func:`jaxlib_version`), so a
+gate costs no JAX import either. :data:`PRIVATE_NAMES` lists each private name read here with
+the jax versions that have it (tests/test_compat.py resolves the ones the installed jax should
+have). Where a name is missing, a feature that cannot run without it is refused in one line
+(:func:`need`, :func:`jax_internal`); one that has another way takes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from jaxaot.errors import BackendError, VersionError, one_line
+
+Version = tuple[int, ...]
+
+# The jax (and jaxlib) releases jaxaot supports: [floor, ceiling).
+JAX_RANGE: tuple[Version, Version] = ((0, 6, 0), (0, 11, 0))
+# The release whose private layout every function here was written against and tested on.
+JAX_TESTED: Version = (0, 10, 2)
+
+# Feature gates: the first jax release with each public path.
+TRACED_OUT_TREE = (0, 8, 1)  # jax.stages.Traced.out_tree (``_out_tree`` before)
+USE_ABSTRACT_MESH = (0, 7, 2)  # jax.sharding.use_abstract_mesh (jax._src.mesh's before)
+HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
+JAX_MODULE = (0, 6, 1)  # jaxlib._jax (jaxlib.xla_extension before)
+
+
+class Private(NamedTuple):
+    """A private name read here: ``owner`` a module (``name`` its attribute, "" for the module
+    itself) or one of the JAX objects tests/test_compat.py builds (``Lowered``, ``Compiled``,
+    ``Traced``, ``ArgInfo``, ``Dim``: ``name`` a dotted attribute path on it), present in jax
+    ``since`` <= version < ``until``."""
+
+    owner: str
+    name: str
+    since: Version = JAX_RANGE[0]
+    until: Version | None = None
+
+
+PRIVATE_NAMES: tuple[Private, ...] = (
+    Private("jax._src.xla_bridge", "_platform_aliases"),
+    Private("jax._src.xla_bridge", "known_platforms"),
+    Private("jax._src.xla_bridge", "canonicalize_platform"),
+    Private("jax._src.xla_bridge", "_backends"),
+    Private("jax._src.xla_bridge", "backends_are_initialized"),
+    Private("jax._src.xla_bridge", "_backend_initialization_hooks", (0, 10, 0)),
+    Private("jax._src.xla_bridge", "_discover_and_register_pjrt_plugins"),
+    Private("jax._src.interpreters.mlir", "_platforms_with_donation"),
+    Private("jax._src.pjit", "get_ctx_mesh", (0, 7, 0)),
+    Private("jax._src.mesh", "use_abstract_mesh", JAX_RANGE[0], USE_ABSTRACT_MESH),
+    Private("jax._src.config", "traceback_in_locations_limit"),
+    Private("jax._src.export.serialization", "_serialize_exported"),
+    Private("jax._src.export._export", "_CUSTOM_CALL_TARGETS_GUARANTEED_STABLE"),
+    Private("jax._src.export._export", "serialization_registry"),
+    Private("jax._src.export._export", "deserialization_registry"),
+    Private("jax._src.lax.lax", "_convert_element_type"),
+    Private("jax._src.lib", "lapack"),
+    Private("jax._src.lib", "gpu_solver"),
+    Private("jaxlib.lapack", "_lapack"),
+    Private("jax._src.lib", "xla_client"),
+    Private("jax._src.lib", "_xla", (0, 10, 0)),
+    Private("jax._src.lib.mlir", "ir"),
+    Private("jax._src.lib.mlir", "passmanager"),
+    Private("jaxlib.xla_client", "CompileOptions"),
+    Private("jaxlib.xla_client", "custom_call_targets"),
+    Private("jaxlib.xla_client", "_xla"),
+    Private("jaxlib._hlo", "HloPrintOptions", HLO_MODULE),
+    Private("jaxlib._hlo", "hlo_module_from_text", HLO_MODULE),
+    Private("jaxlib._jax", "HloPrintOptions", JAX_MODULE, HLO_MODULE),
+    Private("jaxlib._jax", "hlo_module_from_text", JAX_MODULE, HLO_MODULE),
+    Private("jaxlib._jax", "hlo_module_cost_analysis", JAX_MODULE),
+    Private("jaxlib.xla_extension", "hlo_module_cost_analysis", JAX_RANGE[0], JAX_MODULE),
+    Private("jaxlib.xla_extension", "HloPrintOptions", JAX_RANGE[0], JAX_MODULE),
+    Private("Traced", "_out_tree", JAX_RANGE[0], TRACED_OUT_TREE),
+    Private("Lowered", "_lowering"),
+    Private("Lowered", "_lowering.compile_args"),
+    Private("Lowered", "_lowering._executable"),
+    Private("Lowered", "_lowering._device_list"),
+    Private("Lowered", "_lowering.const_args", (0, 7, 0)),
+    Private("Lowered", "_lowering.hlo"),
+    Private("Compiled", "_executable"),
+    Private("Compiled", "_executable._kept_var_idx"),
+    Private("ArgInfo", "_aval"),
+    Private("Dim", "_evaluate"),
+)
+
+# Modules a run imports on its way that are JAX's own private ones (the server warms them up).
+PREIMPORT: tuple[str, ...] = (
+    "jax._src.checkify",
+    "jax._src.pallas.core",
+    "jax._src.pallas.mosaic.interpret.params",
+    "jaxlib.mlir.dialects.mhlo",
+    "jaxlib.mlir.dialects.builtin",
+)
+
+
+def _parse(text: str) -> Version:
+    """``"0.10.2"`` (or ``"0.10.2.dev20260101"``, ``"0.6.2rc1"``) as ``(0, 10, 2)``."""
+    out = []
+    for part in text.split(".")[:3]:
+        m = re.match(r"\d+", part)
+        if m is None:
+            break
+        out.append(int(m.group()))
+    return tuple(out)
+
+
+@functools.cache
+def _installed(dist: str) -> Version:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return _parse(version(dist))
+    except PackageNotFoundError:
+        return ()
+
+
+def jax_version() -> Version:
+    """The installed jax's version, from its metadata (no JAX import); () when none is."""
+    return _installed("jax")
+
+
+def jaxlib_version() -> Version:
+    """The installed jaxlib's version, from its metadata (no jaxlib import); () when none is."""
+    return _installed("jaxlib")
+
+
+def text(version: Version) -> str:
+    """``(0, 8, 1)`` as ``"0.8.1"``."""
+    return ".".join(map(str, version)) or "none"
+
+
+def at_least(version: Version) -> bool:
+    """Whether the installed jax is ``version`` or newer."""
+    return jax_version() >= version
+
+
+def need(feature: str, version: Version, what: str) -> None:
+    """Refuse ``feature`` in one line unless the installed jax is ``version`` or newer:
+    ``what`` says what of that jax the feature uses."""
+    if at_least(version):
+        return
+    raise VersionError(
+        f"{feature} needs jax>={text(version)} ({what}); installed: jax "
+        f"{text(jax_version())}; fix: pip install 'jax>={text(version)}'"
+    )
+
+
+def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
+    """The one-line error for a private JAX internal that the installed JAX lacks or lays out
+    otherwise: jaxaot refuses rather than run on without it."""
+    lo, hi = JAX_RANGE
+    return BackendError(
+        f"jax {text(jax_version())}: {what}, which jaxaot uses to {use}, is missing or changed "
+        f"({one_line(exc)}); expected jax {text(JAX_TESTED)}, which has it (jax>={text(lo)},"
+        f"<{text(hi[:2])} as jaxaot requires): install that jax, or a jaxaot made for this one"
+    )
+
+
+# --- tracing and lowering objects ------------------------------------------------------------
+
+
+def traced_out_tree(traced: Any) -> Any:
+    """``jax.stages.Traced.out_tree`` (public since jax 0.8.1; ``_out_tree`` before)."""
+    if at_least(TRACED_OUT_TREE):
+        return traced.out_tree
+    return traced._out_tree
+
+
+def use_abstract_mesh(amesh: Any) -> Any:
+    """``jax.sharding.use_abstract_mesh(amesh)`` (public since jax 0.7.2; jax._src.mesh's
+    before): the context that traces and lowers against ``amesh``."""
+    if at_least(USE_ABSTRACT_MESH):
+        import jax
+
+        return jax.sharding.use_abstract_mesh(amesh)
+    from jax._src import mesh
+
+    return mesh.use_abstract_mesh(amesh)
+
+
+def lowering_of(stage: Any) -> Any:
+    """The private lowering object (``MeshComputation``) of a ``jax.stages.Lowered``; None
+    where it has none. JAX hands back its cached one for a program lowered before."""
+    return getattr(stage, "_lowering", None)
+
+
+def lowering_backend(lowered: Any) -> Any:
+    """The client a ``jax.stages.Lowered`` compiles with (its compile arguments' backend)."""
+    return lowered._lowering.compile_args["backend"]
+
+
+def kept_var_idx(stage: Any) -> Any:
+    """The flat inputs a ``jax.stages.Lowered`` (its compile arguments) or ``Compiled`` (its
+    executable, a deserialized one too) keeps; None where it does not say."""
+    lowering = getattr(stage, "_lowering", None)
+    kept = getattr(lowering, "compile_args", {}).get("kept_var_idx") if lowering else None
+    if kept is None:
+        kept = getattr(getattr(stage, "_executable", None), "_kept_var_idx", None)
+    return kept
+
+
+def arg_aval(arg_info: Any) -> Any:
+    """The abstract value of a ``jax.stages.ArgInfo``."""
+    return arg_info._aval
+
+
+def evaluate_dim(dim: Any, sizes: Mapping[str, int]) -> int:
+    """A symbolic dimension's value at ``sizes`` (symbol -> size)."""
+    return int(dim._evaluate(dict(sizes)))
+
+
+def _rebound(live: Any, comp: Any, args: dict[str, Any]) -> Any:
+    """A copy of ``live`` whose lowering is a copy of ``comp`` with compile arguments ``args``
+    and no compile cache of its own yet (``live`` untouched)."""
+    rebound = copy.copy(comp)
+    rebound.compile_args = args
+    rebound._executable = None  # the copy must not share the original's compile cache
+    out = copy.copy(live)
+    out._lowering = rebound
+    return out
+
+
+def lowered_for_client(live: Any, client: Any) -> Any | None:
+    """``live`` (a ``jax.stages.Lowered``) as the same lowering compiled by ``client``: a copy
+    whose compile arguments name ``client`` as the backend. None where the lowering is bound
+    to this host's devices, hoists constants to arguments (that executable cannot be
+    serialized), or is laid out otherwise."""
+    try:
+        comp = live._lowering
+        args = comp.compile_args
+        if not isinstance(args, dict) or "backend" not in args:
+            return None
+        if comp._device_list is not None:  # bound to this host's devices (no AbstractMesh)
+            return None
+        if getattr(comp, "const_args", None):  # constants hoisted to arguments
+            return None
+        return _rebound(live, comp, {**args, "backend": client})
+    except AttributeError:
+        return None
+
+
+def lowered_with_context_mesh(live: Any, bind: Callable[[Any], Any]) -> Any:
+    """``live`` with the AbstractMesh of its context bound to a concrete mesh (``bind(amesh)``):
+    a copy whose compile arguments' ``context_mesh`` is that mesh. ``live`` itself where its
+    context is no non-empty AbstractMesh, or where a program with arguments (their shardings
+    name the mesh) is laid out otherwise; a :func:`jax_internal` error where one without is."""
+    import jax
+    from jax.sharding import AbstractMesh
+
+    what = "jax.stages.Lowered._lowering's compile_args['context_mesh'] and _executable"
+    use = "bind a mesh lowering's context mesh to the devices it compiles for"
+    comp: Any = getattr(live, "_lowering", None)
+    args = getattr(comp, "compile_args", None)
+    if not isinstance(args, dict) or "context_mesh" not in args:
+        if jax.tree.leaves(live.args_info):
+            return live
+        found = "no _lowering" if comp is None else "no compile_args['context_mesh']"
+        raise jax_internal(what, use, AttributeError(found))
+    context = args["context_mesh"]
+    if not isinstance(context, AbstractMesh) or context.empty:
+        return live
+    if not hasattr(comp, "_executable"):  # the compile cache the copy must not share
+        raise jax_internal(what, use, AttributeError("no _executable"))
+    return _rebound(live, comp, {**args, "context_mesh": bind(context)})
+
+
+# --- the device context a jit records --------------------------------------------------------
+
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = 0  # contexts open in any thread; the patch is in place while it is above 0
+_ORIGINAL: list[Any] = []  # jax's get_ctx_mesh while the patch is in place
+_TRACING = threading.local()  # .depth: contexts open in this thread
+
+
+def _ctx_mesh_module() -> Any:
+    """jax's private ``pjit`` module, checked to have the ``get_ctx_mesh(use_resource_env)``
+    (jax 0.10.2: the device context a jit records) that :func:`auto_context_mesh` replaces,
+    or a one-line error naming the jax version."""
+    import inspect
+
+    use = "lower a program without arguments for its mesh's devices"
+    try:
+        from jax._src import pjit
+
+        original = pjit.get_ctx_mesh
+        params = list(inspect.signature(original).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, exc) from None
+    if params != ["use_resource_env"]:
+        found = TypeError(f"get_ctx_mesh takes ({', '.join(params)}), not (use_resource_env)")
+        raise jax_internal("jax._src.pjit.get_ctx_mesh", use, found)
+    return pjit
+
+
+@contextlib.contextmanager
+def auto_context_mesh() -> Iterator[None]:
+    """A jit traced in this thread inside this context, with an AbstractMesh in its context
+    and no concrete mesh, records that mesh as its device context.
+
+    jax's private ``pjit.get_ctx_mesh`` is module state: it is replaced while any thread is
+    inside this context, by a function that answers as jax's own does except in a thread
+    inside it (a thread-local count), where it gives the context AbstractMesh jax's own
+    leaves out. A trace in another thread, or in this one outside the context, gets jax's own
+    answer."""
+    import jax
+
+    global _PATCH_DEPTH
+    pjit = _ctx_mesh_module()
+    with _PATCH_LOCK:
+        if _PATCH_DEPTH == 0:
+            original = pjit.get_ctx_mesh
+
+            def get_ctx_mesh(use_resource_env: bool) -> Any:
+                found = original(use_resource_env)
+                if getattr(_TRACING, "depth", 0) and found.empty and not use_resource_env:
+                    context = jax.sharding.get_abstract_mesh()  # thread-local: this trace's own
+                    if not context.empty:
+                        return context
+                return found
+
+            _ORIGINAL.append(original)
+            pjit.get_ctx_mesh = get_ctx_mesh
+        _PATCH_DEPTH += 1
+    _TRACING.depth = getattr(_TRACING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _TRACING.depth -= 1
+        with _PATCH_LOCK:
+            _PATCH_DEPTH -= 1
+            if _PATCH_DEPTH == 0:
+                pjit.get_ctx_mesh = _ORIGINAL.pop()
+
+
+# --- platforms, backends, plugins ------------------------------------------------------------
+
+
+def platform_rules() -> tuple[dict[str, str], list[str], Callable[[str], str]]:
+    """JAX's platform aliases (cuda -> gpu, ...), its known platform names and its
+    ``canonicalize_platform`` (jax has no public list of either), or a one-line error."""
+    try:
+        from jax._src import xla_bridge
+
+        aliases = dict(xla_bridge._platform_aliases)
+        known = sorted(xla_bridge.known_platforms())
+        canonicalize = xla_bridge.canonicalize_platform
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise jax_internal(
+            "jax._src.xla_bridge's _platform_aliases, known_platforms or canonicalize_platform",
+            "read lower.platforms as JAX does",
+            exc,
+        ) from None
+    return aliases, known, canonicalize
+
+
+def platforms_with_donation() -> Any:
+    """The platforms JAX implements donation for (``mlir._platforms_with_donation``), or a
+    one-line error."""
+    try:
+        from jax._src.interpreters import mlir
+
+        return mlir._platforms_with_donation
+    except (ImportError, AttributeError) as exc:
+        raise jax_internal(
+            "jax._src.interpreters.mlir._platforms_with_donation",
+            "record which arguments are donated",
+            exc,
+        ) from None
+
+
+def started_backends() -> list[Any]:
+    """The clients of the JAX backends started in this process (none started: [])."""
+    from jax._src import xla_bridge
+
+    return list(getattr(xla_bridge, "_backends", {}).values())
+
+
+def backends_started() -> bool:
+    """Whether JAX has started its backends (True where this JAX cannot say)."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:
+        return True
+
+
+def backend_initialization_hooks() -> list[Any] | None:
+    """The callbacks JAX runs on each backend it starts (a plugin's HLO module
+    transformations register through them); None where this JAX has none to read."""
+    try:
+        from jax._src import xla_bridge
+
+        return list(xla_bridge._backend_initialization_hooks)
+    except (ImportError, AttributeError):
+        return None
+
+
+def discover_pjrt_plugins() -> None:
+    """Have JAX discover and register its PJRT plugins now (no public call); nothing where
+    this JAX has no such step."""
+    from jax._src import xla_bridge
+
+    discover = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
+    if discover is not None:
+        discover()
+
+
+def xla_transform_registry() -> Any:
+    """jaxlib's registry of HLO module transformations (``jax._src.lib._xla`` with
+    ``register_xla_transform``); None where this jaxlib has none."""
+    try:
+        from jax._src.lib import _xla
+    except ImportError:
+        return None
+    if _xla is None or not hasattr(_xla, "register_xla_transform"):
+        return None
+    return _xla
+
+
+def xla_transform_imported() -> bool:
+    """Whether JAX's module that registers HLO module transformations has been imported."""
+    import sys
+
+    return "jax._src.xla_transform" in sys.modules
+
+
+def cpu_probe_client(backends: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """(a CPU client, a device list of its first device, fresh compile options) for a probe
+    compile: the started CPU backend's client, else a new one-device client of its own."""
+    from jaxlib import xla_client as xc
+
+    client = next((c for c in backends if getattr(c, "platform", None) == "cpu"), None)
+    if client is None:  # the in-process registry is the process's, not a client's
+        client = xc._xla.get_tfrt_cpu_client(asynchronous=False, num_devices=1)
+    devices = xc._xla.DeviceList(tuple(client.devices()[:1]))
+    return client, devices, xc.CompileOptions()
+
+
+def compile_options() -> Any:
+    """A fresh ``CompileOptions`` (jaxlib fills its debug options from the XLA flags read)."""
+    from jax._src.lib import xla_client
+
+    return xla_client.CompileOptions()
+
+
+# --- the module: MLIR, HLO, export ------------------------------------------------------------
+
+
+def mlir_ir() -> tuple[Any, Any]:
+    """jaxlib's MLIR bindings: the ``ir`` and ``passmanager`` modules."""
+    from jax._src.lib.mlir import ir, passmanager
+
+    return ir, passmanager
+
+
+def _hlo_module() -> Any:
+    """jaxlib's module with the HLO printer and parser: ``jaxlib._hlo`` (jaxlib 0.10.2),
+    ``jaxlib._jax`` (0.6.1-0.10.1), ``jaxlib.xla_extension`` (before). Imports no JAX."""
+    version = jaxlib_version()
+    if version >= HLO_MODULE:
+        return importlib.import_module("jaxlib._hlo")
+    if version >= JAX_MODULE:
+        return importlib.import_module("jaxlib._jax")
+    return importlib.import_module("jaxlib.xla_extension")
+
+
+def _jax_module() -> Any:
+    """jaxlib's extension with ``hlo_module_cost_analysis``: ``jaxlib._jax`` (jaxlib 0.6.1
+    on), ``jaxlib.xla_extension`` before."""
+    if jaxlib_version() >= JAX_MODULE:
+        return importlib.import_module("jaxlib._jax")
+    return importlib.import_module("jaxlib.xla_extension")
+
+
+def hlo_module(lowered: Any) -> Any:
+    """The HLO module of a ``jax.stages.Lowered`` (one conversion from StableHLO)."""
+    return lowered._lowering.hlo().as_hlo_module()
+
+
+def hlo_module_to_text(module: Any, *, debug: bool, keep_large: bool) -> str:
+    """``module`` printed as ``as_text(dialect="hlo")`` prints it (short parsable):
+    ``debug`` with op names and source locations, ``keep_large`` with every constant's
+    elements (else those of more than a few are ``{...}``)."""
+    opts = _hlo_module().HloPrintOptions.short_parsable()
+    opts.print_metadata = debug
+    opts.print_large_constants = keep_large
+    return str(module.to_string(opts))
+
+
+def hlo_module_from_text(text: str) -> Any:
+    """XLA's parse of HLO module text (imports jaxlib, not JAX)."""
+    return _hlo_module().hlo_module_from_text(text)
+
+
+def hlo_module_cost_analysis(client: Any, module: Any) -> Any:
+    """XLA's cost analysis of an HLO module by ``client``."""
+    return _jax_module().hlo_module_cost_analysis(client, module)
+
+
+def export_serializer() -> Callable[..., Any] | None:
+    """jax.export's flatbuffer writer (``serialization._serialize_exported(builder,
+    exported, vjp_order)``: no public sizing of the buffer); None where it is laid out
+    otherwise."""
+    try:
+        from jax._src.export import serialization
+
+        return serialization._serialize_exported
+    except (ImportError, AttributeError):
+        return None
+
+
+def export_registries() -> tuple[dict[Any, Any], dict[str, Any]]:
+    """jax.export's (serialization, deserialization) registries of pytree node classes."""
+    from jax._src.export import _export
+
+    return _export.serialization_registry, _export.deserialization_registry
+
+
+def stable_custom_call_targets() -> frozenset[str]:
+    """The custom-call targets jax.export guarantees stable; empty where the list moved."""
+    try:
+        from jax._src.export import _export
+
+        return frozenset(_export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE)
+    except (ImportError, AttributeError):
+        return frozenset()
+
+
+def registered_custom_call_targets() -> set[str]:
+    """The custom-call targets jaxlib's modules that jax already imported register (None
+    where a plugin is absent: importing others here would start CUDA probes and print their
+    warnings), and the Python callbacks registered with XLA."""
+    from jax._src import lib as jaxlib_modules
+    from jax._src.lib import xla_client
+
+    names: set[str] = set()
+    for module in ("lapack", "gpu_linalg", "gpu_solver", "gpu_sparse", "gpu_prng", "cpu_sparse"):
+        registrations = getattr(getattr(jaxlib_modules, module, None), "registrations", None)
+        if callable(registrations):
+            for targets in registrations().values():
+                names.update(name for name, *_ in targets)
+    for platform in ("cpu", "CUDA", "ROCM"):
+        try:
+            names.update(xla_client.custom_call_targets(platform))
+        except Exception:
+            continue
+    return names
+
+
+def init_lapack() -> None:
+    """Load jaxlib's LAPACK kernels (idempotent; about 0.1 s the first time)."""
+    from jax._src.lib import lapack
+
+    lapack._lapack.initialize()
+
+
+def init_hybrid_kernels() -> None:
+    """Load jaxlib's GPU hybrid solver kernels, where the GPU plugin is installed."""
+    from jax._src.lib import gpu_solver
+
+    if gpu_solver is not None:
+        gpu_solver.initialize_hybrid_kernels()
+
+
+def traceback_in_locations_limit(limit: int) -> Any:
+    """A context in which a trace records at most ``limit`` Python frames per location
+    (thread-local; JAX has no public context manager for the option)."""
+    from jax._src import config
+
+    return config.traceback_in_locations_limit(limit)
+
+
+def weakly_typed(arr: Any) -> Any:
+    """``arr`` as a weakly typed JAX array (JAX has no public constructor of one)."""
+    from jax._src.lax.lax import _convert_element_type
+
+    return _convert_element_type(arr, arr.dtype, weak_type=True)
+
+
+def source_summary(source_info: Any) -> str:
+    """The user frame of an equation's source info, as JAX summarizes it."""
+    from jax.extend import source_info_util
+
+    return str(source_info_util.summarize(source_info)).strip()
