@@ -378,7 +378,7 @@ def check_hydra_names(cfg: Any, policy: ImportPolicy, origin: Origin = _no_origi
     for key, name, scope in hydra_names(cfg):
         if "${" in name:
             continue
-        check_name(name, key, policy, scope, origin=_leaf_origin(origin, key))
+        check_name(name, key, policy, scope, origin=lambda key=key: _leaf_origin(origin, key))
 
 
 def check_task_config(cfg: Any) -> None:

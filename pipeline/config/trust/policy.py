@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,16 +139,20 @@ def check_name(
     key: str,
     policy: ImportPolicy,
     scope: str = TARGET,
-    origin: str | None = None,
+    origin: Callable[[], str | None] | None = None,
 ) -> None:
-    """Refuse an import path (``pkg.mod:attr`` or dotted) before anything is imported."""
+    """Refuse an import path (``pkg.mod:attr`` or dotted) before anything is imported.
+    ``origin`` says where the name was set (a config file, the command line); it is asked only
+    for a refusal's message (finding a config file's origin reloads the config files)."""
     name = dotted(target)
     decision = policy.decide(name, scope)
     if not decision.allowed:
         location = decision.location
         if decision.rule is None and location is not None and not location.found:
             return  # nothing by that name to import: the import itself says so
-        raise ConfigError(refusal(policy, key, target, name, decision, origin=origin))
+        raise ConfigError(
+            refusal(policy, key, target, name, decision, origin=origin() if origin else None)
+        )
     if _explicit(decision):
         return
     for part in name.split("."):
