@@ -51,8 +51,6 @@ def _values(closed: Any) -> Iterator[tuple[Any, Any]]:
     """(aval, equation or None) of each value of a jaxpr and its sub-jaxprs (each jaxpr once)
     that may be too big: those of fewer than :data:`_SURELY_FITS` elements are skipped, fast
     (a jaxpr of thousands of equations is walked in milliseconds)."""
-    from jax.extend import core as jex_core
-
     seen: set[int] = set()
     todo = [getattr(closed, "jaxpr", closed)]
     while todo:
@@ -68,7 +66,7 @@ def _values(closed: Any) -> Iterator[tuple[Any, Any]]:
                 if not _fits(var.aval):
                     yield var.aval, eqn
             if eqn.params:
-                todo.extend(jex_core.jaxprs_in_params(eqn.params))
+                todo.extend(compat_jax.jaxprs_in_params(eqn.params))
 
 
 def _fits(aval: Any) -> bool:

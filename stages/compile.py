@@ -30,6 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.mesh import MeshSpec
 from jaxaot.config.sections import BACKENDS
 from jaxaot.errors import (
@@ -270,12 +271,10 @@ def _export_lowering(lowered: Lowered, backend: str, devs: list[Any]) -> Any:
     concrete = concrete_mesh(mesh, devs) if mesh is not None and len(devs) == mesh.size else None
     device = devs[0] if mesh is None and lowered.meta.get("placement") else None
     if concrete is not None and not lowered.export().in_avals:
-        import jax
-
         # No argument says which devices it runs on: the mesh in context does, as
         # ``with jax.set_mesh(mesh): jax.jit(exported.call)()`` (jax 0.10.2 refuses an export
         # for N devices called in a context of one).
-        with jax.set_mesh(concrete):
+        with compat_jax.set_mesh(concrete):
             return export_lowering(lowered, platform_of(backend), concrete, device=device)
     return export_lowering(lowered, platform_of(backend), concrete, device=device)
 
@@ -324,9 +323,11 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     devices(cfg.backend)  # a clear BackendError when the backend is absent
     platform = check_platform(lowered, cfg.backend)
     devs = execution_devices(lowered, cfg.backend)  # enough for the mesh, before compiling
-    if lowered.state in ("early", "live") and lowered.platforms == (platform,):
-        mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
-        sharded = mesh is not None and len(devs) == mesh.size
+    mesh = MeshSpec.from_json(lowered.meta["mesh"]) if lowered.meta.get("mesh") else None
+    sharded = mesh is not None and len(devs) == mesh.size
+    # A jax whose compile cannot bind a mesh lowering to devices compiles it through its export.
+    bindable = not sharded or compat_jax.compile_takes_devices() or lowered.exported is None
+    if lowered.state in ("early", "live") and lowered.platforms == (platform,) and bindable:
         # Bound to the devices it runs on: a program without arguments names its outputs by
         # the mesh in context, as under jax.set_mesh.
         live = bound_context(lowered.lowered, devs) if sharded else lowered.lowered
@@ -370,6 +371,13 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
 
 def compile_lowered(target: Target, backend: str, options: dict[str, Any]) -> Any:
     """XLA-compile ``target`` (releases the GIL: may run on a worker thread)."""
+    if target.device_assignment is None:  # every jax: no devices to bind
+        return target.lower().compile(compiler_options=options or None)
+    compat_jax.need(
+        "compiling a mesh lowering that has no export",
+        compat_jax.COMPILE_DEVICES,
+        "Lowered.compile(device_assignment=)",
+    )
     return target.lower().compile(
         compiler_options=options or None, device_assignment=target.device_assignment
     )

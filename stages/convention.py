@@ -58,7 +58,7 @@ def convention_of(stage: Any) -> Convention:
     import jax
 
     ins = jax.tree_util.tree_leaves(stage.args_info)
-    outs = jax.tree_util.tree_leaves(stage.out_info)
+    outs = jax.tree_util.tree_leaves(compat_jax.out_info(stage))
     return Convention(
         in_tree=str(stage.in_tree),
         out_tree=str(stage.out_tree),

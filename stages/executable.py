@@ -158,12 +158,10 @@ def _layout_json(fmt: Any) -> dict[str, Any] | None:
     """A ``Format``'s layout as every field JAX's ``Layout`` has (jax 0.10.2: major_to_minor,
     tiling, sub_byte_element_size_in_bits), tuples as lists; None where it has none (an input
     dropped as unused, or a backend that does not say)."""
-    from jax.experimental.layout import Layout
-
-    layout = getattr(fmt, "layout", None)
-    if not isinstance(layout, Layout):
+    layout = compat_jax.format_layout(fmt)
+    if not isinstance(layout, compat_jax.layout_class()):
         return None
-    return {name: _plain(value) for name, value in vars(layout).items()}
+    return {name: _plain(value) for name, value in compat_jax.layout_fields(layout).items()}
 
 
 def _plain(value: Any) -> Any:
@@ -239,7 +237,7 @@ def describe_formats(compiled: Any) -> dict[str, Any]:
     in_flat = jax.tree_util.tree_flatten_with_path(in_avals)[0]
     in_paths = [input_path(path) for path, _ in in_flat]
     ins = [a for _, a in in_flat]
-    out_flat = jax.tree_util.tree_flatten_with_path(compiled.out_info)[0]
+    out_flat = jax.tree_util.tree_flatten_with_path(compat_jax.out_info(compiled))[0]
     out_paths = [jax.tree_util.keystr(path) or "output" for path, _ in out_flat]
     outs = [o for _, o in out_flat]
     try:  # and whether each is donated (args_info: donated=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import check_inputs_fit
 from jaxaot.errors import BackendError, CheckError, ConfigError, InputTypeError, JaxaotError
 from jaxaot.rundir.metrics import ExecuteMetrics
@@ -132,18 +133,21 @@ def _relaid(x: Any, fmt: Any) -> Any:
     """``x`` in the layout of ``fmt`` (a Format): moved only when its own layout differs (a
     compiled ``auto`` or major-to-minor layout that is not the device's default)."""
     import jax
-    from jax.experimental.layout import Layout
 
-    layout = getattr(fmt, "layout", None)
-    if not isinstance(layout, Layout) or not isinstance(x, jax.Array):
+    layout_class = compat_jax.layout_class()
+    layout = compat_jax.format_layout(fmt)
+    if not isinstance(layout, layout_class) or not isinstance(x, jax.Array):
         return x
-    own = getattr(getattr(x, "format", None), "layout", None)
-    if isinstance(own, Layout) and (
-        own.major_to_minor == layout.major_to_minor
-        and (own.tiling or ()) == (layout.tiling or ())  # no tiling: None from a user, () from XLA
-        and own.sub_byte_element_size_in_bits == layout.sub_byte_element_size_in_bits
-    ):
-        return x
+    own = compat_jax.format_layout(getattr(x, "format", None))
+    if isinstance(own, layout_class):
+        mine, theirs = compat_jax.layout_fields(own), compat_jax.layout_fields(layout)
+        if (
+            mine["major_to_minor"] == theirs["major_to_minor"]
+            # no tiling: None from a user, () from XLA
+            and (mine["tiling"] or ()) == (theirs["tiling"] or ())
+            and mine["sub_byte_element_size_in_bits"] == theirs["sub_byte_element_size_in_bits"]
+        ):
+            return x
     return jax.device_put(x, fmt)
 
 
@@ -345,7 +349,7 @@ def _reference(
         full, full_kw = _placed_on(ctx, staged, mesh, concrete, full, full_kw)
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
     # The program sees the run's mesh, as it did when traced.
-    with jax.set_mesh(concrete):
+    with compat_jax.set_mesh(concrete):
         return jax.jit(fn, **staged.jit_options)(*full, **full_kw)
 
 

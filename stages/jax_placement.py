@@ -112,9 +112,8 @@ def memory_kinds_of(device: Any) -> list[str]:
 
 
 def _layout(value: Any) -> Any:
-    from jax.experimental.layout import Layout
-
-    return Layout.AUTO if value == AUTO else Layout(major_to_minor=tuple(value))
+    layout = compat_jax.layout_class()
+    return layout.AUTO if value == AUTO else layout(major_to_minor=tuple(value))
 
 
 def _apply(p: Placement | None, base: Any, device: Any, mesh: Any, concrete: Any = None) -> Any:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import VersionError
 
 INSTALLED = compat_jax.jax_version()
+JAX_RANGE = compat_jax.JAX_RANGE
 
 
 def _objects() -> dict[str, Any]:
@@ -33,6 +35,7 @@ def _objects() -> dict[str, Any]:
         "Compiled": lowered.compile(),
         "ArgInfo": jax.tree.leaves(lowered.args_info)[0],
         "Dim": dim,
+        "Layout": compat_jax.format_layout(jnp.ones((2, 3)).format),
     }
 
 
@@ -92,7 +95,7 @@ def _on(monkeypatch: pytest.MonkeyPatch, version: tuple[int, ...], jaxlib: bool 
 
 
 def test_need_refuses_in_one_line_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    compat_jax.need("lower.out_shardings", (0, 8, 1), "Traced.out_tree")  # installed: enough
+    compat_jax.need("lower.out_shardings", JAX_RANGE[0], "Traced.out_tree")  # installed: enough
     _on(monkeypatch, (0, 6, 2))
     with pytest.raises(VersionError) as refused:
         compat_jax.need("lower.out_shardings", (0, 8, 1), "Traced.out_tree")
@@ -112,10 +115,14 @@ class _OldTraced:
 def test_traced_out_tree_is_public_from_0_8_1_private_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    traced = _objects()["Traced"]
-    assert compat_jax.traced_out_tree(traced) is traced.out_tree
-    _on(monkeypatch, (0, 8, 0))
+    traced = _objects()["Traced"]  # the installed jax's, on whichever side of the gate
+    assert compat_jax.traced_out_tree(traced) == jax.tree_util.tree_structure(0)
     tree = jax.tree_util.tree_structure((1, 2))
+    new = _OldTraced(None)
+    new.out_tree = tree  # type: ignore[attr-defined]
+    _on(monkeypatch, (0, 8, 1))
+    assert compat_jax.traced_out_tree(new) is tree
+    _on(monkeypatch, (0, 8, 0))
     assert compat_jax.traced_out_tree(_OldTraced(tree)) is tree
 
 
@@ -125,11 +132,13 @@ def test_use_abstract_mesh_is_public_from_0_7_2_private_before(
     from jax._src import mesh as jax_mesh
     from jax.sharding import AbstractMesh
 
-    amesh = AbstractMesh((2,), ("data",))
-    with compat_jax.use_abstract_mesh(amesh):
+    amesh = AbstractMesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with compat_jax.use_abstract_mesh(amesh):  # the installed jax's
         assert jax.sharding.get_abstract_mesh() == amesh
+    monkeypatch.setattr(jax.sharding, "use_abstract_mesh", lambda m: ("public", m), raising=False)
     monkeypatch.setattr(jax_mesh, "use_abstract_mesh", lambda m: ("private", m))
-    assert compat_jax.use_abstract_mesh(amesh) != ("private", amesh)
+    _on(monkeypatch, (0, 7, 2))
+    assert compat_jax.use_abstract_mesh(amesh) == ("public", amesh)
     _on(monkeypatch, (0, 7, 1))
     assert compat_jax.use_abstract_mesh(amesh) == ("private", amesh)
 
@@ -148,12 +157,11 @@ def test_the_hlo_printer_is_read_from_the_module_each_jaxlib_has_it_in(
 ) -> None:
     imported: list[str] = []
     real = importlib.import_module
+    printer = compat_jax._hlo_module()  # the installed jaxlib's, under whichever name it has
 
     def recording(name: str, package: str | None = None) -> Any:
         imported.append(name)
-        if name.startswith("jaxlib.") and name != "jaxlib._hlo":
-            return real("jaxlib._hlo")  # the installed jaxlib's printer under the other name
-        return real(name, package)
+        return printer if name.startswith("jaxlib.") else real(name, package)
 
     monkeypatch.setattr(compat_jax.importlib, "import_module", recording)
     _on(monkeypatch, jaxlib, jaxlib=True)
@@ -211,9 +219,62 @@ def test_the_private_helpers_give_what_jax_gives() -> None:
     assert isinstance(ser, dict) and isinstance(de, dict)
 
 
-def test_the_server_preimports_private_modules_that_exist() -> None:
-    for name in compat_jax.PREIMPORT:
+def test_the_server_preimports_the_private_modules_this_jax_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    names = compat_jax.preimport()
+    assert "jax._src.checkify" in names
+    for name in names:
         assert importlib.util.find_spec(name) is not None, name
+    _on(monkeypatch, (0, 9, 2))
+    assert "jax._src.pallas.mosaic.interpret.params" not in compat_jax.preimport()
+
+
+def test_set_mesh_is_jax_set_mesh_from_0_7_1_use_mesh_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    auto = (jax.sharding.AxisType.Auto,)
+    mesh = jax.make_mesh((1,), ("data",), axis_types=auto, devices=jax.devices()[:1])
+    with compat_jax.set_mesh(mesh):  # the installed jax's
+        assert jax.sharding.get_abstract_mesh() == mesh.abstract_mesh
+    monkeypatch.setattr(jax, "set_mesh", lambda m: ("set_mesh", m), raising=False)
+    monkeypatch.setattr(jax.sharding, "use_mesh", lambda m: ("use_mesh", m), raising=False)
+    _on(monkeypatch, (0, 7, 1))
+    assert compat_jax.set_mesh(mesh) == ("set_mesh", mesh)
+    _on(monkeypatch, (0, 7, 0))
+    assert compat_jax.set_mesh(mesh) == ("use_mesh", mesh)
+
+
+def test_jaxprs_in_params_public_in_0_10_private_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jax._src import core as jax_core
+
+    def body(x: Any) -> Any:
+        return jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x)
+
+    closed = jax.make_jaxpr(body)(jnp.ones(2))
+    (cond,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "cond"]
+    found = compat_jax.jaxprs_in_params(cond.params)
+    assert len(found) == 2
+    monkeypatch.setattr(jax_core, "jaxprs_in_params", lambda params: ["private"])
+    _on(monkeypatch, (0, 9, 2))
+    assert compat_jax.jaxprs_in_params(cond.params) == ["private"]
+
+
+def test_an_export_that_needs_absl_is_refused_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jaxaot.errors import MissingDependencyError
+
+    compat_jax.check_export_importable()  # jax 0.10.2 declares what jax.export imports
+    _on(monkeypatch, (0, 6, 1))
+    err = compat_jax.export_import_error(ModuleNotFoundError("No module named 'absl'", name="absl"))
+    assert isinstance(err, MissingDependencyError)
+    assert str(err) == (
+        "jax 0.6.1's jax.export imports absl-py, which jax 0.6.1 does not declare; fix: pip "
+        "install absl-py (or pip install 'jax>=0.6.2')"
+    )
+    other = ModuleNotFoundError("No module named 'flatbuffers'", name="flatbuffers")
+    assert compat_jax.export_import_error(other) is other
 
 
 def test_the_jax_internal_error_names_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,3 +286,37 @@ def test_the_jax_internal_error_names_the_range(monkeypatch: pytest.MonkeyPatch)
         r"as jaxaot requires\): install that jax, or a jaxaot made for this one",
         str(err),
     )
+
+
+def test_layouts_read_the_same_under_each_jax_s_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jax.experimental import layout as jax_layout
+
+    x = jnp.ones((2, 3))
+    layout = compat_jax.format_layout(x.format)
+    assert isinstance(layout, compat_jax.layout_class())
+    assert compat_jax.layout_fields(layout) == {
+        "major_to_minor": (0, 1),
+        "tiling": (),
+        "sub_byte_element_size_in_bits": 0,
+    }
+
+    class Old:  # jax 0.6.2's Format and DeviceLocalLayout
+        device_local_layout = "dll"
+        _tiling = ((8,),)
+        _sub_byte_element_size_in_bits = 4
+        major_to_minor = (1, 0)
+
+    class New:
+        layout = "layout"
+
+    monkeypatch.setattr(jax_layout, "DeviceLocalLayout", Old, raising=False)
+    _on(monkeypatch, (0, 7, 0))
+    assert compat_jax.format_layout(New()) == "layout"
+    _on(monkeypatch, (0, 6, 2))
+    assert compat_jax.format_layout(Old()) == "dll" and compat_jax.format_layout(New()) is None
+    assert compat_jax.layout_class() is Old
+    assert compat_jax.layout_fields(Old()) == {
+        "major_to_minor": (1, 0),
+        "tiling": ((8,),),
+        "sub_byte_element_size_in_bits": 4,
+    }

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from jaxaot.errors import BackendError, VersionError, one_line
+from jaxaot.errors import BackendError, MissingDependencyError, VersionError, one_line
 
 Version = tuple[int, ...]
 
@@ -31,8 +31,21 @@ JAX_TESTED: Version = (0, 10, 2)
 # Feature gates: the first jax release with each public path.
 TRACED_OUT_TREE = (0, 8, 1)  # jax.stages.Traced.out_tree (``_out_tree`` before)
 USE_ABSTRACT_MESH = (0, 7, 2)  # jax.sharding.use_abstract_mesh (jax._src.mesh's before)
+SET_MESH = (0, 7, 1)  # jax.set_mesh (jax.sharding.use_mesh before)
+JAXPRS_IN_PARAMS = (0, 10, 2)  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
 HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
 JAX_MODULE = (0, 6, 1)  # jaxlib._jax (jaxlib.xla_extension before)
+# jax.experimental.layout's Layout and Format.layout (DeviceLocalLayout, .device_local_layout
+# before; jax 0.6.2 has the old names, 0.8.3 the new ones)
+LAYOUT = (0, 7, 0)
+# The fields of a layout, as jax 0.10.2 names them (jax 0.6.2: _tiling; before 0.9.2:
+# _sub_byte_element_size_in_bits), in the order jax 0.10.2 keeps them.
+LAYOUT_FIELDS = ("major_to_minor", "tiling", "sub_byte_element_size_in_bits")
+# Lowered.compile(device_assignment=) and Compiled.out_info: jax 0.6.2 has neither, 0.8.3 both
+# (the lowest release checked that has them).
+COMPILE_DEVICES = (0, 8, 3)
+COMPILED_OUT_INFO = (0, 8, 3)
+EXPORT_DECLARES_ABSL = (0, 6, 2)  # jax.export imports absl-py, undeclared by jax before this
 
 
 class Private(NamedTuple):
@@ -53,12 +66,13 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.xla_bridge", "canonicalize_platform"),
     Private("jax._src.xla_bridge", "_backends"),
     Private("jax._src.xla_bridge", "backends_are_initialized"),
-    Private("jax._src.xla_bridge", "_backend_initialization_hooks", (0, 10, 0)),
+    Private("jax._src.xla_bridge", "_backend_initialization_hooks", JAX_TESTED),
     Private("jax._src.xla_bridge", "_discover_and_register_pjrt_plugins"),
     Private("jax._src.interpreters.mlir", "_platforms_with_donation"),
-    Private("jax._src.pjit", "get_ctx_mesh", (0, 7, 0)),
+    Private("jax._src.pjit", "get_ctx_mesh", JAX_TESTED),
     Private("jax._src.mesh", "use_abstract_mesh", JAX_RANGE[0], USE_ABSTRACT_MESH),
     Private("jax._src.config", "traceback_in_locations_limit"),
+    Private("jax._src.core", "jaxprs_in_params", JAX_RANGE[0], JAXPRS_IN_PARAMS),
     Private("jax._src.export.serialization", "_serialize_exported"),
     Private("jax._src.export._export", "_CUSTOM_CALL_TARGETS_GUARANTEED_STABLE"),
     Private("jax._src.export._export", "serialization_registry"),
@@ -68,7 +82,7 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.lib", "gpu_solver"),
     Private("jaxlib.lapack", "_lapack"),
     Private("jax._src.lib", "xla_client"),
-    Private("jax._src.lib", "_xla", (0, 10, 0)),
+    Private("jax._src.lib", "_xla", JAX_TESTED),
     Private("jax._src.lib.mlir", "ir"),
     Private("jax._src.lib.mlir", "passmanager"),
     Private("jaxlib.xla_client", "CompileOptions"),
@@ -85,23 +99,32 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("Lowered", "_lowering"),
     Private("Lowered", "_lowering.compile_args"),
     Private("Lowered", "_lowering._executable"),
-    Private("Lowered", "_lowering._device_list"),
-    Private("Lowered", "_lowering.const_args", (0, 7, 0)),
+    Private("Lowered", "_lowering._device_list", (0, 8, 3)),
+    Private("Lowered", "_lowering.const_args", (0, 8, 3)),
     Private("Lowered", "_lowering.hlo"),
     Private("Compiled", "_executable"),
     Private("Compiled", "_executable._kept_var_idx"),
+    Private("Compiled", "_executable.out_avals", JAX_RANGE[0], COMPILED_OUT_INFO),
     Private("ArgInfo", "_aval"),
+    Private("Layout", "_tiling", JAX_RANGE[0], LAYOUT),
+    Private("Layout", "_sub_byte_element_size_in_bits", JAX_RANGE[0], (0, 9, 2)),
     Private("Dim", "_evaluate"),
 )
 
-# Modules a run imports on its way that are JAX's own private ones (the server warms them up).
-PREIMPORT: tuple[str, ...] = (
-    "jax._src.checkify",
-    "jax._src.pallas.core",
-    "jax._src.pallas.mosaic.interpret.params",
-    "jaxlib.mlir.dialects.mhlo",
-    "jaxlib.mlir.dialects.builtin",
+# Private modules a run imports on its way (lowering rules): the server imports them ahead.
+_PREIMPORT = (
+    Private("jax._src.checkify", ""),
+    Private("jax._src.pallas.core", ""),
+    Private("jax._src.pallas.mosaic.interpret.params", "", JAX_TESTED),
+    Private("jaxlib.mlir.dialects.mhlo", ""),
+    Private("jaxlib.mlir.dialects.builtin", ""),
 )
+PRIVATE_NAMES += _PREIMPORT
+
+
+def preimport() -> tuple[str, ...]:
+    """The private modules of :data:`PRIVATE_NAMES` a run imports, that this jax has."""
+    return tuple(p.owner for p in _PREIMPORT if p.since <= jax_version())
 
 
 def _parse(text: str) -> Version:
@@ -167,6 +190,26 @@ def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
     )
 
 
+def check_export_importable() -> None:
+    """Import ``jax.export``, or refuse in one line where it cannot be: jax <= 0.6.1 imports
+    absl-py there without declaring it as a dependency."""
+    try:
+        importlib.import_module("jax.export")
+    except ModuleNotFoundError as exc:
+        raise export_import_error(exc) from None
+
+
+def export_import_error(exc: ModuleNotFoundError) -> Exception:
+    """The one-line error for ``jax.export`` failing to import with ``exc``."""
+    if exc.name != "absl" and not str(exc.name).startswith("absl."):
+        return exc
+    installed = text(jax_version())
+    return MissingDependencyError(
+        f"jax {installed}'s jax.export imports absl-py, which jax {installed} does not declare; "
+        f"fix: pip install absl-py (or pip install 'jax>={text(EXPORT_DECLARES_ABSL)}')"
+    )
+
+
 # --- tracing and lowering objects ------------------------------------------------------------
 
 
@@ -187,6 +230,75 @@ def use_abstract_mesh(amesh: Any) -> Any:
     from jax._src import mesh
 
     return mesh.use_abstract_mesh(amesh)
+
+
+def set_mesh(mesh: Any) -> Any:
+    """``jax.set_mesh(mesh)`` (since jax 0.7.1; ``jax.sharding.use_mesh`` before): the
+    context in which a jit runs on ``mesh`` (a concrete mesh) and traces against it."""
+    import jax
+
+    if at_least(SET_MESH):
+        return jax.set_mesh(mesh)
+    return jax.sharding.use_mesh(mesh)  # type: ignore[attr-defined,unused-ignore]
+
+
+def jaxprs_in_params(params: Mapping[str, Any]) -> list[Any]:
+    """The jaxprs an equation's parameters hold (a ``cond``'s branches, a ``scan``'s body):
+    ``jax.extend.core.jaxprs_in_params`` (public in jax 0.10), ``jax._src.core``'s before."""
+    if at_least(JAXPRS_IN_PARAMS):
+        from jax.extend import core
+
+        return list(core.jaxprs_in_params(params))
+    from jax._src import core as jax_core
+
+    return list(jax_core.jaxprs_in_params(params))
+
+
+def layout_class() -> Any:
+    """jax's class of one array's layout on a device (``Layout.AUTO``, ``Layout(major_to_minor)``):
+    ``jax.experimental.layout.Layout`` (jax 0.7 on), ``DeviceLocalLayout`` before."""
+    from jax.experimental import layout
+
+    return layout.Layout if at_least(LAYOUT) else layout.DeviceLocalLayout  # type: ignore[attr-defined,unused-ignore]
+
+
+def format_layout(fmt: Any) -> Any:
+    """The layout of a ``jax.experimental.layout.Format`` (``.layout``; ``.device_local_layout``
+    before jax 0.7), or None where it has none or is no Format."""
+    return getattr(fmt, "layout" if at_least(LAYOUT) else "device_local_layout", None)
+
+
+def layout_fields(layout: Any) -> dict[str, Any]:
+    """A layout's fields under jax 0.10.2's names (:data:`LAYOUT_FIELDS`), read from the
+    public attribute where this jax has it, its private spelling where it has not."""
+    return {
+        name: getattr(layout, name) if hasattr(layout, name) else getattr(layout, f"_{name}")
+        for name in LAYOUT_FIELDS
+    }
+
+
+def compile_takes_devices() -> bool:
+    """Whether ``Lowered.compile`` takes ``device_assignment=`` (binds a lowering against an
+    AbstractMesh to devices; jax without it compiles such a program through its export)."""
+    return at_least(COMPILE_DEVICES)
+
+
+def out_info(stage: Any) -> Any:
+    """``out_info`` of a ``jax.stages.Lowered`` or ``Compiled``: its outputs as
+    ShapeDtypeStructs with their formats. A Compiled has it since jax 0.8.x; before, it is made
+    as jax 0.8.3 makes it, from the executable's output avals and the public output formats."""
+    if at_least(COMPILED_OUT_INFO) or not hasattr(stage, "_executable"):
+        return stage.out_info
+    import jax
+    from jax.experimental.layout import Format
+
+    formats = jax.tree.leaves(stage.output_formats, is_leaf=lambda x: isinstance(x, Format))
+    avals = stage._executable.out_avals
+    structs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=f)
+        for a, f in zip(avals, formats, strict=True)
+    ]
+    return stage.out_tree.unflatten(structs)
 
 
 def lowering_of(stage: Any) -> Any:

@@ -75,7 +75,7 @@ def preimport() -> None:
     from jaxaot.compat import jax as compat_jax
 
     # What a run imports as it goes (~80 ms): optional, none starts a backend (checked below).
-    for name in (*_RUN_IMPORTS, *compat_jax.PREIMPORT):
+    for name in (*_RUN_IMPORTS, *compat_jax.preimport()):
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     from jaxaot.api import compose
