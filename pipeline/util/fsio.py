@@ -1,10 +1,16 @@
 """Atomic, verified file I/O: the only way jaxaot writes an artifact or a manifest.
 
-A write goes to a uniquely named temp file in the destination directory, is fsynced and then
-renamed over the destination, so a reader sees the old file, the new file or nothing, never a
-torn one. An interrupted write leaves only a ``.tmp-*`` file that :func:`remove_stale_temps`
-(called by later runs and by ``jaxaot-store gc``) cleans up. :func:`flock_file` is the one way
-jaxaot takes an advisory lock on a file.
+A write goes to a uniquely named temp file in the destination directory and is then renamed
+over the destination, so a reader (this process, another one, or a run after this one was
+killed) sees the old file, the new file or nothing, never a torn one. These writes are not
+fsynced: the operating system writes them back, so only a kernel crash or a power loss can
+cost the last seconds of a run directory, and every checkpoint read checks each file's size
+and sha256 (a lost file is an error naming it, never a wrong answer). Fsyncing each file and
+its folder would take more than half of a warm run's time (24 files). Store entries, which
+other processes and machines take as finished, are fsynced before they become visible
+(:mod:`jaxaot.store.cache`). An interrupted write leaves only a ``.tmp-*`` file that
+:func:`remove_stale_temps` (called by later runs and by ``jaxaot-store gc``) cleans up.
+:func:`flock_file` is the one way jaxaot takes an advisory lock on a file.
 """
 
 from __future__ import annotations
@@ -52,19 +58,6 @@ def key_of(obj: Any) -> str:
     return sha256_bytes(canonical_json(obj).encode())
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _new_temp_file(parent: Path, prefix: str) -> tuple[int, str]:
     """A new, uniquely named file opened for writing, mode :data:`FILE_MODE` minus the umask."""
     for _ in range(100):
@@ -97,8 +90,6 @@ def atomic_write_bytes(path: Path, data: bytes | bytearray | memoryview) -> str:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
@@ -106,7 +97,6 @@ def atomic_write_bytes(path: Path, data: bytes | bytearray | memoryview) -> str:
         if isinstance(exc, OSError) and exc.filename is None:
             raise _naming(exc, path) from exc
         raise
-    _fsync_dir(path.parent)
     return sha256_bytes(data)
 
 

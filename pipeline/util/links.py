@@ -28,7 +28,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from jaxaot.util.fsio import TEMP_PREFIX, _fsync_dir
+from jaxaot.util.fsio import TEMP_PREFIX
 
 # Files smaller than this are copied: sharing them saves nothing worth a read-only file.
 LINK_MIN_BYTES = 1 << 16
@@ -94,7 +94,6 @@ def link_same(src: Path, dest: Path, data: bytes | bytearray | memoryview) -> bo
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
-    _fsync_dir(dest.parent)
     return True
 
 
