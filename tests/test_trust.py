@@ -586,8 +586,8 @@ def test_a_search_path_module_is_not_imported(tmp_path: Path) -> None:
 def test_hydras_own_resolution_is_guarded_at_any_depth(tmp_path: Path) -> None:
     """Behind the composed-config check, Hydra's own resolution of ``_target_`` and of
     logging names goes through the policy too."""
-    from hydra._internal.logging_config import HydraDictConfigurator
     from hydra.utils import instantiate
+    from jaxaot.compat.hydra import logging_configurator
 
     install_instantiation_guards()
     marker = tmp_path / "pwned"
@@ -604,7 +604,7 @@ def test_hydras_own_resolution_is_guarded_at_any_depth(tmp_path: Path) -> None:
         "handlers": {"x": {"()": "distutils.spawn.spawn", "cmd": ["touch", str(marker)]}},
     }
     with pytest.raises(ValueError) as info:
-        HydraDictConfigurator(factory).configure()
+        logging_configurator()(factory).configure()
     assert "a Hydra logging config" in str(info.value.__cause__)
     assert not marker.exists()
     assert instantiate({"_target_": "jax.numpy.zeros", "shape": [2]}).shape == (2,)

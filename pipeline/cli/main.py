@@ -21,11 +21,16 @@ import traceback
 from typing import Any
 
 import hydra
-from hydra.core.object_type import ObjectType
 from jaxaot.api import compose
+from jaxaot.compat.hydra import share_help_repository, skip_mode_probe
 from jaxaot.config.argspec import quote_array_types
 from jaxaot.config.sections import name_after_target
-from jaxaot.config.trust import check_task_config, install_command_line, install_guards
+from jaxaot.config.trust import (
+    ENV_COMMAND_LINE,
+    check_task_config,
+    install_command_line,
+    install_guards,
+)
 from jaxaot.engine.own_args import check_own_arguments
 from jaxaot.engine.resume import resolve_latest_argv
 from jaxaot.errors import ConfigError, DoesNotFit, JaxaotError
@@ -50,7 +55,13 @@ log = logging.getLogger("jaxaot")
 register_resolver()
 # What Hydra composes, instantiates and logs with goes through the import policy, in this
 # process and in every launcher worker or SLURM job that unpickles the task function below.
-install_guards()
+# On a Hydra the policy was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN) a worker of a
+# jaxaot command line fails to load it; the command line itself refuses in main().
+try:
+    install_guards()
+except ConfigError:
+    if os.environ.get(ENV_COMMAND_LINE):
+        raise
 
 
 def _debug(cfg: DictConfig | None) -> bool:
@@ -206,9 +217,7 @@ def _skip_mode_probe(argv: list[str]) -> None:
     """
     if any(_MODE_SOURCES.match(a.strip()) for a in argv):
         return
-    from hydra._internal.hydra import Hydra
-
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
+    skip_mode_probe()  # on a Hydra outside jaxaot.compat.hydra.HYDRA_KNOWN: Hydra probes
 
 
 def _share_help_repository(argv: list[str]) -> None:
@@ -220,26 +229,8 @@ def _share_help_repository(argv: list[str]) -> None:
     help process reads one unchanging repository, so one copy per (config, overrides) serves
     every call with the same answers.
     """
-    if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
-        return
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    real = ConfigLoaderImpl._parse_overrides_and_create_caching_repo
-    made: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
-
-    def get_group_options(
-        self: Any,
-        group_name: str,
-        results_filter: Any = ObjectType.CONFIG,
-        config_name: str | None = None,
-        overrides: list[str] | None = None,
-    ) -> list[str]:
-        key = (id(self), config_name, tuple(overrides or ()))
-        if key not in made:
-            made[key] = real(self, config_name, list(overrides or ()))[1]
-        return list(made[key].get_group_options(group_name, results_filter))
-
-    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+    if any(a in ("--help", "-h", "--hydra-help") for a in argv):
+        share_help_repository()  # on a Hydra outside HYDRA_KNOWN: one copy per call, as Hydra's
 
 
 def _one_line(exc: BaseException) -> str:
@@ -270,6 +261,11 @@ def main() -> None:
         with quiet_broken_pipe():
             print(version_text(), flush=True)
         return
+    try:
+        install_guards()
+    except ConfigError as exc:  # a Hydra the import policy was not tested on: no run
+        print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     try:
         with quiet_broken_pipe():  # `jaxaot ... | head`: the run goes on, its output dropped
             _main()

@@ -324,18 +324,11 @@ def config_names(config_dirs: Sequence[str] = (), *, schema: Any = None) -> Name
     adds them): Hydra's config repository, and the key tree of ``schema`` (jaxaot's root
     config, jaxaot.schema.JaxaotConfig; None: Hydra's keys only) with Hydra's own under
     ``hydra``."""
-    from hydra._internal.config_repository import ConfigRepository
-    from hydra._internal.utils import create_config_search_path
     from hydra.conf import HydraConf
-    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.object_type import ObjectType
+    from jaxaot.compat.hydra import config_repository
 
-    search_path = create_config_search_path("pkg://jaxaot.conf")
-    for folder in config_dirs:
-        search_path.prepend(
-            "command-line", f"file://{os.path.abspath(folder)}", SearchPathQuery(provider="schema")
-        )
-    repo = ConfigRepository(config_search_path=search_path)
+    repo = config_repository("pkg://jaxaot.conf", [os.path.abspath(d) for d in config_dirs])
     groups: dict[str, tuple[str, ...]] = {}
 
     def walk(parent: str) -> None:

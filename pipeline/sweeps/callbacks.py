@@ -21,6 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from jaxaot.compat.hydra import job_return_value
 from jaxaot.errors import EXIT_DOES_NOT_FIT
 from jaxaot.rundir.logs import (
     end_launch_lines,
@@ -61,8 +62,8 @@ def last_sweep_failures() -> int | None:
 
 def plan_of(config: DictConfig) -> SweepPlan:
     """Job count and varying keys from the sweep's overrides, before any job starts."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from jaxaot.compat.hydra import split_sweep_arguments
 
     sweeper = config.hydra.sweeper
     params = sweeper.get("params") or {}
@@ -78,7 +79,7 @@ def plan_of(config: DictConfig) -> SweepPlan:
         total = int(sweeper.n_trials)
     else:
         try:
-            total = len(BasicSweeper.split_arguments(parsed, None)[0])
+            total = len(split_sweep_arguments(parsed, None)[0])
         except HydraException:  # e.g. an interval sweep, which only a search sweeper samples
             total = None
     return SweepPlan(total=total, varying=varying)
@@ -96,9 +97,9 @@ def _output_hidden(config: DictConfig) -> bool:
 
 def _outcome(job_return: JobReturn) -> tuple[str, int, str | None]:
     if job_return.status != JobStatus.COMPLETED:
-        exc = job_return._return_value
+        exc = job_return_value(job_return)
         return "failed", 2, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    value = job_return._return_value
+    value = job_return_value(job_return)
     if isinstance(value, JobOutcome):
         status = {0: "ok", EXIT_DOES_NOT_FIT: "does_not_fit"}.get(value.code, "failed")
         return status, value.code, value.error

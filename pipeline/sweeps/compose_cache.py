@@ -18,7 +18,9 @@ and the sweepers' validation of a batch keeps the configs it composed (up to ``_
 an in-process launcher takes them instead of composing each job a second time.
 
 Overrides that could change the defaults list in other ways (``hydra.searchpath``,
-``hydra.job.env_*``) and loaders other than Hydra's own take Hydra's path unchanged.
+``hydra.job.env_*``) and loaders other than Hydra's own take Hydra's path unchanged; so does
+every composition on a Hydra outside the versions this was tested on
+(jaxaot.compat.hydra.HYDRA_KNOWN), where the sweepers validate and launch as Hydra's do.
 """
 
 from __future__ import annotations
@@ -115,21 +117,21 @@ class SweepConfigLoader(ConfigLoader):
         """``lines`` parsed and split into group and value overrides, or None where Hydra's
         own path must compose (sweep syntax, ``hydra.searchpath``, another loader, an illegal
         group override: Hydra reports it)."""
-        from hydra._internal.defaults_list import Overrides
         from hydra.core.override_parser.overrides_parser import OverridesParser
+        from jaxaot.compat.hydra import caching_repo, config_overrides
 
-        make_repo = getattr(self.inner, "_parse_overrides_and_create_caching_repo", None)
-        if make_repo is None:  # not Hydra's ConfigLoaderImpl: compose its way
-            return None
         parsed = OverridesParser.create().parse_overrides(overrides=lines)
         if any(_takes_slow_path(o) for o in parsed):
             return None
         # Without a hydra.searchpath override, the repository depends on the config name only.
         repo = self._repos.get(config_name)
         if repo is None:
-            repo = self._repos[config_name] = make_repo(config_name, [])[1]
+            repo = caching_repo(self.inner, config_name)
+            if repo is None:  # not Hydra's ConfigLoaderImpl, or not a known Hydra: its way
+                return None
+            self._repos[config_name] = repo
         try:
-            return Split(parsed, Overrides(repo, parsed).config_overrides, repo)
+            return Split(parsed, config_overrides(repo, parsed), repo)
         except Exception:  # an illegal group override: Hydra's own path reports it
             return None
 
@@ -207,20 +209,17 @@ def apply_value_overrides(cfg: DictConfig, split: Split) -> None:
 
 
 def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[Override]) -> None:
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+    from jaxaot.compat.hydra import apply_overrides_to_config, overrides_dirname
 
-    ConfigLoaderImpl._apply_overrides_to_config(config_overrides, cfg)
+    apply_overrides_to_config(config_overrides, cfg)
     hydra_lines = [o.input_line for o in parsed if o.is_hydra_override()]
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     cfg.hydra.overrides.hydra = hydra_lines
     cfg.hydra.overrides.task = [o.input_line for o in app_overrides]
     _refresh_runtime(cfg)
     dirname = cfg.hydra.job.config.override_dirname
-    cfg.hydra.job.override_dirname = get_overrides_dirname(
-        overrides=app_overrides,
-        kv_sep=dirname.kv_sep,
-        item_sep=dirname.item_sep,
-        exclude_keys=dirname.exclude_keys,
+    cfg.hydra.job.override_dirname = overrides_dirname(
+        app_overrides, dirname.kv_sep, dirname.item_sep, dirname.exclude_keys
     )
 
 
@@ -233,9 +232,12 @@ def _refresh_runtime(cfg: DictConfig) -> None:
 
 
 def with_sweep_loader(hydra_context: HydraContext) -> HydraContext:
-    """``hydra_context`` whose config loader reuses compositions (idempotent)."""
+    """``hydra_context`` whose config loader reuses compositions (idempotent); unchanged on
+    a Hydra this cache was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN)."""
+    from jaxaot.compat.hydra import hydra_known
+
     loader = hydra_context.config_loader
-    if isinstance(loader, SweepConfigLoader):
+    if isinstance(loader, SweepConfigLoader) or not hydra_known():
         return hydra_context
     return HydraContext(config_loader=SweepConfigLoader(loader), callbacks=hydra_context.callbacks)
 
@@ -272,7 +274,11 @@ class LaunchingSweeper(Sweeper):
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None
-        self.hydra_context.config_loader.validate_batch(self.config, batch)  # type: ignore[attr-defined]
+        loader = self.hydra_context.config_loader
+        if isinstance(loader, SweepConfigLoader):
+            loader.validate_batch(self.config, batch)
+        else:  # a Hydra this cache does not know: Hydra's own validation
+            super().validate_batch_is_legal(batch)
 
 
 __all__ = [

@@ -472,9 +472,9 @@ def report_section(sweep_dir: Path) -> list[str]:
 def combinations(overrides: Sequence[Any]) -> list[list[str]]:
     """Parsed sweep arguments as one list of fixed overrides per combination
     (``a=1,2 b=x`` -> ``[[a=1, b=x], [a=2, b=x]]``), as Hydra's basic sweeper expands them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from jaxaot.compat.hydra import split_sweep_arguments
 
-    batches = BasicSweeper.split_arguments(list(overrides), None)
+    batches = split_sweep_arguments(overrides, None)
     return [list(c) for batch in batches for c in batch] or [[]]
 
 

@@ -129,76 +129,75 @@ def _defaults_resolvers() -> Iterator[list[str]]:
     (``- experiment: ${oc.env:PICK}``: the choice depends on more than the files): such a
     composition is not remembered. Interpolations of other choices (``${program}``) depend on
     the files alone."""
-    from hydra.core.default_element import InputDefault
+    from jaxaot.compat.hydra import watch_defaults_interpolations
 
     found: list[str] = []
-    real = InputDefault._resolve_interpolation_impl
 
-    def resolve(self: Any, known_choices: Any, val: str | None) -> str:
+    def seen(val: str | None) -> None:
         if val is not None and _RESOLVER.search(val):
             found.append(val)
-        return real(self, known_choices, val)
 
-    InputDefault._resolve_interpolation_impl = resolve  # type: ignore[method-assign]
-    try:
+    with watch_defaults_interpolations(seen):
         yield found
-    finally:
-        InputDefault._resolve_interpolation_impl = real  # type: ignore[method-assign]
 
 
 def install(memo: OrderedDict[str, bytes], report_fd: int) -> None:
     """In a served run: Hydra's RUN-mode compositions come from ``memo`` (the server's, as
-    forked) when their key is there; each one is reported to the server on ``report_fd``."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    forked) when their key is there; each one is reported to the server on ``report_fd``.
+    Not on a Hydra this was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN): each run composes."""
     from hydra.types import RunMode
+    from jaxaot.compat.hydra import wrap_load_configuration
     from jaxaot.sweeps.compose_cache import SweepConfigLoader, apply_value_overrides
     from omegaconf import OmegaConf
-
-    real = ConfigLoaderImpl.load_configuration
 
     def report(key: str, payload: bytes) -> None:
         data = _RECORD.pack(len(key), len(payload)) + key.encode() + payload
         with contextlib.suppress(OSError):  # the server went away: nothing to remember
             _write_all(report_fd, data)
 
-    def load_configuration(
-        self: Any,
-        config_name: str | None,
-        overrides: list[str],
-        run_mode: RunMode,
-        from_shell: bool = True,
-        validate_sweep_overrides: bool = True,
-    ) -> Any:
-        args = (config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
-        # As a sweep job is composed (jaxaot.sweeps.compose_cache): the group overrides pick
-        # the defaults list, whose composition is what is remembered; the value overrides
-        # (hydra.run.dir=..., execute.seed=3) are applied to a copy as Hydra applies them.
-        if run_mode != RunMode.RUN:
-            return real(self, *args)
-        split = SweepConfigLoader(self).split(config_name, list(overrides))
-        if split is None:
-            return real(self, *args)
-        groups = [str(o.input_line) for o in split.groups]
-        key = composition_key(
-            split.repo.get_sources(), config_name, [groups, from_shell, validate_sweep_overrides]
-        )
-        if key is not None and (kept := memo.get(key)) is not None:
-            cfg = pickle.loads(zlib.decompress(kept))
-            report(key, b"")
-        else:
-            with _defaults_resolvers() as called:
-                cfg = real(
-                    self, config_name, groups, run_mode, from_shell, validate_sweep_overrides
-                )
-            if key is not None and not called and not cfg.hydra.job.get("env_copy"):
-                base = pickle.loads(pickle.dumps(cfg))
-                OmegaConf.clear_cache(base)  # no resolved value (a timestamp) is remembered
-                # Compressed: one report stays well inside a pipe's buffer (~4 of 64 KiB).
-                report(key, zlib.compress(pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)))
-        apply_value_overrides(cfg, split)
-        return cfg
+    def remembered(real: Any) -> Any:
+        def load_configuration(
+            self: Any,
+            config_name: str | None,
+            overrides: list[str],
+            run_mode: RunMode,
+            from_shell: bool = True,
+            validate_sweep_overrides: bool = True,
+        ) -> Any:
+            args = (config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+            # As a sweep job is composed (jaxaot.sweeps.compose_cache): the group overrides pick
+            # the defaults list, whose composition is what is remembered; the value overrides
+            # (hydra.run.dir=..., execute.seed=3) are applied to a copy as Hydra applies them.
+            if run_mode != RunMode.RUN:
+                return real(self, *args)
+            split = SweepConfigLoader(self).split(config_name, list(overrides))
+            if split is None:
+                return real(self, *args)
+            groups = [str(o.input_line) for o in split.groups]
+            key = composition_key(
+                split.repo.get_sources(),
+                config_name,
+                [groups, from_shell, validate_sweep_overrides],
+            )
+            if key is not None and (kept := memo.get(key)) is not None:
+                cfg = pickle.loads(zlib.decompress(kept))
+                report(key, b"")
+            else:
+                with _defaults_resolvers() as called:
+                    cfg = real(
+                        self, config_name, groups, run_mode, from_shell, validate_sweep_overrides
+                    )
+                if key is not None and not called and not cfg.hydra.job.get("env_copy"):
+                    base = pickle.loads(pickle.dumps(cfg))
+                    OmegaConf.clear_cache(base)  # no resolved value (a timestamp) is remembered
+                    # Compressed: one report stays well inside a pipe's buffer (~4 of 64 KiB).
+                    report(key, zlib.compress(pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)))
+            apply_value_overrides(cfg, split)
+            return cfg
 
-    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
+        return load_configuration
+
+    wrap_load_configuration(remembered)
 
 
 def _write_all(fd: int, data: bytes) -> None:

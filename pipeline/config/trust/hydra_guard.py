@@ -1,5 +1,6 @@
-"""Hydra's own import points, put under the import policy: every private Hydra touch of the
-trust model is in this module (hydra-core 1.3).
+"""Hydra's own import points, put under the import policy. What is checked is here; the
+patches of Hydra's classes that call it are jaxaot.compat.hydra's, which refuses to install
+them on a Hydra outside the versions they were tested on (``HYDRA_KNOWN``).
 
 Composition (installed by ``jaxaot`` and by :func:`jaxaot.compose`):
 
@@ -28,6 +29,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from jaxaot.compat.hydra import guard_compositions, guard_instantiation, load_single_config
 from jaxaot.config.trust.composed import (
     check_cuda_data_dir,
     check_env_set,
@@ -87,7 +89,7 @@ def origin_finder(overrides: list[str]) -> Callable[[str], str | None]:
         loader, defaults, repo = last
         for default in reversed(defaults):
             try:
-                loaded = loader._load_single_config(default=default, repo=repo)
+                loaded = load_single_config(loader, default, repo)
                 found = OmegaConf.select(
                     loaded.config, key, default=_MARK, throw_on_resolution_failure=False
                 )
@@ -145,62 +147,41 @@ def check_composition(
     check_hydra_names(cfg, user_policy(given.allow or (), given.deny or ()), origin)
 
 
+def _set_last(loader: Any, defaults: list[Any], repo: Any) -> None:
+    _LAST[0] = (loader, defaults, repo)
+
+
+def _search_path(entries: list[tuple[str, Any]]) -> None:
+    """A ``pkg://`` or ``structured://`` search-path entry is a module Hydra imports."""
+    policy = hydra_policy()
+    for path, provider in entries:
+        scheme, _, module = path.partition("://")
+        if module and scheme in ("pkg", "structured"):
+            key = f"hydra.searchpath entry {path!r} ({provider})"
+            check_name(module.replace("/", ".").strip("."), key, policy, HYDRA)
+
+
+def _check_composed(cfg: Any, overrides: list[str], from_shell: bool) -> None:
+    check_composition(cfg, overrides, origin_finder(overrides), from_shell)
+
+
 def install_composition_guards() -> None:
     """Check every composed config, and every module a config search path names (idempotent;
-    re-wraps a loader another wrapper replaced since, so this check runs outermost)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_repository import ConfigRepository
-
-    load = ConfigLoaderImpl.load_configuration
-    if not _is_guard(load):
-
-        def load_configuration(
-            self: Any,
-            config_name: str | None,
-            overrides: list[str],
-            run_mode: Any,
-            from_shell: bool = True,
-            validate_sweep_overrides: bool = True,
-        ) -> Any:
-            _LAST[0] = None
-            cfg = load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
-            check_composition(cfg, list(overrides), origin_finder(list(overrides)), from_shell)
-            return cfg
-
-        ConfigLoaderImpl.load_configuration = _marked(load_configuration)  # type: ignore[method-assign]
-
-    compose = ConfigLoaderImpl._compose_config_from_defaults_list
-    if not _is_guard(compose):
-
-        def _compose_config_from_defaults_list(self: Any, defaults: Any, repo: Any) -> Any:
-            cfg = compose(self, defaults, repo)
-            _LAST[0] = (self, list(defaults), repo)
-            return cfg
-
-        ConfigLoaderImpl._compose_config_from_defaults_list = _marked(  # type: ignore[method-assign]
-            _compose_config_from_defaults_list
-        )
-
-    init = ConfigRepository.initialize_sources
-    if not _is_guard(init):
-
-        def initialize_sources(self: Any, config_search_path: Any) -> None:
-            policy = hydra_policy()
-            for entry in config_search_path.get_path():
-                scheme, _, module = str(entry.path).partition("://")
-                if module and scheme in ("pkg", "structured"):
-                    key = f"hydra.searchpath entry {entry.path!r} ({entry.provider})"
-                    check_name(module.replace("/", ".").strip("."), key, policy, HYDRA)
-            init(self, config_search_path)
-
-        ConfigRepository.initialize_sources = _marked(initialize_sources)  # type: ignore[method-assign]
+    re-wraps a loader another wrapper replaced since, so this check runs outermost). On a Hydra
+    the guards were not tested on, refuses in one line (jaxaot.compat.hydra.require_known)."""
+    guard_compositions(
+        start=lambda: _LAST.__setitem__(0, None),
+        check=_check_composed,
+        composed=_set_last,
+        search_path=_search_path,
+    )
 
 
-def _resolve(real: Callable[..., Any], target: Any, key: str, scope: str, *args: Any) -> Any:
+def _resolve(call: Callable[[], Any], target: Any, key: str, scope: str) -> Any:
     policy = hydra_policy()
     if isinstance(target, str):
         check_name(target, key, policy, scope)
-    obj = real(*args)
+    obj = call()
     if isinstance(target, str):
         check_resolved(target, key, policy, [], obj, scope)
     else:  # a class or callable given as is (Hydra's plugins): judged by where it lives
@@ -210,34 +191,21 @@ def _resolve(real: Callable[..., Any], target: Any, key: str, scope: str, *args:
     return obj
 
 
+def _target(call: Callable[[], Any], target: Any, full_key: str) -> Any:
+    key = f"Hydra _target_{f' at {full_key}' if full_key else ''}"
+    return _resolve(call, target, key, HYDRA)
+
+
+def _logging_name(call: Callable[[], Any], name: str) -> Any:
+    key = "a Hydra logging config (hydra.job_logging or hydra.hydra_logging)"
+    return _resolve(call, name, key, LOGGING)
+
+
 def install_instantiation_guards() -> None:
     """Every ``_target_`` Hydra resolves and every name a Hydra logging config resolves go
-    through the policy of this ``jaxaot`` command line (idempotent)."""
-    from hydra._internal.instantiate import _instantiate2
-
-    real_target = _instantiate2._resolve_target
-    if not _is_guard(real_target):
-
-        def _resolve_target(target: Any, full_key: str) -> Any:
-            key = f"Hydra _target_{f' at {full_key}' if full_key else ''}"
-            return _resolve(real_target, target, key, HYDRA, target, full_key)
-
-        _instantiate2._resolve_target = _marked(_resolve_target)
-
-    try:
-        from hydra._internal.logging_config import HydraDictConfigurator as configurator
-    except ImportError:  # a Hydra 1.3 without it applies logging.config.dictConfig itself
-        import logging.config
-
-        configurator = logging.config.BaseConfigurator  # type: ignore[assignment,misc]
-    real_name = configurator.resolve
-    if not _is_guard(real_name):
-
-        def resolve(self: Any, s: str) -> Any:
-            key = "a Hydra logging config (hydra.job_logging or hydra.hydra_logging)"
-            return _resolve(real_name, s, key, LOGGING, self, s)
-
-        configurator.resolve = _marked(resolve)  # type: ignore[method-assign]
+    through the policy of this ``jaxaot`` command line (idempotent); refused in one line on a
+    Hydra the guards were not tested on."""
+    guard_instantiation(target=_target, logging_name=_logging_name)
 
     import logging.config
 

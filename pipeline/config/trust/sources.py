@@ -121,10 +121,10 @@ def parse_overrides(overrides: Iterable[str]) -> CommandLine:
 
 def parse_argv(args: Sequence[str]) -> CommandLine:
     """The trust settings of a ``jaxaot`` command line (its Hydra overrides)."""
-    from hydra._internal.utils import get_args_parser
+    from jaxaot.compat.hydra import args_parser
 
     try:
-        ns, _ = get_args_parser().parse_known_args(list(args))
+        ns, _ = args_parser().parse_known_args(list(args))
     except SystemExit:  # a malformed flag: Hydra reports it when it parses the same argv
         return CommandLine()
     return parse_overrides(ns.overrides or [])
