@@ -114,6 +114,7 @@ def test_an_explicit_mesh_needs_no_replacement_as_jax_records_it_itself() -> Non
         assert jax.jit(progs.argless).trace().lower(lowering_platforms=("cpu",)).as_text() == plain
 
 
+@pytest.mark.requires_jax("0.10.2")  # jax._src.pjit.get_ctx_mesh
 @pytest.mark.parametrize("broken", ["missing", "other signature"])
 def test_a_jax_without_get_ctx_mesh_is_refused_naming_the_version(
     monkeypatch: pytest.MonkeyPatch, broken: str

@@ -106,16 +106,19 @@ def test_column_major_on_one_device_is_plain_jaxs_and_relayed(compose_run: Any) 
 
 def test_execute_puts_an_input_in_its_compiled_layout() -> None:
     from jax.sharding import SingleDeviceSharding
+    from jaxaot.compat import jax as compat_jax
     from jaxaot.stages.execute import _put
 
-    fmt = Format(Layout((1, 0)), SingleDeviceSharding(jax.devices("cpu")[0]))
+    layout = compat_jax.layout_class()  # jax 0.6.x: DeviceLocalLayout
+    fmt = Format(layout((1, 0)), SingleDeviceSharding(jax.devices("cpu")[0]))
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     for value in (x, jax.device_put(x)):
         put = _put(value, fmt)
-        assert put.format.layout.major_to_minor == (1, 0)
+        assert compat_jax.format_layout(put.format).major_to_minor == (1, 0)
         assert np.array_equal(np.asarray(put), x)
     default = jax.device_put(x)
-    assert _put(default, Format(default.format.layout, default.sharding)) is default
+    own = compat_jax.format_layout(default.format)
+    assert _put(default, Format(own, default.sharding)) is default
     laid = _put(x, fmt)
     assert _put(laid, fmt) is laid  # already there: not moved again
 

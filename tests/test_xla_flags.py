@@ -273,6 +273,7 @@ def test_identify_keys_code_closures_and_globals(monkeypatch: Any) -> None:
     assert ident(recursive) is not None
 
 
+@pytest.mark.requires_jax("0.10.2")  # jax.extend.xla's HLO module transformations
 def test_a_callback_reading_a_user_module_is_unkeyable(tmp_path: Path, monkeypatch: Any) -> None:
     (tmp_path / "xp_settings.py").write_text("FACTOR = 2.0\n")
     (tmp_path / "xp_helpers.py").write_text("def transform(b):\n    return b\n")
@@ -307,6 +308,7 @@ def test_a_callback_reading_a_user_module_is_unkeyable(tmp_path: Path, monkeypat
             pass
 
 
+@pytest.mark.requires_jax("0.10.2")  # jax.extend.xla's HLO module transformations
 def test_the_registry_is_mirrored_in_order_and_on_clear() -> None:
     xla_passes.watch()  # before jax.extend is imported: jaxaot's runs watch from configure()
     from jax.extend import xla as jxla

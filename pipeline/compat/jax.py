@@ -90,6 +90,7 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jaxlib.xla_client", "_xla"),
     Private("jaxlib._hlo", "HloPrintOptions", HLO_MODULE),
     Private("jaxlib._hlo", "hlo_module_from_text", HLO_MODULE),
+    Private("jaxlib._hlo", "HloComputation.instructions", HLO_MODULE),
     Private("jaxlib._jax", "HloPrintOptions", JAX_MODULE, HLO_MODULE),
     Private("jaxlib._jax", "hlo_module_from_text", JAX_MODULE, HLO_MODULE),
     Private("jaxlib._jax", "hlo_module_cost_analysis", JAX_MODULE),
@@ -614,6 +615,16 @@ def hlo_module_to_text(module: Any, *, debug: bool, keep_large: bool) -> str:
 def hlo_module_from_text(text: str) -> Any:
     """XLA's parse of HLO module text (imports jaxlib, not JAX)."""
     return _hlo_module().hlo_module_from_text(text)
+
+
+def hlo_instructions(text: str) -> dict[str, list[str]] | None:
+    """Each computation of the HLO module ``text`` (parsed by XLA) and its instructions as XLA
+    prints them; None where jaxlib cannot list them (before jaxlib 0.10.2 an HloComputation
+    has no ``instructions()``). Imports jaxlib, not JAX."""
+    if jaxlib_version() < HLO_MODULE:
+        return None
+    module = hlo_module_from_text(text)
+    return {c.name: [x.to_string() for x in c.instructions()] for c in module.computations()}
 
 
 def hlo_module_cost_analysis(client: Any, module: Any) -> Any:

@@ -47,18 +47,16 @@ class Structure:
 def _computations(text: str) -> tuple[str, dict[str, list[Instruction]]]:
     """Each computation's instructions: jaxlib's parser reads the module and prints each
     instruction as XLA does (which :func:`parse_instruction` reads); the regex reader when
-    jaxlib refuses the text (or is not there)."""
+    jaxlib refuses the text, cannot list instructions (jaxlib < 0.10.2) or is not there."""
     try:
-        module = compat_jax.hlo_module_from_text(text)  # imports jaxlib, not JAX
-        comps = {
-            c.name: [
-                i for i in map(parse_instruction, (x.to_string() for x in c.instructions())) if i
-            ]
-            for c in module.computations()
-        }
-        return "jaxlib", comps
-    except Exception:  # another XLA's text, or no jaxlib: the regex reader
+        listed = compat_jax.hlo_instructions(text)  # imports jaxlib, not JAX
+    except Exception:  # another XLA's text, or no jaxlib
+        listed = None
+    if listed is None:
         return "regex", {n: list(c.instructions) for n, c in parse_hlo(text).items()}
+    return "jaxlib", {
+        name: [i for i in map(parse_instruction, printed) if i] for name, printed in listed.items()
+    }
 
 
 def structure(text: str) -> Structure:
