@@ -175,6 +175,8 @@ def test_a_newer_hydras_sweep_jobs_compose_as_hydra_does_with_no_cache(
         expected = loader.load_sweep_config(master, job)
         assert OmegaConf.to_container(got) == OmegaConf.to_container(expected), job
         assert OmegaConf.to_container(got) == OmegaConf.to_container(kept), job
+    fast.validate_batch(master, jobs)
+    assert fast._validated == {}  # the launcher composes each job again, as Hydra's does
     assert compose_cache.stats() == {"composed": 0, "reused": 0}
 
 

@@ -76,12 +76,16 @@ class SweepConfigLoader(ConfigLoader):
 
         The composed configs (the first ``_MAX_KEPT``) are kept for this batch only: a launcher
         in this process gets them from ``load_sweep_config``; a launcher in other processes
-        composes its own, and the next batch drops them.
+        composes its own, and the next batch drops them. None are kept on a Hydra this cache
+        does not know (which fields Hydra fills from the process at launch may differ).
         """
+        from jaxaot.compat.hydra import hydra_known
+
         self._validated.clear()
+        keep = _MAX_KEPT if hydra_known() else 0
         for overrides in batch:
             cfg = self.load_sweep_config(master_config, list(overrides))
-            if len(self._validated) < _MAX_KEPT:
+            if len(self._validated) < keep:
                 self._validated[(id(master_config), tuple(overrides))] = cfg
 
     def load_configuration(
