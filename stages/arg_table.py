@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat import jax as compat_jax
 from jaxaot.config.argspec import human_size, short_name
 from jaxaot.config.tree_paths import SEP, leaf_paths, top_names
 
@@ -155,7 +156,7 @@ def spec_text(sharding: Any) -> str | None:
         spec is not None and all(e is None for e in spec)
     ):
         return "replicated"
-    return str(spec) if spec is not None else str(sharding)
+    return compat_jax.spec_text(spec) if spec is not None else str(sharding)
 
 
 def _shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ...]:

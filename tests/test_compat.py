@@ -320,3 +320,17 @@ def test_layouts_read_the_same_under_each_jax_s_names(monkeypatch: pytest.Monkey
         "tiling": ((8,),),
         "sub_byte_element_size_in_bits": 4,
     }
+
+
+def test_a_partition_spec_prints_as_jax_0_9_1_prints_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jax.sharding import PartitionSpec
+
+    spec = PartitionSpec(("data", "fsdp"), None)
+    assert compat_jax.spec_text(spec) == "P(('data', 'fsdp'), None)"
+
+    class Old:
+        def __str__(self) -> str:
+            return "PartitionSpec('fsdp', 'model')"
+
+    _on(monkeypatch, (0, 9, 0))
+    assert compat_jax.spec_text(Old()) == "P('fsdp', 'model')"

@@ -32,19 +32,19 @@ JAX_TESTED: Version = (0, 10, 2)
 TRACED_OUT_TREE = (0, 8, 1)  # jax.stages.Traced.out_tree (``_out_tree`` before)
 USE_ABSTRACT_MESH = (0, 7, 2)  # jax.sharding.use_abstract_mesh (jax._src.mesh's before)
 SET_MESH = (0, 7, 1)  # jax.set_mesh (jax.sharding.use_mesh before)
-JAXPRS_IN_PARAMS = (0, 10, 2)  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
+JAXPRS_IN_PARAMS = (0, 10, 0)  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
 HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
 JAX_MODULE = (0, 6, 1)  # jaxlib._jax (jaxlib.xla_extension before)
 # jax.experimental.layout's Layout and Format.layout (DeviceLocalLayout, .device_local_layout
-# before; jax 0.6.2 has the old names, 0.8.3 the new ones)
+# before)
 LAYOUT = (0, 7, 0)
-# The fields of a layout, as jax 0.10.2 names them (jax 0.6.2: _tiling; before 0.9.2:
+# The fields of a layout, as jax 0.10.2 names them (before 0.7.1: _tiling; before 0.9.1:
 # _sub_byte_element_size_in_bits), in the order jax 0.10.2 keeps them.
 LAYOUT_FIELDS = ("major_to_minor", "tiling", "sub_byte_element_size_in_bits")
-# Lowered.compile(device_assignment=) and Compiled.out_info: jax 0.6.2 has neither, 0.8.3 both
-# (the lowest release checked that has them).
-COMPILE_DEVICES = (0, 8, 3)
-COMPILED_OUT_INFO = (0, 8, 3)
+# Lowered.compile(device_assignment=) and Compiled.out_info: from jax 0.7.0.
+COMPILE_DEVICES = (0, 7, 0)
+COMPILED_OUT_INFO = (0, 7, 0)
+SPEC_REPR = (0, 9, 1)  # str(PartitionSpec) is "P(...)" ("PartitionSpec(...)" before)
 EXPORT_DECLARES_ABSL = (0, 6, 2)  # jax.export imports absl-py, undeclared by jax before this
 
 
@@ -69,7 +69,7 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.xla_bridge", "_backend_initialization_hooks", JAX_TESTED),
     Private("jax._src.xla_bridge", "_discover_and_register_pjrt_plugins"),
     Private("jax._src.interpreters.mlir", "_platforms_with_donation"),
-    Private("jax._src.pjit", "get_ctx_mesh", JAX_TESTED),
+    Private("jax._src.pjit", "get_ctx_mesh", (0, 10, 0)),
     Private("jax._src.mesh", "use_abstract_mesh", JAX_RANGE[0], USE_ABSTRACT_MESH),
     Private("jax._src.config", "traceback_in_locations_limit"),
     Private("jax._src.core", "jaxprs_in_params", JAX_RANGE[0], JAXPRS_IN_PARAMS),
@@ -107,8 +107,8 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("Compiled", "_executable._kept_var_idx"),
     Private("Compiled", "_executable.out_avals", JAX_RANGE[0], COMPILED_OUT_INFO),
     Private("ArgInfo", "_aval"),
-    Private("Layout", "_tiling", JAX_RANGE[0], LAYOUT),
-    Private("Layout", "_sub_byte_element_size_in_bits", JAX_RANGE[0], (0, 9, 2)),
+    Private("Layout", "_tiling", JAX_RANGE[0], (0, 7, 1)),
+    Private("Layout", "_sub_byte_element_size_in_bits", JAX_RANGE[0], (0, 9, 1)),
     Private("Dim", "_evaluate"),
 )
 
@@ -300,6 +300,14 @@ def out_info(stage: Any) -> Any:
         for a, f in zip(avals, formats, strict=True)
     ]
     return stage.out_tree.unflatten(structs)
+
+
+def spec_text(spec: Any) -> str:
+    """A ``PartitionSpec`` as jax 0.9.1 on prints it (``P('fsdp', None)``), on every jax."""
+    text = str(spec)
+    if not at_least(SPEC_REPR) and text.startswith("PartitionSpec("):
+        return "P(" + text.removeprefix("PartitionSpec(")
+    return text
 
 
 def lowering_of(stage: Any) -> Any:
