@@ -151,8 +151,10 @@ def test_below_the_schema_no_module_names_the_root_config() -> None:
     assert not naming
 
 
-# Private modules of JAX and jaxlib: only jaxaot.compat imports them (its docstring says why).
+# Private modules of JAX, jaxlib and Hydra: only jaxaot.compat imports them (its docstring
+# says why).
 PRIVATE_JAX = ("jax._src", "jaxlib._", "jaxlib.xla_client", "jaxlib.mlir", "jaxlib.xla_extension")
+PRIVATE_HYDRA = ("hydra._internal",)
 
 
 def _is_private(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -185,13 +187,15 @@ def _private_imports(path: Path, prefixes: tuple[str, ...]) -> list[tuple[int, s
     return sorted(found)
 
 
-def test_only_the_compat_package_imports_jax_privates() -> None:
+@pytest.mark.parametrize("private", [PRIVATE_JAX, PRIVATE_HYDRA], ids=["jax", "hydra"])
+def test_only_the_compat_package_imports_privates(private: tuple[str, ...]) -> None:
     compat = REPO / "pipeline" / "compat"
+    plugins = sorted((REPO / "hydra_plugins").rglob("*.py"))
     wrong = [
         f"{path.relative_to(REPO)}:{line} imports {name}"
-        for path in sorted(_modules().values())
+        for path in [*sorted(_modules().values()), *plugins]
         if compat not in path.parents
-        for line, name in _private_imports(path, PRIVATE_JAX)
+        for line, name in _private_imports(path, private)
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -208,10 +212,12 @@ def test_the_private_import_rule_sees_each_form(tmp_path: Path) -> None:
         "from jax import export": None,
         "import jaxlib": None,
         "import jax.extend.mlir": None,
+        "from hydra._internal.utils import get_args_parser": "hydra._internal.utils",
+        "import hydra.core.utils": None,
     }
     path = tmp_path / "forms.py"
     path.write_text("def f():\n" + "".join(f"    {f}\n" for f in forms))
-    found = dict(_private_imports(path, PRIVATE_JAX))
+    found = dict(_private_imports(path, (*PRIVATE_JAX, *PRIVATE_HYDRA)))
     assert [found.get(line) for line in range(2, 2 + len(forms))] == list(forms.values())
 
 

@@ -21,7 +21,6 @@ SERVE = "from jaxaot.cli.server.daemon import serve_forever; serve_forever()"
 # Modules a run imports on its way (lowering rules, store, snapshots, examples), measured with
 # a sys.modules diff around a warm run of program=transformer_train.
 _RUN_IMPORTS = (
-    "hydra._internal.logging_config",
     "jax.experimental.multihost_utils",
     "jax.extend",
     "jax.extend.backend",
@@ -72,12 +71,15 @@ def preimport() -> None:
         "jaxaot.cli.server.compositions",
     ):
         importlib.import_module(name)
+    from jaxaot.compat import hydra as compat_hydra
     from jaxaot.compat import jax as compat_jax
 
     # What a run imports as it goes (~80 ms): optional, none starts a backend (checked below).
     for name in (*_RUN_IMPORTS, *compat_jax.preimport()):
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    with contextlib.suppress(Exception):
+        compat_hydra.logging_configurator()  # hydra._internal.logging_config, where Hydra has it
     from jaxaot.api import compose
 
     Plugins.instance()  # discovers Hydra's plugins (search path, launchers, sweepers) once
