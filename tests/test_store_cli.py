@@ -303,3 +303,25 @@ def test_verify_remove_on_a_read_only_store_claims_no_removal(
     assert "[NOT removed: [Errno 30] Read-only file system" in out
     assert "3 entries: 2 ok, 1 corrupt; 0 removed, 1 could not be removed (read-only store?)" in out
     assert bad.exists()
+
+
+def test_verify_names_entries_another_jax_made_and_deep_leaves_them_alone(tmp_path: Path) -> None:
+    """A team store shared across jax versions: an entry another jaxlib made verifies (its bytes
+    are intact), says which jax made it, and ``--deep --remove`` neither probes nor deletes it
+    (this jaxlib would fail to load what that jaxlib serves)."""
+    import importlib.metadata
+
+    store = Store(tmp_path / "store")
+    mine = {d: importlib.metadata.version(d) for d in ("jax", "jaxlib")}
+    theirs = {"jax": "0.6.2", "jaxlib": "0.6.2", "platform": "cpu", "platform_version": "cpu"}
+    assert store.put("compile", KEYS[0], {"executable.bin": b"not a pickle"}, compat=theirs)
+    proc = cli("verify", "--store", str(store.root))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        f"ok       compile/{KEYS[0]} (made by jax 0.6.2, jaxlib 0.6.2: never served to this "
+        f"jax {mine['jax']}, jaxlib {mine['jaxlib']})"
+    ) in proc.stdout
+    proc = cli("verify", "--deep", "--remove", "--store", str(store.root))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 entries: 1 ok, 0 corrupt, 0 unusable" in proc.stdout
+    assert store.entry_dir("compile", KEYS[0]).is_dir()

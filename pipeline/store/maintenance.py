@@ -299,24 +299,51 @@ def _failed(
     )
 
 
+def _installed(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _made_elsewhere(compat: Mapping[str, object]) -> str:
+    """What an entry's jax/jaxlib differ in from the installed ones ('' when they match): such
+    an entry verifies but is never served here (a miss), and ``gc`` removes it once unused."""
+    other = [
+        f"{dist} {compat.get(dist)}"
+        for dist in ("jax", "jaxlib")
+        if compat.get(dist) is not None and compat.get(dist) != _installed(dist)
+    ]
+    if not other:
+        return ""
+    here = ", ".join(f"{dist} {_installed(dist)}" for dist in ("jax", "jaxlib"))
+    return f"made by {', '.join(other)}: never served to this {here}"
+
+
 def verify(store: Store, remove: bool = False, deep: bool = False) -> VerifyReport:
     """Re-hash every entry; corrupt ones are reported and, with ``remove``, deleted.
 
     ``deep``: also load every verified entry in a fresh process, as a cold run would, and call
     what it holds (:mod:`jaxaot.store.probe`); the ones that cannot be loaded or called are
-    ``unusable``.
+    ``unusable``. An entry made by another jax or jaxlib verifies, says so in its ``reason``,
+    and is not probed (this jax never serves it).
     """
     results = []
     for stage, key, d in _iter_entry_dirs(store.data_dir):
         try:
-            load_entry(d, stage, key, None, store.trust)
-            results.append(VerifyResult(stage, key, d, ok=True))
+            entry = load_entry(d, stage, key, None, store.trust)
+            note = _made_elsewhere(entry.compat) if entry is not None else ""
+            results.append(VerifyResult(stage, key, d, ok=True, reason=note))
         except Refused as bad:
             results.append(_failed(store, stage, key, d, bad.reason, "corrupt", remove))
     if deep:
         from jaxaot.store.probe import probe_entries
 
-        to_probe = [r for r in results if r.ok]
+        # An entry another jax/jaxlib made is never loaded by this one: probing it here would
+        # call it unusable, and --remove would delete what that jax serves.
+        to_probe = [r for r in results if r.ok and not r.reason]
         probed = probe_entries([r.dir for r in to_probe], store.trust) if to_probe else []
         verdicts = {p.dir: p for p in probed}
         results = [

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable, Iterator
@@ -378,7 +379,7 @@ def check_hydra_names(cfg: Any, policy: ImportPolicy, origin: Origin = _no_origi
     for key, name, scope in hydra_names(cfg):
         if "${" in name:
             continue
-        check_name(name, key, policy, scope, origin=lambda key=key: _leaf_origin(origin, key))
+        check_name(name, key, policy, scope, origin=functools.partial(_leaf_origin, origin, key))
 
 
 def check_task_config(cfg: Any) -> None:
