@@ -72,8 +72,39 @@ def test_a_newer_hydra_refuses_the_import_policy_in_one_line(monkeypatch: Any) -
         assert text == (
             "hydra-core 1.4.0 is installed; jaxaot's import policy for _target_ and Hydra's "
             "imports is known to hold on hydra-core >=1.3.2,<1.4.0 only, and does not run "
-            "unchecked; fix: pip install 'hydra-core>=1.3.2,<1.4'"
+            "unchecked; fix: pip install 'hydra-core>=1.3.2,<1.4' (or, to run on this Hydra "
+            "with the policy on the same hooks, set JAXAOT_UNTESTED_HYDRA=1)"
         )
+
+
+def test_untested_hydra_runs_with_the_policy_when_the_user_says_so(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``JAXAOT_UNTESTED_HYDRA=1`` (the user's environment): on a Hydra outside the range whose
+    hooks are all there, a run composes and runs with the import policy on (a config's
+    ``_target_`` outside it is still refused) and the speed patches off; a hook that is gone
+    still refuses, naming it."""
+    import jaxaot
+
+    monkeypatch.setattr(compat, "hydra_version", lambda: NEWER)
+    monkeypatch.setenv(compat.ENV_UNTESTED, "1")
+    result = jaxaot.run(jaxaot.compose(["program=axpy"]), run_dir=tmp_path / "run")
+    assert result.manifest["status"] == "ok"
+    assert not compat.hydra_known()  # so every speed patch is off (test below)
+    with pytest.raises(ConfigError, match=r"hydra\.callbacks\.x\._target_='os\.system'"):
+        jaxaot.compose(["program=axpy", "+hydra.callbacks.x={_target_: os.system}"])
+
+    from jaxaot.config.trust import install_composition_guards
+
+    gone = compat.PrivateName("hydra._internal.instantiate._instantiate2", "_gone", "trust")
+    monkeypatch.setattr(compat, "PRIVATE_NAMES", (*compat.PRIVATE_NAMES, gone))
+    with pytest.raises(ConfigError) as info:
+        install_composition_guards()
+    assert str(info.value) == (
+        "hydra-core 1.4.0 is installed and JAXAOT_UNTESTED_HYDRA=1 is set, but the import "
+        "policy cannot hook hydra._internal.instantiate._instantiate2._gone (gone in this "
+        "Hydra); fix: pip install 'hydra-core>=1.3.2,<1.4'"
+    )
 
 
 def _fake_newer(tmp_path: Path) -> None:
@@ -97,7 +128,7 @@ def test_the_cli_on_a_newer_hydra_refuses_before_composing(tmp_path: Path) -> No
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("jaxaot: error: hydra-core 1.4.0 is installed;"), proc.stderr
     assert proc.stderr.count("\n") == 1 and "pip install 'hydra-core>=1.3.2,<1.4'" in proc.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()

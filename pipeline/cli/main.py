@@ -265,7 +265,7 @@ def main() -> None:
         install_guards()
     except ConfigError as exc:  # a Hydra the import policy was not tested on: no run
         print(f"jaxaot: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(1)  # as every other error of the config: 2 is an internal error
     try:
         with quiet_broken_pipe():  # `jaxaot ... | head`: the run goes on, its output dropped
             _main()

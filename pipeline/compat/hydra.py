@@ -10,7 +10,8 @@ Two kinds of patch, and what each does on a Hydra outside :data:`HYDRA_KNOWN`:
 - trust: the import policy (jaxaot.config.trust.hydra_guard) wraps the points where Hydra
   composes a config, imports a search-path module, resolves a ``_target_`` or a logging name.
   Those points may have moved, so :func:`require_known` refuses in one line (the installed
-  version, the known range, the fix) instead of running without the policy.
+  version, the known range, the fix) instead of running without the policy; with the user's
+  ``JAXAOT_UNTESTED_HYDRA=1`` it runs when every such point is still there.
 
 The read-only helpers (config repository, argument parser, sweep expansion, a job's return
 value) serve features that need them on any Hydra. :data:`PRIVATE_NAMES` lists every private
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import logging
 import logging.config
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -35,8 +38,11 @@ if TYPE_CHECKING:
 # [first, end): hydra-core releases whose internals the patches below were tested on.
 HYDRA_KNOWN = ((1, 3, 2), (1, 4, 0))
 PIN = "pip install 'hydra-core>=1.3.2,<1.4'"
+# The user's own switch for a Hydra outside HYDRA_KNOWN (see require_known).
+ENV_UNTESTED = "JAXAOT_UNTESTED_HYDRA"
 
 _MARK = "_jaxaot_trust_guard"
+log = logging.getLogger("jaxaot")
 
 
 class PrivateName(NamedTuple):
@@ -114,15 +120,59 @@ def hydra_known() -> bool:
     return first <= hydra_version() < end
 
 
+def resolves(name: PrivateName) -> bool:
+    """Whether ``name`` exists on the installed Hydra (importing its module)."""
+    import importlib
+
+    try:
+        obj: Any = importlib.import_module(name.module)
+        for part in name.attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+_warned_untested: list[bool] = []
+
+
 def require_known() -> None:
-    """Refuse, in one line, to run the import policy on a Hydra it was not tested on."""
-    if not hydra_known():
-        first, end = HYDRA_KNOWN
-        raise ConfigError(
-            f"hydra-core {_text(hydra_version())} is installed; jaxaot's import policy for "
-            f"_target_ and Hydra's imports is known to hold on hydra-core >={_text(first)},"
-            f"<{_text(end)} only, and does not run unchecked; fix: {PIN}"
-        )
+    """Refuse, in one line, to run the import policy on a Hydra it was not tested on, unless
+    the user says so with ``JAXAOT_UNTESTED_HYDRA=1`` (their environment, never a config) and
+    every point the policy wraps is still there: then one warning, and the speed patches stay
+    off (:func:`hydra_known`)."""
+    if hydra_known():
+        return
+    first, end = HYDRA_KNOWN
+    found = f"hydra-core {_text(hydra_version())} is installed"
+    if os.environ.get(ENV_UNTESTED) == "1":
+        missing = [
+            f"{n.module}.{n.attribute}"
+            for n in PRIVATE_NAMES
+            if n.use.startswith("trust") and not n.optional and not resolves(n)
+        ]
+        if missing:
+            raise ConfigError(
+                f"{found} and {ENV_UNTESTED}=1 is set, but the import policy cannot hook "
+                f"{missing[0]} (gone in this Hydra); fix: {PIN}"
+            )
+        if not _warned_untested:
+            _warned_untested.append(True)
+            log.warning(
+                "%s, outside the tested >=%s,<%s; %s=1: the import policy runs on the same "
+                "hooks, Hydra composes without jaxaot's speed-ups",
+                found,
+                _text(first),
+                _text(end),
+                ENV_UNTESTED,
+            )
+        return
+    raise ConfigError(
+        f"{found}; jaxaot's import policy for _target_ and Hydra's imports is known to hold "
+        f"on hydra-core >={_text(first)},<{_text(end)} only, and does not run unchecked; fix: "
+        f"{PIN} (or, to run on this Hydra with the policy on the same hooks, set "
+        f"{ENV_UNTESTED}=1)"
+    )
 
 
 def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,6 +456,7 @@ __all__ = [
     "logging_configurator",
     "overrides_dirname",
     "require_known",
+    "resolves",
     "share_help_repository",
     "skip_mode_probe",
     "split_sweep_arguments",
