@@ -33,6 +33,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
+from jaxaot.compat.hydra import job_return_value
 from jaxaot.errors import EXIT_DOES_NOT_FIT, ConfigError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.rundir.metrics import RunMetrics
@@ -88,7 +89,7 @@ ConfigStore.instance().store(
 
 def probe_record(n: int, job: JobReturn, num: int) -> dict[str, Any]:
     """One probe as fit.json keeps it: the verdict (None: none), its status and figures."""
-    value = job._return_value
+    value = job_return_value(job)
     run_dir = Path(str(job.hydra_cfg.hydra.runtime.output_dir)) if job.hydra_cfg else None
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     compiled = RunMetrics.from_manifest(manifest).compile

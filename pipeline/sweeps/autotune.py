@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jaxaot.compat.hydra import job_return_value
 from jaxaot.errors import ConfigError, MissingDependencyError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.rundir.metrics import RunMetrics
@@ -229,10 +230,11 @@ def objective_value(job: JobReturn, objective: str) -> tuple[float | None, str |
     """(value, None) for a trial whose job produced the objective, else (None, why not)."""
     from hydra.core.utils import JobStatus
 
+    value = job_return_value(job)
     if job.status != JobStatus.COMPLETED:
-        return None, f"job raised {type(job._return_value).__name__}"
-    if isinstance(job._return_value, JobOutcome) and job._return_value.code != 0:
-        return None, job._return_value.error
+        return None, f"job raised {type(value).__name__}"
+    if isinstance(value, JobOutcome) and value.code != 0:
+        return None, value.error
     run_dir = _run_dir(job)
     manifest = read_json(run_dir / MANIFEST_NAME) if run_dir else None
     if not manifest or manifest.get("status") != "ok":
