@@ -20,14 +20,16 @@ import aot_records_programs as progs
 import jax
 import numpy as np
 import pytest
-from jax.experimental.layout import Format, Layout
+from jax.experimental.layout import Format
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from jaxaot.compat import jax as compat_jax
 from jaxaot.stages.execute import load_outputs
 from jaxaot.stages.inputs import spec_inputs
 
 T = "program.target=aot_records_programs"
 ONCE = ("execute.warmup=0", "execute.repeats=1")
+Layout = compat_jax.layout_class()  # jax 0.6.x: DeviceLocalLayout
 AUTO = Layout.AUTO
 
 
@@ -63,7 +65,7 @@ class Case:
 
 
 def _m2m(fmt: Any) -> tuple[int, ...]:
-    return tuple(fmt.layout.major_to_minor)
+    return tuple(compat_jax.format_layout(fmt).major_to_minor)
 
 
 def _auto_layout_check(c: Any) -> None:
@@ -93,7 +95,14 @@ def _in_default_out_auto_check(c: Any) -> None:
 def _dce_check(c: Any) -> None:
     # test_dce_in_layouts: the four unused inputs have no format, the used ones a layout
     formats = c.input_formats[0]
-    assert [f.layout is not None for f in formats] == [False, False, True, False, True, False]
+    assert [compat_jax.format_layout(f) is not None for f in formats] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
     assert all(f.sharding is None for i, f in enumerate(formats) if i not in (2, 4))
 
 
@@ -332,6 +341,9 @@ CASES = {
 }
 
 
+# JAX's own layout and memory tests as of jax 0.7: jax 0.6 has no output memory kinds on CPU, lays
+# some outputs out otherwise, and compiles a mesh lowering through its export (every input kept).
+@pytest.mark.requires_jax("0.7.0")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_jax_layout_and_memory_tests_as_configs(compose_run: Any, name: str) -> None:
     case = CASES[name]
@@ -384,7 +396,7 @@ def test_jax_layout_and_memory_tests_as_configs(compose_run: Any, name: str) -> 
     fmts = jax.tree.leaves(plain.input_formats, is_leaf=lambda x: isinstance(x, Format))
     assert [r["kept"] for r in rows["inputs"]] == [f.sharding is not None for f in fmts]
     assert [r["layout"] and r["layout"]["major_to_minor"] for r in rows["inputs"]] == [
-        f.layout and list(f.layout.major_to_minor) for f in fmts
+        (lay := compat_jax.format_layout(f)) and list(lay.major_to_minor) for f in fmts
     ]
     assert [r["memory_kind"] for r in rows["outputs"]] == [
         f.sharding.memory_kind
