@@ -81,6 +81,8 @@ def tracing_on(amesh: Any, *, unplaced: bool = False) -> Iterator[None]:
     mesh's devices, as ``with jax.set_mesh(mesh): jax.jit(f).lower()`` is."""
     from jax.sharding import AxisType
 
+    if unplaced:
+        compat_jax.need_context_mesh()
     with compat_jax.use_abstract_mesh(amesh):
         if not unplaced or AxisType.Explicit in amesh.axis_types:
             yield

@@ -334,3 +334,25 @@ def test_a_partition_spec_prints_as_jax_0_9_1_prints_it(monkeypatch: pytest.Monk
 
     _on(monkeypatch, (0, 9, 0))
     assert compat_jax.spec_text(Old()) == "P('fsdp', 'model')"
+
+
+def test_an_argless_mesh_program_needs_jax_0_10(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jax.sharding import AbstractMesh, AxisType
+    from jaxaot.stages.jax_mesh import tracing_on
+
+    _on(monkeypatch, (0, 9, 2))
+    want = (
+        "A mesh program without arguments needs jax>=0.10.0 (a jit that records the AbstractMesh "
+        "in context as its devices: jax._src.pjit.get_ctx_mesh); installed: jax 0.9.2; fix: pip "
+        "install 'jax>=0.10.0'"
+    )
+    for kind in (AxisType.Auto, AxisType.Explicit):
+        amesh = AbstractMesh((2,), ("data",), axis_types=(kind,))
+        with pytest.raises(VersionError) as refused, tracing_on(amesh, unplaced=True):
+            pass
+        assert str(refused.value) == want
+    with pytest.raises(VersionError), compat_jax.auto_context_mesh():
+        pass
+    monkeypatch.undo()  # the installed jax
+    with tracing_on(amesh):  # a program with arguments: its shardings name the mesh
+        assert jax.sharding.get_abstract_mesh() == amesh

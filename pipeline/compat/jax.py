@@ -32,7 +32,12 @@ JAX_TESTED: Version = (0, 10, 2)
 TRACED_OUT_TREE = (0, 8, 1)  # jax.stages.Traced.out_tree (``_out_tree`` before)
 USE_ABSTRACT_MESH = (0, 7, 2)  # jax.sharding.use_abstract_mesh (jax._src.mesh's before)
 SET_MESH = (0, 7, 1)  # jax.set_mesh (jax.sharding.use_mesh before)
-JAXPRS_IN_PARAMS = (0, 10, 0)  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
+JAXPRS_IN_PARAMS = (0, 10, 0)
+CTX_MESH = (
+    0,
+    10,
+    0,
+)  # jax._src.pjit.get_ctx_mesh: the device context a jit records  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
 HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
 JAX_MODULE = (0, 6, 1)  # jaxlib._jax (jaxlib.xla_extension before)
 # jax.experimental.layout's Layout and Format.layout (DeviceLocalLayout, .device_local_layout
@@ -69,7 +74,7 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.xla_bridge", "_backend_initialization_hooks", JAX_TESTED),
     Private("jax._src.xla_bridge", "_discover_and_register_pjrt_plugins"),
     Private("jax._src.interpreters.mlir", "_platforms_with_donation"),
-    Private("jax._src.pjit", "get_ctx_mesh", (0, 10, 0)),
+    Private("jax._src.pjit", "get_ctx_mesh", CTX_MESH),
     Private("jax._src.mesh", "use_abstract_mesh", JAX_RANGE[0], USE_ABSTRACT_MESH),
     Private("jax._src.config", "traceback_in_locations_limit"),
     Private("jax._src.core", "jaxprs_in_params", JAX_RANGE[0], JAXPRS_IN_PARAMS),
@@ -404,12 +409,24 @@ _ORIGINAL: list[Any] = []  # jax's get_ctx_mesh while the patch is in place
 _TRACING = threading.local()  # .depth: contexts open in this thread
 
 
+def need_context_mesh() -> None:
+    """Refuse in one line, on a jax before 0.10.0, a mesh program without arguments: its jit
+    records no AbstractMesh in context as its devices (whatever the axis types), so it would be
+    lowered for one device."""
+    need(
+        "A mesh program without arguments",
+        CTX_MESH,
+        "a jit that records the AbstractMesh in context as its devices: jax._src.pjit.get_ctx_mesh",
+    )
+
+
 def _ctx_mesh_module() -> Any:
     """jax's private ``pjit`` module, checked to have the ``get_ctx_mesh(use_resource_env)``
     (jax 0.10.2: the device context a jit records) that :func:`auto_context_mesh` replaces,
     or a one-line error naming the jax version."""
     import inspect
 
+    need_context_mesh()
     use = "lower a program without arguments for its mesh's devices"
     try:
         from jax._src import pjit
