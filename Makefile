@@ -8,7 +8,7 @@ RUN_STAMP  := $(VENV)/.jaxaot-run
 TEST_STAMP := $(VENV)/.jaxaot-test
 EXTRAS ?= dev,sweep,tpu,cuda-aot,profile,models
 
-.PHONY: run test test-fast test-server test-plain lint bench clean venv graphviz slurm
+.PHONY: run test test-fast test-server test-plain test-matrix lint bench clean venv graphviz slurm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,17 @@ test-server: $(TEST_STAMP) graphviz slurm
 # The same suite with every `jaxaot` run a plain process (no server).
 test-plain: $(TEST_STAMP) graphviz slurm
 	JAXAOT_TEST_SERVER=0 $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The version matrix (noxfile.py): the fast tier and the central pipeline tests on the oldest
+# and the newest supported jax, on Python 3.11 and on 3.13, each in a venv of its own under
+# .nox/ (the registry's jax and jaxlib wheels; a few minutes a session). nox finds python3.11 and
+# python3.13 on PATH; pyenv's are made visible to it. NOX_ARGS picks sessions, e.g.
+# NOX_ARGS="-s 'core-3.11(jax=\'0.6.2\')'"; `$(BIN)/nox -l` lists them.
+MATRIX_PYENV := $(shell command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null \
+  | grep -E '^3\.1[13]\.[0-9]+$$' | paste -sd: -)
+
+test-matrix: $(TEST_STAMP)
+	$(if $(MATRIX_PYENV),PYENV_VERSION=$(MATRIX_PYENV)) $(BIN)/nox $(or $(NOX_ARGS),-s core)
 
 # mypy reads the package as installed: jaxaot = pipeline/ + stages/ + conf/ + jaxaot_examples/
 # (pyproject.toml's package-dir), laid out as symlinks in .typecheck/ (mypy does not run the

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -495,6 +497,31 @@ EXTRAS = {
 }
 
 
+# The jax a test needs (`@pytest.mark.requires_jax("0.7.2")`): a test of behaviour that older
+# JAX releases lack (jaxaot supports jax 0.6 to 0.10) is skipped below that version, naming it.
+# The installed version is read from the package metadata, without importing jax.
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """``"0.10.2"`` (or ``"0.6.2.dev1"``, ``"0.7"``) as ``(0, 10, 2)``: its leading numbers."""
+    found = re.match(r"\d+(\.\d+){0,2}", text)
+    return tuple(int(n) for n in found.group().split(".")) if found else ()
+
+
+JAX_VERSION = importlib.metadata.version("jax")
+
+
+def requires_jax_reason(item: pytest.Item, needed: object) -> str | None:
+    """The skip reason of ``item`` marked ``requires_jax(needed)`` on this venv's jax, or None
+    where that jax is new enough; a ``needed`` that is no "X.Y[.Z]" string is a usage error."""
+    if not isinstance(needed, str) or not re.fullmatch(r"\d+\.\d+(\.\d+)?", needed):
+        raise pytest.UsageError(
+            f'{item.nodeid}: @pytest.mark.requires_jax: expected a version like "0.7.2", '
+            f"found {needed!r}"
+        )
+    if _version_tuple(JAX_VERSION) >= _version_tuple(needed):
+        return None
+    return f"needs jax>={needed} (installed: jax {JAX_VERSION}): pip install 'jax>={needed}'"
+
+
 def _on_path(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -592,6 +619,10 @@ def pytest_configure(config: pytest.Config) -> None:
         f"extra(*names): needs these optional extras ({', '.join(EXTRAS)}); skipped, naming "
         "them, where they are not installed",
     )
+    config.addinivalue_line(
+        "markers",
+        'requires_jax(version): needs jax >= version ("0.7.2"); skipped, naming it, on an older jax',
+    )
     # pytest-xdist's, registered here too for runs without it (-p no:xdist)
     config.addinivalue_line("markers", "xdist_group(name): run in one xdist worker")
     config.pluginmanager.register(_XdistGroupNodeIds(), "jaxaot-xdist-group-node-ids")
@@ -634,6 +665,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     )
                 if missing_extra_modules(extra):
                     item.add_marker(pytest.mark.skip(reason=extra_reason(extra)))
+        for mark in item.iter_markers("requires_jax"):
+            reason = requires_jax_reason(item, mark.args[0] if len(mark.args) == 1 else mark.args)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
         if "slurm" in getattr(item, "fixturenames", ()):
             # one throw-away SLURM cluster at a time: its tests run in one xdist worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
