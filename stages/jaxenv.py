@@ -354,7 +354,7 @@ def _configure(backend: str, num_devices: int | None) -> None:
     import jax
 
     jex_backend = _jex_backend()
-    compat_jax.check_export_importable()
+    compat_jax.check_supported()
     _note_flags()
     _only_needed_platforms(backend)
     from jaxaot.targets.cuda import quiet_plugin_discovery

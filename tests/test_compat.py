@@ -148,8 +148,7 @@ def test_use_abstract_mesh_is_public_from_0_7_2_private_before(
     [
         ((0, 10, 2), "jaxlib._hlo"),
         ((0, 10, 1), "jaxlib._jax"),
-        ((0, 6, 1), "jaxlib._jax"),
-        ((0, 6, 0), "jaxlib.xla_extension"),
+        ((0, 6, 2), "jaxlib._jax"),
     ],
 )
 def test_the_hlo_printer_is_read_from_the_module_each_jaxlib_has_it_in(
@@ -260,21 +259,15 @@ def test_jaxprs_in_params_public_in_0_10_private_before(monkeypatch: pytest.Monk
     assert compat_jax.jaxprs_in_params(cond.params) == ["private"]
 
 
-def test_an_export_that_needs_absl_is_refused_naming_the_fix(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from jaxaot.errors import MissingDependencyError
-
-    compat_jax.check_export_importable()  # jax 0.10.2 declares what jax.export imports
+def test_a_jax_below_the_floor_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    compat_jax.check_supported()
     _on(monkeypatch, (0, 6, 1))
-    err = compat_jax.export_import_error(ModuleNotFoundError("No module named 'absl'", name="absl"))
-    assert isinstance(err, MissingDependencyError)
-    assert str(err) == (
-        "jax 0.6.1's jax.export imports absl-py, which jax 0.6.1 does not declare; fix: pip "
-        "install absl-py (or pip install 'jax>=0.6.2')"
+    with pytest.raises(VersionError) as refused:
+        compat_jax.check_supported()
+    assert str(refused.value) == (
+        "jaxaot needs jax>=0.6.2 (jax.experimental.layout.Format, Array.format, jax.export); "
+        "installed: jax 0.6.1; fix: pip install 'jax>=0.6.2'"
     )
-    other = ModuleNotFoundError("No module named 'flatbuffers'", name="flatbuffers")
-    assert compat_jax.export_import_error(other) is other
 
 
 def test_the_jax_internal_error_names_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,7 +275,7 @@ def test_the_jax_internal_error_names_the_range(monkeypatch: pytest.MonkeyPatch)
     err = compat_jax.jax_internal("jax._src.x.y", "do z", AttributeError("no y"))
     assert re.fullmatch(
         r"jax 0\.6\.2: jax\._src\.x\.y, which jaxaot uses to do z, is missing or changed "
-        r"\(AttributeError: no y\); expected jax 0\.10\.2, which has it \(jax>=0\.6\.0,<0\.11 "
+        r"\(AttributeError: no y\); expected jax 0\.10\.2, which has it \(jax>=0\.6\.2,<0\.11 "
         r"as jaxaot requires\): install that jax, or a jaxaot made for this one",
         str(err),
     )

@@ -131,7 +131,7 @@ def test_a_jax_without_get_ctx_mesh_is_refused_naming_the_version(
     assert re.match(
         rf"jax {VERSION}: jax\._src\.pjit\.get_ctx_mesh, which jaxaot uses to lower a program "
         rf"without arguments for its mesh's devices, is missing or changed \({found}\); expected "
-        r"jax 0\.10\.2, which has it \(jax>=0\.6\.0,<0\.11 as jaxaot requires\): install that "
+        r"jax 0\.10\.2, which has it \(jax>=0\.6\.2,<0\.11 as jaxaot requires\): install that "
         r"jax, or a jaxaot made for this one$",
         text,
     ), text

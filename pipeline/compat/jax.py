@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from jaxaot.errors import BackendError, MissingDependencyError, VersionError, one_line
+from jaxaot.errors import BackendError, VersionError, one_line
 
 Version = tuple[int, ...]
 
 # The jax (and jaxlib) releases jaxaot supports: [floor, ceiling).
-JAX_RANGE: tuple[Version, Version] = ((0, 6, 0), (0, 11, 0))
+JAX_RANGE: tuple[Version, Version] = ((0, 6, 2), (0, 11, 0))
 # The release whose private layout every function here was written against and tested on.
 JAX_TESTED: Version = (0, 10, 2)
 
@@ -39,7 +39,6 @@ CTX_MESH = (
     0,
 )  # jax._src.pjit.get_ctx_mesh: the device context a jit records  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
 HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
-JAX_MODULE = (0, 6, 1)  # jaxlib._jax (jaxlib.xla_extension before)
 # jax.experimental.layout's Layout and Format.layout (DeviceLocalLayout, .device_local_layout
 # before)
 LAYOUT = (0, 7, 0)
@@ -50,7 +49,6 @@ LAYOUT_FIELDS = ("major_to_minor", "tiling", "sub_byte_element_size_in_bits")
 COMPILE_DEVICES = (0, 7, 0)
 COMPILED_OUT_INFO = (0, 7, 0)
 SPEC_REPR = (0, 9, 1)  # str(PartitionSpec) is "P(...)" ("PartitionSpec(...)" before)
-EXPORT_DECLARES_ABSL = (0, 6, 2)  # jax.export imports absl-py, undeclared by jax before this
 
 
 class Private(NamedTuple):
@@ -96,11 +94,9 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jaxlib._hlo", "HloPrintOptions", HLO_MODULE),
     Private("jaxlib._hlo", "hlo_module_from_text", HLO_MODULE),
     Private("jaxlib._hlo", "HloComputation.instructions", HLO_MODULE),
-    Private("jaxlib._jax", "HloPrintOptions", JAX_MODULE, HLO_MODULE),
-    Private("jaxlib._jax", "hlo_module_from_text", JAX_MODULE, HLO_MODULE),
-    Private("jaxlib._jax", "hlo_module_cost_analysis", JAX_MODULE),
-    Private("jaxlib.xla_extension", "hlo_module_cost_analysis", JAX_RANGE[0], JAX_MODULE),
-    Private("jaxlib.xla_extension", "HloPrintOptions", JAX_RANGE[0], JAX_MODULE),
+    Private("jaxlib._jax", "HloPrintOptions", JAX_RANGE[0], HLO_MODULE),
+    Private("jaxlib._jax", "hlo_module_from_text", JAX_RANGE[0], HLO_MODULE),
+    Private("jaxlib._jax", "hlo_module_cost_analysis"),
     Private("Traced", "_out_tree", JAX_RANGE[0], TRACED_OUT_TREE),
     Private("Lowered", "_lowering"),
     Private("Lowered", "_lowering.compile_args"),
@@ -196,24 +192,11 @@ def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
     )
 
 
-def check_export_importable() -> None:
-    """Import ``jax.export``, or refuse in one line where it cannot be: jax <= 0.6.1 imports
-    absl-py there without declaring it as a dependency."""
-    try:
-        importlib.import_module("jax.export")
-    except ModuleNotFoundError as exc:
-        raise export_import_error(exc) from None
-
-
-def export_import_error(exc: ModuleNotFoundError) -> Exception:
-    """The one-line error for ``jax.export`` failing to import with ``exc``."""
-    if exc.name != "absl" and not str(exc.name).startswith("absl."):
-        return exc
-    installed = text(jax_version())
-    return MissingDependencyError(
-        f"jax {installed}'s jax.export imports absl-py, which jax {installed} does not declare; "
-        f"fix: pip install absl-py (or pip install 'jax>={text(EXPORT_DECLARES_ABSL)}')"
-    )
+def check_supported() -> None:
+    """Refuse in one line a jax older than :data:`JAX_RANGE`'s floor (jax 0.6.2: before it,
+    ``jax.experimental.layout`` has no ``Format``, arrays no ``.format``, and ``jax.export``
+    imports absl-py without declaring it)."""
+    need("jaxaot", JAX_RANGE[0], "jax.experimental.layout.Format, Array.format, jax.export")
 
 
 # --- tracing and lowering objects ------------------------------------------------------------
@@ -605,21 +588,14 @@ def mlir_ir() -> tuple[Any, Any]:
 
 def _hlo_module() -> Any:
     """jaxlib's module with the HLO printer and parser: ``jaxlib._hlo`` (jaxlib 0.10.2),
-    ``jaxlib._jax`` (0.6.1-0.10.1), ``jaxlib.xla_extension`` (before). Imports no JAX."""
-    version = jaxlib_version()
-    if version >= HLO_MODULE:
-        return importlib.import_module("jaxlib._hlo")
-    if version >= JAX_MODULE:
-        return importlib.import_module("jaxlib._jax")
-    return importlib.import_module("jaxlib.xla_extension")
+    ``jaxlib._jax`` before. Imports no JAX."""
+    name = "jaxlib._hlo" if jaxlib_version() >= HLO_MODULE else "jaxlib._jax"
+    return importlib.import_module(name)
 
 
 def _jax_module() -> Any:
-    """jaxlib's extension with ``hlo_module_cost_analysis``: ``jaxlib._jax`` (jaxlib 0.6.1
-    on), ``jaxlib.xla_extension`` before."""
-    if jaxlib_version() >= JAX_MODULE:
-        return importlib.import_module("jaxlib._jax")
-    return importlib.import_module("jaxlib.xla_extension")
+    """jaxlib's extension with ``hlo_module_cost_analysis`` (``jaxlib._jax``)."""
+    return importlib.import_module("jaxlib._jax")
 
 
 def hlo_module(lowered: Any) -> Any:
