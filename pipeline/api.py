@@ -47,10 +47,15 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from jaxaot.config.trust import install_composition_guards
+    from jaxaot.sweeps.remembered import remember_in_process
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
-    # trust.* and store.trust come from these overrides, never from a config file (refused).
+    # A composition this process made before, of the same files, is taken again (its value
+    # overrides applied anew): jaxaot.sweeps.remembered says what the key covers.
+    remember_in_process()
+    # trust.* and store.trust come from these overrides, never from a config file (refused);
+    # installed after the memo, so that the check runs outermost, on a remembered one too.
     install_composition_guards()
     GlobalHydra.instance().clear()
     overrides = [quote_array_types(o) for o in overrides]

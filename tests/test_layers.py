@@ -52,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "conf",  # the shipped program options (engine.own_args)
     },
     "sweeps": {"errors", "util", "config", "rundir", "stages", "snapshots", "compat"},
-    "api": {"errors", "config", "engine", "conf", "snapshots", "schema"},
+    "api": {"errors", "config", "engine", "conf", "snapshots", "schema", "sweeps"},
     "cli": {
         "errors",
         "compat",

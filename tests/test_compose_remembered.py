@@ -1,0 +1,101 @@
+"""jaxaot.compose remembers a composition within one process (jaxaot.sweeps.remembered): a
+remembered one equals Hydra's own, and whatever it was read from (a config file, a structured
+config in Hydra's ConfigStore, the working directory) changing makes it composed again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jaxaot
+import pytest
+from jaxaot.sweeps import remembered
+from omegaconf import OmegaConf
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many compositions were keyed and how many of them were taken again; racy files
+    (changed within the last 2 s) keyed as any other, so that a test need not wait."""
+    monkeypatch.setattr(remembered, "RACY_NS", 0)
+    remembered.forget()
+    seen = {"keyed": 0, "hits": 0}
+    real = remembered.composition_key
+
+    def key(*args: Any, **kwargs: Any) -> str | None:
+        k = real(*args, **kwargs)
+        if k is not None:
+            seen["keyed"] += 1
+            seen["hits"] += k in remembered._LOCAL
+        return k
+
+    monkeypatch.setattr(remembered, "composition_key", key)
+    yield seen
+    remembered.forget()
+
+
+def _hydras_own(overrides: list[str], **kwargs: Any) -> dict[str, Any]:
+    remembered.forget()
+    real = remembered.composition_key
+    remembered.composition_key = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        return OmegaConf.to_container(jaxaot.compose(overrides, **kwargs), resolve=False)  # type: ignore[return-value]
+    finally:
+        remembered.composition_key = real  # type: ignore[assignment]
+
+
+def test_a_remembered_composition_is_hydras_own_with_its_value_overrides(
+    counted: dict[str, int],
+) -> None:
+    jaxaot.compose(["program=mlp", "execute.seed=1"])
+    overrides = ["program=mlp", "execute.seed=7", "stop_after=compile", "+program.kwargs.k=3"]
+    again = OmegaConf.to_container(jaxaot.compose(overrides), resolve=False)
+    assert counted == {"keyed": 2, "hits": 1}
+    assert again["execute"]["seed"] == 7 and again["stop_after"] == "compile"  # type: ignore[index]
+    assert again == _hydras_own(overrides)
+    assert OmegaConf.to_container(jaxaot.compose(["program=axpy"]), resolve=False) == _hydras_own(
+        ["program=axpy"]
+    )
+
+
+def test_an_edited_config_file_is_read_again(tmp_path: Path, counted: dict[str, int]) -> None:
+    conf = tmp_path / "conf"
+    base = Path(jaxaot.api.conf_dir())
+    for item in base.rglob("*.yaml"):
+        dest = conf / item.relative_to(base)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(item.read_bytes())
+    mlp = conf / "program" / "mlp.yaml"
+    first = jaxaot.compose(["program=mlp"], config_dir=conf)
+    assert jaxaot.compose(["program=mlp"], config_dir=conf) == first
+    assert counted["hits"] == 1
+    mlp.write_text(mlp.read_text().replace("3-layer gelu MLP", "edited MLP"))
+    edited = jaxaot.compose(["program=mlp", "+program.kwargs.q=1"], config_dir=conf)
+    assert counted["hits"] == 1  # the edit made another key
+    assert edited.program.description.startswith("edited MLP")
+
+
+def test_a_structured_config_stored_since_is_read_again(counted: dict[str, int]) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    before = jaxaot.compose(["program=mlp"])
+    node = OmegaConf.to_container(before.program, resolve=False)
+    node["name"] = "stored_in_process"  # type: ignore[index]
+    ConfigStore.instance().store(group="program", name="mlp_stored", node=node)
+    got = jaxaot.compose(["program=mlp_stored"])
+    assert got.program.name == "stored_in_process"
+    ConfigStore.instance().store(group="program", name="mlp_stored", node={**node, "name": "again"})  # type: ignore[dict-item]
+    assert jaxaot.compose(["program=mlp_stored"]).program.name == "again"
+
+
+def test_another_working_directory_is_another_key(
+    tmp_path: Path, counted: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jaxaot.compose(["program=mlp"])
+    monkeypatch.chdir(tmp_path)
+    jaxaot.compose(["program=mlp"])
+    assert counted == {"keyed": 2, "hits": 0}
+    os.chdir(tmp_path)
+    jaxaot.compose(["program=mlp"])
+    assert counted == {"keyed": 3, "hits": 1}
