@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import jaxaot.examples
@@ -313,7 +312,7 @@ def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Pat
     assert verdicts == {"axpy": ("golden/axpy", "match"), "mlp": ("golden/mlp", "mismatch")}
 
 
-def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
+def test_verify_snapshot_helper(tmp_path: Path) -> None:
     golden = tmp_path / "tests" / "golden" / "axpy"
     created = verify_snapshot(golden, AXPY8, update=True, run_dir=tmp_path / "r0")
     assert created.manifest["snapshot"]["status"] == "created"
@@ -322,50 +321,25 @@ def test_verify_snapshot_helper_and_pytest_fixture(tmp_path: Path) -> None:
         verify_snapshot(golden, AXPY16, run_dir=tmp_path / "r2")
     assert "+{ lambda ; a:f32[16] b:f32[16]. let" in str(err.value)  # the diff rides along
 
-    # the pytest11 plugin's fixture, in a user's own test suite (relative to the test file)
-    (tmp_path / "tests" / "test_user.py").write_text(
-        textwrap.dedent(f"""
-        import pytest
 
-        def test_unchanged(jaxaot_snapshot):
-            assert jaxaot_snapshot("golden/axpy", {list(AXPY8)!r}).ok
+# A user's own test suite using the pytest11 plugin's fixture (golden folders relative to the
+# test file): test_first alone, then, once --jaxaot-update wrote its golden, with test_changed.
+USER_FIRST = f"""
+def test_first(jaxaot_snapshot):
+    assert jaxaot_snapshot("golden/axpy", {list(AXPY8)!r}).ok
+"""
+USER_CHANGED = f"""
+import pytest
 
-        def test_changed(jaxaot_snapshot):
-            with pytest.raises(AssertionError, match="stage_out \\\\(jaxpr\\\\) differs"):
-                jaxaot_snapshot("golden/axpy", {list(AXPY16)!r})
-    """)
-    )
-    env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "jaxaot",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_user.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 passed" in proc.stdout
+def test_changed(jaxaot_snapshot):
+    with pytest.raises(AssertionError, match="stage_out \\\\(jaxpr\\\\) differs"):
+        jaxaot_snapshot("golden/axpy", {list(AXPY16)!r})
+"""
 
 
 def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -> None:
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_user.py").write_text(
-        textwrap.dedent(f"""
-        def test_first(jaxaot_snapshot):
-            jaxaot_snapshot("golden/axpy", {list(AXPY8)!r})
-    """)
-    )
+    (tmp_path / "tests" / "test_user.py").write_text(USER_FIRST)
     env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     args = [
         sys.executable,
@@ -395,8 +369,11 @@ def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -
     )
     assert update.returncode == 0, update.stdout
     assert (golden / "snapshot.json").is_file()
+    # the golden the fixture wrote: the same program matches it, a changed one differs
+    (tmp_path / "tests" / "test_user.py").write_text(USER_FIRST + USER_CHANGED)
     again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout
+    assert "2 passed" in again.stdout
 
 
 def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
