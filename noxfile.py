@@ -23,6 +23,7 @@ import tempfile
 import tomllib
 
 import nox
+import nox.command
 
 OLDEST_JAX = "0.6.2"
 NEWEST_JAX = "0.10.2"
@@ -79,8 +80,17 @@ def _pytest(session: nox.Session, *args: str) -> None:
 def core(session: nox.Session, jax: str) -> None:
     """The fast tier and the slow tests of CORE_FILES on one jax and one Python."""
     _install(session, jax)
-    _pytest(session, "-m", "not slow")
-    _pytest(session, "-m", "slow", *CORE_FILES)
+    failed = []
+    for part, args in (
+        ("fast tier", ["-m", "not slow"]),
+        ("core files", ["-m", "slow", *CORE_FILES]),
+    ):
+        try:  # both parts run; the session fails after them, naming each that failed
+            _pytest(session, *args)
+        except nox.command.CommandFailed:
+            failed.append(part)
+    if failed:
+        session.error(f"failed: {', '.join(failed)} (jax {jax}, Python {session.python})")
 
 
 @nox.session(python=PYTHONS[0])
