@@ -78,7 +78,7 @@ test-plain: $(TEST_STAMP) graphviz slurm
 # and the newest supported jax, on Python 3.11 and on 3.13, each in a venv of its own under
 # .nox/ (the registry's jax and jaxlib wheels; a few minutes a session). nox finds python3.11 and
 # python3.13 on PATH; pyenv's are made visible to it. NOX_ARGS picks sessions, e.g.
-# NOX_ARGS="-s 'core-3.11(jax=\'0.6.2\')'"; `$(BIN)/nox -l` lists them.
+# NOX_ARGS="-s core -p 3.13" (one Python's); `$(BIN)/nox -l` lists them.
 MATRIX_PYENV := $(shell command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null \
   | grep -E '^3\.1[13]\.[0-9]+$$' | paste -sd: -)
 
