@@ -203,6 +203,7 @@ class Entry:
     read: Callable[[str], bytes]  # sha256-checked; KeyError for a file it does not record
     compat: Mapping[str, Any]  # what it was made with (versions, platform)
     source: str  # "store" | "checkpoint"
+    created: float | None = None  # when it was made (seconds since the epoch), if known
 
 
 @dataclass(frozen=True)

@@ -426,10 +426,17 @@ ARTIFACTS = (
 )
 
 
-def load(ctx: StageContext, read: Callable[[str], bytes]) -> Lowered:
-    """A Lowered record from a checkpoint's files (hash-verified by ``read``); no program code."""
+def load(ctx: StageContext, read: Callable[[str], bytes], entry: Entry | None = None) -> Lowered:
+    """A Lowered record from a checkpoint's files (hash-verified by ``read``); no program code.
+    An export near or past JAX's window for reading exports is a warning (compat_jax)."""
+    import time
+
     import jax
 
+    if entry is not None:
+        note = compat_jax.export_age_note(entry.created, entry.compat.get("jax"), time.time())
+        if note:
+            ctx.warn(f"{entry.label}: {note}")
     meta = json.loads(read("lowered.json"))
     try:
         blob = read("exported.bin")
@@ -520,7 +527,7 @@ class LowerStage:
         return run(ctx, up["stage_out"])
 
     def load(self, ctx: StageContext[LowerConfig], up: Upstream, entry: Entry) -> Lowered:
-        return load(ctx, entry.read)
+        return load(ctx, entry.read, entry)
 
 
 LOWER = LowerStage()

@@ -32,12 +32,8 @@ JAX_TESTED: Version = (0, 10, 2)
 TRACED_OUT_TREE = (0, 8, 1)  # jax.stages.Traced.out_tree (``_out_tree`` before)
 USE_ABSTRACT_MESH = (0, 7, 2)  # jax.sharding.use_abstract_mesh (jax._src.mesh's before)
 SET_MESH = (0, 7, 1)  # jax.set_mesh (jax.sharding.use_mesh before)
-JAXPRS_IN_PARAMS = (0, 10, 0)
-CTX_MESH = (
-    0,
-    10,
-    0,
-)  # jax._src.pjit.get_ctx_mesh: the device context a jit records  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
+JAXPRS_IN_PARAMS = (0, 10, 0)  # jax.extend.core.jaxprs_in_params (jax._src.core's before)
+CTX_MESH = (0, 10, 0)  # jax._src.pjit.get_ctx_mesh: the device context a jit records
 HLO_MODULE = (0, 10, 2)  # jaxlib._hlo: the HLO module printer and parser
 # jax.experimental.layout's Layout and Format.layout (DeviceLocalLayout, .device_local_layout
 # before)
@@ -49,6 +45,12 @@ LAYOUT_FIELDS = ("major_to_minor", "tiling", "sub_byte_element_size_in_bits")
 COMPILE_DEVICES = (0, 7, 0)
 COMPILED_OUT_INFO = (0, 7, 0)
 SPEC_REPR = (0, 9, 1)  # str(PartitionSpec) is "P(...)" ("PartitionSpec(...)" before)
+
+# jax.export's compatibility window: a serialized export deserializes in the JAX releases of the
+# 6 months after it was made (JAX's export docs, "Compatibility guarantees"); from jax 0.11 an
+# older one is refused. An export is flagged once it is EXPORT_WARN_DAYS old.
+EXPORT_WINDOW_DAYS = 183
+EXPORT_WARN_DAYS = 150
 
 
 class Private(NamedTuple):
@@ -718,3 +720,23 @@ def source_summary(source_info: Any) -> str:
     from jax.extend import source_info_util
 
     return str(source_info_util.summarize(source_info)).strip()
+
+
+def export_age_note(created: float | None, made_by: str | None, now: float) -> str | None:
+    """What a user should know about an export made at ``created`` (seconds since the epoch)
+    with jax ``made_by``, read at ``now``: None while it is well inside JAX's window."""
+    if created is None:
+        return None
+    days = int((now - created) // 86400)
+    if days < EXPORT_WARN_DAYS:
+        return None
+    import datetime
+
+    made = datetime.datetime.fromtimestamp(created, datetime.UTC).date().isoformat()
+    state = "past" if days >= EXPORT_WINDOW_DAYS else "near the end of"
+    by = f" with jax {made_by}" if made_by else ""
+    return (
+        f"its jax.export (made {made}{by}, {days} days ago) is {state} "
+        f"JAX's {EXPORT_WINDOW_DAYS}-day window for reading exports (jax >= 0.11 refuses older "
+        "ones); lower it again (start_at=lower) to keep a checkpoint that future JAX reads"
+    )

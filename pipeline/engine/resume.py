@@ -92,6 +92,12 @@ LATEST = "latest"  # resume_from=latest
 FINISHED = ("ran", "cached", "resumed")  # a stage status whose files a later run can load
 
 
+def _started(manifest: Mapping[str, Any]) -> float | None:
+    """When the checkpoint's run started (its files are that old at least), if recorded."""
+    started = manifest.get("started")
+    return float(started) if isinstance(started, (int, float)) else None
+
+
 def _finished(record: Mapping[str, Any]) -> bool:
     status = record.get("status")
     # A program judged not to fit by its memory analysis still has its executable: the
@@ -424,6 +430,7 @@ class Checkpoint:
             read=files.read,
             compat=self.manifest.get("backend") or {},
             source="checkpoint",
+            created=_started(self.manifest),
         )
 
     def apply(self, cfg: JaxaotConfig, overrides: Sequence[str]) -> JaxaotConfig:

@@ -636,7 +636,13 @@ class _Runner:
             entry = self.store.get(node.name, key, expect=self._compat(node))
         if entry is not None:
             t0 = time.perf_counter()
-            stored = Entry(label=label, read=entry.read_bytes, compat=entry.compat, source="store")
+            stored = Entry(
+                label=label,
+                read=entry.read_bytes,
+                compat=entry.compat,
+                source="store",
+                created=entry.created,
+            )
             ctx.same_as = {name: entry.path(name) for name in entry.files}  # one copy on disk
             try:
                 record = node.load_planned(ctx, up, stored, plan)
