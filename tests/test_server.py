@@ -11,10 +11,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from conftest import cli_env, read_manifest, run_cli
+from conftest import REPO, cli_env, read_manifest, run_cli
 
 AXPY = ["program=axpy", "program.args=[3,4]", "execute.repeats=1"]
 SERVER = [sys.executable, "-m", "jaxaot", "server"]
@@ -32,39 +33,102 @@ def _status(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SERVER, "status"], env=env, capture_output=True, text=True, timeout=60)
 
 
+def _counts(env: dict[str, str], *what: str) -> tuple[int, ...]:
+    """The figures ``jaxaot server status`` prints before each of ``what`` ("runs served",
+    "declined", ...), from one status; -1 for one it does not print (no server)."""
+    out = _status(env).stdout
+    return tuple(int(m[1]) if (m := re.search(rf"(\d+) {w}", out)) else -1 for w in what)
+
+
 def _count(env: dict[str, str], what: str = "runs served") -> int:
-    m = re.search(rf"(\d+) {what}", _status(env).stdout)
-    return int(m[1]) if m else -1
+    return _counts(env, what)[0]
 
 
 def _stop(env: dict[str, str]) -> None:
     subprocess.run([*SERVER, "stop"], env=env, capture_output=True, timeout=60)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A server on a private socket; yields the environment whose ``jaxaot`` uses it. The
-    test's folder is on PYTHONPATH (read at start-up, so the server's too): the user programs
-    a test writes there import in the runs."""
-    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+def _serve(folder: Path) -> dict[str, str]:
+    """Start a server on a private socket under ``folder``; the environment whose ``jaxaot``
+    uses it. ``folder`` is on PYTHONPATH (read at start-up, so the server's too): the user
+    programs a test writes there import in the runs."""
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(folder / "srv" / "server.sock"))
+    env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
     env.pop("JAXAOT_SERVER", None)
     start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=120)
     assert start.returncode == 0 and "started" in start.stdout, start.stderr
+    return env
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A server of the test's own, ``tmp_path`` on its PYTHONPATH: for the tests that restart
+    it or count the compositions it reused (the module's server keeps those of other tests)."""
+    env = _serve(tmp_path)
     try:
         yield env
     finally:
         _stop(env)
 
 
-def test_socket_is_owner_only(server: dict[str, str]) -> None:
-    sock = Path(server["JAXAOT_SERVER_SOCKET"])
+def _code_stamp() -> tuple[int, int]:
+    """How many of the checkout's modules there are and when the newest changed: a server
+    restarts (its counts from 0) at its first request after one of the modules it imported
+    changed."""
+    times = [
+        max(st.st_mtime_ns, st.st_ctime_ns)
+        for folder in ("pipeline", "stages", "jaxaot_examples", "hydra_plugins", "conf")
+        for st in (p.stat() for p in (REPO / folder).rglob("*.py"))
+    ]
+    return len(times), max(times)
+
+
+@pytest.fixture(scope="module")
+def _module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    served = {"code": _code_stamp()}
+    served["env"] = _serve(tmp_path_factory.mktemp("served"))
+    try:
+        yield served
+    finally:
+        _stop(served["env"])
+
+
+@pytest.fixture
+def shared(_module_server: dict[str, Any]) -> dict[str, str]:
+    """The module's server, for the tests that read only what it did for their own runs (its
+    counts before and after them): the environment whose ``jaxaot`` uses it, with this test's
+    own store and config folders. The user programs a test writes go in :func:`_programs`.
+    After an edit of the checkout's code it is restarted first, as a server of the test's own
+    would start on the edited code."""
+    served = _module_server["env"]
+    if _code_stamp() != _module_server["code"]:
+        _module_server["code"] = _code_stamp()
+        restart = subprocess.run(
+            [*SERVER, "restart"], env=served, capture_output=True, text=True, timeout=120
+        )
+        assert restart.returncode == 0 and "started" in restart.stdout, restart.stderr
+    env = cli_env(
+        JAXAOT_SERVER_SOCKET=served["JAXAOT_SERVER_SOCKET"], PYTHONPATH=served["PYTHONPATH"]
+    )
+    env.pop("JAXAOT_SERVER", None)
+    return env
+
+
+def _programs(env: dict[str, str]) -> Path:
+    """The folder on the server's PYTHONPATH that the runs import user programs from."""
+    return Path(env["PYTHONPATH"].split(os.pathsep)[0])
+
+
+def test_socket_is_owner_only(shared: dict[str, str]) -> None:
+    sock = Path(shared["JAXAOT_SERVER_SOCKET"])
     assert stat.S_ISSOCK(sock.stat().st_mode)
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
 
 
-def test_runs_through_the_server_match_runs_without_it(server, tmp_path: Path) -> None:
+def test_runs_through_the_server_match_runs_without_it(shared, tmp_path: Path) -> None:
+    server = shared
+    served = _count(server)
     alone = {**server, "JAXAOT_SERVER": "0"}
     cases = [
         [*AXPY, "--cfg", "job"],  # printed config
@@ -78,7 +142,7 @@ def test_runs_through_the_server_match_runs_without_it(server, tmp_path: Path) -
         direct = run_cli(args, cwd=tmp_path, env=alone)
         assert (via.returncode, _same(via.stdout)) == (direct.returncode, _same(direct.stdout))
         assert _same(via.stderr) == _same(direct.stderr)
-    assert _count(server) == len(cases)
+    assert _count(server) - served == len(cases)
     # A whole run: relative run dir under the client's cwd, the client's store, same outputs,
     # whichever way jaxaot is called.
     work = tmp_path / "work"
@@ -110,14 +174,16 @@ def test_runs_through_the_server_match_runs_without_it(server, tmp_path: Path) -
         np.load(work / "rel" / d / "execute" / "outputs.npz")["out0"] for d in (*ways, "direct")
     ]
     assert all(o.tobytes() == outs[-1].tobytes() for o in outs) and float(outs[0]) == 10.0
-    assert _count(server) == len(cases) + 2
+    assert _count(server) - served == len(cases) + 2
 
 
-def test_another_jax_environment_runs_in_process(server, tmp_path: Path) -> None:
-    env = {**server, "JAX_ENABLE_X64": "1"}  # JAX reads it at import: the server's imports differ
+def test_another_jax_environment_runs_in_process(shared, tmp_path: Path) -> None:
+    before = _counts(shared, "runs served", "declined")
+    env = {**shared, "JAX_ENABLE_X64": "1"}  # JAX reads it at import: the server's imports differ
     proc = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=env)
     assert proc.returncode == 0 and "program:" in proc.stdout
-    assert (_count(server), _count(server, "declined")) == (0, 1)
+    after = _counts(shared, "runs served", "declined")
+    assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
 
 
 NESTED = """
@@ -134,9 +200,11 @@ def f(x):
 """
 
 
-def test_jaxaot_called_from_a_served_run_runs_in_process(server, tmp_path: Path) -> None:
-    (tmp_path / "nested_prog.py").write_text(NESTED)
+def test_jaxaot_called_from_a_served_run_runs_in_process(shared, tmp_path: Path) -> None:
+    server = shared
+    (_programs(server) / "nested_prog.py").write_text(NESTED)
     out = tmp_path / "nested.txt"
+    before = _counts(server, "runs served", "declined")
     proc = run_cli(
         ["program.target=nested_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"],
         cwd=tmp_path,
@@ -146,7 +214,8 @@ def test_jaxaot_called_from_a_served_run_runs_in_process(server, tmp_path: Path)
     code, marked = out.read_text().splitlines()[0].split(" ")
     assert code == "0" and int(marked) > 0  # it ran, in a child the server forked
     assert "program:" in out.read_text()
-    assert (_count(server), _count(server, "declined")) == (1, 0)
+    after = _counts(server, "runs served", "declined")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
 
 
 def test_a_changed_import_path_restarts_the_server(server, tmp_path: Path) -> None:
@@ -197,14 +266,16 @@ def _long_run(server: dict[str, str], tmp_path: Path, out: int) -> subprocess.Po
     return proc
 
 
-def test_ctrl_c_reaches_the_run_and_its_status_comes_back(server, tmp_path: Path) -> None:
+def test_ctrl_c_reaches_the_run_and_its_status_comes_back(shared, tmp_path: Path) -> None:
+    server = shared
+    served = _count(server)
     proc = _long_run(server, tmp_path, subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted" in err.splitlines()[-1]
     assert read_manifest(tmp_path / "run")["status"] == "interrupted"
-    assert _count(server) == 1
+    assert _count(server) - served == 1
 
 
 SLEEPER = """
@@ -216,8 +287,9 @@ def f(x):
 """
 
 
-def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> None:
-    (tmp_path / "sleeper.py").write_text(SLEEPER)
+def test_a_client_that_dies_takes_its_run_with_it(shared, tmp_path: Path) -> None:
+    server = shared
+    (_programs(server) / "sleeper.py").write_text(SLEEPER)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -238,7 +310,7 @@ def test_a_client_that_dies_takes_its_run_with_it(server, tmp_path: Path) -> Non
     deadline = time.monotonic() + 50
     while time.monotonic() < deadline and _count(server, "running") != 0:
         time.sleep(0.1)
-    log = (tmp_path / "srv" / "server.log").read_text()[-2000:]
+    log = Path(server["JAXAOT_SERVER_SOCKET"]).with_suffix(".log").read_text()[-2000:]
     assert _count(server, "running") == 0, log  # the server ended the orphaned run (SIGTERM)
     assert read_manifest(tmp_path / "run")["status"] == "interrupted", log
 
@@ -350,8 +422,10 @@ def f(x):
 """
 
 
-def test_the_run_has_the_clients_umask_affinity_and_cwd(server, tmp_path: Path) -> None:
-    (tmp_path / "facts_prog.py").write_text(PROCESS_FACTS)
+def test_the_run_has_the_clients_umask_affinity_and_cwd(shared, tmp_path: Path) -> None:
+    server = shared
+    (_programs(server) / "facts_prog.py").write_text(PROCESS_FACTS)
+    before = _counts(server, "runs served", "declined")
 
     # What `umask 027; taskset -c 0 jaxaot ...` gives the client (no preexec_fn: forking this
     # JAX-using test process would warn).
@@ -390,7 +464,8 @@ def test_the_run_has_the_clients_umask_affinity_and_cwd(server, tmp_path: Path) 
             facts[name] = (out.read_text(), mode)
         assert facts["via"] == facts["direct"]
         assert facts["via"] == (f"[0] {tmp_path} hello", 0o640)
-        assert (_count(env), _count(env, "declined")) == (1, 0)
+        after = _counts(env, "runs served", "declined")
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
     finally:
         os.close(fd)
 
@@ -537,17 +612,19 @@ def test_compositions_follow_what_they_read(server, tmp_path: Path) -> None:
     assert _count(server, "compositions reused") == 2  # the second run of the first two cases
 
 
-def test_the_run_has_the_clients_time_zone(server, tmp_path: Path) -> None:
+def test_the_run_has_the_clients_time_zone(shared, tmp_path: Path) -> None:
+    server = shared
+    served = _count(server)
     args = ["program=axpy", "--cfg", "hydra", "--resolve", "-p", "hydra.run.dir"]
     env = {**server, "TZ": "Asia/Tokyo"}
     via = run_cli(args, cwd=tmp_path, env=env)
     direct = run_cli(args, cwd=tmp_path, env={**env, "JAXAOT_SERVER": "0"})
     assert via.returncode == direct.returncode == 0, via.stderr
-    assert via.stdout[:24] == direct.stdout[:24]  # the date and hour of the run dir
-    assert _count(server) == 1
+    assert via.stdout[:21] == direct.stdout[:21]  # the date and hour of the run dir
+    assert _count(server) - served == 1
 
 
-def test_a_run_ignores_the_signals_its_client_ignores(server, tmp_path: Path) -> None:
+def test_a_run_ignores_the_signals_its_client_ignores(shared, tmp_path: Path) -> None:
     """`nohup jaxaot ...`: SIGHUP to the client neither reaches nor stops the run."""
     nohup = (  # as `nohup` starts it, without forking this JAX-using test process
         "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
@@ -556,7 +633,7 @@ def test_a_run_ignores_the_signals_its_client_ignores(server, tmp_path: Path) ->
     proc = subprocess.Popen(
         [sys.executable, "-c", nohup, *AXPY, "stop_after=compile", "hydra.run.dir=run"],
         cwd=tmp_path,
-        env=server,
+        env=shared,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
