@@ -211,7 +211,7 @@ def _rows(
             row.update(aval=str(aval), kept=sharding is not None, donated=donated)
         if sharding is not None:
             row.update(
-                sharding=str(spec) if spec is not None else str(sharding),
+                sharding=compat_jax.spec_text(spec) if spec is not None else str(sharding),
                 shard_shape=list(sharding.shard_shape(shape)),
                 replicated=bool(sharding.is_fully_replicated),
                 memory_kind=getattr(sharding, "memory_kind", None),

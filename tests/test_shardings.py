@@ -245,6 +245,7 @@ def test_mlp_sharded_in_and_out_matches_reference(compose_run: Any) -> None:
 # --- platforms: cross-lowering, multi-platform exports, refusals --------------------------------
 
 
+@pytest.mark.requires_jax("0.7.0")  # Shardy's text: jax's default partitioner from 0.7.0
 def test_tpu_cross_lowering_gives_a_loadable_export(compose_run: Any) -> None:
     result = compose_run(
         "program=mlp",

@@ -181,6 +181,7 @@ def names() -> Names:
     return config_names(schema=JaxaotConfig)
 
 
+@pytest.mark.extra("sweep")  # joblib's launcher config comes with the sweep extra
 def test_the_shipped_groups_leave_out_internal_schemas(names: Names) -> None:
     assert "mlp" in names.groups["program"] and "joblib" in names.groups["hydra/launcher"]
     assert not any(o.startswith("base_") for opts in names.groups.values() for o in opts)
