@@ -106,4 +106,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/pipeline_overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(TYPECHECK)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(TYPECHECK) .nox

@@ -286,6 +286,7 @@ def _mypy_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return cache.mkdir("mypy") if cache is not None else tmp_path / "mypy-cache"
 
 
+@pytest.mark.requires_jax("0.10.2")  # mypy reads the installed jax's annotations
 def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """``make lint``'s checks: ruff's rules and format (no ``# fmt: skip`` needed), and mypy
     over the package as it installs (``jaxaot``, laid out as symlinks like the Makefile does)."""
