@@ -10,6 +10,8 @@ commands and are left alone.
 Only where things are written is redirected: each README section (``## ...``) runs its blocks
 in order in a fresh temporary directory, so the README's relative ``outputs/`` and
 ``golden/`` land there, with ``JAXAOT_STORE_DIR`` pointing at one store shared by the sections.
+The sections run in two xdist groups of about equal time (:data:`SECOND_GROUP`), one worker
+each under ``make test``; each worker has its own examples' server and store.
 The ``jaxaot`` commands run as written and reach a resident ``jaxaot server`` of the examples'
 own, as after the README's ``jaxaot server start`` (served runs are what in-process runs are:
 tests/test_server.py), except from the example that starts a server of its own to the end of
@@ -149,6 +151,19 @@ def _checked(source: str) -> str:
 BLOCKS = readme_blocks()
 SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if not b.skip))
 
+# The sections of the second xdist group, led by the topology compiles (the 8B step's ~1.5
+# minutes): about half of the sections' time, measured quiet with --durations; the others run
+# in the first group, on the other worker.
+SECOND_GROUP = frozenset(
+    {
+        "Compiling for hardware you don't have",
+        "Lowering snapshots: pin what your program compiles to",
+        "The store: compile once",
+        "Resume from any stage",
+        "Errors",
+    }
+)
+
 
 # Examples that start and stop a `jaxaot server` of their own: from the first of them to the end
 # of its section, the examples get a socket of their own, and run in-process where no server of
@@ -223,7 +238,15 @@ def _run(block: Block, cwd: Path, env: dict[str, str], n: int) -> None:
         )
 
 
-@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize(
+    "section",
+    [
+        pytest.param(
+            s, marks=pytest.mark.xdist_group(f"test_readme_{2 if s in SECOND_GROUP else 1}")
+        )
+        for s in SECTIONS
+    ],
+)
 def test_readme_section_runs_verbatim(
     section: str, tmp_path: Path, readme_env: dict[str, str]
 ) -> None:
@@ -245,12 +268,18 @@ def test_readme_section_runs_verbatim(
             subprocess.run(stop, env=env, capture_output=True, timeout=120)
 
 
+def test_readme_groups_name_sections() -> None:
+    """A renamed section must be renamed in SECOND_GROUP too, or the groups drift apart."""
+    assert sorted(SECOND_GROUP - set(SECTIONS)) == []
+    assert len(SECOND_GROUP) < len(SECTIONS)
+
+
 def test_readme_skips_are_explicit() -> None:
     """The examples not run here, each with its reason; a new one is a deliberate change."""
     skipped = [b for b in BLOCKS if b.skip]
     for b in skipped:
         print(f"readme-test: not run: {b}: {b.skip}")
-    assert len(skipped) == 11, [str(b) for b in skipped]
+    assert len(skipped) == 12, [str(b) for b in skipped]
     assert len([b for b in BLOCKS if not b.skip and not b.file]) >= 13  # the rest all run
 
 
