@@ -80,14 +80,6 @@ def test_versions_come_from_metadata_without_importing_jax() -> None:
     assert compat_jax.text(INSTALLED) == jax.__version__.split(".dev")[0]
 
 
-@pytest.mark.parametrize(
-    ("given", "parsed"),
-    [("0.10.2", (0, 10, 2)), ("0.6.2rc1", (0, 6, 2)), ("0.7.0.dev20250101", (0, 7, 0))],
-)
-def test_version_text_is_read_as_its_leading_numbers(given: str, parsed: tuple[int, ...]) -> None:
-    assert compat_jax._parse(given) == parsed
-
-
 def _on(monkeypatch: pytest.MonkeyPatch, version: tuple[int, ...], jaxlib: bool = False) -> None:
     monkeypatch.setattr(compat_jax, "jax_version", lambda: version)
     if jaxlib:
@@ -349,3 +341,20 @@ def test_an_argless_mesh_program_needs_jax_0_10(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.undo()  # the installed jax
     with tracing_on(amesh):  # a program with arguments: its shardings name the mesh
         assert jax.sharding.get_abstract_mesh() == amesh
+
+
+@pytest.mark.parametrize(
+    ("text", "below", "at_or_above"),
+    [
+        ("0.10.2", (0, 10, 3), (0, 10, 2)),
+        ("0.10.2.dev20260101", (0, 10, 2), (0, 10, 1)),  # a nightly before 0.10.2's features
+        ("0.7.0rc1", (0, 7, 0), (0, 6, 2)),
+        ("0.10.2+cuda12", (0, 10, 3), (0, 10, 2)),
+    ],
+)
+def test_a_pre_release_is_below_its_release(
+    text: str, below: tuple[int, ...], at_or_above: tuple[int, ...]
+) -> None:
+    from jaxaot.compat.jax import _parse
+
+    assert at_or_above <= _parse(text) < below

@@ -99,3 +99,49 @@ def test_another_working_directory_is_another_key(
     os.chdir(tmp_path)
     jaxaot.compose(["program=mlp"])
     assert counted == {"keyed": 3, "hits": 1}
+
+
+def test_the_import_policy_checks_a_remembered_composition_with_every_override(
+    tmp_path: Path,
+) -> None:
+    """With the policy's guard installed before the first compose (``jaxaot.cli.main``
+    imported), the memo goes beneath it: a value override that widens the policy
+    (``trust.allow_imports``) is seen, on a miss and on a hit, and a composition without it
+    is refused on a hit as on a miss."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    conf = tmp_path / "conf"
+    base = Path(jaxaot.api.conf_dir())
+    for item in base.rglob("*.yaml"):
+        dest = conf / item.relative_to(base)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(item.read_bytes())
+    (conf / "experiment" / "cb.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /program: axpy\n\n"
+        "hydra:\n  callbacks:\n    x:\n      _target_: json.JSONDecoder\n"
+    )
+    code = f"""
+import jaxaot.cli.main  # installs the import policy's guards first
+import jaxaot
+from jaxaot.errors import ConfigError
+from jaxaot.sweeps import remembered
+remembered.RACY_NS = 0
+allow = ["experiment=cb", "trust.allow_imports=[json.JSONDecoder]"]
+for _ in range(2):
+    print(jaxaot.compose(allow, config_dir={str(conf)!r}).program.name)
+for _ in range(2):
+    try:
+        jaxaot.compose(["experiment=cb"], config_dir={str(conf)!r})
+        print("composed")
+    except ConfigError as exc:
+        print("refused", "json.JSONDecoder" in str(exc))
+print(len(remembered._LOCAL))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["axpy", "axpy", "refused", "True", "refused", "True", "1"]

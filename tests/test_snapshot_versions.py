@@ -69,3 +69,32 @@ def test_the_same_jaxs_golden_fails_on_a_jaxpr_difference_alone(
     write_snapshot(Snapshot(files=files, program=snap.program), same)
     with pytest.raises(SnapshotMismatch, match=r"stage_out \(jaxpr\) differs"):
         compose_run(*AXPY, f"snapshot.verify={same}")
+
+
+def test_another_jaxs_golden_with_another_config_fails(compose_run, tmp_path: Path) -> None:
+    """A compile option changed since the golden shows in the compile files alone: across jax
+    versions too it is a difference, never excused as the optimizer's."""
+    golden = tmp_path / "golden"
+    compose_run(*AXPY, f"snapshot.write={golden}")
+    older = _as_if_from(golden, "0.8.3", {"compile/optimized.hlo.txt": "// another XLA\n"})
+    with pytest.raises(SnapshotMismatch, match=r"compile \(optimized HLO\) differs"):
+        compose_run(
+            *AXPY,
+            "compile.compiler_options={xla_cpu_enable_fast_math: true}",
+            f"snapshot.verify={older}",
+        )
+
+
+def test_a_golden_that_records_no_jax_is_not_another_jaxs(compose_run, tmp_path: Path) -> None:
+    golden = tmp_path / "golden"
+    compose_run(*AXPY, f"snapshot.write={golden}")
+    snap = load_snapshot(golden)
+    files = dict(snap.files)
+    versions = json.loads(files["versions.json"])
+    del versions["jax"]
+    files["versions.json"] = json.dumps(versions, indent=2, sort_keys=True) + "\n"
+    files["compile/optimized.hlo.txt"] += "// another XLA\n"
+    bare = tmp_path / "bare"
+    write_snapshot(Snapshot(files=files, program=snap.program), bare)
+    with pytest.raises(SnapshotMismatch, match=r"compile \(optimized HLO\) differs"):
+        compose_run(*AXPY, f"snapshot.verify={bare}")

@@ -180,12 +180,17 @@ def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+_GUARDED = "_jaxaot_guarded"  # on a guard: (the guard's factory, what it wraps)
+
+
 def _guard(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
     """``owner.name = make(real)``, marked; kept when the current one is a guard already (a
     wrapper installed since, such as a served run's, is wrapped again: the guard outermost)."""
     real = getattr(owner, name)
     if not getattr(real, _MARK, False):
-        setattr(owner, name, _mark(make(real)))
+        guard = _mark(make(real))
+        setattr(guard, _GUARDED, (make, real))
+        setattr(owner, name, guard)
 
 
 # -- trust: the import policy's hooks ------------------------------------------------------
@@ -372,12 +377,24 @@ def share_help_repository() -> bool:
 
 def wrap_load_configuration(make: Callable[[Any], Callable[..., Any]]) -> bool:
     """``ConfigLoaderImpl.load_configuration = make(real)``; the replacement keeps the public
-    ``ConfigLoader.load_configuration`` signature."""
+    ``ConfigLoader.load_configuration`` signature. Where the import policy's guard is installed
+    it stays outermost, ``make`` going beneath it."""
     if not hydra_known():
         return False
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    ConfigLoaderImpl.load_configuration = make(ConfigLoaderImpl.load_configuration)  # type: ignore[method-assign]
+    current = ConfigLoaderImpl.load_configuration
+    guarded = getattr(current, _GUARDED, None)
+    if guarded is None:
+        ConfigLoaderImpl.load_configuration = make(current)  # type: ignore[method-assign]
+        return True
+    # Beneath the import policy's guard, which stays outermost: it checks the composition with
+    # every override, what ``make`` returns too.
+    make_guard, real = guarded
+    inner = make(real)
+    guard = _mark(make_guard(inner))
+    setattr(guard, _GUARDED, (make_guard, inner))
+    ConfigLoaderImpl.load_configuration = guard  # type: ignore[method-assign]
     return True
 
 

@@ -132,13 +132,22 @@ def preimport() -> tuple[str, ...]:
 
 
 def _parse(text: str) -> Version:
-    """``"0.10.2"`` (or ``"0.10.2.dev20260101"``, ``"0.6.2rc1"``) as ``(0, 10, 2)``."""
-    out = []
+    """``"0.10.2"`` as ``(0, 10, 2)``; a pre-release (``"0.10.2.dev20260101"``, ``"0.6.2rc1"``)
+    as just below its release (``(0, 10, 1, 9999)``): a nightly carries the next version's
+    number before that version's features land."""
+    out: list[int] = []
     for part in text.split(".")[:3]:
         m = re.match(r"\d+", part)
         if m is None:
             break
         out.append(int(m.group()))
+    if re.search(r"(dev|rc|a|b)\d*", text.split("+")[0].split(".", 2)[-1]) is None:
+        return tuple(out)
+    while len(out) < 3:
+        out.append(0)
+    for i in (2, 1, 0):  # the release before: 0.7.0 -> 0.6.9999, 0.10.2 -> 0.10.1
+        if out[i] > 0:
+            return (*out[:i], out[i] - 1, *([9999] * (2 - i)), 9999)
     return tuple(out)
 
 
@@ -150,6 +159,19 @@ def _installed(dist: str) -> Version:
         return _parse(version(dist))
     except PackageNotFoundError:
         return ()
+
+
+def installed_text(dist: str = "jax") -> str:
+    """The installed ``dist``'s (jax or jaxlib) version for messages: as its metadata writes it
+    (``0.10.2.dev20260101``), or the numbers the gates read where those differ."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    gated = jax_version() if dist == "jax" else jaxlib_version()
+    try:
+        raw = version(dist)
+    except PackageNotFoundError:
+        return text(gated)
+    return raw if _parse(raw) == gated else text(gated)
 
 
 def jax_version() -> Version:
@@ -179,7 +201,7 @@ def need(feature: str, version: Version, what: str) -> None:
         return
     raise VersionError(
         f"{feature} needs jax>={text(version)} ({what}); installed: jax "
-        f"{text(jax_version())}; fix: pip install 'jax>={text(version)}'"
+        f"{installed_text()}; fix: pip install 'jax>={text(version)}'"
     )
 
 
@@ -188,7 +210,7 @@ def jax_internal(what: str, use: str, exc: BaseException) -> BackendError:
     otherwise: jaxaot refuses rather than run on without it."""
     lo, hi = JAX_RANGE
     return BackendError(
-        f"jax {text(jax_version())}: {what}, which jaxaot uses to {use}, is missing or changed "
+        f"jax {installed_text()}: {what}, which jaxaot uses to {use}, is missing or changed "
         f"({one_line(exc)}); expected jax {text(JAX_TESTED)}, which has it (jax>={text(lo)},"
         f"<{text(hi[:2])} as jaxaot requires): install that jax, or a jaxaot made for this one"
     )

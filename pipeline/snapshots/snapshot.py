@@ -324,9 +324,12 @@ ACROSS_VERSIONS = (
 
 
 def lowering_holds(golden: Snapshot, actual: Snapshot, cmp: Comparison) -> bool:
-    """Whether a golden from another jax or jaxlib holds here: both lowered, and only what
+    """Whether a golden from another jax or jaxlib holds here: both record their jax and
+    jaxlib and one differs, the config is the golden's, both lowered, and only what
     :data:`ACROSS_VERSIONS` names differs."""
-    other_jax = any(v.split(":", 1)[0] in ("jax", "jaxlib") for v in cmp.versions)
+    mine, theirs = actual.meta("versions.json"), golden.meta("versions.json")
+    recorded = all(v.get(d) for v in (mine, theirs) for d in ("jax", "jaxlib"))
+    other_jax = recorded and any(mine[d] != theirs[d] for d in ("jax", "jaxlib")) and not cmp.config
     lowered = all("lower/module.stablehlo.mlir" in snap.files for snap in (golden, actual))
     return (
         other_jax

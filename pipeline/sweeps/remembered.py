@@ -108,8 +108,12 @@ def composition_key(sources: list[Any], config_name: str | None, parts: list[Any
         files.append([source.provider, where, folder, tree])
     if time.time_ns() - newest[0] < RACY_NS:
         return None
+    from hydra import version
+
     job = OmegaConf.select(JobRuntime.instance().conf, "name")
-    blob = json.dumps([config_name, parts, os.getcwd(), job, files], default=str)
+    base = version.getbase()  # the version_base Hydra composes under (a Version, or unset)
+    base_text = str(base) if hasattr(base, "major") else None
+    blob = json.dumps([config_name, parts, os.getcwd(), job, base_text, files], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

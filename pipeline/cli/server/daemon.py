@@ -87,7 +87,7 @@ def preimport() -> None:
     GlobalHydra.instance().clear()  # each run initializes its own
     spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
     jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
-    if compat_jax.started_backends():  # forked children must start their own
+    if compat_jax.backends_started():  # forked children must start their own (fails closed)
         raise RuntimeError("jaxaot server: a JAX backend started while warming up")
 
 

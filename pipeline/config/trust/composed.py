@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from jaxaot.compat.hydra import ENV_UNTESTED
 from jaxaot.config.trust.policy import ALLOW_KEY, DENY_KEY, ENV_ALLOW, ImportPolicy, check_name
 from jaxaot.config.trust.rules import HYDRA, LOGGING
 from jaxaot.config.trust.sources import (
@@ -46,7 +47,7 @@ Origin = Callable[[str], "str | None"]
 _ABSENT = object()
 _SENSITIVE = frozenset(
     {
-        *(ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, "HOME", "XDG_CONFIG_HOME", "PATH"),
+        *(ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, ENV_UNTESTED, "HOME", "XDG_CONFIG_HOME", "PATH"),
         *("GCONV_PATH", "XLA_FLAGS", "LIBTPU_INIT_ARGS"),  # path flags: binaries run from a folder
     }
 )
