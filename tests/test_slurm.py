@@ -10,6 +10,7 @@ The unit tests below them need no cluster.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 import signal
@@ -395,6 +396,31 @@ def test_prepare_moves_the_interrupted_attempt_aside_and_resumes_from_it(tmp_pat
     _attempt_dir(job, stage_out="ran")
     assert prepare(job, sweep, 3, list(STAGES), requeued=False).resume_from is None
     assert (job / "manifest.json").is_file()
+
+
+def test_a_requeue_after_a_power_loss_resumes_from_the_last_stage_whose_files_are_intact(
+    tmp_path: Path,
+) -> None:
+    """Run-dir files are not fsynced: after a node lost power the manifest may name finished
+    stages whose files came back short. The requeued attempt resumes from the last stage
+    whose files are as recorded, and from none when stage_out's are not."""
+    sweep = tmp_path / "sweep"
+    job = _attempt_dir(sweep / "5", stage_out="ran", lower="ran")
+    manifest = json.loads((job / "manifest.json").read_text())
+    for stage, body in (("stage_out", b"jaxpr"), ("lower", b"stablehlo")):
+        (job / stage).mkdir()
+        (job / stage / "a.txt").write_bytes(body)
+        rec = {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+        manifest["stages"][stage]["artifacts"] = {f"{stage}/a.txt": rec}
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    (job / "lower" / "a.txt").write_bytes(b"")  # what a power loss can leave of a new file
+    first = prepare(job, sweep, 5, list(STAGES), requeued=True)
+    assert first.start_at == "lower"  # stage_out's files are intact, lower's are not
+    moved = first.resume_from
+    assert moved is not None
+    (moved / "stage_out" / "a.txt").write_bytes(b"jaxpX")
+    second = prepare(job, sweep, 5, list(STAGES), requeued=True)
+    assert second.resume_from is None and second.start_at is None  # nothing to resume from
 
 
 def test_stamp_manifest_records_the_requeue(tmp_path: Path) -> None:

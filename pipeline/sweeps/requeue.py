@@ -30,7 +30,8 @@ from jaxaot.config.order import STAGES
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.rundir.metrics import RunMetrics
 from jaxaot.sweeps.progress import STATE_DIR, read_json
-from jaxaot.util.fsio import atomic_write_json
+from jaxaot.util.fsio import atomic_write_json, sha256_file
+from jaxaot.util.verified import FileRecord
 
 log = logging.getLogger("jaxaot")
 
@@ -52,17 +53,40 @@ class Attempt:
         return {"requeued": self.number, "previous_attempts": [str(p) for p in self.previous]}
 
 
-def resume_point(manifest: dict[str, Any] | None, planned: list[str]) -> str | None:
+def _intact(run_dir: Path, record: Any) -> bool:
+    """Whether every file a stage's manifest entry records is on disk as recorded (size and
+    sha256): run-dir files are not fsynced, so a node that lost power may leave a manifest
+    that names a finished stage whose files came back short."""
+    artifacts = record.get("artifacts") if isinstance(record, dict) else None
+    for path, rec in (artifacts or {}).items():
+        want = FileRecord.from_json(rec)
+        file = run_dir / path
+        try:
+            if want is None or file.stat().st_size != want.size or sha256_file(file) != want.sha256:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def resume_point(
+    manifest: dict[str, Any] | None, planned: list[str], run_dir: Path | None = None
+) -> str | None:
     """The stage a new attempt starts at, from the interrupted attempt's manifest.
 
     The first planned stage not finished (ran, cached or resumed), provided every stage before
     it finished; the last planned stage when all did (it runs again: cheap, and a store hit for
-    compile). None when nothing finished: there is nothing to resume from.
+    compile). None when nothing finished: there is nothing to resume from. With ``run_dir``, a
+    stage counts as finished only when its files are there as its entry records them.
     """
     run = RunMetrics.from_manifest(manifest)
+    stages = (manifest or {}).get("stages") or {}
     done = 0
     for s in STAGES:
         if run.run(s).status not in FINISHED:
+            break
+        if run_dir is not None and not _intact(run_dir, stages.get(s)):
+            log.warning("requeued: %s's files in %s are not as its manifest records", s, run_dir)
             break
         done += 1
     if done == 0:
@@ -123,7 +147,7 @@ def prepare(
     if not previous:
         return Attempt(0, (), None, None)  # requeued before it ever started
     for attempt in reversed(previous):  # the newest attempt that finished a stage
-        start = resume_point(read_json(attempt / MANIFEST_NAME), planned)
+        start = resume_point(read_json(attempt / MANIFEST_NAME), planned, attempt)
         if start is not None:
             log.warning("requeued: job %d resumes at %s from %s", job_num, start, attempt)
             return Attempt(len(previous), previous, attempt.resolve(), start)
