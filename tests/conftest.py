@@ -173,6 +173,24 @@ def isolated_store(
     return store
 
 
+@pytest.fixture
+def loader() -> Iterator[Any]:
+    """Hydra's config loader over jaxaot's config folder, with the sweep compose cache empty
+    before and after."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from jaxaot.api import conf_dir
+    from jaxaot.schema import register_configs
+    from jaxaot.sweeps import compose_cache
+
+    register_configs()
+    compose_cache.clear()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
+    compose_cache.clear()
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -7,19 +7,14 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import cli_env
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.types import HydraContext, RunMode
-from jaxaot.api import conf_dir
 from jaxaot.compat import hydra as compat
 from jaxaot.errors import ConfigError
-from jaxaot.schema import register_configs
 from jaxaot.sweeps import compose_cache
 from jaxaot.sweeps.compose_cache import SweepConfigLoader, with_sweep_loader
 from omegaconf import OmegaConf
@@ -175,16 +170,6 @@ def test_a_newer_hydra_gets_no_speed_patch(monkeypatch: Any) -> None:
     assert not compat.wrap_load_configuration(lambda real: made.append(real) or real)
     compositions.install({}, -1)  # a served run: composes as Hydra does
     assert made == [] and [_resolve(*name) for name in patched] == before
-
-
-@pytest.fixture
-def loader() -> Iterator[Any]:
-    register_configs()
-    compose_cache.clear()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader()
-    compose_cache.clear()
 
 
 @pytest.mark.slow  # Hydra's own sweep compositions, seconds

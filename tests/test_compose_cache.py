@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_cli
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
-from jaxaot.api import conf_dir
-from jaxaot.schema import register_configs
 from jaxaot.sweeps import compose_cache
 from jaxaot.sweeps.compose_cache import SweepConfigLoader
 from omegaconf import DictConfig, OmegaConf
@@ -22,16 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 # Hydra's own sweep composition (its config loader and launcher), seconds a test: not the
 # fast tier.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def loader() -> Iterator[Any]:
-    register_configs()
-    compose_cache.clear()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader()
-    compose_cache.clear()
 
 
 def _master(loader: Any, *hydra_overrides: str) -> DictConfig:

@@ -35,6 +35,16 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     remembered.forget()
 
 
+def _copied_conf(conf: Path) -> Path:
+    """jaxaot's config folder copied to ``conf`` (a folder whose files a test may edit)."""
+    base = Path(jaxaot.api.conf_dir())
+    for item in base.rglob("*.yaml"):
+        dest = conf / item.relative_to(base)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(item.read_bytes())
+    return conf
+
+
 def _hydras_own(overrides: list[str], **kwargs: Any) -> dict[str, Any]:
     remembered.forget()
     real = remembered.composition_key
@@ -60,12 +70,7 @@ def test_a_remembered_composition_is_hydras_own_with_its_value_overrides(
 
 
 def test_an_edited_config_file_is_read_again(tmp_path: Path, counted: dict[str, int]) -> None:
-    conf = tmp_path / "conf"
-    base = Path(jaxaot.api.conf_dir())
-    for item in base.rglob("*.yaml"):
-        dest = conf / item.relative_to(base)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(item.read_bytes())
+    conf = _copied_conf(tmp_path / "conf")
     mlp = conf / "program" / "mlp.yaml"
     first = jaxaot.compose(["program=mlp"], config_dir=conf)
     assert jaxaot.compose(["program=mlp"], config_dir=conf) == first
@@ -113,12 +118,7 @@ def test_the_import_policy_checks_a_remembered_composition_with_every_override(
 
     from conftest import cli_env
 
-    conf = tmp_path / "conf"
-    base = Path(jaxaot.api.conf_dir())
-    for item in base.rglob("*.yaml"):
-        dest = conf / item.relative_to(base)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(item.read_bytes())
+    conf = _copied_conf(tmp_path / "conf")
     (conf / "experiment" / "cb.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /program: axpy\n\n"
         "hydra:\n  callbacks:\n    x:\n      _target_: json.JSONDecoder\n"
