@@ -47,7 +47,7 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from jaxaot.config.trust import install_composition_guards
-    from jaxaot.sweeps.remembered import remember_in_process
+    from jaxaot.sweeps.remembered import drop_last_hit, remember_in_process
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
@@ -59,9 +59,19 @@ def compose(
     install_composition_guards()
     GlobalHydra.instance().clear()
     overrides = [quote_array_types(o) for o in overrides]
-    try:
+
+    def composed() -> DictConfig:
         with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+            return hydra_compose(config_name=config_name, overrides=overrides)
+
+    try:
+        try:
+            cfg = composed()
+        except ConfigError:
+            # A refused remembered composition: composed again, its refusal names the file.
+            if not drop_last_hit():
+                raise
+            cfg = composed()
     except (HydraException, OmegaConfBaseException) as exc:
         # The line the CLI prints: the closest names for a mistyped group, option or key, not
         # Hydra's "To append to your config use +progam=mlp".

@@ -182,6 +182,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
             validate_sweep_overrides: bool = True,
         ) -> Any:
             args = (config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+            _HIT[0] = None
             # As a sweep job is composed (jaxaot.sweeps.compose_cache): the group overrides pick
             # the defaults list, whose composition is what is remembered; the value overrides
             # (hydra.run.dir=..., execute.seed=3) are applied to a copy as Hydra applies them.
@@ -198,6 +199,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
             )
             if key is not None and (kept := memo.get(key)) is not None:
                 cfg = pickle.loads(zlib.decompress(kept))
+                _HIT[0] = (memo, key)
                 report(key, b"")
             else:
                 with _defaults_resolvers() as called:
@@ -215,6 +217,22 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
         return load_configuration
 
     wrap_load_configuration(remembered)
+
+
+# The memo and key of the last composition taken from a memo (None: the last one composed).
+_HIT: list[tuple[OrderedDict[str, bytes], str] | None] = [None]
+
+
+def drop_last_hit() -> bool:
+    """Drop the composition the last one was taken from, so that the next composes afresh;
+    whether there was one. A refusal of a remembered composition cannot say which config file
+    set the refused value (nothing was composed): composing again lets it."""
+    hit, _HIT[0] = _HIT[0], None
+    if hit is None:
+        return False
+    memo, key = hit
+    memo.pop(key, None)
+    return True
 
 
 _LOCAL: OrderedDict[str, bytes] = OrderedDict()
@@ -243,4 +261,4 @@ def forget() -> None:
     _LOCAL.clear()
 
 
-__all__ = ["KEEP", "composition_key", "forget", "remember", "remember_in_process"]
+__all__ = ["KEEP", "composition_key", "drop_last_hit", "forget", "remember", "remember_in_process"]
