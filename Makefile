@@ -6,9 +6,9 @@ BIN    := $(VENV)/bin
 # `make run` installs jaxaot alone; `make test` adds every extra the tests exercise.
 RUN_STAMP  := $(VENV)/.jaxaot-run
 TEST_STAMP := $(VENV)/.jaxaot-test
-EXTRAS ?= dev,sweep,tpu,cuda-aot,profile,models
+EXTRAS ?= dev,test-servers,sweep,tpu,cuda-aot,profile,models,tracking,s3,gcs
 
-.PHONY: run test test-fast test-server test-plain test-matrix lint bench clean venv graphviz slurm
+.PHONY: run test test-fast test-server test-plain test-matrix lint bench clean venv graphviz slurm chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ slurm:
 	   >/dev/null) || echo "note: apt-get install slurm-wlm munge failed; the SLURM tests are skipped"; \
 	else echo "note: slurm-wlm/munge not installed (needs root and apt); the SLURM tests are skipped"; fi
 
+# Chromium renders `jaxaot-report --html` pages in the report tests (headless); without it those
+# tests skip, saying why. Installed only as root with apt-get (Debian's package).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "note: apt-get install chromium failed; the HTML report browser tests are skipped"; \
+	else echo "note: chromium not installed (needs root and apt); the HTML report browser tests are skipped"; fi
+
 run: $(RUN_STAMP)
 	$(BIN)/jaxaot $(ARGS)
 
@@ -58,7 +67,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 # Every `jaxaot` a test starts goes through one resident `jaxaot server` per worker, except the
 # tests of the process itself (tests/conftest.py's plain_process): see test-server, test-plain.
-test: $(TEST_STAMP) graphviz slurm
+test: $(TEST_STAMP) graphviz slurm chromium
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier: the tests that start no process, run no pipeline, compose no config and
@@ -67,11 +76,11 @@ test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The same suite with every `jaxaot` run going through the server, the plain_process ones too.
-test-server: $(TEST_STAMP) graphviz slurm
+test-server: $(TEST_STAMP) graphviz slurm chromium
 	JAXAOT_TEST_SERVER=1 $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The same suite with every `jaxaot` run a plain process (no server).
-test-plain: $(TEST_STAMP) graphviz slurm
+test-plain: $(TEST_STAMP) graphviz slurm chromium
 	JAXAOT_TEST_SERVER=0 $(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The version matrix (noxfile.py): the fast tier and the central pipeline tests on the oldest
