@@ -512,6 +512,11 @@ EXTRAS = {
         "optuna",
         "matplotlib",
     ),
+    "tracking": ("mlflow",),
+    "s3": ("s3fs",),
+    "gcs": ("gcsfs",),
+    # the full mlflow's server (its SQL store) and moto's S3 server, started by the tests
+    "test-servers": ("mlflow.server", "sqlalchemy", "alembic", "moto.server"),
 }
 
 
