@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # `make run` installs jaxaot alone; `make test` adds every extra the tests exercise.
 RUN_STAMP  := $(VENV)/.jaxaot-run
 TEST_STAMP := $(VENV)/.jaxaot-test
-EXTRAS ?= dev,test-servers,sweep,tpu,cuda-aot,profile,models,tracking,s3,gcs
+EXTRAS ?= dev,testing,sweep,tpu,cuda-aot,profile,models,tracking,s3,gcs
 
 .PHONY: run test test-fast test-server test-plain test-matrix lint bench clean venv graphviz slurm chromium
 

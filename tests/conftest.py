@@ -515,8 +515,9 @@ EXTRAS = {
     "tracking": ("mlflow",),
     "s3": ("s3fs",),
     "gcs": ("gcsfs",),
-    # the full mlflow's server (its SQL store) and moto's S3 server, started by the tests
-    "test-servers": ("mlflow.server", "sqlalchemy", "alembic", "moto.server"),
+    # the full mlflow's server (its SQL store), moto's S3 server and Playwright, which the
+    # tests start or drive
+    "testing": ("mlflow.server", "sqlalchemy", "alembic", "moto.server", "playwright"),
 }
 
 
