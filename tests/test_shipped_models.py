@@ -46,12 +46,21 @@ def _npy(tmp_path: Path, name: str, arr: np.ndarray) -> str:
 
 def _run(tmp_path: Path, program: str, arrays: dict[int, np.ndarray]) -> jaxaot.RunResult:
     """``program`` through all four stages, its array arguments at ``arrays``' positions
-    replaced by those very arrays (``.npy`` leaves)."""
+    replaced by those very arrays (``.npy`` leaves). These runs are also the shipped-config
+    runs of these programs (tests/test_shipped_configs.py runs every other program): each
+    stage ran, no warning, the compile's FLOPs counted, every output finite."""
     cfg = jaxaot.compose([f"program={program}", "execute.repeats=1", "execute.warmup=0"])
     for i, arr in arrays.items():
         cfg.program.args[i] = _npy(tmp_path, f"arg{i}", arr)
     result = jaxaot.run(cfg, run_dir=tmp_path / program)
     assert result.ok, result.manifest["error"]
+    stages = result.manifest["stages"]
+    assert [stages[s]["status"] for s in ("stage_out", "lower")] == ["ran", "ran"]
+    assert stages["compile"]["status"] in ("ran", "cached")
+    assert result.manifest["warnings"] == []
+    assert result["compile"].cost and result["compile"].cost["flops"] > 0
+    with np.load(result.run_dir / "execute" / "outputs.npz") as z:
+        assert z.files and all(np.isfinite(z[k]).all() for k in z.files)
     return result
 
 
