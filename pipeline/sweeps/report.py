@@ -287,13 +287,13 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _stage_cell(r: dict[str, Any], s: str) -> str:
+def stage_cell(r: dict[str, Any], s: str) -> str:
     if r.get(f"{s}.status") is None:
         return "-"
     return f"{r[f'{s}.status']} {human_seconds(r.get(f'{s}.seconds'))}"
 
 
-def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
+def metric_cell(r: dict[str, Any], col: str, fmt: Any) -> str:
     """A figure; "n/a" where its stage ran but gave none (or XLA's unknown sentinel)."""
     if r.get(col) is None and r.get(f"{col.split('.', 1)[0]}.status") in (
         "ran",
@@ -304,7 +304,7 @@ def _metric(r: dict[str, Any], col: str, fmt: Any) -> str:
     return str(fmt(r.get(col)))
 
 
-def _pair(need: Any, have: Any) -> tuple[str, str]:
+def memory_pair(need: Any, have: Any) -> tuple[str, str]:
     """Needed and available, printed so that they compare as the bytes do (the verdict's)."""
     if need is None or have is None or have <= 0:
         return human_bytes(need), human_bytes(have)
@@ -314,7 +314,9 @@ def _pair(need: Any, have: Any) -> tuple[str, str]:
 def _topology_cells(r: dict[str, Any], host: bool) -> list[str]:
     fits = r.get("compile.fits")
     coll = r.get("compile.collectives")
-    need, have = _pair(r.get("compile.hbm_bytes_needed"), r.get("compile.hbm_bytes_available"))
+    need, have = memory_pair(
+        r.get("compile.hbm_bytes_needed"), r.get("compile.hbm_bytes_available")
+    )
     reserve = r.get("compile.hbm_reserve_bytes")
     if reserve:
         have += f" ({human_bytes(reserve)} reserved)"
@@ -323,7 +325,7 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[str]:
         verdict += " (HBM and host)" if r.get("compile.hbm_fits") is False else " (host)"
     cells = [r.get("compile.topology") or "-", verdict, need, have]
     if host:
-        host_need, host_have = _pair(
+        host_need, host_have = memory_pair(
             r.get("compile.host_bytes_needed"), r.get("compile.host_bytes_available")
         )
         cells.append(f"{host_need} of {host_have}" if r.get("compile.host_bytes_needed") else "-")
@@ -334,7 +336,7 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[str]:
     ]
 
 
-def _peak_cell(r: dict[str, Any]) -> str:
+def peak_cell(r: dict[str, Any]) -> str:
     top, peak = r.get("compile.peak_top"), r.get("compile.peak_bytes")
     if not top:
         return "-"
@@ -343,12 +345,12 @@ def _peak_cell(r: dict[str, Any]) -> str:
     return f"{human_bytes(peak)}: {top}"
 
 
-def _profile_cell(r: dict[str, Any]) -> str:
+def profile_cell(r: dict[str, Any]) -> str:
     op, share = r.get("execute.profile_top_op"), r.get("execute.profile_top_share")
     return f"{op} ({share:.0%})" if op and share is not None else ""
 
 
-def _slurm_cell(r: dict[str, Any]) -> str:
+def slurm_cell(r: dict[str, Any]) -> str:
     """``12_3 COMPLETED, requeued 1x``: the SLURM job, its state and its requeues."""
     if not r.get("slurm_job"):
         return "-"
@@ -362,12 +364,11 @@ def _shown(override: str) -> str:
     return key + sep + short_value(value)
 
 
-def to_markdown(table: SweepTable) -> str:
-    names = short_names(table.varying)
-    topology, slurm, profiled = table.topology, table.slurm, table.profiled  # each scans every row
-    effort, host, peaks = table.effort, table.host, table.peaks
+def summary_lines(table: SweepTable) -> list[str]:
+    """The report's opening lines (Markdown): the jobs by status, the fixed overrides, the best
+    trial or Pareto front of a search."""
     n_ok = len(table.rows) - len(table.failed) - len(table.does_not_fit)
-    lines = [f"# Sweep report: {table.sweep_dir}", ""]
+    lines: list[str] = []
     misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
     lines.append(f"{len(table.rows)} jobs: {n_ok} ok{misfits}, {len(table.failed)} failed.")
     if table.fixed:
@@ -408,7 +409,14 @@ def to_markdown(table: SweepTable) -> str:
             )
         else:
             lines.append(f"No trial produced `{obj}`.")
-    lines.append("")
+    return lines
+
+
+def to_markdown(table: SweepTable) -> str:
+    names = short_names(table.varying)
+    topology, slurm, profiled = table.topology, table.slurm, table.profiled  # each scans every row
+    effort, host, peaks = table.effort, table.host, table.peaks
+    lines = [f"# Sweep report: {table.sweep_dir}", "", *summary_lines(table), ""]
     head = [
         "job",
         *(names[k] for k in table.varying),
@@ -447,9 +455,9 @@ def to_markdown(table: SweepTable) -> str:
             *(short_value(str(r.get(k, ""))) for k in table.varying),
             *(r.get(c) or "-" for c in effort),
             status,
-            *(_stage_cell(r, s) for s in STAGES),
+            *(stage_cell(r, s) for s in STAGES),
             *(
-                _metric(r, c, human_count if c.endswith("flops") else human_bytes)
+                metric_cell(r, c, human_count if c.endswith("flops") else human_bytes)
                 for c in (
                     "compile.flops",
                     "compile.bytes_accessed",
@@ -459,12 +467,12 @@ def to_markdown(table: SweepTable) -> str:
                     "compile.code_bytes",
                 )
             ),
-            _metric(r, "execute.median_s", human_seconds),
-            _metric(r, "execute.flops_per_s", human_count),
+            metric_cell(r, "execute.median_s", human_seconds),
+            metric_cell(r, "execute.flops_per_s", human_count),
             *(_topology_cells(r, host) if topology else ()),
-            *([_peak_cell(r)] if peaks else []),
-            *([_profile_cell(r)] if profiled else []),
-            *([_slurm_cell(r)] if slurm else []),
+            *([peak_cell(r)] if peaks else []),
+            *([profile_cell(r)] if profiled else []),
+            *([slurm_cell(r)] if slurm else []),
             (r.get("error") or "")[:160],
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
@@ -520,7 +528,14 @@ __all__ = [
     "SweepTable",
     "collect",
     "job_dirs",
+    "memory_pair",
+    "metric_cell",
+    "peak_cell",
+    "profile_cell",
     "row_of",
+    "slurm_cell",
+    "stage_cell",
+    "summary_lines",
     "to_csv",
     "to_markdown",
     "write_report",

@@ -1,0 +1,299 @@
+"""The HTML report (``jaxaot-report --html``): a sweep's page and a run's, as headless Chromium
+renders them (no console errors, no request, the expected tables and rows, sorting by a click,
+images loaded, a screenshot that is not blank), and names that carry markup stay text."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jaxaot
+import pytest
+from browser import Opened, browser, open_page
+from jaxaot.cli.report_cmd import main as report_main
+from jaxaot.sweeps import report
+from jaxaot.sweeps.html_page import markdown_block
+from jaxaot.sweeps.html_report import HTML_NAME, write_sweep_html
+from jaxaot.sweeps.progress import SweepPlan, write_job_record
+
+__all__ = ["browser"]  # the module's fixture, from tests/browser.py
+
+ATTACK = "<script>window.pwned=1</script><img src=x onerror=window.pwned=2>"
+pytestmark = pytest.mark.xdist_group("report_html")
+
+
+def _stage(status: str, seconds: float, **metrics: Any) -> dict[str, Any]:
+    return {"status": status, "seconds": seconds, "metrics": metrics, "artifacts": {}}
+
+
+def _job(root: Path, num: int, overrides: list[str], status: str, **figures: Any) -> None:
+    """A job folder as a sweep leaves it: the overrides, a manifest, the job record."""
+    d = root / str(num)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {json.dumps(o)}\n" for o in overrides))
+    stages = {"stage_out": _stage("ran", 0.01), "lower": _stage("ran", 0.02)}
+    error = figures.pop("error", None)
+    if status == "failed":
+        stages["compile"] = _stage("failed", 0.5)
+    else:
+        stages["compile"] = _stage(
+            "ran",
+            0.1 + num / 100,
+            flops=1e6 * (num + 1),
+            bytes_accessed=4e5,
+            argument_bytes=1000 * (num + 1),
+            output_bytes=100,
+            temp_bytes=400 * (num + 1),
+            code_bytes=0,
+        )
+        stages["execute"] = _stage("ran", 0.04, stddev_s=1e-5, **figures)
+    manifest = {
+        "format_version": 1,
+        "status": status,
+        "error": error,
+        "config": {"program": {"name": "axpy", "target": "jaxaot.examples.axpy:axpy"}},
+        "stages": stages,
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    write_job_record(
+        d, {"num": num, "overrides": overrides, "status": status, "code": 0, "error": error}
+    )
+
+
+def _sweep(root: Path, *, attack: bool = False) -> Path:
+    """Four jobs over a shape: three ok (execute medians 3, 1, 2 ms) and one failed."""
+    SweepPlan(total=4, varying=("program.args.1",)).write(root)
+    shapes = ["f32[1024,256]", "f32[64,256]", "f32[256,256]", "f32[512,256]"]
+    name = f"program.name={ATTACK}" if attack else "program=axpy"
+    medians = {0: 3e-3, 1: 1e-3, 3: 2e-3}
+    for num, shape in enumerate(shapes):
+        overrides = [name, f"program.args.1={shape}"]
+        if num == 2:
+            _job(root, num, overrides, "failed", error=f"compile: XLA refused {ATTACK}")
+        else:
+            _job(root, num, overrides, "ok", median_s=medians[num], flops_per_s=1e9 / (num + 1))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sweep_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sweep's report.html, its plots drawn (matplotlib)."""
+    root = _sweep(tmp_path_factory.mktemp("html") / "sweep")
+    table = report.write_report(root)
+    return write_sweep_html(table, draw_graph=False)
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run of the mlp example (every stage), with its report.html."""
+    tmp = tmp_path_factory.mktemp("run")
+    run_dir = tmp / "run"
+    jaxaot.run(jaxaot.compose(["program=mlp", f"store.dir={tmp / 'store'}"]), run_dir=run_dir)
+    assert report_main(["--html", str(run_dir)]) == 0
+    return run_dir
+
+
+def _column(opened: Opened, table_id: str, col: int) -> list[str]:
+    return opened.page.eval_on_selector_all(
+        f"#{table_id} tbody tr", f"rows => rows.map(r => r.cells[{col}].textContent.trim())"
+    )
+
+
+def _head_index(opened: Opened, table_id: str, text: str) -> int:
+    heads = opened.page.eval_on_selector_all(
+        f"#{table_id} thead th", "ths => ths.map(t => t.textContent.trim())"
+    )
+    return heads.index(text)
+
+
+def _images(opened: Opened) -> list[dict[str, Any]]:
+    return opened.page.eval_on_selector_all(
+        "img",
+        "imgs => imgs.map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth,"
+        " scheme: i.src.split(':')[0]}))",
+    )
+
+
+def _not_blank(opened: Opened) -> int:
+    """The number of distinct colours in a screenshot of the page (a blank page has one)."""
+    from PIL import Image
+
+    shot = Image.open(io.BytesIO(opened.page.screenshot(full_page=True))).convert("RGB")
+    colours = shot.getcolors(maxcolors=1 << 20)
+    return len(colours) if colours is not None else 1 << 20
+
+
+def _links(opened: Opened) -> list[str]:
+    return opened.page.eval_on_selector_all("a", "as => as.map(a => a.getAttribute('href'))")
+
+
+@pytest.mark.slow  # Chromium: a process
+def test_the_sweep_page_renders_its_table_plots_and_links(browser: Any, sweep_page: Path) -> None:
+    opened = open_page(browser, sweep_page)
+    assert opened.problems == []
+    assert opened.requests == [sweep_page.resolve().as_uri()]  # self-contained: no other fetch
+    page = opened.page
+    assert page.title() == f"Sweep report: {sweep_page.parent}"
+    assert page.text_content("#summary").strip().startswith("4 jobs: 3 ok, 1 failed.")
+    assert _column(opened, "jobs", 0) == ["0", "1", "2", "3"]
+    statuses = _column(opened, "jobs", _head_index(opened, "jobs", "status"))
+    assert statuses == ["ok", "ok", "failed", "ok"]
+    assert _column(opened, "memory", 0) == ["0", "1", "2", "3"]
+    images = _images(opened)
+    # one plot per varying parameter (program.args.1), inline
+    assert [i["alt"] for i in images] == ["program.args.1"]
+    assert all(i["complete"] and i["width"] > 0 and i["scheme"] == "data" for i in images)
+    assert _not_blank(opened) > 50
+    # every link is relative and leads to a file or folder of the sweep
+    hrefs = _links(opened)
+    assert "sweep.csv" in hrefs and "sweep.md" in hrefs and "plots/program.args.1.png" in hrefs
+    assert {f"{n}/{HTML_NAME}" for n in range(4)} <= set(hrefs)
+    assert {"0/manifest.json", "0/.hydra/overrides.yaml", "2/job.json"} <= set(hrefs)
+    for h in hrefs:
+        assert not re.match(r"^[a-z]+:", h), h
+        assert (sweep_page.parent / h).exists(), h
+
+
+@pytest.mark.slow  # Chromium: a process
+def test_a_click_sorts_the_jobs_by_a_column(browser: Any, sweep_page: Path) -> None:
+    opened = open_page(browser, sweep_page)
+    page = opened.page
+    median = _head_index(opened, "jobs", "exec median")
+    head = page.locator("#jobs thead th").nth(median)
+    head.click()
+    assert head.get_attribute("aria-sort") == "ascending"
+    assert _column(opened, "jobs", 0) == ["1", "3", "0", "2"]  # 1, 2, 3 ms; no figure last
+    head.click()
+    assert head.get_attribute("aria-sort") == "descending"
+    assert _column(opened, "jobs", 0) == ["0", "3", "1", "2"]
+    shape = _head_index(opened, "jobs", "args.1")
+    page.locator("#jobs thead th").nth(shape).click()  # text: the numbers in it by size
+    assert _column(opened, "jobs", shape) == [
+        "f32[64,256]",
+        "f32[256,256]",
+        "f32[512,256]",
+        "f32[1024,256]",
+    ]
+    assert head.get_attribute("aria-sort") is None
+    page.locator("#jobs thead th").nth(0).press("Enter")  # by keyboard too
+    assert _column(opened, "jobs", 0) == ["0", "1", "2", "3"]
+    assert opened.problems == []
+
+
+@pytest.mark.slow  # Chromium: a process
+def test_the_run_page_shows_stages_memory_graph_and_every_artifact(
+    browser: Any, real_run: Path
+) -> None:
+    page_path = real_run / HTML_NAME
+    opened = open_page(browser, page_path)
+    assert opened.problems == []
+    assert opened.requests == [page_path.resolve().as_uri()]
+    page = opened.page
+    assert page.text_content("#status") == "ok"
+    assert _column(opened, "stages", 0) == ["stage_out", "lower", "compile", "execute"]
+    assert _column(opened, "stages", 1) == ["ran"] * 4
+    # the buffers live at the peak: the largest is the 512x512 weight
+    assert _column(opened, "peak-buffers", 0)[0] == "f32[512,512]"
+    assert _column(opened, "peak-buffers", 1)[0] == "args[0][1]['w']"
+    graph = page.eval_on_selector(
+        "#hlo-graph", "i => ({w: i.naturalWidth, src: i.src.slice(0, 26)})"
+    )
+    assert graph["w"] > 0 and graph["src"] == "data:image/svg+xml;base64,"
+    assert _not_blank(opened) > 50
+    manifest = json.loads((real_run / "manifest.json").read_text())
+    artifacts = {a for s in manifest["stages"].values() for a in s["artifacts"]}
+    hrefs = set(_links(opened))
+    assert len(artifacts) > 10
+    assert (
+        artifacts | {"manifest.json", "graph/optimized.hlo.svg", "graph/optimized.hlo.dot"} <= hrefs
+    )
+    assert all((real_run / h).is_file() for h in hrefs)
+
+
+def test_a_run_page_without_graphviz_says_so(
+    real_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "copy"
+    shutil.copytree(real_run, run_dir)
+    shutil.rmtree(run_dir / "graph")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert report_main(["--html", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    assert "Graphviz &#x27;dot&#x27; is not on PATH" in text
+    assert 'href="graph/optimized.hlo.dot"' in text and "hlo-graph" not in text
+    assert report_main(["--html", "--no-graph", str(tmp_path / "copy")]) == 0
+
+
+@pytest.mark.slow  # Chromium: a process
+def test_markup_in_names_and_errors_stays_text(browser: Any, tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep", attack=True)
+    assert report_main(["--html", "--no-plots", str(root)]) == 1  # job 2 failed
+    dialogs: list[str] = []
+    for page_path in (root / HTML_NAME, root / "2" / HTML_NAME, root / "0" / HTML_NAME):
+        opened = open_page(browser, page_path)
+        opened.page.on("dialog", lambda d: dialogs.append(d.message))
+        assert opened.page.evaluate("typeof window.pwned") == "undefined"
+        assert opened.problems == []
+        assert opened.page.locator("script").count() == 1  # the page's own
+        assert opened.page.locator("img").count() == 0  # no plots, no graph: no image at all
+    sweep_text = open_page(browser, root / HTML_NAME).page.text_content("#jobs")
+    assert f"compile: XLA refused {ATTACK}" in sweep_text
+    assert dialogs == []
+
+
+def test_html_escapes_every_name_it_shows(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep", attack=True)
+    table = report.write_report(root, plots=False)
+    text = write_sweep_html(table, plots=False, draw_graph=False).read_text()
+    assert text.count("<script") == 1 and "<img" not in text
+    assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in text
+    job = (root / "2" / HTML_NAME).read_text()
+    assert job.count("<script") == 1 and "&lt;img src=x onerror=window.pwned=2&gt;" in job
+
+
+def test_the_markdown_report_is_the_same_with_html(tmp_path: Path) -> None:
+    plain, html = _sweep(tmp_path / "a"), _sweep(tmp_path / "b")
+    assert report_main(["--no-plots", str(plain)]) == 1
+    assert report_main(["--html", "--no-plots", str(html)]) == 1
+    for name in (report.MD_NAME, report.CSV_NAME):
+        assert (plain / name).read_text().replace(str(plain), "X") == (
+            html / name
+        ).read_text().replace(str(html), "X")
+    assert not (plain / HTML_NAME).exists() and (html / HTML_NAME).is_file()
+    assert not (html / "plots").exists()
+
+
+def test_cli_on_a_run_dir_and_on_no_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _sweep(tmp_path / "sweep")
+    assert report_main(["--html", "--no-graph", str(root / "1")]) == 0
+    assert capsys.readouterr().out == f"run ok: {root / '1' / HTML_NAME}\n"
+    assert not (root / HTML_NAME).exists()  # a run dir's page only
+    assert report_main(["--html", str(root / "2")]) == 1
+    assert capsys.readouterr().out == f"run failed: {root / '2' / HTML_NAME}\n"
+    assert report_main(["--html", str(tmp_path / "no/such")]) == 2
+    assert capsys.readouterr().err == (
+        f"jaxaot-report: error: {tmp_path / 'no/such'}: no such file or directory; expected "
+        "a run directory or a sweep folder (hydra.sweep.dir)\n"
+    )
+
+
+def test_markdown_sections_become_tables_and_lists() -> None:
+    html = markdown_block(
+        [
+            "## Fit search",
+            "",
+            "| choice | largest fit |",
+            "|---|---|",
+            "| a \\| b | **front** |",
+            "",
+            "fit search: Pareto front on v5e:2x2",
+            "- `n=4` <b>",
+        ]
+    )
+    assert html.splitlines()[0] == "<h2>Fit search</h2>"
+    assert "<td>a | b</td><td><strong>front</strong></td>" in html
+    assert "<li><code>n=4</code> &lt;b&gt;</li>" in html
