@@ -1,7 +1,9 @@
 """``jaxaot-store``: inspect and maintain the checkpoint store (stats, verify, gc, ls).
 
 Every subcommand takes ``--store DIR`` (default ``$JAXAOT_STORE_DIR``, else
-``$XDG_CACHE_HOME/jaxaot/store``, ``~/.cache/jaxaot/store`` when that variable is unset).
+``$XDG_CACHE_HOME/jaxaot/store``, ``~/.cache/jaxaot/store`` when that variable is unset), or a
+bucket store's URL, ``--store s3://BUCKET/PREFIX`` (``gs://``), which ls/stats/verify/gc read
+and maintain in the bucket itself (:mod:`jaxaot.store.bucket_maintenance`).
 Bad input prints one line on stderr and exits 2; ``verify`` exits 1 when an entry is corrupt
 (or, with ``--deep``, unusable: it verifies but cannot be loaded and called in a fresh process).
 """
@@ -12,7 +14,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from jaxaot.errors import JaxaotError
 from jaxaot.store.cache import (
@@ -23,6 +25,11 @@ from jaxaot.store.cache import (
     resolve_store_root,
 )
 from jaxaot.store.maintenance import TempInfo
+
+if TYPE_CHECKING:
+    from jaxaot.store.bucket_maintenance import BucketAdmin
+
+    AnyStore = Store | BucketAdmin
 from jaxaot.util.console import pipe_safe
 
 PROG = "jaxaot-store"
@@ -62,7 +69,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _build_parser() -> _Parser:
     store_help = (
         f"store root (default: ${ENV_STORE_DIR}, else $XDG_CACHE_HOME/jaxaot/store, "
-        "~/.cache/jaxaot/store when XDG_CACHE_HOME is unset)"
+        "~/.cache/jaxaot/store when XDG_CACHE_HOME is unset), or a bucket store's "
+        "s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
     )
     parser = _Parser(prog=PROG, description="Inspect and maintain the jaxaot checkpoint store.")
     parser.add_argument("--store", metavar="DIR", default=None, help=store_help)
@@ -97,7 +105,7 @@ def _build_parser() -> _Parser:
     return parser
 
 
-def _cmd_stats(store: Store, args: argparse.Namespace) -> int:
+def _cmd_stats(store: AnyStore, args: argparse.Namespace) -> int:
     stats = store.stats()
     rows = []
     for name, s in [*stats.stages.items(), ("total", stats.total)]:
@@ -114,8 +122,14 @@ def _cmd_stats(store: Store, args: argparse.Namespace) -> int:
                 f"{s.seconds_saved:.1f} s",
             ]
         )
-    print(f"store {store.root} (format v{STORE_FORMAT_VERSION})")
+    where = getattr(store, "location", store.root)
+    print(f"store {where} (format v{STORE_FORMAT_VERSION})")
     print(_table(["stage", "entries", "size", "hits", "misses", "hit rate", "time saved"], rows))
+    if where != store.root:
+        print(
+            "hits and misses are counted by each machine's local cache: "
+            f"`{PROG} stats --store CACHE_DIR` there"
+        )
     _print_temps(store, stats.temps)
     return 0
 
@@ -126,7 +140,7 @@ def _age(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _print_temps(store: Store, temps: Sequence[TempInfo]) -> None:
+def _print_temps(store: AnyStore, temps: Sequence[TempInfo]) -> None:
     """Orphan temp folders: puts in progress, or killed ones that ``gc`` will remove."""
     if not temps:
         return
@@ -138,7 +152,7 @@ def _print_temps(store: Store, temps: Sequence[TempInfo]) -> None:
         print(f"  {t.path.relative_to(store.root)}  age {_age(t.age_s)}")
 
 
-def _cmd_verify(store: Store, args: argparse.Namespace) -> int:
+def _cmd_verify(store: AnyStore, args: argparse.Namespace) -> int:
     report = store.verify(remove=args.remove, deep=args.deep)
     for r in report.results:
         if r.ok:
@@ -167,7 +181,7 @@ def _cmd_verify(store: Store, args: argparse.Namespace) -> int:
     return 1 if report.corrupt else 0
 
 
-def _cmd_gc(store: Store, args: argparse.Namespace) -> int:
+def _cmd_gc(store: AnyStore, args: argparse.Namespace) -> int:
     max_bytes = None if args.max_size is None else parse_size(args.max_size)
     for flag, value in (
         ("--older-than-hours", args.older_than_hours),
@@ -190,7 +204,7 @@ def _cmd_gc(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_ls(store: Store, args: argparse.Namespace) -> int:
+def _cmd_ls(store: AnyStore, args: argparse.Namespace) -> int:
     infos = store.ls(stage=args.stage)
     rows = [
         [
@@ -208,6 +222,24 @@ def _cmd_ls(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _open(given: str | None) -> AnyStore:
+    """The store ``--store`` names: a folder that exists, or a bucket URL."""
+    import os
+
+    from jaxaot.store.bucket import is_bucket_url
+
+    where = given if given else os.environ.get(ENV_STORE_DIR, "")
+    if is_bucket_url(where):
+        from jaxaot.store.bucket import Bucket, parse_bucket_url
+        from jaxaot.store.bucket_maintenance import BucketAdmin
+
+        return BucketAdmin(Bucket(parse_bucket_url(where, "--store" if given else ENV_STORE_DIR)))
+    root = resolve_store_root(given)
+    if not root.is_dir():
+        raise _UsageError(f"no store at {root} (pass --store DIR or set ${ENV_STORE_DIR})")
+    return Store(root)
+
+
 _COMMANDS = {"stats": _cmd_stats, "verify": _cmd_verify, "gc": _cmd_gc, "ls": _cmd_ls}
 
 
@@ -218,10 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _build_parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else 0
-        root = resolve_store_root(args.store)
-        if not root.is_dir():
-            raise _UsageError(f"no store at {root} (pass --store DIR or set ${ENV_STORE_DIR})")
-        return _COMMANDS[args.command](Store(root), args)
+        return _COMMANDS[args.command](_open(args.store), args)
     except (_UsageError, JaxaotError, ValueError, OSError) as exc:
         # A bad stage name or size, a missing store, an unreadable file: one line, no traceback.
         print(f"{PROG}: error: {exc}", file=sys.stderr)

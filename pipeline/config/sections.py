@@ -50,11 +50,19 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    dir: str | None = None  # None: $JAXAOT_STORE_DIR, else $XDG_CACHE_HOME/jaxaot/store
+    # A folder, or a bucket: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX (jaxaot.store.tiered).
+    # None: $JAXAOT_STORE_DIR, else $XDG_CACHE_HOME/jaxaot/store.
+    dir: str | None = None
     enabled: bool = True
-    trust: bool = (
-        False  # True: load executables whatever the store's permissions (jaxaot.util.fsio)
-    )
+    # True: load executables whatever the store's permissions (jaxaot.util.fsio); a bucket
+    # store is used only with it (or $JAXAOT_TRUST_STORE=1).
+    trust: bool = False
+    # A bucket store's local cache folder. None: the local store ($JAXAOT_STORE_DIR when that
+    # is a folder, else the default).
+    cache_dir: str | None = None
+    # A bucket store: seconds a machine's claim on a key lives without its heartbeat (a
+    # holder that died is taken over after this long).
+    lease_s: float = 60.0
 
 
 @dataclass(frozen=True)

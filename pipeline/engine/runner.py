@@ -191,7 +191,9 @@ def _run(
         # problem: each section alone, and the store folder (never taken from a checkpoint).
         # What spans sections is checked on the config the run resumes with, below.
         check_sections(typed)
-        check_store_dir(typed.store.dir, typed.store.enabled)
+        check_store_dir(
+            typed.store.dir, typed.store.enabled, typed.store.cache_dir, typed.store.lease_s
+        )
         typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
         if STAGES.index(typed.start_at) > 0 and typed.resume_from:
             checkpoint = Checkpoint(typed.resume_from)
@@ -199,6 +201,10 @@ def _run(
     # Checked once, as the run runs; the arguments bound once (by the mesh checks, or here),
     # all before JAX is imported.
     typed, checked_bound = validated(typed)
+    # A bucket store's URL, library and cache folder (validation checked a folder store).
+    check_store_dir(
+        typed.store.dir, typed.store.enabled, typed.store.cache_dir, typed.store.lease_s
+    )
     bound = (
         checked_bound
         if checked_bound is not None
@@ -276,12 +282,14 @@ def _run(
         try:
             claim(out, manifest.to_json(), key=_run_dir_key(run_dir))  # new, or refused
             claimed = True
-            from jaxaot.store.cache import Store, resolve_store_root
+            from jaxaot.store.tiered import open_store
 
-            store = Store(
-                resolve_store_root(typed.store.dir),
+            store = open_store(
+                typed.store.dir,
+                typed.store.cache_dir,
                 enabled=typed.store.enabled,
                 trust=typed.store.trust or None,
+                lease_s=typed.store.lease_s,
             )
         except BaseException:
             jaxenv.restore_config(restore)

@@ -178,11 +178,13 @@ class Store:
         meta: Mapping[str, Any] | None = None,
         compute_seconds: float = 0.0,
         compat: Mapping[str, Any] | None = None,
+        created: float | None = None,
     ) -> StoreEntry | None:
         """Store ``files`` (name -> bytes or a Path to copy) atomically; None if not writable.
 
         If the entry already exists and verifies (a concurrent writer won), ours is discarded
-        and the existing one is returned.
+        and the existing one is returned. ``created``: when the entry was first made (an entry
+        copied from a bucket keeps its own); default now.
         """
         entry_dir = self.entry_dir(stage, key)
         for name in files:
@@ -204,7 +206,7 @@ class Store:
                 self._degrade(exc)
                 return None
             records = {name: write_file(tmp / name, src) for name, src in files.items()}
-            created = time.time()
+            created = time.time() if created is None else float(created)
             doc = {
                 "format_version": STORE_FORMAT_VERSION,
                 "stage": stage,

@@ -136,7 +136,7 @@ class StoreEntry:
         return self.verified.read(name)
 
 
-def _parse_manifest(raw: bytes, stage: str, key: str) -> dict[str, Any]:
+def parse_manifest(raw: bytes, stage: str, key: str) -> dict[str, Any]:
     doc = parse_versioned_json(raw, STORE_FORMAT_VERSION, name=MANIFEST_NAME, kind="entry")
     if doc.get("stage") != stage or doc.get("key") != key:
         raise Refused(
@@ -159,7 +159,7 @@ def _parse_manifest(raw: bytes, stage: str, key: str) -> dict[str, Any]:
     return doc
 
 
-def _compat_diff(found: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
+def compat_diff(found: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
     names = sorted(set(found) | set(expect))
     diffs = [
         f"{n}: entry has {found.get(n)!r}, expected {expect.get(n)!r}"
@@ -219,9 +219,9 @@ def load_entry(
         raise Refused(f"{MANIFEST_NAME} missing (empty entry folder)") from None
     except OSError as exc:
         raise Refused(f"{MANIFEST_NAME} unreadable ({exc})") from None
-    doc = _parse_manifest(raw, stage, key)
+    doc = parse_manifest(raw, stage, key)
     if expect is not None:
-        diff = _compat_diff(doc["compat"], expect)
+        diff = compat_diff(doc["compat"], expect)
         if diff:
             raise Refused(f"compat mismatch: {diff}", incompatible=True)
     if not trust:
@@ -319,11 +319,13 @@ __all__ = [
     "check_key",
     "check_stage",
     "check_store_trusted",
+    "compat_diff",
     "entry_label",
     "fsync_dir",
     "is_key",
     "is_stage_name",
     "load_entry",
+    "parse_manifest",
     "remove_entry",
     "touch",
     "write_file",

@@ -7,6 +7,10 @@ first job compiles and the rest load its entry. The lock is advisory and per key
 different keys never wait for each other), the kernel releases it if its holder dies, and where
 it cannot be taken (no ``fcntl``, a read-only store, a file system without locks) jobs simply
 run unlocked: the store's atomic puts keep that correct, only slower.
+
+A store with a ``claim`` method (a bucket store, :mod:`jaxaot.store.tiered`) reaches further:
+once the local lock is held, the key is claimed in the bucket too, so that jobs on other machines
+wait for this one (and this one for theirs) the same way.
 """
 
 from __future__ import annotations
@@ -78,15 +82,28 @@ class KeyLock:
         self.path = Path(store.root) / LOCKS_DIR / stage / f"{key}.lock"
         self._usable = bool(store.enabled and not store.read_only)
         self._lock: FileLock | None = None
+        self._claim_of: Any = getattr(store, "claim", None) if self._usable else None
+        self._claim: Any = None  # what claim() returned: released with the lock
 
     @property
     def held(self) -> bool:
-        return self._lock is not None
+        return self._lock is not None or self._claim is not None
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock; False only when ``blocking=False`` and another job holds it."""
         if self.held or not self._usable:
             return True
+        if not self._acquire_local(blocking):
+            return False
+        if self._claim_of is not None:
+            claim = self._claim_of(self.stage, self.key, blocking)
+            if claim == "busy":
+                self.release()
+                return False
+            self._claim = claim
+        return True
+
+    def _acquire_local(self, blocking: bool) -> bool:
         waited_from: list[float] = []
 
         def waiting() -> None:
@@ -115,6 +132,9 @@ class KeyLock:
         return True
 
     def release(self) -> None:
+        if self._claim is not None:
+            claim, self._claim = self._claim, None
+            claim.release()
         if self._lock is not None:
             lock, self._lock = self._lock, None
             lock.close()

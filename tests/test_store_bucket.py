@@ -1,0 +1,437 @@
+"""The bucket store (store.dir=s3://...) against a real S3-compatible server on loopback (moto's
+server mode, tests/s3_server.py): round trips through a local cache, verification of every
+object, conditional puts and claims, a put killed halfway, a bucket that goes away, the
+maintenance commands, and whole runs (two processes on one key, store on/off bit-equal)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, cli_env, extra_reason, read_manifest
+
+pytest.importorskip("moto.server", reason=extra_reason("testing"))
+pytest.importorskip("s3fs", reason=extra_reason("s3"))
+
+from jaxaot.cli import store_cmd
+from jaxaot.errors import ConfigError, MissingDependencyError, StoreError
+from jaxaot.store.bucket import BUSY, Claim, parse_bucket_url
+from jaxaot.store.cache import Store, StoreEntry
+from jaxaot.store.root import check_store_dir
+from jaxaot.store.tiered import BucketStore, open_store
+from s3_server import S3Server, free_port, running_s3_server
+
+pytestmark = pytest.mark.xdist_group("b1_bucket")
+
+KEY, KEY2 = "ab" * 32, "cd" * 32
+COMPAT = {"jax": "0.10.2", "backend": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    yield from running_s3_server()
+
+
+@pytest.fixture
+def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+def store_at(url: str, cache: Path, **kw: object) -> BucketStore:
+    store = open_store(url, str(cache), trust=True, **kw)  # type: ignore[arg-type]
+    assert isinstance(store, BucketStore)
+    return store
+
+
+def objects(s3: S3Server, url: str) -> dict[str, bytes]:
+    u = parse_bucket_url(url)
+    client = s3.client()
+    listed = client.list_objects_v2(Bucket=u.bucket, Prefix=u.prefix)  # type: ignore[attr-defined]
+    return {
+        o["Key"][len(u.prefix) + 1 :]: client.get_object(Bucket=u.bucket, Key=o["Key"])[  # type: ignore[attr-defined]
+            "Body"
+        ].read()
+        for o in listed.get("Contents", [])
+    }
+
+
+def store_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "jaxaot.store" and r.levelno >= logging.WARNING
+    ]
+
+
+def test_an_entry_goes_through_the_bucket_to_another_cache(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    url = s3_env.bucket()
+    first = store_at(url, tmp_path / "a")
+    payload = {"executable.bin": b"\x00\x01" * 5000, "meta.json": b"{}"}
+    put = first.put("compile", KEY, payload, meta={"m": 1}, compute_seconds=2.5, compat=COMPAT)
+    assert put is not None
+    names = objects(s3_env, url)
+    assert f"v1/compile/ab/{KEY}/entry.json" in names
+    assert names[f"v1/compile/ab/{KEY}/entry.json"] == (put.dir / "entry.json").read_bytes()
+    second = store_at(url, tmp_path / "b")
+    hit = second.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("executable.bin") == payload["executable.bin"]
+    assert hit.dir.is_relative_to(tmp_path / "b") and hit.created == put.created
+    assert hit.compute_seconds == 2.5 and hit.meta == {"m": 1}
+    moved = second.bucket.bytes_down
+    assert moved == len(names[f"v1/compile/ab/{KEY}/entry.json"]) + 10000 + 2
+    # The second hit is the local cache's: nothing more crosses the network.
+    assert second.get("compile", KEY, expect=COMPAT) is not None
+    assert second.bucket.bytes_down == moved
+    assert second.get("compile", KEY2, expect=COMPAT) is None  # absent: a plain miss
+
+
+def test_a_corrupted_object_is_a_miss_warned_once_and_removed(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3_env.bucket()
+    put = store_at(url, tmp_path / "a").put("compile", KEY, {"x": b"good" * 100}, compat=COMPAT)
+    assert put is not None
+    u = parse_bucket_url(url)
+    obj = f"{u.prefix}/v1/compile/ab/{KEY}/{put.files['x'].sha256}/x"
+    s3_env.client().put_object(Bucket=u.bucket, Key=obj, Body=b"evil" * 100)  # type: ignore[attr-defined]
+    reader = store_at(url, tmp_path / "b")
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    assert reader.get("compile", KEY, expect=COMPAT) is None
+    (line,) = store_warnings(caplog)
+    assert f"corrupt entry in {url}" in line and "does not match manifest" in line
+    assert "entry removed from the bucket" in line
+    assert not objects(s3_env, url)
+    assert not (tmp_path / "b" / "v1" / "compile" / "ab" / KEY).exists()  # nothing unverified kept
+
+
+def test_a_torn_manifest_is_refused(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3_env.bucket()
+    u = parse_bucket_url(url)
+    manifest = f"{u.prefix}/v1/compile/ab/{KEY}/entry.json"
+    s3_env.client().put_object(Bucket=u.bucket, Key=manifest, Body=b'{"format_version": 1, "st')  # type: ignore[attr-defined]
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    assert store_at(url, tmp_path / "b").get("compile", KEY, expect=COMPAT) is None
+    (line,) = store_warnings(caplog)
+    assert "corrupt entry" in line and "entry removed" in line
+
+
+def test_the_loser_of_a_conditional_put_keeps_the_winner_whole(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    """Two machines computed one key with different bytes: the first manifest stays, and the
+    second's payload (named by its own sha256) is deleted, never mixed into the first's."""
+    url = s3_env.bucket()
+    a, b = store_at(url, tmp_path / "a"), store_at(url, tmp_path / "b")
+    won = a.put("compile", KEY, {"x": b"first"}, compat=COMPAT)
+    assert won is not None
+    local = cache_only_put(b, {"x": b"second"})
+    manifest = (local.dir / "entry.json").read_bytes()
+    assert not b.bucket.upload("compile", KEY, manifest, {"x": (local.dir / "x", local.files["x"])})
+    names = objects(s3_env, url)
+    assert sorted(names) == sorted(
+        [f"v1/compile/ab/{KEY}/entry.json", f"v1/compile/ab/{KEY}/{won.files['x'].sha256}/x"]
+    )
+    hit = store_at(url, tmp_path / "c").get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"first"
+
+
+def cache_only_put(store: BucketStore, files: dict[str, bytes]) -> StoreEntry:
+    """A put into ``store``'s local cache alone (what a machine holds before its upload)."""
+    entry = Store.put(store, "compile", KEY, files, compat=COMPAT)
+    assert entry is not None
+    return entry
+
+
+def test_a_claim_makes_other_machines_wait_for_the_entry(s3_env: S3Server, tmp_path: Path) -> None:
+    url = s3_env.bucket()
+    a, b = store_at(url, tmp_path / "a"), store_at(url, tmp_path / "b")
+    claim = a.claim("compile", KEY, blocking=True)
+    assert isinstance(claim, Claim)
+    assert b.claim("compile", KEY, blocking=False) == BUSY
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(b.claim("compile", KEY, blocking=True)))
+    t0 = time.perf_counter()
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive()  # waiting for the holder's entry
+    a.put("compile", KEY, {"x": b"made once"}, compat=COMPAT)
+    claim.release()
+    waiter.join(timeout=20)
+    assert got == [None] and time.perf_counter() - t0 < 10  # the entry is there: no claim
+    hit = b.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"made once"
+    assert not any(k.startswith("claims/") for k in objects(s3_env, url))
+
+
+PUT_KILLED = textwrap.dedent(
+    """
+    import os, sys
+    from jaxaot.store import bucket
+    from jaxaot.store.tiered import open_store
+
+    def die(*args, **kwargs):  # the process is killed once the payload is up, before its manifest
+        os._exit(9)
+
+    bucket.Bucket._put_manifest = die
+    store = open_store(sys.argv[1], sys.argv[2], trust=True, lease_s=1.0)
+    claim = store.claim("compile", sys.argv[3], blocking=True)
+    assert claim is not None
+    store.put("compile", sys.argv[3], {"x": b"from the killed put"}, compat={"jax": "0.10.2"})
+    """
+)
+
+
+def test_a_put_killed_halfway_is_invisible_then_taken_over_and_collected(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3_env.bucket()
+    proc = subprocess.run(
+        [sys.executable, "-c", PUT_KILLED, url, str(tmp_path / "dead"), KEY],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 9, proc.stderr
+    left = objects(s3_env, url)
+    assert f"claims/compile/{KEY}" in left and not any(k.endswith("entry.json") for k in left)
+    store = store_at(url, tmp_path / "b", lease_s=1.0)
+    assert store.get("compile", KEY, expect={"jax": "0.10.2"}) is None  # invisible
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    t0 = time.perf_counter()
+    claim = store.claim("compile", KEY, blocking=True)  # the dead holder's claim goes stale
+    assert isinstance(claim, Claim) and 1.0 <= time.perf_counter() - t0 < 10
+    assert any("had no heartbeat for 1 s" in m for m in store_warnings(caplog))
+    assert store.put("compile", KEY, {"x": b"recomputed"}, compat={"jax": "0.10.2"})
+    claim.release()
+    assert store_cmd.main(["--store", url, "gc", "--temp-grace-hours", "0"]) == 0
+    after = objects(s3_env, url)
+    assert len(after) == 2 and after[f"v1/compile/ab/{KEY}/entry.json"]  # the killed payload: gone
+    hit = store_at(url, tmp_path / "c").get("compile", KEY, expect={"jax": "0.10.2"})
+    assert hit is not None and hit.read_bytes("x") == b"recomputed"
+
+
+def test_an_unreachable_bucket_is_one_warning_and_the_cache_goes_on(
+    s3_env: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")  # nobody there
+    store = store_at("s3://nowhere-bucket/p", tmp_path / "c")
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    t0 = time.perf_counter()
+    assert store.claim("compile", KEY, blocking=True) is None
+    assert store.get("compile", KEY, expect=COMPAT) is None
+    assert store.put("compile", KEY, {"x": b"1"}, compat=COMPAT) is not None
+    assert store.get("compile", KEY, expect=COMPAT) is not None  # the local cache still serves
+    assert time.perf_counter() - t0 < 15
+    (line,) = store_warnings(caplog)
+    assert line.startswith("store bucket unusable (checking s3://nowhere-bucket/p: ")
+    assert f"goes on with the local cache at {tmp_path / 'c'} alone" in line
+
+
+def test_a_bucket_is_trusted_only_when_the_command_line_says_so(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    store = open_store(s3_env.bucket(), str(tmp_path / "c"))
+    with pytest.raises(StoreError, match=r"^store at s3://\S+ is not safe .* store.trust=true"):
+        store.check_trusted()
+    assert store.get("compile", KEY) is None  # and nothing is read from it meanwhile
+    store_at(s3_env.bucket(), tmp_path / "d").check_trusted()
+
+
+@pytest.mark.parametrize(
+    ("where", "found"),
+    [
+        ("ftp://b/p", "found the scheme ftp://"),
+        ("s3://", "with a bucket name of 3-63"),
+        ("s3://b/../p", "without '.' or '..' segments"),
+    ],
+)
+def test_a_bad_bucket_url_is_one_line_naming_store_dir(where: str, found: str) -> None:
+    with pytest.raises(ConfigError, match=f"^store.dir={where}: expected .*{found}"):
+        check_store_dir(where)
+
+
+def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gcsfs" else real(name, *a)
+    )
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxaot\[gcs\]'"):
+        check_store_dir("gs://team-bucket/store")
+
+
+def test_the_cache_dir_is_checked_naming_its_key(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"^store.cache_dir=.*file: expected a folder"):
+        check_store_dir("s3://team-bucket/store", cache_dir=str(tmp_path / "file"))
+    with pytest.raises(ConfigError, match=r"^store.lease_s: expected seconds > 0, found 0"):
+        check_store_dir("s3://team-bucket/store", lease_s=0)
+
+
+def test_store_commands_on_a_bucket(
+    s3_env: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = s3_env.bucket()
+    store = store_at(url, tmp_path / "a")
+    store.put("compile", KEY, {"x": b"1" * 100}, compat=COMPAT)
+    store.put("lower", KEY2, {"y": b"2" * 50}, compat=COMPAT)
+    assert store_cmd.main(["--store", url, "ls"]) == 0
+    out = capsys.readouterr().out
+    assert f"compile  {KEY}" in out and f"lower    {KEY2}" in out and out.endswith("2 entries\n")
+    assert store_cmd.main(["--store", url, "stats"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"store {url} (format v1)\n") and "total    2" in out
+    u = parse_bucket_url(url)
+    bad = f"{u.prefix}/v1/lower/cd/{KEY2}/{'0' * 64}/y"  # a killed writer's, too young for gc
+    s3_env.client().put_object(Bucket=u.bucket, Key=bad, Body=b"stray")  # type: ignore[attr-defined]
+    sha = hashlib.sha256(b"2" * 50).hexdigest()
+    s3_env.client().put_object(
+        Bucket=u.bucket, Key=f"{u.prefix}/v1/lower/cd/{KEY2}/{sha}/y", Body=b"3" * 50
+    )  # type: ignore[attr-defined]
+    assert store_cmd.main(["--store", url, "verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"ok       compile/{KEY}" in out and f"CORRUPT  lower/{KEY2}: 'y' sha256" in out
+    assert store_cmd.main(["--store", url, "verify", "--remove"]) == 1
+    assert "1 corrupt; 1 removed" in capsys.readouterr().out
+    assert store_cmd.main(["--store", url, "gc", "--max-size", "0"]) == 0
+    assert "and 1 entry" in capsys.readouterr().out
+    assert store_cmd.main(["--store", url, "verify", "--deep"]) == 2
+    assert "cannot on a bucket" in capsys.readouterr().err
+    assert store_cmd.main(["--store", "s3://b"]) == 2  # no command: usage, one line
+
+
+# -- whole runs ---------------------------------------------------------------------------------
+
+
+def jaxaot_proc(s3: S3Server, url: str, tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxaot",
+            "program=axpy",
+            f"store.dir={url}",
+            f"store.cache_dir={tmp / ('cache-' + name)}",
+            "store.trust=true",
+            f"hydra.run.dir={tmp / name}",
+            *extra,
+        ],
+        cwd=tmp,
+        env=cli_env(**s3.env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_processes_compiling_one_key_at_once_compile_it_once(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    url = s3.bucket()
+    procs = [jaxaot_proc(s3, url, tmp_path, n, "stop_after=compile") for n in ("a", "b")]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    statuses = sorted(read_manifest(tmp_path / n)["stages"]["compile"]["status"] for n in "ab")
+    assert statuses == ["cached", "ran"]
+    exe = [(tmp_path / n / "compile" / "executable.bin").read_bytes() for n in "ab"]
+    assert exe[0] == exe[1]
+    names = objects(s3, url)
+    assert sum(k.endswith("entry.json") for k in names) == 1
+    assert not any(k.startswith("claims/") for k in names)
+
+
+def test_outputs_are_bit_equal_with_the_bucket_store_on_and_off(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    url = s3.bucket()
+    off = jaxaot_proc(s3, url, tmp_path, "off", "store.enabled=false")
+    first = jaxaot_proc(s3, url, tmp_path, "first")
+    for p in (off, first):
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    hit = jaxaot_proc(s3, url, tmp_path, "hit")  # a fresh cache: served from the bucket
+    _, err = hit.communicate(timeout=300)
+    assert hit.returncode == 0, err[-3000:]
+    stages = {
+        n: read_manifest(tmp_path / n)["stages"]["compile"]["status"] for n in ("first", "hit")
+    }
+    assert stages == {"first": "ran", "hit": "cached"}
+    arrays = [np.load(tmp_path / n / "execute" / "outputs.npz") for n in ("off", "first", "hit")]
+    assert sorted(arrays[0].files) == sorted(arrays[1].files) == sorted(arrays[2].files)
+    for name in arrays[0].files:
+        ref = arrays[0][name]
+        for other in arrays[1:]:
+            assert other[name].dtype == ref.dtype and other[name].tobytes() == ref.tobytes()
+
+
+GONE_MID_RUN = textwrap.dedent(
+    """
+    import runpy, sys
+    from s3_server import start_s3_server
+    from jaxaot.store import tiered
+
+    server = start_s3_server()  # in this process: stopping it makes the bucket unreachable
+    import os
+
+    os.environ.update(server.env)
+    url = server.bucket()
+    get = tiered.BucketStore.get
+
+    def get_then_stop(self, *a, **k):
+        out = get(self, *a, **k)
+        server.server.stop()
+        return out
+
+    tiered.BucketStore.get = get_then_stop
+    sys.argv = ["jaxaot", f"store.dir={url}", *sys.argv[1:]]
+    runpy.run_module("jaxaot", run_name="__main__")
+    """
+)
+
+
+def test_a_bucket_gone_mid_run_costs_one_warning_and_the_run_goes_on(tmp_path: Path) -> None:
+    """The bucket answers the run's lookup, then goes away before its put."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GONE_MID_RUN,
+            "program=axpy",
+            "stop_after=compile",
+            f"store.cache_dir={tmp_path / 'cache'}",
+            "store.trust=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=cli_env(PYTHONPATH=f"{REPO}:{REPO / 'tests'}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_manifest(tmp_path / "run")["stages"]["compile"]["status"] == "ran"
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "store bucket unusable" in ln]
+    assert len(said) == 1 and "Could not connect to the endpoint URL" in said[0], said
+    assert any((tmp_path / "cache" / "v1" / "compile").rglob("entry.json"))  # cached locally
