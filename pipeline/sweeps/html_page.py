@@ -71,7 +71,7 @@ SCRIPT = """
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
-  margin: 0 auto; padding: 1.2em 2em 3em; max-width: 1600px; background: #fff; }
+  margin: 0; padding: 1.2em 2em 3em; background: #fff; }
 h1 { font-size: 1.5em; margin: 0.2em 0 0.4em; }
 h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 0.2em; border-bottom: 1px solid #d0d7de; }
 code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
@@ -83,6 +83,7 @@ th { background: #f6f8fa; white-space: nowrap; position: sticky; top: 0; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 #jobs td { white-space: nowrap; }
 #jobs td.wrap { white-space: normal; min-width: 24em; }
+td.clip { max-width: 22em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 table.sortable th { cursor: pointer; user-select: none; }
 table.sortable th::after { content: " \\2195"; color: #8c959f; }
 table.sortable th[aria-sort=ascending]::after { content: " \\25B2"; color: #1f2328; }
@@ -198,11 +199,15 @@ class Cell:
     sort: float | int | str | None = None
     html: str | None = None
     numeric: bool = False
-    wrap: bool = False  # a long text (an error, the buffers at the peak): wrapped, not one line
+    wrap: bool = False  # a long text (an error): wrapped, not one line
+    clip: bool = False  # a long text shown on one line, cut; whole in its tooltip
 
     def render(self) -> str:
-        classes = " ".join(c for c, on in (("num", self.numeric), ("wrap", self.wrap)) if on)
+        flags = (("num", self.numeric), ("wrap", self.wrap), ("clip", self.clip))
+        classes = " ".join(c for c, on in flags if on)
         attrs = f' class="{classes}"' if classes else ""
+        if self.clip:
+            attrs += f' title="{esc(self.text)}"'
         if self.sort is not None or self.numeric:  # a figure missing ("-", "n/a") sorts last
             attrs += f' data-sort="{esc("" if self.sort is None else self.sort)}"'
         inner = self.html if self.html is not None else esc(self.text)

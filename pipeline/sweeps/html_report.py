@@ -164,7 +164,7 @@ def _jobs_table(table_: SweepTable, pages: dict[str, str]) -> str:
             ),
             *(_topology_cells(r, host) if topology else ()),
             *(
-                [Cell(peak_cell(r), sort=_number(r.get("compile.peak_bytes")), wrap=True)]
+                [Cell(peak_cell(r), sort=_number(r.get("compile.peak_bytes")), clip=True)]
                 if peaks
                 else []
             ),
