@@ -113,6 +113,17 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("Layout", "_tiling", JAX_RANGE[0], (0, 7, 1)),
     Private("Layout", "_sub_byte_element_size_in_bits", JAX_RANGE[0], (0, 9, 1)),
     Private("Dim", "_evaluate"),
+    # JAX's persistent compilation cache: its key, entry format and the options it adds.
+    Private("jax._src.compilation_cache", "get_cache_key"),
+    Private("jax._src.compilation_cache", "combine_executable_and_time"),
+    Private("jax._src.compilation_cache", "compress_executable"),
+    Private("jax._src.compilation_cache", "decompress_executable"),
+    Private("jax._src.compilation_cache", "extract_executable_and_time"),
+    Private("jax._src.interpreters.mlir", "make_ir_context"),
+    Private("jax._src.cache_key", "IgnoreCallbacks"),
+    Private("jax._src.config", "remove_custom_partitioning_ptr_from_cache_key"),
+    Private("jax._src.config", "persistent_cache_enable_xla_caches"),
+    Private("jaxlib.xla_client", "AutotuneCacheMode"),
 )
 
 # Private modules a run imports on its way (lowering rules): the server imports them ahead.
@@ -762,3 +773,87 @@ def export_age_note(created: float | None, made_by: str | None, now: float) -> s
         f"JAX's {EXPORT_WINDOW_DAYS}-day window for reading exports (jax >= 0.11 refuses older "
         "ones); lower it again (start_at=lower) to keep a checkpoint that future JAX reads"
     )
+
+
+# --- JAX's persistent compilation cache -------------------------------------------------------
+
+
+def jax_cache_key(module: Any, devices: Sequence[Any], options: Any, client: Any) -> str:
+    """The key JAX's persistent compilation cache files an executable under, computed by JAX's
+    own function (``jax._src.compilation_cache.get_cache_key``): the module's bytecode without
+    locations, jaxlib's version, ``client``'s platform and platform version, the XLA flags of
+    this process (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``, ``--xla*`` arguments), ``options``
+    serialized, ``devices``' topology and the compression JAX uses. Custom-partitioning
+    callbacks are left out of the module as jax's ``jax_remove_custom_partitioning_ptr_from_
+    cache_key`` says."""
+    import numpy as np
+    from jax._src import cache_key, compilation_cache, config
+
+    ignore = (
+        cache_key.IgnoreCallbacks.CUSTOM_PARTITIONING
+        if config.remove_custom_partitioning_ptr_from_cache_key.value
+        else cache_key.IgnoreCallbacks.NO
+    )
+    array = np.empty(len(devices), dtype=object)
+    array[:] = list(devices)
+    return str(compilation_cache.get_cache_key(module, array, options, client, ignore))
+
+
+def jax_cache_entry(executable: bytes, compile_seconds: float) -> bytes:
+    """A JAX persistent cache entry: the compile time (whole seconds) and the serialized
+    executable, compressed as JAX compresses them (zstandard where installed, else zlib)."""
+    from jax._src import compilation_cache
+
+    combined = compilation_cache.combine_executable_and_time(executable, int(compile_seconds))
+    return bytes(compilation_cache.compress_executable(combined))
+
+
+def jax_cache_read(entry: bytes) -> tuple[bytes, int]:
+    """(the serialized executable, the compile seconds) of a JAX persistent cache entry."""
+    from jax._src import compilation_cache
+
+    executable, seconds = compilation_cache.extract_executable_and_time(
+        compilation_cache.decompress_executable(entry)
+    )
+    return bytes(executable), int(seconds)
+
+
+def jax_cache_debug_options(options: Any, cache_dir: str) -> None:
+    """Set on ``options`` the debug options jax 0.10.2's ``compiler.get_compile_options`` adds
+    to every compile while the persistent cache is on at ``cache_dir`` (XLA's GPU autotune and
+    kernel caches under it, per ``jax_persistent_cache_enable_xla_caches``), which JAX's key
+    hashes: the same program keys differently under two cache directories."""
+    import pathlib
+
+    from jax._src import config
+    from jax._src.lib import xla_client
+
+    path = pathlib.Path(cache_dir)
+    enabled = config.persistent_cache_enable_xla_caches.value or ""
+    debug = options.executable_build_options.debug_options
+    if enabled == "all" or "xla_gpu_kernel_cache_file" in enabled:
+        debug.xla_gpu_kernel_cache_file = str(path / "xla_gpu_kernel_cache_file")
+        debug.xla_gpu_enable_llvm_module_compilation_parallelism = True
+    if enabled == "all" or "xla_gpu_per_fusion_autotune_cache_dir" in enabled:
+        debug.xla_gpu_per_fusion_autotune_cache_dir = str(
+            path / "xla_gpu_per_fusion_autotune_cache_dir"
+        )
+        # Process 0's mode (JAX's key clears this field).
+        debug.xla_gpu_experimental_autotune_cache_mode = xla_client.AutotuneCacheMode.UPDATE
+
+
+def parse_module(text: str) -> Any:
+    """An MLIR module parsed from ``text`` in a context with JAX's dialects registered."""
+    ir, _ = mlir_ir()
+    from jax._src.interpreters import mlir
+
+    context = mlir.make_ir_context()
+    with context:
+        return ir.Module.parse(text)
+
+
+def module_name(module: Any) -> str:
+    """An MLIR module's ``sym_name`` (``jit_f``): the name JAX files its cache entry under."""
+    ir, _ = mlir_ir()
+    with module.context:
+        return str(ir.StringAttr(module.operation.attributes["sym_name"]).value)

@@ -1,0 +1,403 @@
+"""Export a run's executable into JAX's own persistent compilation cache.
+
+A job that calls plain ``jax.jit`` with ``jax_compilation_cache_dir=DIR`` (no jaxaot) loads an
+executable from DIR when JAX's key for its compile is a file there (``<key>-cache``: the
+compile time in 4 big-endian bytes and the serialized executable, compressed with zstandard
+where installed, else zlib; jax 0.10.2 ``compilation_cache.py``). :func:`export_run` files a
+jaxaot run's executable under the key JAX computes, with JAX's own key function, from:
+
+- the module that was compiled: ``lower/module.stablehlo.mlir`` parsed back and proven to be
+  the very module compiled (its bytecode without locations hashes to the run's
+  ``module_sha256``; MLIR's printer drops empty argument attributes, which are put back only
+  when that makes the hash match);
+- the compile options the executable was compiled with, as the executable itself records them
+  (PjRt's ``ExecutableAndOptionsProto``), less what the compile adds to its record
+  (``argument_layouts``, ``allow_in_place_mlir_modification``, the build options'
+  ``result_layout``: JAX never sets them), plus the debug options JAX adds to every compile
+  while its cache is on at DIR (their value names DIR: a key is for one cache path, written as
+  the job writes it);
+- this process's client, devices and XLA flags, which must be the job's: the key hashes the
+  platform version, the devices' topology (a CPU client's device count), ``XLA_FLAGS``,
+  ``LIBTPU_INIT_ARGS`` and ``--xla*`` arguments.
+
+A job whose own lowering, options, client or flags differ computes another key and compiles
+as before: an export can only be missed, never hit by another program. Refused, one line each:
+an executable compiled through its ``jax.export`` (a module plain ``jax.jit`` never lowers), a
+module text with elided constants, a TPU topology or other deviceless compile (JAX keys the
+real client's platform version and topology, which a compile-only client cannot vouch for),
+a platform other than cpu (the only one this is tested on), another jax/jaxlib or client than
+the compile's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickletools
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxaot.compat import jax as compat_jax
+from jaxaot.util.fsio import sha256_bytes
+
+# What a compile adds to the options PjRt records with an executable (xla/pjrt/proto/
+# compile_options.proto): CompileOptionsProto's argument_layouts (1) and
+# allow_in_place_mlir_modification (9), ExecutableBuildOptionsProto's result_layout (2).
+_ADDED_OPTIONS = frozenset({1, 9})
+_BUILD_OPTIONS = 3
+_ADDED_BUILD_OPTIONS = frozenset({2})
+PLATFORMS = ("cpu",)
+# How MLIR's printer writes a constant it elides (``dense_resource<__elided__>``).
+ELIDED = "__elided__"
+CACHE_SUFFIX = "-cache"  # jax._src.lru_cache's file names
+ATIME_SUFFIX = "-atime"
+
+
+class Refused(Exception):
+    """A run whose executable cannot be filed under the key plain ``jax.jit`` computes."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One run's outcome: ``key`` the JAX cache key, ``state`` written/present/refused."""
+
+    run_dir: str
+    state: str
+    key: str = ""
+    reason: str = ""
+
+    def line(self) -> str:
+        if self.state == "refused":
+            return f"refused {self.run_dir}: {self.reason}"
+        return f"{self.state} {self.key} ({self.run_dir})"
+
+
+# --- reading the run -------------------------------------------------------------------------
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise Refused(f"no {path.parent.name}/{path.name}") from None
+    except ValueError as exc:
+        raise Refused(f"{path.parent.name}/{path.name} is not JSON ({exc})") from None
+
+
+def _verified(run: Path, name: str, artifacts: dict[str, Any]) -> bytes:
+    """``run/name``'s bytes, checked against the size and sha256 its manifest records."""
+    want = artifacts.get(name)
+    if not isinstance(want, dict):
+        raise Refused(f"its manifest records no {name}")
+    try:
+        data = (run / name).read_bytes()
+    except FileNotFoundError:
+        raise Refused(f"no {name}") from None
+    if len(data) != want.get("size") or sha256_bytes(data) != want.get("sha256"):
+        raise Refused(f"{name} differs from its manifest's size/sha256 (changed since the run)")
+    return data
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(data):
+            raise Refused("the serialized executable ends inside a field")
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes]]:
+    """A protobuf message's top-level fields as (number, raw bytes of the whole field)."""
+    out, i = [], 0
+    while i < len(data):
+        start = i
+        tag, i = _varint(data, i)
+        wire = tag & 7
+        if wire == 0:
+            _, i = _varint(data, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            n, i = _varint(data, i)
+            i += n
+        elif wire == 5:
+            i += 4
+        else:
+            raise Refused(f"the serialized executable has a protobuf wire type {wire}")
+        if i > len(data):
+            raise Refused("the serialized executable ends inside a field")
+        out.append((tag >> 3, data[start:i]))
+    return out
+
+
+def _payload(field: bytes) -> bytes:
+    """The bytes of a length-delimited field (its tag and length dropped)."""
+    _, i = _varint(field, 0)
+    n, i = _varint(field, i)
+    return field[i : i + n]
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    def varint(v: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+            v >>= 7
+            if not v:
+                return bytes(out)
+
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def xla_executable(blob: bytes) -> bytes:
+    """The client's serialized executable inside jaxaot's ``executable.bin`` (a pickle of
+    ``jax.experimental.serialize_executable``'s payload and trees), read without unpickling:
+    the payload's one ``('exec', bytes)`` persistent id."""
+    try:
+        payload = next(bytes(a) for _, a, _ in pickletools.genops(blob) if isinstance(a, bytes))
+        ops = list(pickletools.genops(payload))
+    except (StopIteration, ValueError) as exc:
+        raise Refused(f"executable.bin is not a serialized jax executable ({exc})") from None
+    found = [
+        bytes(arg)
+        for i, (op, arg, _) in enumerate(ops)
+        if isinstance(arg, bytes | bytearray) and i >= 2 and ops[i - 2][1] == "exec"
+    ]
+    if len(found) != 1:
+        raise Refused(f"executable.bin holds {len(found)} executables, expected 1")
+    return found[0]
+
+
+def recorded(executable: bytes) -> tuple[str, bytes]:
+    """(the module name, the CompileOptionsProto) an IFRT-on-PjRt serialized executable records
+    (jaxlib 0.10.2: a length-prefixed IFRT header naming ``pjrt_ifrt`` and, in field 7, the
+    executable's name; then PjRt's ExecutableAndOptionsProto: 1 the executable, 2 its compile
+    options)."""
+    n, i = _varint(executable, 0)
+    header = _fields(executable[i : i + n])
+    if not any(num == 2 and _payload(f) == b"pjrt_ifrt" for num, f in header):
+        raise Refused("the serialized executable is not jaxlib 0.10.2's pjrt_ifrt format")
+    names = [_payload(f).decode("utf-8", "replace") for num, f in header if num == 7]
+    options = [_payload(f) for num, f in _fields(executable[i + n :]) if num == 2]
+    if len(names) != 1 or len(options) != 1:
+        raise Refused("the serialized executable records no name or no compile options")
+    return names[0], options[0]
+
+
+def compile_options_as_passed(recorded: bytes, cache_dir: str) -> Any:
+    """The options JAX passed to the compile, from those the executable records, with the debug
+    options JAX adds while its persistent cache is on at ``cache_dir``."""
+    kept = []
+    for number, field in _fields(recorded):
+        if number in _ADDED_OPTIONS:
+            continue
+        if number == _BUILD_OPTIONS:
+            build = _payload(field)
+            build = b"".join(f for n, f in _fields(build) if n not in _ADDED_BUILD_OPTIONS)
+            field = _length_delimited(_BUILD_OPTIONS, build)
+        kept.append(field)
+    options = compat_jax.compile_options().ParseFromString(b"".join(kept))
+    compat_jax.jax_cache_debug_options(options, cache_dir)
+    return options
+
+
+def compiled_module(run: Path, module_sha256: str) -> Any:
+    """The module the run compiled, parsed from its StableHLO text and proven to be it: its
+    bytecode without locations (renamed as the digest renames it) hashes to ``module_sha256``."""
+    path = run / "lower" / "module.stablehlo.mlir"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise Refused("no lower/module.stablehlo.mlir (the run did not lower)") from None
+    if ELIDED in text:
+        raise Refused(
+            "its module text elides large constants; lower again with "
+            "lower.elide_constants_over=null to keep them"
+        )
+    try:
+        module = compat_jax.parse_module(text)
+    except Exception as exc:
+        raise Refused(f"lower/module.stablehlo.mlir does not parse ({one_line(exc)})") from None
+    if _digest(module) == module_sha256:
+        return module
+    if _with_empty_arg_attrs(module) and _digest(module) == module_sha256:
+        return module
+    raise Refused(
+        "lower/module.stablehlo.mlir does not parse back to the module compiled (its bytecode "
+        "hashes to another module_sha256)"
+    )
+
+
+def _digest(module: Any) -> str:
+    import hashlib
+    import io
+
+    ir, passmanager = compat_jax.mlir_ir()
+    with module.context:
+        op = module.operation.clone()
+        try:
+            passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
+            op.attributes["sym_name"] = ir.StringAttr.get("main_module")
+            sink = io.BytesIO()
+            op.write_bytecode(sink)
+        finally:
+            op.erase()
+    return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def _with_empty_arg_attrs(module: Any) -> bool:
+    """Give each function without argument attributes an empty dictionary per argument (as JAX
+    builds them; MLIR's printer leaves them out). Whether any was changed."""
+    ir, _ = compat_jax.mlir_ir()
+    changed = False
+    with module.context:
+        for op in module.body.operations:
+            if op.operation.name != "func.func" or "arg_attrs" in op.attributes:
+                continue
+            kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            if not kind.inputs:
+                continue
+            op.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                [ir.DictAttr.get({}) for _ in kind.inputs]
+            )
+            changed = True
+    return changed
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+# --- the key and the entry ---------------------------------------------------------------------
+
+
+def _client_and_devices(backend: dict[str, Any], device_ids: list[int]) -> tuple[Any, list[Any]]:
+    import jax
+
+    platform = backend.get("platform")
+    devices = jax.devices(platform)
+    client = devices[0].client
+    if backend.get("jaxlib") != compat_jax.installed_text("jaxlib"):
+        raise Refused(
+            f"compiled with jaxlib {backend.get('jaxlib')}, this process has "
+            f"{compat_jax.installed_text('jaxlib')} (JAX's key hashes jaxlib's version)"
+        )
+    if backend.get("platform_version") != client.platform_version:
+        raise Refused(
+            f"compiled on {platform} {backend.get('platform_version')!r}, this process's client "
+            f"is {client.platform_version!r}"
+        )
+    by_id = {d.id: d for d in devices}
+    missing = [i for i in device_ids if i not in by_id]
+    if missing:
+        raise Refused(
+            f"it runs on {platform} devices {device_ids}; this process has {len(by_id)} "
+            "(export with the job's device count)"
+        )
+    return client, [by_id[i] for i in device_ids]
+
+
+def entry_for(run: Path, cache_dir: str) -> tuple[str, bytes]:
+    """(JAX's key, the cache entry) for the executable of the run in ``run``."""
+    manifest = _json(run / "manifest.json")
+    stage = (manifest.get("stages") or {}).get("compile") or {}
+    artifacts = {k.removeprefix("compile/"): v for k, v in (stage.get("artifacts") or {}).items()}
+    if "executable.bin" not in artifacts:
+        raise Refused("its compile stage kept no executable.bin")
+    backend = manifest.get("backend") or {}
+    if backend.get("topology"):
+        raise Refused(
+            f"compiled deviceless for topology {backend['topology']}: JAX keys the platform "
+            "version and topology fingerprint of the job's real client, which a compile-only "
+            "client cannot vouch for"
+        )
+    if backend.get("platform") not in PLATFORMS:
+        raise Refused(
+            f"platform {backend.get('platform')!r}: exporting is tested on {', '.join(PLATFORMS)} "
+            "only"
+        )
+    compiled = json.loads(_verified(run / "compile", "compiled.json", artifacts))
+    lowered = _json(run / "lower" / "lowered.json")
+    _compiled_its_lowering(manifest, lowered, backend["platform"])
+    executable = xla_executable(_verified(run / "compile", "executable.bin", artifacts))
+    name, options_proto = recorded(executable)
+    options = compile_options_as_passed(options_proto, cache_dir)
+    module = compiled_module(run, lowered["module_sha256"])
+    own = compat_jax.module_name(module)
+    if name != own:
+        raise Refused(
+            f"the executable was compiled from {name!r}, the run's lowering is {own!r} (compiled "
+            "through its jax.export: a module plain jax.jit never lowers)"
+        )
+    client, devices = _client_and_devices(backend, list(compiled.get("device_ids") or [0]))
+    key = compat_jax.jax_cache_key(module, devices, options, client)
+    seconds = float(stage.get("seconds") or 0.0)
+    return key, compat_jax.jax_cache_entry(executable, seconds)
+
+
+def _compiled_its_lowering(
+    manifest: dict[str, Any], lowered: dict[str, Any], platform: str
+) -> None:
+    """Refuse a run whose compile stage compiled its ``jax.export`` rather than the lowering
+    (the compile stage's ``exported`` form, :func:`jaxaot.stages.compile.prepare`): a lowering
+    loaded from a checkpoint, for several platforms, or with symbolic dimensions."""
+    export = "compiled through its jax.export (jax.jit(exported.call)): a module plain jax.jit "
+    lower = ((manifest.get("stages") or {}).get("lower") or {}).get("status")
+    if lower != "ran":
+        raise Refused(f"its lower stage {lower or 'did not run'}: {export}never lowers")
+    if list(lowered.get("platforms") or []) != [platform]:
+        raise Refused(f"lowered for {lowered.get('platforms')}: {export}never lowers")
+    shapes = (((manifest.get("config") or {}).get("compile") or {}).get("shapes")) or {}
+    if shapes:
+        raise Refused(f"polymorphic, compiled at compile.shapes={shapes}: {export}never lowers")
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".jaxaot-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_run(run_dir: str | Path, cache_dir: str) -> Exported:
+    """File the executable of the run in ``run_dir`` in JAX's cache at ``cache_dir`` (the path
+    exactly as the job sets ``jax_compilation_cache_dir``). An entry already there is kept, as
+    JAX keeps one."""
+    run = Path(run_dir)
+    try:
+        key, entry = entry_for(run, cache_dir)
+    except Refused as exc:
+        return Exported(str(run), "refused", reason=str(exc))
+    root = Path(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{key}{CACHE_SUFFIX}"
+    if target.exists():
+        return Exported(str(run), "present", key)
+    # The access time first: JAX's eviction (jax_compilation_cache_max_size) reads one for
+    # every entry.
+    _write(root / f"{key}{ATIME_SUFFIX}", time.time_ns().to_bytes(8, "little"))
+    _write(target, entry)
+    return Exported(str(run), "written", key)
+
+
+def export_runs(run_dirs: list[str | Path], cache_dir: str) -> list[Exported]:
+    """:func:`export_run` for each run directory, in order."""
+    return [export_run(run, cache_dir) for run in run_dirs]
+
+
+def report(results: list[Exported]) -> tuple[list[str], int]:
+    """The lines ``jaxaot-store export-jax-cache`` prints (one per run) and its exit status:
+    1 when any run was refused, else 0."""
+    return [r.line() for r in results], int(any(r.state == "refused" for r in results))

@@ -1,0 +1,212 @@
+"""Exporting a run's executable into JAX's own persistent compilation cache
+(:mod:`jaxaot.store.jax_cache`): a fresh process running plain ``jax.jit`` with that cache
+directory loads it (JAX's own hit log and monitoring event), with outputs equal bit for bit to
+its own compile's; a job whose key differs misses; what cannot be keyed soundly is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cli_env
+
+PROGRAM = """
+import numpy as np
+import jax.numpy as jnp
+
+TABLE = np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)
+
+
+def f(x, y):
+    return jnp.tanh(x @ y) * 2.0 + 1.0
+
+
+def g(x):
+    return x @ TABLE.T
+"""
+
+# Plain jax.jit, no jaxaot: the cache hits JAX reports for jit_f, and the output's bytes.
+TARGET = """
+import json, logging, os, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax._src import monitoring
+
+hits, events = [], []
+
+
+class Hits(logging.Handler):
+    def emit(self, record):
+        if "Persistent compilation cache hit for 'jit_f'" in record.getMessage():
+            hits.append(record.getMessage())
+
+
+log = logging.getLogger("jax._src.compiler")
+log.setLevel(logging.DEBUG)
+log.addHandler(Hits())
+monitoring.register_event_listener(lambda name, **kw: events.append(name))
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+import b2prog
+
+x = (jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64).block_until_ready()
+before = sorted(os.listdir(sys.argv[1])) if os.path.isdir(sys.argv[1]) else []
+out = np.asarray(jax.jit(b2prog.f)(x, x))
+print(json.dumps({
+    "hits": len(hits),
+    "hit_events": events.count("/jax/compilation_cache/cache_hits"),
+    "out": out.tobytes().hex(),
+    "dtype": str(out.dtype),
+}))
+"""
+
+EXPORT = """
+import json, sys
+from jaxaot.store.jax_cache import export_runs, report
+
+lines, rc = report(export_runs(sys.argv[2:], sys.argv[1]))
+print(json.dumps({"lines": lines, "rc": rc}))
+"""
+
+
+def _env(mods: Path, **extra: str) -> dict[str, str]:
+    env = cli_env(JAX_PLATFORMS="cpu", **extra)
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{mods}"
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env.update(extra)
+    return env
+
+
+def _python(code: str, *args: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """jaxaot runs (stop_after=compile, in this process) of b2prog.f, of f lowered for cpu and
+    tpu (compiled through its export), and of b2prog.g (a large captured constant, elided in
+    its text); and f's executable exported for one CPU device into ``jax-cache``."""
+    import jaxaot
+
+    tmp = tmp_path_factory.mktemp("jaxcache")
+    mods = tmp / "mods"
+    mods.mkdir()
+    (mods / "b2prog.py").write_text(PROGRAM)
+    made = {
+        "f": ["program.target=b2prog:f", "program.args=[f32[8,8],f32[8,8]]"],
+        "two_platforms": [
+            "program.target=b2prog:f",
+            "program.args=[f32[8,8],f32[8,8]]",
+            "lower.platforms=[cpu,tpu]",
+        ],
+        "constant": ["program.target=b2prog:g", "program.args=[f32[8,64]]"],
+    }
+    out = {"mods": mods, "tmp": tmp}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(mods))
+        mp.setenv("JAXAOT_STORE_DIR", str(tmp / "store"))
+        for name, overrides in made.items():
+            result = jaxaot.run(
+                jaxaot.compose([*overrides, "stop_after=compile"]), run_dir=tmp / name
+            )
+            assert result.run_dir == tmp / name
+            out[name] = tmp / name
+        sys.modules.pop("b2prog", None)
+    yield out
+
+
+@pytest.fixture(scope="module")
+def exported(runs: dict[str, Path]) -> dict[str, Any]:
+    """``jaxaot.store.jax_cache.export_runs`` of f's run into ``jax-cache``, in a process with
+    the jobs' environment (one CPU device, no XLA_FLAGS)."""
+    tmp = runs["tmp"]
+    cache = tmp / "jax-cache"
+    result = _python(EXPORT, str(cache), str(runs["f"]), env=_env(runs["mods"]), cwd=tmp)
+    return result | {"cache": cache}
+
+
+def test_plain_jit_hits_the_exported_executable_bit_for_bit(
+    runs: dict[str, Path], exported: dict[str, Any]
+) -> None:
+    from jaxaot.compat import jax as compat_jax
+    from jaxaot.store import jax_cache
+
+    tmp, mods, cache = runs["tmp"], runs["mods"], exported["cache"]
+    env = _env(mods)
+    assert exported["rc"] == 0, exported
+    [line] = exported["lines"]
+    assert line.startswith("written jit_f-"), line
+    key = line.split()[1]
+    files = sorted(p.name for p in cache.iterdir())
+    assert files == [f"{key}-atime", f"{key}-cache"]
+    # The entry is JAX's format around the very executable the run compiled.
+    stored, _ = compat_jax.jax_cache_read((cache / f"{key}-cache").read_bytes())
+    blob = (runs["f"] / "compile" / "executable.bin").read_bytes()
+    assert stored == jax_cache.xla_executable(blob)
+
+    hit = _python(TARGET, str(cache), env=env, cwd=tmp)
+    assert (hit["hits"], hit["hit_events"]) == (1, 1), hit
+    assert sorted(p.name for p in cache.iterdir()) == files  # JAX compiled and wrote nothing
+    own = _python(TARGET, str(tmp / "empty-cache"), env=env, cwd=tmp)  # JAX's own compile
+    assert (own["hits"], own["hit_events"]) == (0, 0), own
+    assert (hit["out"], hit["dtype"]) == (own["out"], own["dtype"])
+    # The cache path as the job spells it is in JAX's key: the same folder named relatively
+    # is another key.
+    relative = _python(TARGET, cache.name, env=env, cwd=tmp)
+    assert (relative["hits"], relative["out"]) == (0, own["out"]), relative
+
+
+def test_a_job_on_another_device_count_misses_until_exported_for_it(
+    runs: dict[str, Path], exported: dict[str, Any]
+) -> None:
+    tmp, mods, cache = runs["tmp"], runs["mods"], exported["cache"]
+    assert exported["rc"] == 0, exported
+    # JAX's key hashes the CPU client's topology: its device count.
+    two = _env(mods, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    missed = _python(TARGET, str(cache), env=two, cwd=tmp)
+    assert (missed["hits"], missed["hit_events"]) == (0, 0), missed
+    again = _python(EXPORT, str(cache), str(runs["f"]), env=two, cwd=tmp)
+    assert again["lines"][0].startswith("written jit_f-"), again
+    assert again["lines"][0].split()[1] != exported["lines"][0].split()[1]
+    hit = _python(TARGET, str(cache), env=two, cwd=tmp)
+    assert (hit["hits"], hit["hit_events"], hit["out"]) == (1, 1, missed["out"]), hit
+    # Exporting for one device again keeps the entry there, as JAX keeps one.
+    kept = _python(EXPORT, str(cache), str(runs["f"]), env=_env(mods), cwd=tmp)
+    assert kept["lines"] == [exported["lines"][0].replace("written", "present", 1)]
+
+
+def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(runs: dict[str, Path]) -> None:
+    from jaxaot.store import jax_cache
+
+    tmp = runs["tmp"]
+    cache = tmp / "jax-cache-refused"
+    tampered = tmp / "tampered"
+    shutil.copytree(runs["f"], tampered)
+    blob = bytearray((tampered / "compile" / "executable.bin").read_bytes())
+    blob[-1] ^= 1
+    (tampered / "compile" / "executable.bin").write_bytes(bytes(blob))
+    runs_in: list[str | Path] = [runs["two_platforms"], runs["constant"], tampered, tmp / "absent"]
+    results = jax_cache.export_runs(runs_in, str(cache))
+    lines, rc = jax_cache.report(results)
+    assert rc == 1
+    assert [r.state for r in results] == ["refused"] * 4
+    assert all("\n" not in line for line in lines)
+    assert "lowered for ['cpu', 'tpu']: compiled through its jax.export" in lines[0]
+    assert "elides large constants" in lines[1] and "elide_constants_over=null" in lines[1]
+    assert "executable.bin differs from its manifest" in lines[2]
+    assert lines[3] == f"refused {tmp / 'absent'}: no absent/manifest.json"
+    assert not cache.exists()
