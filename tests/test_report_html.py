@@ -297,3 +297,46 @@ def test_markdown_sections_become_tables_and_lists() -> None:
     assert html.splitlines()[0] == "<h2>Fit search</h2>"
     assert "<td>a | b</td><td><strong>front</strong></td>" in html
     assert "<li><code>n=4</code> &lt;b&gt;</li>" in html
+
+
+def test_a_topology_search_shows_its_verdicts_and_best_trial(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    SweepPlan(total=2, varying=("program.args.1",)).write(root)
+    for num, (fits, need) in enumerate(((True, 12 * 2**30), (False, 20 * 2**30))):
+        d = root / str(num)
+        d.mkdir(parents=True)
+        status = "ok" if fits else "does_not_fit"
+        verdict = dict(
+            topology="v5e:2x2",
+            fits=fits,
+            hbm_fits=fits,
+            hbm_bytes_needed=need,
+            hbm_bytes_available=16 * 2**30,
+            headroom_bytes=16 * 2**30 - need,
+            est_step_s=0.01 * (num + 1),
+        )
+        manifest = {
+            "format_version": 1,
+            "status": status,
+            "error": None if fits else "does not fit v5e:2x2: needs 20.0 GiB of 16.0 GiB",
+            "stages": {"compile": _stage("ran" if fits else "failed", 1.0, **verdict)},
+        }
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        overrides = [f"program.args.1=f32[{1024 * (num + 1)}]"]
+        write_job_record(d, {"num": num, "overrides": overrides, "status": status, "code": 0})
+    best = {"job": 0, "value": 0.01, "overrides": ["program.args.1=f32[1024]"]}
+    (root / report.AUTOTUNE_NAME).write_text(
+        json.dumps({"objective": "compile.est_step_s", "direction": "minimize", "best": best})
+    )
+    table = report.write_report(root, plots=False)
+    text = write_sweep_html(table, plots=False, draw_graph=False).read_text()
+    assert "Best trial (minimize <code>compile.est_step_s</code>): job 0" in text
+    rows = re.findall(r'<tr class="([a-z_]+)">(.*?)</tr>', text)
+    assert [r[0] for r in rows[:2]] == ["ok", "does_not_fit"]
+    assert '<span class="badge">best</span>' in rows[0][1]
+    assert '<td class="num" data-sort="-4294967296">-4.0 GiB</td>' in rows[1][1]  # headroom
+    assert "<td>no</td>" in rows[1][1] and "<td>yes</td>" in rows[0][1]
+    job = (root / "1" / HTML_NAME).read_text()
+    assert "verdict: does not fit v5e:2x2" in job
+    assert "does not fit: HBM needed 20.0 GiB of 16.0 GiB (headroom -4.0 GiB)" in job
+    assert "No HLO to draw: the run stopped before lower." in job

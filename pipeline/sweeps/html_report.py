@@ -25,6 +25,7 @@ from jaxaot.sweeps.html_page import (
     legend,
     link,
     markdown_block,
+    signed_bytes,
     stacked_bar,
     table,
 )
@@ -96,7 +97,7 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[Cell]:
         Cell(need, sort=_number(r.get("compile.hbm_bytes_needed")), numeric=True),
         Cell(have, sort=_number(r.get("compile.hbm_bytes_available")), numeric=True),
         Cell(
-            human_bytes(r.get("compile.headroom_bytes")),
+            signed_bytes(r.get("compile.headroom_bytes")),
             sort=_number(r.get("compile.headroom_bytes")),
             numeric=True,
         ),

@@ -24,6 +24,7 @@ from jaxaot.sweeps.html_page import (
     esc,
     legend,
     link,
+    signed_bytes,
     stacked_bar,
     table,
 )
@@ -220,7 +221,7 @@ def _breakdown_section(run_dir: Path, metrics: RunMetrics) -> str:
             f"<p>On {esc(verdict.topology)}: {esc(fits)}: HBM needed "
             f"{esc(human_bytes(verdict.hbm_bytes_needed))} of "
             f"{esc(human_bytes(verdict.hbm_bytes_available))} (headroom "
-            f"{esc(human_bytes(verdict.headroom_bytes))}).</p>"
+            f"{esc(signed_bytes(verdict.headroom_bytes))}).</p>"
         )
     if not parts:
         return '<p class="note">No memory figures: the run stopped before compile.</p>'
