@@ -132,6 +132,7 @@ def _links(opened: Opened) -> list[str]:
 
 
 @pytest.mark.slow  # Chromium: a process
+@pytest.mark.extra("sweep")  # matplotlib's plots, Pillow to read the screenshot
 def test_the_sweep_page_renders_its_table_plots_and_links(browser: Any, sweep_page: Path) -> None:
     opened = open_page(browser, sweep_page)
     assert opened.problems == []
@@ -185,6 +186,7 @@ def test_a_click_sorts_the_jobs_by_a_column(browser: Any, sweep_page: Path) -> N
 
 
 @pytest.mark.slow  # Chromium: a process
+@pytest.mark.extra("sweep")  # Pillow (with matplotlib) reads the screenshot
 def test_the_run_page_shows_stages_memory_graph_and_every_artifact(
     browser: Any, real_run: Path
 ) -> None:
@@ -340,3 +342,16 @@ def test_a_topology_search_shows_its_verdicts_and_best_trial(tmp_path: Path) -> 
     assert "verdict: does not fit v5e:2x2" in job
     assert "does not fit: HBM needed 20.0 GiB of 16.0 GiB (headroom -4.0 GiB)" in job
     assert "No HLO to draw: the run stopped before lower." in job
+
+
+def test_an_hlo_text_that_cannot_be_drawn_is_said_on_the_page(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep")
+    run_dir = root / "0"
+    (run_dir / "compile").mkdir()
+    (run_dir / "compile" / "optimized.hlo.txt").write_text("not HLO\n")
+    assert report_main(["--html", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    assert (
+        'No graph: <a href="compile/optimized.hlo.txt">compile/optimized.hlo.txt</a> could not '
+        "be drawn (no HLO computations in the text)." in text
+    )

@@ -244,7 +244,10 @@ def _graph_section(run_dir: Path, *, draw: bool) -> str:
     if not fresh and not draw:
         return f'<p class="note">Graph not drawn (--no-graph): {link(rel)} holds the HLO.</p>'
     if not fresh:
-        drawn = graph_of_run(run_dir)
+        try:
+            drawn = graph_of_run(run_dir)
+        except (OSError, ValueError) as exc:  # an unreadable or truncated HLO text
+            return f'<p class="note">No graph: {link(rel)} could not be drawn ({esc(exc)}).</p>'
         note = drawn.get("note") or ""
         if drawn.get("render_note"):
             return (
