@@ -241,7 +241,7 @@ def test_an_unreachable_bucket_is_one_warning_and_the_cache_goes_on(
     assert store.get("compile", KEY, expect=COMPAT) is not None  # the local cache still serves
     assert time.perf_counter() - t0 < 15
     (line,) = store_warnings(caplog)
-    assert line.startswith("store bucket unusable (checking s3://nowhere-bucket/p: ")
+    assert line.startswith("store bucket unusable (reading s3://nowhere-bucket/p: ")
     assert f"goes on with the local cache at {tmp_path / 'c'} alone" in line
 
 

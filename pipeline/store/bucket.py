@@ -69,6 +69,9 @@ CLAIMS_DIR = "claims"
 _URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,221}[A-Za-z0-9]")
 _CHUNK = 8 << 20
+# Payload objects up to this size are downloaded together (concurrently) into memory; larger
+# ones are streamed to disk one at a time.
+_SMALL = 64 << 20
 # Waiting for a claim's holder: poll the manifest this often (seconds), growing to the max.
 _POLL_S, _POLL_MAX_S = 0.2, 2.0
 # botocore's own limits for jaxaot's client, so that an unreachable endpoint fails in seconds
@@ -149,6 +152,14 @@ def filesystem(url: BucketUrl) -> Any:
     return fsspec.filesystem(protocol, **options)
 
 
+def _check(name: str, size: int, sha256: str, rec: FileRecord) -> None:
+    """Refused unless ``size`` and ``sha256`` are what ``rec`` says."""
+    if size != rec.size:
+        raise Refused(f"{name!r} is {size} bytes, manifest says {rec.size}")
+    if sha256 != rec.sha256:
+        raise Refused(f"{name!r} sha256 {sha256[:16]} does not match manifest {rec.sha256[:16]}")
+
+
 class BucketDown(Exception):
     """The bucket could not be reached or refused the request (not: an object is absent)."""
 
@@ -199,13 +210,25 @@ class Bucket:
 
     def __init__(self, url: BucketUrl, fs: Any | None = None) -> None:
         self.url = url
-        self.fs = filesystem(url) if fs is None else fs
+        self._fs = fs
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.bytes_down = 0  # payload and manifests downloaded by this process
+        self._read_ahead: dict[tuple[str, str], bytes] = {}  # claim() -> the next fetch()
+        # s3fs asks an object's size (a request) before it reads one whole, unless told to read
+        # it in one piece.
+        self._whole: dict[str, Any] = {"max_concurrency": 1} if url.scheme == "s3" else {}
         self.bytes_up = 0
 
     def __repr__(self) -> str:
         return f"Bucket({self.url.url!r})"
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem, made on first use: a run whose hits are all in the local cache never
+        imports the bucket's library (s3fs and botocore take most of a second)."""
+        if self._fs is None:
+            self._fs = filesystem(self.url)
+        return self._fs
 
     def entry_path(self, stage: str, key: str) -> str:
         check_stage(stage)
@@ -219,7 +242,7 @@ class Bucket:
         """``fn()``; FileNotFoundError and FileExistsError pass, anything else is BucketDown."""
         try:
             return fn()
-        except (FileNotFoundError, FileExistsError):
+        except (FileNotFoundError, FileExistsError, MissingDependencyError):
             raise
         except Exception as exc:  # botocore, aiohttp, google-auth, OSError: all mean "down"
             raise BucketDown(f"{what} {self.url.url}: {type(exc).__name__}: {exc}") from exc
@@ -227,9 +250,12 @@ class Bucket:
     # -- read --------------------------------------------------------------------------------
 
     def read_manifest(self, stage: str, key: str) -> bytes | None:
+        ahead = self._read_ahead.pop((stage, key), None)
+        if ahead is not None:  # claim() read it a moment ago, to find the key stored
+            return ahead
         path = f"{self.entry_path(stage, key)}/{MANIFEST_NAME}"
         try:
-            raw: bytes = self._call("reading", lambda: self.fs.cat_file(path))
+            raw: bytes = self._call("reading", lambda: self.fs.cat_file(path, **self._whole))
         except FileNotFoundError:
             return None
         self.bytes_down += len(raw)
@@ -253,8 +279,35 @@ class Bucket:
         records = {n: FileRecord(r["sha256"], r["size"]) for n, r in doc["files"].items()}
         into.mkdir()
         total = len(raw)
+        small = {
+            self.payload_path(stage, key, n, r): n for n, r in records.items() if r.size <= _SMALL
+        }
+        if small:  # fetched concurrently: one round trip for all of them
+            paths = list(small)
+            got = self._call(
+                "downloading from",
+                lambda: self.fs.cat_ranges(
+                    paths,
+                    [None] * len(paths),
+                    [None] * len(paths),
+                    on_error="return",
+                    **self._whole,
+                ),
+            )
+            for path, data in zip(paths, got, strict=True):
+                name = small[path]
+                if isinstance(data, FileNotFoundError) or data is None:
+                    raise Refused(f"{name!r} is missing (manifest without payload)")
+                if isinstance(data, BaseException):
+                    raise BucketDown(f"downloading from {self.url.url}: {data!r}")
+                self.bytes_down += len(data)
+                _check(name, len(data), hashlib.sha256(data).hexdigest(), records[name])
+                with open(into / name, "xb") as out:
+                    out.write(data)
+                total += len(data)
         for name, rec in records.items():
-            total += self._download(self.payload_path(stage, key, name, rec), into / name, rec)
+            if rec.size > _SMALL:
+                total += self._download(self.payload_path(stage, key, name, rec), into / name, rec)
         return Fetched(doc, raw, into, records, total)
 
     def payload_path(self, stage: str, key: str, name: str, rec: FileRecord) -> str:
@@ -279,12 +332,7 @@ class Bucket:
         except FileNotFoundError:
             raise Refused(f"{name!r} is missing (manifest without payload)") from None
         self.bytes_down += size
-        if size != rec.size:
-            raise Refused(f"{name!r} is {size} bytes, manifest says {rec.size}")
-        if h.hexdigest() != rec.sha256:
-            raise Refused(
-                f"{name!r} sha256 {h.hexdigest()[:16]} does not match manifest {rec.sha256[:16]}"
-            )
+        _check(name, size, h.hexdigest(), rec)
         return size
 
     # -- write -------------------------------------------------------------------------------
@@ -356,7 +404,12 @@ class Bucket:
         waited_from: float | None = None
         poll = _POLL_S
         while True:
-            if self.has(stage, key):
+            if waited_from is None:  # the entry, likely wanted next: read it, not just look
+                raw = self.read_manifest(stage, key)
+                if raw is not None:
+                    self._read_ahead[(stage, key)] = raw
+                    return None
+            elif self.has(stage, key):
                 if waited_from is not None:
                     log.info(
                         "[%s] %s was computed on another machine (waited %.2f s)",
