@@ -287,6 +287,24 @@ def test_the_cache_dir_is_checked_naming_its_key(tmp_path: Path) -> None:
         check_store_dir("s3://team-bucket/store", lease_s=0)
 
 
+def test_the_bucket_can_come_from_jaxaot_store_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$JAXAOT_STORE_DIR may name the bucket; the cache is then the default local store,
+    created private as that one is. Nothing is asked of the bucket until a run uses it."""
+    monkeypatch.setenv("JAXAOT_STORE_DIR", "s3://team-bucket/store")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cache = tmp_path / "xdg" / "jaxaot" / "store"
+    check_store_dir(None)
+    assert cache.is_dir() and cache.stat().st_mode & 0o777 == 0o700
+    store = open_store(None, trust=True)
+    assert isinstance(store, BucketStore) and store.location == "s3://team-bucket/store"
+    assert store.root == cache
+    monkeypatch.setenv("JAXAOT_STORE_DIR", "ftp://x/y")
+    with pytest.raises(ConfigError, match=r"^JAXAOT_STORE_DIR=ftp://x/y: expected a folder or"):
+        check_store_dir(None)
+
+
 def test_store_commands_on_a_bucket(
     s3_env: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
