@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import uuid
@@ -42,7 +43,8 @@ class S3Server:
             "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
         }
 
-    def client(self) -> object:
+    @functools.cached_property
+    def _client(self) -> object:
         import boto3
 
         return boto3.client(
@@ -52,6 +54,10 @@ class S3Server:
             aws_secret_access_key="testing",
             region_name="us-east-1",
         )
+
+    def client(self) -> object:
+        """A boto3 client of this server (one, made on first use)."""
+        return self._client
 
     def bucket(self, prefix: str = "team/store") -> str:
         name = f"jaxaot-{uuid.uuid4().hex[:12]}"

@@ -144,12 +144,25 @@ def filesystem(url: BucketUrl) -> Any:
             f"store.dir={url.url} needs {module}, which is not installed; install it with: "
             f"pip install 'jaxaot[{extra}]'"
         ) from None
-    options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
-    if protocol == "s3":
-        conf = fsspec.config.conf.get("s3", {})
-        if "config_kwargs" not in conf:
+    # One per process and environment: a client takes a few hundred ms to make (botocore loads
+    # its service model), and its credentials and endpoint come from the variables.
+    key = (protocol, os.getpid(), tuple(sorted(_client_env().items())))
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+        if protocol == "s3" and "config_kwargs" not in fsspec.config.conf.get("s3", {}):
             options["config_kwargs"] = dict(_S3_CLIENT)
-    return fsspec.filesystem(protocol, **options)
+        fs = _FILESYSTEMS[key] = fsspec.filesystem(protocol, **options)
+    return fs
+
+
+_FILESYSTEMS: dict[tuple[str, int, tuple[tuple[str, str], ...]], Any] = {}
+_CLIENT_ENV = ("AWS_", "FSSPEC_", "GOOGLE_", "GCLOUD_", "CLOUDSDK_", "STORAGE_EMULATOR_HOST")
+
+
+def _client_env() -> dict[str, str]:
+    """The variables a bucket client reads (credentials, endpoint, region, fsspec's options)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_CLIENT_ENV)}
 
 
 def _check(name: str, size: int, sha256: str, rec: FileRecord) -> None:
