@@ -18,13 +18,20 @@ from conftest import cli_env
 
 PROGRAM = """
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 TABLE = np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)
 
 
 def f(x, y):
-    return jnp.tanh(x @ y) * 2.0 + 1.0
+    # A scan body (closed_call: no argument attributes) and jitted helpers (tril, _where: empty
+    # ones) beside main: MLIR's printer leaves the empty lists out of the module text.
+    def body(c, w):
+        return jnp.tanh(c @ w) * 2.0 + 1.0, None
+
+    z, _ = jax.lax.scan(body, x, jnp.stack([y, y.T]))
+    return jnp.where(z > 1.5, jnp.tril(z), z)
 
 
 def g(x):
@@ -147,6 +154,8 @@ def test_plain_jit_hits_the_exported_executable_bit_for_bit(
 
     tmp, mods, cache = runs["tmp"], runs["mods"], exported["cache"]
     env = _env(mods)
+    text = (runs["f"] / "lower" / "module.stablehlo.mlir").read_text()
+    assert "func.func private @closed_call(" in text and "func.func private @tril(" in text
     assert exported["rc"] == 0, exported
     [line] = exported["lines"]
     assert line.startswith("written jit_f-"), line

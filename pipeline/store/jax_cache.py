@@ -8,8 +8,8 @@ jaxaot run's executable under the key JAX computes, with JAX's own key function,
 
 - the module that was compiled: ``lower/module.stablehlo.mlir`` parsed back and proven to be
   the very module compiled (its bytecode without locations hashes to the run's
-  ``module_sha256``; MLIR's printer drops empty argument attributes, which are put back only
-  when that makes the hash match);
+  ``module_sha256``; MLIR's printer leaves out empty argument and result attribute lists,
+  which are put back where that makes the hash match);
 - the compile options the executable was compiled with, as the executable itself records them
   (PjRt's ``ExecutableAndOptionsProto``), less what the compile adds to its record
   (``argument_layouts``, ``allow_in_place_mlir_modification``, the build options'
@@ -209,14 +209,9 @@ def compile_options_as_passed(recorded: bytes, cache_dir: str) -> Any:
     return options
 
 
-def compiled_module(run: Path, module_sha256: str) -> Any:
-    """The module the run compiled, parsed from its StableHLO text and proven to be it: its
+def compiled_module(text: str, module_sha256: str) -> Any:
+    """The module a run compiled, parsed from its StableHLO ``text`` and proven to be it: its
     bytecode without locations (renamed as the digest renames it) hashes to ``module_sha256``."""
-    path = run / "lower" / "module.stablehlo.mlir"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise Refused("no lower/module.stablehlo.mlir (the run did not lower)") from None
     if ELIDED in text:
         raise Refused(
             "its module text elides large constants; lower again with "
@@ -226,50 +221,67 @@ def compiled_module(run: Path, module_sha256: str) -> Any:
         module = compat_jax.parse_module(text)
     except Exception as exc:
         raise Refused(f"lower/module.stablehlo.mlir does not parse ({one_line(exc)})") from None
-    if _digest(module) == module_sha256:
-        return module
-    if _with_empty_arg_attrs(module) and _digest(module) == module_sha256:
-        return module
-    raise Refused(
-        "lower/module.stablehlo.mlir does not parse back to the module compiled (its bytecode "
-        "hashes to another module_sha256)"
-    )
+    if not _restore_empty_attrs(module, module_sha256):
+        raise Refused(
+            "lower/module.stablehlo.mlir does not parse back to the module compiled (no "
+            "placement of the empty attribute lists MLIR's printer leaves out hashes to its "
+            "module_sha256)"
+        )
+    return module
 
 
-def _digest(module: Any) -> str:
+# The most placements of empty argument attribute lists tried (one digest each).
+MAX_TRIES = 4096
+
+
+def _restore_empty_attrs(module: Any, module_sha256: str) -> bool:
+    """Put back into ``module`` (stripped of locations) the empty argument and result attribute
+    lists MLIR's printer leaves out, so that its digest is ``module_sha256``; whether some
+    placement does. JAX gives every function it lowers result attributes, and argument
+    attributes to some (jax 0.10.2 ``mlir.lower_jaxpr_to_fun``): placements of empty argument
+    lists over the functions printed without them are tried, most first (every function, then
+    all but one, ...), at most MAX_TRIES."""
     import hashlib
     import io
+    import itertools
 
     ir, passmanager = compat_jax.mlir_ir()
     with module.context:
-        op = module.operation.clone()
-        try:
-            passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
-            op.attributes["sym_name"] = ir.StringAttr.get("main_module")
-            sink = io.BytesIO()
-            op.write_bytecode(sink)
-        finally:
-            op.erase()
-    return hashlib.sha256(sink.getvalue()).hexdigest()
-
-
-def _with_empty_arg_attrs(module: Any) -> bool:
-    """Give each function without argument attributes an empty dictionary per argument (as JAX
-    builds them; MLIR's printer leaves them out). Whether any was changed."""
-    ir, _ = compat_jax.mlir_ir()
-    changed = False
-    with module.context:
+        passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
+        name = module.operation.attributes["sym_name"]
+        functions = []
         for op in module.body.operations:
-            if op.operation.name != "func.func" or "arg_attrs" in op.attributes:
-                continue
-            kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-            if not kind.inputs:
-                continue
-            op.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                [ir.DictAttr.get({}) for _ in kind.inputs]
-            )
-            changed = True
-    return changed
+            if op.operation.name == "func.func":
+                kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                functions.append((op, len(kind.inputs), len(kind.results)))
+
+        def empties(n: int) -> Any:
+            return ir.ArrayAttr.get([ir.DictAttr.get({}) for _ in range(n)])
+
+        def digest() -> str:
+            module.operation.attributes["sym_name"] = ir.StringAttr.get("main_module")
+            sink = io.BytesIO()
+            module.operation.write_bytecode(sink)
+            module.operation.attributes["sym_name"] = name
+            return hashlib.sha256(sink.getvalue()).hexdigest()
+
+        if digest() == module_sha256:
+            return True
+        open_args = [(op, n) for op, n, _ in functions if n and "arg_attrs" not in op.attributes]
+        for op, _, n in functions:
+            if n and "res_attrs" not in op.attributes:
+                op.attributes["res_attrs"] = empties(n)
+        placements = itertools.chain.from_iterable(
+            itertools.combinations(open_args, size) for size in range(len(open_args), -1, -1)
+        )
+        for chosen in itertools.islice(placements, MAX_TRIES):
+            for op, n in chosen:
+                op.attributes["arg_attrs"] = empties(n)
+            if digest() == module_sha256:
+                return True
+            for op, _ in chosen:
+                del op.attributes["arg_attrs"]
+    return False
 
 
 def one_line(exc: BaseException) -> str:
@@ -325,12 +337,17 @@ def entry_for(run: Path, cache_dir: str) -> tuple[str, bytes]:
             "only"
         )
     compiled = json.loads(_verified(run / "compile", "compiled.json", artifacts))
-    lowered = _json(run / "lower" / "lowered.json")
+    lower = ((manifest.get("stages") or {}).get("lower") or {}).get("artifacts") or {}
+    lower = {k.removeprefix("lower/"): v for k, v in lower.items()}
+    lowered = json.loads(_verified(run / "lower", "lowered.json", lower))
+    if compiled.get("module_sha256") != lowered.get("module_sha256"):
+        raise Refused("compile/compiled.json and lower/lowered.json name different modules")
     _compiled_its_lowering(manifest, lowered, backend["platform"])
     executable = xla_executable(_verified(run / "compile", "executable.bin", artifacts))
     name, options_proto = recorded(executable)
     options = compile_options_as_passed(options_proto, cache_dir)
-    module = compiled_module(run, lowered["module_sha256"])
+    text = _verified(run / "lower", "module.stablehlo.mlir", lower).decode()
+    module = compiled_module(text, lowered["module_sha256"])
     own = compat_jax.module_name(module)
     if name != own:
         raise Refused(
