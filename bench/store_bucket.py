@@ -8,7 +8,8 @@ column, and each request of the count below costs one round trip):
   for a bucket store may claim the key in the bucket, then ``get``): median latency, bytes
   downloaded from the bucket and HTTP requests made, for a hit in a local store, a hit in the
   bucket store's local cache, and a hit that downloads the entry from the bucket into an empty
-  cache;
+  cache (every store here checks its folders' permissions, as a run without
+  ``JAXAOT_TRUST_STORE=1`` does; the bucket is trusted through ``store.trust=true``);
 - the whole ``jaxaot`` process (``stop_after=compile``): a warm local store, a warm cache in
   front of the bucket, and an empty cache that the bucket fills.
 
@@ -139,7 +140,7 @@ def main() -> None:
 
         per_hit = {
             "local store": _hits(
-                lambda i: Store(local, trust=True), "compile", key, compat, opts.reps, counter
+                lambda i: Store(local), "compile", key, compat, opts.reps, counter
             ),
             "bucket store, local cache": _hits(
                 lambda i: open_store(url, str(cache), trust=True),
