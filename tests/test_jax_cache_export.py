@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 from conftest import cli_env
 
+# One worker builds the module's runs once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("jax_cache_export")
+
 PROGRAM = """
 import numpy as np
 import jax
@@ -198,7 +201,9 @@ def test_a_job_on_another_device_count_misses_until_exported_for_it(
     assert kept["lines"] == [exported["lines"][0].replace("written", "present", 1)]
 
 
-def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(runs: dict[str, Path]) -> None:
+def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(
+    runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jaxaot.store import jax_cache
 
     tmp = runs["tmp"]
@@ -218,4 +223,13 @@ def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(runs: dict[str, Pat
     assert "elides large constants" in lines[1] and "elide_constants_over=null" in lines[1]
     assert "executable.bin differs from its manifest" in lines[2]
     assert lines[3] == f"refused {tmp / 'absent'}: no absent/manifest.json"
+    # XLA reads every flag of the compile's: other XLA_FLAGS (than the dump and device-count
+    # flags JAX's key leaves out) than the compile's are refused.
+    compiled_with = runs["f"] / "manifest.json"
+    words = json.loads(compiled_with.read_text())["environment"]["flag_variables"]["XLA_FLAGS"]
+    monkeypatch.setenv("XLA_FLAGS", " ".join([*words["words"], "--xla_cpu_enable_fast_math=true"]))
+    [flags] = jax_cache.export_runs([runs["f"]], str(cache))
+    assert flags.state == "refused"
+    assert "this process has" in flags.reason and "--xla_cpu_enable_fast_math=true" in flags.reason
+    assert flags.reason.endswith("(export with the job's XLA_FLAGS)")
     assert not cache.exists()

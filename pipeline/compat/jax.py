@@ -121,6 +121,7 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.compilation_cache", "extract_executable_and_time"),
     Private("jax._src.interpreters.mlir", "make_ir_context"),
     Private("jax._src.cache_key", "IgnoreCallbacks"),
+    Private("jax._src.cache_key", "xla_flags_to_exclude_from_cache_key"),
     Private("jax._src.config", "remove_custom_partitioning_ptr_from_cache_key"),
     Private("jax._src.config", "persistent_cache_enable_xla_caches"),
     Private("jaxlib.xla_client", "AutotuneCacheMode"),
@@ -797,6 +798,15 @@ def jax_cache_key(module: Any, devices: Sequence[Any], options: Any, client: Any
     array = np.empty(len(devices), dtype=object)
     array[:] = list(devices)
     return str(compilation_cache.get_cache_key(module, array, options, client, ignore))
+
+
+def jax_cache_flags(words: Sequence[str]) -> list[str]:
+    """The XLA flag words JAX's key hashes (sorted, as it hashes them): all but the dump and
+    host-device-count flags it leaves out (``cache_key.xla_flags_to_exclude_from_cache_key``)."""
+    from jax._src import cache_key
+
+    excluded = set(cache_key.xla_flags_to_exclude_from_cache_key)
+    return sorted(w for w in words if w.split("=")[0] not in excluded)
 
 
 def jax_cache_entry(executable: bytes, compile_seconds: float) -> bytes:

@@ -18,7 +18,8 @@ jaxaot run's executable under the key JAX computes, with JAX's own key function,
   the job writes it);
 - this process's client, devices and XLA flags, which must be the job's: the key hashes the
   platform version, the devices' topology (a CPU client's device count), ``XLA_FLAGS``,
-  ``LIBTPU_INIT_ARGS`` and ``--xla*`` arguments.
+  ``LIBTPU_INIT_ARGS`` and ``--xla*`` arguments; the XLA_FLAGS JAX hashes must be the
+  compile's (the run's manifest records them).
 
 A job whose own lowering, options, client or flags differ computes another key and compiles
 as before: an export can only be missed, never hit by another program. Refused, one line each:
@@ -336,6 +337,7 @@ def entry_for(run: Path, cache_dir: str) -> tuple[str, bytes]:
             f"platform {backend.get('platform')!r}: exporting is tested on {', '.join(PLATFORMS)} "
             "only"
         )
+    _same_flags(manifest)
     compiled = json.loads(_verified(run / "compile", "compiled.json", artifacts))
     lower = ((manifest.get("stages") or {}).get("lower") or {}).get("artifacts") or {}
     lower = {k.removeprefix("lower/"): v for k, v in lower.items()}
@@ -375,6 +377,21 @@ def _compiled_its_lowering(
     shapes = (((manifest.get("config") or {}).get("compile") or {}).get("shapes")) or {}
     if shapes:
         raise Refused(f"polymorphic, compiled at compile.shapes={shapes}: {export}never lowers")
+
+
+def _same_flags(manifest: dict[str, Any]) -> None:
+    """Refuse a run compiled under other XLA_FLAGS than this process's (JAX's key hashes this
+    process's; XLA reads every flag of the compile's, not only those the executable records)."""
+    recorded = ((manifest.get("environment") or {}).get("flag_variables") or {}).get("XLA_FLAGS")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("words"), list):
+        raise Refused("its manifest records no XLA_FLAGS")
+    then = compat_jax.jax_cache_flags(recorded["words"])
+    now = compat_jax.jax_cache_flags(os.environ.get("XLA_FLAGS", "").split())
+    if then != now:
+        raise Refused(
+            f"compiled with XLA_FLAGS {' '.join(then) or '(none)'}, this process has "
+            f"{' '.join(now) or '(none)'} (export with the job's XLA_FLAGS)"
+        )
 
 
 def _write(path: Path, data: bytes) -> None:
