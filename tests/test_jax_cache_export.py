@@ -6,6 +6,7 @@ its own compile's; a job whose key differs misses; what cannot be keyed soundly 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -165,6 +166,9 @@ def test_plain_jit_hits_the_exported_executable_bit_for_bit(
     key = line.split()[1]
     files = sorted(p.name for p in cache.iterdir())
     assert files == [f"{key}-atime", f"{key}-cache"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (cache / f"{key}-cache").stat().st_mode & 0o777 == 0o666 & ~umask  # as JAX writes
     # The entry is JAX's format around the very executable the run compiled.
     stored, _ = compat_jax.jax_cache_read((cache / f"{key}-cache").read_bytes())
     blob = (runs["f"] / "compile" / "executable.bin").read_bytes()

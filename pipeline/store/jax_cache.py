@@ -35,8 +35,8 @@ from __future__ import annotations
 import json
 import os
 import pickletools
-import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -395,13 +395,15 @@ def _same_flags(manifest: dict[str, Any]) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".jaxaot-", suffix=".tmp")
+    """``data`` into ``path`` whole or not at all (a temporary file renamed), with the mode the
+    umask gives, as JAX writes its entries."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
