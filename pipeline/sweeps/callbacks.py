@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ from omegaconf import DictConfig, OmegaConf
 _heartbeats: dict[str, Heartbeat] = {}
 _relays: dict[str, ProgressRelay] = {}  # module-level: launchers pickle the callbacks
 _last_failed: int | None = None
+_after: dict[str, list[Callable[[Path], None]]] = {}
+
+
+def after_report(sweep_dir: Path, fn: Callable[[Path], None]) -> None:
+    """Call ``fn(sweep_dir)`` once this process's :class:`SweepCallback` has written the sweep's
+    report (or failed to): for a callback Hydra ends before it, that needs the report."""
+    _after.setdefault(str(sweep_dir), []).append(fn)
 
 
 def last_sweep_failures() -> int | None:
@@ -232,7 +240,11 @@ class SweepCallback(Callback):
         relay = _relays.pop(str(sweep_dir), None)
         if relay is not None:
             relay.stop()
-        table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
+        try:
+            table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
+        finally:
+            for fn in _after.pop(str(sweep_dir), []):
+                fn(sweep_dir)
         _last_failed = len(table.failed)
         ok = len(table.rows) - _last_failed - len(table.does_not_fit)
         misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""
@@ -264,4 +276,4 @@ def failed_line(sweep_dir: Path, table: SweepTable, *, progress: bool) -> str:
     return f"{head}: {', '.join(names)} (errors above and in {MD_NAME})"
 
 
-__all__ = ["SweepCallback", "failed_line", "last_sweep_failures", "plan_of"]
+__all__ = ["SweepCallback", "after_report", "failed_line", "last_sweep_failures", "plan_of"]
