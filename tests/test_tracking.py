@@ -416,3 +416,29 @@ def test_a_database_uri_without_sqlalchemy_says_what_to_install(
         r"pip install mlflow, which also brings `mlflow ui`\); or track to a server",
     ):
         Session("sqlite:////x.db", 1, 0, budget_s=5).experiment_id("x")
+
+
+def test_a_sweep_with_the_server_down_warns_once_and_its_jobs_log_nothing(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        "-m",
+        "program=axpy",
+        "program.args=[3,4],[5,6]",
+        "+tracking=mlflow",
+        f"hydra.callbacks.tracking.uri={uri}",
+        "hydra.callbacks.tracking.timeout_s=1",
+        "hydra.callbacks.tracking.max_retries=1",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = run_cli(args, cwd=tmp_path, env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")))
+    assert proc.returncode == 0, proc.stderr
+    assert "sweep: 2 jobs, 2 ok, 0 failed" in proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith(f"jaxaot: tracking: the sweep not logged to MLflow at {uri} (")
+    assert json.loads((sweep_dir / PARENT_NAME).read_text()) == {
+        "uri": uri,
+        "experiment_id": None,
+        "run_id": None,
+    }
