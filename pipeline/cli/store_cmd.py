@@ -4,6 +4,8 @@ Every subcommand takes ``--store DIR`` (default ``$JAXAOT_STORE_DIR``, else
 ``$XDG_CACHE_HOME/jaxaot/store``, ``~/.cache/jaxaot/store`` when that variable is unset), or a
 bucket store's URL, ``--store s3://BUCKET/PREFIX`` (``gs://``), which ls/stats/verify/gc read
 and maintain in the bucket itself (:mod:`jaxaot.store.bucket_maintenance`).
+``export-jax-cache DIR RUN_DIR...`` reads run directories instead, and files their CPU
+executables in JAX's own persistent compilation cache (:mod:`jaxaot.store.jax_cache`).
 Bad input prints one line on stderr and exits 2; ``verify`` exits 1 when an entry is corrupt
 (or, with ``--deep``, unusable: it verifies but cannot be loaded and called in a fresh process).
 """
@@ -102,6 +104,15 @@ def _build_parser() -> _Parser:
     )
     p = sub.add_parser("ls", parents=[common], help="list entries")
     p.add_argument("--stage", metavar="S", help="only entries of stage S")
+    p = sub.add_parser(
+        "export-jax-cache",
+        help="file runs' CPU executables in JAX's persistent compilation cache, where plain "
+        "jax.jit loads them (run it with the job's environment: devices, XLA_FLAGS)",
+    )
+    p.add_argument(
+        "cache_dir", metavar="DIR", help="the job's jax_compilation_cache_dir, as the job spells it"
+    )
+    p.add_argument("runs", metavar="RUN_DIR", nargs="+", help="jaxaot run directories")
     return parser
 
 
@@ -240,6 +251,19 @@ def _open(given: str | None) -> AnyStore:
     return Store(root)
 
 
+def _cmd_export_jax_cache(args: argparse.Namespace) -> int:
+    """One line per run (written/present KEY, or refused: why); 1 when any was refused."""
+    import os
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the only platform exported
+    from jaxaot.store.jax_cache import export_runs, report
+
+    lines, rc = report(export_runs(args.runs, args.cache_dir))
+    for line in lines:
+        print(line)
+    return rc
+
+
 _COMMANDS = {"stats": _cmd_stats, "verify": _cmd_verify, "gc": _cmd_gc, "ls": _cmd_ls}
 
 
@@ -250,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _build_parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else 0
+        if args.command == "export-jax-cache":  # reads run directories, not the store
+            return _cmd_export_jax_cache(args)
         return _COMMANDS[args.command](_open(args.store), args)
     except (_UsageError, JaxaotError, ValueError, OSError) as exc:
         # A bad stage name or size, a missing store, an unreadable file: one line, no traceback.
