@@ -26,8 +26,8 @@ as before: an export can only be missed, never hit by another program. Refused, 
 an executable compiled through its ``jax.export`` (a module plain ``jax.jit`` never lowers), a
 module text with elided constants, a TPU topology or other deviceless compile (JAX keys the
 real client's platform version and topology, which a compile-only client cannot vouch for),
-a platform other than cpu (the only one this is tested on), another jax/jaxlib or client than
-the compile's.
+a platform other than cpu (the only one this is tested on), another jaxlib, client or
+XLA_FLAGS than the compile's.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.compat import jax as compat_jax
+from jaxaot.errors import one_line
 from jaxaot.util.fsio import sha256_bytes
 
 # What a compile adds to the options PjRt records with an executable (xla/pjrt/proto/
@@ -221,7 +222,9 @@ def compiled_module(text: str, module_sha256: str) -> Any:
     try:
         module = compat_jax.parse_module(text)
     except Exception as exc:
-        raise Refused(f"lower/module.stablehlo.mlir does not parse ({one_line(exc)})") from None
+        raise Refused(
+            f"lower/module.stablehlo.mlir does not parse ({one_line(exc)[:300]})"
+        ) from None
     if not _restore_empty_attrs(module, module_sha256):
         raise Refused(
             "lower/module.stablehlo.mlir does not parse back to the module compiled (no "
@@ -283,10 +286,6 @@ def _restore_empty_attrs(module: Any, module_sha256: str) -> bool:
             for op, _ in chosen:
                 del op.attributes["arg_attrs"]
     return False
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 # --- the key and the entry ---------------------------------------------------------------------
