@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jaxaot.store.bucket import BUSY
 from jaxaot.util.fsio import FileLock, flock_file
 
 log = logging.getLogger("jaxaot")
@@ -97,7 +98,7 @@ class KeyLock:
             return False
         if self._claim_of is not None:
             claim = self._claim_of(self.stage, self.key, blocking)
-            if claim == "busy":
+            if claim == BUSY:
                 self.release()
                 return False
             self._claim = claim
