@@ -442,3 +442,61 @@ def test_a_sweep_with_the_server_down_warns_once_and_its_jobs_log_nothing(tmp_pa
         "experiment_id": None,
         "run_id": None,
     }
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Any:
+    """A single-node SLURM cluster (tests/slurm_cluster.py; conftest runs the tests that use a
+    fixture of this name in one xdist worker, one cluster at a time)."""
+    from conftest import missing_extra_modules
+    from slurm_cluster import SlurmCluster, unavailable
+
+    reason = unavailable() or (extra_reason("sweep") if missing_extra_modules("sweep") else None)
+    if reason:
+        pytest.skip(reason)
+    with SlurmCluster() as cluster:
+        yield cluster
+
+
+# MLflow 3.17's sqlite store, read in this process, uses a loader SQLAlchemy 2.1 deprecates.
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+def test_slurm_jobs_log_from_the_node_into_the_sweeps_parent_run(
+    slurm: Any, tmp_path: Path
+) -> None:
+    """The jobs run as SLURM array tasks; each reads the parent run's id from the sweep dir
+    and logs its own run, nested under it, into the same tracking store (a sqlite file on the
+    shared file system here: no server to reach from the node)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep_dir = tmp_path / "sweep"
+    env = slurm.env(cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu"))
+    args = [
+        "-m",
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=1",
+        "hydra.callbacks.sweep.plots=false",
+        *AXPY[:1],
+        "program.args=[3,4],[5,6]",
+        "+tracking=mlflow",
+        f"hydra.callbacks.tracking.uri={uri}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = run_cli(args, cwd=tmp_path, module="jaxaot.cli.main", env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 2 jobs, 2 ok, 0 failed" in proc.stdout
+    assert len(list((sweep_dir / ".submitit").glob("*/*_submitted.pkl"))) == 2  # on the node
+    client = MlflowClient(tracking_uri=uri)
+    parent_id = json.loads((sweep_dir / PARENT_NAME).read_text())["run_id"]
+    experiment = client.get_experiment_by_name("jaxaot")
+    runs = client.search_runs([experiment.experiment_id])
+    children = [r for r in runs if r.info.run_id != parent_id]
+    assert len(runs) == 3 and client.get_run(parent_id).info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent_id}
+    assert sorted(r.data.params["program.args"] for r in children) == ["[3,4]", "[5,6]"]
+    for child in children:
+        run_dir = Path(child.data.tags["jaxaot.run_dir"])
+        assert run_dir.parent == sweep_dir
+        assert child.data.metrics == metric_values(read_manifest(run_dir))
