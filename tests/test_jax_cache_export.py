@@ -109,8 +109,8 @@ def _python(code: str, *args: str, env: dict[str, str], cwd: Path) -> dict[str, 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """jaxaot runs (stop_after=compile, in this process) of b2prog.f, of f lowered for cpu and
-    tpu (compiled through its export), and of b2prog.g (a large captured constant, elided in
-    its text); and f's executable exported for one CPU device into ``jax-cache``."""
+    tpu (compiled through its export), of f with compile.dump, and of b2prog.g (a large
+    captured constant, elided in its text)."""
     import jaxaot
 
     tmp = tmp_path_factory.mktemp("jaxcache")
@@ -125,6 +125,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
             "lower.platforms=[cpu,tpu]",
         ],
         "constant": ["program.target=b2prog:g", "program.args=[f32[8,64]]"],
+        "dumped": [
+            "program.target=b2prog:f",
+            "program.args=[f32[8,8],f32[8,8]]",
+            "compile.dump=true",
+        ],
     }
     out = {"mods": mods, "tmp": tmp}
     with pytest.MonkeyPatch.context() as mp:
@@ -217,16 +222,23 @@ def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(
     blob = bytearray((tampered / "compile" / "executable.bin").read_bytes())
     blob[-1] ^= 1
     (tampered / "compile" / "executable.bin").write_bytes(bytes(blob))
-    runs_in: list[str | Path] = [runs["two_platforms"], runs["constant"], tampered, tmp / "absent"]
+    runs_in: list[str | Path] = [
+        runs["two_platforms"],
+        runs["constant"],
+        tampered,
+        tmp / "absent",
+        runs["dumped"],
+    ]
     results = jax_cache.export_runs(runs_in, str(cache))
     lines, rc = jax_cache.report(results)
     assert rc == 1
-    assert [r.state for r in results] == ["refused"] * 4
+    assert [r.state for r in results] == ["refused"] * 5
     assert all("\n" not in line for line in lines)
     assert "lowered for ['cpu', 'tpu']: compiled through its jax.export" in lines[0]
     assert "elides large constants" in lines[1] and "elide_constants_over=null" in lines[1]
     assert "executable.bin differs from its manifest" in lines[2]
     assert lines[3] == f"refused {tmp / 'absent'}: no absent/manifest.json"
+    assert "own dump/trace options (compile.dump)" in lines[4]
     # XLA reads every flag of the compile's: other XLA_FLAGS (than the dump and device-count
     # flags JAX's key leaves out) than the compile's are refused.
     compiled_with = runs["f"] / "manifest.json"

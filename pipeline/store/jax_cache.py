@@ -23,8 +23,9 @@ jaxaot run's executable under the key JAX computes, with JAX's own key function,
 
 A job whose own lowering, options, client or flags differ computes another key and compiles
 as before: an export can only be missed, never hit by another program. Refused, one line each:
-an executable compiled through its ``jax.export`` (a module plain ``jax.jit`` never lowers), a
-module text with elided constants, a TPU topology or other deviceless compile (JAX keys the
+an executable compiled through its ``jax.export`` (a module plain ``jax.jit`` never lowers) or
+with the run's own dump/trace options (``compile.dump``/``breakdown``), a module text with
+elided constants, a TPU topology or other deviceless compile (JAX keys the
 real client's platform version and topology, which a compile-only client cannot vouch for),
 a platform other than cpu (the only one this is tested on), another jaxlib, client or
 XLA_FLAGS than the compile's.
@@ -366,14 +367,23 @@ def _compiled_its_lowering(
 ) -> None:
     """Refuse a run whose compile stage compiled its ``jax.export`` rather than the lowering
     (the compile stage's ``exported`` form, :func:`jaxaot.stages.compile.prepare`): a lowering
-    loaded from a checkpoint, for several platforms, or with symbolic dimensions."""
+    loaded from a checkpoint, for several platforms, or with symbolic dimensions; and one that
+    compiled with options for its own dump or trace (XLA's dump options, which JAX's key
+    clears)."""
     export = "compiled through its jax.export (jax.jit(exported.call)): a module plain jax.jit "
     lower = ((manifest.get("stages") or {}).get("lower") or {}).get("status")
     if lower != "ran":
         raise Refused(f"its lower stage {lower or 'did not run'}: {export}never lowers")
     if list(lowered.get("platforms") or []) != [platform]:
         raise Refused(f"lowered for {lowered.get('platforms')}: {export}never lowers")
-    shapes = (((manifest.get("config") or {}).get("compile") or {}).get("shapes")) or {}
+    compile = (manifest.get("config") or {}).get("compile") or {}
+    own = [f"compile.{k}" for k in ("dump", "breakdown") if compile.get(k)]
+    if own:
+        raise Refused(
+            f"compiled with this run's own dump/trace options ({', '.join(own)}), which the "
+            "executable records and JAX's key leaves out; export a run without them"
+        )
+    shapes = compile.get("shapes") or {}
     if shapes:
         raise Refused(f"polymorphic, compiled at compile.shapes={shapes}: {export}never lowers")
 
