@@ -394,6 +394,12 @@ def _same_flags(manifest: dict[str, Any]) -> None:
     recorded = ((manifest.get("environment") or {}).get("flag_variables") or {}).get("XLA_FLAGS")
     if not isinstance(recorded, dict) or not isinstance(recorded.get("words"), list):
         raise Refused("its manifest records no XLA_FLAGS")
+    dumps = [w for w in recorded["words"] if w.startswith("--xla_dump")]
+    if dumps:
+        raise Refused(
+            f"compiled with XLA dump flags in XLA_FLAGS ({' '.join(dumps)}), which the "
+            "executable records and JAX's key leaves out; export a run without them"
+        )
     then = compat_jax.jax_cache_flags(recorded["words"])
     now = compat_jax.jax_cache_flags(os.environ.get("XLA_FLAGS", "").split())
     if then != now:
