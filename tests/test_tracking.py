@@ -291,6 +291,7 @@ def test_an_unreachable_server_costs_one_warning_and_changes_nothing(
     assert took < 60, took
 
 
+@pytest.mark.slow  # waits out two request timeouts
 def test_a_silent_server_is_given_up_within_the_timeouts() -> None:
     hole = _black_hole()
     try:
