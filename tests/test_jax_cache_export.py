@@ -1,5 +1,5 @@
 """Exporting a run's executable into JAX's own persistent compilation cache
-(:mod:`jaxaot.store.jax_cache`): a fresh process running plain ``jax.jit`` with that cache
+(``jaxaot-store export-jax-cache``, :mod:`jaxaot.store.jax_cache`): a fresh process running plain ``jax.jit`` with that cache
 directory loads it (JAX's own hit log and monitoring event), with outputs equal bit for bit to
 its own compile's; a job whose key differs misses; what cannot be keyed soundly is refused."""
 
@@ -75,14 +75,6 @@ print(json.dumps({
 }))
 """
 
-EXPORT = """
-import json, sys
-from jaxaot.store.jax_cache import export_runs, report
-
-lines, rc = report(export_runs(sys.argv[2:], sys.argv[1]))
-print(json.dumps({"lines": lines, "rc": rc}))
-"""
-
 
 def _env(mods: Path, **extra: str) -> dict[str, str]:
     env = cli_env(JAX_PLATFORMS="cpu", **extra)
@@ -91,6 +83,22 @@ def _env(mods: Path, **extra: str) -> dict[str, str]:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env.update(extra)
     return env
+
+
+def _export(cache: Path, *run_dirs: Path, env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """``jaxaot-store export-jax-cache CACHE RUN_DIR...`` in a process of its own: its lines and
+    exit status."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot.cli.store_cmd", "export-jax-cache", str(cache)]
+        + [str(r) for r in run_dirs],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return {"lines": proc.stdout.strip().splitlines(), "rc": proc.returncode}
 
 
 def _python(code: str, *args: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
@@ -147,11 +155,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
 
 @pytest.fixture(scope="module")
 def exported(runs: dict[str, Path]) -> dict[str, Any]:
-    """``jaxaot.store.jax_cache.export_runs`` of f's run into ``jax-cache``, in a process with
-    the jobs' environment (one CPU device, no XLA_FLAGS)."""
+    """``jaxaot-store export-jax-cache`` of f's run into ``jax-cache``, in a process with the
+    jobs' environment (one CPU device, no XLA_FLAGS)."""
     tmp = runs["tmp"]
     cache = tmp / "jax-cache"
-    result = _python(EXPORT, str(cache), str(runs["f"]), env=_env(runs["mods"]), cwd=tmp)
+    result = _export(cache, runs["f"], env=_env(runs["mods"]), cwd=tmp)
     return result | {"cache": cache}
 
 
@@ -200,13 +208,13 @@ def test_a_job_on_another_device_count_misses_until_exported_for_it(
     two = _env(mods, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     missed = _python(TARGET, str(cache), env=two, cwd=tmp)
     assert (missed["hits"], missed["hit_events"]) == (0, 0), missed
-    again = _python(EXPORT, str(cache), str(runs["f"]), env=two, cwd=tmp)
+    again = _export(cache, runs["f"], env=two, cwd=tmp)
     assert again["lines"][0].startswith("written jit_f-"), again
     assert again["lines"][0].split()[1] != exported["lines"][0].split()[1]
     hit = _python(TARGET, str(cache), env=two, cwd=tmp)
     assert (hit["hits"], hit["hit_events"], hit["out"]) == (1, 1, missed["out"]), hit
     # Exporting for one device again keeps the entry there, as JAX keeps one.
-    kept = _python(EXPORT, str(cache), str(runs["f"]), env=_env(mods), cwd=tmp)
+    kept = _export(cache, runs["f"], env=_env(mods), cwd=tmp)
     assert kept["lines"] == [exported["lines"][0].replace("written", "present", 1)]
 
 
