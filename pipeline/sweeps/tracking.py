@@ -192,12 +192,15 @@ class Session:
         params = [Param(k, v) for k, v in record.params.items()]
         tags = [RunTag(k, v) for k, v in record.tags.items()]
         metrics = [Metric(k, v, now, 0) for k, v in record.metrics.items()]
-        for i in range(0, len(params), _PARAMS_PER_CALL):
-            self.call("logging parameters", "log_batch", run_id, params=params[i : i + 100])
-        for i in range(0, len(tags), _TAGS_PER_CALL):
-            self.call("logging tags", "log_batch", run_id, tags=tags[i : i + 100])
-        for i in range(0, len(metrics), _METRICS_PER_CALL):
-            self.call("logging metrics", "log_batch", run_id, metrics=metrics[i : i + 1000])
+        n = _PARAMS_PER_CALL
+        for i in range(0, len(params), n):
+            self.call("logging parameters", "log_batch", run_id, params=params[i : i + n])
+        n = _TAGS_PER_CALL
+        for i in range(0, len(tags), n):
+            self.call("logging tags", "log_batch", run_id, tags=tags[i : i + n])
+        n = _METRICS_PER_CALL
+        for i in range(0, len(metrics), n):
+            self.call("logging metrics", "log_batch", run_id, metrics=metrics[i : i + n])
         for path, folder in record.files:
             self.call(f"uploading {path.name}", "log_artifact", run_id, str(path), folder or None)
         if record.links:
