@@ -192,6 +192,8 @@ def test_a_run_that_does_not_fit_is_logged_with_its_verdict(
     assert run.data.tags["jaxaot.status"] == "does_not_fit"
     assert run.data.tags["jaxaot.error"] == manifest["error"]
     assert run.data.tags["jaxaot.topology"] == "v5e:2x2"
+    assert run.data.tags["jaxaot.backend"] == manifest["backend"]["platform"] == "tpu"
+    assert run.data.tags["jaxaot.libtpu"] == manifest["backend"]["libtpu"]
     assert run.data.metrics["compile.fits"] == 0.0
     assert run.data.metrics["compile.headroom_bytes"] == metrics["headroom_bytes"] < 0
     assert run.data.metrics["compile.hbm_bytes_needed"] == metrics["hbm_bytes_needed"]

@@ -152,7 +152,7 @@ def run_tags(manifest: Mapping[str, Any] | None, status: str, error: str | None)
         "jaxaot.topology": backend.get("topology") or (config.get("compile") or {}).get("topology"),
         "jaxaot.jax": versions.get("jax") or backend.get("jax"),
         "jaxaot.jaxlib": versions.get("jaxlib") or backend.get("jaxlib"),
-        "jaxaot.libtpu": versions.get("libtpu"),
+        "jaxaot.libtpu": versions.get("libtpu") or backend.get("libtpu"),  # a TPU topology's
         "jaxaot.compile_key": compile_entry.get("key"),
         "jaxaot.status": status,
         "jaxaot.error": error,
