@@ -173,7 +173,7 @@ def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
     assert "\ncompile " in proc.stdout and "\nexecute " in proc.stdout
     assert proc.stdout.startswith("jaxaot: JAX's four AOT stages")
     usage = proc.stdout.split("== Usage ==\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [u.split()[0] for u in usage] == ["jaxaot"] * 8
+    assert [u.split()[0] for u in usage] == ["jaxaot"] * 9
     assert any(u.startswith("jaxaot -v ") for u in usage)
     commands = proc.stdout.split("== Commands", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     assert [" ".join(c.split()[:2]) for c in commands] == [

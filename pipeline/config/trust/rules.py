@@ -131,9 +131,10 @@ BUILTIN_RULES: tuple[Rule, ...] = tuple(
     + _rules("hydra_plugins", True, "installed Hydra plugins (sweepers, launchers)", HYDRA)
     + _rules("hydra.conf jaxaot.conf", True, "Hydra's and jaxaot's shipped configs", HYDRA)
     + _rules(
-        "jaxaot.sweeps.callbacks.SweepCallback jaxaot.sweeps.snapshot_check.SnapshotSweepCheck",
+        "jaxaot.sweeps.callbacks.SweepCallback jaxaot.sweeps.snapshot_check.SnapshotSweepCheck "
+        "jaxaot.sweeps.tracking.MlflowTracking",
         True,
-        "jaxaot's Hydra callbacks (conf/config.yaml)",
+        "jaxaot's Hydra callbacks (conf/config.yaml, conf/tracking/)",
         HYDRA,
     )
     # Logging configs: the handlers and formatters Hydra's own job_logging uses.
