@@ -9,6 +9,8 @@ import pytest
 from jaxaot.api import conf_dir
 from jaxaot.config.argspec import bind
 from jaxaot.config.order import STAGES
+from jaxaot.config.trust import make_policy
+from jaxaot.stages.stage_out import resolve_target
 
 PROGRAMS = sorted(p.stem for p in (conf_dir() / "program").glob("*.yaml"))
 # The model programs run through all four stages in tests/test_shipped_models.py, from their
@@ -37,9 +39,10 @@ def test_a_collectives_program_brings_its_axis_env_and_an_override_wins() -> Non
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_every_program_config_composes_and_validates(name: str) -> None:
+def test_every_program_config_composes_validates_and_passes_the_default_policy(name: str) -> None:
     typed = jaxaot.validate(jaxaot.compose([f"program={name}"]))
     assert typed.program.name == name
+    assert callable(resolve_target(typed.program.target, policy=make_policy()))
     bound = bind(
         typed.program.args,
         typed.program.kwargs,
