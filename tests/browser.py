@@ -1,6 +1,7 @@
 """Headless Chromium through Playwright, for the tests of the HTML report and its screenshots.
 
-Debian's ``chromium`` (``make chromium``) is driven by Playwright's own client (the
+Chromium on PATH (Debian's ``chromium``, as ``make chromium`` installs it, or Ubuntu's
+``chromium-browser``) is driven by Playwright's own client (the
 ``testing`` extra); a test module asks for the ``browser`` fixture (one browser for the
 module) and is skipped, naming what is missing, where either is absent. A page is opened
 with :func:`open_page`, which records every console message and uncaught error.
@@ -18,15 +19,21 @@ import pytest
 from conftest import extra_reason
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
+CHROMIUM_NAMES = ("chromium", "chromium-browser")  # as the Makefile's chromium target
 CHROMIUM_MISSING = (
-    "needs Chromium on PATH (chromium: make chromium, or apt-get install chromium) "
-    "for Playwright to drive"
+    "needs Chromium on PATH (chromium or chromium-browser: make chromium, or apt-get install "
+    "chromium) for Playwright to drive"
 )
+
+
+def chromium_path() -> str | None:
+    """The Chromium on PATH, by the first of :data:`CHROMIUM_NAMES` found."""
+    return next((exe for name in CHROMIUM_NAMES if (exe := shutil.which(name))), None)
 
 
 def launch(playwright: Any) -> Any:
     """Chromium, headless, as the tests and the screenshot script run it."""
-    exe = shutil.which("chromium")
+    exe = chromium_path()
     if exe is None:
         raise FileNotFoundError(CHROMIUM_MISSING)
     return playwright.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
@@ -36,7 +43,7 @@ def launch(playwright: Any) -> Any:
 def browser() -> Iterator[Any]:
     """One headless Chromium for the test module; skipped, naming what is missing."""
     sync_api = pytest.importorskip("playwright.sync_api", reason=extra_reason("testing"))
-    if shutil.which("chromium") is None:
+    if chromium_path() is None:
         pytest.skip(CHROMIUM_MISSING)
     with sync_api.sync_playwright() as p:
         chromium = launch(p)
@@ -73,4 +80,13 @@ def open_page(browser: Any, path: Path, *, width: int = 1400, height: int = 900)
     return opened
 
 
-__all__ = ["CHROMIUM_ARGS", "CHROMIUM_MISSING", "Opened", "browser", "launch", "open_page"]
+__all__ = [
+    "CHROMIUM_ARGS",
+    "CHROMIUM_MISSING",
+    "CHROMIUM_NAMES",
+    "Opened",
+    "browser",
+    "chromium_path",
+    "launch",
+    "open_page",
+]

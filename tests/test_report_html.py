@@ -15,6 +15,7 @@ import jaxaot
 import pytest
 from browser import Opened, browser, open_page
 from jaxaot.cli.report_cmd import main as report_main
+from jaxaot.snapshots.hlo_graph import graph_of_run
 from jaxaot.sweeps import report
 from jaxaot.sweeps.html_page import markdown_block
 from jaxaot.sweeps.html_report import HTML_NAME, write_sweep_html
@@ -182,6 +183,43 @@ def test_a_click_sorts_the_jobs_by_a_column(browser: Any, sweep_page: Path) -> N
     assert head.get_attribute("aria-sort") is None
     page.locator("#jobs thead th").nth(0).press("Enter")  # by keyboard too
     assert _column(opened, "jobs", 0) == ["0", "1", "2", "3"]
+    # job 2 failed in compile: no execute stage, no memory figures; last either way
+    execute = page.locator("#jobs thead th").nth(_head_index(opened, "jobs", "execute"))
+    for _ in range(2):
+        execute.click()
+        assert _column(opened, "jobs", 0)[-1] == "2"
+    bar = page.locator("#memory thead th").nth(2)  # argument + output + temp + code, as bars
+    bar.click()
+    assert _column(opened, "memory", 0) == ["0", "1", "3", "2"]
+    bar.click()
+    assert _column(opened, "memory", 0) == ["3", "1", "0", "2"]
+    assert opened.problems == []
+
+
+@pytest.mark.slow  # Chromium: a process
+@pytest.mark.extra("sweep")  # matplotlib's plots
+def test_long_tables_keep_their_heads_and_wide_plots_scroll(browser: Any, sweep_page: Path) -> None:
+    opened = open_page(browser, sweep_page, width=480, height=400)
+    page = opened.page
+    box = page.evaluate(
+        """() => {
+        const body = document.querySelector('#jobs tbody');
+        for (let i = 0; i < 80; i++) body.appendChild(body.rows[0].cloneNode(true));
+        const scroll = document.querySelector('#jobs').closest('.scroll');
+        scroll.scrollIntoView();
+        scroll.scrollTop = 600;
+        const head = document.querySelector('#jobs thead th').getBoundingClientRect();
+        return {top: scroll.getBoundingClientRect().top, head: head.top, at: scroll.scrollTop};
+        }"""
+    )
+    assert box["at"] == 600 and abs(box["head"] - box["top"]) < 1.5  # the head stays on top
+    img = page.eval_on_selector(
+        "figure img",
+        "i => ({w: i.width, natural: i.naturalWidth, shown: i.closest('figure').clientWidth,"
+        " whole: i.closest('figure').scrollWidth})",
+    )
+    # a plot wider than the window keeps its size; its figure scrolls sideways
+    assert img["w"] == img["natural"] > img["shown"] and img["whole"] > img["shown"]
     assert opened.problems == []
 
 
@@ -210,9 +248,9 @@ def test_the_run_page_shows_stages_memory_graph_and_every_artifact(
     artifacts = {a for s in manifest["stages"].values() for a in s["artifacts"]}
     hrefs = set(_links(opened))
     assert len(artifacts) > 10
-    assert (
-        artifacts | {"manifest.json", "graph/optimized.hlo.svg", "graph/optimized.hlo.dot"} <= hrefs
-    )
+    # the run drew no graph (snapshot.graph off): the page's is in graph/report/
+    drawn = {"graph/report/optimized.hlo.svg", "graph/report/optimized.hlo.dot"}
+    assert artifacts | {"manifest.json"} | drawn <= hrefs
     assert all((real_run / h).is_file() for h in hrefs)
 
 
@@ -226,7 +264,7 @@ def test_a_run_page_without_graphviz_says_so(
     assert report_main(["--html", str(run_dir)]) == 0
     text = (run_dir / HTML_NAME).read_text()
     assert "Graphviz &#x27;dot&#x27; is not on PATH" in text
-    assert 'href="graph/optimized.hlo.dot"' in text and "hlo-graph" not in text
+    assert 'href="graph/report/optimized.hlo.dot"' in text and "hlo-graph" not in text
     assert report_main(["--html", "--no-graph", str(tmp_path / "copy")]) == 0
 
 
@@ -342,7 +380,9 @@ def test_a_topology_search_shows_its_verdicts_and_best_trial(tmp_path: Path) -> 
     assert "<td>no</td>" in rows[1][1] and "<td>yes</td>" in rows[0][1]
     job = (root / "1" / HTML_NAME).read_text()
     assert "verdict: does not fit v5e:2x2" in job
-    assert "does not fit: HBM needed 20.0 GiB of 16.0 GiB (headroom -4.0 GiB)" in job
+    # the figures as the sweep's row and the verdict print them (16.00 GiB: the verdict's limit)
+    assert '<td class="num" data-sort="17179869184">16.00 GiB</td>' in rows[1][1]
+    assert "does not fit: HBM needed 20.0 GiB of 16.00 GiB (headroom -4.0 GiB)" in job
     assert "No HLO to draw: the run stopped before lower." in job
 
 
@@ -357,3 +397,247 @@ def test_an_hlo_text_that_cannot_be_drawn_is_said_on_the_page(tmp_path: Path) ->
         'No graph: <a href="compile/optimized.hlo.txt">compile/optimized.hlo.txt</a> could not '
         "be drawn (no HLO computations in the text)." in text
     )
+
+
+def _copy_run(real_run: Path, tmp_path: Path, **snapshot: Any) -> Path:
+    """A copy of the real run without graph/, its config's snapshot section set as given."""
+    if shutil.which("dot") is None:
+        pytest.skip("needs Graphviz's dot on PATH (make graphviz)")
+    run_dir = tmp_path / "copy"
+    shutil.copytree(real_run, run_dir)
+    shutil.rmtree(run_dir / "graph")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["config"]["snapshot"].update(snapshot)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return run_dir
+
+
+def _graph_files(run_dir: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted((run_dir / "graph").rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_graph_the_run_recorded_is_shown_as_it_is(real_run: Path, tmp_path: Path) -> None:
+    run_dir = _copy_run(real_run, tmp_path, graph=True, graph_format="png", graph_max_nodes=5)
+    record = graph_of_run(run_dir, image_format="png", max_nodes=5)  # as snapshot.graph draws
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["snapshot"] = {"graph": record}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, default=str))
+    before = _graph_files(run_dir)
+    assert set(before) == {"graph/optimized.hlo.dot", "graph/optimized.hlo.png"}
+    assert record["note"].startswith("showing the first 5 of ")
+    for _ in range(2):  # again: the same page
+        assert report_main(["--html", str(run_dir)]) == 0
+        text = (run_dir / HTML_NAME).read_text()
+        assert _graph_files(run_dir) == before  # nothing redrawn, nothing added
+        assert 'src="data:image/png;base64,' in text
+        assert f'<span class="note" id="graph-note">({record["note"]})</span>' in text
+
+
+def test_a_graph_drawn_for_the_page_follows_the_run_and_keeps_its_note(
+    real_run: Path, tmp_path: Path
+) -> None:
+    run_dir = _copy_run(real_run, tmp_path, graph_max_nodes=5)
+    notes = []
+    for _ in range(2):
+        assert report_main(["--html", str(run_dir)]) == 0
+        text = (run_dir / HTML_NAME).read_text()
+        notes.append(re.findall(r'id="graph-note">\((showing the first 5 of \d+ [^)]*)\)', text))
+        assert 'href="graph/report/optimized.hlo.svg"' in text
+    assert notes[0] == notes[1] and len(notes[0]) == 1  # the run's graph_max_nodes, both times
+    assert set(_graph_files(run_dir)) == {
+        "graph/report/optimized.hlo.dot",
+        "graph/report/optimized.hlo.svg",
+    }
+    graph_of_run(run_dir, max_nodes=7)  # jaxaot-graph's, into graph/: shown with its note
+    assert report_main(["--html", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    assert 'href="graph/optimized.hlo.svg"' in text and "(showing the first 7 of " in text
+
+
+@pytest.mark.parametrize("html", [False, True])
+def test_a_folder_that_is_no_sweep_nor_run_is_refused(
+    html: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _sweep(tmp_path / "sweep")
+    (root / "2" / "manifest.json").unlink()  # a job that stopped before its run
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "snapshot.json").write_text("{}")
+    flag = ["--html"] if html else []
+    markers = "multirun.yaml or .jaxaot/sweep.json"
+    expected = (
+        f"a run directory (manifest.json) or a sweep folder ({markers})"
+        if html
+        else f"a sweep folder (hydra.sweep.dir, holding {markers})"
+    )
+    fix = "name a run's or a sweep's folder" if html else "name the folder the sweep ran in"
+    cases = {
+        tmp_path / "empty": "an empty folder",
+        tmp_path / "golden": "a snapshot folder (snapshot.json)",
+        root / "2": "a sweep job's job.json and no manifest.json (the job stopped before its run)",
+    }
+    if not html:
+        cases[root / "1"] = "a run's manifest.json (jaxaot-report --html DIR writes a run's page)"
+    for folder, found in cases.items():
+        assert report_main([*flag, "--no-plots", str(folder)]) == 2
+        assert capsys.readouterr().err == (
+            f"jaxaot-report: error: {folder}: expected {expected}, found {found}; {fix}\n"
+        )
+        assert not {report.CSV_NAME, report.MD_NAME, HTML_NAME} & {p.name for p in folder.iterdir()}
+    # a sweep that has only started (Hydra's multirun.yaml): its report, as before
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "multirun.yaml").write_text("hydra: {}\n")
+    assert report_main([*flag, "--no-plots", str(tmp_path / "started")]) == 0
+    assert capsys.readouterr().out.startswith("0 jobs, 0 failed: ")
+
+
+def _breakdown(**changes: Any) -> dict[str, Any]:
+    """A compile/memory_breakdown.json (format 1) of two buffers, with ``changes``."""
+    top = [
+        {
+            "shape": "f32[64,64]",
+            "path": "args[0]",
+            "kind": "argument",
+            "bytes": 16384,
+            "live": [0, 3],
+        },
+        {"shape": "f32[64]", "instruction": "add.1", "kind": "temp", "bytes": 256, "live": [1, 2]},
+    ]
+    data = {
+        "format": 1,
+        "source": "buffer_assignment_proto",
+        "peak_bytes": 16640,
+        "live_peak_bytes": 16640,
+        "top": top,
+        "peak_groups": {"arguments": {"args[0]": 16384}, "temporaries": 256, "outputs": 0},
+        "groups": {"arguments": {"args[0]": 16384}, "temporaries": 256},
+    }
+    return {**data, **changes}
+
+
+MALFORMED: dict[str, tuple[str, Any]] = {
+    "bd_live_int": ("breakdown", _breakdown(top=[{"bytes": 4, "live": 5}])),
+    "bd_groups_list": ("breakdown", _breakdown(peak_groups=[1])),
+    "bd_args_list": ("breakdown", _breakdown(peak_groups={"arguments": [1, 2]})),
+    "bd_bytes_str": ("breakdown", _breakdown(top=[{"bytes": "big", "live": ["a"]}])),
+    "bd_top_str": ("breakdown", _breakdown(top="x")),
+    "bd_format_2": ("breakdown", _breakdown(format=2)),
+    "bd_list": ("breakdown", [1]),
+    "m_versions_list": ("manifest", {"versions": ["jax"]}),
+    "m_backend_str": ("manifest", {"backend": "cpu"}),
+    "m_stages_list": ("manifest", {"stages": ["x"]}),
+    "m_config_str": ("manifest", {"config": "x"}),
+    "m_snapshot_str": ("manifest", {"snapshot": {"graph": "x"}, "started": "noon"}),
+    "m_metrics_str": ("manifest", {"stages": {"execute": {"metrics": {"median_s": "fast"}}}}),
+    "m_warnings_str": ("manifest", {"warnings": "one warning"}),
+}
+
+
+def test_malformed_files_of_a_job_are_left_out_of_its_page(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep")
+    for num, (name, (which, value)) in enumerate(MALFORMED.items(), start=4):
+        shutil.copytree(root / "0", root / str(num))
+        d = root / str(num)
+        write_job_record(d, {"num": num, "overrides": [f"case={name}"], "status": "ok", "code": 0})
+        if which == "breakdown":
+            (d / "compile").mkdir()
+            (d / "compile" / "memory_breakdown.json").write_text(json.dumps(value))
+        else:
+            manifest = json.loads((d / "manifest.json").read_text())
+            (d / "manifest.json").write_text(json.dumps({**manifest, **value}))
+    table = report.write_report(root, plots=False)
+    text = write_sweep_html(table, plots=False, draw_graph=False).read_text()
+    assert "(no page:" not in text
+    for num, name in enumerate(MALFORMED, start=4):
+        assert f'<a href="{num}/{HTML_NAME}">{num}</a>' in text, name
+        assert (root / str(num) / HTML_NAME).is_file(), name
+    first = 4 + list(MALFORMED).index("bd_format_2")
+    assert (
+        "compile/memory_breakdown.json has format 2, this jaxaot reads format 1: the peak&#x27;s "
+        "makeup is not shown" in (root / str(first) / HTML_NAME).read_text()
+    )
+    warned = (root / str(4 + list(MALFORMED).index("m_warnings_str")) / HTML_NAME).read_text()
+    assert "<li>one warning</li>" in warned
+
+
+def test_a_job_whose_page_fails_is_a_note_in_its_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxaot.sweeps import html_report
+
+    real = html_report.run_page
+
+    def page(folder: Path, **kw: Any) -> str:
+        if folder.name == "1":
+            raise ValueError("bad figure\nsecond line")
+        return real(folder, **kw)
+
+    monkeypatch.setattr(html_report, "run_page", page)
+    root = _sweep(tmp_path / "sweep")
+    table = report.write_report(root, plots=False)
+    text = write_sweep_html(table, plots=False, draw_graph=False).read_text()
+    assert '<span class="note">(no page: ValueError: bad figure)</span>' in text
+    assert not (root / "1" / HTML_NAME).exists() and (root / "3" / HTML_NAME).is_file()
+    assert f'href="1/{HTML_NAME}"' not in text
+
+
+def test_the_run_page_says_what_it_cannot_read(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep")
+    run_dir = root / "0"
+    (run_dir / "compile").mkdir()
+    breakdown = _breakdown(peak_bytes=None)  # XLA gave no peak (a deviceless compile)
+    (run_dir / "compile" / "memory_breakdown.json").write_text(json.dumps(breakdown))
+    assert report_main(["--html", "--no-graph", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    assert (
+        '<p id="peak">XLA gives no peak figure; live at the peak (device memory, by what it '
+        "holds): <strong>16.2 KiB</strong>;" in text
+    )
+    (run_dir / "manifest.json").write_text('{"format_version": 1, "status": "o')  # cut short
+    assert report_main(["--html", "--no-graph", str(run_dir)]) == 1
+    text = (run_dir / HTML_NAME).read_text()
+    assert (
+        '<p class="error" id="manifest-error">manifest.json is not valid JSON (Unterminated '
+        "string starting at: line 1 column 33 (char 32)): the run&#x27;s record is unreadable</p>"
+    ) in text
+
+
+def test_a_job_page_links_to_its_sweep_and_a_sweep_page_says_when_jobs_are_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _sweep(tmp_path / "sweep")
+    assert report_main(["--html", "--no-graph", str(root / "1")]) == 0
+    assert '<a href="..">← the sweep</a>' in (root / "1" / HTML_NAME).read_text()
+    SweepPlan(total=6, varying=("program.args.1",)).write(root)  # 2 jobs not begun yet
+    assert report_main(["--html", "--no-plots", "--no-graph", str(root)]) == 1
+    text = (root / HTML_NAME).read_text()
+    assert re.search(
+        r'<p class="note" id="written"><strong>4 of 6 jobs finished</strong> when this page was '
+        r"written \(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)",
+        text,
+    )
+    assert report_main(["--html", "--no-graph", str(root / "1")]) == 0
+    assert f'<a href="../{HTML_NAME}">← the sweep</a>' in (root / "1" / HTML_NAME).read_text()
+    SweepPlan(total=4, varying=("program.args.1",)).write(root)
+    write_sweep_html(report.collect(root), plots=False, draw_graph=False)
+    assert re.search(r'id="written">Written \d{4}-[^<]* UTC\.</p>', (root / HTML_NAME).read_text())
+
+
+def test_browser_finds_chromium_by_either_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import browser as browser_module
+
+    exe = tmp_path / "chromium-browser"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert browser_module.chromium_path() == str(exe)
+    exe.rename(tmp_path / "chromium")
+    assert browser_module.chromium_path() == str(tmp_path / "chromium")
+    exe.with_name("chromium").unlink()
+    assert browser_module.chromium_path() is None

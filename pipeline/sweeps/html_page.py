@@ -23,14 +23,17 @@ from jaxaot.util.humanize import human_bytes
 
 # Click a column head of a table.sortable: its rows by that column, ascending, then descending.
 # A cell's data-sort (a raw number) is its key, else its text; numbers compare as numbers,
-# text in natural order (f32[64,256] before f32[1024,256]); empty cells stay last.
+# text in natural order (f32[64,256] before f32[1024,256]); empty cells (no key, or "-") stay
+# last in either direction.
 SCRIPT = """
 (function () {
   function key(row, col) {
     var cell = row.cells[col];
     if (!cell) return "";
     var raw = cell.getAttribute("data-sort");
-    return raw !== null ? raw : cell.textContent.trim();
+    if (raw !== null) return raw;
+    var text = cell.textContent.trim();
+    return text === "-" ? "" : text;
   }
   function numeric(text) {
     return text !== "" && isFinite(Number(text));
@@ -76,10 +79,10 @@ h1 { font-size: 1.5em; margin: 0.2em 0 0.4em; }
 h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 0.2em; border-bottom: 1px solid #d0d7de; }
 code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 pre { background: #f6f8fa; padding: 0.6em 0.8em; overflow-x: auto; border-radius: 4px; }
-.scroll { overflow-x: auto; }
+.scroll { overflow: auto; max-height: 85vh; }
 table { border-collapse: collapse; margin: 0.4em 0; }
 th, td { border: 1px solid #d0d7de; padding: 3px 7px; text-align: left; vertical-align: top; }
-th { background: #f6f8fa; white-space: nowrap; position: sticky; top: 0; }
+th { background: #f6f8fa; white-space: nowrap; position: sticky; top: 0; z-index: 1; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 #jobs td { white-space: nowrap; }
 #jobs td.wrap { white-space: normal; min-width: 24em; }
@@ -104,8 +107,9 @@ tr.does_not_fit td { background: #fff8e6; }
 .bar span { display: block; height: 100%; }
 .legend span { display: inline-block; margin-right: 1em; }
 .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: -1px; }
-figure { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; }
-figure img { max-width: 100%; border: 1px solid #d0d7de; }
+figure { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; max-width: 100%;
+  overflow-x: auto; }
+figure img { border: 1px solid #d0d7de; }
 figcaption { font-size: 12px; color: #59636e; }
 .graph img { max-width: 100%; height: auto; border: 1px solid #d0d7de; background: #fff; }
 details { margin: 0.2em 0; }
@@ -215,7 +219,8 @@ class Cell:
         attrs = f' class="{classes}"' if classes else ""
         if self.clip:
             attrs += f' title="{esc(self.text)}"'
-        if self.sort is not None or self.numeric:  # a figure missing ("-", "n/a") sorts last
+        missing = self.html is None and str(self.text) in ("", "-")
+        if self.sort is not None or self.numeric or missing:  # no figure ("-", "n/a"): last
             attrs += f' data-sort="{esc("" if self.sort is None else self.sort)}"'
         inner = self.html if self.html is not None else esc(self.text)
         return f"<td{attrs}>{inner}</td>"

@@ -11,6 +11,8 @@ the pages are the same whichever launcher ran the jobs.
 
 from __future__ import annotations
 
+import datetime
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,15 @@ from jaxaot.sweeps.html_page import (
     stacked_bar,
     table,
 )
-from jaxaot.sweeps.html_run import HTML_NAME, files_section, run_files, run_page
-from jaxaot.sweeps.progress import short_names
+from jaxaot.sweeps.html_run import (
+    HTML_NAME,
+    files_section,
+    read_manifest,
+    run_files,
+    run_page,
+    sweep_of,
+)
+from jaxaot.sweeps.progress import SweepPlan, short_names
 from jaxaot.sweeps.report import (
     PLOTS_DIR,
     SweepTable,
@@ -65,6 +74,27 @@ _MEMORY = (
 
 def _number(value: Any) -> float | int | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _sort(value: Any) -> float | int | str:
+    """A cell's sort key: its number, else "" (no figure: last, whichever the direction)."""
+    n = _number(value)
+    return "" if n is None else n
+
+
+def _written(table_: SweepTable) -> str:
+    """When the page was written, and how many jobs had finished when the sweep is not done."""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    total = SweepPlan.read(table_.sweep_dir).total
+    finished = sum(1 for r in table_.rows if r["status"] != "incomplete")
+    planned = total if total is not None else len(table_.rows)
+    if finished >= planned and finished == len(table_.rows):
+        return f'<p class="note" id="written">Written {esc(when)}.</p>'
+    return (
+        f'<p class="note" id="written"><strong>{finished} of {esc(planned)} jobs finished'
+        f"</strong> when this page was written ({esc(when)}): the sweep was still running, "
+        "or stopped; <code>jaxaot-report --html</code> again writes it anew.</p>"
+    )
 
 
 def _status_cell(r: dict[str, Any]) -> Cell:
@@ -123,7 +153,7 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[Cell]:
     ]
 
 
-def _jobs_table(table_: SweepTable, pages: dict[str, str]) -> str:
+def _jobs_table(table_: SweepTable, pages: dict[str, str], unwritten: dict[str, str]) -> str:
     names = short_names(table_.varying)
     topology, slurm, profiled = table_.topology, table_.slurm, table_.profiled
     effort, host, peaks = table_.effort, table_.host, table_.peaks
@@ -158,7 +188,7 @@ def _jobs_table(table_: SweepTable, pages: dict[str, str]) -> str:
             *(Cell(str(r.get(k, ""))) for k in table_.varying),
             *(Cell(r.get(c) or "-") for c in effort),
             _status_cell(r),
-            *(Cell(stage_cell(r, s), sort=_number(r.get(f"{s}.seconds"))) for s in STAGES),
+            *(Cell(stage_cell(r, s), sort=_sort(r.get(f"{s}.seconds"))) for s in STAGES),
             *(
                 Cell(metric_cell(r, col, fmt), sort=_number(r.get(col)), numeric=True)
                 for _, col, fmt in _FIGURES
@@ -171,7 +201,15 @@ def _jobs_table(table_: SweepTable, pages: dict[str, str]) -> str:
             ),
             *([Cell(profile_cell(r))] if profiled else []),
             *([Cell(slurm_cell(r))] if slurm else []),
-            Cell(html=f'<span class="error">{esc(r.get("error") or "")}</span>', wrap=True),
+            Cell(
+                html=f'<span class="error">{esc(r.get("error") or "")}</span>'
+                + (
+                    f' <span class="note">(no page: {esc(unwritten[r["dir"]])})</span>'
+                    if r["dir"] in unwritten
+                    else ""
+                ),
+                wrap=True,
+            ),
             Cell(html=link(r["dir"] + "/", r["dir"])),
         ]
         rows.append((str(r["status"]), cells))
@@ -195,8 +233,8 @@ def _memory_section(table_: SweepTable) -> str:
                     Cell(
                         ", ".join(f"{k}={r.get(k, '')}" for k in table_.varying) or r["dir"],
                     ),
-                    Cell(html=stacked_bar(parts, scale) if total else "-", sort=total or None),
-                    Cell(human_bytes(total) if total else "-", sort=total or None, numeric=True),
+                    Cell(html=stacked_bar(parts, scale) if total else "-", sort=total or ""),
+                    Cell(human_bytes(total) if total else "-", sort=total or "", numeric=True),
                     Cell(human_bytes(peak), sort=peak, numeric=True),
                 ],
             )
@@ -252,16 +290,24 @@ def _files_section(table_: SweepTable, pages: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
-def sweep_page(table_: SweepTable, pages: dict[str, str], *, plots: bool = True) -> str:
-    """The page of a sweep; ``pages``: job dir -> its page (relative to the sweep dir)."""
+def sweep_page(
+    table_: SweepTable,
+    pages: dict[str, str],
+    *,
+    plots: bool = True,
+    unwritten: dict[str, str] | None = None,
+) -> str:
+    """The page of a sweep; ``pages``: job dir -> its page (relative to the sweep dir);
+    ``unwritten``: job dir -> why its page could not be written."""
     title = f"Sweep report: {table_.sweep_dir}"
     body = [
         f"<h1>{esc(title)}</h1>",
         f'<div id="summary">{markdown_block(summary_lines(table_))}</div>',
+        _written(table_),
     ]
     body.append('<h2 id="jobs-head">Jobs</h2>')
     body.append('<p class="note">Click a column\'s head to sort by it (again: descending).</p>')
-    body.append(_jobs_table(table_, pages))
+    body.append(_jobs_table(table_, pages, unwritten or {}))
     warned = [r for r in table_.rows if r.get("warnings")]
     if warned:
         body.append("<h2>Warnings</h2><ul>")
@@ -282,23 +328,38 @@ def write_sweep_html(table_: SweepTable, *, plots: bool = True, draw_graph: bool
     """``report.html`` in the sweep dir and in each job's folder that holds a manifest."""
     root = table_.sweep_dir
     pages: dict[str, str] = {}
+    unwritten: dict[str, str] = {}
     for r in table_.rows:
         folder = root / r["dir"]
         if not (folder / "manifest.json").is_file():
             continue
         up = "/".join([".."] * len(Path(r["dir"]).parts)) + f"/{HTML_NAME}"
-        atomic_write_text(folder / HTML_NAME, run_page(folder, up=up, draw_graph=draw_graph))
+        try:
+            page = run_page(folder, up=up, draw_graph=draw_graph)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            # One job's unreadable files: a note in its row, not a failed report.
+            unwritten[r["dir"]] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            continue
+        atomic_write_text(folder / HTML_NAME, page)
         pages[r["dir"]] = f"{Path(r['dir']).as_posix()}/{HTML_NAME}"
     out = root / HTML_NAME
-    atomic_write_text(out, sweep_page(table_, pages, plots=plots))
+    atomic_write_text(out, sweep_page(table_, pages, plots=plots, unwritten=unwritten))
     return out
 
 
-def write_run_html(run_dir: Path, *, draw_graph: bool = True) -> Path:
-    """``report.html`` in a run dir."""
-    out = Path(run_dir) / HTML_NAME
-    atomic_write_text(out, run_page(Path(run_dir), draw_graph=draw_graph))
-    return out
+def write_run_html(run_dir: Path, *, draw_graph: bool = True) -> tuple[Path, str]:
+    """``report.html`` in a run dir (a sweep job's links to the sweep's page), and the run's
+    status as the page shows it."""
+    run_dir = Path(run_dir)
+    sweep = sweep_of(run_dir)
+    up = None
+    if sweep is not None:
+        rel = Path(os.path.relpath(sweep, run_dir.resolve())).as_posix()
+        up = f"{rel}/{HTML_NAME}" if (sweep / HTML_NAME).is_file() else f"{rel}/"
+    out = run_dir / HTML_NAME
+    atomic_write_text(out, run_page(run_dir, up=up, draw_graph=draw_graph))
+    manifest, _ = read_manifest(run_dir)
+    return out, str(manifest.get("status") or "incomplete")
 
 
 __all__ = ["HTML_NAME", "sweep_page", "write_run_html", "write_sweep_html"]

@@ -3,19 +3,26 @@ ended, each stage's time and summary line, the memory breakdown at the peak, the
 as a graph, and a link to every file the run left.
 
 Read from disk only (``manifest.json``, ``compile/memory_breakdown.json``, ``.hydra/``), like
-the sweep report. The HLO graph is ``jaxaot-graph``'s (``graph/``, drawn now when missing or
-older than the HLO), shown as an image so that nothing in it can run.
+the sweep report; a field of the wrong type is left out, an unreadable file said on the page.
+The HLO graph is the one the run drew (``snapshot.graph``, recorded in its manifest) or
+``jaxaot-graph`` drew into ``graph/``; where there is none (or it is older than the HLO) it is
+drawn into ``graph/report/``, a folder no manifest records, at the run's
+``snapshot.graph_max_nodes``. It is shown as an image, so that nothing in it can run, with the
+size-limit note its DOT file carries.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from jaxaot.config.order import STAGES
+from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.rundir.metrics import OutputFigure, RunMetrics
 from jaxaot.sweeps.html_page import (
     Cell,
@@ -28,10 +35,17 @@ from jaxaot.sweeps.html_page import (
     stacked_bar,
     table,
 )
-from jaxaot.sweeps.progress import STATE_DIR, read_json
+from jaxaot.sweeps.progress import PLAN_NAME, STATE_DIR, read_json
+from jaxaot.sweeps.report import memory_pair
 from jaxaot.util.humanize import human_bytes, human_seconds
 
 HTML_NAME = "report.html"
+REPORT_GRAPH_DIR = "report"  # under graph/: the graphs this page draws, recorded by no manifest
+DEFAULT_MAX_NODES = 250  # snapshot.graph_max_nodes' default (conf/snapshot/default.yaml)
+BREAKDOWN = "compile/memory_breakdown.json"
+# What a sweep folder holds from its start: Hydra's multirun.yaml, jaxaot's sweep plan.
+SWEEP_MARKERS = ("multirun.yaml", f"{STATE_DIR}/{PLAN_NAME}")
+_DOT_NOTE = re.compile(r'^\s*note \[shape=note, [^\n]*?label="((?:[^"\\]|\\.)*)"\];$', re.M)
 MAX_FILES = 2000  # files listed per folder; the rest are counted
 _MEMORY_FIGURES = (
     ("argument", "argument_bytes"),
@@ -73,12 +87,57 @@ def files_section(folder: Path, files: list[Path], prefix: str = "") -> str:
     return f'<ul class="files">{"".join(items)}</ul>{more}'
 
 
-def _stage_details(stage: str, metrics: Mapping[str, Any]) -> str:
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (a field of the wrong type)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: Any) -> float | int | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _texts(value: Any) -> list[str]:
+    """A list of lines (a JSON list, or one string), each as text."""
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def read_manifest(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's manifest, and why it could not be read (None: read, or not there)."""
+    path = run_dir / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"{MANIFEST_NAME} could not be read ({exc.strerror or exc})"
+    except ValueError as exc:  # cut short (a full disk, a killed copy) or not JSON
+        return {}, f"{MANIFEST_NAME} is not valid JSON ({exc}): the run's record is unreadable"
+    if not isinstance(data, dict):
+        return {}, f"{MANIFEST_NAME} holds a {type(data).__name__}, not a JSON object"
+    return data, None
+
+
+def sweep_of(run_dir: Path, levels: int = 4) -> Path | None:
+    """The sweep folder ``run_dir`` is a job of (the nearest parent holding a sweep's markers)."""
+    for parent in list(Path(run_dir).resolve().parents)[:levels]:
+        if any((parent / m).is_file() for m in SWEEP_MARKERS):
+            return parent
+    return None
+
+
+def _stage_details(stage: str, metrics: Any) -> str:
     """The summary line's details of a stage (the one ``jaxaot`` prints)."""
     from jaxaot.stages import NODE_BY_NAME
 
     node = NODE_BY_NAME.get(stage)
-    return node.show.line(dict(metrics)) if node is not None and metrics else ""
+    if node is None or not isinstance(metrics, Mapping) or not metrics:
+        return ""
+    try:
+        return str(node.show.line(dict(metrics)))
+    except (TypeError, ValueError, KeyError, AttributeError):  # a figure of the wrong type
+        return "(its figures could not be read)"
 
 
 def _output_text(o: OutputFigure) -> str:
@@ -97,24 +156,28 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def _facts(manifest: Mapping[str, Any], run_dir: Path) -> str:
-    backend = manifest.get("backend") or {}
-    versions = manifest.get("versions") or {}
+    backend = _map(manifest.get("backend"))
+    versions = _map(manifest.get("versions"))
     rows: list[tuple[str, str]] = []
     if backend:
         where = f"{backend.get('platform')} x{backend.get('device_count')} ({backend.get('device_kind')})"
         if backend.get("topology"):
             where += f", topology {backend['topology']} (compile only)"
         rows.append(("backend", where))
-    started = manifest.get("started")
-    if isinstance(started, int | float):
-        stamp = datetime.datetime.fromtimestamp(started, datetime.UTC)
-        rows.append(("started", stamp.strftime("%Y-%m-%d %H:%M:%S UTC")))
-    if isinstance(manifest.get("wall_seconds"), int | float):
-        rows.append(("wall time", human_seconds(manifest["wall_seconds"])))
+    started = _number(manifest.get("started"))
+    if started is not None:
+        try:
+            stamp = datetime.datetime.fromtimestamp(started, datetime.UTC)
+            rows.append(("started", stamp.strftime("%Y-%m-%d %H:%M:%S UTC")))
+        except (OverflowError, OSError, ValueError):
+            rows.append(("started", str(started)))
+    wall = _number(manifest.get("wall_seconds"))
+    if wall is not None:
+        rows.append(("wall time", human_seconds(wall)))
     overrides = _overrides(run_dir)
     rows.append(("overrides", " ".join(overrides) if overrides else "(none)"))
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))))
-    for stage, rec in (manifest.get("stages") or {}).items():
+    for stage, rec in _map(manifest.get("stages")).items():
         if isinstance(rec, Mapping) and rec.get("key"):
             rows.append((f"{stage} key", str(rec["key"])))
     if manifest.get("resumed_from"):
@@ -126,13 +189,12 @@ def _facts(manifest: Mapping[str, Any], run_dir: Path) -> str:
 
 def _stages_table(manifest: Mapping[str, Any]) -> str:
     rows = []
-    entries = manifest.get("stages") or {}
+    entries = _map(manifest.get("stages"))
     # manifest.json's keys are sorted: the stages in run order, then any other
     order = [s for s in STAGES if s in entries] + [s for s in entries if s not in STAGES]
     for stage in order:
-        rec = entries[stage]
-        rec = rec if isinstance(rec, Mapping) else {}
-        status, seconds = str(rec.get("status")), rec.get("seconds")
+        rec = _map(entries[stage])
+        status, seconds = str(rec.get("status")), _number(rec.get("seconds"))
         rows.append(
             (
                 "",
@@ -141,10 +203,10 @@ def _stages_table(manifest: Mapping[str, Any]) -> str:
                     Cell(status),
                     Cell(
                         "-" if status == "skipped" else human_seconds(seconds),
-                        sort=seconds if isinstance(seconds, int | float) else None,
+                        sort=seconds,
                         numeric=True,
                     ),
-                    Cell(_stage_details(stage, rec.get("metrics") or {}) or rec.get("note", "")),
+                    Cell(_stage_details(stage, rec.get("metrics")) or str(rec.get("note") or "")),
                 ],
             )
         )
@@ -152,63 +214,99 @@ def _stages_table(manifest: Mapping[str, Any]) -> str:
     return table(heads, rows, table_id="stages")
 
 
+def read_breakdown(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``compile/memory_breakdown.json`` when this jaxaot reads its format, and why not."""
+    from jaxaot.stages.memory_breakdown import FORMAT
+
+    path = run_dir / BREAKDOWN
+    if not path.is_file():
+        return None, None
+    data = read_json(path)
+    if data is None:
+        return (
+            None,
+            f"{BREAKDOWN} is unreadable (not a JSON object): the peak's makeup is not shown",
+        )
+    if data.get("format") != FORMAT:
+        return None, (
+            f"{BREAKDOWN} has format {data.get('format')!r}, this jaxaot reads format {FORMAT}: "
+            "the peak's makeup is not shown"
+        )
+    return data, None
+
+
+def _peak_buffers(top: Any) -> str:
+    rows = []
+    for buf in top if isinstance(top, list) else []:
+        if not isinstance(buf, Mapping):
+            continue
+        size = _number(buf.get("bytes"))
+        live = buf.get("live")
+        steps = [x for x in live if _number(x) is not None] if isinstance(live, list) else []
+        rows.append(
+            (
+                "",
+                [
+                    Cell(str(buf.get("shape") or "")),
+                    Cell(str(buf.get("path") or buf.get("instruction") or "")),
+                    Cell(str(buf.get("kind") or "")),
+                    Cell(str(buf.get("opcode") or "")),
+                    Cell(human_bytes(size), sort=size, numeric=True),
+                    Cell(
+                        "-".join(str(x) for x in steps),
+                        sort=steps[0] if steps else None,
+                        numeric=True,
+                    ),
+                ],
+            )
+        )
+    if not rows:
+        return ""
+    heads = [
+        ("shape", ""),
+        ("what", "the program's argument path, else XLA's instruction"),
+        ("kind", ""),
+        ("op", ""),
+        ("bytes", ""),
+        ("live", "schedule steps the buffer is live"),
+    ]
+    return table(heads, rows, table_id="peak-buffers")
+
+
 def _breakdown_section(run_dir: Path, metrics: RunMetrics) -> str:
     """The peak's makeup (``compile/memory_breakdown.json``), else XLA's memory figures."""
-    breakdown = read_json(run_dir / "compile" / "memory_breakdown.json")
+    breakdown, why = read_breakdown(run_dir)
     comp = metrics.compile
-    parts: list[str] = []
+    parts: list[str] = [f'<p class="note" id="breakdown-note">{esc(why)}</p>'] if why else []
     if breakdown:
-        groups = breakdown.get("peak_groups") or breakdown.get("groups") or {}
+        groups = _map(breakdown.get("peak_groups")) or _map(breakdown.get("groups"))
         segments: list[tuple[str, float]] = [
             (f"argument {name}", float(v))
-            for name, v in (groups.get("arguments") or {}).items()
-            if isinstance(v, int | float)
+            for name, raw in _map(groups.get("arguments")).items()
+            if (v := _number(raw)) is not None
         ]
         for name in ("outputs", "temporaries", "constants", "host"):
-            if isinstance(groups.get(name), int | float) and groups[name] > 0:
-                segments.append((name, float(groups[name])))
-        live = sum(v for _, v in segments)
-        parts.append(
-            f"<p>XLA's peak: <strong>{esc(human_bytes(breakdown.get('peak_bytes')))}</strong>; "
-            f"live at the peak (device memory, by what it holds): {esc(human_bytes(live))}; "
-            "the largest buffers live then are listed below.</p>"
+            v = _number(groups.get(name))
+            if v is not None and v > 0:
+                segments.append((name, float(v)))
+        live = _number(breakdown.get("live_peak_bytes"))
+        live = live if live is not None else sum(v for _, v in segments)
+        peak = _number(breakdown.get("peak_bytes"))
+        said = (
+            f"XLA's peak: <strong>{esc(human_bytes(peak))}</strong>; live at the peak"
+            if peak is not None
+            else "XLA gives no peak figure; live at the peak"
         )
-        parts.append(stacked_bar(segments, live or 1.0, width_px=720))
+        parts.append(
+            f'<p id="peak">{said} (device memory, by what it holds): '
+            f"<strong>{esc(human_bytes(live))}</strong>; the largest buffers live then are "
+            "listed below.</p>"
+        )
+        parts.append(stacked_bar(segments, sum(v for _, v in segments) or 1.0, width_px=720))
         parts.append(legend([f"{label} {human_bytes(v)}" for label, v in segments]))
-        rows = []
-        for buf in breakdown.get("top") or []:
-            if not isinstance(buf, Mapping):
-                continue
-            live_range = buf.get("live") or []
-            rows.append(
-                (
-                    "",
-                    [
-                        Cell(buf.get("shape", "")),
-                        Cell(buf.get("path") or buf.get("instruction") or ""),
-                        Cell(buf.get("kind", "")),
-                        Cell(buf.get("opcode", "")),
-                        Cell(human_bytes(buf.get("bytes")), sort=buf.get("bytes"), numeric=True),
-                        Cell(
-                            "-".join(str(x) for x in live_range),
-                            sort=live_range[0] if live_range else None,
-                            numeric=True,
-                        ),
-                    ],
-                )
-            )
-        if rows:
-            heads = [
-                ("shape", ""),
-                ("what", "the program's argument path, else XLA's instruction"),
-                ("kind", ""),
-                ("op", ""),
-                ("bytes", ""),
-                ("live", "schedule steps the buffer is live"),
-            ]
-            parts.append(table(heads, rows, table_id="peak-buffers"))
+        parts.append(_peak_buffers(breakdown.get("top")))
     figures = [(label, getattr(comp, name)) for label, name in _MEMORY_FIGURES]
-    known = [(label, float(v)) for label, v in figures if isinstance(v, int | float)]
+    known = [(label, float(v)) for label, v in figures if _number(v) is not None]
     if known:
         total = sum(v for _, v in known)
         parts.append("<p>XLA's memory analysis (argument, output, temp and generated code):</p>")
@@ -217,20 +315,56 @@ def _breakdown_section(run_dir: Path, metrics: RunMetrics) -> str:
     verdict = comp.verdict
     if verdict.known:
         fits = "fits" if verdict.fits else "does not fit"
+        need, have = memory_pair(verdict.hbm_bytes_needed, verdict.hbm_bytes_available)
         parts.append(
-            f"<p>On {esc(verdict.topology)}: {esc(fits)}: HBM needed "
-            f"{esc(human_bytes(verdict.hbm_bytes_needed))} of "
-            f"{esc(human_bytes(verdict.hbm_bytes_available))} (headroom "
-            f"{esc(signed_bytes(verdict.headroom_bytes))}).</p>"
+            f'<p id="verdict">On {esc(verdict.topology)}: {esc(fits)}: HBM needed {esc(need)} '
+            f"of {esc(have)} (headroom {esc(signed_bytes(verdict.headroom_bytes))}).</p>"
         )
     if not parts:
         return '<p class="note">No memory figures: the run stopped before compile.</p>'
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
 
 
-def _graph_section(run_dir: Path, *, draw: bool) -> str:
+def dot_note(dot: Path) -> str:
+    """The size-limit note a DOT file of ``jaxaot-graph`` carries ("" when none, or unreadable)."""
+    try:
+        found = _DOT_NOTE.search(dot.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return re.sub(r"\\(.)", r"\1", found[1]) if found else ""
+
+
+def _drawn_graph(
+    run_dir: Path, manifest: Mapping[str, Any], rel: str, stem: str
+) -> tuple[Path, str] | None:
+    """An image of the HLO at ``rel`` that the run drew (recorded in its manifest), that
+    ``jaxaot-graph`` drew, or that this page drew earlier, with its size-limit note."""
+    from jaxaot.snapshots.hlo_graph import GRAPH_DIR
+
+    record = _map(_map(manifest.get("snapshot")).get("graph"))
+    if record.get("source") == rel:
+        for name in _map(record.get("files")):
+            safe = not Path(name).is_absolute() and ".." not in Path(name).parts
+            if safe and Path(name).suffix in (".svg", ".png") and (run_dir / name).is_file():
+                return run_dir / name, str(record.get("note") or "")
+    hlo_time = (run_dir / rel).stat().st_mtime
+    for folder in (Path(GRAPH_DIR), Path(GRAPH_DIR) / REPORT_GRAPH_DIR):
+        for suffix in (".svg", ".png"):
+            path = run_dir / folder / f"{stem}{suffix}"
+            if path.is_file() and path.stat().st_mtime >= hlo_time:
+                return path, dot_note(path.with_suffix(".dot"))
+    return None
+
+
+def _max_nodes(manifest: Mapping[str, Any]) -> int:
+    snapshot = _map(_map(manifest.get("config")).get("snapshot"))
+    n = snapshot.get("graph_max_nodes")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else DEFAULT_MAX_NODES
+
+
+def _graph_section(run_dir: Path, manifest: Mapping[str, Any], *, draw: bool) -> str:
     """The optimized (else lowered) HLO as ``jaxaot-graph`` draws it, inline as an image."""
-    from jaxaot.snapshots.hlo_graph import GRAPH_DIR, graph_of_run
+    from jaxaot.snapshots.hlo_graph import GRAPH_DIR, write_graph
 
     for rel in ("compile/optimized.hlo.txt", "lower/module.hlo.txt"):
         if (run_dir / rel).is_file():
@@ -238,38 +372,41 @@ def _graph_section(run_dir: Path, *, draw: bool) -> str:
     else:
         return '<p class="note">No HLO to draw: the run stopped before lower.</p>'
     stem = Path(rel).name.removesuffix(".txt")
-    svg, dot = run_dir / GRAPH_DIR / f"{stem}.svg", run_dir / GRAPH_DIR / f"{stem}.dot"
-    note = ""
-    fresh = svg.is_file() and svg.stat().st_mtime >= (run_dir / rel).stat().st_mtime
-    if not fresh and not draw:
+    found = _drawn_graph(run_dir, manifest, rel, stem)
+    if found is None and not draw:
         return f'<p class="note">Graph not drawn (--no-graph): {link(rel)} holds the HLO.</p>'
-    if not fresh:
+    if found is None:
+        dot = run_dir / GRAPH_DIR / REPORT_GRAPH_DIR / f"{stem}.dot"
         try:
-            drawn = graph_of_run(run_dir)
+            drawn = write_graph(
+                (run_dir / rel).read_text(), dot, image_format="svg", max_nodes=_max_nodes(manifest)
+            )
         except (OSError, ValueError) as exc:  # an unreadable or truncated HLO text
             return f'<p class="note">No graph: {link(rel)} could not be drawn ({esc(exc)}).</p>'
-        note = drawn.get("note") or ""
-        if drawn.get("render_note"):
+        if drawn.get("image") is None:
             return (
                 f'<p class="note">{esc(drawn["render_note"])}: {link(dot.relative_to(run_dir))} '
                 f"(from {link(rel)}).</p>"
             )
-    shown = svg.relative_to(run_dir)
+        found = drawn["image"], str(drawn.get("note") or "")
+    image, note = found
+    shown = image.relative_to(run_dir)
+    mime = "image/svg+xml" if image.suffix == ".svg" else "image/png"
     return (
         f"<p>From {link(rel)}; full size: {link(shown)}"
-        + (f' <span class="note">({esc(note)})</span>' if note else "")
+        + (f' <span class="note" id="graph-note">({esc(note)})</span>' if note else "")
         + f'</p>\n<p class="graph"><a href="{esc(shown.as_posix())}">'
         f'<img id="hlo-graph" alt="HLO graph of {esc(rel)}" '
-        f'src="{data_uri(svg, "image/svg+xml")}"></a></p>'
+        f'src="{data_uri(image, mime)}"></a></p>'
     )
 
 
 def run_page(run_dir: Path, *, up: str | None = None, draw_graph: bool = True) -> str:
     """The page of the run in ``run_dir``; ``up``: a relative link to the sweep's page."""
-    manifest = read_json(run_dir / "manifest.json") or {}
-    config = manifest.get("config") or {}
-    program = config.get("program") or {}
-    backend = manifest.get("backend") or {}
+    manifest, unreadable = read_manifest(run_dir)
+    config = _map(manifest.get("config"))
+    program = _map(config.get("program"))
+    backend = _map(manifest.get("backend"))
     status = str(manifest.get("status") or "incomplete")
     title = f"jaxaot · {program.get('name', '?')} ({program.get('target', '?')})"
     if backend:
@@ -282,6 +419,8 @@ def run_page(run_dir: Path, *, up: str | None = None, draw_graph: bool = True) -
     body.append(
         f'<p>Status: <span class="status {esc(status)}" id="status">{esc(status)}</span></p>'
     )
+    if unreadable:
+        body.append(f'<p class="error" id="manifest-error">{esc(unreadable)}</p>')
     if manifest.get("error"):
         label = "verdict" if status == "does_not_fit" else "error"
         body.append(f'<p class="error" id="error">{esc(label)}: {esc(manifest["error"])}</p>')
@@ -291,7 +430,7 @@ def run_page(run_dir: Path, *, up: str | None = None, draw_graph: bool = True) -
     outputs = metrics.execute.outputs
     if outputs:
         body.append("<pre>" + esc("\n".join(_output_text(o) for o in outputs)) + "</pre>")
-    warnings = [str(w) for w in manifest.get("warnings") or []]
+    warnings = _texts(manifest.get("warnings"))
     if warnings:
         body.append("<h2>Warnings</h2><ul>")
         body += [f"<li>{esc(w)}</li>" for w in warnings]
@@ -299,10 +438,23 @@ def run_page(run_dir: Path, *, up: str | None = None, draw_graph: bool = True) -
     body.append('<h2 id="memory">Memory</h2>')
     body.append(_breakdown_section(run_dir, metrics))
     body.append('<h2 id="graph">HLO graph</h2>')
-    body.append(_graph_section(run_dir, draw=draw_graph))
+    body.append(_graph_section(run_dir, manifest, draw=draw_graph))
     body.append('<h2 id="files">Files</h2>')
     body.append(files_section(run_dir, run_files(run_dir)))
     return document(title, "\n".join(body))
 
 
-__all__ = ["HTML_NAME", "MAX_FILES", "files_section", "run_files", "run_page"]
+__all__ = [
+    "BREAKDOWN",
+    "HTML_NAME",
+    "MAX_FILES",
+    "REPORT_GRAPH_DIR",
+    "SWEEP_MARKERS",
+    "dot_note",
+    "files_section",
+    "read_breakdown",
+    "read_manifest",
+    "run_files",
+    "run_page",
+    "sweep_of",
+]

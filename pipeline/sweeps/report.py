@@ -159,9 +159,10 @@ def row_of(manifest: dict[str, Any] | None) -> dict[str, Any]:
     for m in (*REPORT_METRICS, *TOPOLOGY_METRICS):
         # XLA's "unknown" sentinels (flops: -2) are no figure: never a best value to autotune.
         row[m.column] = run.figure(m)
-    comp = ((manifest or {}).get("config") or {}).get("compile") or {}
+    config = (manifest or {}).get("config")
+    comp = config.get("compile") if isinstance(config, dict) else None
     for col in EFFORT_COLUMNS:
-        row[col] = comp.get(col.split(".", 1)[1])
+        row[col] = comp.get(col.split(".", 1)[1]) if isinstance(comp, dict) else None
     return row
 
 
@@ -224,7 +225,9 @@ def collect(sweep_dir: Path | str) -> SweepTable:
                 slurm_state_source=slurm.get("source"),
                 requeued=(manifest or {}).get("requeued", 0),
             )
-        warned = [str(w) for w in (manifest or {}).get("warnings") or []]  # "stage: message"
+        warned = (manifest or {}).get("warnings") or []  # ["stage: message", ...]
+        warned = [warned] if isinstance(warned, str) else warned
+        warned = [str(w) for w in warned] if isinstance(warned, list) else []
         row.update(error=error, warnings=warned, dir=str(d.relative_to(root)))
         rows.append(row)
     rows.sort(key=lambda r: (r["job"], r["dir"]))
