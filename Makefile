@@ -64,6 +64,11 @@ run: $(RUN_STAMP)
 # process. The SLURM tests share one worker (one throw-away cluster at a time).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# pytest keeps each test module with its asserts rewritten, and Python each module it compiles,
+# in __pycache__ (git-ignored): with PYTHONDONTWRITEBYTECODE=1 every pytest worker rewrites all
+# ~120 test modules (~7 s of CPU each) and every `jaxaot` process compiles jaxaot's source again
+# (~0.4 s), at every run.
+unexport PYTHONDONTWRITEBYTECODE
 
 # Every `jaxaot` a test starts goes through one resident `jaxaot server` per worker, except the
 # tests of the process itself (tests/conftest.py's plain_process): see test-server, test-plain.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
@@ -354,7 +356,8 @@ class _Module:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 self.defs[node.name] = node
         # imports at the top and inside functions (`from conftest import run_cli` in a test)
-        for node in [*tree.body, *(n for n in ast.walk(tree) if n not in tree.body)]:
+        top = {id(n) for n in tree.body}
+        for node in [*tree.body, *(n for n in ast.walk(tree) if id(n) not in top)]:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -365,7 +368,7 @@ class _Module:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-            elif node in tree.body and isinstance(node, ast.Assign) and len(node.targets) == 1:
+            elif id(node) in top and isinstance(node, ast.Assign) and len(node.targets) == 1:
                 # `_run = run_numbered`, `_go = functools.partial(run_cli, ...)`: an alias
                 value = node.value
                 if (
@@ -447,13 +450,22 @@ def _calls_slow(module: _Module, node: ast.AST, cls: ast.ClassDef | None, seen: 
 
 
 def _is_slow(item: pytest.Item) -> bool:
-    names = set(getattr(item, "fixturenames", ()))
+    owner = getattr(item, "cls", None)
+    return _is_slow_function(
+        item.path,
+        getattr(item, "originalname", item.name),
+        owner.__name__ if owner else None,
+        frozenset(getattr(item, "fixturenames", ())),
+    )
+
+
+@functools.cache
+def _is_slow_function(path: Path, function: str, owner: str | None, names: frozenset[str]) -> bool:
+    """:func:`_is_slow` of a test function, read once for all its parametrized items."""
     if names & SLOW_FIXTURES:
         return True
-    module = _module(item.path.stem) if item.path.parent == TESTS else None
-    function = getattr(item, "originalname", item.name)
-    owner = getattr(item, "cls", None)
-    node = module.defs.get(owner.__name__ if owner else function) if module else None
+    module = _module(path.stem) if path.parent == TESTS else None
+    node = module.defs.get(owner or function) if module else None
     if module is None or node is None:
         return True  # source not found: not known to be fast
     seen: set[str] = set()
@@ -547,10 +559,23 @@ def requires_jax_reason(item: pytest.Item, needed: object) -> str | None:
 
 
 def _on_path(name: str) -> bool:
+    """Whether module ``name`` is on this venv's path, found without running any package's
+    code: ``importlib.util.find_spec("a.b")`` imports ``a`` (mlflow's ``__init__`` takes ~2 s
+    of CPU), so a dotted name's submodule is looked for in its top package's folders."""
+    head, _, rest = name.partition(".")
     try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # its parent package is missing, or is no package
+        spec = importlib.util.find_spec(head)  # a top-level name: found, not imported
+    except (ImportError, ValueError):
         return False
+    if spec is None or not rest:
+        return spec is not None
+    *folders, last = rest.split(".")
+    suffixes = importlib.machinery.all_suffixes()
+    for root in spec.submodule_search_locations or ():  # none: the top is no package
+        where = Path(root, *folders)
+        if (where / last).is_dir() or any((where / f"{last}{s}").is_file() for s in suffixes):
+            return True
+    return False
 
 
 def find_missing_extras(
@@ -629,6 +654,15 @@ class _ExtrasModule(pytest.Module):
 
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module:
     return _ExtrasModule.from_parent(parent, path=module_path)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What is alive once the tests are collected (the imported modules, Hydra's and JAX's
+    tables) lives for the session: frozen out of the collector's way, each full collection
+    scans only what the tests made."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_configure(config: pytest.Config) -> None:
