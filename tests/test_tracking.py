@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, extra_reason, read_manifest, run_cli
+from conftest import cli_env, extra_reason, missing_extra_modules, read_manifest, run_cli
 from jaxaot.errors import EXIT_DOES_NOT_FIT
 from mlflow_server import free_port, mlflow_server  # noqa: F401  (the module's fixture)
 
-pytest.importorskip("mlflow", reason=extra_reason("tracking"))
+# Known from the venv's path, not by importing mlflow (2-3 s of CPU in every worker's collection).
+if missing_extra_modules("tracking"):
+    pytest.skip(extra_reason("tracking"), allow_module_level=True)
 
 from jaxaot.sweeps.tracking import (
     PARENT_NAME,
