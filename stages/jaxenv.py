@@ -228,8 +228,8 @@ def environment() -> dict[str, Any]:
     """The manifest's record of the environment: each flag variable (its raw value, the file
     it names, the words its reader sees, the flags in effect, which backends read it), XLA's
     own parse of XLA_FLAGS, the HLO module transformations registered (brought up to date when
-    the compile key is made), and every JAX config value, with what the compile key leaves
-    out."""
+    the compile key is made), the host CPU (what XLA:CPU compiles for), and every JAX config
+    value, with what the compile key leaves out."""
     flags = flags_in_effect()
     xla = flags[XLA_FLAGS]
     config = jax_config()
@@ -239,6 +239,7 @@ def environment() -> dict[str, Any]:
         "flag_variables": {name: parsed.to_json() for name, parsed in flags.items()},
         "xla_debug_options_sha256": debug_options_sha256(),
         "hlo_transformations": xla_passes.registered(),
+        "host_cpu": host_cpu(),
         "jax_config": config,
         "jax_config_not_in_key": sorted(CONFIG_NOT_IN_KEY & set(config)),
     }
