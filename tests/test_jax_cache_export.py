@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env
+from conftest import cli_env, run_cli
 
 # One worker builds the module's runs once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("jax_cache_export")
@@ -40,6 +40,27 @@ def f(x, y):
 
 def g(x):
     return x @ TABLE.T
+"""
+
+# A registered HLO module transformation that turns every multiply into an add: XLA runs it
+# inside each compile of the process (x * 3 + 1 compiles to x + 3 + 1); JAX's key has no trace
+# of it.
+PASS_PROGRAM = """
+import jaxlib._hlo as hlo
+from jax.extend import xla as jxla
+
+
+def mul_to_add(proto):
+    module = hlo.HloModule.from_serialized_hlo_module_proto(proto)
+    text = module.to_string(hlo.HloPrintOptions.short_parsable()).replace("multiply(", "add(")
+    return hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+
+
+jxla.register_hlo_module_transformation(mul_to_add, name="mul_to_add", platforms="cpu")
+
+
+def f(x):
+    return x * 3.0 + 1.0
 """
 
 # Plain jax.jit, no jaxaot: the cache hits JAX reports for jit_f, and the output's bytes.
@@ -118,13 +139,15 @@ def _python(code: str, *args: str, env: dict[str, str], cwd: Path) -> dict[str, 
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """jaxaot runs (stop_after=compile, in this process) of b2prog.f, of f lowered for cpu and
     tpu (compiled through its export), of f with compile.dump, and of b2prog.g (a large
-    captured constant, elided in its text)."""
+    captured constant, elided in its text); and, in a process of its own, of b2pass.f compiled
+    with its HLO module transformation registered."""
     import jaxaot
 
     tmp = tmp_path_factory.mktemp("jaxcache")
     mods = tmp / "mods"
     mods.mkdir()
     (mods / "b2prog.py").write_text(PROGRAM)
+    (mods / "b2pass.py").write_text(PASS_PROGRAM)
     made = {
         "f": ["program.target=b2prog:f", "program.args=[f32[8,8],f32[8,8]]"],
         "two_platforms": [
@@ -150,6 +173,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
             assert result.run_dir == tmp / name
             out[name] = tmp / name
         sys.modules.pop("b2prog", None)
+    args = ["program.target=b2pass:f", "program.args=[f32[8]]", "stop_after=compile"]
+    proc = run_cli(
+        [*args, f"hydra.run.dir={tmp / 'with_pass'}"],
+        cwd=tmp,
+        env=_env(mods, JAXAOT_STORE_DIR=str(tmp / "store")),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["with_pass"] = tmp / "with_pass"
     yield out
 
 
@@ -257,3 +288,69 @@ def test_what_cannot_be_keyed_soundly_is_refused_in_one_line(
     assert "this process has" in flags.reason and "--xla_cpu_enable_fast_math=true" in flags.reason
     assert flags.reason.endswith("(export with the job's XLA_FLAGS)")
     assert not cache.exists()
+
+
+def _edited(runs: dict[str, Path], name: str, edit: Any) -> Path:
+    """A copy of f's run whose manifest's environment ``edit`` changed (the manifest is not
+    hashed: its artifacts are, and they stay as they were)."""
+    copy = runs["tmp"] / name
+    shutil.copytree(runs["f"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest["environment"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_what_jaxs_key_leaves_out_of_a_compile_is_refused(runs: dict[str, Path]) -> None:
+    """XLA ran a registered HLO module transformation inside the compile, or compiled for
+    another host CPU, or the manifest cannot say: JAX's key covers neither, so a plain-jit job
+    without them would load another program's executable."""
+    from jaxaot.stages import xla_inputs
+    from jaxaot.store import jax_cache
+    from jaxaot.util.host_cpu import host_cpu
+
+    # The manifest records the host CPU the compile key has.
+    recorded = json.loads((runs["f"] / "manifest.json").read_text())["environment"]
+    assert recorded["host_cpu"] == xla_inputs.host_cpu() == host_cpu()
+    passes = json.loads((runs["with_pass"] / "manifest.json").read_text())["environment"]
+    assert [p["name"] for p in passes["hlo_transformations"]] == ["mul_to_add"]
+
+    def other_cpu(env: dict[str, Any]) -> None:
+        env["host_cpu"] = dict(env["host_cpu"], model="9999", flags="fpu sse2")
+
+    runs_in: list[str | Path] = [
+        runs["with_pass"],
+        _edited(runs, "other_cpu", other_cpu),
+        _edited(runs, "no_cpu", lambda env: env.pop("host_cpu")),
+        _edited(runs, "no_passes", lambda env: env.pop("hlo_transformations")),
+        _edited(runs, "blind", lambda env: env.update(hlo_transformations_unknown="imported")),
+    ]
+    cache = runs["tmp"] / "jax-cache-unkeyed"
+    results = jax_cache.export_runs(runs_in, str(cache))
+    assert [r.state for r in results] == ["refused"] * 5, [r.line() for r in results]
+    reasons = [r.reason for r in results]
+    assert reasons[0].startswith(
+        "compiled with HLO module transformations registered for cpu (mul_to_add): "
+    ), reasons[0]
+    assert reasons[1].startswith("compiled for another host CPU (flags; model '9999', here ")
+    assert reasons[1].endswith("export on the host the jobs run on, from a run compiled there")
+    assert reasons[2].startswith("its manifest records no environment.host_cpu")
+    assert reasons[3].startswith("its manifest records no environment.hlo_transformations")
+    assert reasons[4].startswith("HLO module transformations may have run in its compile")
+    assert all("\n" not in r.line() for r in results)
+    assert not cache.exists()
+
+
+def test_a_module_with_a_python_callback_is_refused() -> None:
+    """A host callback's or custom partitioning's custom call names a Python callback of the
+    compiling process: JAX never files such an executable, and a loaded one gets none."""
+    from jaxaot.store import jax_cache
+
+    for target in ("xla_ffi_python_cpu_callback", "CustomSPMDPartitioning"):
+        text = (
+            "module @jit_f {\n  func.func public @main(%arg0: tensor<3xf32>) -> tensor<3xf32> {\n"
+            f"    %0 = stablehlo.custom_call @{target}(%arg0) : (tensor<3xf32>) -> tensor<3xf32>\n"
+            "    return %0 : tensor<3xf32>\n  }\n}\n"
+        )
+        with pytest.raises(jax_cache.Refused, match=f"its module calls {target}, a Python"):
+            jax_cache.compiled_module(text, "0" * 64)

@@ -28,7 +28,12 @@ with the run's own dump/trace options (``compile.dump``/``breakdown``), a module
 elided constants, a TPU topology or other deviceless compile (JAX keys the
 real client's platform version and topology, which a compile-only client cannot vouch for),
 a platform other than cpu (the only one this is tested on), another jaxlib, client or
-XLA_FLAGS than the compile's.
+XLA_FLAGS than the compile's. Refused too, for what changes the executable outside JAX's key
+(jaxaot's compile key has each): HLO module transformations registered for the platform during
+the compile (or ones that could not be ruled out), another host CPU than this one (XLA:CPU
+compiles for the host's CPU; export on the host the jobs run on), a manifest that records
+neither, and a module with host callbacks or custom partitioning (their Python callbacks are
+the compiling process's: JAX never files such an executable, and a loaded one gets none).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import pickletools
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +51,7 @@ from typing import Any
 from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import one_line
 from jaxaot.util.fsio import sha256_bytes
+from jaxaot.util.host_cpu import host_cpu
 
 # What a compile adds to the options PjRt records with an executable (xla/pjrt/proto/
 # compile_options.proto): CompileOptionsProto's argument_layouts (1) and
@@ -55,6 +62,11 @@ _ADDED_BUILD_OPTIONS = frozenset({2})
 PLATFORMS = ("cpu",)
 # How MLIR's printer writes a constant it elides (``dense_resource<__elided__>``).
 ELIDED = "__elided__"
+# Custom calls that hand the compile a Python callback of the compiling process: host
+# callbacks (jax.debug.print, pure_callback, io_callback: jax 0.10.2 lowers them to
+# xla_ffi[_partitioned]_python_<device>_callback, older jax to xla_python_<device>_callback)
+# and custom_partitioning's CustomSPMDPartitioning.
+PYTHON_CALLBACKS = re.compile(r'custom_call @"?(CustomSPMDPartitioning|xla_\w*python\w*callback)\b')
 CACHE_SUFFIX = "-cache"  # jax._src.lru_cache's file names
 ATIME_SUFFIX = "-atime"
 
@@ -220,6 +232,13 @@ def compiled_module(text: str, module_sha256: str) -> Any:
             "its module text elides large constants; lower again with "
             "lower.elide_constants_over=null to keep them"
         )
+    callback = PYTHON_CALLBACKS.search(text)
+    if callback:
+        raise Refused(
+            f"its module calls {callback.group(1)}, a Python callback of the compiling "
+            "process (JAX's key names none and a loaded executable gets none: JAX never files "
+            "one); not exported"
+        )
     try:
         module = compat_jax.parse_module(text)
     except Exception as exc:
@@ -338,6 +357,7 @@ def entry_for(run: Path, cache_dir: str) -> tuple[str, bytes]:
             "only"
         )
     _same_flags(manifest)
+    _same_compiler(manifest, backend["platform"])
     compiled = json.loads(_verified(run / "compile", "compiled.json", artifacts))
     lower = ((manifest.get("stages") or {}).get("lower") or {}).get("artifacts") or {}
     lower = {k.removeprefix("lower/"): v for k, v in lower.items()}
@@ -406,6 +426,54 @@ def _same_flags(manifest: dict[str, Any]) -> None:
         raise Refused(
             f"compiled with XLA_FLAGS {' '.join(then) or '(none)'}, this process has "
             f"{' '.join(now) or '(none)'} (export with the job's XLA_FLAGS)"
+        )
+
+
+def _same_compiler(manifest: dict[str, Any], platform: str) -> None:
+    """Refuse a run whose compile ran what JAX's key does not cover (jaxaot's compile key has
+    both): HLO module transformations registered for ``platform`` (XLA ran them inside the
+    compile; plain jax.jit without them would load their output), and another host CPU than
+    this one (XLA:CPU compiles for the host's CPU)."""
+    env = manifest.get("environment") or {}
+    rerun = "compile it again here (start_at=compile) to export it"
+    unknown = env.get("hlo_transformations_unknown")
+    if unknown:
+        raise Refused(
+            f"HLO module transformations may have run in its compile ({unknown}); JAX's key does "
+            "not cover them: export a run compiled without any"
+        )
+    passes = env.get("hlo_transformations")
+    if not isinstance(passes, list):
+        raise Refused(f"its manifest records no environment.hlo_transformations; {rerun}")
+    ran = [
+        str(p.get("name")) if isinstance(p, dict) else repr(p)
+        for p in passes
+        if not isinstance(p, dict) or p.get("platform") == platform
+    ]
+    if ran:
+        raise Refused(
+            f"compiled with HLO module transformations registered for {platform} "
+            f"({', '.join(ran)}): XLA ran them inside the compile and JAX's key does not cover "
+            "them, so plain jax.jit without them would load their output; export a run "
+            "compiled without them"
+        )
+    then = env.get("host_cpu")
+    if not isinstance(then, dict):
+        raise Refused(
+            "its manifest records no environment.host_cpu (XLA:CPU compiles for the host's CPU, "
+            f"which JAX's key does not cover); {rerun}"
+        )
+    now = host_cpu()
+    if then != now:
+        differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+        shown = "; ".join(
+            k if k in ("flags", "Features") else f"{k} {then.get(k)!r}, here {now.get(k)!r}"
+            for k in differ
+        )
+        raise Refused(
+            f"compiled for another host CPU ({shown}): XLA:CPU compiles for the host's CPU and "
+            "JAX's key does not cover it; export on the host the jobs run on, from a run "
+            "compiled there"
         )
 
 
