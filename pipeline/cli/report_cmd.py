@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not folder.is_dir():
         print(f"jaxaot-report: error: {folder}: not a directory", file=sys.stderr)
         return 2
-    from jaxaot.sweeps.html_run import SWEEP_MARKERS
+    from jaxaot.sweeps.html_run import SWEEP_FILES
 
     is_run = (folder / MANIFEST_NAME).is_file()
     if args.html and is_run:  # a run dir, not a sweep's
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         page, status = write_run_html(folder, draw_graph=not args.no_graph)
         print(f"run {status}: {page}")
         return 0 if status in RESULT_STATUSES else 1
-    if not any((folder / m).is_file() for m in SWEEP_MARKERS):
+    if not any((folder / m).is_file() for m in SWEEP_FILES):
         print(f"jaxaot-report: error: {_not_a_sweep(folder, is_run, args.html)}", file=sys.stderr)
         return 2
     table = write_report(folder, plots=not args.no_plots)
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _not_a_sweep(folder: Path, is_run: bool, html: bool) -> str:
     """The one line for a folder that is neither a sweep's nor (with --html) a run's."""
-    from jaxaot.sweeps.html_run import SWEEP_MARKERS
+    from jaxaot.sweeps.html_run import SWEEP_FILES
     from jaxaot.sweeps.progress import JOB_NAME
 
     if is_run:
@@ -94,7 +94,7 @@ def _not_a_sweep(folder: Path, is_run: bool, html: bool) -> str:
         found = "an empty folder"
     else:
         found = "neither"
-    markers = " or ".join(SWEEP_MARKERS)
+    markers = " or ".join(SWEEP_FILES)
     expected = (
         f"a run directory ({MANIFEST_NAME}) or a sweep folder ({markers})"
         if html

@@ -44,7 +44,7 @@ REPORT_GRAPH_DIR = "report"  # under graph/: the graphs this page draws, recorde
 DEFAULT_MAX_NODES = 250  # snapshot.graph_max_nodes' default (conf/snapshot/default.yaml)
 BREAKDOWN = "compile/memory_breakdown.json"
 # What a sweep folder holds from its start: Hydra's multirun.yaml, jaxaot's sweep plan.
-SWEEP_MARKERS = ("multirun.yaml", f"{STATE_DIR}/{PLAN_NAME}")
+SWEEP_FILES = ("multirun.yaml", f"{STATE_DIR}/{PLAN_NAME}")
 _DOT_NOTE = re.compile(r'^\s*note \[shape=note, [^\n]*?label="((?:[^"\\]|\\.)*)"\];$', re.M)
 MAX_FILES = 2000  # files listed per folder; the rest are counted
 _MEMORY_FIGURES = (
@@ -122,7 +122,7 @@ def read_manifest(run_dir: Path) -> tuple[dict[str, Any], str | None]:
 def sweep_of(run_dir: Path, levels: int = 4) -> Path | None:
     """The sweep folder ``run_dir`` is a job of (the nearest parent holding a sweep's markers)."""
     for parent in list(Path(run_dir).resolve().parents)[:levels]:
-        if any((parent / m).is_file() for m in SWEEP_MARKERS):
+        if any((parent / m).is_file() for m in SWEEP_FILES):
             return parent
     return None
 
@@ -449,7 +449,7 @@ __all__ = [
     "HTML_NAME",
     "MAX_FILES",
     "REPORT_GRAPH_DIR",
-    "SWEEP_MARKERS",
+    "SWEEP_FILES",
     "dot_note",
     "files_section",
     "read_breakdown",
