@@ -237,7 +237,10 @@ def test_a_job_on_another_device_count_misses_until_exported_for_it(
     assert exported["rc"] == 0, exported
     # JAX's key hashes the CPU client's topology: its device count.
     two = _env(mods, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    missed = _python(TARGET, str(cache), env=two, cwd=tmp)
+    # The miss compiles; on a loaded machine that can take over JAX's 1 s threshold for
+    # writing its own entry, which the export would then find present.
+    never_writes = dict(two, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1e9")
+    missed = _python(TARGET, str(cache), env=never_writes, cwd=tmp)
     assert (missed["hits"], missed["hit_events"]) == (0, 0), missed
     again = _export(cache, runs["f"], env=two, cwd=tmp)
     assert again["lines"][0].startswith("written jit_f-"), again
