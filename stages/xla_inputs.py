@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import hashlib
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import Unkeyable
 from jaxaot.stages.xla_flags import OUTPUT_ONLY_XLA_FLAGS
+from jaxaot.util.host_cpu import host_cpu
 
 
 def debug_options_sha256() -> str | None:
@@ -104,43 +103,6 @@ def keyed_env_in_effect(platform: str, snapshot: Mapping[str, str]) -> dict[str,
             "use the new value"
         )
     return keyed_env(platform, snapshot)
-
-
-_CPU_FIELDS = (
-    "vendor_id",
-    "cpu family",
-    "model",
-    "flags",
-    "CPU implementer",
-    "CPU architecture",
-    "CPU variant",
-    "CPU part",
-    "Features",
-    "isa",
-)
-
-
-@functools.cache
-def host_cpu() -> dict[str, Any]:
-    """What XLA:CPU compiles for: it targets the host's CPU (LLVM's host CPU name and features,
-    e.g. znver3 with +avx2,+fma in the executable), so an executable from another CPU can use
-    instructions this one lacks or round differently (FMA). The CPU's identity and feature list
-    from /proc/cpuinfo where there is one."""
-    import platform
-
-    info: dict[str, Any] = {"machine": platform.machine()}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            first = fh.read().split("\n\n", 1)[0]
-    except OSError:
-        return info | {"processor": platform.processor()}
-    for line in first.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name in _CPU_FIELDS:
-            words = value.split()
-            info[name] = " ".join(sorted(words) if name in ("flags", "Features") else words)
-    return info
 
 
 __all__ = [

@@ -42,6 +42,8 @@ class StageOutcome(Protocol):
 #                   {raw, file, file_sha256, words, ignored, effective, not_in_key, read_by}},
 #                   xla_debug_options_sha256, hlo_transformations}; xla_flags lists XLA_FLAGS'
 #                   flags in effect (--name=value, the last value of each).
+#     (2026-11-29, additive, still 1): environment.host_cpu: the host CPU the compile key has
+#                   (jaxaot.util.host_cpu; XLA:CPU compiles for it).
 MANIFEST_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
