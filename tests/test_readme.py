@@ -28,31 +28,37 @@ blocks are listed, with their reasons, by ``test_readme_skips_are_explicit``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SuiteServer, cli_env
+from conftest import REPO, SuiteServer, cli_env, extra_reason
 
 README = REPO / "README.md"
 COMMAND = re.compile(
     r"^(jaxaot(-[a-z]+)?|python3?|pytest|make|sudo|mkdir|chgrp|chmod|umask|export|ls|cd)(\s|$)"
 )
 MARKER = re.compile(r"^<!-- readme-test: (skip|file) (.+?) -->$")
-# Console scripts as the tests run them: from this checkout, whatever is installed.
+# Console scripts as the tests run them: from this checkout, whatever is installed; each the
+# module of pyproject.toml's [project.scripts] entry (test_readme_scripts_are_pyprojects).
 SCRIPTS = {
     "jaxaot": "jaxaot",  # the console script's path: through a running server, else in-process
     "jaxaot-store": "jaxaot.cli.store_cmd",
     "jaxaot-diff": "jaxaot.cli.diff_cmd",
     "jaxaot-graph": "jaxaot.cli.graph_cmd",
-    "jaxaot-report": "jaxaot.sweeps.report",
+    "jaxaot-report": "jaxaot.cli.report_cmd",
 }
+# The bucket the examples name: in a section that has one, they reach moto's S3 server on
+# loopback (the testing extra), where it exists, and run as written.
+BUCKET = "team-bucket"
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,10 @@ def readme_env(
         script = bin_dir / name
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
         script.chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    # `python` is this venv's: a link would not be (a venv is found beside the path started)
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     store = tmp_path_factory.mktemp("store")
     env = cli_env(
         PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", JAXAOT_STORE_DIR=str(store)
@@ -253,19 +262,49 @@ def test_readme_section_runs_verbatim(
     """Every example of one README section, in order, in one fresh directory."""
     work = tmp_path / "work"
     work.mkdir()
-    env = readme_env
+    blocks = [b for b in BLOCKS if b.section == section]
+    with contextlib.ExitStack() as stack:
+        base = readme_env
+        if any(f"s3://{BUCKET}/" in b.text for b in blocks if not b.skip):
+            base = stack.enter_context(_bucket_env(readme_env))
+        env = base
+        try:
+            for n, block in enumerate(blocks):
+                if block.skip:
+                    print(f"readme-test: skipped {block}: {block.skip}")
+                    continue
+                if block in OWN_SERVER and env is base:
+                    env = _own_server_env(base, tmp_path)
+                _run(block, work, env, n)
+        finally:
+            if env is not base:
+                stop = [sys.executable, "-m", "jaxaot", "server", "stop"]
+                subprocess.run(stop, env=env, capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def _bucket_env(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` reaching an S3 server on loopback that has :data:`BUCKET`, for its duration."""
+    pytest.importorskip("moto.server", reason=extra_reason("testing"))
+    pytest.importorskip("s3fs", reason=extra_reason("s3"))
+    from s3_server import start_s3_server
+
+    server = start_s3_server()
     try:
-        for n, block in enumerate(b for b in BLOCKS if b.section == section):
-            if block.skip:
-                print(f"readme-test: skipped {block}: {block.skip}")
-                continue
-            if block in OWN_SERVER and env is readme_env:
-                env = _own_server_env(readme_env, tmp_path)
-            _run(block, work, env, n)
+        server.client().create_bucket(Bucket=BUCKET)  # type: ignore[attr-defined]
+        yield {**env, **server.env}
     finally:
-        if env is not readme_env:
-            stop = [sys.executable, "-m", "jaxaot", "server", "stop"]
-            subprocess.run(stop, env=env, capture_output=True, timeout=120)
+        server.server.stop()  # type: ignore[attr-defined]
+
+
+def test_readme_scripts_are_pyprojects() -> None:
+    """The examples run each console script as the module pyproject.toml installs it as."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    for name, module in SCRIPTS.items():
+        if name != "jaxaot":  # the server-or-in-process entry: `python -m jaxaot` is both
+            assert scripts[name].split(":")[0] == module, name
+    assert sorted(scripts) == sorted(SCRIPTS)
 
 
 def test_readme_groups_name_sections() -> None:
