@@ -5,6 +5,7 @@ maintenance commands, and whole runs (two processes on one key, store on/off bit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import subprocess
@@ -245,14 +246,65 @@ def test_an_unreachable_bucket_is_one_warning_and_the_cache_goes_on(
     assert f"goes on with the local cache at {tmp_path / 'c'} alone" in line
 
 
-def test_a_bucket_is_trusted_only_when_the_command_line_says_so(
-    s3_env: S3Server, tmp_path: Path
+def test_a_bucket_is_trusted_only_when_the_users_side_names_it(
+    s3_env: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = open_store(s3_env.bucket(), str(tmp_path / "c"))
-    with pytest.raises(StoreError, match=r"^store at s3://\S+ is not safe .* store.trust=true"):
+    url = s3_env.bucket("team/jaxaot/store")
+    store_at(url, tmp_path / "w").put("compile", KEY, {"x": b"shared"}, compat=COMPAT)
+    bucket_name = parse_bucket_url(url).bucket
+    for env in ("", "1", f"s3://{bucket_name}/team/jax", "s3://other-bucket/team"):
+        monkeypatch.setenv("JAXAOT_TRUST_STORE", env)
+        store = open_store(url, str(tmp_path / "c"))
+        with pytest.raises(StoreError, match=rf"^store.dir={url} is not trusted: .* set "):
+            store.check_trusted()
+        assert store.get("compile", KEY, expect=COMPAT) is None  # the entry is there: not read
+    for env in (f"s3://{bucket_name}/team", f"s3://x-bucket/a, s3://{bucket_name}/team/jaxaot/"):
+        monkeypatch.setenv("JAXAOT_TRUST_STORE", env)
+        store = open_store(url, str(tmp_path / "d"))
         store.check_trusted()
-    assert store.get("compile", KEY) is None  # and nothing is read from it meanwhile
-    store_at(s3_env.bucket(), tmp_path / "d").check_trusted()
+        hit = store.get("compile", KEY, expect=COMPAT)
+        assert hit is not None and hit.read_bytes("x") == b"shared"
+    monkeypatch.delenv("JAXAOT_TRUST_STORE")
+    store_at(url, tmp_path / "e").check_trusted()  # store.trust=true (from the command line)
+
+
+def test_a_config_may_not_choose_the_bucket_that_store_trust_trusts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import jaxaot
+    from jaxaot.api import conf_dir
+
+    monkeypatch.delenv("JAXAOT_TRUST_STORE", raising=False)
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    (conf / "experiment" / "evil.yaml").write_text(
+        "# @package _global_\nstore:\n  dir: s3://attacker-bucket/store\n"
+    )
+    (conf / "experiment" / "evil_env.yaml").write_text(
+        "# @package _global_\nhydra:\n  job:\n    env_set:\n"
+        "      JAXAOT_STORE_DIR: s3://attacker-bucket/store\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^store.dir=s3://attacker-bucket/store comes from experiment/evil.yaml .* give "
+        r"store.dir=s3://attacker-bucket/store on the command line with store.trust=true, or "
+        r"set JAXAOT_TRUST_STORE=s3://attacker-bucket/store$",
+    ):
+        jaxaot.compose(["program=axpy", "experiment=evil", "store.trust=true"], config_dir=conf)
+    jaxaot.compose(["program=axpy", "experiment=evil"], config_dir=conf)  # not trusted: allowed
+    cfg = jaxaot.compose(
+        ["program=axpy", "experiment=evil", "store.trust=true", "store.dir=s3://mine-bucket/s"],
+        config_dir=conf,
+    )
+    assert cfg.store.dir == "s3://mine-bucket/s"
+    monkeypatch.setenv("JAXAOT_TRUST_STORE", "s3://attacker-bucket")
+    jaxaot.compose(["program=axpy", "experiment=evil", "store.trust=true"], config_dir=conf)
+    with pytest.raises(
+        ConfigError, match=r"^hydra.job.env_set.JAXAOT_STORE_DIR='s3://attacker-bucket/store' "
+    ):
+        jaxaot.compose(["program=axpy", "experiment=evil_env"], config_dir=conf)
 
 
 @pytest.mark.parametrize(
@@ -283,7 +335,9 @@ def test_the_cache_dir_is_checked_naming_its_key(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"^store.cache_dir=.*file: expected a folder"):
         check_store_dir("s3://team-bucket/store", cache_dir=str(tmp_path / "file"))
-    with pytest.raises(ConfigError, match=r"^store.lease_s: expected seconds > 0, found 0"):
+    with pytest.raises(
+        ConfigError, match=r"^store.lease_s: expected seconds from 1 to 600, found 0;"
+    ):
         check_store_dir("s3://team-bucket/store", lease_s=0)
 
 
@@ -340,19 +394,20 @@ def test_store_commands_on_a_bucket(
 # -- whole runs ---------------------------------------------------------------------------------
 
 
+def jaxaot_args(url: str, tmp: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "program=axpy",
+        f"store.dir={url}",
+        f"store.cache_dir={tmp / ('cache-' + name)}",
+        "store.trust=true",
+        f"hydra.run.dir={tmp / name}",
+        *extra,
+    ]
+
+
 def jaxaot_proc(s3: S3Server, url: str, tmp: Path, name: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jaxaot",
-            "program=axpy",
-            f"store.dir={url}",
-            f"store.cache_dir={tmp / ('cache-' + name)}",
-            "store.trust=true",
-            f"hydra.run.dir={tmp / name}",
-            *extra,
-        ],
+        [sys.executable, "-m", "jaxaot", *jaxaot_args(url, tmp, name, *extra)],
         cwd=tmp,
         env=cli_env(**s3.env),
         stdout=subprocess.PIPE,
@@ -361,16 +416,59 @@ def jaxaot_proc(s3: S3Server, url: str, tmp: Path, name: str, *extra: str) -> su
     )
 
 
+STOP = "stop_after=compile"
+HOLD_UNTIL_GO = textwrap.dedent(
+    """
+    import os, runpy, sys, time
+    from jaxaot.store import tiered
+
+    put = tiered.BucketStore.put
+    go = sys.argv.pop(1)
+
+    def put_when_told(self, *a, **k):  # holds its claim until the other process is waiting
+        t0 = time.monotonic()
+        while not os.path.exists(go) and time.monotonic() - t0 < 120:
+            time.sleep(0.05)
+        return put(self, *a, **k)
+
+    tiered.BucketStore.put = put_when_told
+    sys.argv = ["jaxaot", *sys.argv[1:]]
+    runpy.run_module("jaxaot", run_name="__main__")
+    """
+)
+
+
 def test_two_processes_compiling_one_key_at_once_compile_it_once(
     s3: S3Server, tmp_path: Path
 ) -> None:
+    """Process a claims the key and holds it (its put waits for a go file); process b starts
+    then, finds the claim, says it waits, and is served a's entry once a puts it."""
     url = s3.bucket()
-    procs = [jaxaot_proc(s3, url, tmp_path, n, "stop_after=compile") for n in ("a", "b")]
-    for p in procs:
+    go = tmp_path / "go"
+    a = subprocess.Popen(
+        [sys.executable, "-c", HOLD_UNTIL_GO, str(go), *jaxaot_args(url, tmp_path, "a", STOP)],
+        cwd=tmp_path,
+        env=cli_env(JAXAOT_SERVER="0", **s3.env),  # in this process, where put is wrapped
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(k.startswith("claims/") for k in objects(s3, url)):
+        assert a.poll() is None and time.monotonic() < deadline, a.communicate()[1][-3000:]
+        time.sleep(0.1)
+    b = jaxaot_proc(s3, url, tmp_path, "b", STOP)
+    log = tmp_path / "b" / "jaxaot.log"
+    while not (log.is_file() and "being computed on another machine" in log.read_text()):
+        assert b.poll() is None and time.monotonic() < deadline, "".join(b.communicate())[-3000:]
+        time.sleep(0.1)
+    go.touch()
+    for p in (a, b):
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
-    statuses = sorted(read_manifest(tmp_path / n)["stages"]["compile"]["status"] for n in "ab")
-    assert statuses == ["cached", "ran"]
+    assert "was computed on another machine (waited" in log.read_text()
+    statuses = [read_manifest(tmp_path / n)["stages"]["compile"]["status"] for n in "ab"]
+    assert statuses == ["ran", "cached"]
     exe = [(tmp_path / n / "compile" / "executable.bin").read_bytes() for n in "ab"]
     assert exe[0] == exe[1]
     names = objects(s3, url)
@@ -453,3 +551,318 @@ def test_a_bucket_gone_mid_run_costs_one_warning_and_the_run_goes_on(tmp_path: P
     said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "store bucket unusable" in ln]
     assert len(said) == 1 and "Could not connect to the endpoint URL" in said[0], said
     assert any((tmp_path / "cache" / "v1" / "compile").rglob("entry.json"))  # cached locally
+
+
+# -- bounded requests, claims, gc, faults ----------------------------------------------------------
+
+
+@pytest.fixture
+def silent_endpoint(s3_env: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An endpoint that accepts connections and never answers; fsspec's user config gives the
+    client 1 s timeouts (jaxaot's own: 3 s to connect, 10 s to read), nothing else changed."""
+    import socket
+
+    import fsspec
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setitem(
+        fsspec.config.conf, "s3", {"config_kwargs": {"connect_timeout": 1, "read_timeout": 1}}
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_silent_bucket_costs_one_timeout_and_one_warning(
+    silent_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run against a bucket that never answers: one request times out (1 s here: one
+    attempt, no s3fs or botocore retries), the bucket is marked down, and the claim, the
+    lookups, the put and the release ask it nothing more."""
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    store = store_at("s3://silent-bucket/p", tmp_path / "c")
+    assert store.bucket.fs.retries == 1
+    t0 = time.perf_counter()
+    assert store.claim("compile", KEY, blocking=True) is None
+    assert store.get("compile", KEY, expect=COMPAT) is None
+    assert store.put("compile", KEY, {"x": b"1"}, compat=COMPAT) is not None
+    assert store.get("compile", KEY2, expect=COMPAT) is None
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.5, elapsed  # one 1 s read timeout, not attempts x retries of it
+    said = store_warnings(caplog)
+    assert len(said) == 1 and "ReadTimeoutError" in said[0], said
+
+
+def test_a_claim_marked_down_neither_beats_nor_releases(s3_env: S3Server, tmp_path: Path) -> None:
+    url = s3_env.bucket()
+    store = store_at(url, tmp_path / "a", lease_s=1.0)
+    claim = store.claim("compile", KEY, blocking=True)
+    assert isinstance(claim, Claim)
+    store.bucket.down = "the bucket stopped answering"
+    version = s3_env.client().head_object(  # type: ignore[attr-defined]
+        Bucket=parse_bucket_url(url).bucket, Key=f"{parse_bucket_url(url).prefix}/{claim_key()}"
+    )["ETag"]
+    time.sleep(0.6)  # two beats' time
+    t0 = time.perf_counter()
+    claim.release()
+    assert time.perf_counter() - t0 < 0.1
+    left = s3_env.client().head_object(  # type: ignore[attr-defined]
+        Bucket=parse_bucket_url(url).bucket, Key=f"{parse_bucket_url(url).prefix}/{claim_key()}"
+    )["ETag"]
+    assert left == version  # not renewed, not deleted
+
+
+def claim_key(key: str = KEY) -> str:
+    return f"claims/compile/{key}"
+
+
+def test_a_slow_live_holder_is_not_taken_over_by_a_waiter_with_a_short_lease(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    """The waiter's lease_s (1 s) does not decide: the holder's (4 s, written in its claim,
+    renewed every 1 s) does; then a holder that stops beating is taken over after its own
+    lease, by a conditional overwrite, and its late release leaves the new claim alone."""
+    url = s3_env.bucket()
+    holder = store_at(url, tmp_path / "a", lease_s=4.0)
+    waiter = store_at(url, tmp_path / "b", lease_s=1.0)
+    claim = holder.claim("compile", KEY, blocking=True)
+    assert isinstance(claim, Claim)
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.claim("compile", KEY, True)))
+    thread.start()
+    thread.join(timeout=3.0)
+    assert thread.is_alive() and not got  # 3 s > the waiter's lease: still waiting
+    claim._stop.set()  # the holder hangs: no more heartbeats
+    thread.join(timeout=15)
+    t_taken = time.perf_counter()
+    assert len(got) == 1 and isinstance(got[0], Claim), got
+    new = got[0]
+    claim.release()  # the old holder wakes up late: its conditional delete must fail
+    assert claim_key() in objects(s3_env, url)
+    assert time.perf_counter() - t_taken < 5
+    new.release()
+    assert claim_key() not in objects(s3_env, url)
+
+
+def test_gc_never_deletes_what_a_writer_just_finished(
+    s3_env: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc lists a killed put's payload (no manifest); a writer then completes that key before
+    gc deletes: the writer's entry stays whole, with the grace floor and without it (lowered
+    to 0 here: gc still deletes only the objects it listed, after finding no manifest)."""
+    from jaxaot.store import bucket_maintenance
+    from jaxaot.store.bucket_maintenance import BucketAdmin
+
+    def race(name: str) -> tuple[str, dict[str, bytes]]:
+        url = s3_env.bucket()
+        u = parse_bucket_url(url)
+        killed = f"v1/compile/ab/{KEY}/{'0' * 64}/x"
+        s3_env.client().put_object(Bucket=u.bucket, Key=f"{u.prefix}/{killed}", Body=b"killed")  # type: ignore[attr-defined]
+        writer = store_at(url, tmp_path / name)
+        admin = BucketAdmin(writer.bucket)
+        scan = admin._scan
+
+        def scan_then_writer_finishes() -> object:
+            out = scan()
+            assert writer.put("compile", KEY, {"x": b"fresh"}, compat=COMPAT) is not None
+            return out
+
+        monkeypatch.setattr(admin, "_scan", scan_then_writer_finishes)
+        admin.gc(temp_grace_s=0)
+        hit = store_at(url, tmp_path / f"{name}-reader").get("compile", KEY, expect=COMPAT)
+        assert hit is not None and hit.read_bytes("x") == b"fresh"
+        return killed, objects(s3_env, url)
+
+    killed, left = race("floor")
+    assert killed in left  # younger than MIN_ORPHAN_GRACE_S: kept
+    monkeypatch.setattr(bucket_maintenance, "MIN_ORPHAN_GRACE_S", 0.0)
+    race("no-floor")
+    url = s3_env.bucket()  # and with no writer, the orphan is collected
+    u = parse_bucket_url(url)
+    s3_env.client().put_object(Bucket=u.bucket, Key=f"{u.prefix}/{killed}", Body=b"killed")  # type: ignore[attr-defined]
+    BucketAdmin(store_at(url, tmp_path / "alone").bucket).gc(temp_grace_s=0)
+    assert objects(s3_env, url) == {}
+
+
+def test_remove_deletes_the_manifest_then_only_the_payload_it_named(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    url = s3_env.bucket()
+    u = parse_bucket_url(url)
+    store = store_at(url, tmp_path / "a")
+    store.put("compile", KEY, {"x": b"one"}, compat=COMPAT)
+    other = f"v1/compile/ab/{KEY}/{'1' * 64}/x"  # another writer's upload under way
+    s3_env.client().put_object(Bucket=u.bucket, Key=f"{u.prefix}/{other}", Body=b"two")  # type: ignore[attr-defined]
+    store.bucket.remove("compile", KEY)
+    assert list(objects(s3_env, url)) == [other]
+
+
+def test_a_full_cache_costs_the_hit_not_the_bucket(
+    s3_env: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import builtins
+    import errno
+
+    from jaxaot.store import bucket as bucket_mod
+
+    url = s3_env.bucket()
+    store_at(url, tmp_path / "w").put("compile", KEY, {"x": b"data"}, compat=COMPAT)
+    reader = store_at(url, tmp_path / "r")
+    real_open = builtins.open
+
+    def full(path: object, mode: str = "r", *a: object, **k: object) -> object:
+        if "xb" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, mode, *a, **k)  # type: ignore[call-overload]
+
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    monkeypatch.setattr(bucket_mod, "open", full, raising=False)
+    assert reader.get("compile", KEY, expect=COMPAT) is None
+    monkeypatch.delattr(bucket_mod, "open")
+    said = store_warnings(caplog)
+    assert len(said) == 1 and "No space left on device" in said[0], said
+    assert "could not be written into the local cache" in said[0]
+    assert reader.bucket_usable  # not marked down: the next hit is served
+    hit = reader.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"data"
+
+
+class ReadOnly:
+    """A filesystem whose writes the server refuses (read-only credentials)."""
+
+    def __init__(self, fs: object) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._fs, name)
+
+    def pipe_file(self, *a: object, **k: object) -> None:
+        raise PermissionError("AccessDenied: read-only credentials")
+
+    put_file = pipe_file
+
+
+def test_read_only_credentials_stop_claims_and_puts_but_not_hits(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = s3_env.bucket()
+    store_at(url, tmp_path / "w").put("compile", KEY, {"x": b"shared"}, compat=COMPAT)
+    reader = store_at(url, tmp_path / "r")
+    reader.bucket._fs = ReadOnly(reader.bucket.fs)
+    caplog.set_level(logging.WARNING, logger="jaxaot.store")
+    assert reader.claim("compile", KEY2, blocking=True) is None
+    assert reader.put("compile", KEY2, {"y": b"mine"}, compat=COMPAT) is not None
+    hit = reader.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"shared"
+    said = store_warnings(caplog)
+    assert len(said) == 1 and "takes no writes from this process" in said[0], said
+    assert f"v1/compile/cd/{KEY2}/entry.json" not in objects(s3_env, url)
+
+
+def test_a_conditional_write_conflict_is_exists_not_down(s3_env: S3Server) -> None:
+    from botocore.exceptions import ClientError
+    from jaxaot.store.bucket import Bucket
+
+    bucket = Bucket(parse_bucket_url(s3_env.bucket()))
+    for code, status in (("ConditionalRequestConflict", 409), ("PreconditionFailed", 412)):
+        error = ClientError(
+            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+        )
+
+        def conflict(error: ClientError = error) -> None:
+            raise OSError("translated") from error
+
+        with pytest.raises(FileExistsError):
+            bucket._call("writing to", conflict, write=True, conditional=True)
+    assert bucket.down is None
+
+
+def test_a_bad_read_is_read_again_before_the_entry_is_removed(
+    s3_env: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxaot.store.bucket import Bucket
+    from jaxaot.store.entries import Refused
+
+    url = s3_env.bucket()
+    store_at(url, tmp_path / "w").put("compile", KEY, {"x": b"good"}, compat=COMPAT)
+    fetch = Bucket.fetch
+    calls: list[int] = []
+
+    def bad_once(self: Bucket, *a: object, **k: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Refused("'x' sha256 0000 does not match manifest 1111")  # a bad transfer
+        return fetch(self, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Bucket, "fetch", bad_once)
+    hit = store_at(url, tmp_path / "r").get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"good" and len(calls) == 2
+    assert f"v1/compile/ab/{KEY}/entry.json" in objects(s3_env, url)
+
+
+def test_an_object_larger_than_its_record_is_not_read_whole(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    from jaxaot.store.entries import Refused
+
+    url = s3_env.bucket()
+    u = parse_bucket_url(url)
+    store = store_at(url, tmp_path / "w")
+    store.put("compile", KEY, {"x": b"small"}, compat=COMPAT)
+    sha = hashlib.sha256(b"small").hexdigest()
+    s3_env.client().put_object(  # type: ignore[attr-defined]
+        Bucket=u.bucket, Key=f"{u.prefix}/v1/compile/ab/{KEY}/{sha}/x", Body=b"0" * (4 << 20)
+    )
+    reader = store_at(url, tmp_path / "r")
+    with pytest.raises(Refused, match=r"'x' is 6 bytes, manifest says 5"):
+        reader.bucket.fetch("compile", KEY, None, into=tmp_path / "into")
+    assert reader.bucket.bytes_down < 4096
+
+
+@pytest.mark.parametrize("sha", ["../../../x", "A" * 64, "0" * 63])
+def test_a_manifest_sha256_must_be_64_lowercase_hex_digits(sha: str) -> None:
+    import json
+
+    from jaxaot.store.entries import Refused, parse_manifest
+
+    doc = {
+        "format_version": 1,
+        "stage": "compile",
+        "key": KEY,
+        "created": 1.0,
+        "files": {"x": {"sha256": sha, "size": 1}},
+        "meta": {},
+        "compat": {},
+        "compute_seconds": 0.0,
+    }
+    with pytest.raises(Refused, match=r"malformed record for 'x' \(expected a size >= 0 and a sha"):
+        parse_manifest(json.dumps(doc).encode(), "compile", KEY)
+
+
+def test_schema_validation_does_not_folder_check_a_bucket_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxaot.util.store_root import check_store_dir as check_folder
+
+    monkeypatch.chdir(tmp_path)
+    check_folder("s3://team-bucket/store")
+    monkeypatch.setenv("JAXAOT_STORE_DIR", "gs://team-bucket/store")
+    check_folder(None)
+    assert list(tmp_path.iterdir()) == []  # no folder "s3:" made or checked

@@ -54,14 +54,16 @@ class StoreConfig:
     # None: $JAXAOT_STORE_DIR, else $XDG_CACHE_HOME/jaxaot/store.
     dir: str | None = None
     enabled: bool = True
-    # True: load executables whatever the store's permissions (jaxaot.util.fsio); a bucket
-    # store is used only with it (or $JAXAOT_TRUST_STORE=1).
+    # True: load executables whatever the store's permissions (jaxaot.util.fsio). A bucket
+    # is trusted only when the command line gives both store.dir=<it> and store.trust=true,
+    # or $JAXAOT_TRUST_STORE names it (a URL prefix); never by a config's choice.
     trust: bool = False
     # A bucket store's local cache folder. None: the local store ($JAXAOT_STORE_DIR when that
     # is a folder, else the default).
     cache_dir: str | None = None
-    # A bucket store: seconds a machine's claim on a key lives without its heartbeat (a
-    # holder that died is taken over after this long).
+    # A bucket store: seconds (1-600) this machine's claim on a key lives without its
+    # heartbeat; written in the claim, so that waiters take a dead holder over after the
+    # holder's own lease.
     lease_s: float = 60.0
 
 

@@ -6,11 +6,19 @@ cache and never reach the bucket), so "last used" and gc's age are the entry's u
 hits and misses are counted in each machine's cache (``jaxaot-store stats --store CACHE_DIR``).
 What killed puts leave (payload without a manifest, payload no manifest names) and claims
 nobody renews are reported as temps, and removed by ``gc`` once older than the grace period.
+
+gc never deletes a folder by prefix: payload without a manifest is deleted object by object,
+each by the name the listing gave, after checking again that no manifest has appeared and that
+the object is still older than the grace period, which is at least :data:`MIN_ORPHAN_GRACE_S`
+there (a writer uploading that key now finishes its manifest after its payload); a claim is
+deleted once unchanged for at least the longest lease (:data:`~jaxaot.store.bucket.MAX_LEASE_S`).
+verify downloads one entry at a time into a temporary folder it empties after each.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jaxaot.store.bucket import CLAIMS_DIR, Bucket, BucketDown
+from jaxaot.store.bucket import CLAIMS_DIR, MAX_LEASE_S, OP_TIMEOUT_S, Bucket, BucketDown
 from jaxaot.store.entries import (
     MANIFEST_NAME,
     STORE_FORMAT_VERSION,
@@ -36,6 +44,10 @@ from jaxaot.store.maintenance import (
     VerifyReport,
     VerifyResult,
 )
+
+# The least age (seconds) at which gc deletes payload of a key that has no manifest, whatever
+# --temp-grace-hours says: a writer's upload of that key may be under way.
+MIN_ORPHAN_GRACE_S = 600.0
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -78,6 +90,7 @@ class BucketAdmin:
         self.bucket = bucket
         self.root = Path(bucket.url.root)
         self.location = bucket.url.url
+        self._orphans: dict[str, _Scan] = {}  # entry folders without a manifest, by path
 
     def _call(self, what: str, fn: Any) -> Any:
         try:
@@ -116,6 +129,7 @@ class BucketAdmin:
             held = {}
         temps += [TempInfo(Path(p), max(now - _mtime(i), 0.0)) for p, i in sorted(held.items())]
         entries = [s for s in scans.values() if s.manifest is not None]
+        self._orphans = {s.path: s for s in scans.values() if s.manifest is None}
         return entries, sorted(temps, key=lambda t: -t.age_s)
 
     def ls(self, stage: str | None = None) -> list[EntryInfo]:
@@ -154,6 +168,27 @@ class BucketAdmin:
         named = {f"{r['sha256']}/{n}" for n, r in doc["files"].items()}
         return [rel for rel in s.objects if rel != MANIFEST_NAME and rel not in named]
 
+    def _drop_orphan(self, s: _Scan, grace_s: float) -> bool:
+        """Delete the listed payload objects of a key without a manifest, one by one, unless a
+        manifest has appeared since the listing or an object was rewritten within ``grace_s``
+        (a writer's upload under way); True when any was deleted."""
+        fs = self.bucket.fs
+        dropped = False
+        for rel in sorted(s.objects):
+            if self._call("checking", lambda: fs.exists(f"{s.path}/{MANIFEST_NAME}")):
+                return dropped
+            obj = f"{s.path}/{rel}"
+            try:
+                info = self._call("checking", lambda obj=obj: fs.info(obj, timeout=OP_TIMEOUT_S))
+            except FileNotFoundError:
+                continue
+            if time.time() - _mtime(info) < grace_s:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self._call("deleting from", lambda obj=obj: fs.rm_file(obj, timeout=OP_TIMEOUT_S))
+                dropped = True
+        return dropped
+
     def verify(self, remove: bool = False, deep: bool = False) -> VerifyReport:
         if deep:
             raise ValueError(
@@ -164,8 +199,9 @@ class BucketAdmin:
         results = []
         with tempfile.TemporaryDirectory(prefix="jaxaot-verify-") as tmp:
             for i, s in enumerate(entries):
+                into = Path(tmp) / str(i)
                 try:
-                    self.bucket.fetch(s.stage, s.key, None, into=Path(tmp) / str(i))
+                    self.bucket.fetch(s.stage, s.key, None, into=into)
                     results.append(VerifyResult(s.stage, s.key, Path(s.path), ok=True))
                 except Refused as bad:
                     err = ""
@@ -187,6 +223,8 @@ class BucketAdmin:
                     )
                 except BucketDown as exc:
                     raise OSError(str(exc)) from None
+                finally:  # one entry on disk at a time
+                    shutil.rmtree(into, ignore_errors=True)
         return VerifyReport(tuple(results), tuple(temps))
 
     def gc(
@@ -200,16 +238,17 @@ class BucketAdmin:
         n_temps = n_claims = 0
         claims = self.bucket.url.path(CLAIMS_DIR)
         for t in temps:
-            if t.age_s < temp_grace_s:
-                continue
             path = str(t.path)
-            with contextlib.suppress(FileNotFoundError):
-                if path.startswith(claims + "/"):
+            if path.startswith(claims + "/"):
+                if t.age_s < max(temp_grace_s, MAX_LEASE_S):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
                     self._call("deleting from", lambda path=path: fs.rm_file(path))
                     n_claims += 1
-                else:
-                    self._call("deleting from", lambda path=path: fs.rm(path, recursive=True))
-                    n_temps += 1
+            elif t.age_s >= max(temp_grace_s, MIN_ORPHAN_GRACE_S):
+                n_temps += self._drop_orphan(
+                    self._orphans[path], max(temp_grace_s, MIN_ORPHAN_GRACE_S)
+                )
         now = time.time()
         for s in entries:
             stray = [

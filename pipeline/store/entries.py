@@ -136,6 +136,9 @@ class StoreEntry:
         return self.verified.read(name)
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def parse_manifest(raw: bytes, stage: str, key: str) -> dict[str, Any]:
     doc = parse_versioned_json(raw, STORE_FORMAT_VERSION, name=MANIFEST_NAME, kind="entry")
     if doc.get("stage") != stage or doc.get("key") != key:
@@ -149,8 +152,12 @@ def parse_manifest(raw: bytes, stage: str, key: str) -> dict[str, Any]:
     for name, rec in files.items():
         if not _is_file_name(name):
             raise Refused(f"{MANIFEST_NAME} lists an invalid file name {name!r}")
-        if FileRecord.from_json(rec) is None:
-            raise Refused(f"{MANIFEST_NAME} has a malformed record for {name!r}")
+        record = FileRecord.from_json(rec)
+        if record is None or record.size < 0 or not _SHA256.fullmatch(record.sha256):
+            raise Refused(
+                f"{MANIFEST_NAME} has a malformed record for {name!r} (expected a size >= 0 "
+                "and a sha256 of 64 lowercase hex digits)"
+            )
     for name, kind in (("meta", dict), ("compat", dict), ("created", (int, float))):
         if not isinstance(doc.get(name), kind):
             raise Refused(f"{MANIFEST_NAME} has a missing or malformed {name!r}")

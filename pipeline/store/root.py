@@ -28,8 +28,11 @@ def check_store_dir(
     unknown scheme or whose library is not installed (naming the extra), or whose cache folder
     (``store.cache_dir``, default the local store) cannot be one. Nothing is asked of the bucket
     here: one that is unreachable costs a warning when the run first uses it."""
-    if lease_s is not None and not lease_s > 0:
-        raise ConfigError(f"store.lease_s: expected seconds > 0, found {lease_s}")
+    if lease_s is not None and not 1 <= lease_s <= 600:
+        raise ConfigError(
+            f"store.lease_s: expected seconds from 1 to 600, found {lease_s}; a claim's holder "
+            "renews it every lease_s / 4 seconds, and waiters take it over after lease_s"
+        )
     if not enabled:
         return
     from jaxaot.store.bucket import is_bucket_url

@@ -10,14 +10,20 @@ lock (:class:`~jaxaot.store.locks.KeyLock`) adds a claim object in the bucket, s
 sharing the bucket compute a key once (:meth:`Bucket.claim`).
 
 Trust: an entry in a bucket was written by whoever may write the bucket, which jaxaot cannot
-see; a bucket store is used only when the command line says so (``store.trust=true``, or
-``JAXAOT_TRUST_STORE=1``), else the run is refused in one line before any work. The cache folder
-is checked as every local store is (``store.trust=true`` from the command line covers the
-bucket; the cache's permissions are still checked unless ``JAXAOT_TRUST_STORE=1``).
+see; a bucket is used only when the user's side names it, never a config (configs travel):
+``JAXAOT_TRUST_STORE`` holds the bucket's URL or a prefix of it (``s3://team-bucket/jaxaot``;
+several separated by commas), or ``store.dir=<the URL>`` and ``store.trust=true`` are both given
+on the command line (:func:`jaxaot.config.trust.composed.check_store_bucket` refuses
+``store.trust=true`` with a ``store.dir`` bucket from a config). Else the run is refused in one
+line before any work. ``JAXAOT_TRUST_STORE=1`` is about folders and trusts no bucket. The cache
+folder is checked as every local store is (its permissions, unless ``JAXAOT_TRUST_STORE=1``).
 
-A bucket that fails (unreachable, credentials refused, timeouts) costs one warning; the run goes
+A bucket that fails (unreachable, silent, credentials refused) costs one warning; the run goes
 on with the local cache alone, which serves what it holds and caches what this process
-computes, and nothing more is asked of the bucket by this process.
+computes, and nothing more is asked of the bucket by this process. Credentials that may read
+but not write cost one warning too: hits are still served from the bucket, and what this
+process computes stays in its cache. A cache that cannot take a downloaded entry (a full disk)
+costs one warning and that entry's hit.
 """
 
 from __future__ import annotations
@@ -30,11 +36,22 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import StoreError
-from jaxaot.store.bucket import Bucket, BucketDown, Claim, is_bucket_url, parse_bucket_url
+from jaxaot.store.bucket import (
+    Bucket,
+    BucketDown,
+    BucketUrl,
+    CacheFault,
+    Claim,
+    Fetched,
+    WritesDenied,
+    is_bucket_url,
+    parse_bucket_url,
+)
 from jaxaot.store.cache import Store
 from jaxaot.store.entries import MANIFEST_NAME, Refused, StoreEntry, entry_label
-from jaxaot.util.fsio import TEMP_PREFIX, make_temp_dir, trust_from_env
-from jaxaot.util.store_root import ENV_STORE_DIR, default_store_dir
+from jaxaot.util.fsio import ENV_TRUST as ENV_STORE
+from jaxaot.util.fsio import TEMP_PREFIX, make_temp_dir
+from jaxaot.util.store_root import ENV_STORE_DIR, bucket_trusted_by_env, default_store_dir
 
 log = logging.getLogger("jaxaot.store")
 
@@ -54,9 +71,11 @@ class BucketStore(Store):
     ) -> None:
         super().__init__(cache_root, enabled=enabled, trust=None)  # the cache: $JAXAOT_TRUST_STORE
         self.bucket = bucket
-        self.bucket_trusted = trust_from_env() if trust is None else trust
+        self.bucket_trusted = bool(trust) or bucket_named(bucket.url)
         self.lease_s = lease_s
         self._down: str | None = None  # why the bucket is no longer asked (warned once)
+        self._no_writes: str | None = None  # why nothing is written to it (warned once)
+        self._cache_fault: str | None = None  # why a download found no room (warned once)
 
     def __repr__(self) -> str:
         return f"BucketStore({self.bucket.url.url!r}, cache={str(self.root)!r})"
@@ -67,19 +86,37 @@ class BucketStore(Store):
 
     @property
     def bucket_usable(self) -> bool:
-        return self.enabled and self._down is None and self.bucket_trusted
+        return (
+            self.enabled and self._down is None and self.bucket.down is None and self.bucket_trusted
+        )
+
+    @property
+    def bucket_writable(self) -> bool:
+        return self.bucket_usable and self._no_writes is None and not self.read_only
 
     def check_trusted(self) -> None:
         if self.enabled and not self.bucket_trusted:
             raise StoreError(
-                f"store at {self.location} is not safe to load executables from unless you say "
-                "so: anyone who may write the bucket could hand this process a pickle, and "
-                "jaxaot cannot see who may; set store.trust=true on the command line (or "
-                "JAXAOT_TRUST_STORE=1) if you trust every principal with write access to it"
+                f"store.dir={self.location} is not trusted: anyone who may write the bucket "
+                "could hand this process a pickle, and jaxaot cannot see who may; if you trust "
+                f"every principal with write access to it, set {ENV_STORE}={self.location} "
+                f"(or a prefix of it), or give store.dir={self.location} store.trust=true on "
+                "the command line"
             )
         super().check_trusted()
 
     def _bucket_failed(self, exc: BucketDown) -> None:
+        if isinstance(exc, WritesDenied):
+            if self._no_writes is None:
+                log.warning(
+                    "store bucket %s takes no writes from this process (%s); hits are still "
+                    "read from it, and what this process computes stays in the local cache %s",
+                    self.location,
+                    exc,
+                    self.root,
+                )
+            self._no_writes = str(exc)
+            return
         if self._down is None:
             log.warning(
                 "store bucket unusable (%s); this process goes on with the local cache at %s "
@@ -108,26 +145,29 @@ class BucketStore(Store):
             return None  # the cache takes no writes: served neither from it nor through it
         try:
             try:
-                fetched = self.bucket.fetch(stage, key, expect, into=tmp / "entry")
-            except Refused as bad:
-                self._refused(stage, key, bad)
-                return None
+                fetched = self._fetch(stage, key, expect, tmp)
             except BucketDown as exc:
                 self._bucket_failed(exc)
                 return None
+            except CacheFault as exc:
+                self._cache_failed(stage, key, exc)
+                return None
             if fetched is None:
-                log.debug("store miss: %s: not in %s", entry_label(stage, key), self.location)
                 return None
             doc = fetched.doc
-            placed = super().put(
-                stage,
-                key,
-                files={name: fetched.folder / name for name in fetched.files},
-                meta=doc["meta"],
-                compute_seconds=float(doc["compute_seconds"]),
-                compat=doc["compat"],
-                created=float(doc["created"]),
-            )
+            try:
+                placed = super().put(
+                    stage,
+                    key,
+                    files={name: fetched.folder / name for name in fetched.files},
+                    meta=doc["meta"],
+                    compute_seconds=float(doc["compute_seconds"]),
+                    compat=doc["compat"],
+                    created=float(doc["created"]),
+                )
+            except OSError as exc:
+                self._cache_failed(stage, key, CacheFault(exc))
+                return None
             log.debug(
                 "store hit: %s: %d bytes from %s",
                 entry_label(stage, key),
@@ -138,20 +178,68 @@ class BucketStore(Store):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _refused(self, stage: str, key: str, bad: Refused) -> None:
-        if bad.incompatible:  # another jax/backend's entry under this key: not ours to remove
+    def _fetch(
+        self, stage: str, key: str, expect: Mapping[str, Any] | None, tmp: Path
+    ) -> Fetched | None:
+        """The bucket's entry, verified, downloaded under ``tmp``; None on a miss. An entry
+        refused as corrupt is read again from the bucket before anything is removed: a payload
+        deleted or replaced while it was read (gc, another machine's repair) or a bad transfer
+        is not corruption; the same refusal twice over the same manifest is."""
+        try:
+            return self._fetched(stage, key, expect, tmp / "entry")
+        except Refused as bad:
+            if bad.incompatible:  # another jax/backend's entry under this key: not ours
+                log.warning(
+                    "store miss: %s: incompatible entry in %s: %s",
+                    entry_label(stage, key),
+                    self.location,
+                    bad.reason,
+                )
+                return None
+            first = bad
+        try:
+            return self._fetched(stage, key, expect, tmp / "again")
+        except Refused as bad:
+            if not bad.incompatible and bad.reason == first.reason:
+                self._refused(stage, key, bad)
+            else:
+                log.warning(
+                    "store miss: %s: the entry in %s changed while it was read (%s); left as is",
+                    entry_label(stage, key),
+                    self.location,
+                    bad.reason,
+                )
+            return None
+
+    def _fetched(
+        self, stage: str, key: str, expect: Mapping[str, Any] | None, into: Path
+    ) -> Fetched | None:
+        fetched = self.bucket.fetch(stage, key, expect, into=into)
+        if fetched is None:
+            log.debug("store miss: %s: not in %s", entry_label(stage, key), self.location)
+        return fetched
+
+    def _cache_failed(self, stage: str, key: str, exc: CacheFault) -> None:
+        if self._cache_fault is None:
             log.warning(
-                "store miss: %s: incompatible entry in %s: %s",
+                "store: %s from %s could not be written into the local cache %s (%s); it is "
+                "computed here, and the bucket is still used",
                 entry_label(stage, key),
                 self.location,
-                bad.reason,
+                self.root,
+                exc,
             )
-            return
-        try:
-            self.bucket.remove(stage, key)
-            outcome = "entry removed from the bucket"
-        except BucketDown as exc:
-            outcome = f"it could not be removed ({exc})"
+        self._cache_fault = str(exc)
+
+    def _refused(self, stage: str, key: str, bad: Refused) -> None:
+        if not self.bucket_writable:
+            outcome = "left in the bucket (this process does not write to it)"
+        else:
+            try:
+                self.bucket.remove(stage, key)
+                outcome = "entry removed from the bucket"
+            except BucketDown as exc:
+                outcome = f"it could not be removed ({exc})"
         log.warning(
             "store miss: %s: corrupt entry in %s: %s; %s",
             entry_label(stage, key),
@@ -171,7 +259,7 @@ class BucketStore(Store):
         created: float | None = None,
     ) -> StoreEntry | None:
         entry = super().put(stage, key, files, meta, compute_seconds, compat, created)
-        if entry is None or not self.bucket_usable:
+        if entry is None or not self.bucket_writable:
             return entry
         try:
             if self.bucket.has(stage, key):
@@ -196,7 +284,7 @@ class BucketStore(Store):
         """Remove the entry from the cache and the bucket: it verified, but cannot be used here
         (the same executable would fail on every machine of this kind)."""
         outcome = super().discard(stage, key, reason)
-        if self.bucket_usable:
+        if self.bucket_writable:
             try:
                 self.bucket.remove(stage, key)
                 outcome += f", and from {self.location}"
@@ -209,7 +297,7 @@ class BucketStore(Store):
     def claim(self, stage: str, key: str, blocking: bool) -> Claim | str | None:
         """The bucket claim :class:`~jaxaot.store.locks.KeyLock` takes beside its local lock:
         a :class:`Claim`, None (no claim needed, or the bucket is not used), or ``"busy"``."""
-        if not self.bucket_usable or self.read_only:
+        if not self.bucket_writable:
             return None
         if self.entry_dir(stage, key).is_dir():
             return None  # in the cache already: a local hit needs no claim
@@ -218,6 +306,11 @@ class BucketStore(Store):
         except BucketDown as exc:
             self._bucket_failed(exc)
             return None
+
+
+def bucket_named(url: BucketUrl) -> bool:
+    """Whether ``$JAXAOT_TRUST_STORE`` names ``url`` or a prefix of it."""
+    return bucket_trusted_by_env(url.url)
 
 
 def store_location(configured: str | None) -> str | Path:
@@ -260,4 +353,11 @@ def open_store(
     return BucketStore(bucket, cache_location(cache_dir), enabled, trust, lease_s)
 
 
-__all__ = ["DEFAULT_LEASE_S", "BucketStore", "cache_location", "open_store", "store_location"]
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "BucketStore",
+    "bucket_named",
+    "cache_location",
+    "open_store",
+    "store_location",
+]

@@ -11,10 +11,11 @@ calibration, :mod:`jaxaot.stages.roofline`) live beside the store in :func:`user
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from jaxaot.errors import ConfigError
-from jaxaot.util.fsio import folder_problem
+from jaxaot.util.fsio import ENV_TRUST, folder_problem
 
 ENV_STORE_DIR = "JAXAOT_STORE_DIR"
 ENV_CACHE_HOME = "XDG_CACHE_HOME"
@@ -51,6 +52,41 @@ def resolve_store_root(configured: str | Path | None = None) -> Path:
         return Path(configured).expanduser()
     env = os.environ.get(ENV_STORE_DIR, "")
     return Path(env).expanduser() if env else default_store_dir()
+
+
+_SCHEME_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)")
+# Schemes that name one service: gs:// and gcs:// are both Google Cloud Storage.
+_SAME_SERVICE = {"gcs": "gs"}
+
+
+def is_scheme_url(location: object) -> bool:
+    """Whether ``location`` (store.dir) is ``<scheme>://...`` (a bucket), not a folder."""
+    return isinstance(location, str) and _SCHEME_URL.fullmatch(location.strip()) is not None
+
+
+def _url_parts(url: str) -> tuple[str, list[str]] | None:
+    m = _SCHEME_URL.fullmatch(url.strip())
+    if m is None:
+        return None
+    scheme = m.group(1).lower()
+    return _SAME_SERVICE.get(scheme, scheme), [p for p in m.group(2).split("/") if p]
+
+
+def bucket_trusted_by_env(url: str) -> bool:
+    """Whether ``$JAXAOT_TRUST_STORE`` names the bucket URL ``url`` or a prefix of it, in
+    whole path segments (``s3://team/jaxaot`` covers ``s3://team/jaxaot/x``, not
+    ``s3://team/jaxaot2``); several are separated by commas or spaces. Its ``1``/``true``
+    form is about folders and names no bucket."""
+    want = _url_parts(url)
+    if want is None or not want[1]:
+        return False
+    for token in re.split(r"[,\s]+", os.environ.get(ENV_TRUST, "")):
+        given = _url_parts(token) if token else None
+        if given is None or not given[1] or given[0] != want[0]:
+            continue
+        if want[1][: len(given[1])] == given[1]:
+            return True
+    return False
 
 
 def make_private_dirs(path: Path) -> None:
@@ -91,6 +127,9 @@ def check_store_dir(configured: str | Path | None, enabled: bool = True) -> None
     """
     if not enabled:
         return
+    env = os.environ.get(ENV_STORE_DIR, "")
+    if is_scheme_url(configured if configured is not None and str(configured) != "" else env):
+        return  # a bucket: jaxaot.store.root.check_store_dir checks it and its cache folder
     root = resolve_store_root(configured)
     problem = folder_problem(root, write=False)
     default = not (configured is not None and str(configured) != "") and not os.environ.get(
@@ -120,8 +159,10 @@ __all__ = [
     "ENV_CACHE_HOME",
     "ENV_STORE_DIR",
     "PRIVATE_DIR_MODE",
+    "bucket_trusted_by_env",
     "check_store_dir",
     "default_store_dir",
+    "is_scheme_url",
     "make_private_dirs",
     "resolve_store_root",
     "user_cache_dir",

@@ -3,8 +3,13 @@
 - ``trust.*`` and ``store.trust`` hold what the command line said and nothing else: a value
   from a config group file, a preset, ``--config-dir``, a sweep parameter or a resumed run's
   saved config is refused, naming the file it came from and the line that would allow it;
+- ``store.trust=true`` trusts a bucket (``store.dir=s3://...``) only when the command line
+  names that bucket too (or ``JAXAOT_TRUST_STORE`` does): a config may choose where the store
+  is, never which bucket is trusted;
 - ``hydra.job.env_set`` sets no variable that decides what jaxaot trusts or which code a
-  process loads (``JAXAOT_*`` trust variables, ``HOME``, ``XDG_CONFIG_HOME``, ``PATH``,
+  process loads (``JAXAOT_*`` trust variables, ``JAXAOT_STORE_DIR``, what a bucket client reads
+  its endpoint and credentials from: ``AWS_*``, ``FSSPEC_*``, ``GOOGLE_*``, ``CLOUDSDK_*``,
+  ``STORAGE_EMULATOR_HOST``; ``HOME``, ``XDG_CONFIG_HOME``, ``PATH``,
   ``PYTHON*``, ``LD_*``, and what JAX, XLA, CUDA or glibc load code or binaries from:
   ``PJRT_*``, ``TPU_*``, ``CUDA_*``, ``NCCL_*``, ``GCONV_PATH``, ``XLA_FLAGS``,
   ``LIBTPU_INIT_ARGS``), unless the command line sets it;
@@ -42,17 +47,25 @@ from jaxaot.config.trust.sources import (
     user_file,
 )
 from jaxaot.errors import ConfigError
+from jaxaot.util.store_root import ENV_STORE_DIR, bucket_trusted_by_env, is_scheme_url
 
 Origin = Callable[[str], "str | None"]
 _ABSENT = object()
 _SENSITIVE = frozenset(
     {
         *(ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, ENV_UNTESTED, "HOME", "XDG_CONFIG_HOME", "PATH"),
+        *(ENV_STORE_DIR, "STORAGE_EMULATOR_HOST"),  # which bucket, which server answers for it
         *("GCONV_PATH", "XLA_FLAGS", "LIBTPU_INIT_ARGS"),  # path flags: binaries run from a folder
     }
 )
 # PJRT_NAMES_AND_LIBRARY_PATHS: .so files jax loads; CUDA_INJECTION64_PATH: one libcuda loads.
-_SENSITIVE_PREFIXES = ("PYTHON", "LD_", "DYLD_", "PJRT_", "TPU_", "CUDA_", "NCCL_")
+# AWS_*, FSSPEC_*, GOOGLE_*, CLOUDSDK_*, GCLOUD_*: a bucket client's endpoint, credentials and
+# configuration files (s3fs/botocore, gcsfs).
+_SENSITIVE_PREFIXES = (
+    *("PYTHON", "LD_", "DYLD_", "PJRT_", "TPU_", "CUDA_", "NCCL_"),
+    *("AWS_", "FSSPEC_", "GOOGLE_", "CLOUDSDK_", "GCLOUD_"),
+)
+STORE_DIR_KEY = "store.dir"
 CUDA_DATA_DIR_KEY = "compile.compiler_options.xla_gpu_cuda_data_dir"
 _LAUNCHER_KEYS = ("setup", "srun_args", "additional_parameters")
 _TARGET_ROOTS = ("hydra.callbacks", "hydra.sweeper", "hydra.launcher")
@@ -100,6 +113,28 @@ def check_trust_values(
             f"{_shown(key, value)} comes from {came}: only your command line, environment or "
             f"{user_file()} may change what jaxaot trusts, never a config; if you trust it, {fix}"
         )
+
+
+def check_store_bucket(cfg: Any, overrides: list[str], origin: Origin = _no_origin) -> None:
+    """``store.trust=true`` with ``store.dir`` a bucket URL: that URL is the command line's
+    (``overrides``) or ``JAXAOT_TRUST_STORE`` names it; a bucket a config chose is refused."""
+    from omegaconf import OmegaConf
+
+    trust = OmegaConf.select(cfg, STORE_KEY, default=None, throw_on_resolution_failure=False)
+    where = OmegaConf.select(cfg, STORE_DIR_KEY, default=None, throw_on_resolution_failure=False)
+    if trust is not True or not is_scheme_url(where):
+        return
+    url = str(where).strip()
+    given = _given(overrides, STORE_DIR_KEY)
+    if (given is not _ABSENT and str(given).strip() == url) or bucket_trusted_by_env(url):
+        return
+    came = origin(STORE_DIR_KEY) or "a config file, not the command line"
+    raise ConfigError(
+        f"{STORE_DIR_KEY}={url} comes from {came}, and store.trust=true would trust every "
+        "entry in that bucket: a config may choose where the store is, never which bucket is "
+        f"trusted; if you trust it, give {STORE_DIR_KEY}={url} on the command line with "
+        f"store.trust=true, or set {ENV_STORE}={url}"
+    )
 
 
 def _dotted_list(value: Any) -> list[str] | Any:
@@ -266,9 +301,17 @@ def check_sweep_parameters(cfg: Any, origin: Origin = _no_origin) -> None:
     if sweeper is None:
         return
     tree = OmegaConf.to_container(sweeper, resolve=False)
+    trusting = OmegaConf.select(cfg, STORE_KEY, default=None) is True
     for path, text, is_key in _strings_and_keys(tree, "hydra.sweeper"):
         key = text.lstrip("+~").split("=", 1)[0].strip()
         setting = key in ("trust", STORE_KEY) or key.startswith("trust.")
+        if key.lstrip("+") == STORE_DIR_KEY and trusting and (is_key or "=" in text):
+            # each job's value becomes its override, which check_store_bucket takes as given
+            raise ConfigError(
+                f"{path}: a sweep parameter sets {STORE_DIR_KEY} (from "
+                f"{origin(path) or 'a config'}) while store.trust=true; a config may not choose "
+                f"the bucket a job trusts: sweep over {STORE_DIR_KEY} on the command line"
+            )
         if key.lstrip("+") == CUDA_DATA_DIR_KEY and (is_key or "=" in text):
             raise ConfigError(
                 f"{path}: a sweep parameter sets {CUDA_DATA_DIR_KEY} (from "
@@ -396,6 +439,7 @@ __all__ = [
     "check_hydra_names",
     "check_launcher",
     "check_log_files",
+    "check_store_bucket",
     "check_sweep_parameters",
     "check_task_config",
     "check_trust_values",

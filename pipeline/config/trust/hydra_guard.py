@@ -36,6 +36,7 @@ from jaxaot.config.trust.composed import (
     check_hydra_names,
     check_launcher,
     check_log_files,
+    check_store_bucket,
     check_sweep_parameters,
     check_trust_values,
     check_user_file_location,
@@ -136,6 +137,7 @@ def check_composition(
         given = CommandLine(given.allow, given.deny, given.store_trust, given.env_set + cl.env_set)
     check_trust_values(cfg, given, origin)
     check_cuda_data_dir(cfg, overrides, origin)
+    check_store_bucket(cfg, overrides, origin)
     if OmegaConf.select(cfg, "hydra", default=None) is None:
         return
     check_env_set(cfg, given, origin)
