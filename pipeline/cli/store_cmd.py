@@ -100,7 +100,10 @@ def _build_parser() -> _Parser:
         metavar="N",
         type=float,
         default=1.0,
-        help="remove interrupted writes older than N hours (default 1)",
+        help=(
+            "remove interrupted writes older than N hours (default 1; in a bucket, payload "
+            "without a manifest and claims are kept at least 10 minutes whatever N)"
+        ),
     )
     p = sub.add_parser("ls", parents=[common], help="list entries")
     p.add_argument("--stage", metavar="S", help="only entries of stage S")
