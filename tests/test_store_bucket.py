@@ -294,6 +294,15 @@ def test_a_config_may_not_choose_the_bucket_that_store_trust_trusts(
     ):
         jaxaot.compose(["program=axpy", "experiment=evil", "store.trust=true"], config_dir=conf)
     jaxaot.compose(["program=axpy", "experiment=evil"], config_dir=conf)  # not trusted: allowed
+    (conf / "experiment" / "evil_trust.yaml").write_text(
+        "# @package _global_\nstore:\n  dir: s3://attacker-bucket/store\n  trust: true\n"
+    )
+    with pytest.raises(  # the fix names the bucket: JAXAOT_TRUST_STORE=1 trusts folders only
+        ConfigError,
+        match=r"^store.trust=true comes from experiment/evil_trust.yaml .* or set "
+        r"JAXAOT_TRUST_STORE=s3://attacker-bucket/store$",
+    ):
+        jaxaot.compose(["program=axpy", "experiment=evil_trust"], config_dir=conf)
     cfg = jaxaot.compose(
         ["program=axpy", "experiment=evil", "store.trust=true", "store.dir=s3://mine-bucket/s"],
         config_dir=conf,

@@ -108,7 +108,10 @@ def check_trust_values(
         if key == ALLOW_KEY and isinstance(value, list):
             fix += f" or set {ENV_ALLOW}={','.join(map(quoted, value))}"
         elif key == STORE_KEY:
-            fix += f" or set {ENV_STORE}=1"
+            where_ = OmegaConf.select(cfg, STORE_DIR_KEY, default=None)
+            bucket = str(where_).strip() if is_scheme_url(where_) else None
+            # JAXAOT_TRUST_STORE=1 trusts folders; a bucket only by its URL
+            fix += f" or set {ENV_STORE}={bucket}" if bucket else f" or set {ENV_STORE}=1"
         raise ConfigError(
             f"{_shown(key, value)} comes from {came}: only your command line, environment or "
             f"{user_file()} may change what jaxaot trusts, never a config; if you trust it, {fix}"
