@@ -17,11 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_env, extra_reason, read_manifest
-
-pytest.importorskip("moto.server", reason=extra_reason("testing"))
-pytest.importorskip("s3fs", reason=extra_reason("s3"))
-
+from conftest import REPO, cli_env, extra_reason, missing_extra_modules, read_manifest
 from jaxaot.cli import store_cmd
 from jaxaot.errors import ConfigError, MissingDependencyError, StoreError
 from jaxaot.store.bucket import BUSY, Claim, parse_bucket_url
@@ -29,6 +25,12 @@ from jaxaot.store.cache import Store, StoreEntry
 from jaxaot.store.root import check_store_dir
 from jaxaot.store.tiered import BucketStore, open_store
 from s3_server import S3Server, free_port, running_s3_server
+
+# Known from the venv's path, not by importing moto and s3fs (a second of CPU in every worker's
+# collection).
+for _extra in ("testing", "s3"):
+    if missing_extra_modules(_extra):
+        pytest.skip(extra_reason(_extra), allow_module_level=True)
 
 pytestmark = pytest.mark.xdist_group("b1_bucket")
 
