@@ -130,6 +130,9 @@ def test_a_run_is_one_mlflow_run_with_every_figure(mlflow_server: Any, tmp_path:
     proc, run_dir = _run(tmp_path, *overrides)
     assert proc.returncode == 0, proc.stderr
     assert "tracking" not in proc.stderr
+    # one line says where the run goes; MLflow's own "View run ..." line is not printed
+    assert proc.stdout.count(f"tracking: runs to {mlflow_server.uri}\n") == 1
+    assert "View run" not in proc.stdout
     (run,) = _runs(mlflow_server, "single")
     assert run.info.status == "FINISHED"
     assert run.info.run_name == f"axpy {run_dir.name}"
@@ -247,7 +250,7 @@ def test_a_sweep_is_a_parent_run_with_one_nested_run_per_job(
         job_dir = sweep_dir / str(job)
         args_value = json.loads(f"[{row['program.args']}]")[0]
         assert child.info.run_name == f"{job}: program.args={row['program.args']}"
-        assert child.data.params["program.args"] == row["program.args"]  # as overridden
+        assert "program.args" not in child.data.params  # one parameter per argument only
         assert [json.loads(child.data.params[f"program.args.{i}"]) for i in (0, 1)] == args_value
         overrides = ["program=axpy", f"program.args={row['program.args']}", "+tracking=mlflow"]
         _check_run(mlflow_server, child, job_dir, overrides, tmp_path)
@@ -446,6 +449,7 @@ def test_a_sweep_with_the_server_down_warns_once_and_its_jobs_log_nothing(tmp_pa
         "uri": uri,
         "experiment_id": None,
         "run_id": None,
+        "max_artifact_bytes": 10 * 2**20,
     }
 
 
@@ -500,8 +504,256 @@ def test_slurm_jobs_log_from_the_node_into_the_sweeps_parent_run(
     children = [r for r in runs if r.info.run_id != parent_id]
     assert len(runs) == 3 and client.get_run(parent_id).info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent_id}
-    assert sorted(r.data.params["program.args"] for r in children) == ["[3,4]", "[5,6]"]
+    args = sorted(
+        [r.data.params["program.args.0"], r.data.params["program.args.1"]] for r in children
+    )
+    assert args == [["3", "4"], ["5", "6"]]
     for child in children:
         run_dir = Path(child.data.tags["jaxaot.run_dir"])
         assert run_dir.parent == sweep_dir
         assert child.data.metrics == metric_values(read_manifest(run_dir))
+
+
+# --- where data goes is the user's call; bounds; interrupted and failed logging ---------------
+
+
+def _hydra_config(tmp: Path, *, task: list[str], hydra: list[str], tracking: dict[str, Any]) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(
+        {
+            "program": {"name": "transformer"},
+            "hydra": {
+                "mode": "RUN",
+                "runtime": {"output_dir": str(tmp / "run")},
+                "job": {"num": 0},
+                "overrides": {"task": task, "hydra": hydra},
+                "callbacks": {
+                    "tracking": {"_target_": "jaxaot.sweeps.tracking.MlflowTracking", **tracking}
+                },
+            },
+        }
+    )
+
+
+def test_a_preset_may_not_switch_tracking_on_or_choose_where_it_goes(
+    mlflow_server: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    presets = tmp_path / "cfg" / "preset"
+    presets.mkdir(parents=True)
+    (presets / "on.yaml").write_text(
+        "# @package _global_\nhydra:\n  callbacks:\n    tracking:\n"
+        "      _target_: jaxaot.sweeps.tracking.MlflowTracking\n"
+        f"      uri: {mlflow_server.uri}\n      experiment: preset\n"
+    )
+    (presets / "uri.yaml").write_text(
+        f"# @package _global_\nhydra:\n  callbacks:\n    tracking:\n      uri: {mlflow_server.uri}\n"
+    )
+    for n, chosen in enumerate(["+preset=on", "+tracking=mlflow +preset=uri"]):
+        proc = run_cli(
+            [
+                "--config-dir",
+                str(tmp_path / "cfg"),
+                *AXPY,
+                *chosen.split(),
+                "stop_after=lower",
+                "hydra.callbacks.tracking.experiment=preset",
+                f"hydra.run.dir={tmp_path / str(n)}",
+            ],
+            cwd=tmp_path,
+            env=cli_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'env.db'}"),
+        )
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        key = "hydra.callbacks.tracking" if n == 0 else "hydra.callbacks.tracking.uri="
+        name = "on" if n == 0 else "uri"
+        assert line.startswith(f"jaxaot: error: {key}"), line
+        assert f"preset/{name}.yaml in file://{tmp_path / 'cfg'}" in line, line
+        assert line.endswith("(nothing is tracked)")
+        assert "tracking: runs to" not in proc.stdout
+    assert mlflow_server.client().get_experiment_by_name("preset") is None
+    assert not (tmp_path / "env.db").exists()
+
+
+def test_the_user_side_check_admits_the_command_line_and_refuses_the_rest(tmp_path: Path) -> None:
+    from jaxaot.errors import ConfigError
+    from jaxaot.sweeps.tracking import check_user_side
+
+    uri = "http://127.0.0.1:1"
+    ok = [
+        (["+tracking=mlflow"], [], {}),
+        (["+tracking=mlflow"], [f"hydra.callbacks.tracking.uri={uri}"], {"uri": uri}),
+        ([], ["+hydra.callbacks.tracking._target_=jaxaot.sweeps.tracking.MlflowTracking"], {}),
+        (
+            ["+tracking=mlflow"],
+            ["hydra.callbacks.tracking.max_artifact_bytes=5"],
+            {"max_artifact_bytes": 5},
+        ),
+    ]
+    for task, hydra, tracking in ok:
+        check_user_side(_hydra_config(tmp_path, task=task, hydra=hydra, tracking=tracking))
+    refused = [
+        ([], [], {}, r"^hydra\.callbacks\.tracking \(from a config file, not the command line\) "),
+        (["+tracking=mlflow"], [], {"uri": uri}, r"^hydra\.callbacks\.tracking\.uri='http://"),
+        (["+tracking=mlflow"], ["hydra.callbacks.tracking.uri=http://other"], {"uri": uri}, "uri"),
+        (["+tracking=mlflow"], [], {"max_artifact_bytes": 2**40}, "max_artifact_bytes=1099"),
+    ]
+    for task, hydra, tracking, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            check_user_side(_hydra_config(tmp_path, task=task, hydra=hydra, tracking=tracking))
+    config = _hydra_config(tmp_path, task=["+tracking=mlflow"], hydra=[], tracking={})
+    config.hydra.sweeper = {"params": {"hydra.callbacks.tracking.uri": f"{uri},{uri}2"}}
+    with pytest.raises(ConfigError, match=r"^hydra\.sweeper\.params\.hydra\.callbacks"):
+        check_user_side(config)
+
+
+def test_overrides_are_logged_as_written_never_with_a_secret_resolved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from jaxaot.sweeps.tracking import _overrides
+    from jaxaot.sweeps.tracking_record import run_record
+
+    monkeypatch.setenv("JAXAOT_TEST_SECRET", "hunter2")
+    line = "+compile.compiler_options.x=${oc.env:JAXAOT_TEST_SECRET}"
+    config = _hydra_config(tmp_path, task=["+tracking=mlflow", line], hydra=[], tracking={})
+    overrides = _overrides(config, "task")
+    assert overrides == ["+tracking=mlflow", line]
+    record = run_record(
+        tmp_path, name="n", overrides=overrides, config={}, fallback=("ok", None), max_bytes=0
+    )
+    assert "hunter2" not in json.dumps([record.params, record.tags])
+    assert record.tags["jaxaot.overrides"] == f"+tracking=mlflow {line}"
+
+
+def test_the_budget_bounds_a_run_however_slow_each_request() -> None:
+    limits = Session("http://x", 10, 2, budget_s=60).limits
+    assert limits(100) == (10, 2)
+    assert limits(25) == (10, 1)  # two 10 s attempts and a ~1 s wait fit, a third does not
+    assert limits(5.5) == (5, 0)
+    assert limits(1.2) == (1, 0)
+    hole = _black_hole()
+    try:
+        session = Session(f"http://127.0.0.1:{hole.getsockname()[1]}", 10, 2, budget_s=2)
+        began = time.monotonic()
+        with pytest.raises(TrackingFailed):
+            session.experiment_id("x")
+        with pytest.raises(TrackingFailed, match="out of time"):
+            session.experiment_id("x")
+        took = time.monotonic() - began
+    finally:
+        hole.close()
+    assert took < 3.5, took  # the budget and at most one second; unbounded: 3 x 10 s + waits
+
+
+def test_a_failure_while_logging_ends_the_run_failed_not_running(
+    mlflow_server: Any,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "ok"}))
+
+    def broken(self: Session, run_id: str, record: Any) -> None:
+        raise TrackingFailed("logging parameters: boom")
+
+    monkeypatch.setattr(Session, "log", broken)
+    callback = MlflowTracking(uri=mlflow_server.uri, experiment="broken")
+    callback._log_job(_hydra_config(tmp_path, task=[], hydra=[], tracking={}), None)
+    (run,) = _runs(mlflow_server, "broken")
+    assert run.info.status == "FAILED"
+
+
+def test_an_interrupt_logs_the_run_and_the_open_sweep_killed(
+    mlflow_server: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from jaxaot.sweeps import tracking
+    from jaxaot.sweeps.tracking_record import Record
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    manifest = {"status": "interrupted", "config": {"program": {"name": "axpy"}}}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    callback = MlflowTracking(uri=mlflow_server.uri, experiment="killed")
+    config = _hydra_config(tmp_path, task=[], hydra=[], tracking={})
+    session = Session(mlflow_server.uri, 5, 0, budget_s=10)
+    parent = session.start(session.experiment_id("killed"), Record("sweep s", "running"), None)
+    tracking._pending[str(run_dir)] = (callback, config)
+    tracking._open_sweeps[str(tmp_path / "sweep")] = (mlflow_server.uri, parent)
+    tracking.end_interrupted()
+    assert not tracking._pending and not tracking._open_sweeps
+    runs = {r.info.run_id: r for r in _runs(mlflow_server, "killed")}
+    assert runs.pop(parent).info.status == "KILLED"
+    (run,) = runs.values()
+    assert run.info.status == "KILLED" and run.data.tags["jaxaot.status"] == "interrupted"
+    # the run's name is the program its manifest names, not the composed config's default
+    assert run.info.run_name == "axpy run"
+
+
+def test_the_default_database_is_created_once_under_a_lock_and_a_half_built_one_is_named(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+    import threading
+
+    from jaxaot.sweeps.tracking import ensure_sqlite
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    errors: list[BaseException] = []
+
+    def first_use() -> None:
+        try:
+            ensure_sqlite(uri)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    session = Session(uri, 5, 0, budget_s=30)
+    assert session.experiment_id("one") == session.experiment_id("one")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "mlflow.db.lock"]
+    half = tmp_path / "half.db"
+    with sqlite3.connect(half) as con:
+        con.execute("CREATE TABLE experiments (id INTEGER)")
+    with pytest.raises(
+        TrackingFailed, match=rf"^{half} is a half-built MLflow database .*delete it"
+    ):
+        ensure_sqlite(f"sqlite:///{half}")
+
+
+def test_skipped_stages_have_no_figures() -> None:
+    manifest = {
+        "stages": {
+            "stage_out": {"status": "ran", "seconds": 0.5},
+            "lower": {"status": "ran", "seconds": 0.25},
+            "compile": {"status": "skipped", "seconds": 0.0},
+            "execute": {"status": "skipped", "seconds": 0.0},
+        }
+    }
+    assert metric_values(manifest) == {"stage_out.seconds": 0.5, "lower.seconds": 0.25}
+
+
+def test_a_failing_after_report_hook_keeps_the_report_and_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jaxaot.sweeps.callbacks import SweepCallback, after_report
+    from omegaconf import OmegaConf
+
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+
+    def broken(_: Path) -> None:
+        raise RuntimeError("tracker down")
+
+    after_report(sweep_dir, broken)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    SweepCallback(plots=False).on_multirun_end(config)
+    out, err = capsys.readouterr()
+    assert "sweep: 0 jobs, 0 ok, 0 failed" in out
+    assert "RuntimeError('tracker down')" in err and len(err.splitlines()) == 1

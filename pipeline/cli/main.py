@@ -276,6 +276,9 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
+        tracking = sys.modules.get("jaxaot.sweeps.tracking")
+        if tracking is not None:  # os._exit skips atexit: log the run or sweep KILLED now
+            tracking.end_interrupted()
         # The run is recorded; end now rather than wait for threads an interrupt left running
         # (JAX's backend-start timer, an XLA compile that cannot be cancelled).
         logging.shutdown()

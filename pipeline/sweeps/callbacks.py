@@ -244,7 +244,11 @@ class SweepCallback(Callback):
             table = write_report(sweep_dir, plots=self.plots) if self.report else collect(sweep_dir)
         finally:
             for fn in _after.pop(str(sweep_dir), []):
-                fn(sweep_dir)
+                try:
+                    fn(sweep_dir)
+                except Exception as exc:  # never the report's own error, never the summary
+                    name = getattr(fn, "__qualname__", repr(fn))
+                    print_error(f"jaxaot: {name} after the sweep report: {exc!r}")
         _last_failed = len(table.failed)
         ok = len(table.rows) - _last_failed - len(table.does_not_fit)
         misfits = f", {len(table.does_not_fit)} do not fit" if table.does_not_fit else ""

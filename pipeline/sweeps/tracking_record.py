@@ -30,6 +30,7 @@ PARAM_KEYS = ("stop_after", "start_at", "resume_from")
 # MLflow's limits: a parameter value of 6000 characters, a tag value of 8000.
 PARAM_CHARS = 6000
 TAG_CHARS = 5000
+NAME_CHARS = 250  # a run name as MLflow's UI shows it
 LINKS_NAME = "links.tsv"  # the artifact listing the files too large to upload
 
 
@@ -66,7 +67,11 @@ def _flat(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
 
 
 def _text(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else _json(value)
+    return clip(value if isinstance(value, str) else _json(value), limit)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked ``...``."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -93,11 +98,14 @@ def config_params(config: Mapping[str, Any]) -> dict[str, str]:
 
 def override_params(overrides: list[str], known: Mapping[str, str]) -> dict[str, str]:
     """The command line's overrides that no resolved leaf names: config groups it chose
-    (``program=axpy`` -> ``program``), keys outside the parameter sections."""
+    (``program=axpy`` -> ``program``), keys outside the parameter sections. The program's
+    arguments are parameters one per argument already (``program.args.0`` ...): left out."""
     out: dict[str, str] = {}
     for line in overrides:
         key = override_key(line)
         if key in known or "=" not in line:
+            continue
+        if key in _PER_ARGUMENT and any(k.startswith(key + ".") for k in known):
             continue
         out[key] = _text(line.split("=", 1)[1], PARAM_CHARS)
     return out
@@ -109,6 +117,8 @@ def metric_values(manifest: Mapping[str, Any] | None) -> dict[str, float]:
     figures = RunMetrics.from_manifest(manifest)
     out: dict[str, float] = {}
     for stage, record in RECORDS.items():
+        if figures.run(stage).status == "skipped":
+            continue  # a stage the run did not reach has no figures (stop_after, start_at)
         seconds = figures.run(stage).seconds
         if seconds is not None:
             out[f"{stage}.seconds"] = float(seconds)
@@ -250,6 +260,7 @@ __all__ = [
     "LINKS_NAME",
     "Record",
     "add_files",
+    "clip",
     "config_params",
     "metric_values",
     "override_params",
