@@ -757,3 +757,36 @@ def test_a_failing_after_report_hook_keeps_the_report_and_the_summary(
     out, err = capsys.readouterr()
     assert "sweep: 0 jobs, 0 ok, 0 failed" in out
     assert "RuntimeError('tracker down')" in err and len(err.splitlines()) == 1
+
+
+def test_a_run_ended_by_sigterm_is_logged_killed(
+    mlflow_server: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    args = [*AXPY, *_tracked(mlflow_server, "sigterm"), "execute.repeats=100000000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxaot", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "manifest.json").is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert read_manifest(run_dir)["status"] == "interrupted"
+    (run,) = _runs(mlflow_server, "sigterm")
+    assert run.info.status == "KILLED" and run.data.tags["jaxaot.status"] == "interrupted"

@@ -634,12 +634,16 @@ class MlflowTracking(Callback):
     # --- each run or job ----------------------------------------------------------------------
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.off or config.hydra.mode == RunMode.MULTIRUN:
-            return  # a sweep's job returns its outcome: Hydra always calls on_job_end
+        if self.off:
+            return
         # A single run that fails or does not fit ends with sys.exit inside the job, which
-        # skips Hydra's on_job_end: it is logged as the process exits instead.
+        # skips Hydra's on_job_end: it is logged as the process exits instead. A sweep's job
+        # returns its outcome (Hydra calls on_job_end), unless an interrupt ends the process
+        # (end_interrupted logs it).
         global _atexit_registered
         _pending[str(config.hydra.runtime.output_dir)] = (self, config)
+        if config.hydra.mode == RunMode.MULTIRUN:
+            return
         if not _atexit_registered:
             atexit.register(_log_pending)
             _atexit_registered = True
