@@ -9,23 +9,28 @@ its plots and the job counts.
 
 Where a run's data goes is the user's call, never a config's: tracking is switched on, and its
 ``uri`` and ``max_artifact_bytes`` set, only on the command line (``+tracking=mlflow``,
-``hydra.callbacks.tracking.uri=...``) or in the environment (``MLFLOW_TRACKING_URI``); a config
-group file, a preset, ``--config-dir`` or a sweep parameter that does is refused in one line.
-The tracking URI is the command line's ``uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's own
+``hydra.callbacks.tracking.uri=...``); a config group file, a preset, ``--config-dir`` or a
+sweep parameter that does is refused in one line naming the key and the file, and nothing is
+tracked (Hydra turns a callback's error into a warning, so the run itself goes on). The
+tracking URI is the command line's ``uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's own
 default: ``sqlite:///mlflow.db`` in the launch directory (``./mlruns`` where that already holds
-MLflow data), which ``mlflow ui`` started in the same directory opens; jaxaot creates that
-database under a file lock (built in a temporary file, renamed into place). A run with tracking
-on prints ``tracking: runs to <uri>``.
+MLflow data), which ``mlflow ui`` started in the same directory opens. A sqlite database is
+created under a file lock (built in a temporary file, renamed into place); one whose first use
+was interrupted is refused, naming the file to delete. A run with tracking on prints
+``tracking: runs to <uri>``.
 
 Tracking never changes a run's outcome: MLflow's client runs with bounded retries and request
 timeouts within one time budget per run: each request's timeout and retries shrink to what is
-left of it, so one run's tracking takes at most ``budget_s`` plus one second (timeouts are whole
-seconds). MLflow reads its limits from the environment only (``MLFLOW_HTTP_REQUEST_*``), so
-they are set around jaxaot's own calls, one call at a time (a lock); another thread's MLflow
-calls made meanwhile see them too. Any failure (server down or slow, missing package) is one
-warning line on stderr, after which this process logs nothing more for the run, except one
-last request marking the MLflow run FAILED. A run or sweep ended by Ctrl-C or SIGTERM is
-logged KILLED (one request, a few seconds at most).
+left of it (whole seconds, at least one), so one run's tracking takes at most ``budget_s``
+plus one second, and a few more for the last request marking a run FAILED or KILLED. A timeout
+bounds each wait for the server, not an upload that keeps moving: a large artifact on a slow
+link can take longer. MLflow reads its limits from the environment only
+(``MLFLOW_HTTP_REQUEST_*``; its client takes no per-client timeout), so they are set around
+jaxaot's own calls, one call at a time (a lock); another thread's MLflow calls made meanwhile
+see them too. Any failure (server down or slow, missing package) is one warning line on
+stderr, after which this process logs nothing more for the run, except one last request
+marking the MLflow run FAILED. A run or sweep ended by Ctrl-C or SIGTERM is logged KILLED (one
+request each, a few seconds at most).
 """
 
 from __future__ import annotations
