@@ -790,3 +790,26 @@ def test_a_run_ended_by_sigterm_is_logged_killed(
     assert read_manifest(run_dir)["status"] == "interrupted"
     (run,) = _runs(mlflow_server, "sigterm")
     assert run.info.status == "KILLED" and run.data.tags["jaxaot.status"] == "interrupted"
+
+
+def test_long_overrides_are_clipped_in_the_sweeps_name_tags_and_parameters(
+    mlflow_server: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from omegaconf import OmegaConf
+
+    long = "a" * 9000
+    uri_line = f"hydra.callbacks.tracking.uri={mlflow_server.uri}"
+    config = _hydra_config(
+        tmp_path,
+        task=["+tracking=mlflow", f"+x={long}"],
+        hydra=[uri_line],
+        tracking={"uri": mlflow_server.uri, "experiment": "clipped"},
+    )
+    OmegaConf.update(config, "hydra.sweep.dir", str(tmp_path / ("s" * 250)))
+    OmegaConf.update(config, "hydra.sweeper.params", {"+y": f"{long},b"})
+    MlflowTracking(uri=mlflow_server.uri, experiment="clipped").on_multirun_start(config)
+    (parent,) = _runs(mlflow_server, "clipped")
+    assert len(parent.info.run_name) == 250 and parent.info.run_name.endswith("...")
+    assert len(parent.data.tags["jaxaot.overrides"]) == 5000
+    assert len(parent.data.params["x"]) == len(parent.data.params["y"]) == 6000

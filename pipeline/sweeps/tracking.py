@@ -560,7 +560,7 @@ class MlflowTracking(Callback):
             sweep_params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
             plain = OmegaConf.to_container(sweep_params, resolve=False) if sweep_params else {}
             for key, value in (plain if isinstance(plain, dict) else {}).items():
-                record.params.setdefault(str(key), clip(str(value), PARAM_CHARS))
+                record.params.setdefault(override_key(str(key)), clip(str(value), PARAM_CHARS))
             record.tags = {
                 "jaxaot.kind": "sweep",
                 "jaxaot.sweep_dir": str(sweep_dir.resolve()),
