@@ -529,7 +529,14 @@ EXTRAS = {
     "gcs": ("gcsfs",),
     # the full mlflow's server (its SQL store), moto's S3 server and Playwright, which the
     # tests start or drive
-    "testing": ("mlflow.server", "sqlalchemy", "alembic", "moto.server", "playwright"),
+    "testing": (
+        "mlflow.server",
+        "sqlalchemy",
+        "alembic",
+        "moto.server",
+        "gcp_storage_emulator",
+        "playwright",
+    ),
 }
 
 
