@@ -357,3 +357,11 @@ def test_a_module_with_a_python_callback_is_refused() -> None:
         )
         with pytest.raises(jax_cache.Refused, match=f"its module calls {target}, a Python"):
             jax_cache.compiled_module(text, "0" * 64)
+
+
+def test_a_platform_this_process_has_no_client_for_is_refused_naming_the_fix() -> None:
+    """JAX_PLATFORMS without the run's platform: one line naming the variable, no traceback."""
+    from jaxaot.store import jax_cache
+
+    with pytest.raises(jax_cache.Refused, match=r"no nosuchplatform client .* JAX_PLATFORMS="):
+        jax_cache._client_and_devices({"platform": "nosuchplatform"}, [0])

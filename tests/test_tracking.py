@@ -337,16 +337,22 @@ def test_the_tracking_uri_is_the_configs_then_the_environments_then_mlflows_defa
     [
         (
             {"timeout_s": 0},
-            r"^hydra\.callbacks\.tracking\.timeout_s: expected an integer >= 1, found 0$",
+            r"^hydra\.callbacks\.tracking\.timeout_s: expected an integer from 1 to 60, found 0;",
         ),
         (
             {"max_retries": "2"},
-            r"^hydra\.callbacks\.tracking\.max_retries: expected an integer >= 0, found '2'$",
+            r"^hydra\.callbacks\.tracking\.max_retries: expected an integer from 0 to 5, found '2';",
         ),
         (
             {"budget_s": 0.5},
-            r"^hydra\.callbacks\.tracking\.budget_s: expected a number >= 1, found 0\.5$",
+            r"^hydra\.callbacks\.tracking\.budget_s: expected a number from 1 to 600, found 0\.5;",
         ),
+        (  # a down server must not stall a run for a day, whatever a config says
+            {"budget_s": 86400},
+            r"^hydra\.callbacks\.tracking\.budget_s: expected a number from 1 to 600, found 86400;",
+        ),
+        ({"timeout_s": 3600}, r"^hydra\.callbacks\.tracking\.timeout_s: expected an integer from"),
+        ({"max_retries": 50}, r"^hydra\.callbacks\.tracking\.max_retries: expected an integer f"),
         ({"experiment": ""}, r"^hydra\.callbacks\.tracking\.experiment: expected an experiment"),
         ({"uri": 5}, r"^hydra\.callbacks\.tracking\.uri: expected a tracking URI or null, found 5"),
     ],
@@ -598,6 +604,8 @@ def test_the_user_side_check_admits_the_command_line_and_refuses_the_rest(tmp_pa
         (["+tracking=mlflow"], [], {"uri": uri}, r"^hydra\.callbacks\.tracking\.uri='http://"),
         (["+tracking=mlflow"], ["hydra.callbacks.tracking.uri=http://other"], {"uri": uri}, "uri"),
         (["+tracking=mlflow"], [], {"max_artifact_bytes": 2**40}, "max_artifact_bytes=1099"),
+        # a config added the callback; the command line changing one of its options is no consent
+        ([], ["hydra.callbacks.tracking.experiment=x"], {}, r"^hydra\.callbacks\.tracking \(from"),
     ]
     for task, hydra, tracking, message in refused:
         with pytest.raises(ConfigError, match=message):

@@ -739,6 +739,12 @@ def _preset(tmp_path: Path, body: str) -> Path:
         "GCONV_PATH",
         "XLA_FLAGS",
         "LIBTPU_INIT_ARGS",
+        # where tracked runs go, and who answers a bucket's or a tracking server's requests
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_S3_ENDPOINT_URL",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "REQUESTS_CA_BUNDLE",
     ],
 )
 def test_env_set_of_what_jax_xla_cuda_or_glibc_load_is_refused(tmp_path: Path, name: str) -> None:

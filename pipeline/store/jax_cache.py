@@ -203,7 +203,10 @@ def recorded(executable: bytes) -> tuple[str, bytes]:
     names = [_payload(f).decode("utf-8", "replace") for num, f in header if num == 7]
     options = [_payload(f) for num, f in _fields(executable[i + n :]) if num == 2]
     if len(names) != 1 or len(options) != 1:
-        raise Refused("the serialized executable records no name or no compile options")
+        raise Refused(
+            "the serialized executable records no name or no compile options; compile it again "
+            "(start_at=compile)"
+        )
     return names[0], options[0]
 
 
@@ -315,7 +318,13 @@ def _client_and_devices(backend: dict[str, Any], device_ids: list[int]) -> tuple
     import jax
 
     platform = backend.get("platform")
-    devices = jax.devices(platform)
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as exc:  # JAX_PLATFORMS names other platforms only
+        raise Refused(
+            f"this process has no {platform} client ({exc}); run the export with "
+            f"JAX_PLATFORMS={platform}"
+        ) from None
     client = devices[0].client
     if backend.get("jaxlib") != compat_jax.installed_text("jaxlib"):
         raise Refused(
@@ -362,14 +371,18 @@ def entry_for(run: Path, cache_dir: str) -> tuple[str, bytes]:
     lower = ((manifest.get("stages") or {}).get("lower") or {}).get("artifacts") or {}
     lower = {k.removeprefix("lower/"): v for k, v in lower.items()}
     lowered = json.loads(_verified(run / "lower", "lowered.json", lower))
-    if compiled.get("module_sha256") != lowered.get("module_sha256"):
-        raise Refused("compile/compiled.json and lower/lowered.json name different modules")
+    digest = lowered.get("module_sha256")
+    if not isinstance(digest, str) or compiled.get("module_sha256") != digest:
+        raise Refused(
+            "compile/compiled.json and lower/lowered.json do not name one module; compile it "
+            "again (start_at=lower)"
+        )
     _compiled_its_lowering(manifest, lowered, backend["platform"])
     executable = xla_executable(_verified(run / "compile", "executable.bin", artifacts))
     name, options_proto = recorded(executable)
     options = compile_options_as_passed(options_proto, cache_dir)
     text = _verified(run / "lower", "module.stablehlo.mlir", lower).decode()
-    module = compiled_module(text, lowered["module_sha256"])
+    module = compiled_module(text, digest)
     own = compat_jax.module_name(module)
     if name != own:
         raise Refused(
@@ -413,7 +426,7 @@ def _same_flags(manifest: dict[str, Any]) -> None:
     process's; XLA reads every flag of the compile's, not only those the executable records)."""
     recorded = ((manifest.get("environment") or {}).get("flag_variables") or {}).get("XLA_FLAGS")
     if not isinstance(recorded, dict) or not isinstance(recorded.get("words"), list):
-        raise Refused("its manifest records no XLA_FLAGS")
+        raise Refused("its manifest records no XLA_FLAGS; compile it again (start_at=compile)")
     dumps = [w for w in recorded["words"] if w.startswith("--xla_dump")]
     if dumps:
         raise Refused(

@@ -106,8 +106,9 @@ _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
 
 
 def _database_store(uri: str) -> None:
-    """Refuse a database URI where MLflow's database store cannot load: mlflow-skinny (the
-    ``tracking`` extra) leaves out SQLAlchemy, which the full mlflow brings with ``mlflow ui``."""
+    """Refuse a database URI where MLflow's database store cannot load: mlflow-skinny (enough
+    with a tracking server) leaves out SQLAlchemy, which the full mlflow (the ``tracking``
+    extra) brings with ``mlflow ui``."""
     from importlib.util import find_spec
 
     scheme = uri.split(":", 1)[0].split("+", 1)[0]
@@ -218,13 +219,15 @@ class Session:
             "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.2",
             "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # "View run ... at: ..."
         }
-        _LOCK.acquire()
+        # bounded: an interrupt's last request must not wait on a lock an interrupted one held
+        if not _LOCK.acquire(timeout=timeout + 1):
+            raise TrackingFailed("another MLflow request of this process did not finish")
         saved_env = {k: os.environ.get(k) for k in env}
         levels = {n: logging.getLogger(n).level for n in _QUIET_LOGGERS}
-        os.environ.update(env)
-        for n in _QUIET_LOGGERS:
-            logging.getLogger(n).setLevel(logging.CRITICAL)
         try:
+            os.environ.update(env)
+            for n in _QUIET_LOGGERS:
+                logging.getLogger(n).setLevel(logging.CRITICAL)
             yield
         finally:
             for k, v in saved_env.items():
@@ -349,11 +352,18 @@ def _plain_config(config: DictConfig) -> dict[str, Any]:
     return {str(k): v for k, v in plain.items()} if isinstance(plain, dict) else {}
 
 
-def _check(name: str, value: Any, minimum: int, *, integer: bool = True) -> Any:
+def _check(
+    name: str, value: Any, minimum: int, maximum: int | None = None, *, integer: bool = True
+) -> Any:
     kind = int if integer else int | float
-    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+    bad = isinstance(value, bool) or not isinstance(value, kind) or value < minimum
+    if bad or (maximum is not None and value > maximum):
         what = "an integer" if integer else "a number"
-        raise ConfigError(f"{_KEY}.{name}: expected {what} >= {minimum}, found {value!r}")
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ConfigError(
+            f"{_KEY}.{name}: expected {what} {bounds}, found {value!r}; a tracking server that "
+            "is down must never stall a run for long"
+        )
     return value
 
 
@@ -398,7 +408,9 @@ def check_user_side(config: DictConfig) -> None:
         if target != f"{__name__}.{MlflowTracking.__name__}":
             continue
         at = f"hydra.callbacks.{name}"
-        if "tracking" not in keys and not any(k == at or k.startswith(at + ".") for k in keys):
+        # the group's choice, or the callback's own target: overriding another of its options
+        # (e.g. its experiment) does not switch on a callback a config added
+        if "tracking" not in keys and f"{at}._target_" not in keys and at not in keys:
             raise ConfigError(
                 f"{at} (from {_origin(config, at)}) switches MLflow tracking on, which sends "
                 "the run's files to a server: that is your call, never a config's; give "
@@ -483,9 +495,9 @@ class MlflowTracking(Callback):
         self.uri = uri
         self.experiment = experiment
         self.max_artifact_bytes = _check("max_artifact_bytes", max_artifact_bytes, 0)
-        self.timeout_s = _check("timeout_s", timeout_s, 1)
-        self.max_retries = _check("max_retries", max_retries, 0)
-        self.budget_s = float(_check("budget_s", budget_s, 1, integer=False))
+        self.timeout_s = _check("timeout_s", timeout_s, 1, 60)
+        self.max_retries = _check("max_retries", max_retries, 0, 5)
+        self.budget_s = float(_check("budget_s", budget_s, 1, 600, integer=False))
         self.off = False  # mlflow is not installed: said once, nothing tracked
 
     def _uri(self) -> str:

@@ -56,14 +56,18 @@ _SENSITIVE = frozenset(
         *(ENV_ALLOW, ENV_STORE, ENV_COMMAND_LINE, ENV_UNTESTED, "HOME", "XDG_CONFIG_HOME", "PATH"),
         *(ENV_STORE_DIR, "STORAGE_EMULATOR_HOST"),  # which bucket, which server answers for it
         *("GCONV_PATH", "XLA_FLAGS", "LIBTPU_INIT_ARGS"),  # path flags: binaries run from a folder
+        # who answers a bucket's or a tracking server's requests, and which certificates pass
+        *(p.upper() for p in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")),
+        *("http_proxy", "https_proxy", "all_proxy", "no_proxy"),
+        *("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"),
     }
 )
 # PJRT_NAMES_AND_LIBRARY_PATHS: .so files jax loads; CUDA_INJECTION64_PATH: one libcuda loads.
 # AWS_*, FSSPEC_*, GOOGLE_*, CLOUDSDK_*, GCLOUD_*: a bucket client's endpoint, credentials and
-# configuration files (s3fs/botocore, gcsfs).
+# configuration files (s3fs/botocore, gcsfs); MLFLOW_*: where tracked runs and their files go.
 _SENSITIVE_PREFIXES = (
     *("PYTHON", "LD_", "DYLD_", "PJRT_", "TPU_", "CUDA_", "NCCL_"),
-    *("AWS_", "FSSPEC_", "GOOGLE_", "CLOUDSDK_", "GCLOUD_"),
+    *("AWS_", "FSSPEC_", "GOOGLE_", "CLOUDSDK_", "GCLOUD_", "MLFLOW_"),
 )
 STORE_DIR_KEY = "store.dir"
 CUDA_DATA_DIR_KEY = "compile.compiler_options.xla_gpu_cuda_data_dir"
