@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,10 +195,22 @@ def exported(runs: dict[str, Path]) -> dict[str, Any]:
     return result | {"cache": cache}
 
 
+def _jax_cache_read(entry: bytes) -> tuple[bytes, int]:
+    """(the serialized executable, the compile seconds) of a JAX cache entry, read as jax 0.10.2's
+    ``compilation_cache`` writes one: compressed with zstandard where installed, else zlib,
+    around the compile seconds in 4 big-endian bytes and the executable."""
+    try:
+        import zstandard
+    except ImportError:
+        raw = zlib.decompress(entry)
+    else:
+        raw = zstandard.ZstdDecompressor().decompress(entry)
+    return raw[4:], int.from_bytes(raw[:4], "big")
+
+
 def test_plain_jit_hits_the_exported_executable_bit_for_bit(
     runs: dict[str, Path], exported: dict[str, Any]
 ) -> None:
-    from jaxaot.compat import jax as compat_jax
     from jaxaot.store import jax_cache
 
     tmp, mods, cache = runs["tmp"], runs["mods"], exported["cache"]
@@ -214,7 +227,7 @@ def test_plain_jit_hits_the_exported_executable_bit_for_bit(
     os.umask(umask)
     assert (cache / f"{key}-cache").stat().st_mode & 0o777 == 0o666 & ~umask  # as JAX writes
     # The entry is JAX's format around the very executable the run compiled.
-    stored, _ = compat_jax.jax_cache_read((cache / f"{key}-cache").read_bytes())
+    stored, _ = _jax_cache_read((cache / f"{key}-cache").read_bytes())
     blob = (runs["f"] / "compile" / "executable.bin").read_bytes()
     assert stored == jax_cache.xla_executable(blob)
 
@@ -365,3 +378,32 @@ def test_a_platform_this_process_has_no_client_for_is_refused_naming_the_fix() -
 
     with pytest.raises(jax_cache.Refused, match=r"no nosuchplatform client .* JAX_PLATFORMS="):
         jax_cache._client_and_devices({"platform": "nosuchplatform"}, [0])
+
+
+def _executable(header: bytes, body: bytes) -> bytes:
+    from jaxaot.util import protowire as pw
+
+    return pw.encode_varint(len(header)) + header + body
+
+
+def test_the_serialized_executable_is_read_field_by_field() -> None:
+    """The IFRT header's format and name, and PjRt's compile options, of a serialized
+    executable; what is not such a message is refused in one line."""
+    from jaxaot.store import jax_cache
+    from jaxaot.util import protowire as pw
+
+    header = pw.length_delimited(2, b"pjrt_ifrt") + pw.length_delimited(7, b"jit_f")
+    options = pw.length_delimited(3, pw.length_delimited(2, b"layout")) + b"\x48\x01"
+    body = pw.length_delimited(1, b"executable") + pw.length_delimited(2, options)
+    assert jax_cache.recorded(_executable(header, body)) == ("jit_f", options)
+    cases = [
+        (b"\xff" * 11, "has no header .*varint longer than 10 bytes"),
+        (_executable(b"\x12" + b"\xff" * 10 + b"\x01", b""), "varint longer than 10 bytes"),
+        (_executable(header, b"\x12\x05abc"), "5 bytes past the end"),
+        (_executable(header, b"\x13"), "wire type 3"),
+        (_executable(pw.length_delimited(2, b"pjrt"), body), "not jaxlib 0.10.2's pjrt_ifrt"),
+        (_executable(header, pw.length_delimited(1, b"executable")), "no compile options"),
+    ]
+    for data, match in cases:
+        with pytest.raises(jax_cache.Refused, match=match):
+            jax_cache.recorded(data)

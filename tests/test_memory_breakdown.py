@@ -53,11 +53,35 @@ def test_protowire_reads_varints_packed_and_nested_fields() -> None:
 
 @pytest.mark.parametrize(
     ("data", "match"),
-    [(b"\x08", "truncated varint"), (b"\x0a\x05ab", "past the end"), (b"\x0b", "groups")],
+    [
+        (b"\x08", "truncated varint"),
+        (b"\x0a\x05ab", "past the end"),
+        (b"\x0b", "groups"),
+        (b"\x08" + b"\xff" * 10 + b"\x01", "varint longer than 10 bytes"),
+        (b"\x00\x01", "field number 0"),
+    ],
 )
 def test_protowire_refuses_what_is_not_a_message(data: bytes, match: str) -> None:
     with pytest.raises(pw.WireError, match=match):
         pw.message(data)
+
+
+def test_protowire_spans_give_each_fields_own_bytes_to_write_back() -> None:
+    inner = _field(1, 7) + _field(2, b"dot.3")
+    data = _field(1, 150) + _field(3, inner) + b"\x1d\x01\x02\x03\x04" + _field(4, -2)
+    spans = list(pw.spans(data))
+    assert [(n, w) for n, w, _, _ in spans] == [(1, 0), (3, 2), (3, 5), (4, 0)]
+    assert b"".join(raw for _, _, _, raw in spans) == data
+    assert [v for _, _, v, _ in spans] == [150, inner, b"\x01\x02\x03\x04", 2**64 - 2]
+    assert [(n, w, v) for n, w, v, _ in spans] == list(pw.fields(data))
+    # A message less one field, its nested message rewritten: as if encoded so.
+    kept = b"".join(raw for n, _, _, raw in spans if n != 1)
+    assert kept == _field(3, inner) + b"\x1d\x01\x02\x03\x04" + _field(4, -2)
+    assert pw.length_delimited(3, inner) == _field(3, inner)
+    big = bytes(300)
+    assert pw.length_delimited(3, big) == _field(3, big) and pw.encode_varint(300) == b"\xac\x02"
+    with pytest.raises(pw.WireError, match="negative"):
+        pw.encode_varint(-1)
 
 
 # -- CPU: the proto, the dump and plain JAX on one compile ------------------------------------

@@ -117,8 +117,6 @@ PRIVATE_NAMES: tuple[Private, ...] = (
     Private("jax._src.compilation_cache", "get_cache_key"),
     Private("jax._src.compilation_cache", "combine_executable_and_time"),
     Private("jax._src.compilation_cache", "compress_executable"),
-    Private("jax._src.compilation_cache", "decompress_executable"),
-    Private("jax._src.compilation_cache", "extract_executable_and_time"),
     Private("jax._src.interpreters.mlir", "make_ir_context"),
     Private("jax._src.cache_key", "IgnoreCallbacks"),
     Private("jax._src.cache_key", "xla_flags_to_exclude_from_cache_key"),
@@ -816,16 +814,6 @@ def jax_cache_entry(executable: bytes, compile_seconds: float) -> bytes:
 
     combined = compilation_cache.combine_executable_and_time(executable, int(compile_seconds))
     return bytes(compilation_cache.compress_executable(combined))
-
-
-def jax_cache_read(entry: bytes) -> tuple[bytes, int]:
-    """(the serialized executable, the compile seconds) of a JAX persistent cache entry."""
-    from jax._src import compilation_cache
-
-    executable, seconds = compilation_cache.extract_executable_and_time(
-        compilation_cache.decompress_executable(entry)
-    )
-    return bytes(executable), int(seconds)
 
 
 def jax_cache_debug_options(options: Any, cache_dir: str) -> None:

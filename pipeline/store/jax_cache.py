@@ -50,6 +50,7 @@ from typing import Any
 
 from jaxaot.compat import jax as compat_jax
 from jaxaot.errors import one_line
+from jaxaot.util import protowire
 from jaxaot.util.fsio import sha256_bytes
 from jaxaot.util.host_cpu import host_cpu
 
@@ -116,60 +117,12 @@ def _verified(run: Path, name: str, artifacts: dict[str, Any]) -> bytes:
     return data
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data):
-            raise Refused("the serialized executable ends inside a field")
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
-def _fields(data: bytes) -> list[tuple[int, bytes]]:
-    """A protobuf message's top-level fields as (number, raw bytes of the whole field)."""
-    out, i = [], 0
-    while i < len(data):
-        start = i
-        tag, i = _varint(data, i)
-        wire = tag & 7
-        if wire == 0:
-            _, i = _varint(data, i)
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            n, i = _varint(data, i)
-            i += n
-        elif wire == 5:
-            i += 4
-        else:
-            raise Refused(f"the serialized executable has a protobuf wire type {wire}")
-        if i > len(data):
-            raise Refused("the serialized executable ends inside a field")
-        out.append((tag >> 3, data[start:i]))
-    return out
-
-
-def _payload(field: bytes) -> bytes:
-    """The bytes of a length-delimited field (its tag and length dropped)."""
-    _, i = _varint(field, 0)
-    n, i = _varint(field, i)
-    return field[i : i + n]
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    def varint(v: int) -> bytes:
-        out = bytearray()
-        while True:
-            out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
-            v >>= 7
-            if not v:
-                return bytes(out)
-
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
+def _spans(data: bytes) -> list[tuple[int, Any, bytes]]:
+    """A protobuf message's top-level fields as (number, value, the field's own bytes)."""
+    try:
+        return [(number, value, raw) for number, _, value, raw in protowire.spans(data)]
+    except protowire.WireError as exc:
+        raise Refused(f"the serialized executable is not a protobuf message ({exc})") from None
 
 
 def xla_executable(blob: bytes) -> bytes:
@@ -196,12 +149,23 @@ def recorded(executable: bytes) -> tuple[str, bytes]:
     (jaxlib 0.10.2: a length-prefixed IFRT header naming ``pjrt_ifrt`` and, in field 7, the
     executable's name; then PjRt's ExecutableAndOptionsProto: 1 the executable, 2 its compile
     options)."""
-    n, i = _varint(executable, 0)
-    header = _fields(executable[i : i + n])
-    if not any(num == 2 and _payload(f) == b"pjrt_ifrt" for num, f in header):
+    try:
+        n, i = protowire.varint(executable, 0)
+    except protowire.WireError as exc:
+        raise Refused(f"the serialized executable has no header ({exc})") from None
+    header = _spans(executable[i : i + n])
+    if not any(num == 2 and value == b"pjrt_ifrt" for num, value, _ in header):
         raise Refused("the serialized executable is not jaxlib 0.10.2's pjrt_ifrt format")
-    names = [_payload(f).decode("utf-8", "replace") for num, f in header if num == 7]
-    options = [_payload(f) for num, f in _fields(executable[i + n :]) if num == 2]
+    names = [
+        value.decode("utf-8", "replace")
+        for num, value, _ in header
+        if num == 7 and isinstance(value, bytes)
+    ]
+    options = [
+        value
+        for num, value, _ in _spans(executable[i + n :])
+        if num == 2 and isinstance(value, bytes)
+    ]
     if len(names) != 1 or len(options) != 1:
         raise Refused(
             "the serialized executable records no name or no compile options; compile it again "
@@ -214,13 +178,12 @@ def compile_options_as_passed(recorded: bytes, cache_dir: str) -> Any:
     """The options JAX passed to the compile, from those the executable records, with the debug
     options JAX adds while its persistent cache is on at ``cache_dir``."""
     kept = []
-    for number, field in _fields(recorded):
+    for number, value, field in _spans(recorded):
         if number in _ADDED_OPTIONS:
             continue
-        if number == _BUILD_OPTIONS:
-            build = _payload(field)
-            build = b"".join(f for n, f in _fields(build) if n not in _ADDED_BUILD_OPTIONS)
-            field = _length_delimited(_BUILD_OPTIONS, build)
+        if number == _BUILD_OPTIONS and isinstance(value, bytes):
+            build = b"".join(f for n, _, f in _spans(value) if n not in _ADDED_BUILD_OPTIONS)
+            field = protowire.length_delimited(_BUILD_OPTIONS, build)
         kept.append(field)
     options = compat_jax.compile_options().ParseFromString(b"".join(kept))
     compat_jax.jax_cache_debug_options(options, cache_dir)

@@ -4,7 +4,9 @@
 A message is a sequence of (field number, wire type, value): varints (type 0), 64- and 32-bit
 fixed values (types 1 and 5, returned as raw bytes) and length-delimited bytes (type 2: a
 nested message, a string, or a packed repeated scalar). Groups (types 3 and 4) are refused:
-proto3 has none. https://protobuf.dev/programming-guides/encoding/
+proto3 has none. :func:`spans` also gives each field's own bytes, so that a message can be
+written back without some of its fields (:func:`length_delimited` writes a field anew).
+https://protobuf.dev/programming-guides/encoding/
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ def signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) of each field of ``data``, in order."""
+def spans(data: bytes) -> Iterator[tuple[int, int, Any, bytes]]:
+    """(field number, wire type, value, the field's own bytes: tag, length and value) of each
+    field of ``data``, in order."""
     pos = 0
     while pos < len(data):
+        start = pos
         key, pos = varint(data, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
@@ -63,7 +67,30 @@ def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
             raise WireError(f"field {number}: wire type {wire} (groups) is not proto3")
         if pos > len(data):
             raise WireError(f"field {number}: truncated")
+        yield number, wire, value, data[start:pos]
+
+
+def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of each field of ``data``, in order."""
+    for number, wire, value, _ in spans(data):
         yield number, wire, value
+
+
+def encode_varint(value: int) -> bytes:
+    """``value`` (0 or more) as a varint."""
+    if value < 0:
+        raise WireError(f"a varint of {value}: negative values are written as 64-bit")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` (wire type 2), as it is written in a message."""
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def message(data: bytes) -> dict[int, list[Any]]:
@@ -107,12 +134,15 @@ def messages(msg: dict[int, list[Any]], number: int) -> list[dict[int, list[Any]
 
 __all__ = [
     "WireError",
+    "encode_varint",
     "fields",
     "first_int",
     "ints",
+    "length_delimited",
     "message",
     "messages",
     "signed",
+    "spans",
     "text",
     "varint",
 ]
