@@ -30,7 +30,7 @@ from jaxaot.snapshots.snapshot import (
     load_snapshot,
 )
 from jaxaot.util.canonical import ARTIFACT_BY_PATH, CANONICAL_ARTIFACTS
-from jaxaot.util.humanize import human_bytes, human_count, human_seconds
+from jaxaot.util.humanize import human_bytes, human_count, human_seconds, signed_bytes
 from jaxaot.util.textdiff import bounded, line_counts
 
 _BINARIES = ("lower/exported.bin", "compile/executable.bin")
@@ -366,12 +366,6 @@ def _structure_lines(s: dict[str, Any]) -> list[str]:
     return out
 
 
-def _signed_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    return ("-" if n < 0 else "") + human_bytes(abs(n))
-
-
 def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) -> str:
     out = [f"A: {a.describe()}", f"B: {b.describe()}"]
     out.append("versions: " + ("same" if not report["versions"] else "; ".join(report["versions"])))
@@ -403,7 +397,7 @@ def render(report: dict[str, Any], a: Side, b: Side, *, lines: int, full: bool) 
             f = info["fit"]
             room = f["headroom_bytes"]
             headroom = (
-                f"; headroom {_signed_bytes(room['a'])} -> {_signed_bytes(room['b'])}"
+                f"; headroom {signed_bytes(room['a'])} -> {signed_bytes(room['b'])}"
                 if room["a"] is not None or room["b"] is not None
                 else ""
             )

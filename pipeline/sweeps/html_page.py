@@ -190,13 +190,6 @@ def markdown_block(lines: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def signed_bytes(n: float | None) -> str:
-    """A size that may be negative (a headroom where the program does not fit): ``-4.0 GiB``."""
-    if isinstance(n, int | float) and n < 0:
-        return "-" + human_bytes(-n)
-    return human_bytes(n)
-
-
 def data_uri(path: Path, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
@@ -306,7 +299,6 @@ __all__ = [
     "legend",
     "link",
     "markdown_block",
-    "signed_bytes",
     "stacked_bar",
     "table",
 ]

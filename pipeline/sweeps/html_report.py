@@ -27,7 +27,6 @@ from jaxaot.sweeps.html_page import (
     legend,
     link,
     markdown_block,
-    signed_bytes,
     stacked_bar,
     table,
 )
@@ -52,7 +51,13 @@ from jaxaot.sweeps.report import (
     summary_lines,
 )
 from jaxaot.util.fsio import atomic_write_text
-from jaxaot.util.humanize import human_bytes, human_count, human_seconds
+from jaxaot.util.humanize import (
+    human_bytes,
+    human_count,
+    human_seconds,
+    json_number,
+    signed_bytes,
+)
 
 _FIGURES = (
     ("FLOPs", "compile.flops", human_count),
@@ -72,13 +77,9 @@ _MEMORY = (
 )
 
 
-def _number(value: Any) -> float | int | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def _sort(value: Any) -> float | int | str:
     """A cell's sort key: its number, else "" (no figure: last, whichever the direction)."""
-    n = _number(value)
+    n = json_number(value)
     return "" if n is None else n
 
 
@@ -124,11 +125,11 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[Cell]:
     cells = [
         Cell(r.get("compile.topology") or "-"),
         Cell(verdict),
-        Cell(need, sort=_number(r.get("compile.hbm_bytes_needed")), numeric=True),
-        Cell(have, sort=_number(r.get("compile.hbm_bytes_available")), numeric=True),
+        Cell(need, sort=json_number(r.get("compile.hbm_bytes_needed")), numeric=True),
+        Cell(have, sort=json_number(r.get("compile.hbm_bytes_available")), numeric=True),
         Cell(
             signed_bytes(r.get("compile.headroom_bytes")),
-            sort=_number(r.get("compile.headroom_bytes")),
+            sort=json_number(r.get("compile.headroom_bytes")),
             numeric=True,
         ),
     ]
@@ -137,17 +138,19 @@ def _topology_cells(r: dict[str, Any], host: bool) -> list[Cell]:
             r.get("compile.host_bytes_needed"), r.get("compile.host_bytes_available")
         )
         shown = f"{h_need} of {h_have}" if r.get("compile.host_bytes_needed") else "-"
-        cells.append(Cell(shown, sort=_number(r.get("compile.host_bytes_needed")), numeric=True))
+        cells.append(
+            Cell(shown, sort=json_number(r.get("compile.host_bytes_needed")), numeric=True)
+        )
     return [
         *cells,
         Cell(
             human_seconds(r.get("compile.est_step_s")),
-            sort=_number(r.get("compile.est_step_s")),
+            sort=json_number(r.get("compile.est_step_s")),
             numeric=True,
         ),
         Cell(
             "-" if coll is None else f"{coll} ({human_bytes(r.get('compile.collective_bytes'))})",
-            sort=_number(coll),
+            sort=json_number(coll),
             numeric=True,
         ),
     ]
@@ -190,12 +193,12 @@ def _jobs_table(table_: SweepTable, pages: dict[str, str], unwritten: dict[str, 
             _status_cell(r),
             *(Cell(stage_cell(r, s), sort=_sort(r.get(f"{s}.seconds"))) for s in STAGES),
             *(
-                Cell(metric_cell(r, col, fmt), sort=_number(r.get(col)), numeric=True)
+                Cell(metric_cell(r, col, fmt), sort=json_number(r.get(col)), numeric=True)
                 for _, col, fmt in _FIGURES
             ),
             *(_topology_cells(r, host) if topology else ()),
             *(
-                [Cell(peak_cell(r), sort=_number(r.get("compile.peak_bytes")), clip=True)]
+                [Cell(peak_cell(r), sort=json_number(r.get("compile.peak_bytes")), clip=True)]
                 if peaks
                 else []
             ),
@@ -219,12 +222,13 @@ def _jobs_table(table_: SweepTable, pages: dict[str, str], unwritten: dict[str, 
 def _memory_section(table_: SweepTable) -> str:
     bars = []
     totals = [
-        sum(v for _, col in _MEMORY if (v := _number(r.get(col))) is not None) for r in table_.rows
+        sum(v for _, col in _MEMORY if (v := json_number(r.get(col))) is not None)
+        for r in table_.rows
     ]
     scale = max(totals, default=0) or 1.0
     for r, total in zip(table_.rows, totals, strict=True):
-        parts = [(label, float(_number(r.get(col)) or 0)) for label, col in _MEMORY]
-        peak = _number(r.get("compile.peak_bytes"))
+        parts = [(label, float(json_number(r.get(col)) or 0)) for label, col in _MEMORY]
+        peak = json_number(r.get("compile.peak_bytes"))
         bars.append(
             (
                 str(r["status"]),

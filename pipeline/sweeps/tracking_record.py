@@ -171,9 +171,10 @@ def run_tags(manifest: Mapping[str, Any] | None, status: str, error: str | None)
     return {k: _text(v, TAG_CHARS) for k, v in tags.items() if v not in (None, "")}
 
 
-def _files(run_dir: Path, manifest: Mapping[str, Any] | None) -> list[str]:
-    """The run's files, relative: the manifest, the stage artifacts it lists, the log, Hydra's
-    record of the config, and whatever else the run dir holds (snapshots, graphs)."""
+def _files(run_dir: Path) -> list[str]:
+    """Every file under ``run_dir`` (relative, folder by folder, each sorted), less submitit's
+    ``.submitit/`` folder: the manifest, the stage artifacts, the log, Hydra's record of the
+    config, snapshots and graphs alike, whether or not the manifest lists them."""
     names: list[str] = []
     for root, dirs, files in os.walk(run_dir):
         dirs.sort()
@@ -233,7 +234,7 @@ def run_record(
         started=float(started) if isinstance(started, int | float) else None,
         wall_s=float(wall) if isinstance(wall, int | float) else None,
     )
-    add_files(record, run_dir, _files(run_dir, manifest), max_bytes)
+    add_files(record, run_dir, _files(run_dir), max_bytes)
     return record
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from jaxaot.errors import ConfigError
 
@@ -25,6 +26,19 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def signed_bytes(n: float | None) -> str:
+    """A size that may be negative (a headroom where the program does not fit): ``-4.0 GiB``."""
+    if isinstance(n, int | float) and n < 0:
+        return "-" + human_bytes(-n)
+    return human_bytes(n)
+
+
+def json_number(value: Any) -> float | int | None:
+    """``value`` when it is a JSON number (an int or float, not a bool), else None: a figure
+    read from a file, whose type is not trusted."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def human_count(n: float | None, unit: str = "") -> str:
@@ -81,6 +95,8 @@ __all__ = [
     "human_bytes",
     "human_count",
     "human_seconds",
+    "json_number",
     "measured",
     "parse_size",
+    "signed_bytes",
 ]
