@@ -4,8 +4,10 @@ images loaded, a screenshot that is not blank), and names that carry markup stay
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -450,12 +452,80 @@ def test_a_graph_drawn_for_the_page_follows_the_run_and_keeps_its_note(
     assert notes[0] == notes[1] and len(notes[0]) == 1  # the run's graph_max_nodes, both times
     assert set(_graph_files(run_dir)) == {
         "graph/report/optimized.hlo.dot",
+        "graph/report/optimized.hlo.source.json",
         "graph/report/optimized.hlo.svg",
     }
-    graph_of_run(run_dir, max_nodes=7)  # jaxaot-graph's, into graph/: shown with its note
+    source = json.loads((run_dir / "graph/report/optimized.hlo.source.json").read_text())
+    assert source == {
+        "source": "compile/optimized.hlo.txt",
+        "source_sha256": _sha256(run_dir / "compile/optimized.hlo.txt"),
+        "image": "optimized.hlo.svg",
+        "image_sha256": _sha256(run_dir / "graph/report/optimized.hlo.svg"),
+    }
+    # jaxaot-graph's, into graph/: no manifest vouches for it, so the page keeps its own
+    graph_of_run(run_dir, max_nodes=7)
     assert report_main(["--html", str(run_dir)]) == 0
     text = (run_dir / HTML_NAME).read_text()
-    assert 'href="graph/optimized.hlo.svg"' in text and "(showing the first 7 of " in text
+    assert 'href="graph/report/optimized.hlo.svg"' in text and "(showing the first 5 of " in text
+    assert "(showing the first 7 of " not in text
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _swap_hlo_keeping_mtime(run_dir: Path) -> None:
+    """The optimized HLO replaced by the lowered one (a different graph), its mtime as it was."""
+    hlo = run_dir / "compile/optimized.hlo.txt"
+    stat = hlo.stat()
+    hlo.write_bytes((run_dir / "lower/module.hlo.txt").read_bytes())
+    os.utime(hlo, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _graph_note(text: str) -> str:
+    found = re.findall(r'id="graph-note">\((showing the first \d+ of \d+ [^)]*)\)', text)
+    assert len(found) == 1, text
+    return str(found[0])
+
+
+def test_a_graph_the_page_drew_is_redrawn_when_its_hlo_changes_within_the_same_mtime(
+    real_run: Path, tmp_path: Path
+) -> None:
+    run_dir = _copy_run(real_run, tmp_path, graph_max_nodes=5)
+    assert report_main(["--html", str(run_dir)]) == 0
+    before = _graph_note((run_dir / HTML_NAME).read_text()), _graph_files(run_dir)
+    _swap_hlo_keeping_mtime(run_dir)
+    assert report_main(["--html", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    after = _graph_note(text), _graph_files(run_dir)
+    assert 'href="graph/report/optimized.hlo.svg"' in text
+    assert after[0] != before[0]  # the lowered module's instruction count
+    assert after[1]["graph/report/optimized.hlo.svg"] != before[1]["graph/report/optimized.hlo.svg"]
+    source = json.loads(after[1]["graph/report/optimized.hlo.source.json"])
+    assert source["source_sha256"] == _sha256(run_dir / "lower/module.hlo.txt")
+
+
+@pytest.mark.parametrize("changed", ["image", "hlo"])
+def test_a_recorded_graph_is_shown_only_as_the_manifest_records_it(
+    changed: str, real_run: Path, tmp_path: Path
+) -> None:
+    run_dir = _copy_run(real_run, tmp_path, graph=True, graph_format="png", graph_max_nodes=5)
+    record = graph_of_run(run_dir, image_format="png", max_nodes=5)  # as snapshot.graph draws
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["snapshot"] = {"graph": record}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, default=str))
+    png = run_dir / "graph/optimized.hlo.png"
+    if changed == "image":  # bytes that are not the recorded ones, the name and mtime kept
+        stat = png.stat()
+        png.write_bytes(png.read_bytes() + b"\0")
+        os.utime(png, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    else:
+        _swap_hlo_keeping_mtime(run_dir)
+    assert report_main(["--html", str(run_dir)]) == 0
+    text = (run_dir / HTML_NAME).read_text()
+    assert 'src="data:image/png;base64,' not in text and 'href="graph/optimized.hlo.png"' in text
+    assert 'full size: <a href="graph/report/optimized.hlo.svg"' in text
+    assert 'src="data:image/svg+xml;base64,' in text
 
 
 @pytest.mark.parametrize("html", [False, True])

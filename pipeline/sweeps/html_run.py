@@ -4,11 +4,13 @@ as a graph, and a link to every file the run left.
 
 Read from disk only (``manifest.json``, ``compile/memory_breakdown.json``, ``.hydra/``), like
 the sweep report; a field of the wrong type is left out, an unreadable file said on the page.
-The HLO graph is the one the run drew (``snapshot.graph``, recorded in its manifest) or
-``jaxaot-graph`` drew into ``graph/``; where there is none (or it is older than the HLO) it is
-drawn into ``graph/report/``, a folder no manifest records, at the run's
-``snapshot.graph_max_nodes``. It is shown as an image, so that nothing in it can run, with the
-size-limit note its DOT file carries.
+The HLO graph is the one the run drew (``snapshot.graph``) when the image's and the HLO's
+sha256 are those its manifest records; else the one this page drew into ``graph/report/`` (a
+folder no manifest records) when the sha256 of the HLO and of the image written beside it
+(``<stem>.source.json``) are the current ones; else it is drawn there anew, at the run's
+``snapshot.graph_max_nodes``. A graph nothing vouches for (``jaxaot-graph``'s in ``graph/``, one
+older or newer than its HLO) is never shown. It is shown as an image, so that nothing in it can
+run, with the size-limit note its DOT file carries.
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ from jaxaot.sweeps.html_page import (
     esc,
     legend,
     link,
-    signed_bytes,
     stacked_bar,
     table,
 )
 from jaxaot.sweeps.progress import PLAN_NAME, STATE_DIR, read_json
 from jaxaot.sweeps.report import memory_pair
-from jaxaot.util.humanize import human_bytes, human_seconds
+from jaxaot.util.fsio import atomic_write_text, sha256_bytes, sha256_file
+from jaxaot.util.humanize import human_bytes, human_seconds, json_number, signed_bytes
 
 HTML_NAME = "report.html"
 REPORT_GRAPH_DIR = "report"  # under graph/: the graphs this page draws, recorded by no manifest
+SOURCE_SUFFIX = ".source.json"  # beside a graph this page drew: the sha256 of its HLO and image
 DEFAULT_MAX_NODES = 250  # snapshot.graph_max_nodes' default (conf/snapshot/default.yaml)
 BREAKDOWN = "compile/memory_breakdown.json"
 # What a sweep folder holds from its start: Hydra's multirun.yaml, jaxaot's sweep plan.
@@ -90,10 +93,6 @@ def files_section(folder: Path, files: list[Path], prefix: str = "") -> str:
 def _map(value: Any) -> Mapping[str, Any]:
     """``value`` when it is a JSON object, else an empty one (a field of the wrong type)."""
     return value if isinstance(value, Mapping) else {}
-
-
-def _number(value: Any) -> float | int | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _texts(value: Any) -> list[str]:
@@ -164,14 +163,14 @@ def _facts(manifest: Mapping[str, Any], run_dir: Path) -> str:
         if backend.get("topology"):
             where += f", topology {backend['topology']} (compile only)"
         rows.append(("backend", where))
-    started = _number(manifest.get("started"))
+    started = json_number(manifest.get("started"))
     if started is not None:
         try:
             stamp = datetime.datetime.fromtimestamp(started, datetime.UTC)
             rows.append(("started", stamp.strftime("%Y-%m-%d %H:%M:%S UTC")))
         except (OverflowError, OSError, ValueError):
             rows.append(("started", str(started)))
-    wall = _number(manifest.get("wall_seconds"))
+    wall = json_number(manifest.get("wall_seconds"))
     if wall is not None:
         rows.append(("wall time", human_seconds(wall)))
     overrides = _overrides(run_dir)
@@ -194,7 +193,7 @@ def _stages_table(manifest: Mapping[str, Any]) -> str:
     order = [s for s in STAGES if s in entries] + [s for s in entries if s not in STAGES]
     for stage in order:
         rec = _map(entries[stage])
-        status, seconds = str(rec.get("status")), _number(rec.get("seconds"))
+        status, seconds = str(rec.get("status")), json_number(rec.get("seconds"))
         rows.append(
             (
                 "",
@@ -240,9 +239,9 @@ def _peak_buffers(top: Any) -> str:
     for buf in top if isinstance(top, list) else []:
         if not isinstance(buf, Mapping):
             continue
-        size = _number(buf.get("bytes"))
+        size = json_number(buf.get("bytes"))
         live = buf.get("live")
-        steps = [x for x in live if _number(x) is not None] if isinstance(live, list) else []
+        steps = [x for x in live if json_number(x) is not None] if isinstance(live, list) else []
         rows.append(
             (
                 "",
@@ -283,15 +282,15 @@ def _breakdown_section(run_dir: Path, metrics: RunMetrics) -> str:
         segments: list[tuple[str, float]] = [
             (f"argument {name}", float(v))
             for name, raw in _map(groups.get("arguments")).items()
-            if (v := _number(raw)) is not None
+            if (v := json_number(raw)) is not None
         ]
         for name in ("outputs", "temporaries", "constants", "host"):
-            v = _number(groups.get(name))
+            v = json_number(groups.get(name))
             if v is not None and v > 0:
                 segments.append((name, float(v)))
-        live = _number(breakdown.get("live_peak_bytes"))
+        live = json_number(breakdown.get("live_peak_bytes"))
         live = live if live is not None else sum(v for _, v in segments)
-        peak = _number(breakdown.get("peak_bytes"))
+        peak = json_number(breakdown.get("peak_bytes"))
         said = (
             f"XLA's peak: <strong>{esc(human_bytes(peak))}</strong>; live at the peak"
             if peak is not None
@@ -306,7 +305,7 @@ def _breakdown_section(run_dir: Path, metrics: RunMetrics) -> str:
         parts.append(legend([f"{label} {human_bytes(v)}" for label, v in segments]))
         parts.append(_peak_buffers(breakdown.get("top")))
     figures = [(label, getattr(comp, name)) for label, name in _MEMORY_FIGURES]
-    known = [(label, float(v)) for label, v in figures if _number(v) is not None]
+    known = [(label, float(v)) for label, v in figures if json_number(v) is not None]
     if known:
         total = sum(v for _, v in known)
         parts.append("<p>XLA's memory analysis (argument, output, temp and generated code):</p>")
@@ -334,26 +333,70 @@ def dot_note(dot: Path) -> str:
     return re.sub(r"\\(.)", r"\1", found[1]) if found else ""
 
 
-def _drawn_graph(
-    run_dir: Path, manifest: Mapping[str, Any], rel: str, stem: str
+def _sha256(path: Path) -> str | None:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def _recorded_sha256(manifest: Mapping[str, Any], rel: str) -> str | None:
+    """The sha256 the manifest records for the stage artifact ``rel`` (None: not recorded)."""
+    for rec in _map(manifest.get("stages")).values():
+        found = _map(_map(_map(rec).get("artifacts")).get(rel)).get("sha256")
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def _recorded_graph(
+    run_dir: Path, manifest: Mapping[str, Any], rel: str, hlo_sha: str
 ) -> tuple[Path, str] | None:
-    """An image of the HLO at ``rel`` that the run drew (recorded in its manifest), that
-    ``jaxaot-graph`` drew, or that this page drew earlier, with its size-limit note."""
+    """The image the run drew of ``rel`` (``snapshot.graph``) with its note, when the manifest
+    records the HLO as it is now and the image as it is now."""
+    record = _map(_map(manifest.get("snapshot")).get("graph"))
+    if record.get("source") != rel or _recorded_sha256(manifest, rel) != hlo_sha:
+        return None
+    for name, file_rec in _map(record.get("files")).items():
+        safe = not Path(name).is_absolute() and ".." not in Path(name).parts
+        if not (safe and Path(name).suffix in (".svg", ".png")):
+            continue
+        sha = _map(file_rec).get("sha256")
+        if isinstance(sha, str) and _sha256(run_dir / name) == sha:
+            return run_dir / name, str(record.get("note") or "")
+    return None
+
+
+def _page_graph(run_dir: Path, rel: str, stem: str, hlo_sha: str) -> tuple[Path, str] | None:
+    """The image this page drew of ``rel`` earlier, with its note, when the sha256 of the HLO
+    and of the image written beside it (``<stem>.source.json``) are those of the files now."""
     from jaxaot.snapshots.hlo_graph import GRAPH_DIR
 
-    record = _map(_map(manifest.get("snapshot")).get("graph"))
-    if record.get("source") == rel:
-        for name in _map(record.get("files")):
-            safe = not Path(name).is_absolute() and ".." not in Path(name).parts
-            if safe and Path(name).suffix in (".svg", ".png") and (run_dir / name).is_file():
-                return run_dir / name, str(record.get("note") or "")
-    hlo_time = (run_dir / rel).stat().st_mtime
-    for folder in (Path(GRAPH_DIR), Path(GRAPH_DIR) / REPORT_GRAPH_DIR):
-        for suffix in (".svg", ".png"):
-            path = run_dir / folder / f"{stem}{suffix}"
-            if path.is_file() and path.stat().st_mtime >= hlo_time:
-                return path, dot_note(path.with_suffix(".dot"))
-    return None
+    folder = run_dir / GRAPH_DIR / REPORT_GRAPH_DIR
+    source = read_json(folder / f"{stem}{SOURCE_SUFFIX}")
+    if source is None or source.get("source") != rel or source.get("source_sha256") != hlo_sha:
+        return None
+    image = source.get("image")
+    if not isinstance(image, str) or image not in (f"{stem}.svg", f"{stem}.png"):
+        return None
+    path = folder / image
+    if _sha256(path) != source.get("image_sha256"):
+        return None
+    return path, dot_note(folder / f"{stem}.dot")
+
+
+def _write_source(dot: Path, rel: str, hlo_sha: str, image: Path) -> None:
+    """Beside a graph this page drew: which HLO (and its sha256) it shows, and the image's."""
+    record = {
+        "source": rel,
+        "source_sha256": hlo_sha,
+        "image": image.name,
+        "image_sha256": sha256_file(image),
+    }
+    atomic_write_text(
+        dot.with_name(dot.name.removesuffix(".dot") + SOURCE_SUFFIX),
+        json.dumps(record, indent=2) + "\n",
+    )
 
 
 def _max_nodes(manifest: Mapping[str, Any]) -> int:
@@ -372,15 +415,25 @@ def _graph_section(run_dir: Path, manifest: Mapping[str, Any], *, draw: bool) ->
     else:
         return '<p class="note">No HLO to draw: the run stopped before lower.</p>'
     stem = Path(rel).name.removesuffix(".txt")
-    found = _drawn_graph(run_dir, manifest, rel, stem)
+    try:
+        hlo = (run_dir / rel).read_bytes()
+    except OSError as exc:
+        return f'<p class="note">No graph: {link(rel)} could not be read ({esc(exc)}).</p>'
+    hlo_sha = sha256_bytes(hlo)
+    found = _recorded_graph(run_dir, manifest, rel, hlo_sha) or _page_graph(
+        run_dir, rel, stem, hlo_sha
+    )
     if found is None and not draw:
         return f'<p class="note">Graph not drawn (--no-graph): {link(rel)} holds the HLO.</p>'
     if found is None:
         dot = run_dir / GRAPH_DIR / REPORT_GRAPH_DIR / f"{stem}.dot"
         try:
+            dot.with_name(f"{stem}{SOURCE_SUFFIX}").unlink(missing_ok=True)  # vouches no more
             drawn = write_graph(
-                (run_dir / rel).read_text(), dot, image_format="svg", max_nodes=_max_nodes(manifest)
+                hlo.decode(), dot, image_format="svg", max_nodes=_max_nodes(manifest)
             )
+            if drawn.get("image") is not None:
+                _write_source(dot, rel, hlo_sha, drawn["image"])
         except (OSError, ValueError) as exc:  # an unreadable or truncated HLO text
             return f'<p class="note">No graph: {link(rel)} could not be drawn ({esc(exc)}).</p>'
         if drawn.get("image") is None:
@@ -449,6 +502,7 @@ __all__ = [
     "HTML_NAME",
     "MAX_FILES",
     "REPORT_GRAPH_DIR",
+    "SOURCE_SUFFIX",
     "SWEEP_FILES",
     "dot_note",
     "files_section",
