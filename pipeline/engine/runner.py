@@ -185,6 +185,7 @@ def _run(
     check_deferred(cfg)  # compose()'s refusal: program.target given, program.args another's
     typed = typed_config(cfg)
     checkpoint = None
+    checked_store = None
     given = _hydra_overrides() if overrides is None else overrides
     if typed.resume_from:
         # The user's own config first, so that a bad key is named before a checkpoint's
@@ -194,6 +195,7 @@ def _run(
         check_store_dir(
             typed.store.dir, typed.store.enabled, typed.store.cache_dir, typed.store.lease_s
         )
+        checked_store = typed.store
         typed = resolve_resume_from(typed, given)  # resume_from=latest: the run it means
         if STAGES.index(typed.start_at) > 0 and typed.resume_from:
             checkpoint = Checkpoint(typed.resume_from)
@@ -201,10 +203,12 @@ def _run(
     # Checked once, as the run runs; the arguments bound once (by the mesh checks, or here),
     # all before JAX is imported.
     typed, checked_bound = validated(typed)
-    # A bucket store's URL, library and cache folder (validation checked a folder store).
-    check_store_dir(
-        typed.store.dir, typed.store.enabled, typed.store.cache_dir, typed.store.lease_s
-    )
+    # A bucket store's URL, library and cache folder (validation checked a folder store);
+    # a resumed run checked its store above, and a checkpoint never changes it.
+    if typed.store != checked_store:
+        check_store_dir(
+            typed.store.dir, typed.store.enabled, typed.store.cache_dir, typed.store.lease_s
+        )
     bound = (
         checked_bound
         if checked_bound is not None

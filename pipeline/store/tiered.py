@@ -39,7 +39,6 @@ from jaxaot.errors import StoreError
 from jaxaot.store.bucket import (
     Bucket,
     BucketDown,
-    BucketUrl,
     CacheFault,
     Claim,
     Fetched,
@@ -71,7 +70,7 @@ class BucketStore(Store):
     ) -> None:
         super().__init__(cache_root, enabled=enabled, trust=None)  # the cache: $JAXAOT_TRUST_STORE
         self.bucket = bucket
-        self.bucket_trusted = bool(trust) or bucket_named(bucket.url)
+        self.bucket_trusted = bool(trust) or bucket_trusted_by_env(bucket.url.url)
         self.lease_s = lease_s
         self._down: str | None = None  # why the bucket is no longer asked (warned once)
         self._no_writes: str | None = None  # why nothing is written to it (warned once)
@@ -308,11 +307,6 @@ class BucketStore(Store):
             return None
 
 
-def bucket_named(url: BucketUrl) -> bool:
-    """Whether ``$JAXAOT_TRUST_STORE`` names ``url`` or a prefix of it."""
-    return bucket_trusted_by_env(url.url)
-
-
 def store_location(configured: str | None) -> str | Path:
     """``store.dir`` if set, else ``$JAXAOT_STORE_DIR``, else the default folder: a bucket URL
     as a string, a folder as a Path."""
@@ -356,7 +350,6 @@ def open_store(
 __all__ = [
     "DEFAULT_LEASE_S",
     "BucketStore",
-    "bucket_named",
     "cache_location",
     "open_store",
     "store_location",
