@@ -197,14 +197,20 @@ def exported(runs: dict[str, Path]) -> dict[str, Any]:
 
 def _jax_cache_read(entry: bytes) -> tuple[bytes, int]:
     """(the serialized executable, the compile seconds) of a JAX cache entry, read as jax 0.10.2's
-    ``compilation_cache`` writes one: compressed with zstandard where installed, else zlib,
-    around the compile seconds in 4 big-endian bytes and the executable."""
+    ``compilation_cache`` writes one: compressed with zstd (Python 3.14's ``compression.zstd``,
+    else the zstandard package) where there is one, else zlib, around the compile seconds in 4
+    big-endian bytes and the executable."""
     try:
-        import zstandard
+        from compression import zstd  # type: ignore[import-not-found]
+
+        raw = zstd.decompress(entry)
     except ImportError:
-        raw = zlib.decompress(entry)
-    else:
-        raw = zstandard.ZstdDecompressor().decompress(entry)
+        try:
+            import zstandard
+        except ImportError:
+            raw = zlib.decompress(entry)
+        else:
+            raw = zstandard.ZstdDecompressor().decompress(entry)
     return raw[4:], int.from_bytes(raw[:4], "big")
 
 
