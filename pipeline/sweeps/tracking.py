@@ -412,7 +412,7 @@ def check_user_side(config: DictConfig) -> None:
         # (e.g. its experiment) does not switch on a callback a config added
         if "tracking" not in keys and f"{at}._target_" not in keys and at not in keys:
             raise ConfigError(
-                f"{at} (from {_origin(config, at)}) switches MLflow tracking on, which sends "
+                f"{at} (from {_origin(config, at + '._target_')}) switches MLflow tracking on, which sends "
                 "the run's files to a server: that is your call, never a config's; give "
                 "+tracking=mlflow on the command line"
             )
