@@ -52,6 +52,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from jaxaot.compat.hydra import job_return_value
+from jaxaot.config.trust.composed import override_value
 from jaxaot.errors import EXIT_DOES_NOT_FIT, ConfigError, MissingDependencyError
 from jaxaot.rundir.manifest import MANIFEST_NAME
 from jaxaot.sweeps.progress import JobOutcome, SweepPlan, override_key, print_error, read_json
@@ -375,15 +376,6 @@ def _overrides(config: DictConfig, which: str) -> list[str]:
     return [str(o) for o in OmegaConf.to_container(node, resolve=False) or []]
 
 
-def _override_value(line: str) -> Any:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_override(line).value()
-    except Exception:
-        return line.split("=", 1)[1]
-
-
 def _origin(config: DictConfig, key: str) -> str:
     """The config file that set ``key`` in this composition, where the trust package can tell."""
     try:
@@ -420,7 +412,7 @@ def check_user_side(config: DictConfig) -> None:
             value = OmegaConf.select(node, key, default=default)
             if value == default:
                 continue
-            given = [_override_value(o) for o in hydra if override_key(o) == f"{at}.{key}"]
+            given = [override_value(o) for o in hydra if override_key(o) == f"{at}.{key}"]
             if given and given[-1] == value:
                 continue
             env = " or set MLFLOW_TRACKING_URI" if key == "uri" else ""

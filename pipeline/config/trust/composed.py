@@ -174,19 +174,24 @@ def check_env_set(cfg: Any, expected: CommandLine, origin: Origin = _no_origin) 
         )
 
 
-def _given(overrides: list[str], key: str) -> Any:
-    """The value the override of exactly ``key`` gives (the last one), or ``_ABSENT``."""
+def override_value(line: str) -> Any:
+    """The value the override ``line`` (``key=value``) gives, as Hydra parses it; the text after
+    the first ``=`` where Hydra's grammar refuses it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    try:
+        return OverridesParser.create().parse_override(line).value()
+    except Exception:
+        return line.split("=", 1)[1]
+
+
+def _given(overrides: list[str], key: str) -> Any:
+    """The value the override of exactly ``key`` gives (the last one), or ``_ABSENT``."""
     found: Any = _ABSENT
     for line in overrides:
         name = line.lstrip("+~").split("=", 1)[0].strip()
-        if name != key or "=" not in line:
-            continue
-        try:
-            found = OverridesParser.create().parse_override(line).value()
-        except Exception:
-            found = line.split("=", 1)[1]
+        if name == key and "=" in line:
+            found = override_value(line)
     return found
 
 
@@ -453,4 +458,5 @@ __all__ = [
     "check_user_file_location",
     "hydra_names",
     "log_file_refusal",
+    "override_value",
 ]
