@@ -370,10 +370,10 @@ def test_the_bucket_can_come_from_jaxaot_store_dir(
         check_store_dir(None)
 
 
-def test_store_commands_on_a_bucket(
-    s3_env: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def ls_and_stats_of_two_entries(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = s3_env.bucket()
+    """Two entries put into the bucket at ``url``: `jaxaot-store ls` and `stats` list them."""
     store = store_at(url, tmp_path / "a")
     store.put("compile", KEY, {"x": b"1" * 100}, compat=COMPAT)
     store.put("lower", KEY2, {"y": b"2" * 50}, compat=COMPAT)
@@ -383,6 +383,13 @@ def test_store_commands_on_a_bucket(
     assert store_cmd.main(["--store", url, "stats"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"store {url} (format v1)\n") and "total    2" in out
+
+
+def test_store_commands_on_a_bucket(
+    s3_env: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = s3_env.bucket()
+    ls_and_stats_of_two_entries(url, tmp_path, capsys)
     u = parse_bucket_url(url)
     bad = f"{u.prefix}/v1/lower/cd/{KEY2}/{'0' * 64}/y"  # a killed writer's, too young for gc
     s3_env.client().put_object(Bucket=u.bucket, Key=bad, Body=b"stray")  # type: ignore[attr-defined]

@@ -21,7 +21,6 @@ for _extra in ("testing", "gcs"):
         pytest.skip(extra_reason(_extra), allow_module_level=True)
 
 from gcs_server import GcsServer, plain_gcsfs, running_gcs_server  # noqa: E402
-from jaxaot.cli import store_cmd  # noqa: E402
 from jaxaot.store.bucket import parse_bucket_url  # noqa: E402
 
 # The S3 tests' helpers (importing them needs the s3 extra: without it this module is skipped,
@@ -32,6 +31,7 @@ from test_store_bucket import (  # noqa: E402
     KEY2,
     cache_only_put,
     jaxaot_args,
+    ls_and_stats_of_two_entries,
     store_at,
     store_warnings,
 )
@@ -137,16 +137,7 @@ def test_a_corrupted_object_is_refused_before_it_is_deserialised(
 def test_store_ls_and_stats_on_a_gs_bucket(
     gcs_env: GcsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = gcs_env.bucket()
-    store = store_at(url, tmp_path / "a")
-    store.put("compile", KEY, {"x": b"1" * 100}, compat=COMPAT)
-    store.put("lower", KEY2, {"y": b"2" * 50}, compat=COMPAT)
-    assert store_cmd.main(["--store", url, "ls"]) == 0
-    out = capsys.readouterr().out
-    assert f"compile  {KEY}" in out and f"lower    {KEY2}" in out and out.endswith("2 entries\n")
-    assert store_cmd.main(["--store", url, "stats"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"store {url} (format v1)\n") and "total    2" in out
+    ls_and_stats_of_two_entries(gcs_env.bucket(), tmp_path, capsys)
 
 
 def test_a_run_twice_compiles_once_through_the_bucket_bit_equal(
