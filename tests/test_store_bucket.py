@@ -180,6 +180,34 @@ def test_a_claim_makes_other_machines_wait_for_the_entry(s3_env: S3Server, tmp_p
     assert not any(k.startswith("claims/") for k in objects(s3_env, url))
 
 
+def test_an_entry_put_between_the_waiters_look_and_its_claim_is_served_not_claimed(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The holder puts its entry and releases its claim right after the waiter looked and
+    found nothing: the waiter's claim then succeeds, and it must still serve the entry."""
+    url = s3_env.bucket()
+    a, b = store_at(url, tmp_path / "a"), store_at(url, tmp_path / "b")
+    claim = a.claim("compile", KEY, blocking=True)
+    assert isinstance(claim, Claim)
+    looked = b.bucket.has
+
+    def look_then_holder_finishes(stage: str, key: str) -> bool:
+        found = looked(stage, key)
+        if not found and claim.etag is not None:
+            a.put("compile", KEY, {"x": b"made once"}, compat=COMPAT)
+            claim.release()
+            claim.etag = None
+        return found
+
+    b.bucket.has = look_then_holder_finishes  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="jaxaot"):
+        assert b.claim("compile", KEY, blocking=True) is None
+    assert "was computed on another machine (waited" in caplog.text
+    assert not any(k.startswith("claims/") for k in objects(s3_env, url))
+    hit = b.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"made once"
+
+
 PUT_KILLED = textwrap.dedent(
     """
     import os, sys

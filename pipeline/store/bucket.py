@@ -653,20 +653,23 @@ class Bucket:
                     self._read_ahead[(stage, key)] = raw
                     return None
             elif self.has(stage, key):
-                log.info(
-                    "[%s] %s was computed on another machine (waited %.2f s)",
-                    stage,
-                    key[:12],
-                    time.perf_counter() - waited_from,
-                )
+                self._served_after_wait(stage, key, waited_from)
                 return None
             try:
                 etag = self._put_claim(path, self.claim_body(0, lease_s), if_match=None)
-                return Claim(self, path, lease_s, etag)
             except FileExistsError:
                 pass
             except FileNotFoundError as exc:  # a write finds no bucket
                 raise BucketDown(f"claiming in {self.url.url}: {exc}") from exc
+            else:
+                claim = Claim(self, path, lease_s, etag)
+                # The holder puts its entry, then releases: both may fall between our look
+                # and our claim. Look once more, so the entry is served as the holder's.
+                if waited_from is not None and self.has(stage, key):
+                    claim.release()
+                    self._served_after_wait(stage, key, waited_from)
+                    return None
+                return claim
             if not blocking:
                 return BUSY
             try:
@@ -693,6 +696,14 @@ class Bucket:
                 )
             time.sleep(poll)
             poll = min(poll * 1.5, _POLL_MAX_S)
+
+    def _served_after_wait(self, stage: str, key: str, waited_from: float) -> None:
+        log.info(
+            "[%s] %s was computed on another machine (waited %.2f s)",
+            stage,
+            key[:12],
+            time.perf_counter() - waited_from,
+        )
 
     def _take_over(
         self, stage: str, key: str, path: str, version: str, lease_s: float, held: float
