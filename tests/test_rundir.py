@@ -19,6 +19,10 @@ from conftest import cli_env, read_manifest, run_cli
 from jaxaot.errors import ConfigError
 from jaxaot.rundir.dirs import claim, unique_dir
 
+# Spawned children import this module and conftest (JAX with them): a few seconds each when
+# quiet, minutes on a loaded 2-core machine. The wait bounds a hang, not a speed.
+SPAWN_WAIT_S = 600
+
 LOWER = ["program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower"]
 
 
@@ -64,9 +68,9 @@ def test_concurrent_processes_get_distinct_dirs(tmp_path: Path) -> None:
     ]
     for p in procs:
         p.start()
-    got = sorted(queue.get(timeout=60) for _ in procs)
+    got = sorted(queue.get(timeout=SPAWN_WAIT_S) for _ in procs)
     for p in procs:
-        p.join(60)
+        p.join(SPAWN_WAIT_S)
     assert got == sorted([str(tmp_path / "t")] + [f"{tmp_path / 't'}-{i}" for i in range(1, 6)])
 
 
@@ -103,9 +107,9 @@ def test_of_concurrent_claims_on_one_dir_exactly_one_wins(tmp_path: Path) -> Non
     ]
     for p in procs:
         p.start()
-    got = [queue.get(timeout=60) for _ in procs]
+    got = [queue.get(timeout=SPAWN_WAIT_S) for _ in procs]
     for p in procs:
-        p.join(60)
+        p.join(SPAWN_WAIT_S)
     winners = [n for n in got if n is not None]
     assert len(winners) == 1
     assert f'"n": {winners[0]}' in (tmp_path / "r" / "manifest.json").read_text()
