@@ -93,6 +93,33 @@ def test_a_changed_file_declines_and_asks_for_a_restart(running: Running, tmp_pa
     assert running.restart is True  # the caller re-executes the server
 
 
+def test_clients_waiting_to_be_accepted_when_the_loop_ends_are_answered(tmp_path: Path) -> None:
+    """Connected while the server was leaving (idle, stopped, restarting for changed code):
+    closing the listener would drop them with no word whether their run started. A run's
+    request is declined (its client runs in-process), a stop is answered, a status is not (no
+    server is there any more)."""
+    folder = tmp_path / "srv"
+    folder.mkdir(mode=0o700)
+    server = loop.Server(folder / "s.sock", dict(os.environ), [], lock=None)
+    server.open()
+    req, _ = client.request(["program=axpy"])
+    waiting = []
+    for message in (req, {"op": "stop"}, {"op": "status"}):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(server.path))  # in the listen backlog: the loop is not running
+        protocol.send(sock, message)
+        waiting.append(sock)
+    server.restart_requested = True  # as a changed file asks: the loop ends at once
+    assert server.loop() is True
+    replies = []
+    for sock in waiting:
+        with sock:
+            sock.settimeout(10)
+            replies.append(protocol.recv(sock)[0])
+    assert replies == [{"declined": "stopping"}, {"stopping": os.getpid()}, None]
+    assert server.declined == 1 and not server.path.exists()
+
+
 def test_a_watched_folder_changes_by_its_entries_not_its_pycache(tmp_path: Path) -> None:
     site = tmp_path / "site-packages"
     plugins = tmp_path / "hydra_plugins"

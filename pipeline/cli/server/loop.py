@@ -229,8 +229,9 @@ class Server:
         except KeyboardInterrupt:
             pass
         finally:
+            self._unlink_if_mine()  # no new client reaches this listener
+            self._decline_waiting(listener)
             listener.close()
-            self._unlink_if_mine()
             for fd in list(self.reports):  # a run still reporting gets EPIPE, never blocks
                 os.close(fd)
             self.reports.clear()
@@ -239,6 +240,33 @@ class Server:
             for pidfd in list(self.runs):  # runs in flight end as they would have
                 self.finish(pidfd)
         return self.restart_requested
+
+    def _decline_waiting(self, listener: socket.socket) -> None:
+        """Decline the clients that connected but were not accepted yet: closing the listener
+        would drop them, and they could not know whether their run had started. Declined,
+        they run in-process (nothing was forked)."""
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # BlockingIOError: none left
+                return
+            with conn:
+                if peer_problem(*peer_credentials(conn)):
+                    continue
+                conn.settimeout(2)
+                req: dict[str, Any] | None = None
+                with contextlib.suppress(OSError, ValueError):
+                    req, fds = recv(conn, maxfds=3 + MAX_FDS)
+                    for fd in fds:
+                        os.close(fd)
+                op = (req or {}).get("op")
+                if op == "status":  # no answer: no server (by the time it is read)
+                    continue
+                reply = {"stopping": os.getpid()} if op == "stop" else {"declined": "stopping"}
+                with contextlib.suppress(OSError):
+                    send(conn, reply)
+                self.declined += op != "stop"
 
     def _timeout(self) -> float:
         if any(r.killed_at is not None for r in self.runs.values()):
