@@ -665,10 +665,16 @@ class Bucket:
                 claim = Claim(self, path, lease_s, etag)
                 # The holder puts its entry, then releases: both may fall between our look
                 # and our claim. Look once more, so the entry is served as the holder's.
-                if waited_from is not None and self.has(stage, key):
-                    claim.release()
-                    self._served_after_wait(stage, key, waited_from)
-                    return None
+                if waited_from is not None:
+                    try:
+                        served = self.has(stage, key)
+                    except BaseException:
+                        claim.release()
+                        raise
+                    if served:
+                        claim.release()
+                        self._served_after_wait(stage, key, waited_from)
+                        return None
                 return claim
             if not blocking:
                 return BUSY
