@@ -93,31 +93,78 @@ def test_a_changed_file_declines_and_asks_for_a_restart(running: Running, tmp_pa
     assert running.restart is True  # the caller re-executes the server
 
 
-def test_clients_waiting_to_be_accepted_when_the_loop_ends_are_answered(tmp_path: Path) -> None:
-    """Connected while the server was leaving (idle, stopped, restarting for changed code):
-    closing the listener would drop them with no word whether their run started. A run's
-    request is declined (its client runs in-process), a stop is answered, a status is not (no
-    server is there any more)."""
+def _backlog(tmp_path: Path, *messages: dict[str, Any]) -> tuple[loop.Server, list[socket.socket]]:
+    """A server whose loop is not running, and clients connected to it (in the listen
+    backlog), each having sent its message."""
     folder = tmp_path / "srv"
     folder.mkdir(mode=0o700)
     server = loop.Server(folder / "s.sock", dict(os.environ), [], lock=None)
     server.open()
-    req, _ = client.request(["program=axpy"])
     waiting = []
-    for message in (req, {"op": "stop"}, {"op": "status"}):
+    for message in messages:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(server.path))  # in the listen backlog: the loop is not running
+        sock.connect(str(server.path))
         protocol.send(sock, message)
         waiting.append(sock)
-    server.restart_requested = True  # as a changed file asks: the loop ends at once
-    assert server.loop() is True
+    return server, waiting
+
+
+def _replies(waiting: list[socket.socket]) -> list[dict[str, Any] | None]:
     replies = []
     for sock in waiting:
         with sock:
             sock.settimeout(10)
             replies.append(protocol.recv(sock)[0])
-    assert replies == [{"declined": "stopping"}, {"stopping": os.getpid()}, None]
-    assert server.declined == 1 and not server.path.exists()
+    return replies
+
+
+@pytest.mark.parametrize("ending", ["restart", "idle"])
+def test_clients_waiting_to_be_accepted_when_the_loop_ends_are_answered(
+    tmp_path: Path, ending: str
+) -> None:
+    """Connected while the server was leaving (restarting for changed code, idle): closing the
+    listener would drop them with no word whether their run started. A run's request is
+    declined (its client runs in-process); a status is answered only by a server that comes
+    back (a restart re-executes the same process)."""
+    req, _ = client.request(["program=axpy"])
+    server, waiting = _backlog(tmp_path, req, {"op": "status"})
+    if ending == "restart":
+        server.restart_requested = True  # as a changed file asks: the loop ends at once
+    else:
+        server.idle, server.last_request = 0.0, 0.0
+    path = server.path
+    assert server.loop() is (ending == "restart")
+    replies = _replies(waiting)
+    assert replies[0] == {"declined": "stopping"}
+    if ending == "restart":
+        assert replies[1] is not None and replies[1]["pid"] == os.getpid()
+    else:
+        assert replies[1] is None
+    assert server.declined == 1 and not path.exists()
+
+
+def test_the_drain_refuses_connections_that_come_after_it(tmp_path: Path) -> None:
+    """Between the drain's last accept and the listener's close, a client that found the
+    socket before it was removed is refused (it then runs in-process), not queued and reset."""
+    req, _ = client.request(["program=axpy"])
+    server, waiting = _backlog(tmp_path, req)
+    other_name = tmp_path / "srv" / "other.sock"
+    os.link(server.path, other_name)  # the listener, still reachable once its path is gone
+    assert server.listener is not None
+    server._decline_waiting(server.listener)
+    late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with late, pytest.raises(ConnectionRefusedError):
+        late.connect(str(other_name))
+    server.listener.close()
+    assert _replies(waiting) == [{"declined": "stopping"}]
+
+
+def test_a_stop_waiting_when_a_restart_begins_stops_the_server(tmp_path: Path) -> None:
+    req, _ = client.request(["program=axpy"])
+    server, waiting = _backlog(tmp_path, {"op": "stop"}, req)
+    server.restart_requested = True
+    assert server.loop() is False  # not re-executed: the stop was answered
+    assert _replies(waiting) == [{"stopping": os.getpid()}, {"declined": "stopping"}]
 
 
 def test_a_watched_folder_changes_by_its_entries_not_its_pycache(tmp_path: Path) -> None:

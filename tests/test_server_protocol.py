@@ -37,6 +37,24 @@ def test_descriptors_travel_with_the_request(tmp_path) -> None:
     os.close(fds[0])
 
 
+def test_received_descriptors_are_close_on_exec_and_closed_with_a_bad_message(tmp_path) -> None:
+    """The descriptors of a request the receiver cannot read are closed, not leaked (into a
+    server that re-executes itself, say); those it can read are close-on-exec."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    a, b = socket.socketpair()
+    with a, b:
+        opened = set(os.listdir("/proc/self/fd"))
+        socket.send_fds(a, [struct.pack("!I", 3) + b"{no"], [fd])
+        with pytest.raises(ValueError):
+            protocol.recv(b, maxfds=3)
+        assert set(os.listdir("/proc/self/fd")) == opened  # the received copy is closed
+        protocol.send(a, {"v": protocol.PROTOCOL}, [fd])
+        _, fds = protocol.recv(b, maxfds=3)
+    os.close(fd)
+    assert len(fds) == 1 and not os.get_inheritable(fds[0])
+    os.close(fds[0])
+
+
 @pytest.mark.parametrize("sent", [b"", b"\x00\x00", struct.pack("!I", 10) + b'{"a":'])
 def test_a_peer_that_closes_mid_message_gives_none(sent: bytes) -> None:
     a, b = socket.socketpair()

@@ -662,20 +662,7 @@ class Bucket:
             except FileNotFoundError as exc:  # a write finds no bucket
                 raise BucketDown(f"claiming in {self.url.url}: {exc}") from exc
             else:
-                claim = Claim(self, path, lease_s, etag)
-                # The holder puts its entry, then releases: both may fall between our look
-                # and our claim. Look once more, so the entry is served as the holder's.
-                if waited_from is not None:
-                    try:
-                        served = self.has(stage, key)
-                    except BaseException:
-                        claim.release()
-                        raise
-                    if served:
-                        claim.release()
-                        self._served_after_wait(stage, key, waited_from)
-                        return None
-                return claim
+                return self._won(Claim(self, path, lease_s, etag), stage, key, waited_from)
             if not blocking:
                 return BUSY
             try:
@@ -689,7 +676,7 @@ class Bucket:
             elif now - seen[1] > (held := _holder_lease(body)):
                 if self._take_over(stage, key, path, version, lease_s, held):
                     etag = self._claim_version(path) if self._s3 else None
-                    return Claim(self, path, lease_s, etag)
+                    return self._won(Claim(self, path, lease_s, etag), stage, key, waited_from)
                 seen = None
                 continue
             if waited_from is None:
@@ -702,6 +689,23 @@ class Bucket:
                 )
             time.sleep(poll)
             poll = min(poll * 1.5, _POLL_MAX_S)
+
+    def _won(self, claim: Claim, stage: str, key: str, waited_from: float | None) -> Claim | None:
+        """``claim``, just won; None (the claim released) when this process waited for another
+        holder and its entry is there now: the holder puts its entry, then releases, and both
+        may fall between our last look and our claim (or a slow holder's put, our take-over)."""
+        if waited_from is None:
+            return claim
+        try:
+            served = self.has(stage, key)
+        except BaseException:
+            claim.release()
+            raise
+        if not served:
+            return claim
+        claim.release()
+        self._served_after_wait(stage, key, waited_from)
+        return None
 
     def _served_after_wait(self, stage: str, key: str, waited_from: float) -> None:
         log.info(

@@ -9,7 +9,9 @@ away takes its run with it: SIGTERM to the run's process group, SIGKILL 10 s lat
 
 The loop stops on a ``stop`` request, on KeyboardInterrupt (the server process turns SIGTERM
 and SIGHUP into one), after ``idle`` seconds with no request and no run, or when a file of an
-imported module changed (:attr:`Server.restart_requested`: the caller re-executes).
+imported module changed (:attr:`Server.restart_requested`: the caller re-executes). Leaving,
+it first refuses new connections, then answers the clients still waiting to be accepted
+(:meth:`Server._decline_waiting`), so that none is dropped unsure whether its run started.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from jaxaot.cli.server.protocol import (
 MAX_RUNS = 32  # runs in flight at once; more run in-process
 IDLE_SECONDS = 3 * 3600
 KILL_AFTER = 10.0  # seconds from a client's going away to SIGKILL of its run
+DRAIN_S = 2.0  # seconds, in all, to answer the clients still waiting when the loop ends
 
 # What a forked child runs: given the server's remembered compositions and the write end of
 # its report pipe (jaxaot.cli.server.compositions).
@@ -242,31 +245,51 @@ class Server:
         return self.restart_requested
 
     def _decline_waiting(self, listener: socket.socket) -> None:
-        """Decline the clients that connected but were not accepted yet: closing the listener
-        would drop them, and they could not know whether their run had started. Declined,
-        they run in-process (nothing was forked)."""
+        """Answer the clients that connected but were not accepted yet, which closing the
+        listener would drop with no word whether their run started. New connections are
+        refused first (the client then finds no server and runs in-process); each waiting
+        run request is declined (its client runs in-process: nothing was forked), a stop is
+        answered (and ends a restart), a status is answered only while restarting (the same
+        process comes back). At most :data:`DRAIN_S` seconds in all."""
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RD)  # connect() now gets ECONNREFUSED
         listener.setblocking(False)
-        while True:
+        deadline = time.monotonic() + DRAIN_S
+        while (left := deadline - time.monotonic()) > 0:
             try:
                 conn, _ = listener.accept()
-            except OSError:  # BlockingIOError: none left
+            except OSError:  # none left
                 return
             with conn:
-                if peer_problem(*peer_credentials(conn)):
+                try:
+                    self._answer_waiting(conn, left)
+                except KeyboardInterrupt:  # SIGTERM while leaving: leave, restart or not
+                    self.restart_requested = False
+                    return
+                except Exception:  # one client's trouble never stops the shutdown
                     continue
-                conn.settimeout(2)
-                req: dict[str, Any] | None = None
-                with contextlib.suppress(OSError, ValueError):
-                    req, fds = recv(conn, maxfds=3 + MAX_FDS)
-                    for fd in fds:
-                        os.close(fd)
-                op = (req or {}).get("op")
-                if op == "status":  # no answer: no server (by the time it is read)
-                    continue
-                reply = {"stopping": os.getpid()} if op == "stop" else {"declined": "stopping"}
-                with contextlib.suppress(OSError):
-                    send(conn, reply)
-                self.declined += op != "stop"
+
+    def _answer_waiting(self, conn: socket.socket, timeout: float) -> None:
+        if peer_problem(*peer_credentials(conn)):
+            return
+        conn.settimeout(timeout)
+        req: dict[str, Any] | None = None
+        with contextlib.suppress(OSError, ValueError):
+            req, fds = recv(conn, maxfds=3 + MAX_FDS)
+            for fd in fds:
+                os.close(fd)
+        op = (req or {}).get("op")
+        if op == "stop":
+            self.restart_requested = False
+            reply: dict[str, Any] | None = {"stopping": os.getpid()}
+        elif op == "status":
+            reply = self.status() if self.restart_requested else None
+        else:
+            reply = {"declined": "stopping"}
+            self.declined += 1
+        if reply is not None:
+            with contextlib.suppress(OSError):
+                send(conn, reply)
 
     def _timeout(self) -> float:
         if any(r.killed_at is not None for r in self.runs.values()):

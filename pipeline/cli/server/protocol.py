@@ -59,12 +59,19 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any] | None, l
         first, fds, _, _ = socket.recv_fds(sock, _HEADER.size, maxfds)
     else:
         first, fds = sock.recv(_HEADER.size), []
-    header = _recv_exact(sock, first, _HEADER.size)
-    if header is None:
-        return None, fds
-    (size,) = _HEADER.unpack(header)
-    data = _recv_exact(sock, b"", size)
-    return (json.loads(data) if data is not None else None), fds
+    try:
+        for fd in fds:  # a descriptor never outlives an exec unless moved there on purpose
+            os.set_inheritable(fd, False)
+        header = _recv_exact(sock, first, _HEADER.size)
+        if header is None:
+            return None, fds
+        (size,) = _HEADER.unpack(header)
+        data = _recv_exact(sock, b"", size)
+        return (json.loads(data) if data is not None else None), fds
+    except BaseException:  # the caller never sees them: close them here
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _recv_exact(sock: socket.socket, data: bytes, size: int) -> bytes | None:
