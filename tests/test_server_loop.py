@@ -160,11 +160,12 @@ def test_the_drain_refuses_connections_that_come_after_it(tmp_path: Path) -> Non
 
 
 def test_a_stop_waiting_when_a_restart_begins_stops_the_server(tmp_path: Path) -> None:
+    """The status asked before the stop is not told the server runs: it will not come back."""
     req, _ = client.request(["program=axpy"])
-    server, waiting = _backlog(tmp_path, {"op": "stop"}, req)
+    server, waiting = _backlog(tmp_path, {"op": "status"}, {"op": "stop"}, req)
     server.restart_requested = True
     assert server.loop() is False  # not re-executed: the stop was answered
-    assert _replies(waiting) == [{"stopping": os.getpid()}, {"declined": "stopping"}]
+    assert _replies(waiting) == [None, {"stopping": os.getpid()}, {"declined": "stopping"}]
 
 
 def test_a_watched_folder_changes_by_its_entries_not_its_pycache(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import struct
+import time
 
 import pytest
 from jaxaot.cli.server import facts, protocol
@@ -53,6 +54,18 @@ def test_received_descriptors_are_close_on_exec_and_closed_with_a_bad_message(tm
     os.close(fd)
     assert len(fds) == 1 and not os.get_inheritable(fds[0])
     os.close(fds[0])
+
+
+def test_a_deadline_bounds_a_message_that_comes_a_byte_at_a_time() -> None:
+    """However the bytes come (here: half a header, then nothing), past the deadline recv
+    gives up, and the descriptors that came with the first bytes are closed."""
+    a, b = socket.socketpair()
+    with a, b:
+        socket.send_fds(a, [b"\x00\x00"], [a.fileno()])
+        opened = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(TimeoutError):
+            protocol.recv(b, maxfds=3, deadline=time.monotonic() + 0.2)
+        assert set(os.listdir("/proc/self/fd")) == opened
 
 
 @pytest.mark.parametrize("sent", [b"", b"\x00\x00", struct.pack("!I", 10) + b'{"a":'])

@@ -257,6 +257,33 @@ def test_a_put_killed_halfway_is_invisible_then_taken_over_and_collected(
     assert hit is not None and hit.read_bytes("x") == b"recomputed"
 
 
+def test_a_take_over_that_finds_the_slow_holders_entry_serves_it(
+    s3_env: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder stops beating but puts its entry as the waiter takes its claim over: the
+    waiter serves that entry (no claim kept, no "computing it here" warning)."""
+    url = s3_env.bucket()
+    holder = store_at(url, tmp_path / "a", lease_s=1.0)
+    waiter = store_at(url, tmp_path / "b", lease_s=1.0)
+    claim = holder.claim("compile", KEY, blocking=True)
+    assert isinstance(claim, Claim)
+    claim._stop.set()  # the holder hangs: no more heartbeats
+    take_over = waiter.bucket._take_over
+
+    def holder_puts_first(*args: object) -> Claim | None:
+        holder.put("compile", KEY, {"x": b"made slowly"}, compat=COMPAT)
+        return take_over(*args)  # type: ignore[arg-type]
+
+    waiter.bucket._take_over = holder_puts_first  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="jaxaot"):
+        assert waiter.claim("compile", KEY, blocking=True) is None
+    assert "was computed on another machine (waited" in caplog.text
+    assert "computing it here" not in caplog.text
+    assert not any(k.startswith("claims/") for k in objects(s3_env, url))
+    hit = waiter.get("compile", KEY, expect=COMPAT)
+    assert hit is not None and hit.read_bytes("x") == b"made slowly"
+
+
 def test_an_unreachable_bucket_is_one_warning_and_the_cache_goes_on(
     s3_env: S3Server,
     tmp_path: Path,

@@ -674,9 +674,19 @@ class Bucket:
             if seen is None or seen[0] != version:
                 seen = (version, now)
             elif now - seen[1] > (held := _holder_lease(body)):
-                if self._take_over(stage, key, path, version, lease_s, held):
-                    etag = self._claim_version(path) if self._s3 else None
-                    return self._won(Claim(self, path, lease_s, etag), stage, key, waited_from)
+                taken = self._take_over(path, version, lease_s)
+                if taken is not None:
+                    won = self._won(taken, stage, key, waited_from)
+                    if won is not None:
+                        log.warning(
+                            "[%s] the claim on %s in %s had no heartbeat for %.0f s, its "
+                            "holder's lease (its holder died?); computing it here",
+                            stage,
+                            key[:12],
+                            self.url.url,
+                            held,
+                        )
+                    return won
                 seen = None
                 continue
             if waited_from is None:
@@ -715,15 +725,13 @@ class Bucket:
             time.perf_counter() - waited_from,
         )
 
-    def _take_over(
-        self, stage: str, key: str, path: str, version: str, lease_s: float, held: float
-    ) -> bool:
-        """Replace the stale claim of version ``version`` with ours; False when another
+    def _take_over(self, path: str, version: str, lease_s: float) -> Claim | None:
+        """Replace the stale claim of version ``version`` with ours; None when another
         machine changed it first."""
         body = self.claim_body(0, lease_s)
         try:
             if self._s3 and version:
-                self._put_claim(path, body, if_match=version)
+                etag = self._put_claim(path, body, if_match=version)
             else:  # no conditional overwrite: delete, then create (two may both win)
                 with contextlib.suppress(FileNotFoundError):
                     self._call(
@@ -731,18 +739,11 @@ class Bucket:
                         lambda: self.fs.rm_file(path, timeout=OP_TIMEOUT_S),
                         write=True,
                     )
-                self._put_claim(path, body, if_match=None)
+                etag = self._put_claim(path, body, if_match=None)
         except (FileExistsError, FileNotFoundError):
-            return False
-        log.warning(
-            "[%s] the claim on %s in %s had no heartbeat for %.0f s, its holder's lease (its "
-            "holder died?); computing it here",
-            stage,
-            key[:12],
-            self.url.url,
-            held,
-        )
-        return True
+            return None
+        # On S3 a renewal is conditional on this version (read again if the reply had none).
+        return Claim(self, path, lease_s, etag if self._s3 else None)
 
 
 def _claim_doc(raw: bytes) -> dict[str, Any]:

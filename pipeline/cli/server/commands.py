@@ -71,7 +71,7 @@ def start(wait: float = 120.0) -> int:
 
 def stop() -> int:
     reply = ask("stop")
-    if reply is None:
+    if reply is None or "stopping" not in reply:  # none, or one leaving already
         print(f"jaxaot server: not running ({socket_path()})")
         return 0
     pid = int(reply["stopping"])

@@ -229,8 +229,8 @@ class Server:
                     else:
                         self.finish(key.fd)
                 self.escalate()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # SIGTERM/SIGHUP or a stop: leave, restart or not
+            self.restart_requested = False
         finally:
             self._unlink_if_mine()  # no new client reaches this listener
             self._decline_waiting(listener)
@@ -241,55 +241,70 @@ class Server:
             if not self.restart_requested and self.lock is not None:
                 self.lock.close()  # a new server may start while these runs end
             for pidfd in list(self.runs):  # runs in flight end as they would have
-                self.finish(pidfd)
+                try:
+                    self.finish(pidfd)
+                except KeyboardInterrupt:  # a signal while waiting: the other runs still end
+                    self.restart_requested = False
         return self.restart_requested
 
     def _decline_waiting(self, listener: socket.socket) -> None:
         """Answer the clients that connected but were not accepted yet, which closing the
         listener would drop with no word whether their run started. New connections are
-        refused first (the client then finds no server and runs in-process); each waiting
-        run request is declined (its client runs in-process: nothing was forked), a stop is
-        answered (and ends a restart), a status is answered only while restarting (the same
-        process comes back). At most :data:`DRAIN_S` seconds in all."""
+        refused first (the client then finds no server and runs in-process); for up to
+        :data:`DRAIN_S` seconds in all, each waiting run request is declined (its client runs
+        in-process: nothing was forked) and a stop answered (it ends a restart); a status is
+        answered last, and only when the server is restarting (the same process comes back).
+        Clients still waiting after that are dropped."""
         with contextlib.suppress(OSError):
             listener.shutdown(socket.SHUT_RD)  # connect() now gets ECONNREFUSED
         listener.setblocking(False)
         deadline = time.monotonic() + DRAIN_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # none left
-                return
-            with conn:
+        asking: list[socket.socket] = []  # status requests, answered once the rest are
+        try:
+            while time.monotonic() < deadline:
                 try:
-                    self._answer_waiting(conn, left)
+                    conn, _ = listener.accept()
+                except OSError:  # none left
+                    break
+                try:
+                    if self._answer_waiting(conn, deadline) == "status":
+                        asking.append(conn)
+                        continue
                 except KeyboardInterrupt:  # SIGTERM while leaving: leave, restart or not
                     self.restart_requested = False
-                    return
+                    break
                 except Exception:  # one client's trouble never stops the shutdown
-                    continue
+                    pass
+                conn.close()
+            for conn in asking:
+                if self.restart_requested:
+                    with contextlib.suppress(OSError):
+                        send(conn, self.status())
+        finally:
+            for conn in asking:
+                conn.close()
 
-    def _answer_waiting(self, conn: socket.socket, timeout: float) -> None:
+    def _answer_waiting(self, conn: socket.socket, deadline: float) -> str | None:
+        """Answer one waiting client (see :meth:`_decline_waiting`); its operation."""
         if peer_problem(*peer_credentials(conn)):
-            return
-        conn.settimeout(timeout)
+            return None
         req: dict[str, Any] | None = None
         with contextlib.suppress(OSError, ValueError):
-            req, fds = recv(conn, maxfds=3 + MAX_FDS)
+            req, fds = recv(conn, maxfds=3 + MAX_FDS, deadline=deadline)
             for fd in fds:
                 os.close(fd)
         op = (req or {}).get("op")
+        if op == "status":
+            return op
         if op == "stop":
             self.restart_requested = False
-            reply: dict[str, Any] | None = {"stopping": os.getpid()}
-        elif op == "status":
-            reply = self.status() if self.restart_requested else None
+            reply: dict[str, Any] = {"stopping": os.getpid()}
         else:
             reply = {"declined": "stopping"}
             self.declined += 1
-        if reply is not None:
-            with contextlib.suppress(OSError):
-                send(conn, reply)
+        with contextlib.suppress(OSError):
+            send(conn, reply)
+        return op
 
     def _timeout(self) -> float:
         if any(r.killed_at is not None for r in self.runs.values()):

@@ -27,10 +27,12 @@ The standard library only: the client side must cost milliseconds.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 # The request format's version. 2: "process" (interpreter, limits, identity, cgroup and
@@ -51,22 +53,22 @@ def send(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None)
         sock.sendall(_HEADER.pack(len(data)) + data)
 
 
-def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message (and the descriptors sent with it): exactly its bytes, never a byte of the
-    next one (the reply with the pid and the one with the exit status may arrive together).
-    None when the peer closed before a whole message; ValueError for bytes that are not JSON."""
-    if maxfds:
-        first, fds, _, _ = socket.recv_fds(sock, _HEADER.size, maxfds)
-    else:
-        first, fds = sock.recv(_HEADER.size), []
+def recv(
+    sock: socket.socket, maxfds: int = 0, deadline: float | None = None
+) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message (and the descriptors sent with it, close-on-exec): exactly its bytes, never a
+    byte of the next one (the reply with the pid and the one with the exit status may arrive
+    together). None when the peer closed before a whole message; ValueError for bytes that are
+    not JSON; TimeoutError past ``deadline`` (``time.monotonic()``), however the bytes come."""
+    fds: list[int] = []
     try:
-        for fd in fds:  # a descriptor never outlives an exec unless moved there on purpose
-            os.set_inheritable(fd, False)
-        header = _recv_exact(sock, first, _HEADER.size)
+        _until(sock, deadline)
+        first = _recv_fds(sock, _HEADER.size, maxfds, fds) if maxfds else sock.recv(_HEADER.size)
+        header = _recv_exact(sock, first, _HEADER.size, deadline)
         if header is None:
             return None, fds
         (size,) = _HEADER.unpack(header)
-        data = _recv_exact(sock, b"", size)
+        data = _recv_exact(sock, b"", size, deadline)
         return (json.loads(data) if data is not None else None), fds
     except BaseException:  # the caller never sees them: close them here
         for fd in fds:
@@ -74,12 +76,39 @@ def recv(sock: socket.socket, maxfds: int = 0) -> tuple[dict[str, Any] | None, l
         raise
 
 
-def _recv_exact(sock: socket.socket, data: bytes, size: int) -> bytes | None:
+def _recv_fds(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> bytes:
+    """socket.recv_fds with MSG_CMSG_CLOEXEC (its own ``flags`` are not passed on): the
+    descriptors never outlive an exec unless moved there on purpose."""
+    item = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(
+        size, socket.CMSG_SPACE(maxfds * item.itemsize), getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    )
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            item.frombytes(payload[: len(payload) - (len(payload) % item.itemsize)])
+    fds.extend(item)
+    return data
+
+
+def _until(sock: socket.socket, deadline: float | None) -> None:
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("past the deadline")
+    sock.settimeout(left)
+
+
+def _recv_exact(
+    sock: socket.socket, data: bytes, size: int, deadline: float | None
+) -> bytes | None:
     if not data and size:
+        _until(sock, deadline)
         data = sock.recv(size)
         if not data:
             return None
     while len(data) < size:
+        _until(sock, deadline)
         chunk = sock.recv(size - len(data))
         if not chunk:
             return None
