@@ -259,6 +259,7 @@ class Server:
             listener.shutdown(socket.SHUT_RD)  # connect() now gets ECONNREFUSED
         listener.setblocking(False)
         deadline = time.monotonic() + DRAIN_S
+        accepted: list[socket.socket] = []  # closed when the drain ends
         asking: list[socket.socket] = []  # status requests, answered once the rest are
         try:
             while time.monotonic() < deadline:
@@ -266,22 +267,21 @@ class Server:
                     conn, _ = listener.accept()
                 except OSError:  # none left
                     break
+                accepted.append(conn)
                 try:
                     if self._answer_waiting(conn, deadline) == "status":
                         asking.append(conn)
-                        continue
                 except KeyboardInterrupt:  # SIGTERM while leaving: leave, restart or not
                     self.restart_requested = False
                     break
                 except Exception:  # one client's trouble never stops the shutdown
                     pass
-                conn.close()
-            for conn in asking:
-                if self.restart_requested:
+            if self.restart_requested:
+                for conn in asking:
                     with contextlib.suppress(OSError):
                         send(conn, self.status())
         finally:
-            for conn in asking:
+            for conn in accepted:
                 conn.close()
 
     def _answer_waiting(self, conn: socket.socket, deadline: float) -> str | None:
