@@ -114,6 +114,7 @@ class SuiteServer:
             JAXAOT_SERVER_IDLE="600",
         )
         self.env.update(env or {})
+        self.env["JAXAOT_SERVER_SOCKET"] = self.socket  # its own, whatever ``env`` had
         self.env.pop("JAXAOT_SERVER", None)
 
     def _command(self, action: str) -> subprocess.CompletedProcess[str]:
@@ -125,6 +126,8 @@ class SuiteServer:
         if not self.started:
             started = self._command("start")
             assert started.returncode == 0, started.stderr
+            # the runs given this socket reach this server (not one elsewhere, nor in-process)
+            assert Path(self.socket).is_socket(), (self.socket, started.stdout)
             self.started = True
         return self.socket
 

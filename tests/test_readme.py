@@ -367,3 +367,12 @@ def test_the_extractor_finds_commands_markers_and_skips_output() -> None:
     assert _checked("x.outputs  # array(10, dtype=int32)\n").startswith(
         "assert repr(x.outputs) == 'array(10, dtype=int32)'"
     )
+
+
+def test_the_examples_server_listens_where_the_examples_look(tmp_path: Path) -> None:
+    """The examples' server is started on its own socket, the one their environment names,
+    whatever socket the environment it was given named (the suite's, or none)."""
+    folder = tmp_path / "server"
+    folder.mkdir(mode=0o700)
+    server = SuiteServer(folder, {"JAXAOT_SERVER_SOCKET": str(tmp_path / "elsewhere.sock")})
+    assert server.env["JAXAOT_SERVER_SOCKET"] == server.socket == str(folder / "server.sock")
