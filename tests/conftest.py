@@ -196,8 +196,31 @@ def loader() -> Iterator[Any]:
     compose_cache.clear()
 
 
+# What JAX and libtpu put in a process's environment as they start (jax's import, libtpu's
+# import, a backend without TPU chips), the values a `jaxaot` process sets for itself. A worker
+# that ran JAX in-process has them; passed on to the runs it starts, they would differ from the
+# environment the suite's server started with, and the server would decline every such run.
+START_ENV = dict(os.environ)
+
+
+def _jax_start_values() -> dict[str, str]:
+    values = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
+    spec = importlib.util.find_spec("libtpu")
+    if spec is not None and spec.origin:
+        values["TPU_LIBRARY_PATH"] = str(Path(spec.origin).parent / "libtpu.so")
+    return values
+
+
+JAX_START_VALUES = _jax_start_values()
+
+
 def cli_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a `jaxaot` it starts, less what JAX's start set in it
+    (:data:`JAX_START_VALUES`, unless the session began with it), plus ``extra``."""
     env = dict(os.environ)
+    for key, value in JAX_START_VALUES.items():
+        if env.get(key) == value and START_ENV.get(key) != value:
+            del env[key]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("HYDRA_FULL_ERROR", "0")
     env.update(extra)

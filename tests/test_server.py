@@ -186,6 +186,27 @@ def test_another_jax_environment_runs_in_process(shared, tmp_path: Path) -> None
     assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
 
 
+def test_a_client_started_by_a_process_that_ran_jax_is_served(shared, tmp_path: Path) -> None:
+    """A process that ran JAX (a notebook, a script, a pytest worker) has the variables JAX's
+    start set in its environment; a `jaxaot` it starts is served all the same."""
+    import jax
+    from conftest import JAX_START_VALUES, START_ENV
+
+    jax.devices()  # JAX's start, in this process: TF_CPP_MIN_LOG_LEVEL and, with libtpu, more
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    before = _counts(shared, "runs served", "declined")
+    started_by_jax = {**shared, "TF_CPP_MIN_LOG_LEVEL": "1"}
+    proc = run_cli([*AXPY, "--cfg", "job"], cwd=tmp_path, env=started_by_jax)
+    assert proc.returncode == 0 and "program:" in proc.stdout
+    after = _counts(shared, "runs served", "declined")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+    # The suite's environment for the runs it starts leaves out the rest of what JAX's start
+    # set in this worker (libtpu's TPU_LIBRARY_PATH, TPU_SKIP_MDS_QUERY): the runs set them.
+    env = cli_env()
+    for key, value in JAX_START_VALUES.items():
+        assert env.get(key) != value or START_ENV.get(key) == value, key
+
+
 NESTED = """
 import os, subprocess, sys
 

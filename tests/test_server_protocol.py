@@ -134,6 +134,13 @@ def test_environment_variables_read_at_import_must_agree() -> None:
     assert facts.env_mismatch({**mine, "TF_CPP_MIN_LOG_LEVEL": "0"}, mine, added) == (
         "environment (TF_CPP_MIN_LOG_LEVEL)"
     )
+    # ... or have it as the imports left it (a client started from a process that imported
+    # JAX), where the server's environment lacked it before its imports
+    assert facts.env_mismatch({**mine, "TF_CPP_MIN_LOG_LEVEL": "1"}, mine, added) is None
+    before = {**mine, "TF_CPP_MIN_LOG_LEVEL": "3"}  # the imports changed it: not the same start
+    assert facts.env_mismatch({**mine, "TF_CPP_MIN_LOG_LEVEL": "1"}, before, added) == (
+        "environment (TF_CPP_MIN_LOG_LEVEL)"
+    )
     assert facts.import_env(mine) == {"JAX_ENABLE_X64": "0", "LANG": "C.UTF-8"}
 
 

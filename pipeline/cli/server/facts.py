@@ -134,11 +134,16 @@ def process_mismatch(theirs: dict[str, Any], mine: dict[str, Any]) -> str | None
 def env_mismatch(theirs: dict[str, str], mine: dict[str, str], added: dict[str, str]) -> str | None:
     """The reason a client's environment cannot use imports made under ``mine``, or None:
     a variable the imports set (``added``) that the client sets otherwise, or any import-time
-    variable that differs."""
+    variable that differs. A variable the imports added (absent from ``mine``) that the client
+    has with the very value they set is no difference: the client's own imports would find
+    it set as the server's left it (a client started from a Python process that imported JAX
+    has JAX's ``TF_CPP_MIN_LOG_LEVEL``)."""
     for key, value in added.items():
         if key in theirs and theirs[key] != value:
             return f"environment ({key})"
-    t, m = import_env(theirs), import_env(mine)
+    same = {k for k, v in added.items() if k not in mine and theirs.get(k) == v}
+    t = {k: v for k, v in import_env(theirs).items() if k not in same}
+    m = import_env(mine)
     if t != m:
         keys = sorted(k for k in t.keys() | m.keys() if t.get(k) != m.get(k))
         return f"environment ({', '.join(keys)})"
