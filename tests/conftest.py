@@ -196,15 +196,20 @@ def loader() -> Iterator[Any]:
     compose_cache.clear()
 
 
-# What JAX and libtpu put in a process's environment as they start (jax's import, libtpu's
-# import, a backend without TPU chips), the values a `jaxaot` process sets for itself. A worker
-# that ran JAX in-process has them; passed on to the runs it starts, they would differ from the
-# environment the suite's server started with, and the server would decline every such run.
+# What JAX, libtpu and jaxaot put in a process's environment as they start (jax's import,
+# libtpu's import, a backend without TPU chips, the CUDA target's plugin set-up), the values a
+# `jaxaot` process sets for itself. A worker that ran JAX in-process has them; passed on to the
+# runs it starts, they would differ from the environment the suite's server started with, and
+# the server would decline every such run.
 START_ENV = dict(os.environ)
 
 
 def _jax_start_values() -> dict[str, str]:
-    values = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
+    values = {
+        "TF_CPP_MIN_LOG_LEVEL": "1",
+        "TPU_SKIP_MDS_QUERY": "1",
+        "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # jaxaot.targets.cuda.prepare
+    }
     spec = importlib.util.find_spec("libtpu")
     if spec is not None and spec.origin:
         values["TPU_LIBRARY_PATH"] = str(Path(spec.origin).parent / "libtpu.so")
@@ -224,6 +229,17 @@ def cli_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("HYDRA_FULL_ERROR", "0")
     env.update(extra)
+    return env
+
+
+def served_env(suite_server: SuiteServer | None, **extra: str) -> dict[str, str]:
+    """:func:`cli_env` for a module- or session-scoped fixture, which runs before any test's
+    :func:`isolated_store`: its `jaxaot` runs reach the suite's server, as a test's do (in their
+    own process under ``JAXAOT_TEST_SERVER=0``)."""
+    env = cli_env(**extra)
+    if suite_server is not None:
+        env.pop("JAXAOT_SERVER", None)
+        env["JAXAOT_SERVER_SOCKET"] = suite_server.start()
     return env
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_env, extra_reason, read_manifest, run_cli
+from conftest import SuiteServer, cli_env, extra_reason, read_manifest, run_cli, served_env
 
 pytest.importorskip("matplotlib", reason=extra_reason("sweep"))
 
@@ -25,9 +25,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MLP_SMALL = "program.args.1=f32[8,256]"
 
 
-def _sweep(tmp: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _sweep(
+    tmp: Path, *overrides: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     sweep_dir = tmp / "sweep"
-    env = cli_env(JAXAOT_STORE_DIR=str(tmp / "store"))
+    env = {**(env or cli_env()), "JAXAOT_STORE_DIR": str(tmp / "store")}
     proc = run_cli(["-m", *overrides, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp, env=env)
     return proc, sweep_dir
 
@@ -80,7 +82,9 @@ def _assert_csv_matches_manifests(sweep_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def basic_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+def basic_sweep(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[Any, Path]:
     """2 compiler options x 2 seeds = 4 jobs, 2 distinct compiles, basic launcher."""
     return _sweep(
         tmp_path_factory.mktemp("basic"),
@@ -89,11 +93,14 @@ def basic_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         "compile.compiler_options.xla_cpu_enable_fast_math=true,false",
         "execute.seed=0,1",
         "execute.repeats=2",
+        env=served_env(suite_server),
     )
 
 
 @pytest.fixture(scope="module")
-def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+def joblib_sweep(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[Any, Path]:
     """An execute-only sweep (4 seeds) in 2 parallel worker processes."""
     return _sweep(
         tmp_path_factory.mktemp("joblib"),
@@ -103,6 +110,7 @@ def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         "execute.repeats=2",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
+        env=served_env(suite_server),
     )
 
 
