@@ -196,20 +196,16 @@ def loader() -> Iterator[Any]:
     compose_cache.clear()
 
 
-# What JAX, libtpu and jaxaot put in a process's environment as they start (jax's import,
-# libtpu's import, a backend without TPU chips, the CUDA target's plugin set-up), the values a
-# `jaxaot` process sets for itself. A worker that ran JAX in-process has them; passed on to the
-# runs it starts, they would differ from the environment the suite's server started with, and
-# the server would decline every such run.
+# The environment this session began with.
 START_ENV = dict(os.environ)
 
 
+# What JAX and libtpu put in a process's environment as they start (jax's import, libtpu's
+# import, a backend without TPU chips): a worker that ran JAX in-process has them, a `jaxaot`
+# started from a shell does not. The runs a worker starts leave them out, so they are
+# what a user's runs are.
 def _jax_start_values() -> dict[str, str]:
-    values = {
-        "TF_CPP_MIN_LOG_LEVEL": "1",
-        "TPU_SKIP_MDS_QUERY": "1",
-        "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # jaxaot.targets.cuda.prepare
-    }
+    values = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
     spec = importlib.util.find_spec("libtpu")
     if spec is not None and spec.origin:
         values["TPU_LIBRARY_PATH"] = str(Path(spec.origin).parent / "libtpu.so")

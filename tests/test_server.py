@@ -209,6 +209,37 @@ def test_a_client_started_by_a_process_that_ran_jax_is_served(shared, tmp_path: 
         assert env.get(key) != value or START_ENV.get(key) == value, key
 
 
+def test_a_client_that_compiled_for_a_gpu_is_served_and_its_run_reads_its_own_value(
+    shared, tmp_path: Path
+) -> None:
+    """A process that compiled for a GPU in-process (jaxaot.targets.cuda.prepare) has the CUDA
+    plugin's check skipped; a `jaxaot` it starts is served, and its run sees the variable as
+    the client has it (the plugin reads it as the run starts JAX's backends)."""
+    (_programs(shared) / "cuda_check_prog.py").write_text(CUDA_CHECK)
+    out = tmp_path / "seen.txt"
+    before = _counts(shared, "runs served", "declined")
+    env = {**shared, "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "SEEN_OUT": str(out)}
+    proc = run_cli(
+        ["program.target=cuda_check_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    after = _counts(shared, "runs served", "declined")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+    assert out.read_text() == "1"
+
+
+CUDA_CHECK = """
+import os
+
+def f(x):
+    with open(os.environ["SEEN_OUT"], "w") as fh:
+        fh.write(os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "unset"))
+    return x * 2
+"""
+
+
 NESTED = """
 import os, subprocess, sys
 

@@ -144,6 +144,28 @@ def test_environment_variables_read_at_import_must_agree() -> None:
     assert facts.import_env(mine) == {"JAX_ENABLE_X64": "0", "LANG": "C.UTF-8"}
 
 
+def test_variables_read_as_a_backend_starts_may_differ(monkeypatch) -> None:
+    """The child starts JAX's backends after it took on the client's environment: a variable
+    read only then (a process that compiled for a GPU has the CUDA plugin's check skipped)
+    is not compared, and an import-time variable beside it still is."""
+    mine = {"JAX_ENABLE_X64": "0"}
+    skipped = {**mine, "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}
+    assert facts.env_mismatch(skipped, mine, {}) is None
+    assert facts.env_mismatch(mine, skipped, {}) is None
+    assert facts.env_mismatch({**skipped, "JAX_ENABLE_X64": "1"}, mine, {}) == (
+        "environment (JAX_ENABLE_X64)"
+    )
+    # What jaxaot's CUDA target sets in its process is among them.
+    from jaxaot.targets import cuda
+
+    for key in facts.BACKEND_START_ENV:
+        monkeypatch.delenv(key, raising=False)
+    before = dict(os.environ)
+    cuda.prepare()
+    set_by_prepare = {k for k, v in os.environ.items() if before.get(k) != v}
+    assert set_by_prepare and set_by_prepare <= facts.BACKEND_START_ENV
+
+
 def test_inherited_descriptors_are_the_inheritable_ones_above_2() -> None:
     r, w = os.pipe()
     try:

@@ -9,7 +9,8 @@ sent in the request and either given to the child or compared:
 - compared (a run with other values is declined and runs in-process): the interpreter and its
   options, resource limits, priority, user and groups, cgroup and namespaces, the origin of
   every pre-imported package (:data:`PREIMPORT`), and every environment variable read at
-  import time (:data:`IMPORT_ENV`).
+  import time (:data:`IMPORT_ENV`), less those read only when a backend starts
+  (:data:`BACKEND_START_ENV`): the server starts none, so the child reads the client's.
 
 The standard library only: a client computes these facts before every served run.
 """
@@ -32,6 +33,12 @@ IMPORT_ENV = re.compile(
     r"^(JAX_|XLA_|TF_|TPU_|LIBTPU|PJRT_|CUDA_|NVIDIA_|PYTHON|LD_|MALLOC|OMP_|OPENBLAS_|MKL_|GOTO"
     r"|LANG$|LC_)"  # the locale: stdio's encoding is decided at start-up
 )
+# Variables of IMPORT_ENV's families that JAX reads only as it starts its backends, which a
+# served run does in the child, after it took on the client's environment: a client may set
+# them otherwise than the server. JAX's CUDA plugin reads JAX_SKIP_CUDA_CONSTRAINTS_CHECK in
+# its initialize(), at plugin discovery (jaxaot.targets.cuda.prepare sets it in a process
+# that compiles for a GPU).
+BACKEND_START_ENV = frozenset({"JAX_SKIP_CUDA_CONSTRAINTS_CHECK"})
 # Signals a client forwards to its run; those it ignores, its run ignores.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _LIMITS = (
@@ -57,7 +64,7 @@ COMPARED = {
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
     """The variables of ``env`` that JAX, XLA or Python read at import."""
-    return {k: v for k, v in env.items() if IMPORT_ENV.match(k)}
+    return {k: v for k, v in env.items() if IMPORT_ENV.match(k) and k not in BACKEND_START_ENV}
 
 
 def origins() -> dict[str, str | None]:
@@ -151,6 +158,7 @@ def env_mismatch(theirs: dict[str, str], mine: dict[str, str], added: dict[str, 
 
 
 __all__ = [
+    "BACKEND_START_ENV",
     "COMPARED",
     "FORWARDED",
     "IMPORT_ENV",
