@@ -33,6 +33,21 @@ def slow_compile(x: jax.Array) -> jax.Array:
     return lax.fori_loop(0, SLOW_STEPS, step, x, unroll=True)
 
 
+def slow_compile_killed_saving(x: jax.Array) -> jax.Array:
+    """:func:`slow_compile`, whose first attempt leaves what a job killed while submitit saved
+    its result leaves (SLURM's SIGKILL can land there after ``scontrol requeue``): submitit's
+    temporary result file, made by submitit's own ``temporary_save_path``, never renamed."""
+    import os
+
+    import submitit
+    from submitit.core.utils import temporary_save_path
+
+    if os.environ.get("SLURM_RESTART_COUNT", "0") in ("", "0"):
+        saving = temporary_save_path(submitit.JobEnvironment().paths.result_pickle)
+        saving.__enter__().touch()  # and never leaves the block, as a killed job does not
+    return slow_compile(x)
+
+
 def sleepy(x: jax.Array) -> jax.Array:
     """Sleeps 20 s while tracing (no CPU): a job that is still running when it is cancelled."""
     time.sleep(20)

@@ -198,8 +198,17 @@ def test_failed_and_cancelled_jobs_are_rows_and_the_sweep_exits_1(
 
 def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_path: Path) -> None:
     """Mid-compile, job 0 gets submitit's preemption signal (USR2: checkpoint, then requeue) and
-    job 1 is requeued by SLURM itself (``scontrol requeue``: SIGTERM, killed, started again)."""
-    proc, sweep = _start(slurm, tmp_path, *SLOW, "program.args=[f32[64]],[f32[32]]")
+    job 1 is requeued by SLURM itself (``scontrol requeue``: SIGTERM, killed, started again).
+    Each first attempt also leaves submitit's temporary result file, as a job killed while
+    submitit saved its result does (seen under load: the attempt finished its work after the
+    requeue): the requeued attempt still saves its own."""
+    proc, sweep = _start(
+        slurm,
+        tmp_path,
+        "program.target=slurm_programs:slow_compile_killed_saving",
+        *SLOW[1:],
+        "program.args=[f32[64]],[f32[32]]",
+    )
     signalled: set[str] = set()
 
     def signal_lowered_jobs() -> bool:
@@ -251,6 +260,9 @@ def test_requeued_jobs_resume_from_their_last_finished_stage(slurm: Any, tmp_pat
     assert sorted(rows) == ["0", "1"]
     for shape in ("64", "32"):
         assert re.search(rf"^\[\d/2\] args=\['f32\[{shape}\]'\] \| ok \|", out, re.M), out
+    for n in ("0", "1"):
+        assert "which an earlier attempt left as it was killed" in _log(sweep, f"_{n}", "err")
+        assert not list((sweep / ".submitit").glob(f"*_{n}/*.save_tmp"))
 
 
 # -- no cluster needed ----------------------------------------------------------------------
@@ -421,6 +433,26 @@ def test_a_requeue_after_a_power_loss_resumes_from_the_last_stage_whose_files_ar
     (moved / "stage_out" / "a.txt").write_bytes(b"jaxpX")
     second = prepare(job, sweep, 5, list(STAGES), requeued=True)
     assert second.resume_from is None and second.start_at is None  # nothing to resume from
+
+
+def test_a_result_file_left_by_a_killed_attempt_does_not_stop_the_requeued_ones(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("submitit", reason=extra_reason("sweep"))
+    from jaxaot.sweeps.slurm_launcher import discard_unsaved_result
+    from submitit.core.utils import temporary_save_path
+
+    result = tmp_path / "7_1_0_result.pkl"
+    assert not discard_unsaved_result(result)  # a first attempt, or one that saved nothing
+    killed = temporary_save_path(result)
+    killed.__enter__().write_bytes(b"half")  # killed while saving: never renamed
+    refused = pytest.raises(AssertionError, match="temporary saved file already exists")
+    with refused, temporary_save_path(result):
+        pass
+    assert discard_unsaved_result(result)
+    with temporary_save_path(result) as tmp:  # what submitit does with the requeued result
+        tmp.write_bytes(b"result")
+    assert result.read_bytes() == b"result" and list(tmp_path.iterdir()) == [result]
 
 
 def test_stamp_manifest_records_the_requeue(tmp_path: Path) -> None:

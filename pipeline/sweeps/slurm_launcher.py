@@ -84,6 +84,24 @@ def _restart_count() -> int:
         return 0
 
 
+def discard_unsaved_result(result_pickle: Path) -> bool:
+    """Remove the temporary result file an earlier attempt of this job left (whether one was).
+
+    submitit saves a job's result to ``<result>.save_tmp`` and renames it into place, and
+    refuses to start that save when the temporary file exists (``A temporary saved file already
+    exists``). After ``scontrol requeue`` the attempt's processes run on until SLURM's SIGKILL
+    and may finish the job first: killed while saving, they leave the file, and the requeued
+    attempt, its work done, would end FAILED without a result. SLURM starts the requeued
+    attempt only once every process of the earlier one has ended, so the file is no one's."""
+    unsaved = result_pickle.with_suffix(result_pickle.suffix + ".save_tmp")
+    try:
+        unsaved.unlink()
+    except FileNotFoundError:
+        return False
+    log.warning("requeued: removed %s, which an earlier attempt left as it was killed", unsaved)
+    return True
+
+
 def _stamped(task: TaskFunction, attempt: Attempt) -> TaskFunction:
     """The task function, then ``requeued``/``previous_attempts`` added to its manifest."""
 
@@ -128,9 +146,10 @@ class JaxaotSlurmLauncher(SlurmLauncher):
             planned = planned_stages(config)
         except ValueError:  # a bad start_at/stop_after: the runner reports it
             planned = []
-        this = prepare(
-            job_dir, sweep_dir, job_num, planned, requeued=attempt > 0 or _restart_count() > 0
-        )
+        requeued = attempt > 0 or _restart_count() > 0
+        if requeued:
+            discard_unsaved_result(submitit.JobEnvironment().paths.result_pickle)
+        this = prepare(job_dir, sweep_dir, job_num, planned, requeued=requeued)
         if this.resume_from is not None:
             # Set in the config, not added to the overrides: the report's columns and the
             # progress line stay those of the sweep.
@@ -302,4 +321,4 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         return ret
 
 
-__all__ = ["JaxaotSlurmLauncher", "JaxaotSlurmLauncherConf", "job_dir_of"]
+__all__ = ["JaxaotSlurmLauncher", "JaxaotSlurmLauncherConf", "discard_unsaved_result", "job_dir_of"]
