@@ -192,6 +192,7 @@ def test_keyed_backend_keys_the_devices_the_executable_runs_on(compose_run: Any)
         "program.args=[f32[8], f32[4], f32[8]]",
         "mesh.shape=[2]",
         "mesh.axes=[data]",
+        "compile.num_devices=2",  # the host's CPU backend has them, whatever ran here before
         "stop_after=lower",
     )["lower"]
     cfg = jaxaot_cfg(
