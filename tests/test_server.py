@@ -230,6 +230,70 @@ def test_a_client_that_compiled_for_a_gpu_is_served_and_its_run_reads_its_own_va
     assert out.read_text() == "1"
 
 
+USER_PROGRAM = """
+import jax.numpy as jnp
+
+def f(x):
+    return jnp.sin(x) * 3 + jnp.cumsum(x)
+"""
+
+STARTUP_HOOK = """
+import builtins
+builtins.SEEN_BY_SITECUSTOMIZE = "hook ran"
+"""
+
+HOOKED_PROGRAM = """
+import builtins, os
+
+def f(x):
+    with open(os.environ["SEEN_OUT"], "w") as fh:
+        fh.write(getattr(builtins, "SEEN_BY_SITECUSTOMIZE", "no hook"))
+    return x * 2
+"""
+
+
+def test_a_client_with_its_own_pythonpath_is_served_with_the_same_outputs(
+    shared, tmp_path: Path
+) -> None:
+    """`PYTHONPATH=src jaxaot program.target=...`: the user's folder on the client's path is
+    the run's too; outputs equal the in-process run's bit for bit. A folder with a start-up
+    hook (sitecustomize.py, which the client's interpreter ran) is not served: its run shows
+    what the hook did, as in-process."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "user_prog.py").write_text(USER_PROGRAM)
+    env = {**shared, "PYTHONPATH": f"{src}{os.pathsep}{shared['PYTHONPATH']}"}
+    args = ["program.target=user_prog:f", "program.args=[f32[64]]", "execute.seed=3"]
+    before = _counts(shared, "runs served", "declined")
+    via = run_cli([*args, "hydra.run.dir=via"], cwd=tmp_path, env=env)
+    after = _counts(shared, "runs served", "declined")
+    direct = run_cli(
+        [*args, "hydra.run.dir=direct"], cwd=tmp_path, env={**env, "JAXAOT_SERVER": "0"}
+    )
+    assert via.returncode == direct.returncode == 0, via.stderr + direct.stderr
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+    outs = [np.load(tmp_path / d / "execute" / "outputs.npz")["out0"] for d in ("via", "direct")]
+    assert outs[0].tobytes() == outs[1].tobytes() and outs[0].shape == (64,)
+
+    hooked = tmp_path / "hooked"
+    hooked.mkdir()
+    (hooked / "sitecustomize.py").write_text(STARTUP_HOOK)
+    (hooked / "hooked_prog.py").write_text(HOOKED_PROGRAM)
+    seen = tmp_path / "seen.txt"
+    env = {
+        **shared,
+        "PYTHONPATH": f"{hooked}{os.pathsep}{shared['PYTHONPATH']}",
+        "SEEN_OUT": str(seen),
+    }
+    args = ["program.target=hooked_prog:f", "program.args=[f32[2]]", "stop_after=stage_out"]
+    before = _counts(shared, "runs served", "declined")
+    proc = run_cli(args, cwd=tmp_path, env=env)
+    after = _counts(shared, "runs served", "declined")
+    assert proc.returncode == 0, proc.stderr
+    assert (after[0] - before[0], after[1] - before[1]) == (0, 1)
+    assert seen.read_text() == "hook ran"
+
+
 CUDA_CHECK = """
 import os
 

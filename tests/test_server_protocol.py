@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import time
 
 import pytest
@@ -164,6 +165,65 @@ def test_variables_read_as_a_backend_starts_may_differ(monkeypatch) -> None:
     cuda.prepare()
     set_by_prepare = {k for k, v in os.environ.items() if before.get(k) != v}
     assert set_by_prepare and set_by_prepare <= facts.BACKEND_START_ENV
+
+
+def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(tmp_path) -> None:
+    """PYTHONPATH is compared by what it does: the client's sys.path. Its own entries may hold
+    the user's modules, not one named as a module the server imported, a start-up hook or
+    Hydra plugins; the server's entries keep their order, and those it imported from stay."""
+    mine = ["", "/py/lib", "/venv/site-packages"]  # "": the server's cwd, "/"
+    used = {"/py/lib", "/venv/site-packages"}
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "train.py").write_text("")
+    (project / "notes.txt").write_text("")
+    theirs = [str(project), *mine[1:]]
+    assert facts.import_env({"PYTHONPATH": str(project)}) == {}
+    assert facts.path_mismatch(theirs, "/home/u", mine, "/", used) is None
+    # a relative entry is the client's cwd's; a missing one holds nothing; a repeat is no entry
+    rel = ["project", "gone", *mine[1:], "/py/lib"]
+    assert facts.path_mismatch(rel, str(tmp_path), mine, "/", used) is None
+    for name in ("numpy", "yaml.py", "sitecustomize.py", "usercustomize.py", "hydra_plugins"):
+        shadow = tmp_path / name.replace(".", "_") / name
+        shadow.parent.mkdir()
+        (shadow.mkdir() if "." not in name else shadow.write_text(""))
+        reason = facts.path_mismatch([str(shadow.parent), *theirs], "/", mine, "/", used)
+        assert reason == f"import path ({name.split('.')[0]} in {shadow.parent})"
+    assert facts.path_mismatch(theirs[::-1], "/", mine, "/", used) == "import path (order)"
+    assert facts.path_mismatch(theirs[:2], "/", mine, "/", used) == (
+        "import path (/venv/site-packages missing)"
+    )
+    assert facts.path_mismatch(theirs[:2], "/", mine, "/", used - {"/venv/site-packages"}) is None
+    zipped = tmp_path / "deps.zip"
+    zipped.write_bytes(b"PK")
+    assert facts.path_mismatch([str(zipped), *theirs], "/", mine, "/", used) == (
+        f"import path ({zipped} is not a folder)"
+    )
+    assert facts.module_names(str(project)) == {"mypkg", "train"}
+
+
+def test_the_entries_imports_came_from_are_found(tmp_path, monkeypatch) -> None:
+    pkg = tmp_path / "a" / "server_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "server_mod.py").write_text("")
+    (tmp_path / "c" / "server_ns").mkdir(parents=True)  # a namespace package's portion
+    (tmp_path / "unused").mkdir()
+    entries = [str(tmp_path / x) for x in ("a", "b", "c", "unused")]
+    monkeypatch.syspath_prepend(str(tmp_path / "c"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    for name in ("server_pkg", "server_mod", "server_ns"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        __import__(name)
+    try:
+        assert facts.entries_used(["b", *entries[::2], entries[3]], str(tmp_path)) == {
+            str(tmp_path / x) for x in ("a", "b", "c")
+        }
+    finally:
+        for name in ("server_pkg", "server_mod", "server_ns"):
+            sys.modules.pop(name, None)
 
 
 def test_inherited_descriptors_are_the_inheritable_ones_above_2() -> None:

@@ -596,7 +596,7 @@ GONE_MID_RUN = textwrap.dedent(
 
     tiered.BucketStore.get = get_then_stop
     sys.argv = ["jaxaot", f"store.dir={url}", *sys.argv[1:]]
-    runpy.run_module("jaxaot", run_name="__main__")
+    runpy.run_module("jaxaot.cli.main", run_name="__main__")  # in this process, never served
     """
 )
 

@@ -8,9 +8,11 @@ sent in the request and either given to the child or compared:
   stdio's error handler (strict, or surrogateescape in a C locale), descriptors above 2;
 - compared (a run with other values is declined and runs in-process): the interpreter and its
   options, resource limits, priority, user and groups, cgroup and namespaces, the origin of
-  every pre-imported package (:data:`PREIMPORT`), and every environment variable read at
-  import time (:data:`IMPORT_ENV`), less those read only when a backend starts
-  (:data:`BACKEND_START_ENV`): the server starts none, so the child reads the client's.
+  every pre-imported package (:data:`PREIMPORT`), ``sys.path`` (:func:`path_mismatch`: the
+  client's may add entries that hold nothing the server imported), and every environment
+  variable read at import time (:data:`IMPORT_ENV`), less those read only when a backend starts
+  (:data:`BACKEND_START_ENV`: the server starts none, so the child reads the client's) and
+  ``PYTHONPATH`` (what it does, the client's ``sys.path``, is compared).
 
 The standard library only: a client computes these facts before every served run.
 """
@@ -62,9 +64,102 @@ COMPARED = {
 }
 
 
+# Names on a client's own sys.path entry that its child would not look up again, besides
+# every module the server imported: Python's start-up hooks (imported as an interpreter
+# starts) and Hydra's plugins (looked up as the server started).
+PRESTART = frozenset({"sitecustomize", "usercustomize", "hydra_plugins"})
+
+
 def import_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that JAX, XLA or Python read at import."""
-    return {k: v for k, v in env.items() if IMPORT_ENV.match(k) and k not in BACKEND_START_ENV}
+    """The variables of ``env`` that JAX, XLA or Python read at import, less those compared
+    otherwise (``PYTHONPATH``: :func:`path_mismatch`) or read later (:data:`BACKEND_START_ENV`)."""
+    return {
+        k: v
+        for k, v in env.items()
+        if IMPORT_ENV.match(k) and k not in BACKEND_START_ENV and k != "PYTHONPATH"
+    }
+
+
+def imported_names() -> set[str]:
+    """The top-level names of every module this process has imported."""
+    return {name.partition(".")[0] for name in list(sys.modules)}
+
+
+def entries_used(path: list[str], cwd: str) -> set[str]:
+    """The entries of ``path`` (made absolute against ``cwd``) that this process's imported
+    top-level modules and packages were found in (a package's submodules come with it)."""
+    entries = {_absolute(p, cwd) for p in path}
+    used: set[str] = set()
+    for name, mod in list(sys.modules.items()):
+        if "." in name:
+            continue
+        file = getattr(mod, "__file__", None)
+        if isinstance(file, str):
+            found = os.path.dirname(os.path.abspath(file))
+            if os.path.basename(file).startswith("__init__."):
+                found = os.path.dirname(found)
+            folders = [found]
+        else:  # a namespace package: a portion in each folder that has one (a finder's
+            # own entries, such as an editable install's path hook, are no folder)
+            portions = [p for p in getattr(mod, "__path__", ()) if os.path.isabs(p)]
+            folders = [os.path.dirname(p) for p in portions]
+        used.update(f for f in folders if f in entries)
+    return used
+
+
+def module_names(folder: str) -> set[str]:
+    """The top-level names ``import`` finds in ``folder``: modules (any suffix Python imports)
+    and folders (packages, namespace portions). OSError when it is no readable folder."""
+    import importlib.machinery
+
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    names = set()
+    with os.scandir(folder) as found:
+        for entry in found:
+            if entry.is_dir():
+                names.add(entry.name)
+            elif entry.name.endswith(suffixes):
+                names.add(entry.name.partition(".")[0])
+    return names
+
+
+def path_mismatch(
+    theirs: list[str], their_cwd: str, mine: list[str], my_cwd: str, used: set[str]
+) -> str | None:
+    """The reason a client with ``sys.path`` ``theirs`` (``PYTHONPATH`` in it) cannot be served
+    by imports made under ``mine`` (``used``: the entries they came from, :func:`entries_used`),
+    or None. Relative entries are read against each side's cwd.
+
+    The child takes the client's ``sys.path``: what the run imports later is found where the
+    client would find it, but what the server imported is not looked up again. So the entries
+    both have keep their order, an entry the server imported from is on the client's path too,
+    and an entry of the client's own holds no module or package named as one the server
+    imported (the client would import its own), nor a start-up hook or Hydra plugins
+    (:data:`PRESTART`). An entry that is not there holds nothing; one that is no readable
+    folder (a zip) is not served."""
+    # An entry's first place is where imports look in it: later repeats change nothing.
+    t = list(dict.fromkeys(_absolute(p, their_cwd) for p in theirs))
+    m = list(dict.fromkeys(_absolute(p, my_cwd) for p in mine))
+    t_set, m_set = set(t), set(m)
+    if [p for p in t if p in m_set] != [p for p in m if p in t_set]:
+        return "import path (order)"
+    if missing := sorted(used - t_set):
+        return f"import path ({missing[0]} missing)"
+    watched = imported_names() | PRESTART
+    for folder in dict.fromkeys(p for p in t if p not in m_set):
+        try:
+            names = module_names(folder)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return f"import path ({folder} is not a folder)"
+        if clash := sorted(names & watched):
+            return f"import path ({clash[0]} in {folder})"
+    return None
+
+
+def _absolute(entry: str, cwd: str) -> str:
+    return os.path.normpath(os.path.join(cwd, entry))
 
 
 def origins() -> dict[str, str | None]:
@@ -163,10 +258,15 @@ __all__ = [
     "FORWARDED",
     "IMPORT_ENV",
     "PREIMPORT",
+    "PRESTART",
+    "entries_used",
     "env_mismatch",
     "import_env",
+    "imported_names",
     "inherited_fds",
+    "module_names",
     "origins",
+    "path_mismatch",
     "process",
     "process_mismatch",
 ]

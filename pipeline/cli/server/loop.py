@@ -108,6 +108,8 @@ class Server:
         self.added = {k: v for k, v in os.environ.items() if env_before.get(k) != v}
         self.origins = facts.origins()
         self.sys_path = list(sys.path)
+        self.cwd = os.getcwd()  # what the server's relative sys.path entries mean
+        self.entries_used = facts.entries_used(self.sys_path, self.cwd)
         self.files = self._module_files()
         self.started = time.time()
         self.last_request = time.monotonic()
@@ -180,14 +182,9 @@ class Server:
         for name, origin in self.origins.items():
             if req.get("origins", {}).get(name) != origin:
                 return f"import path ({name})"
-        # Hydra's plugins were found on the server's sys.path: a client path entry the server
-        # lacks with plugins of its own (a project's hydra_plugins/) is not served.
-        for entry in req["path"]:
-            if entry not in self.sys_path and os.path.isdir(
-                os.path.join(entry or req["cwd"], "hydra_plugins")
-            ):
-                return f"import path (hydra_plugins in {entry or req['cwd']})"
-        return None
+        return facts.path_mismatch(
+            req["path"], req["cwd"], self.sys_path, self.cwd, self.entries_used
+        )
 
     def open(self) -> None:
         """Listen on :attr:`path`: a 0600 socket bound under a temporary name, then renamed
