@@ -201,6 +201,8 @@ def test_the_private_helpers_give_what_jax_gives() -> None:
     assert aliases["cuda"] == "gpu" and "cpu" in known and canonicalize("cpu") == "cpu"
     assert "cpu" in compat_jax.platforms_with_donation()
     assert compat_jax.backends_started() == bool(compat_jax.started_backends())
+    if compat_jax.backends_started():  # a started backend discovered the plugins first
+        assert compat_jax.plugins_discovered()
     assert "lapack_sgetrf_ffi" in compat_jax.stable_custom_call_targets()
     assert compat_jax.registered_custom_call_targets()
     ir, passmanager = compat_jax.mlir_ir()

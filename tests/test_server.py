@@ -294,6 +294,56 @@ def test_a_client_with_its_own_pythonpath_is_served_with_the_same_outputs(
     assert seen.read_text() == "hook ran"
 
 
+def test_the_warm_up_starts_no_backend_and_discovers_no_plugin() -> None:
+    """The server's warm-up leaves JAX's backends and PJRT plugins to each child, which starts
+    them with its client's environment; the warm-up refuses to serve otherwise."""
+    probe = (
+        "from jaxaot.cli.server.daemon import preimport; preimport(); "
+        "from jaxaot.compat import jax as c; import jax; "
+        "print(c.backends_started(), c.plugins_discovered()); jax.devices(); "
+        "print(c.backends_started(), c.plugins_discovered())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["False False", "True True"]
+
+
+PATCHED_THEN_ENTRY = """
+import runpy, sys
+import jaxaot.engine.runner as runner
+
+run = runner.run
+
+def announced(*a, **k):
+    print("PATCHED RUN", flush=True)
+    return run(*a, **k)
+
+runner.run = announced
+sys.argv = ["jaxaot", *sys.argv[1:]]
+runpy.run_module("jaxaot", run_name="__main__")
+"""
+
+
+def test_a_script_that_set_jaxaot_up_first_runs_its_jaxaot_itself(shared, tmp_path: Path) -> None:
+    """A script that patched (or configured) jaxaot, JAX or Hydra and then called the `jaxaot`
+    entry gets its run in its own process, as it set it up: a server's child has copies of
+    its own. The server is not even asked."""
+    before = _counts(shared, "runs served", "declined")
+    proc = subprocess.run(
+        [sys.executable, "-c", PATCHED_THEN_ENTRY, *AXPY, "stop_after=stage_out"],
+        cwd=tmp_path,
+        env=shared,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PATCHED RUN" in proc.stdout
+    assert _counts(shared, "runs served", "declined") == before
+
+
 CUDA_CHECK = """
 import os
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jaxaot.cli.server import client, protocol
+from jaxaot.cli.server import client, facts, protocol
 from jaxaot.errors import UnsafeSocketError
 
 NO_GROUP = 4_194_304  # above the kernel's largest pid: signals to this group reach no one
@@ -73,6 +73,8 @@ def fake(
     folder.mkdir(mode=0o700)
     path = folder / "s.sock"
     monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(path))
+    # This process imported JAX and jaxaot (the suite): its client stands for a bare `jaxaot`.
+    monkeypatch.setattr(facts, "imported_for_a_run", lambda: None)
     made: list[FakeServer] = []
 
     def start(answer: Answer) -> FakeServer:

@@ -10,6 +10,7 @@ import socket
 import struct
 import sys
 import time
+import types
 
 import pytest
 from jaxaot.cli.server import facts, protocol
@@ -159,18 +160,23 @@ def test_variables_read_as_a_backend_starts_may_differ(monkeypatch) -> None:
     # What jaxaot's CUDA target sets in its process is among them.
     from jaxaot.targets import cuda
 
-    for key in facts.BACKEND_START_ENV:
-        monkeypatch.delenv(key, raising=False)
+    for key in facts.BACKEND_START_ENV:  # restored after the test, set or not
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     before = dict(os.environ)
     cuda.prepare()
     set_by_prepare = {k for k, v in os.environ.items() if before.get(k) != v}
     assert set_by_prepare and set_by_prepare <= facts.BACKEND_START_ENV
 
 
-def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(tmp_path) -> None:
+def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(
+    tmp_path, monkeypatch
+) -> None:
     """PYTHONPATH is compared by what it does: the client's sys.path. Its own entries may hold
-    the user's modules, not one named as a module the server imported, a start-up hook or
-    Hydra plugins; the server's entries keep their order, and those it imported from stay."""
+    the user's modules, not one named as a module the server imported or looked for, a
+    start-up hook, a plugin namespace, package metadata or a .pth file; the server's entries
+    keep their order, and those it imported from stay."""
+    monkeypatch.setattr(facts, "looked_up_names", lambda: {"numpy", "yaml", "zstandard"})
     mine = ["", "/py/lib", "/venv/site-packages"]  # "": the server's cwd, "/"
     used = {"/py/lib", "/venv/site-packages"}
     project = tmp_path / "project"
@@ -183,12 +189,15 @@ def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(tmp
     # a relative entry is the client's cwd's; a missing one holds nothing; a repeat is no entry
     rel = ["project", "gone", *mine[1:], "/py/lib"]
     assert facts.path_mismatch(rel, str(tmp_path), mine, "/", used) is None
-    for name in ("numpy", "yaml.py", "sitecustomize.py", "usercustomize.py", "hydra_plugins"):
+    shadows = ("numpy", "yaml.py", "zstandard.py", "sitecustomize.py", "usercustomize.py")
+    metadata = ("zstandard-0.23.dist-info", "old-1.0.egg-info", "extra.pth")
+    for name in (*shadows, "hydra_plugins", "jax_plugins", *metadata):
         shadow = tmp_path / name.replace(".", "_") / name
         shadow.parent.mkdir()
-        (shadow.mkdir() if "." not in name else shadow.write_text(""))
+        (shadow.mkdir() if "." not in name or "-info" in name else shadow.write_text(""))
         reason = facts.path_mismatch([str(shadow.parent), *theirs], "/", mine, "/", used)
-        assert reason == f"import path ({name.split('.')[0]} in {shadow.parent})"
+        said = name if name in metadata else name.split(".")[0]
+        assert reason == f"import path ({said} in {shadow.parent})"
     assert facts.path_mismatch(theirs[::-1], "/", mine, "/", used) == "import path (order)"
     assert facts.path_mismatch(theirs[:2], "/", mine, "/", used) == (
         "import path (/venv/site-packages missing)"
@@ -199,7 +208,35 @@ def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(tmp
     assert facts.path_mismatch([str(zipped), *theirs], "/", mine, "/", used) == (
         f"import path ({zipped} is not a folder)"
     )
-    assert facts.module_names(str(project)) == {"mypkg", "train"}
+    assert facts.module_names(str(project)) == ({"mypkg", "train"}, [])
+
+
+def test_names_a_process_looked_for_and_did_not_find_are_recorded(monkeypatch) -> None:
+    """A library's optional import that failed in the server (jax's zstandard) stays failed
+    in every child: a client folder that has it must not be served."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(facts._Misses, "names", set())
+    assert "jaxaot_no_such_module" not in facts.looked_up_names()
+    facts.record_misses()
+    facts.record_misses()  # once
+    assert sys.meta_path.count(facts._Misses) == 1
+    with pytest.raises(ImportError):
+        import jaxaot_no_such_module  # noqa: F401
+    assert "jaxaot_no_such_module" in facts.looked_up_names()
+    assert "os" in facts.looked_up_names()  # imported: found, not a miss
+
+
+def test_a_process_that_imported_what_a_run_imports_is_not_a_bare_entry(monkeypatch) -> None:
+    """What the entry imports (and the standard library) is a bare `jaxaot`; JAX, NumPy,
+    Hydra, OmegaConf or any other jaxaot module imported first is a script's own set-up."""
+    entry = [*facts.ENTRY_MODULES, "jaxaot.cli.server", "jaxaot.cli.server.client", "json"]
+    modules = dict.fromkeys(entry, object())
+    monkeypatch.setattr(facts, "sys", types.SimpleNamespace(modules=modules))
+    assert facts.imported_for_a_run() is None
+    for name in ("jax", "numpy.linalg", "hydra", "omegaconf", "jaxaot.store.tiered"):
+        modules[name] = object()
+        assert facts.imported_for_a_run() == name
+        del modules[name]
 
 
 def test_the_entries_imports_came_from_are_found(tmp_path, monkeypatch) -> None:

@@ -435,21 +435,21 @@ def test_a_requeue_after_a_power_loss_resumes_from_the_last_stage_whose_files_ar
     assert second.resume_from is None and second.start_at is None  # nothing to resume from
 
 
-def test_a_result_file_left_by_a_killed_attempt_does_not_stop_the_requeued_ones(
+def test_a_file_left_by_an_attempt_killed_while_saving_does_not_stop_the_requeued_ones(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("submitit", reason=extra_reason("sweep"))
-    from jaxaot.sweeps.slurm_launcher import discard_unsaved_result
+    from jaxaot.sweeps.slurm_launcher import discard_unsaved
     from submitit.core.utils import temporary_save_path
 
     result = tmp_path / "7_1_0_result.pkl"
-    assert not discard_unsaved_result(result)  # a first attempt, or one that saved nothing
+    assert not discard_unsaved(result)  # a first attempt, or one that saved nothing
     killed = temporary_save_path(result)
     killed.__enter__().write_bytes(b"half")  # killed while saving: never renamed
     refused = pytest.raises(AssertionError, match="temporary saved file already exists")
     with refused, temporary_save_path(result):
         pass
-    assert discard_unsaved_result(result)
+    assert discard_unsaved(result)
     with temporary_save_path(result) as tmp:  # what submitit does with the requeued result
         tmp.write_bytes(b"result")
     assert result.read_bytes() == b"result" and list(tmp_path.iterdir()) == [result]

@@ -551,6 +551,17 @@ def backends_started() -> bool:
         return True
 
 
+def plugins_discovered() -> bool:
+    """Whether JAX has discovered its PJRT plugins (each plugin's ``initialize()`` ran, reading
+    the environment as it was then); True where this JAX cannot say."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._plugins_registered)
+    except Exception:
+        return True
+
+
 def backend_initialization_hooks() -> list[Any] | None:
     """The callbacks JAX runs on each backend it starts (a plugin's HLO module
     transformations register through them); None where this JAX has none to read."""

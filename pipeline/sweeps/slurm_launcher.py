@@ -84,16 +84,17 @@ def _restart_count() -> int:
         return 0
 
 
-def discard_unsaved_result(result_pickle: Path) -> bool:
-    """Remove the temporary result file an earlier attempt of this job left (whether one was).
+def discard_unsaved(saved: Path) -> bool:
+    """Remove the temporary file an earlier attempt of this job left as it saved ``saved``
+    (its result, or at a checkpoint the job to requeue); whether there was one.
 
-    submitit saves a job's result to ``<result>.save_tmp`` and renames it into place, and
-    refuses to start that save when the temporary file exists (``A temporary saved file already
-    exists``). After ``scontrol requeue`` the attempt's processes run on until SLURM's SIGKILL
-    and may finish the job first: killed while saving, they leave the file, and the requeued
-    attempt, its work done, would end FAILED without a result. SLURM starts the requeued
-    attempt only once every process of the earlier one has ended, so the file is no one's."""
-    unsaved = result_pickle.with_suffix(result_pickle.suffix + ".save_tmp")
+    submitit saves those to ``<file>.save_tmp`` and renames it into place, and refuses to
+    start a save when the temporary file exists (``A temporary saved file already exists``).
+    After ``scontrol requeue`` the attempt's processes run on until SLURM's SIGKILL and may
+    finish the job first: killed while saving, they leave the file, and the requeued attempt,
+    its work done, would end FAILED without a result. SLURM starts the requeued attempt only
+    once every process of the earlier one has ended, so the file is no one's."""
+    unsaved = saved.with_suffix(saved.suffix + ".save_tmp")
     try:
         unsaved.unlink()
     except FileNotFoundError:
@@ -131,6 +132,11 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         """Run one job on its node (the base class's, plus the requeue bookkeeping)."""
         import submitit
 
+        requeued = attempt > 0 or _restart_count() > 0
+        if requeued:  # before anything that may fail: submitit saves the error the same way
+            paths = submitit.JobEnvironment().paths
+            for saved in (paths.result_pickle, paths.submitted_pickle):
+                discard_unsaved(saved)
         assert self.hydra_context is not None and self.config is not None
         assert self.task_function is not None
         Singleton.set_state(singleton_state)
@@ -146,9 +152,6 @@ class JaxaotSlurmLauncher(SlurmLauncher):
             planned = planned_stages(config)
         except ValueError:  # a bad start_at/stop_after: the runner reports it
             planned = []
-        requeued = attempt > 0 or _restart_count() > 0
-        if requeued:
-            discard_unsaved_result(submitit.JobEnvironment().paths.result_pickle)
         this = prepare(job_dir, sweep_dir, job_num, planned, requeued=requeued)
         if this.resume_from is not None:
             # Set in the config, not added to the overrides: the report's columns and the
@@ -321,4 +324,4 @@ class JaxaotSlurmLauncher(SlurmLauncher):
         return ret
 
 
-__all__ = ["JaxaotSlurmLauncher", "JaxaotSlurmLauncherConf", "discard_unsaved_result", "job_dir_of"]
+__all__ = ["JaxaotSlurmLauncher", "JaxaotSlurmLauncherConf", "discard_unsaved", "job_dir_of"]

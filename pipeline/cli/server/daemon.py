@@ -89,6 +89,10 @@ def preimport() -> None:
     jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
     if compat_jax.backends_started():  # forked children must start their own (fails closed)
         raise RuntimeError("jaxaot server: a JAX backend started while warming up")
+    # Nor may plugins be discovered here: each child discovers them with its client's
+    # environment (facts.BACKEND_START_ENV is not compared).
+    if compat_jax.plugins_discovered():
+        raise RuntimeError("jaxaot server: JAX's plugins were discovered while warming up")
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -99,6 +103,7 @@ def serve_forever() -> None:
     """The server process (see the module's docstring)."""
     import warnings
 
+    from jaxaot.cli.server import facts
     from jaxaot.cli.server.folder import check_folder, socket_path
     from jaxaot.cli.server.loop import Server
     from jaxaot.errors import UnsafeSocketError
@@ -115,6 +120,7 @@ def serve_forever() -> None:
     if lock.busy:
         return
     env_before = dict(os.environ)
+    facts.record_misses()  # what the imports look for and do not find (facts.path_mismatch)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("default")  # what an in-process run shows, once each
         preimport()

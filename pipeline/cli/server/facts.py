@@ -65,9 +65,16 @@ COMPARED = {
 
 
 # Names on a client's own sys.path entry that its child would not look up again, besides
-# every module the server imported: Python's start-up hooks (imported as an interpreter
-# starts) and Hydra's plugins (looked up as the server started).
-PRESTART = frozenset({"sitecustomize", "usercustomize", "hydra_plugins"})
+# every module the server imported or looked for (:func:`looked_up_names`): Python's start-up
+# hooks (imported as an interpreter starts) and the plugin namespaces Hydra and JAX scan.
+PRESTART = frozenset({"sitecustomize", "usercustomize", "hydra_plugins", "jax_plugins"})
+# What a folder holds that the server's process may have read without importing it by name:
+# package metadata (importlib.metadata: versions, entry points) and .pth files.
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".pth")
+# The modules the `jaxaot` entry itself imports before it asks a server.
+ENTRY_MODULES = frozenset(
+    {"jaxaot", "jaxaot.__main__", "jaxaot.cli", "jaxaot.errors", "jaxaot.version"}
+)
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
@@ -80,9 +87,47 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def imported_names() -> set[str]:
-    """The top-level names of every module this process has imported."""
-    return {name.partition(".")[0] for name in list(sys.modules)}
+class _Misses:
+    """A finder after every other one on ``sys.meta_path``: it is asked only for names no
+    other finder found (a library's optional import that failed), records their top-level
+    names and finds nothing."""
+
+    names: set[str] = set()
+
+    @classmethod
+    def find_spec(cls, name: str, path: Any = None, target: Any = None) -> None:
+        cls.names.add(name.partition(".")[0])
+
+
+def record_misses() -> None:
+    """From now on, remember the names this process looks for and does not find (the server
+    calls it before its imports: an optional dependency a library found missing stays
+    missing in every child, whatever a client's path adds)."""
+    if _Misses not in sys.meta_path:
+        sys.meta_path.append(_Misses)
+
+
+def looked_up_names() -> set[str]:
+    """The top-level names of every module this process imported, and of those it looked
+    for and did not find since :func:`record_misses`."""
+    return {name.partition(".")[0] for name in list(sys.modules)} | _Misses.names
+
+
+def imported_for_a_run() -> str | None:
+    """A module this process imported that a run imports too, beyond what the ``jaxaot``
+    entry imports: a script that set up JAX, Hydra or jaxaot (patched them, configured them)
+    and then called the entry. Its run is this process's, as it wrote it; a server's child
+    has copies of its own. None for a ``jaxaot`` process as it starts."""
+    for name in list(sys.modules):
+        top = name.partition(".")[0]
+        if top == "jaxaot":
+            if name not in ENTRY_MODULES and not (
+                name == "jaxaot.cli.server" or name.startswith("jaxaot.cli.server.")
+            ):
+                return name
+        elif top in PREIMPORT:
+            return name
+    return None
 
 
 def entries_used(path: list[str], cwd: str) -> set[str]:
@@ -107,20 +152,23 @@ def entries_used(path: list[str], cwd: str) -> set[str]:
     return used
 
 
-def module_names(folder: str) -> set[str]:
-    """The top-level names ``import`` finds in ``folder``: modules (any suffix Python imports)
-    and folders (packages, namespace portions). OSError when it is no readable folder."""
+def module_names(folder: str) -> tuple[set[str], list[str]]:
+    """The top-level names ``import`` finds in ``folder`` (modules with any suffix Python
+    imports, folders: packages, namespace portions), and what else in it the server's process
+    may have read (:data:`METADATA_SUFFIXES`). OSError when it is no readable folder."""
     import importlib.machinery
 
     suffixes = tuple(importlib.machinery.all_suffixes())
-    names = set()
+    names, metadata = set(), []
     with os.scandir(folder) as found:
         for entry in found:
-            if entry.is_dir():
+            if entry.name.endswith(METADATA_SUFFIXES):
+                metadata.append(entry.name)
+            elif entry.is_dir():
                 names.add(entry.name)
             elif entry.name.endswith(suffixes):
                 names.add(entry.name.partition(".")[0])
-    return names
+    return names, sorted(metadata)
 
 
 def path_mismatch(
@@ -134,9 +182,9 @@ def path_mismatch(
     client would find it, but what the server imported is not looked up again. So the entries
     both have keep their order, an entry the server imported from is on the client's path too,
     and an entry of the client's own holds no module or package named as one the server
-    imported (the client would import its own), nor a start-up hook or Hydra plugins
-    (:data:`PRESTART`). An entry that is not there holds nothing; one that is no readable
-    folder (a zip) is not served."""
+    imported or looked for and did not find (the client would import its own), no start-up
+    hook or plugin namespace (:data:`PRESTART`) and no package metadata or .pth file. An entry
+    that is not there holds nothing; one that is no readable folder (a zip) is not served."""
     # An entry's first place is where imports look in it: later repeats change nothing.
     t = list(dict.fromkeys(_absolute(p, their_cwd) for p in theirs))
     m = list(dict.fromkeys(_absolute(p, my_cwd) for p in mine))
@@ -145,15 +193,15 @@ def path_mismatch(
         return "import path (order)"
     if missing := sorted(used - t_set):
         return f"import path ({missing[0]} missing)"
-    watched = imported_names() | PRESTART
+    watched = looked_up_names() | PRESTART
     for folder in dict.fromkeys(p for p in t if p not in m_set):
         try:
-            names = module_names(folder)
+            names, metadata = module_names(folder)
         except FileNotFoundError:
             continue
         except OSError:
             return f"import path ({folder} is not a folder)"
-        if clash := sorted(names & watched):
+        if clash := sorted(names & watched) or metadata:
             return f"import path ({clash[0]} in {folder})"
     return None
 
@@ -255,18 +303,22 @@ def env_mismatch(theirs: dict[str, str], mine: dict[str, str], added: dict[str, 
 __all__ = [
     "BACKEND_START_ENV",
     "COMPARED",
+    "ENTRY_MODULES",
     "FORWARDED",
     "IMPORT_ENV",
+    "METADATA_SUFFIXES",
     "PREIMPORT",
     "PRESTART",
     "entries_used",
     "env_mismatch",
     "import_env",
-    "imported_names",
+    "imported_for_a_run",
     "inherited_fds",
+    "looked_up_names",
     "module_names",
     "origins",
     "path_mismatch",
     "process",
     "process_mismatch",
+    "record_misses",
 ]
