@@ -74,7 +74,7 @@ def fake(
     path = folder / "s.sock"
     monkeypatch.setenv("JAXAOT_SERVER_SOCKET", str(path))
     # This process imported JAX and jaxaot (the suite): its client stands for a bare `jaxaot`.
-    monkeypatch.setattr(facts, "imported_for_a_run", lambda: None)
+    monkeypatch.setattr(facts, "own_setup", lambda: None)
     made: list[FakeServer] = []
 
     def start(answer: Answer) -> FakeServer:

@@ -228,7 +228,7 @@ server.open()
 thread = threading.Thread(target=server.loop)
 thread.start()
 # This process is the server too: what serving imports here is no script's set-up.
-client.facts.imported_for_a_run = lambda: None
+client.facts.own_setup = lambda: None
 codes = [client.run_via_server(["run", str(n)]) for n in (0, 3)]
 status = client.ask("status")
 client.ask("stop")

@@ -3,6 +3,7 @@ round trips and refusals over a socket pair, no server process, no JAX."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -173,70 +174,125 @@ def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(
     tmp_path, monkeypatch
 ) -> None:
     """PYTHONPATH is compared by what it does: the client's sys.path. Its own entries may hold
-    the user's modules, not one named as a module the server imported or looked for, a
-    start-up hook, a plugin namespace, package metadata or a .pth file; the server's entries
-    keep their order, and those it imported from stay."""
+    the user's modules (and their metadata), not one named as a module the server looked up
+    (imported, or failed to), a start-up hook or a plugin namespace; the server's entries keep
+    their order, those it imported from stay, and gained no such module since it started."""
     monkeypatch.setattr(facts, "looked_up_names", lambda: {"numpy", "yaml", "zstandard"})
-    mine = ["", "/py/lib", "/venv/site-packages"]  # "": the server's cwd, "/"
-    used = {"/py/lib", "/venv/site-packages"}
+    lib, site = tmp_path / "lib", tmp_path / "site-packages"
+    for folder in (lib, site / "numpy"):
+        folder.mkdir(parents=True)
+    mine = facts.ImportPath(
+        ["/", str(lib), str(site)],  # "/": the server's cwd, as "" was read there
+        {str(lib), str(site)},
+        {str(lib): set(), str(site): {"numpy"}},
+    )
     project = tmp_path / "project"
-    (project / "mypkg").mkdir(parents=True)
+    for made in ("mypkg", "mypkg.egg-info"):
+        (project / made).mkdir(parents=True)
     (project / "train.py").write_text("")
     (project / "notes.txt").write_text("")
-    theirs = [str(project), *mine[1:]]
+    theirs = [str(project), str(lib), str(site)]
     assert facts.import_env({"PYTHONPATH": str(project)}) == {}
-    assert facts.path_mismatch(theirs, "/home/u", mine, "/", used) is None
+    assert facts.path_mismatch(theirs, "/home/u", mine) is None
     # a relative entry is the client's cwd's; a missing one holds nothing; a repeat is no entry
-    rel = ["project", "gone", *mine[1:], "/py/lib"]
-    assert facts.path_mismatch(rel, str(tmp_path), mine, "/", used) is None
+    rel = ["project", "gone", str(lib), str(site), str(lib)]
+    assert facts.path_mismatch(rel, str(tmp_path), mine) is None
     shadows = ("numpy", "yaml.py", "zstandard.py", "sitecustomize.py", "usercustomize.py")
-    metadata = ("zstandard-0.23.dist-info", "old-1.0.egg-info", "extra.pth")
-    for name in (*shadows, "hydra_plugins", "jax_plugins", *metadata):
+    for name in (*shadows, "hydra_plugins", "jax_plugins"):
         shadow = tmp_path / name.replace(".", "_") / name
         shadow.parent.mkdir()
-        (shadow.mkdir() if "." not in name or "-info" in name else shadow.write_text(""))
-        reason = facts.path_mismatch([str(shadow.parent), *theirs], "/", mine, "/", used)
-        said = name if name in metadata else name.split(".")[0]
-        assert reason == f"import path ({said} in {shadow.parent})"
-    assert facts.path_mismatch(theirs[::-1], "/", mine, "/", used) == "import path (order)"
-    assert facts.path_mismatch(theirs[:2], "/", mine, "/", used) == (
-        "import path (/venv/site-packages missing)"
-    )
-    assert facts.path_mismatch(theirs[:2], "/", mine, "/", used - {"/venv/site-packages"}) is None
+        (shadow.mkdir() if "." not in name else shadow.write_text(""))
+        reason = facts.path_mismatch([str(shadow.parent), *theirs], "/", mine)
+        assert reason == f"import path ({name.split('.')[0]} in {shadow.parent})"
+    assert facts.path_mismatch(theirs[::-1], "/", mine) == "import path (order)"
+    assert facts.path_mismatch(theirs[:2], "/", mine) == f"import path ({site} missing)"
     zipped = tmp_path / "deps.zip"
     zipped.write_bytes(b"PK")
-    assert facts.path_mismatch([str(zipped), *theirs], "/", mine, "/", used) == (
+    assert facts.path_mismatch([str(zipped), *theirs], "/", mine) == (
         f"import path ({zipped} is not a folder)"
     )
-    assert facts.module_names(str(project)) == ({"mypkg", "train"}, [])
+    # A folder both have: what it held at the server's start is the server's; a module the
+    # server looked up, or a start-up hook, that appeared there since is not.
+    (lib / "zstandard.py").write_text("")
+    assert facts.path_mismatch(theirs, "/", mine) == f"import path (zstandard in {lib})"
+    (lib / "zstandard.py").unlink()
+    (lib / "sitecustomize.py").write_text("")
+    assert facts.path_mismatch(theirs, "/", mine) == f"import path (sitecustomize in {lib})"
+    (lib / "sitecustomize.py").unlink()
+    (lib / "unrelated.py").write_text("")
+    assert facts.path_mismatch(theirs, "/", mine) is None
+    assert facts.module_names(str(project)) == {"mypkg", "mypkg.egg-info", "train"}
 
 
-def test_names_a_process_looked_for_and_did_not_find_are_recorded(monkeypatch) -> None:
-    """A library's optional import that failed in the server (jax's zstandard) stays failed
-    in every child: a client folder that has it must not be served."""
+def test_an_import_path_is_read_once_from_this_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here.py").write_text("")
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), *sys.path])
+    mine = facts.ImportPath.of_this_process()
+    assert mine.entries[0] == str(tmp_path) and mine.entries.count(str(tmp_path)) == 1
+    assert "here" in mine.names[str(tmp_path)]
+
+
+def test_every_name_a_process_looks_for_is_recorded(monkeypatch, tmp_path) -> None:
+    """A library's optional import that failed in the server (jax's zstandard: not found; or
+    found and raising as it was imported) stays failed in every child: a client folder that
+    has it must not be served."""
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setattr(facts._Misses, "names", set())
-    assert "jaxaot_no_such_module" not in facts.looked_up_names()
-    facts.record_misses()
-    facts.record_misses()  # once
-    assert sys.meta_path.count(facts._Misses) == 1
-    with pytest.raises(ImportError):
-        import jaxaot_no_such_module  # noqa: F401
-    assert "jaxaot_no_such_module" in facts.looked_up_names()
-    assert "os" in facts.looked_up_names()  # imported: found, not a miss
+    monkeypatch.setattr(facts._Lookups, "names", set())
+    (tmp_path / "jaxaot_broken_module.py").write_text("raise ImportError('no')")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    facts.record_lookups()
+    facts.record_lookups()  # once
+    assert sys.meta_path.count(facts._Lookups) == 1 and sys.meta_path[0] is facts._Lookups
+    for name in ("jaxaot_no_such_module", "jaxaot_broken_module"):
+        assert name not in facts.looked_up_names()
+        with pytest.raises(ImportError):
+            __import__(name)
+        assert name in facts.looked_up_names() and name not in sys.modules
+    facts.stop_recording()
+    assert facts._Lookups not in sys.meta_path
 
 
-def test_a_process_that_imported_what_a_run_imports_is_not_a_bare_entry(monkeypatch) -> None:
-    """What the entry imports (and the standard library) is a bare `jaxaot`; JAX, NumPy,
-    Hydra, OmegaConf or any other jaxaot module imported first is a script's own set-up."""
-    entry = [*facts.ENTRY_MODULES, "jaxaot.cli.server", "jaxaot.cli.server.client", "json"]
-    modules = dict.fromkeys(entry, object())
-    monkeypatch.setattr(facts, "sys", types.SimpleNamespace(modules=modules))
-    assert facts.imported_for_a_run() is None
-    for name in ("jax", "numpy.linalg", "hydra", "omegaconf", "jaxaot.store.tiered"):
-        modules[name] = object()
-        assert facts.imported_for_a_run() == name
-        del modules[name]
+def test_a_process_that_set_things_up_first_is_not_a_jaxaot_process(monkeypatch) -> None:
+    """What the entry imports (and the standard library), as `python -m jaxaot` or the
+    installed script, is a `jaxaot` process; JAX, NumPy, Hydra, OmegaConf or more of jaxaot
+    imported first, replaced stdio, a tracer, or another program as __main__ is a set-up of
+    its own."""
+    from jaxaot.cli.server import entry
+
+    as_module = types.SimpleNamespace(__spec__=types.SimpleNamespace(name="jaxaot.__main__"))
+    script = types.SimpleNamespace(__spec__=None, entry=entry)
+    modules: dict[str, object] = dict.fromkeys(
+        [*facts.ENTRY_MODULES, "jaxaot.cli.server", "jaxaot.cli.server.client", "json"]
+    )
+    out, err = io.StringIO(), io.StringIO()
+    fake = types.SimpleNamespace(
+        modules=modules,
+        stdin=sys.stdin,
+        stdout=out,
+        stderr=err,
+        __stdin__=sys.stdin,
+        __stdout__=out,
+        __stderr__=err,
+        gettrace=lambda: None,
+        getprofile=lambda: None,
+    )
+    monkeypatch.setattr(facts, "sys", fake)
+    for main in (as_module, script):
+        modules["__main__"] = main
+        assert facts.own_setup() is None
+        for name in ("jax", "numpy.linalg", "hydra", "omegaconf", "jaxaot.store.tiered"):
+            modules[name] = object()
+            assert facts.own_setup() == f"imported {name}"
+            del modules[name]
+    fake.stdout = io.StringIO()  # contextlib.redirect_stdout
+    assert facts.own_setup() == "replaced stdio"
+    fake.stdout = out
+    fake.getprofile = lambda: print  # python -m cProfile, a profiler's hook
+    assert facts.own_setup() == "a tracer or profiler"
+    fake.getprofile = lambda: None
+    modules["__main__"] = types.SimpleNamespace(__spec__=None, f=len)  # a script of its own
+    assert facts.own_setup() == "called from another program"
 
 
 def test_the_entries_imports_came_from_are_found(tmp_path, monkeypatch) -> None:

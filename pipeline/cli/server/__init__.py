@@ -17,8 +17,9 @@ in-process as if there were no server, when:
 - the client would import another copy of a pre-imported package (another checkout or venv);
 - a file of any module the server imported changed since it started (the server then
   re-executes itself, so the next run is served by fresh code);
-- the ``jaxaot`` entry was called by a process that had imported JAX, Hydra, NumPy or more of
-  jaxaot (a script that set them up first: its run is its own; not even asked);
+- the ``jaxaot`` entry was called by a program that set up its own process first (imported
+  JAX, Hydra or more of jaxaot, replaced stdio, a profiler; ``facts.own_setup``): its run is
+  its own, and no server is asked;
 - the request comes from a run the server itself forked (``jaxaot`` called from a run):
   a served run never waits on another served run, so runs cannot multiply through the
   server; and at most ``loop.MAX_RUNS`` runs are in flight.

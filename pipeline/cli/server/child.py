@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from jaxaot.cli.server import CHILD_MARK
+from jaxaot.cli.server import CHILD_MARK, facts
 
 # The real os._exit, taken at import, before anything can wrap it (a run guards os._exit while
 # user code runs, jaxaot.util.exits): a forked child must end here, whatever happened. The
@@ -44,6 +44,7 @@ def become_client(req: dict[str, Any], fds: list[int], added: dict[str, str]) ->
     for target, fd in zip(targets, moved, strict=True):
         os.dup2(fd, target)
         os.close(fd)
+    facts.stop_recording()  # the server's import recorder: an in-process run has none
     os.chdir(req["cwd"])
     os.umask(req["process"]["umask"])
     with contextlib.suppress(OSError):

@@ -110,8 +110,8 @@ def request(argv: list[str]) -> tuple[dict[str, Any], list[int]]:
 def run_via_server(argv: list[str]) -> int | None:
     """Run ``jaxaot argv`` in a child of the server; its exit status, or None when there is
     no server or it declined (then the caller runs in-process, nothing having happened), or
-    when this process imported what a run imports (:func:`facts.imported_for_a_run`)."""
-    if facts.imported_for_a_run():
+    when this process set up more than a ``jaxaot`` process has (:func:`facts.own_setup`)."""
+    if facts.own_setup():
         return None
     sock = _connect()
     if sock is None:

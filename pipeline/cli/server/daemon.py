@@ -120,7 +120,7 @@ def serve_forever() -> None:
     if lock.busy:
         return
     env_before = dict(os.environ)
-    facts.record_misses()  # what the imports look for and do not find (facts.path_mismatch)
+    facts.record_lookups()  # every module name the imports look for (facts.path_mismatch)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("default")  # what an in-process run shows, once each
         preimport()

@@ -25,7 +25,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Packages imported in the server, whose origin a client must agree with.
 PREIMPORT = ("jax", "jaxlib", "numpy", "hydra", "omegaconf", "jaxaot")
@@ -64,13 +64,10 @@ COMPARED = {
 }
 
 
-# Names on a client's own sys.path entry that its child would not look up again, besides
-# every module the server imported or looked for (:func:`looked_up_names`): Python's start-up
-# hooks (imported as an interpreter starts) and the plugin namespaces Hydra and JAX scan.
+# Names on a client's sys.path entry that its child would not look up again, besides every
+# module the server looked up (:func:`looked_up_names`): Python's start-up hooks (imported as
+# an interpreter starts, never in a forked child) and the plugin namespaces Hydra and JAX scan.
 PRESTART = frozenset({"sitecustomize", "usercustomize", "hydra_plugins", "jax_plugins"})
-# What a folder holds that the server's process may have read without importing it by name:
-# package metadata (importlib.metadata: versions, entry points) and .pth files.
-METADATA_SUFFIXES = (".dist-info", ".egg-info", ".pth")
 # The modules the `jaxaot` entry itself imports before it asks a server.
 ENTRY_MODULES = frozenset(
     {"jaxaot", "jaxaot.__main__", "jaxaot.cli", "jaxaot.errors", "jaxaot.version"}
@@ -87,10 +84,10 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-class _Misses:
-    """A finder after every other one on ``sys.meta_path``: it is asked only for names no
-    other finder found (a library's optional import that failed), records their top-level
-    names and finds nothing."""
+class _Lookups:
+    """A finder ahead of every other one on ``sys.meta_path``: it records the top-level name
+    of every module the process looks for, found or not, imported or failed, and finds
+    nothing itself (the next finder does)."""
 
     names: set[str] = set()
 
@@ -99,35 +96,58 @@ class _Misses:
         cls.names.add(name.partition(".")[0])
 
 
-def record_misses() -> None:
-    """From now on, remember the names this process looks for and does not find (the server
-    calls it before its imports: an optional dependency a library found missing stays
-    missing in every child, whatever a client's path adds)."""
-    if _Misses not in sys.meta_path:
-        sys.meta_path.append(_Misses)
+def record_lookups() -> None:
+    """From now on, remember every module name this process looks for (the server calls it
+    before its imports: an optional dependency a library found missing, or failing, stays so
+    in every child, whatever a client's path adds)."""
+    if _Lookups not in sys.meta_path:
+        sys.meta_path.insert(0, _Lookups)
+
+
+def stop_recording() -> None:
+    """Take the recorder off ``sys.meta_path`` (a forked run's imports are its own)."""
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(_Lookups)
 
 
 def looked_up_names() -> set[str]:
     """The top-level names of every module this process imported, and of those it looked
-    for and did not find since :func:`record_misses`."""
-    return {name.partition(".")[0] for name in list(sys.modules)} | _Misses.names
+    for since :func:`record_lookups`."""
+    return {name.partition(".")[0] for name in list(sys.modules)} | _Lookups.names
 
 
-def imported_for_a_run() -> str | None:
-    """A module this process imported that a run imports too, beyond what the ``jaxaot``
-    entry imports: a script that set up JAX, Hydra or jaxaot (patched them, configured them)
-    and then called the entry. Its run is this process's, as it wrote it; a server's child
-    has copies of its own. None for a ``jaxaot`` process as it starts."""
+def own_setup() -> str | None:
+    """What this process did that a run started by a server would not have, or None for a
+    ``jaxaot`` process as it starts (``python -m jaxaot``, the ``jaxaot`` script).
+
+    A script that imported JAX, Hydra, NumPy, OmegaConf or jaxaot (to patch or configure
+    them), replaced stdio (``contextlib.redirect_stdout``), runs under a tracer or profiler, or
+    is itself ``__main__`` (``program.target=__main__:f``), then called the ``jaxaot`` entry:
+    its run is this process's, as it set it up; a server's child has its own copies of all
+    that."""
     for name in list(sys.modules):
         top = name.partition(".")[0]
         if top == "jaxaot":
             if name not in ENTRY_MODULES and not (
                 name == "jaxaot.cli.server" or name.startswith("jaxaot.cli.server.")
             ):
-                return name
+                return f"imported {name}"
         elif top in PREIMPORT:
-            return name
-    return None
+            return f"imported {name}"
+    streams = ("stdin", "stdout", "stderr")
+    if any(getattr(sys, s) is not getattr(sys, f"__{s}__") for s in streams):
+        return "replaced stdio"
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return "a tracer or profiler"
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == "jaxaot.__main__":  # python -m jaxaot
+        return None
+    from jaxaot.cli.server import entry
+
+    if spec is None and getattr(main, "entry", None) is entry:  # the installed script
+        return None
+    return "called from another program"
 
 
 def entries_used(path: list[str], cwd: str) -> set[str]:
@@ -152,56 +172,73 @@ def entries_used(path: list[str], cwd: str) -> set[str]:
     return used
 
 
-def module_names(folder: str) -> tuple[set[str], list[str]]:
-    """The top-level names ``import`` finds in ``folder`` (modules with any suffix Python
-    imports, folders: packages, namespace portions), and what else in it the server's process
-    may have read (:data:`METADATA_SUFFIXES`). OSError when it is no readable folder."""
+def module_names(folder: str) -> set[str]:
+    """The top-level names ``import`` finds in ``folder``: modules (any suffix Python
+    imports) and folders (packages, namespace portions). OSError when it is no readable
+    folder."""
     import importlib.machinery
 
     suffixes = tuple(importlib.machinery.all_suffixes())
-    names, metadata = set(), []
+    names = set()
     with os.scandir(folder) as found:
         for entry in found:
-            if entry.name.endswith(METADATA_SUFFIXES):
-                metadata.append(entry.name)
-            elif entry.is_dir():
+            if entry.is_dir():
                 names.add(entry.name)
             elif entry.name.endswith(suffixes):
                 names.add(entry.name.partition(".")[0])
-    return names, sorted(metadata)
+    return names
 
 
-def path_mismatch(
-    theirs: list[str], their_cwd: str, mine: list[str], my_cwd: str, used: set[str]
-) -> str | None:
-    """The reason a client with ``sys.path`` ``theirs`` (``PYTHONPATH`` in it) cannot be served
-    by imports made under ``mine`` (``used``: the entries they came from, :func:`entries_used`),
-    or None. Relative entries are read against each side's cwd.
+class ImportPath(NamedTuple):
+    """A process's ``sys.path`` as its imports saw it: the entries (absolute, each at its
+    first place), those its imported modules came from, and what each readable one held."""
+
+    entries: list[str]
+    used: set[str]
+    names: dict[str, set[str]]
+
+    @classmethod
+    def of_this_process(cls) -> ImportPath:
+        cwd = os.getcwd()  # what relative entries meant
+        entries = list(dict.fromkeys(_absolute(p, cwd) for p in sys.path))
+        names = {}
+        for folder in entries:
+            with contextlib.suppress(OSError):
+                names[folder] = module_names(folder)
+        return cls(entries, entries_used(sys.path, cwd), names)
+
+
+def path_mismatch(theirs: list[str], their_cwd: str, mine: ImportPath) -> str | None:
+    """The reason a client with ``sys.path`` ``theirs`` (``PYTHONPATH`` in it; relative
+    entries read against ``their_cwd``) cannot be served by imports made under ``mine``, or
+    None.
 
     The child takes the client's ``sys.path``: what the run imports later is found where the
-    client would find it, but what the server imported is not looked up again. So the entries
+    client would find it, but what the server looked up is not looked up again. So the entries
     both have keep their order, an entry the server imported from is on the client's path too,
-    and an entry of the client's own holds no module or package named as one the server
-    imported or looked for and did not find (the client would import its own), no start-up
-    hook or plugin namespace (:data:`PRESTART`) and no package metadata or .pth file. An entry
-    that is not there holds nothing; one that is no readable folder (a zip) is not served."""
+    and no entry holds a module or package named as one the server looked up (imported, or
+    failed to: the client would import its own), a start-up hook or a plugin namespace
+    (:data:`PRESTART`) that it did not hold when the server started (an entry of the client's
+    own: at all). An entry that is not there holds nothing; one of the client's own that is no
+    readable folder (a zip) is not served."""
     # An entry's first place is where imports look in it: later repeats change nothing.
     t = list(dict.fromkeys(_absolute(p, their_cwd) for p in theirs))
-    m = list(dict.fromkeys(_absolute(p, my_cwd) for p in mine))
-    t_set, m_set = set(t), set(m)
-    if [p for p in t if p in m_set] != [p for p in m if p in t_set]:
+    t_set, m_set = set(t), set(mine.entries)
+    if [p for p in t if p in m_set] != [p for p in mine.entries if p in t_set]:
         return "import path (order)"
-    if missing := sorted(used - t_set):
+    if missing := sorted(mine.used - t_set):
         return f"import path ({missing[0]} missing)"
     watched = looked_up_names() | PRESTART
-    for folder in dict.fromkeys(p for p in t if p not in m_set):
+    for folder in t:
         try:
-            names, metadata = module_names(folder)
+            names = module_names(folder)
         except FileNotFoundError:
             continue
         except OSError:
+            if folder in m_set:
+                continue  # the server's own zip or path hook entry
             return f"import path ({folder} is not a folder)"
-        if clash := sorted(names & watched) or metadata:
+        if clash := sorted((names - mine.names.get(folder, set())) & watched):
             return f"import path ({clash[0]} in {folder})"
     return None
 
@@ -306,19 +343,20 @@ __all__ = [
     "ENTRY_MODULES",
     "FORWARDED",
     "IMPORT_ENV",
-    "METADATA_SUFFIXES",
     "PREIMPORT",
     "PRESTART",
+    "ImportPath",
     "entries_used",
     "env_mismatch",
     "import_env",
-    "imported_for_a_run",
     "inherited_fds",
     "looked_up_names",
     "module_names",
     "origins",
+    "own_setup",
     "path_mismatch",
     "process",
     "process_mismatch",
-    "record_misses",
+    "record_lookups",
+    "stop_recording",
 ]

@@ -107,9 +107,7 @@ class Server:
         # in-process run has them too, so every child gets them on top of its client's.
         self.added = {k: v for k, v in os.environ.items() if env_before.get(k) != v}
         self.origins = facts.origins()
-        self.sys_path = list(sys.path)
-        self.cwd = os.getcwd()  # what the server's relative sys.path entries mean
-        self.entries_used = facts.entries_used(self.sys_path, self.cwd)
+        self.import_path = facts.ImportPath.of_this_process()
         self.files = self._module_files()
         self.started = time.time()
         self.last_request = time.monotonic()
@@ -182,9 +180,7 @@ class Server:
         for name, origin in self.origins.items():
             if req.get("origins", {}).get(name) != origin:
                 return f"import path ({name})"
-        return facts.path_mismatch(
-            req["path"], req["cwd"], self.sys_path, self.cwd, self.entries_used
-        )
+        return facts.path_mismatch(req["path"], req["cwd"], self.import_path)
 
     def open(self) -> None:
         """Listen on :attr:`path`: a 0600 socket bound under a temporary name, then renamed
