@@ -18,8 +18,14 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
+# mypy's analysis of the dependencies (tests/typing_deps.py: the third-party modules jaxaot
+# imports) is done once here, into $(VENV)/mypy-deps-cache, where test_lint_and_types starts from.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	@rm -rf $(VENV)/mypy-deps-cache && $(BIN)/python tests/typing_deps.py > $(VENV)/typing_deps.py
+	@echo "mypy: analysing the dependencies once (tests/typing_deps.py) ..."
+	@$(BIN)/mypy --config-file pyproject.toml --cache-dir $(VENV)/mypy-deps-cache $(VENV)/typing_deps.py \
+	  >/dev/null || echo "note: mypy's dependency cache was not built; test_lint_and_types checks them itself"
 	@touch $@ $(RUN_STAMP)
 
 venv: $(TEST_STAMP)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import typing_deps
 from conftest import REPO
 
 # Import name -> folder (pyproject.toml's package-dir).
@@ -281,9 +283,18 @@ def _mypy_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """mypy's incremental cache: pytest's cache folder (``.pytest_cache/d/mypy``) where pytest
     keeps one, so a later session rechecks only the modules whose sources (the checkout's or a
     dependency's) changed, and their dependents; ``tmp_path`` under ``-p no:cacheprovider``. A
-    clean clone has none: its first session checks everything."""
+    new one starts as a copy of the environment's analysis of the dependencies
+    (tests/typing_deps.py, made by ``make venv``) where there is one, so that a clean clone
+    checks jaxaot's own modules; else its first session checks everything."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("mypy") if cache is not None else tmp_path / "mypy-cache"
+
+
+def _seed(cache: Path) -> None:
+    """An empty ``cache`` gets the environment's analysis of the dependencies."""
+    seed = Path(sys.prefix) / typing_deps.CACHE
+    if seed.is_dir() and not any(cache.glob("*/*")):
+        shutil.copytree(seed, cache, dirs_exist_ok=True)
 
 
 @pytest.mark.requires_jax("0.10.2")  # mypy reads the installed jax's annotations
@@ -311,6 +322,7 @@ def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # one mypy at a time on a cache (two sessions of one checkout share it)
     with open(cache.parent / "mypy.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _seed(cache)
         proc = subprocess.run(
             [
                 str(bin_dir / "mypy"),
@@ -327,3 +339,19 @@ def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
         )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no issues found" in proc.stdout
+
+
+def test_the_dependency_list_is_the_third_party_imports_of_the_source(tmp_path: Path) -> None:
+    (tmp_path / "pipeline" / "cli").mkdir(parents=True)
+    (tmp_path / "stages").mkdir()
+    (tmp_path / "pipeline" / "cli" / "a.py").write_text(
+        "import os, jax.numpy\nfrom flax import nnx\nfrom . import b\nimport jaxaot.errors\n"
+    )
+    (tmp_path / "stages" / "s.py").write_text(
+        "from __future__ import annotations\nfrom hydra.core.utils import JobReturn\n"
+        "import collections.abc, hydra_plugins.x\n"
+    )
+    assert typing_deps.third_party_imports(tmp_path) == ["flax", "hydra.core.utils", "jax.numpy"]
+    src = typing_deps.source(tmp_path)
+    assert src.splitlines()[1:] == ["import flax", "import hydra.core.utils", "import jax.numpy"]
+    compile(src, "typing_deps", "exec")
