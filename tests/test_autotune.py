@@ -179,6 +179,7 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
         "hydra.sweeper.sampler=random",
         "hydra.sweeper.seed=1",
         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+        "hydra.callbacks.sweep.plots=false",  # drawn for a compile-only search: the views test
     )
     result = json.loads((sweep_dir / "autotune.json").read_text())
     temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}

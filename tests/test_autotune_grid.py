@@ -99,6 +99,7 @@ def test_more_trials_than_points_run_each_point_once(tmp_path: Path) -> None:
         "hydra.sweeper.objective=compile.temp_bytes",
         "hydra.sweeper.n_trials=20",
         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
+        "hydra.callbacks.sweep.plots=false",
     )
     result = json.loads((sweep_dir / "autotune.json").read_text())
     assert result["n_trials"] == 20 and result["space_points"] == 3

@@ -207,6 +207,7 @@ def test_a_search_with_two_equal_best_points_reports_the_tie(tmp_path: Path) -> 
         "hydra.sweeper.objective=compile.temp_bytes",
         "program.args.1=choice(f32[8,256],f32[256,256])",
         "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
+        "hydra.callbacks.sweep.plots=false",
     )
     result = json.loads((sweep_dir / "autotune.json").read_text())
     small = sorted(t["job"] for t in result["trials"] if "8" in t["params"]["program.args.1"])

@@ -111,6 +111,7 @@ def test_an_effort_sweep_on_a_topology(tmp_path: Path) -> None:
             "compile.topology=v5e:2x2",
             "compile.optimization_level=O0,O1,O2,O3",
             "compile.memory_fitting_level=O2",
+            "hydra.callbacks.sweep.plots=false",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=tmp_path,

@@ -2,8 +2,9 @@
 fit.json, progress bounds that hold, any number of axes and the Pareto front per topology.
 
 The search logic is checked against brute force on fake probes (fast); the sweeper itself on
-v5e/v6e 2x2 topology compiles of tiny programs (tests/fit_programs.py), each probe a fresh
-process of ~3 s (marked slow).
+v5e/v6e 2x2 topology compiles of tiny programs (tests/fit_programs.py), marked slow: each probe
+a fresh process of ~3 s where that process is what is tested (a crash, SIGTERM, a killed
+search resumed), in the search's own process (``hydra.sweeper.isolate=false``) for the fronts.
 """
 
 from __future__ import annotations
@@ -534,7 +535,9 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     # 1 MiB per n, n in {2048, 4096}: two probes a search. scale needs 2 MiB per n, twice 4.2:
     # all four fit at 2048; at 4096 twice (17.2 GiB) fits v6e's 31.25 GiB, not v5e's 15.75.
     args = _fit_args(sweep, "tests.fit_programs:scale,tests.fit_programs:twice", 2048, 4096, 2048)
-    args[-1:-1] = ["compile.topology=v5e:2x2,v6e:2x2"]
+    # The probes run in this process: their verdicts (exit codes) and figures (manifests) make
+    # fit.json and the fronts as an isolated probe's do (those: the crash and SIGTERM tests).
+    args[-1:-1] = ["compile.topology=v5e:2x2,v6e:2x2", "hydra.sweeper.isolate=false"]
     args = [a.replace("1048576", "524288") for a in args]
     proc = run_cli(args, cwd=tmp_path, env=cli_env())
     fit = json.loads((sweep / "fit.json").read_text())

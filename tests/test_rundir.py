@@ -11,30 +11,27 @@ import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import jaxaot
 import pytest
 from conftest import cli_env, read_manifest, run_cli
 from jaxaot.errors import ConfigError
 from jaxaot.rundir.dirs import claim, unique_dir
+from rundir_races import race_claim, race_unique_dir
 
-# Spawned children import this module and conftest (JAX with them): a few seconds each when
-# quiet, minutes on a loaded 2-core machine. The wait bounds a hang, not a speed.
+# Spawned children import their target's module (tests/rundir_races.py): under a
+# second each when quiet, minutes on a loaded 2-core machine. The wait bounds a hang, not a
+# speed.
 SPAWN_WAIT_S = 600
 
 LOWER = ["program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower"]
-
-
-def _env() -> dict[str, str]:
-    return cli_env(JAX_PLATFORMS="cpu")
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "jaxaot", *args],
         cwd=cwd,
-        env=_env(),
+        env=cli_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -55,16 +52,12 @@ def test_unique_dir_takes_the_next_free_suffix(tmp_path: Path) -> None:
     assert all(Path(d).is_dir() for d in (base, f"{base}-1", f"{base}-2"))
 
 
-def _race(base: str, barrier: Any, queue: Any) -> None:
-    barrier.wait()
-    queue.put(unique_dir(base))
-
-
 def test_concurrent_processes_get_distinct_dirs(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(6), ctx.Queue()
     procs = [
-        ctx.Process(target=_race, args=(str(tmp_path / "t"), barrier, queue)) for _ in range(6)
+        ctx.Process(target=race_unique_dir, args=(str(tmp_path / "t"), barrier, queue))
+        for _ in range(6)
     ]
     for p in procs:
         p.start()
@@ -89,20 +82,11 @@ def test_claim_publishes_the_manifest_once(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["manifest.json"]  # no temp left
 
 
-def _claim_race(run_dir: str, n: int, barrier: Any, queue: Any) -> None:
-    barrier.wait()
-    try:
-        claim(Path(run_dir), {"n": n}, key="run_dir")
-        queue.put(n)
-    except ConfigError:
-        queue.put(None)
-
-
 def test_of_concurrent_claims_on_one_dir_exactly_one_wins(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(4), ctx.Queue()
     procs = [
-        ctx.Process(target=_claim_race, args=(str(tmp_path / "r"), n, barrier, queue))
+        ctx.Process(target=race_claim, args=(str(tmp_path / "r"), n, barrier, queue))
         for n in range(4)
     ]
     for p in procs:
@@ -141,12 +125,10 @@ def test_default_run_dirs_of_simultaneous_runs_differ(tmp_path: Path) -> None:
 
 def test_a_named_run_dir_that_holds_a_run_is_refused_untouched(tmp_path: Path) -> None:
     run_dir = tmp_path / "fixed"
-    first = run_cli([*LOWER, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=_env())
+    first = run_cli([*LOWER, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    second = run_cli(
-        [*LOWER, "execute.seed=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=_env()
-    )
+    second = run_cli([*LOWER, "execute.seed=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert second.returncode == 1
     lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
     assert lines == [
@@ -161,7 +143,7 @@ def test_a_named_run_dir_that_holds_a_run_is_refused_untouched(tmp_path: Path) -
 def test_a_named_sweep_dir_that_holds_a_sweep_is_refused(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     (sweep / ".jaxaot").mkdir(parents=True)
-    proc = run_cli(["-m", *LOWER, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=_env())
+    proc = run_cli(["-m", *LOWER, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         f"jaxaot: error: hydra.sweep.dir='{sweep}' holds an earlier sweep (.jaxaot); a run never "
@@ -193,7 +175,7 @@ def test_resuming_into_the_checkpoint_dir_is_refused(tmp_path: Path) -> None:
 
 
 def test_printing_the_resolved_config_creates_no_dirs(tmp_path: Path) -> None:
-    proc = run_cli(["--cfg", "hydra", "--resolve"], cwd=tmp_path, env=_env())
+    proc = run_cli(["--cfg", "hydra", "--resolve"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "dir: outputs/20" in proc.stdout  # the time-stamped dir, as it would be
     assert not list(tmp_path.iterdir())
@@ -213,7 +195,7 @@ def test_a_default_sweep_dir_holds_all_its_jobs_under_a_parallel_launcher(tmp_pa
             "hydra.callbacks.sweep.plots=false",
         ],
         cwd=tmp_path,
-        env=_env(),
+        env=cli_env(),
     )
     assert proc.returncode == 0, proc.stderr
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")

@@ -176,7 +176,11 @@ def test_execute_only_sweep_in_parallel_compiles_once(joblib_sweep: tuple[Any, P
 
 def test_failing_points_are_rows_with_errors_and_exit_nonzero(tmp_path: Path) -> None:
     proc, sweep_dir = _sweep(
-        tmp_path, "program=axpy", "compile.backend=cpu,tpu", "execute.repeats=1,0"
+        tmp_path,
+        "program=axpy",
+        "compile.backend=cpu,tpu",
+        "execute.repeats=1,0",
+        "hydra.callbacks.sweep.plots=false",
     )
     assert proc.returncode == 1
     rows = {(r["compile.backend"], r["execute.repeats"]): r for r in _rows(sweep_dir)}
@@ -232,7 +236,10 @@ def test_compile_only_sweep_with_submitit_local(tmp_path: Path) -> None:
 def test_a_jobs_stage_warnings_are_on_its_progress_line_and_in_the_report(tmp_path: Path) -> None:
     # log of random normal inputs: NaN for the negative ones, the execute stage's warning
     proc, sweep_dir = _sweep(
-        tmp_path, "program.target=jax.numpy:log", "program.args=[f32[16]],[f32[32]]"
+        tmp_path,
+        "program.target=jax.numpy:log",
+        "program.args=[f32[16]],[f32[32]]",
+        "hydra.callbacks.sweep.plots=false",
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # each warning once: on its job's progress line

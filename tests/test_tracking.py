@@ -213,23 +213,23 @@ def test_a_sweep_is_a_parent_run_with_one_nested_run_per_job(
     args = [
         "-m",
         "program=axpy",
-        "program.args=[3,4],[5,6],[7,8]",
+        "program.args=[3,4],[5,6]",
         *_tracked(mlflow_server, "sweep"),
         f"hydra.sweep.dir={sweep_dir}",
     ]
     proc = run_cli(args, cwd=tmp_path, env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")))
     assert proc.returncode == 0, proc.stderr
-    assert "sweep: 3 jobs, 3 ok, 0 failed" in proc.stdout
+    assert "sweep: 2 jobs, 2 ok, 0 failed" in proc.stdout
     runs = _runs(mlflow_server, "sweep")
     parents = [r for r in runs if r.data.tags.get("jaxaot.kind") == "sweep"]
-    assert len(parents) == 1 and len(runs) == 4
+    assert len(parents) == 1 and len(runs) == 3
     parent = parents[0]
     assert json.loads((sweep_dir / PARENT_NAME).read_text())["run_id"] == parent.info.run_id
     assert parent.info.status == "FINISHED"
-    assert parent.data.params["program.args"] == "[3,4],[5,6],[7,8]"
+    assert parent.data.params["program.args"] == "[3,4],[5,6]"
     assert parent.data.metrics == {
-        "sweep.jobs": 3.0,
-        "sweep.ok": 3.0,
+        "sweep.jobs": 2.0,
+        "sweep.ok": 2.0,
         "sweep.failed": 0.0,
         "sweep.does_not_fit": 0.0,
     }
@@ -443,6 +443,7 @@ def test_a_sweep_with_the_server_down_warns_once_and_its_jobs_log_nothing(tmp_pa
         f"hydra.callbacks.tracking.uri={uri}",
         "hydra.callbacks.tracking.timeout_s=1",
         "hydra.callbacks.tracking.max_retries=1",
+        "hydra.callbacks.sweep.plots=false",
         f"hydra.sweep.dir={sweep_dir}",
     ]
     proc = run_cli(args, cwd=tmp_path, env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")))
