@@ -62,12 +62,46 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def fingerprints(tmp_path: Path, lr: str, act: str, seed: str) -> dict[str, str]:
-    script = tmp_path / "fp_script.py"
+# Runs SCRIPT once per (learning rate, activation) pair, each in a child forked after importing
+# JAX, Flax, Equinox and optax (no backend started, one thread: the fork is safe; jaxaot's import
+# starts threads, so each child imports it): a process of its own per data set, as
+# ``python fp_script.py lr act`` is, without repeating those imports.
+DRIVER = textwrap.dedent(
+    """
+    import os, runpy, sys, traceback
+    import equinox, flax.linen, flax.nnx, flax.training.train_state, jax, optax
+
+    script, pairs = sys.argv[1], sys.argv[2:]
+    for lr, act in zip(pairs[::2], pairs[1::2], strict=True):
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                sys.argv = [script, lr, act]
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+            sys.exit(f"fp_script.py {lr} {act} failed")
+    """
+)
+
+
+def fingerprints(tmp_path: Path, *pairs: tuple[str, str], seed: str) -> list[dict[str, str]]:
+    """SCRIPT's fingerprints for each (learning rate, activation) pair, each in a process of
+    its own, all forked from one Python started with ``PYTHONHASHSEED=seed``."""
+    script, driver = tmp_path / "fp_script.py", tmp_path / "fp_driver.py"
     script.write_text(SCRIPT)
+    driver.write_text(DRIVER)
     env = cli_env(PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu")
     done = subprocess.run(
-        [sys.executable, str(script), lr, act],
+        [sys.executable, str(driver), str(script), *(x for pair in pairs for x in pair)],
         env=env,
         capture_output=True,
         text=True,
@@ -75,19 +109,20 @@ def fingerprints(tmp_path: Path, lr: str, act: str, seed: str) -> dict[str, str]
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    return [json.loads(line) for line in lines[len(lines) - len(pairs) :]]
 
 
 @pytest.mark.extra("models")
 def test_fingerprints_agree_across_processes_and_follow_the_data(tmp_path: Path) -> None:
-    first = fingerprints(tmp_path, "1e-3", "relu", seed="1")
-    again = fingerprints(tmp_path, "1e-3", "relu", seed="2")  # another string-hash seed
+    first, other_lr, other_act = fingerprints(
+        tmp_path, ("1e-3", "relu"), ("2e-3", "relu"), ("1e-3", "gelu"), seed="1"
+    )
+    (again,) = fingerprints(tmp_path, ("1e-3", "relu"), seed="2")  # another string-hash seed
     assert first == again
     assert all(len(v) == 64 for v in first.values())
-    other_lr = fingerprints(tmp_path, "2e-3", "relu", seed="1")
     assert all(other_lr[k] != first[k] for k in ("train_state", "nnx", "closure"))
     assert other_lr["equinox"] == first["equinox"]  # the learning rate is not in the MLP
-    other_act = fingerprints(tmp_path, "1e-3", "gelu", seed="1")
     assert all(other_act[k] != first[k] for k in ("train_state", "nnx", "equinox"))
 
 

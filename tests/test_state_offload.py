@@ -186,8 +186,11 @@ def test_optimizer_state_offload_on_v5e_is_plain_jaxs_with_the_move_written(
 
 # -- an NNX train step: the optimizer state offloaded, its update back on the host -----------------
 
+# One decoder block (the shipped toy has two): the step's offload, shardings and donation are
+# per Variable, whatever the depth, and one block compiles in ~60% of the time.
 NNX = (
     "program=llama_nnx_train",
+    "+program.args.0._args_.0.n_layers=1",
     "mesh.shape=[4]",
     "mesh.axes=[data]",
     "lower.donate_argnums=[0, 1]",

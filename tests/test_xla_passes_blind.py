@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,79 @@ jxla.register_hlo_module_transformation(mul_to_add, name="early", platforms="cpu
 CLEARED = NO_OP + 'assert jxla.clear_hlo_module_transformation("early", platforms="cpu")\n'
 
 
-def _run(tmp_path: Path, script: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
-        capture_output=True,
+# Runs each script given on stdin (a JSON line: the script, its folder, environment and output
+# files) as ``python -c`` runs it, in a child forked from this process, which has imported JAX
+# and nothing more: every script's first import is JAX's, and jaxlib's registry, jax.extend
+# and jaxaot are untouched until the script runs. Answers with the child's exit status.
+FORKER = """
+import json, os, signal, sys, traceback, types
+import jax
+
+for line in iter(sys.stdin.readline, ""):
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(600)
+            os.chdir(job["cwd"])
+            os.environ.clear()
+            os.environ.update(job["env"])
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            main = sys.modules["__main__"] = types.ModuleType("__main__")
+            sys.argv = ["-c"]
+            exec(compile(job["script"], "<string>", "exec"), main.__dict__)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def forker() -> Iterator[subprocess.Popen[str]]:
+    """:data:`FORKER`, started once for this module's scripts."""
+    with subprocess.Popen(
+        [sys.executable, "-c", FORKER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["stderr"] = proc.stderr
-    return out
+        env=cli_env(),
+    ) as proc:
+        yield proc
+        assert proc.stdin is not None
+        proc.stdin.close()  # the end of its input: it exits, and is waited for
+
+
+def _run(forker: subprocess.Popen[str], tmp_path: Path, script: str) -> dict[str, Any]:
+    """``python -c script`` in a process of its own (forked by :data:`FORKER`) in ``tmp_path``,
+    with a store of its own; its last stdout line as JSON, and its stderr."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    job = {
+        "script": script,
+        "cwd": str(tmp_path),
+        "env": cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
+        "stdout": str(out),
+        "stderr": str(err),
+    }
+    assert forker.stdin is not None and forker.stdout is not None
+    forker.stdin.write(json.dumps(job) + "\n")
+    forker.stdin.flush()
+    code = forker.stdout.readline()
+    stderr = err.read_text() if err.exists() else ""
+    assert code.strip() == "0", f"exit status {code.strip() or '(no answer)'}\n{stderr[-3000:]}"
+    result = json.loads(out.read_text().strip().splitlines()[-1])
+    result["stderr"] = stderr
+    return result
 
 
 @pytest.mark.parametrize(
@@ -74,16 +135,20 @@ def _run(tmp_path: Path, script: str) -> dict[str, Any]:
         CLEARED,
     ],
 )
-def test_jax_extend_imported_first_keeps_the_store(tmp_path: Path, pre: str) -> None:
-    out = _run(tmp_path, RUN_TWICE.format(pre=pre))
+def test_jax_extend_imported_first_keeps_the_store(
+    forker: subprocess.Popen[str], tmp_path: Path, pre: str
+) -> None:
+    out = _run(forker, tmp_path, RUN_TWICE.format(pre=pre))
     assert out["blind"] is None
     assert out["status"] == ["ran", "cached"], out["stderr"][-2000:]
     assert "compiled without the store" not in out["stderr"]
 
 
 @pytest.mark.parametrize("pre", [NO_OP, CHANGES])
-def test_a_cpu_pass_registered_first_turns_the_store_off(tmp_path: Path, pre: str) -> None:
-    out = _run(tmp_path, RUN_TWICE.format(pre=pre))
+def test_a_cpu_pass_registered_first_turns_the_store_off(
+    forker: subprocess.Popen[str], tmp_path: Path, pre: str
+) -> None:
+    out = _run(forker, tmp_path, RUN_TWICE.format(pre=pre))
     assert out["status"] == ["ran", "ran"]  # never a hit keyed without the pass
     assert "a compile on CPU handed a" in out["blind"]
     assert "compiled without the store" in out["stderr"]
@@ -132,8 +197,10 @@ print(json.dumps({
 """
 
 
-def test_a_plugin_pass_registered_first_is_found_through_its_hook(tmp_path: Path) -> None:
-    out = _run(tmp_path, PLUGIN)
+def test_a_plugin_pass_registered_first_is_found_through_its_hook(
+    forker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    out = _run(forker, tmp_path, PLUGIN)
     assert out["blind"] is None
     assert [(e["name"], e["stage"]) for e in out["key"]] == [("on-plugin", 1)]
     assert out["same"] is True
@@ -161,6 +228,8 @@ print(json.dumps({"blind": xla_passes.blind()}))
 """
 
 
-def test_an_unreadable_hook_keeps_the_store_off(tmp_path: Path) -> None:
-    out = _run(tmp_path, UNREADABLE)
+def test_an_unreadable_hook_keeps_the_store_off(
+    forker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    out = _run(forker, tmp_path, UNREADABLE)
     assert "closure cannot be read" in out["blind"]
