@@ -251,9 +251,8 @@ def test_kill_9_during_an_artifact_write_then_rerun(tmp_path, isolated_store):
     manifest = read_manifest(killed)  # the manifest is whole: written atomically after each stage
     assert manifest["status"] == "running" and "compile" not in manifest["stages"]
     assert not _entries(isolated_store)
-    proc, rerun = None, tmp_path / "rerun"
-    proc = run_cli(["program=axpy", f"hydra.run.dir={rerun}"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    rerun = tmp_path / "rerun"  # as the killed one ran: jaxaot.run, here in this process
+    assert jaxaot.run(jaxaot.compose(["program=axpy"]), run_dir=rerun).ok
     assert read_manifest(rerun)["status"] == "ok"
     assert len(_entries(isolated_store)) == 1 and Store(isolated_store).verify().ok
 

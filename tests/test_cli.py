@@ -13,9 +13,13 @@ import jaxaot
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO, cli_env, read_manifest, run_cli
+from conftest import REPO, SuiteServer, cli_env, read_manifest, run_cli, served_env
 
-pytestmark = pytest.mark.plain_process  # the `jaxaot` command as a process
+# A test of the process itself (its exit status and lines on an error, --help, --version, a
+# closed stdout, JAX as the target is imported) starts a plain `jaxaot`; a test of what a run
+# does (its manifest, artifacts and folders) runs through the suite's server, a child forked
+# per run with the client's exit status and pipes.
+plain_process = pytest.mark.plain_process
 
 MODEL = textwrap.dedent(
     """
@@ -42,8 +46,43 @@ def _error_lines(stderr: str) -> list[str]:
 # --- Hydra's own introspection ---------------------------------------------------------------
 
 
-def test_help_is_one_screen_with_groups_options_and_no_schemas(tmp_path: Path) -> None:
-    proc = run_cli(["--help"], cwd=tmp_path)
+def _run_alone(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot <args>``, started as a plain_process test starts it, in an empty folder of its
+    own (its own store and config folders beside it): the finished process and that folder."""
+    home = tmp_path_factory.mktemp("alone")
+    cwd = home / "cwd"
+    cwd.mkdir()
+    own = {"JAXAOT_STORE_DIR": str(home / "store"), "XDG_CONFIG_HOME": str(home / "config")}
+    # a plain process, as a plain_process test's own runs; through the suite's server only under
+    # JAXAOT_TEST_SERVER=1 (make test-server), which sends those through it too
+    every_run_served = os.environ.get("JAXAOT_TEST_SERVER") == "1"
+    env = served_env(suite_server, **own) if every_run_served else cli_env(**own)
+    return run_cli(list(args), cwd=cwd, env=env), cwd
+
+
+@pytest.fixture(scope="module")
+def help_run(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot --help``, run once for the module's tests of its screen."""
+    return _run_alone(tmp_path_factory, suite_server, "--help")
+
+
+@pytest.fixture(scope="module")
+def version_run(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot --version`` (as ``python -m jaxaot --version``), run once for the module."""
+    return _run_alone(tmp_path_factory, suite_server, "--version")
+
+
+@plain_process
+def test_help_is_one_screen_with_groups_options_and_no_schemas(
+    help_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, _ = help_run
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) <= 60 and max(len(line) for line in lines) <= 100
@@ -64,11 +103,14 @@ def test_help_is_one_screen_with_groups_options_and_no_schemas(tmp_path: Path) -
     assert "$" not in proc.stdout  # no unexpanded Hydra template variable
 
 
-def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None:
+@plain_process
+def test_version_names_jaxaot_jax_jaxlib_and_the_backend(
+    version_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
     import jax
     import jaxlib
 
-    proc = run_cli(["--version"], cwd=tmp_path)
+    proc, cwd = version_run
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[:3] == [
@@ -77,40 +119,34 @@ def test_version_names_jaxaot_jax_jaxlib_and_the_backend(tmp_path: Path) -> None
         f"jaxlib {jaxlib.__version__}",
     ]
     assert lines[3].startswith("backend cpu (compile.backend default): ")
-    assert "Hydra" not in proc.stdout and not list(tmp_path.iterdir())
+    assert "Hydra" not in proc.stdout and not list(cwd.iterdir())
     assert "Traceback" not in proc.stderr and "CUDA" not in proc.stderr  # no plugin probing
 
 
-def test_python_dash_m_jaxaot_is_the_command(tmp_path: Path) -> None:
-    proc = run_cli(["--version"], cwd=tmp_path, module="jaxaot")
+@plain_process
+def test_python_dash_m_jaxaot_is_the_command(
+    version_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, _ = version_run  # run_cli starts `python -m jaxaot`
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("jaxaot ")
 
 
-def test_python_and_the_cli_write_one_run_layout(tmp_path: Path) -> None:
+def test_python_and_the_cli_write_one_run_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import re
-    import sys
 
-    py = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import jaxaot; print(jaxaot.run(jaxaot."
-            "compose(['program=axpy', 'stop_after=stage_out'])).run_dir)",
-        ],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert py.returncode == 0, py.stderr
+    monkeypatch.chdir(tmp_path)  # jaxaot.run from Python in this folder, as `python -c` would
+    py = jaxaot.run(jaxaot.compose(["program=axpy", "stop_after=stage_out"]))
+    assert py.ok
     cli_run = run_cli(["program=axpy", "stop_after=stage_out"], cwd=tmp_path)
     assert cli_run.returncode == 0, cli_run.stderr
     runs = sorted(p.parent.relative_to(tmp_path) for p in tmp_path.rglob("manifest.json"))
     assert len(runs) == 2
     for run in runs:  # outputs/<date>/<time>[-n], both
         assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d(-\d+)?", str(run)), run
-    assert py.stdout.strip() in {str(r) for r in runs}
+    assert str(py.run_dir) in {str(r) for r in runs}
 
 
 def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -133,6 +169,7 @@ def _closed_stdout(args: list[str], cwd: Path) -> subprocess.CompletedProcess[st
         os.close(write)
 
 
+@plain_process
 def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -> None:
     ok = _closed_stdout(
         ["-m", "jaxaot", "program=axpy", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path
@@ -160,8 +197,11 @@ def test_a_closed_stdout_ends_quietly_with_the_runs_own_status(tmp_path: Path) -
     assert diff.stderr == ""
 
 
-def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
-    proc = run_cli(["--help"], cwd=tmp_path)
+@plain_process
+def test_help_lists_the_config_groups_and_programs(
+    help_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, cwd = help_run
     assert proc.returncode == 0, proc.stderr
     assert "== Config groups (group=option; * = default) ==" in proc.stdout
     start = next(i for i, ln in enumerate(proc.stdout.splitlines()) if ln.startswith("program "))
@@ -184,9 +224,10 @@ def test_help_lists_the_config_groups_and_programs(tmp_path: Path) -> None:
         "jaxaot-report <sweep",
     ]
     assert "--hydra-help" in proc.stdout.splitlines()[-1]
-    assert not list(tmp_path.iterdir())  # nothing ran
+    assert not list(cwd.iterdir())  # nothing ran
 
 
+@plain_process
 def test_info_shows_the_shipped_config_dir(tmp_path: Path) -> None:
     proc = run_cli(["--info"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -194,6 +235,7 @@ def test_info_shows_the_shipped_config_dir(tmp_path: Path) -> None:
     assert "pkg://jaxaot.conf" in proc.stdout
 
 
+@plain_process
 def test_cfg_job_prints_the_composed_config_without_running(tmp_path: Path) -> None:
     proc = run_cli(
         [
@@ -315,6 +357,7 @@ def test_hydra_searchpath_adds_a_users_programs(tmp_path: Path) -> None:
 # --- errors: one line, non-zero exit, traceback only with debug ------------------------------
 
 
+@plain_process
 def test_an_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:
     proc = run_cli(
         ["program=axpy", "compile.bogus=1", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path
@@ -326,6 +369,7 @@ def test_an_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "manifest.json").exists()
 
 
+@plain_process
 def test_a_wrong_type_is_one_line_naming_the_key(tmp_path: Path) -> None:
     proc = run_cli(["execute.repeats=lots", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 1
@@ -333,6 +377,7 @@ def test_a_wrong_type_is_one_line_naming_the_key(tmp_path: Path) -> None:
     assert "execute.repeats" in line and "lots" in line
 
 
+@plain_process
 def test_an_arg_spec_error_is_one_line(cli) -> None:
     proc, run_dir = cli("program=axpy", "program.args=[x32[3],f32[3]]", expect_ok=False)
     assert proc.returncode == 1
@@ -343,6 +388,7 @@ def test_an_arg_spec_error_is_one_line(cli) -> None:
     assert not (run_dir / "manifest.json").exists()  # rejected before any stage
 
 
+@plain_process
 def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
     proc, run_dir = cli("program=axpy", "program.target=no_such_module_xyz:f", expect_ok=False)
     assert proc.returncode == 1
@@ -362,6 +408,7 @@ def test_a_target_error_is_one_line_and_debug_adds_the_traceback(cli) -> None:
     assert _error_lines(debug.stderr)[-1].startswith("jaxaot: error: program.target=")
 
 
+@plain_process
 def test_an_absent_backend_is_one_line_saying_how_to_lower(cli) -> None:
     proc, _ = cli("program=axpy", "compile.backend=tpu", expect_ok=False)
     assert proc.returncode == 1
@@ -370,6 +417,7 @@ def test_an_absent_backend_is_one_line_saying_how_to_lower(cli) -> None:
     assert "lower.platforms=[tpu] stop_after=lower" in line
 
 
+@plain_process
 def test_a_failed_reference_check_exits_non_zero(cli, tmp_path: Path) -> None:
     nan = tmp_path / "nan.npy"
     np.save(nan, np.array([1, np.nan, 3], np.float32))
@@ -389,6 +437,7 @@ def test_a_failed_reference_check_exits_non_zero(cli, tmp_path: Path) -> None:
     assert read_manifest(run_dir)["stages"]["execute"]["metrics"]["check"] == "failed"
 
 
+@plain_process
 @pytest.mark.parametrize("sweeper", ["jaxaot_fit", "jaxaot_optuna"])
 def test_a_search_sweeper_without_multirun_is_refused(cli, tmp_path: Path, sweeper: str) -> None:
     """Without -m Hydra would run the job once and search nothing: refused, nothing left."""
@@ -402,6 +451,7 @@ def test_a_search_sweeper_without_multirun_is_refused(cli, tmp_path: Path, sweep
     assert not run_dir.exists()
 
 
+@plain_process
 def test_a_target_that_cannot_be_imported_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     """The target is imported before the run has a folder: no summary, no outputs/."""
     proc = run_cli(["program=axpy", "program.target=nosuch.mod:fn"], cwd=tmp_path)
@@ -414,6 +464,7 @@ def test_a_target_that_cannot_be_imported_is_one_line_and_leaves_nothing(tmp_pat
     assert not (tmp_path / "outputs").exists()
 
 
+@plain_process
 def test_a_target_that_exits_while_imported_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "ends_on_import.py").write_text("import sys\nsys.exit(3)\ndef f(x): return x\n")
     proc = run_cli(
@@ -429,6 +480,7 @@ def test_a_target_that_exits_while_imported_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs").exists()
 
 
+@plain_process
 def test_the_target_is_imported_under_the_runs_jax_settings(tmp_path: Path) -> None:
     """What a module sees of JAX when it is imported (before the run's folder exists) is what
     the run configured: the platform, the device count and x64."""

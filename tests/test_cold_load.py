@@ -12,7 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PAIRS_MODULE, cli_env, read_manifest, run_cli, write_pairs_module
+from conftest import (
+    PAIRS_MODULE,
+    SuiteServer,
+    cli_env,
+    read_manifest,
+    run_cli,
+    served_env,
+    write_pairs_module,
+)
 from jaxaot.util.fsio import sha256_bytes
 
 # jax.numpy.linalg functions with LAPACK custom calls on CPU, and arguments they accept: each
@@ -102,17 +110,35 @@ def test_every_load_route_gives_the_first_runs_outputs(tmp_path: Path, op: str) 
         assert _outputs(run) == _outputs(first), run.name
 
 
-def _user_module(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """``cold_pairs.py`` (a NamedTuple output) in a folder of its own, and an env that finds it."""
-    mods = write_pairs_module(tmp_path / "usermods", "cold_pairs").parent
-    return mods, cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
+def _pairs_env(mods: Path) -> dict[str, str]:
+    """The environment of a `jaxaot` run that finds ``cold_pairs`` in ``mods``."""
+    return cli_env(PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}")
 
 
-def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
-    _, env = _user_module(tmp_path)
-    first = _run(
-        tmp_path, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]", env=env
+@pytest.fixture(scope="module")
+def pairs_run(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[Path, Path]:
+    """A whole `jaxaot` run of ``cold_pairs:pair`` (a NamedTuple output), its module in a folder
+    of its own and the run with a store of its own: (that folder, the run dir). The tests
+    resume from it in fresh processes, each with its own store."""
+    tmp = tmp_path_factory.mktemp("pairs")
+    mods = write_pairs_module(tmp / "usermods", "cold_pairs").parent
+    env = served_env(
+        suite_server,
+        PYTHONPATH=f"{cli_env()['PYTHONPATH']}:{mods}",
+        JAXAOT_STORE_DIR=str(tmp / "store"),
+        XDG_CONFIG_HOME=str(tmp / "config"),
     )
+    first = _run(tmp, "first", "program.target=cold_pairs:pair", "program.args=[f32[5]]", env=env)
+    return mods, first
+
+
+def test_user_namedtuple_outputs_are_resumable(
+    tmp_path: Path, pairs_run: tuple[Path, Path]
+) -> None:
+    mods, first = pairs_run
+    env = _pairs_env(mods)
     assert json.loads((first / "lower" / "lowered.json").read_text())["namedtuples"] == [
         "cold_pairs:Pair"
     ]
@@ -128,21 +154,17 @@ def test_user_namedtuple_outputs_are_resumable(tmp_path: Path) -> None:
         ] == paths
 
 
-def test_user_namedtuple_that_is_gone_is_a_one_line_error(tmp_path: Path) -> None:
-    mods, env = _user_module(tmp_path)
-    first = _run(
-        tmp_path,
-        "first",
-        "program.target=cold_pairs:pair",
-        "program.args=[f32[5]]",
-        "stop_after=lower",
-        env=env,
-    )
+def test_user_namedtuple_that_is_gone_is_a_one_line_error(
+    tmp_path: Path, pairs_run: tuple[Path, Path]
+) -> None:
+    _, first = pairs_run
+    # cold_pairs as the resuming process finds it: its Pair class renamed since the run
+    mods = write_pairs_module(tmp_path / "usermods", "cold_pairs").parent
     (mods / "cold_pairs.py").write_text(PAIRS_MODULE.replace("class Pair", "class Renamed"))
     proc = run_cli(
         [f"resume_from={first}", "start_at=compile", f"hydra.run.dir={tmp_path / 'r'}"],
         cwd=tmp_path,
-        env=env,
+        env=_pairs_env(mods),
     )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
@@ -211,17 +233,11 @@ def test_prepare_vouches_for_jaxlib_and_xla_targets_only_when_cold() -> None:
     custom_calls.prepare(odd, "cpu", warm, "here")  # lowered here: its code registered my_ffi
 
 
-def test_a_checkpoints_pytree_classes_go_through_the_import_policy(tmp_path: Path) -> None:
+def test_a_checkpoints_pytree_classes_go_through_the_import_policy(
+    tmp_path: Path, pairs_run: tuple[Path, Path]
+) -> None:
     """lowered.json names classes a resume imports: the resuming run's trust.* rules decide."""
-    _, env = _user_module(tmp_path)
-    first = _run(
-        tmp_path,
-        "first",
-        "program.target=cold_pairs:pair",
-        "program.args=[f32[5]]",
-        "stop_after=lower",
-        env=env,
-    )
+    mods, first = pairs_run
     proc = run_cli(
         [
             f"resume_from={first}",
@@ -230,7 +246,7 @@ def test_a_checkpoints_pytree_classes_go_through_the_import_policy(tmp_path: Pat
             f"hydra.run.dir={tmp_path / 'r'}",
         ],
         cwd=tmp_path,
-        env=env,
+        env=_pairs_env(mods),
     )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]

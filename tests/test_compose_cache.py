@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,23 @@ from omegaconf import DictConfig, OmegaConf
 pytestmark = pytest.mark.slow
 
 
-def _master(loader: Any, *hydra_overrides: str) -> DictConfig:
-    return loader.load_configuration("config", list(hydra_overrides), RunMode.MULTIRUN)
+Masters = dict[tuple[str, ...], DictConfig]
+
+
+@pytest.fixture(scope="module")
+def masters() -> Masters:
+    """Hydra's multirun master configs by their hydra overrides, each composed once for the
+    module (:func:`_master`)."""
+    return {}
+
+
+def _master(loader: Any, masters: Masters, *hydra_overrides: str) -> DictConfig:
+    """The multirun master config Hydra composes for ``hydra_overrides``: a copy of the one
+    the module composed, so that no test sees another's changes."""
+    key = tuple(hydra_overrides)
+    if key not in masters:
+        masters[key] = loader.load_configuration("config", list(key), RunMode.MULTIRUN)
+    return copy.deepcopy(masters[key])
 
 
 def _plain(cfg: DictConfig) -> dict[str, Any]:
@@ -44,9 +60,9 @@ JOBS = [
 
 @pytest.mark.parametrize("master_overrides", [(), ("hydra.job.config.override_dirname.kv_sep=:",)])
 def test_every_job_equals_hydras_own_composition(
-    loader: Any, master_overrides: tuple[str, ...]
+    loader: Any, masters: Masters, master_overrides: tuple[str, ...]
 ) -> None:
-    master = _master(loader, *master_overrides)
+    master = _master(loader, masters, *master_overrides)
     fast = SweepConfigLoader(loader)
     for job in JOBS:
         expected = loader.load_sweep_config(master, list(job))
@@ -56,8 +72,8 @@ def test_every_job_equals_hydras_own_composition(
         assert OmegaConf.is_struct(got) and not OmegaConf.is_readonly(got.hydra)
 
 
-def test_value_only_jobs_share_one_composition(loader: Any) -> None:
-    master = _master(loader)
+def test_value_only_jobs_share_one_composition(loader: Any, masters: Masters) -> None:
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     cfgs = [fast.load_sweep_config(master, [f"execute.seed={s}"]) for s in range(6)]
     assert [c.execute.seed for c in cfgs] == list(range(6))
@@ -68,8 +84,8 @@ def test_value_only_jobs_share_one_composition(loader: Any) -> None:
     assert compose_cache.stats()["composed"] == 2
 
 
-def test_bad_override_fails_like_hydra(loader: Any) -> None:
-    master = _master(loader)
+def test_bad_override_fails_like_hydra(loader: Any, masters: Masters) -> None:
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     for job in (["execute.no_such_key=1"], ["execute.seed=abc"], ["program=no_such_program"]):
         with pytest.raises(ConfigCompositionException) as slow_err:
@@ -81,8 +97,10 @@ def test_bad_override_fails_like_hydra(loader: Any) -> None:
         ), job
 
 
-def test_searchpath_overrides_take_hydras_path(loader: Any, tmp_path: Path) -> None:
-    master = _master(loader)
+def test_searchpath_overrides_take_hydras_path(
+    loader: Any, masters: Masters, tmp_path: Path
+) -> None:
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     job = [f"hydra.searchpath=[file://{tmp_path}]", "execute.seed=2"]
     assert _plain(fast.load_sweep_config(master, job)) == _plain(
@@ -91,8 +109,8 @@ def test_searchpath_overrides_take_hydras_path(loader: Any, tmp_path: Path) -> N
     assert compose_cache.stats() == {"composed": 0, "reused": 0}
 
 
-def test_loader_pickles_for_process_launchers(loader: Any) -> None:
-    master = _master(loader)
+def test_loader_pickles_for_process_launchers(loader: Any, masters: Masters) -> None:
+    master = _master(loader, masters)
     here = SweepConfigLoader(loader)
     here.validate_batch(master, [["execute.seed=1"], ["execute.seed=2"]])
     shipped = pickle.dumps(here)
@@ -101,8 +119,10 @@ def test_loader_pickles_for_process_launchers(loader: Any) -> None:
     assert fast.load_sweep_config(master, ["execute.seed=7"]).execute.seed == 7
 
 
-def test_overrides_are_classified_by_one_repository(loader: Any, monkeypatch: Any) -> None:
-    master = _master(loader)
+def test_overrides_are_classified_by_one_repository(
+    loader: Any, masters: Masters, monkeypatch: Any
+) -> None:
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     fast.load_sweep_config(master, ["execute.seed=0"])
     calls = []
@@ -120,9 +140,9 @@ def test_overrides_are_classified_by_one_repository(loader: Any, monkeypatch: An
 
 
 def test_launcher_takes_the_configs_validation_composed(
-    loader: Any, tmp_path: Path, monkeypatch: Any
+    loader: Any, masters: Masters, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    master = _master(loader)
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     batch = [["execute.seed=1"], ["program=mlp", "execute.seed=2"], ["execute.seed=3"]]
     fast.validate_batch(master, batch)
@@ -141,9 +161,9 @@ def test_launcher_takes_the_configs_validation_composed(
 
 
 def test_validation_raises_like_hydra_and_keeps_one_bounded_batch(
-    loader: Any, monkeypatch: Any
+    loader: Any, masters: Masters, monkeypatch: Any
 ) -> None:
-    master = _master(loader)
+    master = _master(loader, masters)
     fast = SweepConfigLoader(loader)
     with pytest.raises(ConfigCompositionException):
         fast.validate_batch(master, [["execute.seed=1"], ["execute.no_such_key=1"]])

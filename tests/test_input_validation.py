@@ -150,12 +150,12 @@ def test_unreadable_input_files_name_the_file_and_never_advise_unpickling(
     assert "pickle" not in proc.stderr
 
 
-def test_a_strong_suffix_runs_as_the_plain_type(cli: Any) -> None:
-    _, run_dir = cli(
+def test_a_strong_suffix_runs_as_the_plain_type(compose_run: Any) -> None:
+    run_dir = compose_run(  # the command line's overrides, run in this process
         "program.target=jax.numpy:add",
         "program.args=[f32[]~strong,f32[]~weak]",
         "stop_after=stage_out",
-    )
+    ).run_dir
     signature = json.loads((run_dir / "stage_out" / "signature.json").read_text())
     assert [(i["type"], i["weak_type"]) for i in signature["inputs"]] == [
         ("f32[]", False),

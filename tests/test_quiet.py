@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import SuiteServer, cli_env, run_cli, served_env
 from jaxaot.rundir.logs import (
     end_launch_lines,
     hold_stage_warnings,
@@ -27,22 +29,57 @@ pytestmark = pytest.mark.plain_process  # what a started `jaxaot` prints
 
 AXPY = ["program=axpy", "program.args=[3,4]"]
 INFO = "[jaxaot][INFO]"
+# log of a random normal input: NaN for the negative ones, a stage warning (execute's)
+LOG = ["program.target=jax.numpy:log", "program.args=[f32[16]]"]
 
 
-def test_a_run_prints_its_summary_and_logs_its_stage_lines(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_cli([*AXPY, "stop_after=lower", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+def _run_once(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot <args>``, started as this module's tests start it, in a folder of its own (its
+    own store and config folders): the finished process and its run dir."""
+    home = tmp_path_factory.mktemp("run")
+    own = {"JAXAOT_STORE_DIR": str(home / "store"), "XDG_CONFIG_HOME": str(home / "config")}
+    # a plain process, as a plain_process test's own runs; through the suite's server only under
+    # JAXAOT_TEST_SERVER=1 (make test-server), which sends those through it too
+    every_run_served = os.environ.get("JAXAOT_TEST_SERVER") == "1"
+    env = served_env(suite_server, **own) if every_run_served else cli_env(**own)
+    run_dir = home / "run"
+    return run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=home, env=env), run_dir
+
+
+@pytest.fixture(scope="module")
+def quiet_run(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot`` of :data:`LOG`, every stage: a run whose execute stage warns."""
+    return _run_once(tmp_path_factory, suite_server, *LOG)
+
+
+@pytest.fixture(scope="module")
+def verbose_run(
+    tmp_path_factory: pytest.TempPathFactory, suite_server: SuiteServer | None
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``jaxaot -v`` of :data:`LOG`, every stage."""
+    return _run_once(tmp_path_factory, suite_server, "-v", *LOG)
+
+
+def test_a_run_prints_its_summary_and_logs_its_stage_lines(
+    quiet_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, run_dir = quiet_run
     assert proc.returncode == 0, proc.stderr
     screen = proc.stdout + proc.stderr
     assert INFO not in screen and "ran in" not in screen
-    assert proc.stdout.startswith("jaxaot · axpy") and proc.stderr == ""
+    assert proc.stdout.startswith("jaxaot · log") and proc.stderr == ""
     log = (run_dir / "jaxaot.log").read_text()
     assert f"{INFO} - [stage_out] ran in" in log and f"{INFO} - [lower] ran in" in log
 
 
-def test_verbose_shows_the_stage_lines_on_stderr(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = run_cli(["-v", *AXPY, "stop_after=lower", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+def test_verbose_shows_the_stage_lines_on_stderr(
+    verbose_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, run_dir = verbose_run
     assert proc.returncode == 0, proc.stderr
     shown = [ln for ln in proc.stderr.splitlines() if INFO in ln]
     assert any("[lower] ran in" in ln for ln in shown), proc.stderr
@@ -50,18 +87,18 @@ def test_verbose_shows_the_stage_lines_on_stderr(tmp_path: Path) -> None:
     assert "[lower] ran in" in (run_dir / "jaxaot.log").read_text()
 
 
-def test_a_stage_warning_shows_once_in_the_summary(tmp_path: Path) -> None:
-    # log of a random normal input: NaN for the negative ones, a stage warning
-    run_dir = tmp_path / "run"
-    args = ["program.target=jax.numpy:log", "program.args=[f32[16]]"]
-    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+def test_a_stage_warning_shows_once_in_the_summary(
+    quiet_run: tuple[subprocess.CompletedProcess[str], Path],
+    verbose_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, run_dir = quiet_run
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # not also as a log line
     [shown] = [ln for ln in proc.stdout.splitlines() if "non-finite" in ln]
     assert shown.startswith("warning: execute: non-finite values")
     [logged] = [ln for ln in (run_dir / "jaxaot.log").read_text().splitlines() if "[WARNING]" in ln]
     assert "[execute] non-finite values" in logged
-    verbose = run_cli(["-v", *args, f"hydra.run.dir={tmp_path / 'v'}"], cwd=tmp_path)
+    verbose, _ = verbose_run
     assert verbose.returncode == 0, verbose.stderr
     [line] = [ln for ln in verbose.stderr.splitlines() if "[WARNING]" in ln]
     assert "[execute] non-finite values" in line
@@ -141,6 +178,7 @@ def test_a_verbose_sweep_shows_the_launch_and_stage_lines(tmp_path: Path) -> Non
             *AXPY,
             "stop_after=stage_out",
             "execute.repeats=1,2",
+            "hydra.callbacks.sweep.plots=false",  # the launch and stage lines are what is shown
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=tmp_path,

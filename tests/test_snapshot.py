@@ -293,6 +293,7 @@ def test_multirun_suite_with_interpolated_golden_dirs(compose_run, tmp_path: Pat
             "program=axpy,mlp",
             "stop_after=lower",
             "snapshot.verify=golden/${program.name}",
+            "hydra.callbacks.sweep.plots=false",  # the report's plots: not what is checked
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
         cwd=tmp_path,
@@ -337,43 +338,50 @@ def test_changed(jaxaot_snapshot):
 """
 
 
-def test_pytest_fixture_without_a_golden_says_how_to_write_one(tmp_path: Path) -> None:
+def _user_pytest(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *extra: str,
+) -> tuple[int, str]:
+    """``pytest -q -p jaxaot -p no:cacheprovider tests/test_user.py <extra>`` as the user runs it
+    in ``tmp_path`` (plugin autoload off: the plugin is named), in this process: its exit status
+    and what it printed. Its session's temp folders go under ``tmp_path/pytest``."""
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        m.chdir(tmp_path)
+        m.setattr(sys, "path", list(sys.path))  # the session puts tests/ first
+        m.delitem(sys.modules, "test_user", raising=False)  # each session imports the file anew
+        args = ["-q", "-p", "jaxaot", "-p", "no:cacheprovider"]
+        code = pytest.main(
+            [*args, f"--basetemp={tmp_path / 'pytest'}", "tests/test_user.py", *extra]
+        )
+        m.delitem(sys.modules, "test_user", raising=False)
+    return int(code), capsys.readouterr().out
+
+
+@pytest.mark.slow  # its sessions run the pipeline (pytest.main is no call the fast tier knows)
+def test_pytest_fixture_without_a_golden_says_how_to_write_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_user.py").write_text(USER_FIRST)
-    env = cli_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    args = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "jaxaot",
-        "-p",
-        "no:cacheprovider",
-        "tests/test_user.py",
-    ]
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
+    code, out = _user_pytest(tmp_path, monkeypatch, capsys)
+    assert code == 1
     golden = tmp_path / "tests" / "golden" / "axpy"
     line = f"no golden yet: run `pytest --jaxaot-update` to write {golden}"
-    assert line in proc.stdout
-    assert "Traceback" not in proc.stdout and "snapshot.py" not in proc.stdout  # one line
+    assert line in out
+    assert "Traceback" not in out and "snapshot.py" not in out  # one line
     assert not golden.exists()
-    update = subprocess.run(
-        [*args, "--jaxaot-update"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert update.returncode == 0, update.stdout
+    code, out = _user_pytest(tmp_path, monkeypatch, capsys, "--jaxaot-update")
+    assert code == 0, out
     assert (golden / "snapshot.json").is_file()
     # the golden the fixture wrote: the same program matches it, a changed one differs
     (tmp_path / "tests" / "test_user.py").write_text(USER_FIRST + USER_CHANGED)
-    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout
-    assert "2 passed" in again.stdout
+    code, out = _user_pytest(tmp_path, monkeypatch, capsys)
+    assert code == 0, out
+    assert "2 passed" in out
 
 
 def test_jaxaot_graph_never_writes_into_a_golden_snapshot(
