@@ -15,8 +15,11 @@ from conftest import cli_env, read_manifest, run_cli
 from jaxaot.config.argspec import memory_bytes
 
 
-def _jaxaot(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
-    env = cli_env(JAX_PLATFORMS="cpu")
+def _jaxaot(tmp_path: Path, *overrides: str, cpu: bool = True):  # type: ignore[no-untyped-def]
+    """``jaxaot <overrides>`` into ``tmp_path/run``: with JAX's CPU backend alone
+    (JAX_PLATFORMS=cpu), or, for a run refused before JAX starts (``cpu=False``), in the
+    environment as it is."""
+    env = cli_env(JAX_PLATFORMS="cpu") if cpu else cli_env()
     return run_cli(
         [*overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, timeout=120
     )
@@ -30,7 +33,9 @@ def _one_error(stderr: str) -> str:
 
 
 def test_a_million_devices_are_refused_before_jax(tmp_path: Path) -> None:
-    proc = _jaxaot(tmp_path, "program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]")
+    proc = _jaxaot(
+        tmp_path, "program=collectives", "stage_out.axis_env=[[i,1000],[j,1000]]", cpu=False
+    )
     assert proc.returncode == 1
     assert _one_error(proc.stderr).startswith(
         "stage_out.axis_env=[[i,1000],[j,1000]] needs 1000000 virtual CPU devices"
@@ -55,7 +60,10 @@ def test_xla_cpus_real_limit_2048_devices_compiles(tmp_path: Path) -> None:
 
 def test_an_overflowing_shape_is_one_line_not_sigabrt(tmp_path: Path) -> None:
     proc = _jaxaot(
-        tmp_path, "program.target=jax.numpy:sin", "program.args=[f32[99999999999,99999999999]]"
+        tmp_path,
+        "program.target=jax.numpy:sin",
+        "program.args=[f32[99999999999,99999999999]]",
+        cpu=False,
     )
     assert proc.returncode == 1, proc.stderr  # was -6 (SIGABRT) in the compile stage
     assert _one_error(proc.stderr).startswith(
@@ -67,7 +75,9 @@ def test_inputs_larger_than_memory_are_refused_before_compiling(tmp_path: Path) 
     memory = memory_bytes()
     assert memory is not None
     rows = memory // (4 * 1024) + 1  # one f32[rows,1024] argument just over this machine's memory
-    proc = _jaxaot(tmp_path, "program.target=jax.numpy:sin", f"program.args=[f32[{rows},1024]]")
+    proc = _jaxaot(
+        tmp_path, "program.target=jax.numpy:sin", f"program.args=[f32[{rows},1024]]", cpu=False
+    )
     assert proc.returncode == 1, proc.stderr
     assert "program.args[0] alone is" in _one_error(proc.stderr)
     assert not (tmp_path / "run" / "manifest.json").exists()
@@ -87,7 +97,7 @@ def test_inputs_larger_than_memory_are_refused_before_compiling(tmp_path: Path) 
 
 
 def test_a_negative_seed_names_the_key(tmp_path: Path) -> None:
-    proc = _jaxaot(tmp_path, "program=axpy", "execute.seed=-1")
+    proc = _jaxaot(tmp_path, "program=axpy", "execute.seed=-1", cpu=False)
     assert proc.returncode == 1
     assert _one_error(proc.stderr) == "execute.seed: expected an int >= 0, found -1"
 

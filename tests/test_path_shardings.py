@@ -196,10 +196,12 @@ class Batch(NamedTuple):
 
 
 def test_namedtuple_and_equinox_module_leaves() -> None:
-    model = eqx.nn.MLP(16, 8, 32, depth=2, key=jax.random.key(0))
+    # The model's arrays as shapes (eqx's init traced, nothing computed).
+    model = eqx.filter_eval_shape(eqx.nn.MLP, 16, 8, 32, depth=2, key=jax.random.key(0))
     # What jax.jit traces for an Equinox module: its arrays, the rest None (eqx.filter_jit).
     arrays = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), eqx.filter(model, eqx.is_array)
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        eqx.filter(model, lambda x: isinstance(x, jax.ShapeDtypeStruct)),
     )
     tops = [("model", arrays), ("batch", Batch(sds(8, 16), sds(8)))]
     value = {

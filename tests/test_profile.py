@@ -96,13 +96,12 @@ def test_the_sweep_report_shows_the_top_op(tmp_path: Path) -> None:
     assert re.search(r"\| \S+ \(\d+%\) \|", md)
 
 
-def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> None:
+def test_compile_breakdown_says_where_the_compile_time_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """compile.breakdown=true: XLA's phases and hot spots from a trace of the
     compile, in compile_trace/breakdown.json and the manifest, the summary, the sweep report and jaxaot-diff; not in the key."""
-    import subprocess
-    import sys
-
-    from conftest import cli_env
+    from jaxaot.cli.diff_cmd import main as diff_main
 
     plain = jaxaot.run(jaxaot.compose(["program=mlp"]), run_dir=tmp_path / "plain")
     traced = jaxaot.run(
@@ -136,34 +135,13 @@ def test_compile_breakdown_says_where_the_compile_time_goes(tmp_path: Path) -> N
     assert stage["compile_trace"]["breakdown"]["hot"]
 
     # jaxaot-diff shows the change between two traced compiles, as text and JSON.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jaxaot.cli.diff_cmd",
-            str(tmp_path / "traced"),
-            str(tmp_path / "hit"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-    )
-    report = json.loads(proc.stdout)
+    capsys.readouterr()  # what the runs printed
+    diff_main([str(tmp_path / "traced"), str(tmp_path / "hit"), "--json"])
+    report = json.loads(capsys.readouterr().out)
     rows = report["stages"]["compile"]["breakdown"]["hot"]
     assert rows and all(r["delta"] == (r["b"] or 0) - (r["a"] or 0) for r in rows)
-    text = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jaxaot.cli.diff_cmd",
-            str(tmp_path / "traced"),
-            str(tmp_path / "hit"),
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-    ).stdout
+    diff_main([str(tmp_path / "traced"), str(tmp_path / "hit")])
+    text = capsys.readouterr().out
     assert "compile threads" in text
 
 

@@ -94,7 +94,7 @@ def test_resume_in_a_fresh_process_without_the_program_module(tmp_path, user_mod
 
 def test_executable_loads_on_a_host_with_another_device_count(tmp_path):
     first = tmp_path / "one_device"
-    proc = run_cli(["program=mlp", "stop_after=compile", f"hydra.run.dir={first}"], cwd=tmp_path)
+    proc = run_cli(["program=axpy", "stop_after=compile", f"hydra.run.dir={first}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert read_manifest(first)["backend"]["device_count"] == 1
     eight = cli_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -33,11 +36,50 @@ def _status(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SERVER, "status"], env=env, capture_output=True, text=True, timeout=60)
 
 
+@contextlib.contextmanager
+def _socket_of(env: dict[str, str]) -> Iterator[None]:
+    """This process's JAXAOT_SERVER_SOCKET set to ``env``'s while in the block, and a server
+    that does not answer within 60 s (the command's process limit) taken as none."""
+    before = os.environ.get("JAXAOT_SERVER_SOCKET")
+    timeout = socket.getdefaulttimeout()
+    os.environ["JAXAOT_SERVER_SOCKET"] = env["JAXAOT_SERVER_SOCKET"]
+    socket.setdefaulttimeout(60)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(timeout)
+        if before is None:
+            del os.environ["JAXAOT_SERVER_SOCKET"]
+        else:
+            os.environ["JAXAOT_SERVER_SOCKET"] = before
+
+
+def _status_text(env: dict[str, str]) -> str:
+    """What ``jaxaot server status`` prints for the server at ``env``'s socket: the command's
+    own code (jaxaot.cli.server.commands), run in this process, asks the server over its socket
+    as the command's process does. (:func:`_status` starts that process.)"""
+    from jaxaot.cli.server.commands import command
+
+    out = io.StringIO()
+    with (
+        _socket_of(env),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        command(["status"])
+    return out.getvalue()
+
+
+def _figures(out: str, *what: str) -> tuple[int, ...]:
+    """The figures a status line ``out`` prints before each of ``what``; -1 for one it does
+    not print (no server)."""
+    return tuple(int(m[1]) if (m := re.search(rf"(\d+) {w}", out)) else -1 for w in what)
+
+
 def _counts(env: dict[str, str], *what: str) -> tuple[int, ...]:
     """The figures ``jaxaot server status`` prints before each of ``what`` ("runs served",
     "declined", ...), from one status; -1 for one it does not print (no server)."""
-    out = _status(env).stdout
-    return tuple(int(m[1]) if (m := re.search(rf"(\d+) {w}", out)) else -1 for w in what)
+    return _figures(_status_text(env), *what)
 
 
 def _count(env: dict[str, str], what: str = "runs served") -> int:
@@ -174,7 +216,8 @@ def test_runs_through_the_server_match_runs_without_it(shared, tmp_path: Path) -
         np.load(work / "rel" / d / "execute" / "outputs.npz")["out0"] for d in (*ways, "direct")
     ]
     assert all(o.tobytes() == outs[-1].tobytes() for o in outs) and float(outs[0]) == 10.0
-    assert _count(server) - served == len(cases) + 2
+    # the count as the `jaxaot server status` process prints it
+    assert _figures(_status(server).stdout, "runs served")[0] - served == len(cases) + 2
 
 
 def test_another_jax_environment_runs_in_process(shared, tmp_path: Path) -> None:
@@ -485,7 +528,8 @@ def test_a_client_that_dies_takes_its_run_with_it(shared, tmp_path: Path) -> Non
 
 def test_server_command_errors_and_status_without_a_server(tmp_path: Path) -> None:
     env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "none" / "server.sock"))
-    assert _status(env).returncode == 3 and "not running" in _status(env).stdout
+    status = _status(env)
+    assert status.returncode == 3 and "not running" in status.stdout
     bad = subprocess.run([*SERVER, "bogus"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
@@ -543,8 +587,8 @@ def test_an_idle_server_exits(tmp_path: Path) -> None:
     )
     assert subprocess.run([*SERVER, "start"], env=env, capture_output=True).returncode == 0
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _status(env).returncode == 0:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and _count(env) >= 0:  # a status ask keeps no server busy
+        time.sleep(0.05)
     assert _status(env).returncode == 3
     assert not Path(env["JAXAOT_SERVER_SOCKET"]).exists()
 
@@ -693,19 +737,79 @@ def test_a_remembered_composition_is_hydras_own(tmp_path: Path) -> None:
     assert proc.stdout.split() == ["3", "0", "0", "3"]  # 3 reported, then 3 reused
 
 
-def test_an_edited_config_file_is_read_again(shared, tmp_path: Path) -> None:
+EXPERIMENT = "# @package _global_\nexecute:\n  seed: {}\n"
+
+
+def _edited_conf(root: Path) -> Path:
+    """A config folder whose ``experiment/mine.yaml`` sets the seed to 5."""
+    (root / "experiment").mkdir(parents=True)
+    (root / "experiment" / "mine.yaml").write_text(EXPERIMENT.format(5))
+    return root
+
+
+def _followed_confs(root: Path) -> Path:
+    """Config folders read three ways: a primary config (``cd/myconf.yaml``) whose own
+    hydra.searchpath adds ``sp``, a group folder that is a symlink (``cd2/experiment`` to
+    ``real``), and a defaults list that reads the environment (``cd3/envconf.yaml``)."""
+    (root / "sp" / "experiment").mkdir(parents=True)
+    (root / "sp" / "experiment" / "demo.yaml").write_text(EXPERIMENT.format(5))
+    (root / "cd").mkdir()
+    (root / "cd" / "myconf.yaml").write_text(
+        f"defaults:\n  - config\n  - _self_\nhydra:\n  searchpath:\n"
+        f"    - file://{root / 'sp'}\n    - pkg://jaxaot.conf\n"
+    )
+    (root / "real").mkdir()
+    (root / "real" / "demo2.yaml").write_text(EXPERIMENT.format(5))
+    (root / "cd2").mkdir()
+    (root / "cd2" / "experiment").symlink_to(root / "real")
+    (root / "cd3" / "experiment").mkdir(parents=True)
+    for name, seed in (("a", 1), ("b", 2)):
+        (root / "cd3" / "experiment" / f"{name}.yaml").write_text(EXPERIMENT.format(seed))
+    (root / "cd3" / "envconf.yaml").write_text(
+        "defaults:\n  - config\n  - override experiment: ${oc.env:PICK}\n  - _self_\n"
+        "hydra:\n  searchpath:\n    - pkg://jaxaot.conf\n"
+    )
+    return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early_confs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The config folders of the composition tests, written as the module starts: a server
+    remembers no composition read from files changed in the last 2 s, and the module's server
+    start and the tests before them make the files that old (:func:`_old_enough` waits for
+    what is left)."""
+    root = tmp_path_factory.mktemp("confs")
+    return {"edited": _edited_conf(root / "edited"), "followed": _followed_confs(root / "followed")}
+
+
+def _old_enough(root: Path) -> None:
+    """Wait until nothing under ``root`` (symlinks followed) changed in the last 2 s
+    (jaxaot.sweeps.remembered.RACY_NS, the server's own limit): a composition read from
+    younger files is not remembered."""
+    from jaxaot.sweeps.remembered import RACY_NS
+
+    newest = max(
+        max(st.st_mtime_ns, st.st_ctime_ns)
+        for folder, _, files in os.walk(root, followlinks=True)
+        for st in (os.stat(os.path.join(folder, name)) for name in [".", *files])
+    )
+    while time.time_ns() - newest <= RACY_NS:
+        time.sleep(0.05)
+
+
+def test_an_edited_config_file_is_read_again(
+    shared, tmp_path: Path, early_confs: dict[str, Path]
+) -> None:
     server = shared
     reused = _count(server, "compositions reused")
-    conf = tmp_path / "myconf" / "experiment"
-    conf.mkdir(parents=True)
-    mine = conf / "mine.yaml"
-    args = ["--config-dir", str(tmp_path / "myconf"), "experiment=mine", "program=axpy"]
+    conf = early_confs["edited"]
+    mine = conf / "experiment" / "mine.yaml"
+    args = ["--config-dir", str(conf), "experiment=mine", "program=axpy"]
+    _old_enough(conf)  # seed 5, written as the module started
     seen = []
     for seed in (5, 5, 6):
-        if f"seed: {seed}" not in (mine.read_text() if mine.exists() else ""):
-            mine.write_text(f"# @package _global_\nexecute:\n  seed: {seed}\n")
-            if seed == 5:  # files changed in the last 2 s are not remembered (clock ticks)
-                time.sleep(2.1)
+        if f"seed: {seed}" not in mine.read_text():
+            mine.write_text(EXPERIMENT.format(seed))
         proc = run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)
         assert proc.returncode == 0, proc.stderr
         seen.append(re.search(r"^  seed: (\d+)", proc.stdout, re.M)[1])  # type: ignore[index]
@@ -739,49 +843,31 @@ def _seed(proc: subprocess.CompletedProcess[str]) -> str:
     return re.search(r"^  seed: (\d+)", proc.stdout, re.M)[1]  # type: ignore[index]
 
 
-def test_compositions_follow_what_they_read(shared, tmp_path: Path) -> None:
+def test_compositions_follow_what_they_read(
+    shared, tmp_path: Path, early_confs: dict[str, Path]
+) -> None:
     """A primary config's own hydra.searchpath, a symlinked group folder and an environment
     variable in a defaults list are all read again when they change."""
     server = shared
     reused = _count(server, "compositions reused")
-    exp = "# @package _global_\nexecute:\n  seed: {}\n"
-    # A primary config whose hydra.searchpath adds a folder.
-    (tmp_path / "sp" / "experiment").mkdir(parents=True)
-    (tmp_path / "sp" / "experiment" / "demo.yaml").write_text(exp.format(5))
-    (tmp_path / "cd").mkdir()
-    (tmp_path / "cd" / "myconf.yaml").write_text(
-        f"defaults:\n  - config\n  - _self_\nhydra:\n  searchpath:\n"
-        f"    - file://{tmp_path / 'sp'}\n    - pkg://jaxaot.conf\n"
-    )
-    # A group folder that is a symlink, and a defaults list that reads the environment.
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "demo2.yaml").write_text(exp.format(5))
-    (tmp_path / "cd2").mkdir()
-    (tmp_path / "cd2" / "experiment").symlink_to(tmp_path / "real")
-    (tmp_path / "cd3" / "experiment").mkdir(parents=True)
-    for name, seed in (("a", 1), ("b", 2)):
-        (tmp_path / "cd3" / "experiment" / f"{name}.yaml").write_text(exp.format(seed))
-    (tmp_path / "cd3" / "envconf.yaml").write_text(
-        "defaults:\n  - config\n  - override experiment: ${oc.env:PICK}\n  - _self_\n"
-        "hydra:\n  searchpath:\n    - pkg://jaxaot.conf\n"
-    )
-    time.sleep(2.1)  # old enough to be remembered
+    root = early_confs["followed"]  # every seed 5, a: 1, b: 2 (_followed_confs)
+    _old_enough(root)  # old enough to be remembered
     cases = {
         "searchpath": (
-            ["-cd", str(tmp_path / "cd"), "-cn", "myconf", "experiment=demo"],
-            tmp_path / "sp" / "experiment" / "demo.yaml",
+            ["-cd", str(root / "cd"), "-cn", "myconf", "experiment=demo"],
+            root / "sp" / "experiment" / "demo.yaml",
         ),
         "symlink": (
-            ["-cd", str(tmp_path / "cd2"), "experiment=demo2"],
-            tmp_path / "real" / "demo2.yaml",
+            ["-cd", str(root / "cd2"), "experiment=demo2"],
+            root / "real" / "demo2.yaml",
         ),
     }
     for name, (args, edited) in cases.items():
         seen = [_seed(run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)) for _ in range(2)]
-        edited.write_text(exp.format(7))
+        edited.write_text(EXPERIMENT.format(7))
         seen.append(_seed(run_cli([*args, "--cfg", "job"], cwd=tmp_path, env=server)))
         assert seen == ["5", "5", "7"], name
-    env_args = ["-cd", str(tmp_path / "cd3"), "-cn", "envconf", "--cfg", "job"]
+    env_args = ["-cd", str(root / "cd3"), "-cn", "envconf", "--cfg", "job"]
     picks = [_seed(run_cli(env_args, cwd=tmp_path, env={**server, "PICK": pick})) for pick in "aab"]
     assert picks == ["1", "1", "2"]
     # the second run of the first two cases

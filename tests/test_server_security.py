@@ -282,6 +282,14 @@ def _jaxaot(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
     )
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """``jaxaot --version`` in the victim's environment with no server (``JAXAOT_SERVER=0``:
+    no socket looked at): what a client that runs in-process prints, besides its warning."""
+    where = tmp_path_factory.mktemp("alone")
+    return _jaxaot(["--version"], _victim_env(where, JAXAOT_SERVER="0"), where)
+
+
 def _default_socket(shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with monkeypatch.context() as m:
         m.setenv("TMPDIR", str(shared_tmp))
@@ -292,7 +300,10 @@ def _default_socket(shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @needs_root
 def test_a_folder_taken_by_another_user_is_refused(
-    shared_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared_tmp: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    alone: subprocess.CompletedProcess[str],
 ) -> None:
     """Another user makes the victim's default folder first and listens there. The victim's
     socket there is made to look the victim's (chown, as root: what a symbolic link swapped
@@ -306,7 +317,6 @@ def test_a_folder_taken_by_another_user_is_refused(
         os.chown(path, os.geteuid(), os.getegid())
         env = _victim_env(shared_tmp)
         via = _jaxaot(["--version"], env, tmp_path)
-        alone = _jaxaot(["--version"], {**env, "JAXAOT_SERVER": "0"}, tmp_path)
         start = subprocess.run(
             [*SERVER, "start"], env=env, capture_output=True, text=True, timeout=120
         )
@@ -344,7 +354,9 @@ def test_a_folder_taken_by_another_user_is_refused(
 
 
 @needs_root
-def test_a_server_of_another_user_gets_nothing(shared_tmp: Path, tmp_path: Path) -> None:
+def test_a_server_of_another_user_gets_nothing(
+    shared_tmp: Path, tmp_path: Path, alone: subprocess.CompletedProcess[str]
+) -> None:
     """The peer check alone: the victim's own folder (0700) holds a socket owned by the victim
     whose listener runs as another user (put there as root). The client connects, reads the
     listener's uid (SO_PEERCRED), sends not one byte and runs in-process."""
@@ -361,7 +373,6 @@ def test_a_server_of_another_user_gets_nothing(shared_tmp: Path, tmp_path: Path)
     finally:
         got = attacker.stop()
     assert got == [{"bytes": 0, "fds": 0, "secret": False}] * 2, got  # connected, sent nothing
-    alone = _jaxaot(["--version"], {**env, "JAXAOT_SERVER": "0"}, tmp_path)
     assert (via.returncode, via.stdout) == (0, alone.stdout)
     assert via.stderr.splitlines()[0] == (
         f"jaxaot: warning: jaxaot server not used, running in this process: the process "
@@ -375,7 +386,10 @@ def test_a_server_of_another_user_gets_nothing(shared_tmp: Path, tmp_path: Path)
 
 @needs_root
 def test_a_symlinked_folder_is_refused(
-    shared_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared_tmp: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    alone: subprocess.CompletedProcess[str],
 ) -> None:
     """The default folder name is a symbolic link another user made: first to a folder the
     victim owns (0700), where `server start` would put its socket, lock and log; then swapped
@@ -411,7 +425,6 @@ def test_a_symlinked_folder_is_refused(
     ]
     assert list(victims.iterdir()) == []  # no socket, lock or log put through the link
     assert got == []  # not even a connection
-    alone = _jaxaot(["--version"], {**env, "JAXAOT_SERVER": "0"}, tmp_path)
     assert (via.returncode, via.stdout) == (0, alone.stdout)
     assert via.stderr.splitlines() == [
         f"jaxaot: warning: jaxaot server not used, running in this process: server socket "
