@@ -196,6 +196,13 @@ def loader() -> Iterator[Any]:
     compose_cache.clear()
 
 
+# XLA:CPU's backend (LLVM) optimization level 0, as a compiler option: the optimized HLO, and so
+# every cost and memory figure, is the default level's (the level changes the machine code
+# alone), and a compile takes about half the time. For tests whose subject is what a program
+# computes or compiles to, used alike on both sides of a comparison.
+FAST_CPU_CODEGEN: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}
+
+
 # The environment this session began with.
 START_ENV = dict(os.environ)
 

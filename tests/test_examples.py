@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
+from conftest import FAST_CPU_CODEGEN
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 from jaxaot.examples import collectives, transformer
@@ -102,10 +103,8 @@ def _lower_per_replica(fn: Callable[..., Any], dtype: Any = jnp.float32) -> str:
 
 
 def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``jax.jit(fn)`` with XLA:CPU's backend (LLVM) optimization level 0: the optimized HLO
-    is jit's own (the level changes the machine code alone), and the transformer's step
-    compiles in about half the time on a 2-core CPU."""
-    return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 0})
+    """``jax.jit(fn)`` compiled with :data:`conftest.FAST_CPU_CODEGEN`."""
+    return jax.jit(fn, compiler_options=FAST_CPU_CODEGEN)
 
 
 @pytest.fixture(scope="module")

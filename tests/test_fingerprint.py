@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import cli_env
+from forked import Forker
 from jaxaot.models.fingerprint import NoFingerprint, digest, fingerprint
 
 SCRIPT = textwrap.dedent(
@@ -62,55 +63,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-# Runs SCRIPT once per (learning rate, activation) pair, each in a child forked after importing
-# JAX, Flax, Equinox and optax (no backend started, one thread: the fork is safe; jaxaot's import
-# starts threads, so each child imports it): a process of its own per data set, as
-# ``python fp_script.py lr act`` is, without repeating those imports.
-DRIVER = textwrap.dedent(
-    """
-    import os, runpy, sys, traceback
-    import equinox, flax.linen, flax.nnx, flax.training.train_state, jax, optax
-
-    script, pairs = sys.argv[1], sys.argv[2:]
-    for lr, act in zip(pairs[::2], pairs[1::2], strict=True):
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                sys.argv = [script, lr, act]
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
-            sys.exit(f"fp_script.py {lr} {act} failed")
-    """
-)
+# The slow imports done once, in the process each data set's process is forked from.
+PRE_IMPORTS = ("equinox", "flax.linen", "flax.nnx", "flax.training.train_state", "jax", "optax")
 
 
 def fingerprints(tmp_path: Path, *pairs: tuple[str, str], seed: str) -> list[dict[str, str]]:
     """SCRIPT's fingerprints for each (learning rate, activation) pair, each in a process of
-    its own, all forked from one Python started with ``PYTHONHASHSEED=seed``."""
-    script, driver = tmp_path / "fp_script.py", tmp_path / "fp_driver.py"
+    its own (as ``python fp_script.py lr act`` is), all forked from one Python started with
+    ``PYTHONHASHSEED=seed``."""
+    script = tmp_path / "fp_script.py"
     script.write_text(SCRIPT)
-    driver.write_text(DRIVER)
-    env = cli_env(PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu")
-    done = subprocess.run(
-        [sys.executable, str(driver), str(script), *(x for pair in pairs for x in pair)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
-    return [json.loads(line) for line in lines[len(lines) - len(pairs) :]]
+    found = []
+    with Forker(*PRE_IMPORTS, env=cli_env(PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu")) as forker:
+        for lr, act in pairs:
+            status, out, err = forker.run(tmp_path, path=script, argv=(lr, act))
+            assert status == 0, f"fp_script.py {lr} {act}: exit status {status}\n{err[-2000:]}"
+            found.append(json.loads(out.strip().splitlines()[-1]))
+    return found
 
 
 @pytest.mark.extra("models")

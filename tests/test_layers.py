@@ -341,6 +341,38 @@ def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     assert "no issues found" in proc.stdout
 
 
+@pytest.mark.requires_jax("0.10.2")  # the environment's analysis is of the installed jax
+def test_types_checked_from_the_dependency_cache_still_find_errors(tmp_path: Path) -> None:
+    """mypy started from a copy of the environment's analysis of the dependencies reads JAX's
+    types from it (fresh, not analysed again) and still reports an error that needs them."""
+    seed = Path(sys.prefix) / typing_deps.CACHE
+    if not seed.is_dir():
+        pytest.skip(f"no {seed}: `make venv` builds mypy's analysis of the dependencies")
+    cache = tmp_path / "cache"
+    shutil.copytree(seed, cache)
+    (tmp_path / "planted.py").write_text(
+        "import jax.numpy as jnp\n\n\ndef total() -> int:\n    return jnp.ones(3).sum()\n"
+    )
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "mypy"),
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(cache),
+            "-v",
+            "planted.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert 'planted.py:5: error: Incompatible return value type (got "Array"' in proc.stdout
+    assert "Metadata fresh for jax.numpy:" in proc.stderr
+    assert "Metadata abandoned for jax" not in proc.stderr
+
+
 def test_the_dependency_list_is_the_third_party_imports_of_the_source(tmp_path: Path) -> None:
     (tmp_path / "pipeline" / "cli").mkdir(parents=True)
     (tmp_path / "stages").mkdir()

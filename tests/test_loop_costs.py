@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import loop_programs as lp
 import pytest
-from conftest import cli_env, run_cli
+from conftest import FAST_CPU_CODEGEN, cli_env, run_cli
 from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.stages import loop_costs, loop_trips
 from jaxaot.stages.executable import costs_of
@@ -25,13 +25,8 @@ TESTS = Path(__file__).parent
 F32 = jnp.float32
 
 
-# XLA:CPU's backend (LLVM) optimization level: the optimized HLO, and so every figure here,
-# is the same at 0 (it changes the machine code alone), which compiles in about half the time.
-NO_BACKEND_OPT = {"xla_backend_optimization_level": 0}
-
-
 def _costs(fn: Any, *args: Any, strip_annotation: bool = False) -> tuple[dict, dict]:
-    compiled = jax.jit(fn).lower(*args).compile(NO_BACKEND_OPT)
+    compiled = jax.jit(fn).lower(*args).compile(FAST_CPU_CODEGEN)
     hlo = compiled.as_text()
     if strip_annotation:  # as TPU's optimized HLO comes: no known_trip_count
         hlo = re.sub(r'"known_trip_count":\{"n":"\d+"\},?', "", hlo)

@@ -5,14 +5,13 @@ its own process, since jaxlib's registry and jaxaot's watch are once per process
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import cli_env
+from forked import Forker
 
 RUN_TWICE = """
 import json, logging, sys
@@ -52,77 +51,22 @@ jxla.register_hlo_module_transformation(mul_to_add, name="early", platforms="cpu
 CLEARED = NO_OP + 'assert jxla.clear_hlo_module_transformation("early", platforms="cpu")\n'
 
 
-# Runs each script given on stdin (a JSON line: the script, its folder, environment and output
-# files) as ``python -c`` runs it, in a child forked from this process, which has imported JAX
-# and nothing more: every script's first import is JAX's, and jaxlib's registry, jax.extend
-# and jaxaot are untouched until the script runs. Answers with the child's exit status.
-FORKER = """
-import json, os, signal, sys, traceback, types
-import jax
-
-for line in iter(sys.stdin.readline, ""):
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            signal.alarm(600)
-            os.chdir(job["cwd"])
-            os.environ.clear()
-            os.environ.update(job["env"])
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            for fd, name in ((1, "stdout"), (2, "stderr")):
-                os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-            main = sys.modules["__main__"] = types.ModuleType("__main__")
-            sys.argv = ["-c"]
-            exec(compile(job["script"], "<string>", "exec"), main.__dict__)
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
-def forker() -> Iterator[subprocess.Popen[str]]:
-    """:data:`FORKER`, started once for this module's scripts."""
-    with subprocess.Popen(
-        [sys.executable, "-c", FORKER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=cli_env(),
-    ) as proc:
-        yield proc
-        assert proc.stdin is not None
-        proc.stdin.close()  # the end of its input: it exits, and is waited for
+def forker() -> Iterator[Forker]:
+    """Each script runs as ``python -c`` runs it, in a child forked from a process that has
+    imported JAX and nothing more: jaxlib's registry, jax.extend and jaxaot are untouched until
+    the script runs."""
+    with Forker("jax", env=cli_env()) as started:
+        yield started
 
 
-def _run(forker: subprocess.Popen[str], tmp_path: Path, script: str) -> dict[str, Any]:
-    """``python -c script`` in a process of its own (forked by :data:`FORKER`) in ``tmp_path``,
-    with a store of its own; its last stdout line as JSON, and its stderr."""
-    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    job = {
-        "script": script,
-        "cwd": str(tmp_path),
-        "env": cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
-        "stdout": str(out),
-        "stderr": str(err),
-    }
-    assert forker.stdin is not None and forker.stdout is not None
-    forker.stdin.write(json.dumps(job) + "\n")
-    forker.stdin.flush()
-    code = forker.stdout.readline()
-    stderr = err.read_text() if err.exists() else ""
-    assert code.strip() == "0", f"exit status {code.strip() or '(no answer)'}\n{stderr[-3000:]}"
-    result = json.loads(out.read_text().strip().splitlines()[-1])
+def _run(forker: Forker, tmp_path: Path, script: str) -> dict[str, Any]:
+    """``python -c script`` in a process of its own in ``tmp_path``, with a store of its own;
+    its last stdout line as JSON, and its stderr."""
+    env = cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store"))
+    status, out, stderr = forker.run(tmp_path, script=script, env=env)
+    assert status == 0, f"exit status {status}\n{stderr[-3000:]}"
+    result = json.loads(out.strip().splitlines()[-1])
     result["stderr"] = stderr
     return result
 
@@ -136,7 +80,7 @@ def _run(forker: subprocess.Popen[str], tmp_path: Path, script: str) -> dict[str
     ],
 )
 def test_jax_extend_imported_first_keeps_the_store(
-    forker: subprocess.Popen[str], tmp_path: Path, pre: str
+    forker: Forker, tmp_path: Path, pre: str
 ) -> None:
     out = _run(forker, tmp_path, RUN_TWICE.format(pre=pre))
     assert out["blind"] is None
@@ -146,7 +90,7 @@ def test_jax_extend_imported_first_keeps_the_store(
 
 @pytest.mark.parametrize("pre", [NO_OP, CHANGES])
 def test_a_cpu_pass_registered_first_turns_the_store_off(
-    forker: subprocess.Popen[str], tmp_path: Path, pre: str
+    forker: Forker, tmp_path: Path, pre: str
 ) -> None:
     out = _run(forker, tmp_path, RUN_TWICE.format(pre=pre))
     assert out["status"] == ["ran", "ran"]  # never a hit keyed without the pass
@@ -198,7 +142,7 @@ print(json.dumps({
 
 
 def test_a_plugin_pass_registered_first_is_found_through_its_hook(
-    forker: subprocess.Popen[str], tmp_path: Path
+    forker: Forker, tmp_path: Path
 ) -> None:
     out = _run(forker, tmp_path, PLUGIN)
     assert out["blind"] is None
@@ -228,8 +172,6 @@ print(json.dumps({"blind": xla_passes.blind()}))
 """
 
 
-def test_an_unreadable_hook_keeps_the_store_off(
-    forker: subprocess.Popen[str], tmp_path: Path
-) -> None:
+def test_an_unreadable_hook_keeps_the_store_off(forker: Forker, tmp_path: Path) -> None:
     out = _run(forker, tmp_path, UNREADABLE)
     assert "closure cannot be read" in out["blind"]
