@@ -492,6 +492,13 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     assert len(before) >= 2
     assert before[6144]["status"] == "fits"
     assert before[12288]["status"] == "crashed"  # low, then high: the second probe
+    # As when kills land after a probe's progress line numbered it and before fit.json
+    # recorded it (a race the kill above can also win; two killed runs, two such jobs): finish
+    # slots fit.json does not know of. The resumed lines go on after them, within their bound.
+    finished = sweep / ".jaxaot" / "finished"
+    last = max(int(p.name) for p in finished.iterdir())
+    for orphan in (last + 1, last + 2):
+        (finished / str(orphan)).touch()
 
     proc = run_cli(args, cwd=tmp_path, env=env)
     fit = json.loads((sweep / "fit.json").read_text())
@@ -520,7 +527,8 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     assert "n=6144 fits, n=8192 does not" in proc.stdout
     assert "no verdict: n=12288 crashed: SIGSEGV" in proc.stdout
     counts = _progress(proc.stdout)
-    assert counts and all(k <= int(b.lstrip("≤")) for k, b in counts)
+    assert counts and counts[0][0] == last + 3
+    assert all(k <= int(b.lstrip("≤")) for k, b in counts), proc.stdout
     assert counts[-1][0] >= len(search["probes"])  # finish slots count the first run's jobs too
     report = (sweep / "sweep.md").read_text()
     assert "crashed: SIGSEGV while tracing (stage_out)" in report
@@ -570,6 +578,55 @@ def test_two_axes_give_a_front_per_topology(tmp_path: Path) -> None:
     assert all(k <= int(b.lstrip("≤")) for k, b in counts)
     assert (sweep / "plots" / "fit_pareto.png").stat().st_size > 1000
     assert list(itertools.chain.from_iterable(s["no_verdict"] for s in fit["searches"])) == []
+
+
+@pytest.mark.slow
+@pytest.mark.extra("tpu")
+def test_a_second_search_in_a_sweep_dir_waits_for_the_first(tmp_path: Path) -> None:
+    """A search started while another holds its sweep dir (the command run twice, or a resume
+    while a served search whose client was killed still winds down) says so, launches nothing
+    until the first ends, then resumes from what it recorded."""
+    import threading
+
+    from conftest import cli_env, run_cli
+    from jaxaot.util.fsio import flock_file
+
+    sweep = tmp_path / "fit"
+    args = [
+        *_fit_args(sweep, "tests.fit_programs:scale", 2048, 4096, 2048),
+        "compile.topology=v5e:2x2",
+        "hydra.sweeper.isolate=false",
+    ]
+    run_cli(args, cwd=tmp_path, env=cli_env())
+    recorded = (sweep / "fit.json").read_text()
+    lines: list[str] = []
+    with flock_file(sweep / ".jaxaot" / "fit.lock"):  # as a running search holds it
+        second = subprocess.Popen(
+            [sys.executable, "-m", "jaxaot", *args],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert second.stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(second.stdout or ()), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while not any("waiting for it" in line for line in lines):
+            assert second.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert (sweep / "fit.json").read_text() == recorded  # nothing taken or written yet
+        assert len(lines) == 1
+    _, err = second.communicate(timeout=300)
+    reader.join(timeout=10)
+    assert second.returncode == 0, err[-2000:]
+    assert lines[0] == f"fit search: another search is running in {sweep}; waiting for it\n"
+    fit = json.loads((sweep / "fit.json").read_text())
+    (mine,), (first,) = fit["searches"], json.loads(recorded)["searches"]
+    assert fit["reused_probes"] == 2 and mine["compiles"] == 0
+    assert (mine["largest_fit"], mine["smallest_misfit"]) == (first["largest_fit"], 4096)
 
 
 @pytest.mark.slow

@@ -58,16 +58,18 @@ from jaxaot.sweeps.progress import (
     STATE_DIR,
     JobOutcome,
     SweepPlan,
+    finished_count,
     override_key,
     print_line,
     read_json,
 )
-from jaxaot.util.fsio import atomic_write_json
+from jaxaot.util.fsio import atomic_write_json, flock_file
 from omegaconf import DictConfig, OmegaConf
 
 NO_TOPOLOGY = "the job has no fit verdict (set compile.topology)"
 RUNNING = "running"  # a probe launched and not finished (yet, or ever: its process was killed)
 SUPERSEDED_DIR = "superseded"  # under the sweep's state dir: earlier jobs a resume replaces
+LOCK_NAME = "fit.lock"  # under the sweep's state dir: held by the search running there
 
 
 @dataclass
@@ -227,10 +229,21 @@ class JaxaotFitSweeper(LaunchingSweeper):
     def sweep(self, arguments: list[str]) -> Sequence[Any]:
         assert self.config is not None and self.hydra_context is not None
         self.opts.check()
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+
+        def waiting() -> None:
+            print_line(f"fit search: another search is running in {sweep_dir}; waiting for it")
+
+        # One search at a time in a sweep dir. A second one (the command run twice, or a resume
+        # while a served search whose client was killed still winds down) waits for the first
+        # to end, then resumes from what it recorded.
+        with flock_file(sweep_dir / STATE_DIR / LOCK_NAME, waiting=waiting):
+            return self._search(arguments, sweep_dir)
+
+    def _search(self, arguments: list[str], sweep_dir: Path) -> Sequence[Any]:
+        assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         combos = combinations(parser.parse_overrides(list(arguments)))
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         previous = _Previous(sweep_dir / FIT_NAME, self.opts)
         if previous.resumed:
             moved = supersede_earlier(sweep_dir, previous.verdict_jobs())
@@ -264,13 +277,16 @@ class JaxaotFitSweeper(LaunchingSweeper):
             return doc
 
         def plan(current: Search) -> None:
-            """The sweep's job count as a bound: jobs finished, plus at most this many more."""
+            """The sweep's job count as a bound: jobs finished, plus at most this many more.
+            Finished counts a job numbered by its progress line that fit.json never recorded
+            (the search was killed between the two): a resumed search's lines go on from it."""
             left = sum(
                 s.remaining if s is current else initial_bound(self.opts)
                 for s in searches
                 if not s.done
             )
-            total = previous.count + len(returns) + left
+            finished = max(previous.count + len(returns), finished_count(sweep_dir))
+            total = finished + left
             SweepPlan(total=total, varying=tuple(varying), bound=True).write(sweep_dir)
 
         for search in searches:

@@ -121,6 +121,15 @@ def claim_finish_slot(sweep_dir: Path) -> int:
             n += 1
 
 
+def finished_count(sweep_dir: Path) -> int:
+    """Finish slots claimed in ``sweep_dir`` so far, by every run of the sweep: the next job to
+    finish is numbered at least one more."""
+    try:
+        return sum(p.name.isdigit() for p in (Path(sweep_dir) / STATE_DIR / "finished").iterdir())
+    except FileNotFoundError:
+        return 0
+
+
 def key_figures(manifest: dict[str, Any] | None) -> str:
     """Compile status/time, FLOPs, temp memory, execute median and FLOP/s, in one phrase."""
     run = RunMetrics.from_manifest(manifest)
@@ -380,6 +389,7 @@ __all__ = [
     "ProgressRelay",
     "SweepPlan",
     "claim_finish_slot",
+    "finished_count",
     "human_value",
     "key_figures",
     "override_key",
