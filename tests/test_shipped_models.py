@@ -97,8 +97,9 @@ def _module(text: str) -> str:
     return re.sub(r' \{jax\.result_info = "[^"]*"\}', "", canonical_stablehlo(text))
 
 
-def _same_compile(result: jaxaot.RunResult, lowered: Any) -> None:
-    """The run's lowered module, FLOPs and memory analysis are plain ``jax.jit``'s."""
+def _same_compile(result: jaxaot.RunResult, lowered: Any) -> Any:
+    """The run's lowered module, FLOPs and memory analysis are plain ``jax.jit``'s; its
+    executable, whose outputs the run's are compared with."""
     from jaxaot.stages.executable import costs_of
 
     rd = result.run_dir
@@ -112,6 +113,7 @@ def _same_compile(result: jaxaot.RunResult, lowered: Any) -> None:
     stats = compiled.memory_analysis()
     assert memory == {k: getattr(stats, k) for k in memory}
     assert memory["argument_size_in_bytes"] > 0 and memory["output_size_in_bytes"] > 0
+    return compiled
 
 
 def _ids(seed: int, shape: tuple[int, ...], high: int) -> np.ndarray:
@@ -131,13 +133,12 @@ def test_llama_forward_is_flaxs(tmp_path: Path) -> None:
 
     with lazy_sharding():  # the names stay metadata (no mesh), as jaxaot builds it
         model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
-    logits = nnx.jit(llama.forward)(model, tokens)
-    # With NNX arguments the traced function returns (outputs, the Variables it updated: none).
-    _same_bits(_outputs(result), {("0",): np.asarray(logits)})
-
+    # Plain JAX's program: jit of the function of the model's state (what nnx.jit runs).
     graphdef, state = nnx.split(model)
     plain = jax.jit(lambda state, tokens: llama.forward(nnx.merge(graphdef, state), tokens))
-    _same_compile(result, plain.lower(state, tokens))
+    logits = _same_compile(result, plain.lower(state, tokens))(state, tokens)
+    # With NNX arguments the traced function returns (outputs, the Variables it updated: none).
+    _same_bits(_outputs(result), {("0",): np.asarray(logits)})
     cost = json.loads((result.run_dir / "compile" / "cost_analysis.json").read_text())
     assert cost["flops"] > 1.5 * cost["flops_xla"]  # the 2-block nnx.scan, counted per trip
 
@@ -156,14 +157,7 @@ def test_llama_adamw_step_is_flaxs(tmp_path: Path) -> None:
             model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
         return model, nnx.Optimizer(model, optax.adamw(1.0e-3), wrt=nnx.Param)
 
-    model, optimizer = fresh()
-    loss = nnx.jit(llama.train_step)(model, optimizer, tokens, targets)
-    want = {("0",): np.asarray(loss)}
-    want.update({("1", "model", *k): v for k, v in _leaves(nnx.state(model)).items()})
-    want.update({("1", "optimizer", *k): v for k, v in _leaves(nnx.state(optimizer)).items()})
-    _same_bits(_outputs(result), want)  # the loss, and every parameter and moment it updated
-    assert float(loss) > 0 and want[("1", "optimizer", "step")] == 1
-
+    # Plain JAX's program: jit of the step as a function of the states (what nnx.jit runs).
     model, optimizer = fresh()
     (gm, sm), (go, so) = nnx.split(model), nnx.split(optimizer)
 
@@ -172,7 +166,13 @@ def test_llama_adamw_step_is_flaxs(tmp_path: Path) -> None:
         loss = llama.train_step(model, optimizer, tokens, targets)
         return loss, {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
 
-    _same_compile(result, jax.jit(step).lower(sm, so, tokens, targets))
+    compiled = _same_compile(result, jax.jit(step).lower(sm, so, tokens, targets))
+    loss, updated = compiled(sm, so, tokens, targets)
+    want = {("0",): np.asarray(loss)}
+    want.update({("1", "model", *k): v for k, v in _leaves(updated["model"]).items()})
+    want.update({("1", "optimizer", *k): v for k, v in _leaves(updated["optimizer"]).items()})
+    _same_bits(_outputs(result), want)  # the loss, and every parameter and moment it updated
+    assert float(loss) > 0 and want[("1", "optimizer", "step")] == 1
 
 
 def test_llama_config_counts_its_parameters() -> None:
@@ -204,12 +204,11 @@ def test_eqx_forward_is_equinoxs(tmp_path: Path) -> None:
     result = _run(tmp_path, "eqx_mlp", {1: x})
 
     model = eqx.nn.MLP(in_size=64, out_size=10, width_size=128, depth=2, key=jax.random.key(0))
-    logits = eqx.filter_jit(eqx_mlp.forward)(model, x)
-    _same_bits(_outputs(result), {(): np.asarray(logits)})
-
+    # Plain JAX's program: jit of the function of the arrays (what eqx.filter_jit runs).
     params, static = eqx.partition(model, eqx.is_array)
     plain = jax.jit(lambda params, x: eqx_mlp.forward(eqx.combine(params, static), x))
-    _same_compile(result, plain.lower(params, x))
+    logits = _same_compile(result, plain.lower(params, x))(params, x)
+    _same_bits(_outputs(result), {(): np.asarray(logits)})
 
 
 def test_eqx_adamw_step_is_equinoxs(tmp_path: Path) -> None:
@@ -226,14 +225,7 @@ def test_eqx_adamw_step_is_equinoxs(tmp_path: Path) -> None:
     model = eqx.nn.MLP(in_size=64, out_size=10, width_size=128, depth=2, key=jax.random.key(0))
     optimizer = optax.adamw(1.0e-3)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    new_model, new_state, loss = eqx.filter_jit(eqx_mlp.train_step)(
-        model, opt_state, x, y, optimizer
-    )
-    want = {("0", *k): v for k, v in _leaves(eqx.filter(new_model, eqx.is_array)).items()}
-    want.update({("1", *k): v for k, v in _leaves(new_state).items()})
-    want[("2",)] = np.asarray(loss)
-    _same_bits(_outputs(result), want)
-
+    # Plain JAX's program: jit of the step as a function of the arrays (what eqx.filter_jit runs).
     params, static = eqx.partition(model, eqx.is_array)
 
     def step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
@@ -241,7 +233,12 @@ def test_eqx_adamw_step_is_equinoxs(tmp_path: Path) -> None:
         new, state, loss = eqx_mlp.train_step(model, opt_state, x, y, optimizer)
         return eqx.filter(new, eqx.is_array), state, loss
 
-    _same_compile(result, jax.jit(step).lower(params, opt_state, x, y))
+    compiled = _same_compile(result, jax.jit(step).lower(params, opt_state, x, y))
+    new_params, new_state, loss = compiled(params, opt_state, x, y)
+    want = {("0", *k): v for k, v in _leaves(new_params).items()}
+    want.update({("1", *k): v for k, v in _leaves(new_state).items()})
+    want[("2",)] = np.asarray(loss)
+    _same_bits(_outputs(result), want)
 
 
 # -- the configs: a few lines of YAML each ---------------------------------------------------
