@@ -8,6 +8,7 @@ the code in the tree (also from a git worktree), not whatever is installed.
 from __future__ import annotations
 
 import ast
+import atexit
 import functools
 import gc
 import importlib.machinery
@@ -38,7 +39,10 @@ os.environ.setdefault(
 # jaxaot's per-user caches (the default store, the roofline's calibration) live under
 # $XDG_CACHE_HOME: the session gets its own, set before any test imports or starts jaxaot, so
 # that no in-process run and no subprocess (cli_env copies os.environ) touches ~/.cache.
+# Removed as the process that made it exits: also pytest-xdist's controller, which runs no
+# session fixture, and a spawned child that imports this module.
 SESSION_CACHE_HOME = Path(tempfile.mkdtemp(prefix="jaxaot-tests-cache-"))
+atexit.register(shutil.rmtree, SESSION_CACHE_HOME, ignore_errors=True)
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE_HOME)
 
 # Outside a test (a module- or session-scoped fixture, before any test's isolated_store) a
