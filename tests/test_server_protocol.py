@@ -222,6 +222,9 @@ def test_a_client_path_may_add_entries_that_hold_nothing_the_server_imported(
     (lib / "unrelated.py").write_text("")
     assert facts.path_mismatch(theirs, "/", mine) is None
     assert facts.module_names(str(project)) == {"mypkg", "mypkg.egg-info", "train"}
+    # A symbolic link loop is no module to import (ModuleNotFoundError), nor a reason to decline.
+    (project / "loop").symlink_to(project / "loop")
+    assert facts.module_names(str(project)) == {"mypkg", "mypkg.egg-info", "train"}
 
 
 def test_an_import_path_is_read_once_from_this_process(tmp_path, monkeypatch) -> None:

@@ -174,15 +174,19 @@ def entries_used(path: list[str], cwd: str) -> set[str]:
 
 def module_names(folder: str) -> set[str]:
     """The top-level names ``import`` finds in ``folder``: modules (any suffix Python
-    imports) and folders (packages, namespace portions). OSError when it is no readable
-    folder."""
+    imports) and folders (packages, namespace portions); an entry that cannot be looked at (a
+    symbolic link loop) is none, as for ``import``. OSError when it is no readable folder."""
     import importlib.machinery
 
     suffixes = tuple(importlib.machinery.all_suffixes())
     names = set()
     with os.scandir(folder) as found:
         for entry in found:
-            if entry.is_dir():
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if is_dir:
                 names.add(entry.name)
             elif entry.name.endswith(suffixes):
                 names.add(entry.name.partition(".")[0])
