@@ -43,7 +43,7 @@ from jaxaot.errors import (
     one_line,
 )
 from jaxaot.rundir.metrics import CompileMetrics
-from jaxaot.stages import custom_calls, memory_breakdown, peak_dump, profile
+from jaxaot.stages import custom_calls, memory_breakdown, module_text, peak_dump, profile
 from jaxaot.stages.compile_options import options_of
 from jaxaot.stages.concrete_export import at_sizes
 from jaxaot.stages.contract import (
@@ -139,10 +139,10 @@ class Target:
     (``jax.jit(exported.call)`` lowered for one platform: a resumed run, a multi-platform
     lowering, or a polymorphic one made concrete); for ``compile.topology``,
     ``topology-lowered`` (the program's own lowering on the topology's devices) or
-    ``topology`` (through the export). ``module_sha256`` identifies what is compiled: the
-    canonical module text of the live lowering, or the sha256 of the serialized export
-    (``exported.bin``'s very bytes, or those of its concrete export at compile.shapes; never
-    a side file). The export form's lowering is made only when it is compiled (:meth:`lower`):
+    ``topology`` (through the export). ``module_sha256`` identifies what is compiled, locations
+    left out (they run up to whoever called jaxaot): the live lowering's module digest, or the
+    export's (``exported.bin``, or its concrete export at compile.shapes; never a side file),
+    :mod:`jaxaot.stages.module_text`. The export form's lowering is made only when it is compiled (:meth:`lower`):
     a store hit needs just the hash and the convention.
     """
 
@@ -313,7 +313,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
         exp = lowered.export()
         return Target(
             form="topology",
-            module_sha256=sha256_bytes(bytes(exp.serialize())),
+            module_sha256=module_text.export_digest(exp),
             convention=export_conventions(lowered)[1],
             lower=no_lowering,
             lowered=lowered,
@@ -362,7 +362,7 @@ def prepare(cfg: Any, lowered: Lowered) -> Target:
     convention = replace(export_conventions(lowered)[1], donated=tuple(donated))
     return Target(
         form="exported",
-        module_sha256=sha256_bytes(bytes(exp.serialize())),
+        module_sha256=module_text.export_digest(exp),
         convention=convention,
         lower=functools.cache(lambda: _export_lowering(lowered, cfg.backend, devs)),
         lowered=lowered,

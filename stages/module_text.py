@@ -69,29 +69,53 @@ class _HashingSink(io.RawIOBase):
         return self._hash.hexdigest()
 
 
+def _stripped_digest(module: Any) -> str:
+    """sha256 of ``module``'s bytecode with locations stripped and the module renamed."""
+    ir, passmanager = compat_jax.mlir_ir()
+    with module.context:
+        # A clone shares the (uniqued) constant storage: cheap however big the constants.
+        op = module.operation.clone()
+        try:
+            passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
+            op.attributes["sym_name"] = ir.StringAttr.get("main_module")
+            sink = _HashingSink()
+            op.write_bytecode(sink)  # hashed as it is written: no copy of the constants
+        finally:
+            op.erase()
+    return sink.hexdigest()
+
+
 def module_digest(lowered: Any) -> str:
     """sha256 of the module's bytecode without locations or module name: what is compiled.
 
-    Location info varies with source paths and line numbers and the module name carries a
-    per-process counter; neither changes the program, so neither changes the digest (the
-    same rule as the canonical text). Falls back to the canonical full text.
+    Location info varies with source paths and line numbers (and with where jaxaot was called
+    from: the traced stack runs up to the caller) and the module name carries a per-process
+    counter; neither changes the program, so neither changes the digest (the same rule as the
+    canonical text, and as JAX's own compilation cache). Falls back to the canonical full text.
     """
-    ir, passmanager = compat_jax.mlir_ir()
-    module = lowered.compiler_ir("stablehlo")
     try:
-        with module.context:
-            # A clone shares the (uniqued) constant storage: cheap however big the constants.
-            op = module.operation.clone()
-            try:
-                passmanager.PassManager.parse("builtin.module(strip-debuginfo)").run(op)
-                op.attributes["sym_name"] = ir.StringAttr.get("main_module")
-                sink = _HashingSink()
-                op.write_bytecode(sink)  # hashed as it is written: no copy of the constants
-            finally:
-                op.erase()
-        return sink.hexdigest()
+        return _stripped_digest(lowered.compiler_ir("stablehlo"))
     except Exception:  # an MLIR binding without these APIs: hash the whole canonical text
         return sha256_bytes(canonical_stablehlo(str(lowered.as_text())).encode())
+
+
+def export_digest(exported: Any) -> str:
+    """What a ``jax.export.Exported`` compiles to, by :func:`module_digest`'s rule: the sha256
+    of its serialization with the module left out, and of its module without locations or
+    name. Every other field (shardings, avals, platforms, calling convention, effects, ...)
+    is hashed as serialized. Falls back to the serialization's very bytes (locations and all:
+    a call from elsewhere is then a store miss, never a wrong hit)."""
+    from dataclasses import replace
+
+    rest = bytes(replace(exported, mlir_module_serialized=b"").serialize())
+    try:
+        from jax._src.interpreters import mlir
+
+        with mlir.make_ir_context():
+            module = _stripped_digest(exported.mlir_module(serialized=False))
+    except Exception:
+        return sha256_bytes(bytes(exported.serialize()))
+    return sha256_bytes(f"{sha256_bytes(rest)} {module}".encode())
 
 
 def _where(location: Any) -> str:

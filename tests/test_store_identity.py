@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jaxaot
 import numpy as np
+import pytest
 from conftest import cli_env, read_manifest, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -403,6 +404,62 @@ def test_a_resumed_compile_is_keyed_by_the_export_not_by_a_side_file(compose_run
     again = compose_run(f"resume_from={src}", "start_at=compile")
     assert (_compile(again)["key"], _compile(again)["status"]) == (keys["use_second"], "cached")
     assert again["execute"].outputs.tolist() == [0, 2, 4, 6]
+
+
+def _run_from(depth: int, cfg: Any, run_dir: Path) -> jaxaot.RunResult:
+    """``jaxaot.run`` called ``depth`` frames below here: another Python stack above the trace."""
+    import jax
+
+    if depth:
+        return _run_from(depth - 1, cfg, run_dir)
+    jax.clear_caches()  # traced again, as in another process: not JAX's lowering of an earlier run
+    return jaxaot.run(cfg, run_dir=run_dir)
+
+
+@pytest.mark.parametrize(
+    "through",
+    [
+        "lower.platforms=[cpu,tpu]",  # compiled for CPU through the export
+        pytest.param("compile.topology=v5e:2x2", marks=pytest.mark.extra("tpu")),
+    ],
+)
+def test_an_export_is_keyed_without_the_callers_stack(tmp_path: Path, through: str) -> None:
+    """A compile through the export is keyed by what it compiles, without the locations (they
+    run up to whoever called jaxaot): called from another stack it is a store hit, and what it
+    runs is a compile's without the store, bit for bit."""
+    cfg = jaxaot.compose(["program=mlp", through, "execute.repeats=1", "execute.warmup=0"])
+    runs = [_run_from(depth, copy.deepcopy(cfg), tmp_path / f"r{depth}") for depth in (0, 3)]
+    exported = [(r.run_dir / "lower" / "exported.bin").read_bytes() for r in runs]
+    assert exported[0] != exported[1]  # the stacks in the locations differ
+    assert [_compile(r)["status"] for r in runs] == ["ran", "cached"]
+    assert _compile(runs[0])["key"] == _compile(runs[1])["key"]
+    if "topology" in through:
+        assert runs[1]["compile"].cost == runs[0]["compile"].cost
+        return
+    fresh = copy.deepcopy(cfg)
+    fresh.store.enabled = False
+    alone = jaxaot.run(fresh, run_dir=tmp_path / "alone")
+    assert _compile(alone)["status"] == "ran"
+    assert _same_bits(runs[1]["execute"].outputs, alone["execute"].outputs)
+
+
+def test_an_exports_digest_follows_the_program_not_its_locations() -> None:
+    import jax
+    from jax import export
+    from jaxaot.stages.module_text import export_digest
+
+    def exported(k: float, depth: int = 0) -> Any:
+        if depth:
+            return exported(k, depth - 1)
+        return export.export(jax.jit(lambda x: x * k))(jax.ShapeDtypeStruct((3,), np.float32))
+
+    one = exported(2.0)
+    assert one.serialize() != exported(2.0, depth=2).serialize()
+    assert export_digest(one) == export_digest(exported(2.0, depth=2))
+    assert export_digest(one) == export_digest(export.deserialize(one.serialize()))
+    assert export_digest(one) != export_digest(exported(3.0))  # the constant differs
+    wider = export.export(jax.jit(lambda x: x * 2.0))(jax.ShapeDtypeStruct((4,), np.float32))
+    assert export_digest(one) != export_digest(wider)
 
 
 def test_a_changed_xla_flags_variable_in_process_is_warned_and_not_keyed(

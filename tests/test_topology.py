@@ -13,7 +13,6 @@ from typing import Any
 
 import jaxaot
 import pytest
-from conftest import FAST_CPU_CODEGEN
 from jaxaot.errors import BackendError, ConfigError, DoesNotFit
 from jaxaot.schema import validate
 from jaxaot.stages import topology
@@ -630,7 +629,10 @@ def test_remat_decoder_step_equals_the_transformer_step() -> None:
     )
     tokens = rng.integers(0, V, (2, 8)).astype(np.int32)
     targets = rng.integers(0, V, (2, 8)).astype(np.int32)
-    # What the two steps compute is compared, not their compiles.
+    # What the two steps compute is compared, not their compiles. (conftest imported here:
+    # jaxaot imports this module as a program, where tests' conftest is no top-level module.)
+    from conftest import FAST_CPU_CODEGEN
+
     args = (params, tokens, targets, 0.1)
     mine = jax.jit(decoder.train_step).lower(*args).compile(FAST_CPU_CODEGEN)(*args)
     ref = jax.jit(transformer.train_step).lower(*args).compile(FAST_CPU_CODEGEN)(*args)
