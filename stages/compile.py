@@ -141,9 +141,9 @@ class Target:
     ``topology-lowered`` (the program's own lowering on the topology's devices) or
     ``topology`` (through the export). ``module_sha256`` identifies what is compiled, locations
     left out (they run up to whoever called jaxaot): the live lowering's module digest, or the
-    export's (``exported.bin``, or its concrete export at compile.shapes; never a side file),
-    :mod:`jaxaot.stages.module_text`. The export form's lowering is made only when it is compiled (:meth:`lower`):
-    a store hit needs just the hash and the convention.
+    export's (``exported.bin``, or its concrete export at compile.shapes; never a side file;
+    :mod:`jaxaot.stages.module_text`). The export form's lowering is made only when it is
+    compiled (:meth:`lower`): a store hit needs just the hash and the convention.
     """
 
     form: str

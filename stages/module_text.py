@@ -109,10 +109,7 @@ def export_digest(exported: Any) -> str:
 
     rest = bytes(replace(exported, mlir_module_serialized=b"").serialize())
     try:
-        from jax._src.interpreters import mlir
-
-        with mlir.make_ir_context():
-            module = _stripped_digest(exported.mlir_module(serialized=False))
+        module = _stripped_digest(compat_jax.export_module(exported))
     except Exception:
         return sha256_bytes(bytes(exported.serialize()))
     return sha256_bytes(f"{sha256_bytes(rest)} {module}".encode())

@@ -861,6 +861,15 @@ def parse_module(text: str) -> Any:
         return ir.Module.parse(text)
 
 
+def export_module(exported: Any) -> Any:
+    """A ``jax.export.Exported``'s module, deserialized into an MLIR module in a context with
+    JAX's dialects registered."""
+    from jax._src.interpreters import mlir
+
+    with mlir.make_ir_context():
+        return exported.mlir_module(serialized=False)
+
+
 def module_name(module: Any) -> str:
     """An MLIR module's ``sym_name`` (``jit_f``): the name JAX files its cache entry under."""
     ir, _ = mlir_ir()
