@@ -374,6 +374,8 @@ SLOW_CALLS = frozenset(
         "jaxaot.engine.runner.run",
         "jaxaot.cli.main.main",
         "conftest.run_numbered",
+        # a pytest session in this process (whose tests run the pipeline)
+        "pytest.main",
         # Graphviz's `dot`
         "jaxaot.cli.graph_cmd.main",
         # a Hydra composition of the whole config (~0.4 s each)

@@ -361,7 +361,6 @@ def _user_pytest(
     return int(code), capsys.readouterr().out
 
 
-@pytest.mark.slow  # its sessions run the pipeline (pytest.main is no call the fast tier knows)
 def test_pytest_fixture_without_a_golden_says_how_to_write_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
