@@ -270,6 +270,21 @@ def run_cli(
     )
 
 
+def start_cli(
+    args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``jaxaot <args>`` as :func:`run_cli` runs it, without waiting: stdout and stderr
+    piped, as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxaot", *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "manifest.json").read_text())
 

@@ -588,7 +588,7 @@ def test_a_second_search_in_a_sweep_dir_waits_for_the_first(tmp_path: Path) -> N
     until the first ends, then resumes from what it recorded."""
     import threading
 
-    from conftest import cli_env, run_cli
+    from conftest import cli_env, run_cli, start_cli
     from jaxaot.util.fsio import flock_file
 
     sweep = tmp_path / "fit"
@@ -601,14 +601,7 @@ def test_a_second_search_in_a_sweep_dir_waits_for_the_first(tmp_path: Path) -> N
     recorded = (sweep / "fit.json").read_text()
     lines: list[str] = []
     with flock_file(sweep / ".jaxaot" / "fit.lock"):  # as a running search holds it
-        second = subprocess.Popen(
-            [sys.executable, "-m", "jaxaot", *args],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        second = start_cli(args, cwd=tmp_path)
         assert second.stdout is not None
         reader = threading.Thread(target=lambda: lines.extend(second.stdout or ()), daemon=True)
         reader.start()

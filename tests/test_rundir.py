@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import multiprocessing
 import subprocess
-import sys
 from pathlib import Path
 
 import jaxaot
 import pytest
-from conftest import cli_env, read_manifest, run_cli
+from conftest import cli_env, read_manifest, run_cli, start_cli
 from jaxaot.errors import ConfigError
 from jaxaot.rundir.dirs import claim, unique_dir
 from rundir_races import race_claim, race_unique_dir
@@ -25,17 +24,6 @@ from rundir_races import race_claim, race_unique_dir
 SPAWN_WAIT_S = 600
 
 LOWER = ["program=axpy", "program.args=[f32[4],f32[4]]", "stop_after=lower"]
-
-
-def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "jaxaot", *args],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _finish(proc: subprocess.Popen[str]) -> None:
@@ -102,7 +90,7 @@ def test_of_concurrent_claims_on_one_dir_exactly_one_wins(tmp_path: Path) -> Non
 def test_two_cli_runs_forced_into_one_dir_keep_both_manifests(tmp_path: Path) -> None:
     # Both ask the resolver for the same stamp at once, as two runs in one second do.
     same = "hydra.run.dir=${unique_dir:" + str(tmp_path / "same") + "}"
-    procs = [_start([*LOWER, f"execute.seed={i}", same], tmp_path) for i in range(2)]
+    procs = [start_cli([*LOWER, f"execute.seed={i}", same], cwd=tmp_path) for i in range(2)]
     for p in procs:
         _finish(p)
     dirs = [tmp_path / "same", tmp_path / "same-1"]
@@ -115,7 +103,7 @@ def test_two_cli_runs_forced_into_one_dir_keep_both_manifests(tmp_path: Path) ->
 
 
 def test_default_run_dirs_of_simultaneous_runs_differ(tmp_path: Path) -> None:
-    procs = [_start(LOWER, tmp_path) for _ in range(2)]
+    procs = [start_cli(LOWER, cwd=tmp_path) for _ in range(2)]
     for p in procs:
         _finish(p)
     manifests = sorted((tmp_path / "outputs").glob("*/*/manifest.json"))
