@@ -527,7 +527,9 @@ def test_a_crash_is_a_row_and_a_killed_search_resumes(tmp_path: Path) -> None:
     assert "n=6144 fits, n=8192 does not" in proc.stdout
     assert "no verdict: n=12288 crashed: SIGSEGV" in proc.stdout
     counts = _progress(proc.stdout)
-    assert counts and counts[0][0] == last + 3
+    # (after the planted slots; a search killed while served winds down first and may number
+    # its interrupted job too)
+    assert counts and counts[0][0] >= last + 3
     assert all(k <= int(b.lstrip("≤")) for k, b in counts), proc.stdout
     assert counts[-1][0] >= len(search["probes"])  # finish slots count the first run's jobs too
     report = (sweep / "sweep.md").read_text()
