@@ -109,8 +109,8 @@ class Forker:
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         status = self.proc.stdout.readline().strip()
-        read = lambda f: f.read_text() if f.exists() else ""  # noqa: E731
-        return int(status) if status else -1, read(out), read(err)
+        texts = [f.read_text() if f.exists() else "" for f in (out, err)]
+        return int(status) if status else -1, texts[0], texts[1]
 
     def close(self) -> None:
         assert self.proc.stdin is not None

@@ -37,6 +37,7 @@ STATE_DIR = ".jaxaot"
 PLAN_NAME = "sweep.json"
 JOB_NAME = "job.json"
 LINES_DIR = "progress"
+FINISHED_DIR = "finished"  # under STATE_DIR: one empty file per finish slot claimed
 
 _VERB = {node.name: node.show.verb for node in NODES}  # "still compiling (...)"
 
@@ -110,7 +111,7 @@ def claim_finish_slot(sweep_dir: Path) -> int:
     ``O_CREAT | O_EXCL`` is atomic on local file systems and on NFS v3+, so two jobs finishing
     together never print the same number.
     """
-    folder = Path(sweep_dir) / STATE_DIR / "finished"
+    folder = Path(sweep_dir) / STATE_DIR / FINISHED_DIR
     folder.mkdir(parents=True, exist_ok=True)
     n = 1
     while True:
@@ -125,7 +126,7 @@ def finished_count(sweep_dir: Path) -> int:
     """Finish slots claimed in ``sweep_dir`` so far, by every run of the sweep: the next job to
     finish is numbered at least one more."""
     try:
-        return sum(p.name.isdigit() for p in (Path(sweep_dir) / STATE_DIR / "finished").iterdir())
+        return sum(p.name.isdigit() for p in (Path(sweep_dir) / STATE_DIR / FINISHED_DIR).iterdir())
     except FileNotFoundError:
         return 0
 
