@@ -10,7 +10,7 @@ from typing import Any
 
 import jaxaot
 import pytest
-from jaxaot.sweeps import remembered
+from jaxaot.sweeps import config_sources, remembered
 from omegaconf import OmegaConf
 
 
@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many compositions were keyed and how many of them were taken again; racy files
     (changed within the last 2 s) keyed as any other, so that a test need not wait."""
-    monkeypatch.setattr(remembered, "RACY_NS", 0)
+    monkeypatch.setattr(config_sources, "RACY_NS", 0)
     remembered.forget()
     seen = {"keyed": 0, "hits": 0}
     real = remembered.composition_key
@@ -37,7 +37,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 def _copied_conf(conf: Path) -> Path:
     """jaxaot's config folder copied to ``conf`` (a folder whose files a test may edit)."""
-    base = Path(jaxaot.api.conf_dir())
+    from jaxaot.api import conf_dir
+
+    base = Path(conf_dir())
     for item in base.rglob("*.yaml"):
         dest = conf / item.relative_to(base)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +81,74 @@ def test_an_edited_config_file_is_read_again(tmp_path: Path, counted: dict[str, 
     edited = jaxaot.compose(["program=mlp", "+program.kwargs.q=1"], config_dir=conf)
     assert counted["hits"] == 1  # the edit made another key
     assert edited.program.description.startswith("edited MLP")
+
+
+def test_a_config_repository_is_built_again_when_what_it_read_changes(
+    tmp_path: Path, counted: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository that tells group from value overrides, and whose sources a key covers,
+    is kept across compositions while its files are as they were: a primary config that gains
+    a ``hydra.searchpath`` is read again, so the added folder is in the key and an edit there
+    is seen (a kept repository would key without it and serve the first composition)."""
+    from jaxaot.compat import hydra as compat_hydra
+    from jaxaot.sweeps import compose_cache
+
+    compose_cache.clear()
+    built: list[str | None] = []
+    real = compat_hydra.caching_repo
+
+    def counting(loader: Any, config_name: str | None) -> Any:
+        built.append(config_name)
+        return real(loader, config_name)
+
+    monkeypatch.setattr(compat_hydra, "caching_repo", counting)
+    conf = _copied_conf(tmp_path / "conf")
+    extra = tmp_path / "extra" / "program"
+    extra.mkdir(parents=True)
+    (extra / "added.yaml").write_text("name: added\ntarget: jax.numpy:sin\nargs: ['f32[4]']\n")
+    jaxaot.compose(["program=mlp"], config_dir=conf)
+    jaxaot.compose(["program=axpy"], config_dir=conf)
+    assert len(built) == 1  # kept while conf/ is as it was
+    primary = conf / "config.yaml"
+    searchpath = f"hydra:\n  searchpath:\n    - file://{tmp_path / 'extra'}\n"
+    primary.write_text(primary.read_text().replace("hydra:\n", searchpath, 1))
+    assert jaxaot.compose(["program=added"], config_dir=conf).program.name == "added"
+    assert len(built) == 2
+    (extra / "added.yaml").write_text("name: edited\ntarget: jax.numpy:sin\nargs: ['f32[4]']\n")
+    assert jaxaot.compose(["program=added"], config_dir=conf).program.name == "edited"
+    assert len(built) == 3 and counted["hits"] == 0
+    assert jaxaot.compose(["program=added"], config_dir=conf).program.name == "edited"
+    assert len(built) == 3 and counted["hits"] == 1
+
+
+def test_compositions_are_remembered_once_hydra_is_known_again(tmp_path: Path) -> None:
+    """A process whose first composition ran while the Hydra in use was one jaxaot does not
+    know (the memo not installed) remembers later ones once it is known."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    code = """
+import jaxaot
+from jaxaot.compat import hydra as compat
+from jaxaot.sweeps import config_sources, remembered
+known = compat.hydra_version
+compat.hydra_version = lambda: (1, 4, 0)
+jaxaot.compose(["program=axpy"])
+print(len(remembered._LOCAL))
+compat.hydra_version = known
+config_sources.RACY_NS = 0
+jaxaot.compose(["program=axpy"])
+jaxaot.compose(["program=axpy"])
+print(len(remembered._LOCAL))
+"""
+    env = cli_env(JAXAOT_UNTESTED_HYDRA="1")  # the import policy's guards on the faked version
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "1"]
 
 
 def test_a_structured_config_stored_since_is_read_again(counted: dict[str, int]) -> None:
@@ -127,8 +197,8 @@ def test_the_import_policy_checks_a_remembered_composition_with_every_override(
 import jaxaot.cli.main  # installs the import policy's guards first
 import jaxaot
 from jaxaot.errors import ConfigError
-from jaxaot.sweeps import remembered
-remembered.RACY_NS = 0
+from jaxaot.sweeps import config_sources, remembered
+config_sources.RACY_NS = 0
 allow = ["experiment=cb", "trust.allow_imports=[json.JSONDecoder]"]
 for _ in range(2):
     print(jaxaot.compose(allow, config_dir={str(conf)!r}).program.name)

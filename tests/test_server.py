@@ -784,9 +784,9 @@ def early_confs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _old_enough(root: Path) -> None:
     """Wait until nothing under ``root`` (symlinks followed) changed in the last 2 s
-    (jaxaot.sweeps.remembered.RACY_NS, the server's own limit): a composition read from
+    (jaxaot.sweeps.config_sources.RACY_NS, the server's own limit): a composition read from
     younger files is not remembered."""
-    from jaxaot.sweeps.remembered import RACY_NS
+    from jaxaot.sweeps.config_sources import RACY_NS
 
     newest = max(
         max(st.st_mtime_ns, st.st_ctime_ns)

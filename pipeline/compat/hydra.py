@@ -417,14 +417,19 @@ def watch_defaults_interpolations(seen: Callable[[str | None], None]) -> Iterato
         InputDefault._resolve_interpolation_impl = real  # type: ignore[method-assign]
 
 
+def makes_repos(loader: Any) -> bool:
+    """Whether :func:`caching_repo` builds repositories with ``loader``: Hydra's own
+    ConfigLoaderImpl on a Hydra the compose cache knows."""
+    return hasattr(loader, "_parse_overrides_and_create_caching_repo") and hydra_known()
+
+
 def caching_repo(loader: Any, config_name: str | None) -> Any:
     """The config repository ``loader`` (Hydra's ConfigLoaderImpl) composes ``config_name``
-    from without overrides, or None: another loader, or a Hydra the compose cache does not
-    know (its own path composes)."""
-    make_repo = getattr(loader, "_parse_overrides_and_create_caching_repo", None)
-    if make_repo is None or not hydra_known():
+    from without overrides, or None where :func:`makes_repos` is false (another loader, or a
+    Hydra the compose cache does not know: its own path composes)."""
+    if not makes_repos(loader):
         return None
-    return make_repo(config_name, [])[1]
+    return loader._parse_overrides_and_create_caching_repo(config_name, [])[1]
 
 
 def config_overrides(repo: Any, parsed: list[Any]) -> list[Any]:
@@ -471,6 +476,7 @@ __all__ = [
     "job_return_value",
     "load_single_config",
     "logging_configurator",
+    "makes_repos",
     "overrides_dirname",
     "require_known",
     "resolves",

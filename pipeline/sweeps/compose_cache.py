@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ _MAX_ENTRIES = 16  # distinct defaults lists kept per process (each is one compo
 _MAX_KEPT = 64  # validated job configs kept for the launcher (~0.2 MB each)
 _BASES: OrderedDict[tuple[Any, ...], DictConfig] = OrderedDict()
 _STATS = {"composed": 0, "reused": 0}
+_MAX_REPOS = 8  # config repositories kept per process, by config name and search path
+# Each with what it was built from (jaxaot.sweeps.config_sources.source_files of its sources).
+_REPOS: OrderedDict[tuple[Any, ...], tuple[Any, list[Any]]] = OrderedDict()
 
 
 def _takes_slow_path(override: Override) -> bool:
@@ -122,20 +126,22 @@ class SweepConfigLoader(ConfigLoader):
         own path must compose (sweep syntax, ``hydra.searchpath``, another loader, an illegal
         group override: Hydra reports it)."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
-        from jaxaot.compat.hydra import caching_repo, config_overrides
+        from jaxaot.compat.hydra import config_overrides
 
         parsed = OverridesParser.create().parse_overrides(overrides=lines)
         if any(_takes_slow_path(o) for o in parsed):
             return None
         # Without a hydra.searchpath override, the repository depends on the config name only.
-        repo = self._repos.get(config_name)
+        # A sweep's jobs take this loader's own (read is then taken by whoever needs it).
+        repo, read = self._repos.get(config_name), None
         if repo is None:
-            repo = caching_repo(self.inner, config_name)
-            if repo is None:  # not Hydra's ConfigLoaderImpl, or not a known Hydra: its way
+            built = repository_for(self.inner, config_name)
+            if built is None:  # not Hydra's ConfigLoaderImpl, or not a known Hydra: its way
                 return None
+            repo, read = built
             self._repos[config_name] = repo
         try:
-            return Split(parsed, config_overrides(repo, parsed), repo)
+            return Split(parsed, config_overrides(repo, parsed), repo, read)
         except Exception:  # an illegal group override: Hydra's own path reports it
             return None
 
@@ -185,6 +191,44 @@ class SweepConfigLoader(ConfigLoader):
         return self.inner.compute_defaults_list(config_name, overrides, run_mode)
 
 
+def repository_for(inner: Any, config_name: str | None) -> tuple[Any, Any] | None:
+    """Hydra's config repository for composing ``config_name`` with ``inner`` (its loader),
+    and :func:`~jaxaot.sweeps.config_sources.source_files` of its sources; None where Hydra's own
+    path composes.
+
+    Building one (the primary config parsed for its ``hydra.searchpath``, Hydra's repository
+    deep-copied) costs ~40 ms, most of a remembered composition; so one is kept per config
+    name and search path and taken again while every file and folder it reads is as it was
+    when it was built, by the same fingerprint as a remembered composition's key (path,
+    target, size, inode, mtime, ctime). One whose files changed less than 2 s before it was
+    built is not kept: a change within the same clock tick would look the same.
+    """
+    from jaxaot.compat.hydra import caching_repo, makes_repos
+    from jaxaot.sweeps import config_sources
+
+    if not makes_repos(inner):
+        return None
+    key = (config_name, tuple(str(p) for p in inner.get_search_path().get_path()))
+    kept = _REPOS.get(key)
+    if kept is not None:
+        repo, files = kept
+        read = config_sources.source_files(repo.get_sources())
+        if read is not None and read[0] == files:
+            _REPOS.move_to_end(key)
+            return repo, read
+        del _REPOS[key]
+    started = time.time_ns()
+    repo = caching_repo(inner, config_name)
+    if repo is None:
+        return None
+    read = config_sources.source_files(repo.get_sources())
+    if read is not None and read[1] < started - config_sources.RACY_NS:
+        _REPOS[key] = (repo, read[0])
+        while len(_REPOS) > _MAX_REPOS:
+            _REPOS.popitem(last=False)
+    return repo, read
+
+
 @dataclass(frozen=True)
 class Split:
     """A job's overrides as Hydra composes them: ``values`` (``execute.seed=3``, ``+x=1``,
@@ -195,6 +239,8 @@ class Split:
     parsed: list[Override]
     values: list[Override]
     repo: Any
+    # jaxaot.sweeps.config_sources.source_files of the repository's sources, read as it was taken
+    read: tuple[list[Any], int] | None = None
 
     @property
     def groups(self) -> list[Override]:
@@ -253,6 +299,7 @@ def stats() -> dict[str, int]:
 
 def clear() -> None:
     _BASES.clear()
+    _REPOS.clear()
     _STATS.update(composed=0, reused=0)
 
 
@@ -291,6 +338,7 @@ __all__ = [
     "SweepConfigLoader",
     "apply_value_overrides",
     "clear",
+    "repository_for",
     "stats",
     "with_sweep_loader",
 ]

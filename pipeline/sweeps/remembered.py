@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import pickle
@@ -33,80 +32,32 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from jaxaot.sweeps import config_sources
+
 KEEP = 64  # compositions kept, least recently used dropped
 
-MAX_FILES = 5000  # a search path this big (`--config-dir .` over a run tree) is not remembered
-RACY_NS = 2_000_000_000  # files changed this recently may change again unseen (coarse clocks)
 
-
-def _tree(root: str, newest: list[int]) -> list[Any] | None:
-    """Every folder and file under ``root`` (symlinks followed, Python caches aside) by path,
-    where it leads, size, inode, mtime and ctime; None past :data:`MAX_FILES`. ``newest[0]``
-    becomes the latest mtime/ctime seen."""
-    out: list[Any] = []
-    seen: set[tuple[int, int]] = set()
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        try:
-            st = os.stat(folder)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in seen:  # a link loop: walked already
-            dirs[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for path in [folder, *(os.path.join(folder, name) for name in sorted(files))]:
-            try:
-                st = os.stat(path)
-            except OSError:
-                out.append([path, None])
-                continue
-            newest[0] = max(newest[0], st.st_mtime_ns, st.st_ctime_ns)
-            real = os.path.realpath(path)
-            out.append([path, real, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
-        if len(out) > MAX_FILES:
-            return None
-    return out
-
-
-def _folder(search_path: str) -> str | None:
-    """The folder a ``file://`` or ``pkg://`` search-path entry reads; None for others."""
-    scheme, _, rest = search_path.partition("://")
-    if not rest:  # a bare folder, as initialize_config_dir gives it: a file:// one
-        return os.path.abspath(search_path)
-    if scheme == "file":
-        return os.path.abspath(rest)
-    if scheme == "pkg":
-        try:
-            spec = importlib.util.find_spec(rest.replace("/", "."))
-        except (ImportError, ValueError):  # Hydra reports the missing package itself
-            return None
-        locations = list(spec.submodule_search_locations or []) if spec else []
-        return locations[0] if len(locations) == 1 else None
-    return None
-
-
-def composition_key(sources: list[Any], config_name: str | None, parts: list[Any]) -> str | None:
+def composition_key(
+    sources: list[Any],
+    config_name: str | None,
+    parts: list[Any],
+    read: tuple[list[Any], int] | None = None,
+) -> str | None:
     """The key of a composition read from ``sources`` (Hydra's ConfigSources, the primary
     config's own ``hydra.searchpath`` included), or None when it is not one to remember: a
     source it cannot fingerprint, too many files, or a file changed in the last 2 s (a later
-    change within the same clock tick would look the same)."""
+    change within the same clock tick would look the same). ``read``:
+    :func:`jaxaot.sweeps.config_sources.source_files` of ``sources`` taken just before, if the
+    caller has it."""
     from hydra.core.utils import JobRuntime
     from omegaconf import OmegaConf
 
-    files: list[Any] = []
-    newest = [0]
-    for source in sources:
-        where = f"{source.scheme()}://{source.path}"
-        if source.scheme() == "structured":
-            files.append([source.provider, where, _config_store()])
-            continue
-        folder = _folder(where)
-        tree = _tree(folder, newest) if folder is not None else None
-        if tree is None:
-            return None
-        files.append([source.provider, where, folder, tree])
-    if time.time_ns() - newest[0] < RACY_NS:
+    if read is None:
+        read = config_sources.source_files(sources)
+    if read is None:
+        return None
+    files, newest = read
+    if time.time_ns() - newest < config_sources.RACY_NS:
         return None
     from hydra import version
 
@@ -138,35 +89,11 @@ def _defaults_resolvers() -> Iterator[list[str]]:
         yield found
 
 
-_NODES: list[Any] = []  # every ConfigStore entry a key named: alive, so no id is reused
-
-
-def _config_store() -> list[Any]:
-    """Every ConfigStore entry by group path, name and identity."""
-    from hydra.core.config_store import ConfigStore
-
-    out: list[Any] = []
-    seen = {id(n) for n in _NODES}
-
-    def walk(tree: dict[str, Any], path: str) -> None:
-        for name in sorted(tree):
-            node = tree[name]
-            if isinstance(node, dict):
-                walk(node, f"{path}/{name}")
-                continue
-            if id(node) not in seen:
-                _NODES.append(node)
-                seen.add(id(node))
-            out.append([f"{path}/{name}", id(node)])
-
-    walk(ConfigStore.instance().repo, "")
-    return out
-
-
-def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]) -> None:
+def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]) -> bool:
     """Hydra's RUN-mode compositions come from ``memo`` when their key is there; each is
     reported with ``report(key, payload)`` (payload b"" for one taken from ``memo``). Not on
-    a Hydra this was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN): each composes."""
+    a Hydra this was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN): each composes. Whether
+    it was installed."""
     from hydra.types import RunMode
     from jaxaot.compat.hydra import wrap_load_configuration
     from jaxaot.sweeps.compose_cache import SweepConfigLoader, apply_value_overrides
@@ -196,6 +123,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
                 split.repo.get_sources(),
                 config_name,
                 [groups, from_shell, validate_sweep_overrides],
+                split.read,
             )
             if key is not None and (kept := memo.get(key)) is not None:
                 cfg = pickle.loads(zlib.decompress(kept))
@@ -216,7 +144,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
 
         return load_configuration
 
-    wrap_load_configuration(remembered)
+    return wrap_load_configuration(remembered)
 
 
 # The memo and key of the last composition taken from a memo (None: the last one composed).
@@ -240,10 +168,10 @@ _installed: list[bool] = []
 
 
 def remember_in_process() -> None:
-    """:func:`remember` with this process's own memo (:data:`KEEP` compositions), once."""
+    """:func:`remember` with this process's own memo (:data:`KEEP` compositions), once it
+    could be installed (not while the Hydra in use is one this was not tested on)."""
     if _installed:
         return
-    _installed.append(True)
 
     def report(key: str, payload: bytes) -> None:
         if payload:
@@ -253,7 +181,8 @@ def remember_in_process() -> None:
         while len(_LOCAL) > KEEP:
             _LOCAL.popitem(last=False)
 
-    remember(_LOCAL, report)
+    if remember(_LOCAL, report):
+        _installed.append(True)
 
 
 def forget() -> None:
@@ -261,4 +190,11 @@ def forget() -> None:
     _LOCAL.clear()
 
 
-__all__ = ["KEEP", "composition_key", "drop_last_hit", "forget", "remember", "remember_in_process"]
+__all__ = [
+    "KEEP",
+    "composition_key",
+    "drop_last_hit",
+    "forget",
+    "remember",
+    "remember_in_process",
+]
