@@ -19,13 +19,17 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	@touch $@
 
 # mypy's analysis of the dependencies (tests/typing_deps.py: the third-party modules jaxaot
-# imports) is done once here, into $(VENV)/mypy-deps-cache, where test_lint_and_types starts from.
+# imports) is done once here, into $(VENV)/mypy-deps-cache, where test_lint_and_types starts from;
+# a failed build leaves mypy's output in $(VENV)/mypy-deps-cache.failed, which a test reports.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
-	@rm -rf $(VENV)/mypy-deps-cache && $(BIN)/python tests/typing_deps.py > $(VENV)/typing_deps.py
+	@rm -rf $(VENV)/mypy-deps-cache $(VENV)/mypy-deps-cache.failed \
+	  && $(BIN)/python tests/typing_deps.py > $(VENV)/typing_deps.py
 	@echo "mypy: analysing the dependencies once (tests/typing_deps.py) ..."
 	@$(BIN)/mypy --config-file pyproject.toml --cache-dir $(VENV)/mypy-deps-cache $(VENV)/typing_deps.py \
-	  >/dev/null || echo "note: mypy's dependency cache was not built; test_lint_and_types checks them itself"
+	  > $(VENV)/mypy-deps.log 2>&1 || { mv $(VENV)/mypy-deps.log $(VENV)/mypy-deps-cache.failed; \
+	  echo "note: mypy's dependency cache was not built ($(VENV)/mypy-deps-cache.failed says why)"; }
+	@rm -f $(VENV)/mypy-deps.log
 	@touch $@ $(RUN_STAMP)
 
 venv: $(TEST_STAMP)

@@ -345,6 +345,10 @@ def test_lint_and_types(tmp_path: Path, request: pytest.FixtureRequest) -> None:
 def test_types_checked_from_the_dependency_cache_still_find_errors(tmp_path: Path) -> None:
     """mypy started from a copy of the environment's analysis of the dependencies reads JAX's
     types from it (fresh, not analysed again) and still reports an error that needs them."""
+    failed = Path(sys.prefix) / typing_deps.FAILED
+    if failed.exists():
+        tail = " | ".join(failed.read_text(errors="replace").strip().splitlines()[-3:])
+        pytest.fail(f"`make venv` could not build mypy's analysis of the dependencies: {tail}")
     seed = Path(sys.prefix) / typing_deps.CACHE
     if not seed.is_dir():
         pytest.skip(f"no {seed}: `make venv` builds mypy's analysis of the dependencies")
