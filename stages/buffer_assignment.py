@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,23 +58,34 @@ def _shape_proto(msg: dict[int, list[Any]]) -> Any:
     return (dtype, tuple(pw.ints(msg, 3)))
 
 
-def _frames(module: dict[int, list[Any]]) -> dict[int, str]:
-    """stack frame id -> "file:line" of its innermost location (HloModuleProto field 17)."""
+def _frames(module: dict[int, list[Any]]) -> Callable[[int], str]:
+    """stack frame id -> "file:line" of its innermost location ("" for none), from the
+    module's stack frame index (HloModuleProto field 17). A frame is decoded when first asked
+    for: the index also holds every caller's frame (a run's whole Python stack, thousands of
+    entries), which no instruction names."""
     index = pw.messages(module, 17)
     if not index:
-        return {}
+        return lambda frame_id: ""
     idx = index[0]
-    files = [bytes(v).decode("utf-8", "replace") for v in idx.get(1, [])]
-    locations = pw.messages(idx, 3)
-    out = {}
-    for k, frame in enumerate(pw.messages(idx, 4), start=1):
-        loc_id = pw.first_int(frame, 1)
-        if 1 <= loc_id <= len(locations):
-            loc = locations[loc_id - 1]
-            fid = pw.first_int(loc, 1)
-            if 1 <= fid <= len(files):
-                out[k] = f"{files[fid - 1]}:{pw.first_int(loc, 3)}"
-    return out
+    files, locations, frames = idx.get(1, []), idx.get(3, []), idx.get(4, [])
+    found: dict[int, str] = {}
+
+    def source(frame_id: int) -> str:
+        if frame_id in found:
+            return found[frame_id]
+        out = ""
+        if 1 <= frame_id <= len(frames) and not isinstance(frames[frame_id - 1], int):
+            loc_id = pw.first_int(pw.message(bytes(frames[frame_id - 1])), 1)
+            if 1 <= loc_id <= len(locations) and not isinstance(locations[loc_id - 1], int):
+                loc = pw.message(bytes(locations[loc_id - 1]))
+                fid = pw.first_int(loc, 1)
+                if 1 <= fid <= len(files) and not isinstance(files[fid - 1], int):
+                    name = bytes(files[fid - 1]).decode("utf-8", "replace")
+                    out = f"{name}:{pw.first_int(loc, 3)}"
+        found[frame_id] = out
+        return out
+
+    return source
 
 
 def module_from_proto(data: bytes) -> Module:
@@ -96,7 +108,7 @@ def module_from_proto(data: bytes) -> Module:
     instrs = {}
     for cname, ins, root in raw:
         meta = (pw.messages(ins, 7) or [{}])[0]
-        source = frames.get(pw.first_int(meta, 15), "")
+        source = frames(pw.first_int(meta, 15))
         if not source and pw.text(meta, 3):
             source = f"{pw.text(meta, 3)}:{pw.first_int(meta, 4)}"
         shape = pw.messages(ins, 3)

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import jaxaot
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jaxaot.rundir.metrics import CompileMetrics
 from jaxaot.snapshots.diff import diff_report, load_side, render
 from jaxaot.stages import buffer_assignment as ba
@@ -82,6 +84,33 @@ def test_protowire_spans_give_each_fields_own_bytes_to_write_back() -> None:
     assert pw.length_delimited(3, big) == _field(3, big) and pw.encode_varint(300) == b"\xac\x02"
     with pytest.raises(pw.WireError, match="negative"):
         pw.encode_varint(-1)
+
+
+_ENTRY = st.tuples(
+    st.integers(1, 2**29 - 1),  # field numbers of one to five bytes' tags
+    st.one_of(
+        st.integers(0, 2**64 - 1).map(lambda v: (0, v)),
+        st.binary(max_size=300).map(lambda v: (2, v)),  # lengths of one and two bytes
+        st.binary(min_size=8, max_size=8).map(lambda v: (1, v)),
+        st.binary(min_size=4, max_size=4).map(lambda v: (5, v)),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_ENTRY, max_size=20))
+def test_protowire_fields_read_each_field_as_written(entries: list[Any]) -> None:
+    """:func:`pw.fields` (one-byte tags and lengths read in place) reads back what was
+    written, field for field, as :func:`pw.spans` does."""
+    data = b"".join(
+        _field(n, v) if w in (0, 2) else _varint(n << 3 | w) + v for n, (w, v) in entries
+    )
+    read = list(pw.fields(data))
+    assert read == [(n, w, v) for n, (w, v) in entries]
+    assert read == [(n, w, v) for n, w, v, _ in pw.spans(data)]
+    message = pw.message(data)
+    assert list(message) == list(dict.fromkeys(n for n, _ in entries))
+    assert all(message[n] == [v for m, (_, v) in entries if m == n] for n in message)
 
 
 # -- CPU: the proto, the dump and plain JAX on one compile ------------------------------------

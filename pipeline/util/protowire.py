@@ -11,7 +11,6 @@ https://protobuf.dev/programming-guides/encoding/
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,8 +70,38 @@ def spans(data: bytes) -> Iterator[tuple[int, int, Any, bytes]]:
 
 
 def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) of each field of ``data``, in order."""
-    for number, wire, value, _ in spans(data):
+    """(field number, wire type, value) of each field of ``data``, in order: :func:`spans`
+    without each field's own bytes, and a one-byte tag or length read in place (most are)."""
+    pos, end = 0, len(data)
+    while pos < end:
+        key = data[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise WireError(f"field number 0 at byte {pos}")
+        value: int | bytes
+        if wire == 2:
+            size = data[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = varint(data, pos)
+            if pos + size > end:
+                raise WireError(f"field {number}: {size} bytes past the end")
+            value, pos = data[pos : pos + size], pos + size
+        elif wire == 0:
+            value, pos = varint(data, pos)
+        elif wire == 1:
+            value, pos = data[pos : pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = data[pos : pos + 4], pos + 4
+        else:
+            raise WireError(f"field {number}: wire type {wire} (groups) is not proto3")
+        if pos > end:
+            raise WireError(f"field {number}: truncated")
         yield number, wire, value
 
 
@@ -95,10 +124,14 @@ def length_delimited(number: int, payload: bytes) -> bytes:
 
 def message(data: bytes) -> dict[int, list[Any]]:
     """Field number -> its values in order (a repeated field has several; a scalar one)."""
-    out: dict[int, list[Any]] = defaultdict(list)
+    out: dict[int, list[Any]] = {}
     for number, _, value in fields(data):
-        out[number].append(value)
-    return dict(out)
+        values = out.get(number)
+        if values is None:
+            out[number] = [value]
+        else:
+            values.append(value)
+    return out
 
 
 def ints(msg: dict[int, list[Any]], number: int) -> list[int]:
@@ -129,7 +162,7 @@ def text(msg: dict[int, list[Any]], number: int) -> str:
 
 def messages(msg: dict[int, list[Any]], number: int) -> list[dict[int, list[Any]]]:
     """A repeated (or single) message field, each decoded."""
-    return [message(bytes(v)) for v in msg.get(number, []) if not isinstance(v, int)]
+    return [message(v) for v in msg.get(number, []) if not isinstance(v, int)]
 
 
 __all__ = [
