@@ -40,38 +40,9 @@ def signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def spans(data: bytes) -> Iterator[tuple[int, int, Any, bytes]]:
-    """(field number, wire type, value, the field's own bytes: tag, length and value) of each
-    field of ``data``, in order."""
-    pos = 0
-    while pos < len(data):
-        start = pos
-        key, pos = varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise WireError(f"field number 0 at byte {pos}")
-        value: int | bytes
-        if wire == 0:
-            value, pos = varint(data, pos)
-        elif wire == 2:
-            size, pos = varint(data, pos)
-            if pos + size > len(data):
-                raise WireError(f"field {number}: {size} bytes past the end")
-            value, pos = data[pos : pos + size], pos + size
-        elif wire == 1:
-            value, pos = data[pos : pos + 8], pos + 8
-        elif wire == 5:
-            value, pos = data[pos : pos + 4], pos + 4
-        else:
-            raise WireError(f"field {number}: wire type {wire} (groups) is not proto3")
-        if pos > len(data):
-            raise WireError(f"field {number}: truncated")
-        yield number, wire, value, data[start:pos]
-
-
-def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) of each field of ``data``, in order: :func:`spans`
-    without each field's own bytes, and a one-byte tag or length read in place (most are)."""
+def _read(data: bytes) -> Iterator[tuple[int, int, Any, int]]:
+    """(field number, wire type, value, position after the field) of each field of ``data``,
+    in order; a one-byte tag or length (most are) is read in place."""
     pos, end = 0, len(data)
     while pos < end:
         key = data[pos]
@@ -102,6 +73,21 @@ def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
             raise WireError(f"field {number}: wire type {wire} (groups) is not proto3")
         if pos > end:
             raise WireError(f"field {number}: truncated")
+        yield number, wire, value, pos
+
+
+def spans(data: bytes) -> Iterator[tuple[int, int, Any, bytes]]:
+    """(field number, wire type, value, the field's own bytes: tag, length and value) of each
+    field of ``data``, in order."""
+    start = 0
+    for number, wire, value, pos in _read(data):
+        yield number, wire, value, data[start:pos]
+        start = pos
+
+
+def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of each field of ``data``, in order."""
+    for number, wire, value, _ in _read(data):
         yield number, wire, value
 
 
@@ -125,7 +111,7 @@ def length_delimited(number: int, payload: bytes) -> bytes:
 def message(data: bytes) -> dict[int, list[Any]]:
     """Field number -> its values in order (a repeated field has several; a scalar one)."""
     out: dict[int, list[Any]] = {}
-    for number, _, value in fields(data):
+    for number, _, value, _ in _read(data):
         values = out.get(number)
         if values is None:
             out[number] = [value]
