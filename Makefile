@@ -20,7 +20,8 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 # mypy's analysis of the dependencies (tests/typing_deps.py: the third-party modules jaxaot
 # imports) is done once here, into $(VENV)/mypy-deps-cache, where test_lint_and_types starts from;
-# a failed build leaves mypy's output in $(VENV)/mypy-deps-cache.failed, which a test reports.
+# a failed build leaves mypy's output in $(VENV)/mypy-deps-cache.failed, which a test reports, and
+# the environment unstamped: the next `make venv` or `make test` builds it again.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	@rm -rf $(VENV)/mypy-deps-cache $(VENV)/mypy-deps-cache.failed \
@@ -30,7 +31,8 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	  > $(VENV)/mypy-deps.log 2>&1 || { mv $(VENV)/mypy-deps.log $(VENV)/mypy-deps-cache.failed; \
 	  echo "note: mypy's dependency cache was not built ($(VENV)/mypy-deps-cache.failed says why)"; }
 	@rm -f $(VENV)/mypy-deps.log
-	@touch $@ $(RUN_STAMP)
+	@touch $(RUN_STAMP)
+	@test -e $(VENV)/mypy-deps-cache.failed || touch $@
 
 venv: $(TEST_STAMP)
 

@@ -121,6 +121,30 @@ def test_a_config_repository_is_built_again_when_what_it_read_changes(
     assert len(built) == 3 and counted["hits"] == 1
 
 
+def test_a_search_path_that_resolves_elsewhere_is_read_again(
+    tmp_path: Path, counted: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A primary config's ``hydra.searchpath`` with an interpolation leads where the
+    environment says at each composition: the folder it leads to now is read, and a
+    composition from another one is not taken again."""
+    conf = _copied_conf(tmp_path / "conf")
+    for name in ("a", "b"):
+        group = tmp_path / name / "program"
+        group.mkdir(parents=True)
+        (group / "picked.yaml").write_text(
+            f"name: from_{name}\ntarget: jax.numpy:sin\nargs: ['f32[4]']\n"
+        )
+    primary = conf / "config.yaml"
+    searchpath = "hydra:\n  searchpath:\n    - file://${oc.env:PICKED_CONF}\n"
+    primary.write_text(primary.read_text().replace("hydra:\n", searchpath, 1))
+    got = []
+    for name in ("a", "b", "a"):
+        monkeypatch.setenv("PICKED_CONF", str(tmp_path / name))
+        got.append(jaxaot.compose(["program=picked"], config_dir=conf).program.name)
+    assert got == ["from_a", "from_b", "from_a"]
+    assert counted["hits"] == 1  # the third, from the same folder as the first
+
+
 def test_compositions_are_remembered_once_hydra_is_known_again(tmp_path: Path) -> None:
     """A process whose first composition ran while the Hydra in use was one jaxaot does not
     know (the memo not installed) remembers later ones once it is known."""

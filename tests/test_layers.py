@@ -348,7 +348,10 @@ def test_types_checked_from_the_dependency_cache_still_find_errors(tmp_path: Pat
     failed = Path(sys.prefix) / typing_deps.FAILED
     if failed.exists():
         tail = " | ".join(failed.read_text(errors="replace").strip().splitlines()[-3:])
-        pytest.fail(f"`make venv` could not build mypy's analysis of the dependencies: {tail}")
+        pytest.fail(
+            f"`make venv` could not build mypy's analysis of the dependencies: {tail}; "
+            "`make venv` builds it again"
+        )
     seed = Path(sys.prefix) / typing_deps.CACHE
     if not seed.is_dir():
         pytest.skip(f"no {seed}: `make venv` builds mypy's analysis of the dependencies")

@@ -57,6 +57,8 @@ def test_protowire_reads_varints_packed_and_nested_fields() -> None:
     ("data", "match"),
     [
         (b"\x08", "truncated varint"),
+        (b"\x0a", "truncated varint"),  # no length after a length-delimited tag
+        (b"\x0a\x80", "truncated varint"),  # a length cut short
         (b"\x0a\x05ab", "past the end"),
         (b"\x0b", "groups"),
         (b"\x08" + b"\xff" * 10 + b"\x01", "varint longer than 10 bytes"),
@@ -101,13 +103,14 @@ _ENTRY = st.tuples(
 @given(st.lists(_ENTRY, max_size=20))
 def test_protowire_fields_read_each_field_as_written(entries: list[Any]) -> None:
     """:func:`pw.fields` (one-byte tags and lengths read in place) reads back what was
-    written, field for field, as :func:`pw.spans` does."""
-    data = b"".join(
-        _field(n, v) if w in (0, 2) else _varint(n << 3 | w) + v for n, (w, v) in entries
-    )
+    written, field for field, and :func:`pw.spans` gives each field's own bytes."""
+    encoded = [_field(n, v) if w in (0, 2) else _varint(n << 3 | w) + v for n, (w, v) in entries]
+    data = b"".join(encoded)
     read = list(pw.fields(data))
     assert read == [(n, w, v) for n, (w, v) in entries]
-    assert read == [(n, w, v) for n, w, v, _ in pw.spans(data)]
+    spans = list(pw.spans(data))
+    assert [(n, w, v) for n, w, v, _ in spans] == read
+    assert [raw for *_, raw in spans] == encoded
     message = pw.message(data)
     assert list(message) == list(dict.fromkeys(n for n, _ in entries))
     assert all(message[n] == [v for m, (_, v) in entries if m == n] for n in message)

@@ -200,8 +200,11 @@ def repository_for(inner: Any, config_name: str | None) -> tuple[Any, Any] | Non
     deep-copied) costs ~40 ms, most of a remembered composition; so one is kept per config
     name and search path and taken again while every file and folder it reads is as it was
     when it was built, by the same fingerprint as a remembered composition's key (path,
-    target, size, inode, mtime, ctime). One whose files changed less than 2 s before it was
-    built is not kept: a change within the same clock tick would look the same.
+    target, size, inode, mtime, ctime). Not kept: one whose loader's own sources (where the
+    primary config comes from) changed while it was built, or less than 2 s before (a change
+    within the same clock tick would look the same), and one whose primary config's
+    ``hydra.searchpath`` holds an interpolation (``file://${oc.env:CONF}``: it may lead
+    elsewhere next time, which no file shows).
     """
     from jaxaot.compat.hydra import caching_repo, makes_repos
     from jaxaot.sweeps import config_sources
@@ -216,17 +219,38 @@ def repository_for(inner: Any, config_name: str | None) -> tuple[Any, Any] | Non
         if read is not None and read[0] == files:
             _REPOS.move_to_end(key)
             return repo, read
-        del _REPOS[key]
+        _REPOS.pop(key, None)
     started = time.time_ns()
+    before = config_sources.source_files(inner.get_sources())
     repo = caching_repo(inner, config_name)
     if repo is None:
         return None
     read = config_sources.source_files(repo.get_sources())
-    if read is not None and read[1] < started - config_sources.RACY_NS:
+    if (
+        read is not None
+        and before is not None
+        and read[1] < started - config_sources.RACY_NS
+        and all(entry in read[0] for entry in before[0])
+        and not _interpolated_search_path(repo, config_name)
+    ):
         _REPOS[key] = (repo, read[0])
         while len(_REPOS) > _MAX_REPOS:
             _REPOS.popitem(last=False)
     return repo, read
+
+
+def _interpolated_search_path(repo: Any, config_name: str | None) -> bool:
+    """Whether the primary config's ``hydra.searchpath`` (as written: the repository holds it
+    loaded) has an interpolation."""
+    import json
+
+    loaded = repo.load_config(config_name) if config_name is not None else None
+    if loaded is None or not OmegaConf.is_dict(loaded.config):
+        return False
+    written = OmegaConf.to_container(loaded.config, resolve=False)
+    hydra = written.get("hydra") if isinstance(written, dict) else None
+    search = hydra.get("searchpath") if isinstance(hydra, dict) else None
+    return "${" in json.dumps(search, default=str)
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def text(msg: dict[int, list[Any]], number: int) -> str:
 
 def messages(msg: dict[int, list[Any]], number: int) -> list[dict[int, list[Any]]]:
     """A repeated (or single) message field, each decoded."""
-    return [message(v) for v in msg.get(number, []) if not isinstance(v, int)]
+    return [message(bytes(v)) for v in msg.get(number, []) if not isinstance(v, int)]
 
 
 __all__ = [
