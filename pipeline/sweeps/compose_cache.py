@@ -116,7 +116,7 @@ class SweepConfigLoader(ConfigLoader):
         split = self.split(config_name, lines)
         if split is None:
             return self.inner.load_sweep_config(master_config, sweep_overrides)
-        cfg = self._base(config_name, split.groups)
+        cfg = self._base(config_name, split)
         apply_value_overrides(cfg, split)
         OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
         return cfg
@@ -145,7 +145,10 @@ class SweepConfigLoader(ConfigLoader):
         except Exception:  # an illegal group override: Hydra's own path reports it
             return None
 
-    def _base(self, config_name: str | None, group_overrides: list[Override]) -> DictConfig:
+    def _base(self, config_name: str | None, split: Split) -> DictConfig:
+        from jaxaot.compat.hydra import composing_from
+
+        group_overrides = split.groups
         key = (
             config_name,
             tuple(o.input_line for o in group_overrides),
@@ -153,11 +156,12 @@ class SweepConfigLoader(ConfigLoader):
         )
         base = _BASES.get(key)
         if base is None:
-            base = self.inner.load_configuration(
-                config_name=config_name,
-                overrides=[str(o.input_line) for o in group_overrides],
-                run_mode=RunMode.RUN,
-            )
+            with composing_from(self.inner, config_name, split.repo):
+                base = self.inner.load_configuration(
+                    config_name=config_name,
+                    overrides=[str(o.input_line) for o in group_overrides],
+                    run_mode=RunMode.RUN,
+                )
             _BASES[key] = base
             while len(_BASES) > _MAX_ENTRIES:
                 _BASES.popitem(last=False)
