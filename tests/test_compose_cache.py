@@ -191,3 +191,41 @@ def test_default_sweeper_yields_to_experiments_and_the_command_line(
     proc = run_cli([*overrides, "--cfg", "hydra", "--package", "hydra.sweeper"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"_target_: {target}" in proc.stdout
+
+
+def test_a_second_sweep_in_one_process_reads_a_config_edited_since_the_first(
+    tmp_path: Path,
+) -> None:
+    """Each sweep composes its defaults lists from the files as they are then: a config file
+    edited between two sweeps in one process (a notebook, a test session) is what the second
+    sweep's jobs get, not the first sweep's composition."""
+    import os
+    import shutil
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from jaxaot.api import conf_dir
+    from jaxaot.schema import register_configs
+
+    register_configs()
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    aged = os.stat(conf_dir()).st_mtime  # older than 2 s: the config repository is kept
+    for path in conf.rglob("*"):
+        os.utime(path, (aged, aged))
+    mlp = conf / "program" / "mlp.yaml"
+
+    def sweep_job() -> str:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+                loader = GlobalHydra.instance().config_loader()
+                master = loader.load_configuration("config", [], RunMode.MULTIRUN)
+                job = SweepConfigLoader(loader).load_sweep_config(master, ["program=mlp"])
+                return str(job.program.description)
+        finally:
+            GlobalHydra.instance().clear()
+
+    assert sweep_job().startswith("3-layer gelu MLP")
+    mlp.write_text(mlp.read_text().replace("3-layer gelu MLP", "edited MLP"))
+    assert sweep_job().startswith("edited MLP")

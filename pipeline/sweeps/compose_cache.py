@@ -8,7 +8,7 @@ A job's config depends on its overrides in two separable ways, and Hydra compose
 *group* overrides (``program=mlp``, ``hydra/launcher=joblib``) select the defaults list, and
 *config* overrides (``execute.seed=3``, ``+x=1``, ``~y``) are applied to the composed config
 afterwards, one by one (``ConfigLoaderImpl._load_configuration_impl``). So the composed config
-for the group overrides alone is cached, per process, and each job gets a copy with its config
+for the group overrides alone is cached, per sweep, and each job gets a copy with its config
 overrides applied and the ``hydra`` fields that depend on the override list recomputed, exactly
 as Hydra does after its own composition. ``tests/test_compose_cache.py`` checks the result equals
 Hydra's own composition key for key, for group, value, append and delete overrides.
@@ -43,9 +43,8 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-_MAX_ENTRIES = 16  # distinct defaults lists kept per process (each is one composed config)
+_MAX_ENTRIES = 16  # distinct defaults lists kept per sweep (each is one composed config)
 _MAX_KEPT = 64  # validated job configs kept for the launcher (~0.2 MB each)
-_BASES: OrderedDict[tuple[Any, ...], DictConfig] = OrderedDict()
 _STATS = {"composed": 0, "reused": 0}
 _MAX_REPOS = 8  # config repositories kept per process, by config name and search path
 # Each with what it was built from (jaxaot.sweeps.config_sources.source_files of its sources).
@@ -61,13 +60,15 @@ class SweepConfigLoader(ConfigLoader):
     """A ConfigLoader that reuses compositions across sweep jobs; delegates all else to Hydra's.
 
     It is picklable (joblib and submitit ship the Hydra context to their workers); the cache is
-    per process and starts empty in each worker.
+    one sweep's (a sweeper makes one loader), so a second sweep in the same process reads the
+    config files as they are then, and starts empty in each worker.
     """
 
     def __init__(self, inner: ConfigLoader) -> None:
         self.inner = inner
         self._repos: dict[str | None, Any] = {}
         self._validated: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
+        self._bases: OrderedDict[tuple[Any, ...], DictConfig] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"inner": self.inner}  # caches stay in the process that built them
@@ -154,7 +155,7 @@ class SweepConfigLoader(ConfigLoader):
             tuple(o.input_line for o in group_overrides),
             tuple(str(p) for p in self.inner.get_search_path().get_path()),
         )
-        base = _BASES.get(key)
+        base = self._bases.get(key)
         if base is None:
             with composing_from(self.inner, config_name, split.repo):
                 base = self.inner.load_configuration(
@@ -162,12 +163,12 @@ class SweepConfigLoader(ConfigLoader):
                     overrides=[str(o.input_line) for o in group_overrides],
                     run_mode=RunMode.RUN,
                 )
-            _BASES[key] = base
-            while len(_BASES) > _MAX_ENTRIES:
-                _BASES.popitem(last=False)
+            self._bases[key] = base
+            while len(self._bases) > _MAX_ENTRIES:
+                self._bases.popitem(last=False)
             _STATS["composed"] += 1
         else:
-            _BASES.move_to_end(key)
+            self._bases.move_to_end(key)
             _STATS["reused"] += 1
         return copy.deepcopy(base)
 
@@ -326,7 +327,6 @@ def stats() -> dict[str, int]:
 
 
 def clear() -> None:
-    _BASES.clear()
     _REPOS.clear()
     _STATS.update(composed=0, reused=0)
 
