@@ -545,8 +545,13 @@ def _is_slow_function(path: Path, function: str, owner: str | None, names: froze
             return True
     elif _calls_slow(module, node, None, seen):
         return True
-    # the fixtures of its module it uses (conftest's slow ones are SLOW_FIXTURES)
-    return any(_slow(f"{module.name}.{name}", seen) for name in names if name in module.defs)
+    # the fixtures it uses that its module defines or imports (`from mlflow_server import
+    # mlflow_server`: a server process); conftest's slow ones are SLOW_FIXTURES
+    return any(
+        _slow(f"{module.name}.{name}" if name in module.defs else module.imports[name], seen)
+        for name in names
+        if name in module.defs or name in module.imports
+    )
 
 
 def _shares_a_slow_fixture(item: pytest.Item) -> bool:

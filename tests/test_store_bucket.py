@@ -704,6 +704,7 @@ def claim_key(key: str = KEY) -> str:
     return f"claims/compile/{key}"
 
 
+@pytest.mark.slow  # waits out real leases: ~9 s
 def test_a_slow_live_holder_is_not_taken_over_by_a_waiter_with_a_short_lease(
     s3_env: S3Server, tmp_path: Path
 ) -> None:
