@@ -812,8 +812,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # a worker makes a module-scoped fixture for the tests it runs: the tests that share
             # a slow one run in one worker (--dist loadgroup), which makes it once
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
-    # The slow tests first, each set in its own order: xdist hands out groups (largest first),
-    # then single tests in this order, so the run ends on the fast tier's short tests, which
-    # keep both workers busy to the end instead of one waiting while the other runs a slow
-    # test that came last.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

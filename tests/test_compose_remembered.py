@@ -74,56 +74,6 @@ def test_a_remembered_composition_is_hydras_own_with_its_value_overrides(
     )
 
 
-def test_compositions_from_unchanged_files_parse_each_file_once(
-    counted: dict[str, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Compositions of other defaults lists from unchanged files parse only the config files
-    no earlier one parsed (Hydra's own path parses every file of the defaults list each time),
-    and each equals Hydra's own."""
-    from hydra._internal.config_repository import ConfigRepository
-    from jaxaot.sweeps import compose_cache
-
-    compose_cache.clear()
-    parsed: list[str] = []
-    real = ConfigRepository.load_config
-
-    def load(self: Any, config_path: str) -> Any:
-        parsed.append(config_path)
-        return real(self, config_path)
-
-    monkeypatch.setattr(ConfigRepository, "load_config", load)
-    jaxaot.compose(["program=mlp"])
-    first = len(parsed)
-    assert first > 10  # the whole defaults list (and the primary config, read twice)
-    jobs = [["program=transformer"], ["program=mlp", "mesh=data2_model4"], ["program=axpy"]]
-    composed = [OmegaConf.to_container(jaxaot.compose(o), resolve=False) for o in jobs]
-    assert parsed[first:] == ["program/transformer", "mesh/data2_model4", "program/axpy"]
-    assert counted == {"keyed": 4, "hits": 0}
-    monkeypatch.setattr(ConfigRepository, "load_config", real)
-    assert composed == [_hydras_own(o) for o in jobs]
-
-
-def test_each_composition_loads_a_copy_of_its_own() -> None:
-    """What one composition changes in a config it loaded (Hydra pops the primary config's
-    ``hydra`` node to validate it against a schema) never reaches another composition: within
-    one, every load of a config is the same object, as in Hydra's own repository."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from jaxaot.api import conf_dir
-    from jaxaot.compat.hydra import _composing_view, caching_repo
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        repo = caching_repo(GlobalHydra.instance().config_loader(), "config")
-    one, other = _composing_view(repo, "config"), _composing_view(repo, "config")
-    loaded = one.load_config("program/mlp")
-    assert one.load_config("program/mlp") is loaded
-    loaded.config.name = "changed"
-    one.load_config("config").config.pop("hydra")
-    assert other.load_config("program/mlp").config.name == "mlp"
-    assert "hydra" in other.load_config("config").config
-    assert "hydra" in repo.load_config("config").config
-
-
 def test_an_edited_config_file_is_read_again(tmp_path: Path, counted: dict[str, int]) -> None:
     conf = _copied_conf(tmp_path / "conf")
     mlp = conf / "program" / "mlp.yaml"

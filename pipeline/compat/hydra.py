@@ -22,13 +22,11 @@ Hydra is imported inside the functions: importing this module imports no Hydra.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.metadata
 import logging
 import logging.config
 import os
 import re
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -434,87 +432,6 @@ def caching_repo(loader: Any, config_name: str | None) -> Any:
     return loader._parse_overrides_and_create_caching_repo(config_name, [])[1]
 
 
-@contextlib.contextmanager
-def composing_from(loader: Any, config_name: str | None, repo: Any) -> Iterator[None]:
-    """Inside, ``loader`` (Hydra's ConfigLoaderImpl) composes ``config_name`` from what
-    ``repo`` read, a repository :func:`caching_repo` built for that name on the loader's search
-    path, instead of building one and parsing its sources' files again at each composition.
-
-    Hydra's repository hands every load of one config the same object, which a composition
-    may change (the primary config's ``hydra`` node is popped while a schema of the same name
-    validates it), so each composition gets a view of its own:
-    a deep copy of each config the first time it loads it, taken from the configs as parsed
-    (kept with ``repo``), the primary config as ``repo`` read it before the primary config's
-    ``hydra.searchpath`` was added, as Hydra does. Overrides that change the search path
-    (``hydra.searchpath=...``) and other config names take Hydra's own path."""
-    if repo is None or not makes_repos(loader):
-        yield
-        return
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    own = vars(loader).get("_parse_overrides_and_create_caching_repo")
-    real = loader._parse_overrides_and_create_caching_repo
-
-    def parse(name: str | None, overrides: list[str]) -> tuple[list[Any], Any]:
-        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
-        if name != config_name or any(
-            o.get_key_element().startswith("hydra.searchpath") for o in parsed
-        ):
-            return real(name, overrides)
-        return parsed, _composing_view(repo, config_name)
-
-    loader._parse_overrides_and_create_caching_repo = parse
-    try:
-        yield
-    finally:
-        if own is None:
-            del loader._parse_overrides_and_create_caching_repo
-        else:
-            loader._parse_overrides_and_create_caching_repo = own
-
-
-# Per repository composed from: each config as its source parsed it, never handed out itself.
-_PARSED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
-def _composing_view(repo: Any, config_name: str | None) -> Any:
-    """A repository for one composition of ``config_name`` over what ``repo`` (a
-    CachingConfigRepository) read."""
-    view = _view_class()()
-    view.delegate, view.cache = repo.delegate, {}  # repo's sources, not a copy
-    view.parsed = _PARSED.setdefault(repo, {})
-    primary = f"config_path={config_name}"
-    if primary in repo.cache:  # read before the primary config's search path was added
-        view.parsed[primary] = repo.cache[primary]
-    return view
-
-
-@functools.cache
-def _view_class() -> type:
-    import copy
-
-    from hydra._internal.config_repository import CachingConfigRepository
-
-    class ComposingView(CachingConfigRepository):
-        """Hydra's repository for one composition, whose first load of each config is a deep
-        copy of the config as parsed (``parsed``), and whose later loads are that copy."""
-
-        parsed: dict[str, Any]
-
-        def __init__(self) -> None:  # the fields are set by _composing_view
-            pass
-
-        def load_config(self, config_path: str) -> Any:
-            key = f"config_path={config_path}"
-            if key not in self.cache:
-                if key not in self.parsed:  # None too: no such config
-                    self.parsed[key] = self.delegate.load_config(config_path=config_path)
-                self.cache[key] = copy.deepcopy(self.parsed[key])
-            return self.cache[key]
-
-    return ComposingView
-
-
 def config_overrides(repo: Any, parsed: list[Any]) -> list[Any]:
     """The overrides of ``parsed`` that Hydra applies to the composed config (values, not
     group choices); raises for an illegal group override."""
@@ -550,7 +467,6 @@ __all__ = [
     "apply_overrides_to_config",
     "args_parser",
     "caching_repo",
-    "composing_from",
     "config_overrides",
     "config_repository",
     "guard_compositions",

@@ -117,7 +117,7 @@ class SweepConfigLoader(ConfigLoader):
         split = self.split(config_name, lines)
         if split is None:
             return self.inner.load_sweep_config(master_config, sweep_overrides)
-        cfg = self._base(config_name, split)
+        cfg = self._base(config_name, split.groups)
         apply_value_overrides(cfg, split)
         OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
         return cfg
@@ -146,10 +146,7 @@ class SweepConfigLoader(ConfigLoader):
         except Exception:  # an illegal group override: Hydra's own path reports it
             return None
 
-    def _base(self, config_name: str | None, split: Split) -> DictConfig:
-        from jaxaot.compat.hydra import composing_from
-
-        group_overrides = split.groups
+    def _base(self, config_name: str | None, group_overrides: list[Override]) -> DictConfig:
         key = (
             config_name,
             tuple(o.input_line for o in group_overrides),
@@ -157,12 +154,11 @@ class SweepConfigLoader(ConfigLoader):
         )
         base = self._bases.get(key)
         if base is None:
-            with composing_from(self.inner, config_name, split.repo):
-                base = self.inner.load_configuration(
-                    config_name=config_name,
-                    overrides=[str(o.input_line) for o in group_overrides],
-                    run_mode=RunMode.RUN,
-                )
+            base = self.inner.load_configuration(
+                config_name=config_name,
+                overrides=[str(o.input_line) for o in group_overrides],
+                run_mode=RunMode.RUN,
+            )
             self._bases[key] = base
             while len(self._bases) > _MAX_ENTRIES:
                 self._bases.popitem(last=False)

@@ -95,7 +95,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
     a Hydra this was not tested on (jaxaot.compat.hydra.HYDRA_KNOWN): each composes. Whether
     it was installed."""
     from hydra.types import RunMode
-    from jaxaot.compat.hydra import composing_from, wrap_load_configuration
+    from jaxaot.compat.hydra import wrap_load_configuration
     from jaxaot.sweeps.compose_cache import SweepConfigLoader, apply_value_overrides
     from omegaconf import OmegaConf
 
@@ -130,9 +130,7 @@ def remember(memo: OrderedDict[str, bytes], report: Callable[[str, bytes], None]
                 _HIT[0] = (memo, key)
                 report(key, b"")
             else:
-                # From the repository that split the overrides (kept while its files are
-                # unchanged), not one Hydra would build and fill again for this composition.
-                with _defaults_resolvers() as called, composing_from(self, config_name, split.repo):
+                with _defaults_resolvers() as called:
                     cfg = real(
                         self, config_name, groups, run_mode, from_shell, validate_sweep_overrides
                     )

@@ -19,7 +19,7 @@ from typing import Any
 SERVE = "from jaxaot.cli.server.daemon import serve_forever; serve_forever()"
 
 # Modules a run imports on its way (lowering rules, store, snapshots, examples), measured with
-# a sys.modules diff around a warm run of program=transformer_train, and a sweep's plots.
+# a sys.modules diff around a warm run of program=transformer_train.
 _RUN_IMPORTS = (
     "jax.experimental.multihost_utils",
     "jax.extend",
@@ -38,7 +38,6 @@ _RUN_IMPORTS = (
     "jaxaot.snapshots.snapshot",
     "jaxaot.store.cache",
     "jaxaot.store.maintenance",
-    "jaxaot.sweeps.plots",  # matplotlib (~0.7 s): every sweep's report draws its plots
     "jaxaot.sweeps.snapshot_check",
     "jaxaot.targets.cuda",
     "jaxaot.util.textdiff",
@@ -75,8 +74,7 @@ def preimport() -> None:
     from jaxaot.compat import hydra as compat_hydra
     from jaxaot.compat import jax as compat_jax
 
-    # What a run imports as it goes (~80 ms; matplotlib ~0.7 s more): optional, none starts a
-    # backend (checked below).
+    # What a run imports as it goes (~80 ms): optional, none starts a backend (checked below).
     for name in (*_RUN_IMPORTS, *compat_jax.preimport()):
         with contextlib.suppress(Exception):
             importlib.import_module(name)
