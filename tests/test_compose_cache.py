@@ -225,3 +225,23 @@ def test_a_second_sweep_in_one_process_reads_a_config_edited_since_the_first(
     assert sweep_job().startswith("3-layer gelu MLP")
     mlp.write_text(mlp.read_text().replace("3-layer gelu MLP", "edited MLP"))
     assert sweep_job().startswith("edited MLP")
+
+
+def test_kept_override_parses_are_hydras_and_each_caller_gets_its_own() -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    lines = ["program=mlp", "+x.y=[1,{a: 2}]", "~execute.seed", "compile.topology=choice(a,b)"]
+    hydras = OverridesParser.create().parse_overrides(lines)
+    first = compose_cache.parse_overrides(lines)
+    assert first == hydras  # dataclass equality: key, type, value, package, input line
+    first[0].key_or_group = "lower"  # a caller changing its copy changes no later parse
+    first[1]._value[1]["a"] = 3
+    assert compose_cache.parse_overrides(lines) == hydras
+    with pytest.raises(OverrideParseException) as theirs:
+        OverridesParser.create().parse_overrides(["program=mlp", "a=[1"])
+    for _ in range(2):  # refused each time, never kept
+        with pytest.raises(OverrideParseException) as ours:
+            compose_cache.parse_overrides(["program=mlp", "a=[1"])
+        assert str(ours.value) == str(theirs.value)
+    assert "a=[1" not in compose_cache._PARSED

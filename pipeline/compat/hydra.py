@@ -27,6 +27,7 @@ import logging
 import logging.config
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -99,14 +100,17 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 
 
 def hydra_version() -> tuple[int, ...]:
-    """The installed hydra-core's release numbers (``1.3.8`` -> ``(1, 3, 8)``), read from
-    its metadata (no Hydra import)."""
-    try:
-        text = importlib.metadata.version("hydra-core")
-    except importlib.metadata.PackageNotFoundError:
-        import hydra
+    """The running hydra-core's release numbers (``1.3.8`` -> ``(1, 3, 8)``): the imported
+    module's, or before Hydra is imported, the installed distribution's metadata (no Hydra
+    import; reading metadata costs ~3 ms, the imported module's attribute nothing)."""
+    text = getattr(sys.modules.get("hydra"), "__version__", None)
+    if not isinstance(text, str):
+        try:
+            text = importlib.metadata.version("hydra-core")
+        except importlib.metadata.PackageNotFoundError:
+            import hydra
 
-        text = hydra.__version__
+            text = hydra.__version__
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
 
 

@@ -51,6 +51,30 @@ _MAX_REPOS = 8  # config repositories kept per process, by config name and searc
 _REPOS: OrderedDict[tuple[Any, ...], tuple[Any, list[Any]]] = OrderedDict()
 
 
+_MAX_PARSED = 512  # override lines kept parsed per process
+_PARSED: OrderedDict[str, Override] = OrderedDict()
+
+
+def parse_overrides(lines: Sequence[str]) -> list[Override]:
+    """Hydra's parse of each override line (``OverridesParser.parse_overrides``, no config
+    loader), kept per line in this process: a line parses the same whatever composes it, and
+    Hydra's ANTLR parser costs ~2.5 ms a line. Each call gets its own copies; a line Hydra
+    refuses raises Hydra's error, as it would in a list, and is not kept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out, parser = [], None
+    for line in lines:
+        found = _PARSED.get(line)
+        if found is None:
+            parser = parser or OverridesParser.create()
+            [found] = parser.parse_overrides(overrides=[line])
+            _PARSED[line] = found
+            while len(_PARSED) > _MAX_PARSED:
+                _PARSED.popitem(last=False)
+        out.append(copy.deepcopy(found))
+    return out
+
+
 def _takes_slow_path(override: Override) -> bool:
     key = override.get_key_element()
     return override.is_sweep_override() or key.startswith(("hydra.searchpath", "hydra.job.env_"))
@@ -126,10 +150,9 @@ class SweepConfigLoader(ConfigLoader):
         """``lines`` parsed and split into group and value overrides, or None where Hydra's
         own path must compose (sweep syntax, ``hydra.searchpath``, another loader, an illegal
         group override: Hydra reports it)."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
         from jaxaot.compat.hydra import config_overrides
 
-        parsed = OverridesParser.create().parse_overrides(overrides=lines)
+        parsed = parse_overrides(lines)
         if any(_takes_slow_path(o) for o in parsed):
             return None
         # Without a hydra.searchpath override, the repository depends on the config name only.
@@ -362,6 +385,7 @@ __all__ = [
     "SweepConfigLoader",
     "apply_value_overrides",
     "clear",
+    "parse_overrides",
     "repository_for",
     "stats",
     "with_sweep_loader",
