@@ -21,6 +21,7 @@ from typing import Any
 import jaxaot
 import numpy as np
 import pytest
+from conftest import FAST_CPU_CODEGEN
 from jaxaot.api import conf_dir
 from jaxaot.models.nnx import lazy_sharding
 from jaxaot.util.canonical import canonical_stablehlo
@@ -44,12 +45,16 @@ def _npy(tmp_path: Path, name: str, arr: np.ndarray) -> str:
     return str(path)
 
 
-def _run(tmp_path: Path, program: str, arrays: dict[int, np.ndarray]) -> jaxaot.RunResult:
+def _run(
+    tmp_path: Path, program: str, arrays: dict[int, np.ndarray], *extra: str
+) -> jaxaot.RunResult:
     """``program`` through all four stages, its array arguments at ``arrays``' positions
-    replaced by those very arrays (``.npy`` leaves). These runs are also the shipped-config
-    runs of these programs (tests/test_shipped_configs.py runs every other program): each
-    stage ran, no warning, the compile's FLOPs counted, every output finite."""
-    cfg = jaxaot.compose([f"program={program}", "execute.repeats=1", "execute.warmup=0"])
+    replaced by those very arrays (``.npy`` leaves), ``extra`` overrides added. These runs are
+    also the shipped-config runs of these programs (tests/test_shipped_configs.py runs every
+    other program): each stage ran, no warning, the compile's FLOPs counted, every output
+    finite."""
+    overrides = [f"program={program}", "execute.repeats=1", "execute.warmup=0", *extra]
+    cfg = jaxaot.compose(overrides)
     for i, arr in arrays.items():
         cfg.program.args[i] = _npy(tmp_path, f"arg{i}", arr)
     result = jaxaot.run(cfg, run_dir=tmp_path / program)
@@ -98,14 +103,15 @@ def _module(text: str) -> str:
 
 
 def _same_compile(result: jaxaot.RunResult, lowered: Any) -> Any:
-    """The run's lowered module, FLOPs and memory analysis are plain ``jax.jit``'s; its
-    executable, whose outputs the run's are compared with."""
+    """The run's lowered module, FLOPs and memory analysis are plain ``jax.jit``'s, compiled
+    with the run's compiler options; its executable, whose outputs the run's are compared
+    with."""
     from jaxaot.stages.executable import costs_of
 
     rd = result.run_dir
     mine = (rd / "lower" / "module.stablehlo.mlir").read_text()
     assert _module(mine) == _module(lowered.as_text())
-    compiled = lowered.compile()
+    compiled = lowered.compile(result.manifest["config"]["compile"]["compiler_options"] or None)
     cost = json.loads((rd / "compile" / "cost_analysis.json").read_text())
     assert cost["flops_xla"] == compiled.cost_analysis()["flops"]
     assert cost["flops"] == costs_of(compiled)[0]["flops"]
@@ -122,6 +128,11 @@ def _ids(seed: int, shape: tuple[int, ...], high: int) -> np.ndarray:
 
 # -- Flax NNX: the Llama-style decoder ------------------------------------------------------
 
+# conftest.FAST_CPU_CODEGEN for the run; _same_compile compiles plain JAX's side with the
+# run's options: the lowered module, FLOPs and memory figures are the default level's, and
+# the outputs are compared between two executables built alike.
+LLAMA_CODEGEN = tuple(f"compile.compiler_options.{k}={v}" for k, v in FAST_CPU_CODEGEN.items())
+
 
 def test_llama_forward_is_flaxs(tmp_path: Path) -> None:
     import jax
@@ -129,7 +140,7 @@ def test_llama_forward_is_flaxs(tmp_path: Path) -> None:
     from jaxaot.examples import llama
 
     tokens = _ids(1, (2, 16), 256)
-    result = _run(tmp_path, "llama_nnx", {1: tokens})
+    result = _run(tmp_path, "llama_nnx", {1: tokens}, *LLAMA_CODEGEN)
 
     with lazy_sharding():  # the names stay metadata (no mesh), as jaxaot builds it
         model = llama.Llama(llama.LlamaConfig.toy(), rngs=nnx.Rngs(0))
@@ -150,7 +161,7 @@ def test_llama_adamw_step_is_flaxs(tmp_path: Path) -> None:
     from jaxaot.examples import llama
 
     tokens, targets = _ids(1, (2, 16), 256), _ids(2, (2, 16), 256)
-    result = _run(tmp_path, "llama_nnx_train", {2: tokens, 3: targets})
+    result = _run(tmp_path, "llama_nnx_train", {2: tokens, 3: targets}, *LLAMA_CODEGEN)
 
     def fresh() -> tuple[Any, Any]:
         with lazy_sharding():
