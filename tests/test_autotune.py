@@ -179,9 +179,10 @@ def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
         "hydra.sweeper.sampler=random",
         "hydra.sweeper.seed=1",
         "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
-        "hydra.callbacks.sweep.plots=false",  # drawn for a compile-only search: the views test
+        "hydra.callbacks.sweep.plots=false",  # plots and Optuna's views: the views test's
     )
     result = json.loads((sweep_dir / "autotune.json").read_text())
+    assert "views" not in result and not (sweep_dir / "plots").exists()  # plots off: no views
     temps = {t["params"]["program.args.1"]: t["value"] for t in result["trials"]}
     assert result["best"]["value"] == min(temps.values())
     assert all(v > 0 for v in temps.values())
@@ -218,6 +219,7 @@ def test_a_search_whose_first_trials_all_fail_alike_stops_with_the_error_once(
             "program.args.1=choice(f32[8,256],f32[64,256],f32[256,256])",
             "compile.compiler_options.xla_cpu_enable_fast_math=choice(false,true)",
             f"hydra.sweep.dir={sweep_dir}",
+            "hydra.callbacks.sweep.plots=false",  # the stop and its lines are checked
         ],
         cwd=tmp_path,
         env=cli_env(JAXAOT_STORE_DIR=str(tmp_path / "store")),
@@ -316,6 +318,7 @@ def test_a_multi_objective_study_reports_its_pareto_front(tmp_path: Path) -> Non
             )
     md = (sweep_dir / "sweep.md").read_text()
     assert "Pareto front (minimize `execute.median_s`, minimize `compile.temp_bytes`)" in md
+    assert "(marked **pareto** below); Optuna's views are in plots/." in md
     assert md.count("**pareto**") == len(front) + 1
     with open(sweep_dir / "sweep.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -280,6 +280,7 @@ def optimize(
     )
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    views = _draws_views(config)
     finite = FiniteSpace.of(space, study, opts.seed)
     n_trials = opts.n_trials
     points = ""
@@ -358,9 +359,11 @@ def optimize(
                     f"{len(first)} all failed with: {error} "
                     "(hydra.sweeper.stop_after_failures=0 runs every trial)"
                 )
-                write_views(sweep_dir, study, opts)
+                if views:
+                    write_views(sweep_dir, study, opts)
                 return returns
-    write_views(sweep_dir, study, opts)
+    if views:
+        write_views(sweep_dir, study, opts)
     if len(targets) > 1:
         front = _pareto(study, trials)
         print_line(
@@ -408,6 +411,15 @@ VIEWS = {  # Optuna's matplotlib views, written into <sweep>/plots/ with the rep
     "autotune_parallel": "plot_parallel_coordinate",
     "autotune_pareto": "plot_pareto_front",
 }
+
+
+def _draws_views(config: DictConfig) -> bool:
+    """Whether the sweep's report draws its plots (``hydra.callbacks.sweep``: ``report`` and
+    ``plots``, both true by default), which Optuna's views go with."""
+    from omegaconf import OmegaConf
+
+    sweep = OmegaConf.select(config, "hydra.callbacks.sweep", default=None)
+    return sweep is not None and bool(sweep.get("report", True)) and bool(sweep.get("plots", True))
 
 
 def write_views(sweep_dir: Path, study: Any, opts: AutotuneOptions) -> dict[str, str]:

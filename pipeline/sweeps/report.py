@@ -386,9 +386,9 @@ def summary_lines(table: SweepTable) -> list[str]:
             str(t["job"]) if t.get("job") is not None else "one of an earlier sweep"
             for t in table.autotune["pareto"]
         )
+        views = "; Optuna's views are in plots/." if table.autotune.get("views") else "."
         lines.append(
-            f"Pareto front ({targets}): jobs {jobs or 'none'} (marked **pareto** below); "
-            "Optuna's views are in plots/."
+            f"Pareto front ({targets}): jobs {jobs or 'none'} (marked **pareto** below){views}"
         )
     elif table.autotune:
         obj, direction = table.autotune.get("objective"), table.autotune.get("direction")
