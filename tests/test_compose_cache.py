@@ -245,3 +245,7 @@ def test_kept_override_parses_are_hydras_and_each_caller_gets_its_own() -> None:
             compose_cache.parse_overrides(["program=mlp", "a=[1"])
         assert str(ours.value) == str(theirs.value)
     assert "a=[1" not in compose_cache._PARSED
+    # Hydra shuffles a list as it parses it: each parse draws anew from Python's random
+    line = "x=shuffle([1,2,3,4,5,6,7,8,9,10,11,12])"
+    orders = {tuple(compose_cache.parse_overrides([line])[0].value()) for _ in range(4)}
+    assert len(orders) > 1 and line not in compose_cache._PARSED

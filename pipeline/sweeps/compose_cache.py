@@ -59,7 +59,8 @@ def parse_overrides(lines: Sequence[str]) -> list[Override]:
     """Hydra's parse of each override line (``OverridesParser.parse_overrides``, no config
     loader), kept per line in this process: a line parses the same whatever composes it, and
     Hydra's ANTLR parser costs ~2.5 ms a line. Each call gets its own copies; a line Hydra
-    refuses raises Hydra's error, as it would in a list, and is not kept."""
+    refuses raises Hydra's error, as it would in a list, and is not kept. Nor is one naming
+    ``shuffle``: Hydra shuffles a list as it parses it (Python's ``random``), anew each time."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     out, parser = [], None
@@ -68,6 +69,9 @@ def parse_overrides(lines: Sequence[str]) -> list[Override]:
         if found is None:
             parser = parser or OverridesParser.create()
             [found] = parser.parse_overrides(overrides=[line])
+            if "shuffle" in line:
+                out.append(found)
+                continue
             _PARSED[line] = found
             while len(_PARSED) > _MAX_PARSED:
                 _PARSED.popitem(last=False)
