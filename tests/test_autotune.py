@@ -168,6 +168,21 @@ def test_autotune_experiment_records_the_best_trial(tmp_path: Path) -> None:
     ]
 
 
+def test_optunas_views_are_drawn_with_the_reports_plots_only() -> None:
+    from jaxaot.sweeps.autotune import _draws_views
+    from omegaconf import OmegaConf
+
+    def config(sweep: dict[str, Any] | None) -> Any:
+        callbacks = {} if sweep is None else {"sweep": sweep}
+        return OmegaConf.create({"hydra": {"callbacks": callbacks}})
+
+    assert _draws_views(config({"_target_": "x"}))  # report and plots default to true
+    assert _draws_views(config({"report": True, "plots": True}))
+    assert not _draws_views(config({"report": True, "plots": False}))
+    assert not _draws_views(config({"report": False, "plots": True}))  # no report, no plots
+    assert not _draws_views(config(None))  # the sweep callback removed: no report at all
+
+
 def test_compile_only_search_minimises_temp_memory(tmp_path: Path) -> None:
     _, stdout, sweep_dir = _search(
         tmp_path,

@@ -386,7 +386,10 @@ def summary_lines(table: SweepTable) -> list[str]:
             str(t["job"]) if t.get("job") is not None else "one of an earlier sweep"
             for t in table.autotune["pareto"]
         )
-        views = "; Optuna's views are in plots/." if table.autotune.get("views") else "."
+        drawn = any(
+            str(v).startswith(f"{PLOTS_DIR}/") for v in (table.autotune.get("views") or {}).values()
+        )
+        views = f"; Optuna's views are in {PLOTS_DIR}/." if drawn else "."
         lines.append(
             f"Pareto front ({targets}): jobs {jobs or 'none'} (marked **pareto** below){views}"
         )
