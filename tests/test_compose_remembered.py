@@ -244,3 +244,138 @@ print(len(remembered._LOCAL))
     # A refusal names the config file that set the name, on a remembered composition too.
     refused = ["refused", "True", "True"]
     assert proc.stdout.split() == ["axpy", "axpy", *refused, *refused, "1"]
+
+
+def _options(conf: Path, group: str, names: str) -> None:
+    """``conf/<group>/<x>.yaml`` for each letter ``x`` of ``names``: each sets the program's
+    description to its letter."""
+    (conf / group).mkdir(parents=True, exist_ok=True)
+    for x in names:
+        (conf / group / f"{x}.yaml").write_text(
+            f"# @package _global_\nprogram:\n  description: {x}\n"
+        )
+
+
+def test_a_group_folder_reached_through_a_relinked_symlink_is_read_again(
+    tmp_path: Path, counted: dict[str, int]
+) -> None:
+    """``conf/zz`` leads, through a link outside the config folder, to a group folder the
+    walk reaches anyway (``conf/pa``); pointed at another one (``conf/pb``), nothing under
+    ``conf/`` was written, yet the composition is another."""
+    conf = _copied_conf(tmp_path / "conf")
+    for group, text in (("pa", "from-A"), ("pb", "from-B")):
+        (conf / group).mkdir()
+        (conf / group / "opt.yaml").write_text(
+            f"# @package _global_\nprogram:\n  description: {text}\n"
+        )
+    pointer = tmp_path / "ptr"
+    pointer.symlink_to(conf / "pa")
+    (conf / "zz").symlink_to(pointer)
+    overrides = ["program=axpy", "+zz=opt"]
+    assert jaxaot.compose(overrides, config_dir=conf).program.description == "from-A"
+    (tmp_path / "ptr.new").symlink_to(conf / "pb")
+    (tmp_path / "ptr.new").replace(pointer)
+    assert jaxaot.compose(overrides, config_dir=conf).program.description == "from-B"
+    assert counted["hits"] == 0
+
+
+def test_a_group_named_like_pythons_cache_folder_is_read_again(
+    tmp_path: Path, counted: dict[str, int]
+) -> None:
+    """Hydra reads a group folder named ``__pycache__`` as any other: its files are in the key
+    (the bytecode Python writes there is not)."""
+    conf = _copied_conf(tmp_path / "conf")
+    (conf / "__pycache__").mkdir()
+    option = conf / "__pycache__" / "opt.yaml"
+    option.write_text("# @package _global_\nprogram:\n  description: first\n")
+    overrides = ["program=axpy", "+__pycache__=opt"]
+    assert jaxaot.compose(overrides, config_dir=conf).program.description == "first"
+    option.write_text("# @package _global_\nprogram:\n  description: second, edited\n")
+    assert jaxaot.compose(overrides, config_dir=conf).program.description == "second, edited"
+    assert counted["hits"] == 0
+
+
+def test_a_defaults_choice_that_any_resolver_picks_is_not_remembered(
+    tmp_path: Path, counted: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A defaults-list entry chosen by a user's resolver (its name may hold a ``-``) depends on
+    more than the files: composed each time, so the environment of now picks."""
+    conf = _copied_conf(tmp_path / "conf")
+    _options(conf, "pl", "ab")
+    primary = conf / "config.yaml"
+    text = primary.read_text()
+    assert "  - _self_\n" in text
+    primary.write_text(text.replace("  - _self_\n", "  - _self_\n  - pl: ${pick-env:}\n"))
+    OmegaConf.register_new_resolver("pick-env", lambda: os.environ["PICK"])
+    try:
+        got = []
+        for pick in ("a", "b", "a"):
+            monkeypatch.setenv("PICK", pick)
+            got.append(jaxaot.compose(["program=axpy"], config_dir=conf).program.description)
+    finally:
+        OmegaConf.clear_resolver("pick-env")
+    assert got == ["a", "b", "a"]
+    assert counted["hits"] == 0
+
+
+def test_a_shuffled_group_list_is_hydras_draw_each_time(
+    tmp_path: Path, counted: dict[str, int]
+) -> None:
+    """``+pl=shuffle([a,b,c,d,e])`` loads the five options in an order Hydra draws from
+    Python's ``random`` as it parses the line (the last one loaded sets the description): each
+    composition is that draw, once, as Hydra makes it; none is remembered."""
+    import random
+
+    conf = _copied_conf(tmp_path / "conf")
+    _options(conf, "pl", "abcde")
+    got, drawn = [], []
+    for seed in range(6):
+        random.seed(seed)
+        overrides = ["program=axpy", "+pl=shuffle([a,b,c,d,e])"]
+        got.append(jaxaot.compose(overrides, config_dir=conf).program.description)
+        random.seed(seed)
+        order = list("abcde")
+        random.shuffle(order)  # Hydra's shuffle of a list, as hydra/_internal/grammar/functions
+        drawn.append(order[-1])
+    assert got == drawn
+    assert len(set(got)) > 1 and counted["hits"] == 0
+
+
+def test_hydras_own_fields_are_as_hydra_fills_them_on_a_remembered_composition(
+    tmp_path: Path, counted: dict[str, int]
+) -> None:
+    """Hydra appends the override lines to the ``hydra.overrides`` lists the config files
+    give, and sets ``hydra.runtime.choices``, ``hydra.runtime.version`` and
+    ``hydra.job.config_name`` after it applies the overrides: a composition taken again is
+    the same, and an override of one of those fields is what Hydra makes of it."""
+    import hydra
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+
+    conf = _copied_conf(tmp_path / "conf")
+    primary = conf / "config.yaml"
+    text = primary.read_text()
+    assert "hydra:\n  run:" in text
+    primary.write_text(
+        text.replace("hydra:\n  run:", "hydra:\n  overrides:\n    task: [preset]\n  run:")
+    )
+    remembered.remember_in_process()
+
+    def composed(overrides: list[str]) -> Any:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+    for _ in range(2):
+        cfg = composed(["program=axpy", "execute.seed=3"])
+        assert list(cfg.hydra.overrides.task) == ["preset", "program=axpy", "execute.seed=3"]
+    assert counted["hits"] == 1
+    cfg = composed(["program=axpy", "hydra.runtime.version=0.0", "hydra.job.config_name=other"])
+    assert cfg.hydra.runtime.version == hydra.__version__
+    assert cfg.hydra.job.config_name == "config"
+    cfg = composed(["program=axpy", "++hydra.runtime.choices.program=zzz"])
+    assert cfg.hydra.runtime.choices.program == "axpy"
+    with pytest.raises(ConfigCompositionException):  # a key Hydra's struct lacks, then
+        composed(["program=axpy", "hydra.runtime.choices.program=zzz"])
+    GlobalHydra.instance().clear()

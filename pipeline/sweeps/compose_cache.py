@@ -79,9 +79,20 @@ def parse_overrides(lines: Sequence[str]) -> list[Override]:
     return out
 
 
+# Keys Hydra sets after it applies the overrides (an override of one is what Hydra's own path
+# makes of it), and keys that change where and how it reads the files.
+_HYDRAS_OWN = (
+    "hydra.searchpath",
+    "hydra.job.env_",
+    "hydra.runtime.",
+    "hydra.overrides",
+    "hydra.job.config_name",
+)
+
+
 def _takes_slow_path(override: Override) -> bool:
-    key = override.get_key_element()
-    return override.is_sweep_override() or key.startswith(("hydra.searchpath", "hydra.job.env_"))
+    key = override.get_key_element().lstrip("+~")
+    return override.is_sweep_override() or key.startswith(_HYDRAS_OWN)
 
 
 class SweepConfigLoader(ConfigLoader):
@@ -156,6 +167,9 @@ class SweepConfigLoader(ConfigLoader):
         group override: Hydra reports it)."""
         from jaxaot.compat.hydra import config_overrides
 
+        # Hydra shuffles a list as it parses it, with Python's random: one parse, its own.
+        if any("shuffle" in line for line in lines):
+            return None
         parsed = parse_overrides(lines)
         if any(_takes_slow_path(o) for o in parsed):
             return None
@@ -313,11 +327,18 @@ def apply_value_overrides(cfg: DictConfig, split: Split) -> None:
 def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[Override]) -> None:
     from jaxaot.compat.hydra import apply_overrides_to_config, overrides_dirname
 
+    values = {id(o) for o in config_overrides}
+    groups = [o for o in parsed if id(o) not in values]
+    # Hydra appends each override's line to the lists the config files give: the groups'
+    # composition has its lines there, after the files' own.
+    for name, hydras in (("hydra", True), ("task", False)):
+        listed = cfg.hydra.overrides[name]
+        appended = sum(o.is_hydra_override() == hydras for o in groups)
+        cfg.hydra.overrides[name] = list(listed)[: len(listed) - appended]
     apply_overrides_to_config(config_overrides, cfg)
-    hydra_lines = [o.input_line for o in parsed if o.is_hydra_override()]
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
-    cfg.hydra.overrides.hydra = hydra_lines
-    cfg.hydra.overrides.task = [o.input_line for o in app_overrides]
+    for o in parsed:
+        cfg.hydra.overrides["hydra" if o.is_hydra_override() else "task"].append(o.input_line)
     _refresh_runtime(cfg)
     dirname = cfg.hydra.job.config.override_dirname
     cfg.hydra.job.override_dirname = overrides_dirname(

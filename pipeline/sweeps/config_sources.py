@@ -20,9 +20,10 @@ RACY_NS = 2_000_000_000  # files changed this recently may change again unseen (
 
 
 def _tree(root: str, newest: list[int]) -> list[Any] | None:
-    """Every folder and file under ``root`` (symlinks followed, Python caches aside) by path,
+    """Every folder and file under ``root`` (symlinks followed; compiled Python aside) by path,
     where it leads, size, inode, mtime and ctime; None past :data:`MAX_FILES`. ``newest[0]``
-    becomes the latest mtime/ctime seen."""
+    becomes the latest mtime/ctime seen. A folder reached again (a second link to it, a link
+    loop) is recorded by path and target, its files once, where first reached."""
     out: list[Any] = []
     seen: set[tuple[int, int]] = set()
     for folder, dirs, files in os.walk(root, followlinks=True):
@@ -30,13 +31,13 @@ def _tree(root: str, newest: list[int]) -> list[Any] | None:
             st = os.stat(folder)
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) in seen:  # a link loop: walked already
-            dirs[:] = []
-            continue
+        again = (st.st_dev, st.st_ino) in seen
         seen.add((st.st_dev, st.st_ino))
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        dirs[:] = [] if again else sorted(dirs)
+        # Hydra reads YAML: the bytecode Python writes under a package's __pycache__ is not read.
+        names = [] if again else sorted(f for f in files if not f.endswith((".pyc", ".pyo")))
         real_folder = os.path.realpath(folder)
-        for path in [folder, *(os.path.join(folder, name) for name in sorted(files))]:
+        for path in [folder, *(os.path.join(folder, name) for name in names)]:
             try:
                 st = os.stat(path)
             except OSError:

@@ -68,7 +68,9 @@ def composition_key(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-_RESOLVER = re.compile(r"\$\{\s*[\w.]+\s*:")  # ${oc.env:X}, ${now:%H}: not ${program}
+# A reference to another choice (${program}, ${hydra/launcher}); any other interpolation in a
+# defaults list calls a resolver (${oc.env:X}, ${pick-env:}, ${${name}:x}).
+_CHOICE = re.compile(r"\$\{\s*[\w./-]+\s*\}")
 
 
 @contextlib.contextmanager
@@ -82,7 +84,7 @@ def _defaults_resolvers() -> Iterator[list[str]]:
     found: list[str] = []
 
     def seen(val: str | None) -> None:
-        if val is not None and _RESOLVER.search(val):
+        if val is not None and "${" in _CHOICE.sub("", val):
             found.append(val)
 
     with watch_defaults_interpolations(seen):
