@@ -264,11 +264,43 @@ def configure(
     if "jax" not in sys.modules:
         with _without_plugin_noise():
             import jax  # noqa: F401  (jaxlib's GPU modules print at import)
+    else:
+        _logging_level_as_at_import()
     xla_passes.watch()  # before any program code can register an HLO transformation
     _configure(backend, num_devices)
     previous = run_config(jax_config or {}, needs_x64=x64)
     start_backends(backend)
     return previous
+
+
+# JAX's logging level as JAX was imported ahead of the run's logging configuration (by the
+# jaxaot server, whose runs are forked from it); emptied by the first run that reads it.
+_IMPORTED_AHEAD: list[Any] = []
+
+
+def imported_ahead() -> None:
+    """Note that JAX was imported before any run's logging was configured (the server's
+    warm-up): the first :func:`configure` of a run forked from here sets JAX's logging level
+    as importing JAX there would have."""
+    import jax
+
+    _IMPORTED_AHEAD[:] = [jax.config.values["jax_logging_level"]]
+
+
+def _logging_level_as_at_import() -> None:
+    """JAX takes its logging level (its ``jax`` and ``jaxlib`` loggers' handler, and the C++
+    log level) from the ``jax`` logger's level when it is imported, unless JAX_LOGGING_LEVEL
+    says otherwise: in a process that imports JAX itself, the level the run's logging config
+    gives (Hydra's ``job_logging``). A run forked after an earlier import gets the same, unless
+    something set it since."""
+    if not _IMPORTED_AHEAD:
+        return
+    import jax
+
+    ahead = _IMPORTED_AHEAD.pop()
+    if "JAX_LOGGING_LEVEL" in os.environ or jax.config.values["jax_logging_level"] != ahead:
+        return
+    jax.config.update("jax_logging_level", logging.getLevelName(logging.getLogger("jax").level))
 
 
 # JAX options jaxaot sets from other keys; ``jax.config`` may not set them.

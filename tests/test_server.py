@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import signal
@@ -905,3 +906,89 @@ def test_a_run_ignores_the_signals_its_client_ignores(shared, tmp_path: Path) ->
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert read_manifest(tmp_path / "run")["status"] == "ok"
+
+
+STARTUP_FACTS = """
+import json, logging, os, sys, warnings
+
+import jax
+import numpy as np
+
+
+def _filter(entry):
+    action, message, category, module, lineno = entry
+    text = [getattr(m, "pattern", m) for m in (message, module)]  # a regex, or exact text
+    return [action, text[0], category.__name__, text[1], lineno]
+
+
+def f(x):
+    print("OUT-1 \\u00b7")  # a middle dot: one byte in latin-1
+    print("ERR-2", file=sys.stderr)
+    print("OUT-3")
+    streams = [
+        [s.encoding, s.errors, s.line_buffering, s.write_through]
+        for s in (sys.stdin, sys.stdout, sys.stderr)
+    ]
+    jax_logging = [
+        jax.config.jax_logging_level,
+        sorted(type(h).__name__ for h in logging.getLogger("jax").handlers),
+    ]
+    facts = [streams, [_filter(e) for e in warnings.filters], jax_logging]
+    with open(os.environ["FACTS_OUT"], "a") as out:
+        out.write(json.dumps([facts, float(np.random.rand())]) + "\\n")
+    return x
+"""
+
+
+def test_a_served_run_starts_as_a_process_of_its_own_would(tmp_path: Path) -> None:
+    """What a Python process sets up as it starts, a served run has as the same command run
+    without the server: stdio's encoding (``PYTHONIOENCODING``) and buffering
+    (``PYTHONUNBUFFERED``: stdout and stderr interleave as written), the warning filters its
+    imports install (NumPy's), JAX's logging level from the run's logging config (its ``jax``
+    logger: JAX's handler and C++ log level), and a random state of its own (NumPy's global one:
+    two served runs draw different numbers)."""
+    (tmp_path / "startup_facts.py").write_text(STARTUP_FACTS)
+    env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
+    env.update(PYTHONIOENCODING="latin-1", PYTHONUNBUFFERED="1")  # the server's and the clients'
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env.pop("JAXAOT_SERVER", None)
+    start = subprocess.run([*SERVER, "start"], env=env, capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0 and "started" in start.stdout, start.stderr
+    try:
+        runs = {}
+        for name, run_env in (
+            ("served", env),
+            ("again", env),
+            ("plain", {**env, "JAXAOT_SERVER": "0"}),
+        ):
+            facts = tmp_path / f"{name}.json"
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "jaxaot",
+                    "program.target=startup_facts:f",
+                    "program.args=[f32[2]]",
+                    "stop_after=stage_out",
+                    f"hydra.run.dir={name}",
+                ],
+                cwd=tmp_path,
+                env={**run_env, "FACTS_OUT": str(facts)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=300,
+            )
+            assert proc.returncode == 0, proc.stdout.decode("latin-1")
+            printed = [ln for ln in proc.stdout.splitlines() if ln.startswith((b"OUT-", b"ERR-"))]
+            [line] = facts.read_text().splitlines()
+            runs[name] = (printed, *json.loads(line))
+        assert _count(env) == 2  # both served, none declined
+    finally:
+        _stop(env)
+    assert runs["plain"][0] == [b"OUT-1 \xb7", b"ERR-2", b"OUT-3"]
+    for name in ("served", "again"):
+        assert runs[name][:2] == runs["plain"][:2]
+    streams, filters, _ = runs["plain"][1]
+    assert streams[1] == ["iso8859-1", "strict", False, True]  # latin-1, as Python names it
+    assert ["always", None, "RankWarning", None, 0] in filters  # NumPy's, at its import
+    assert runs["served"][2] != runs["again"][2]

@@ -25,7 +25,7 @@ process = {**facts.process(), "umask": 0o027, "inherited_fds": [9], "ignored": [
 req = {
     "argv": ["program=axpy", case], "argv0": "/bin/jaxaot", "cwd": work,
     "env": {"PATH": os.environ["PATH"], "TZ": "UTC", "FROM_CLIENT": "yes"},
-    "path": sys.path, "isatty": [False] * 3, "process": process,
+    "path": sys.path, "process": process,
 }
 fds = [os.dup(0), out_w, err_w, passed]
 closed = []

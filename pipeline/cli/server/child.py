@@ -31,7 +31,8 @@ def become_client(req: dict[str, Any], fds: list[int], added: dict[str, str]) ->
     """Take on the client's process as ``req`` describes it: ``fds`` (received with the
     request) at the numbers the client has them, its cwd, umask, CPU affinity, environment
     (with ``added``, what the server's imports set, on top, and :data:`CHILD_MARK`), time zone,
-    ``sys.path``, ``sys.argv``, stdio, and the signals it ignores."""
+    ``sys.path``, ``sys.argv``, stdio, and the signals it ignores; NumPy's global random state
+    drawn afresh, as a process of its own draws it."""
     # Its own process group (the server sets it too, before telling the client: no race),
     # so a client's signals reach the run and whatever the run started, nothing else.
     with contextlib.suppress(OSError):
@@ -54,18 +55,45 @@ def become_client(req: dict[str, Any], fds: list[int], added: dict[str, str]) ->
     time.tzset()  # TZ as the client has it (${now:...}, run dir names, manifests)
     sys.path[:] = req["path"]
     sys.argv = [req.get("argv0") or "jaxaot", *req["argv"]]
-    tty = req.get("isatty", [False] * 3)
-    errors = req["process"]["stdio"]  # strict, or surrogateescape in a C locale
-    sys.stdin = open(0, errors=errors[0], closefd=False)  # noqa: SIM115
-    sys.stdout = open(  # noqa: SIM115
-        1, "w", buffering=1 if tty[1] else -1, errors=errors[1], closefd=False
-    )
-    sys.stderr = open(2, "w", buffering=1, errors=errors[2], closefd=False)  # noqa: SIM115
+    sys.stdin, sys.stdout, sys.stderr = _stdio(req["process"]["stdio"])
+    # What a process draws from the OS as it starts, and a fork would share with every other
+    # child: NumPy's global random state (Python's random reseeds itself in a forked child).
+    if (numpy_random := sys.modules.get("numpy.random")) is not None:
+        numpy_random.seed()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in req["process"]["ignored"]:  # `nohup jaxaot ...`: ignored as the client did
         signal.signal(sig, signal.SIG_IGN)
+
+
+def _stdio(streams: list[list[Any]]) -> list[Any]:
+    """stdin, stdout and stderr on descriptors 0-2, each opened as the client's interpreter
+    opened its own (``facts.process``: encoding and error handler, line buffering,
+    write-through; unbuffered under ``python -u``)."""
+    import io
+
+    out: list[Any] = []
+    for fd, (name, (encoding, errors, lines, through)) in enumerate(
+        zip(("<stdin>", "<stdout>", "<stderr>"), streams, strict=True)
+    ):
+        raw = io.FileIO(fd, "wb" if fd else "rb", closefd=False)
+        raw.name = name
+        # stdin is read through a buffer under `python -u` too (a buffer made and dropped would
+        # close the raw file as it is collected: made only where used).
+        buffer: Any = (
+            raw if through and fd else (io.BufferedWriter if fd else io.BufferedReader)(raw)
+        )
+        text = io.TextIOWrapper(
+            buffer,
+            encoding=encoding,
+            errors=errors,
+            line_buffering=lines,
+            write_through=through,
+        )
+        text.mode = "w" if fd else "r"  # type: ignore[misc]
+        out.append(text)
+    return out
 
 
 def finish_like_python(code: Any) -> int:

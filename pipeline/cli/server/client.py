@@ -101,7 +101,6 @@ def request(argv: list[str]) -> tuple[dict[str, Any], list[int]]:
         "env": dict(os.environ),
         "path": sys.path,
         "origins": facts.origins(),
-        "isatty": [os.isatty(fd) for fd in (0, 1, 2)],
         "process": process,
     }
     return req, [0, 1, 2, *process["inherited_fds"]]

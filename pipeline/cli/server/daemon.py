@@ -95,12 +95,30 @@ def preimport() -> None:
     GlobalHydra.instance().clear()  # each run initializes its own
     spec = jax.ShapeDtypeStruct((2, 2), jnp.float32)
     jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
+    from jaxaot.stages import jaxenv
+
+    jaxenv.imported_ahead()  # before any run's logging was configured
     if compat_jax.backends_started():  # forked children must start their own (fails closed)
         raise RuntimeError("jaxaot server: a JAX backend started while warming up")
     # Nor may plugins be discovered here: each child discovers them with its client's
     # environment (facts.BACKEND_START_ENV is not compared).
     if compat_jax.plugins_discovered():
         raise RuntimeError("jaxaot server: JAX's plugins were discovered while warming up")
+
+
+def keep_import_filters(before: list[Any], after: list[Any]) -> None:
+    """The warning filters the imports added (``after`` less ``before``, the filters as they
+    were when they started) installed again, as they are, where the imports put them: ahead of
+    the others, or after them (``append=True``), as in a process that imported them itself
+    (NumPy's ``always`` for its RankWarning, its ``ignore`` of binary-compatibility messages)."""
+    import warnings
+
+    start = after.index(before[0]) if before and before[0] in after else len(after)
+    front, back = after[:start], [f for f in after[start:] if f not in before]
+    rest = [f for f in warnings.filters if f not in front and f not in back]
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]
+    filters[:] = [*front, *rest, *back]
+    getattr(warnings, "_filters_mutated", lambda: None)()  # as warnings.filterwarnings does
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -131,7 +149,10 @@ def serve_forever() -> None:
     facts.record_lookups()  # every module name the imports look for (facts.path_mismatch)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("default")  # what an in-process run shows, once each
+        ours = list(warnings.filters)
         preimport()
+        imported = list(warnings.filters)
+    keep_import_filters(ours, imported)
     import gc
 
     # What the imports made stays put: children's collections skip it, and fewer of its pages
@@ -153,4 +174,4 @@ def serve_forever() -> None:
         os.execve(sys.executable, [sys.executable, "-c", SERVE], env_before)
 
 
-__all__ = ["SERVE", "preimport", "serve_forever"]
+__all__ = ["SERVE", "keep_import_filters", "preimport", "serve_forever"]

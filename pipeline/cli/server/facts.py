@@ -5,7 +5,9 @@ taken from the client's process (rather than from the request's argv, cwd and en
 sent in the request and either given to the child or compared:
 
 - given to the child: the umask, the CPU affinity, the signals the client ignores (``nohup``),
-  stdio's error handler (strict, or surrogateescape in a C locale), descriptors above 2;
+  how its stdio streams were opened (encoding and error handler, line buffering,
+  write-through: the locale, ``PYTHONIOENCODING``, a terminal, ``python -u``), descriptors
+  above 2;
 - compared (a run with other values is declined and runs in-process): the interpreter and its
   options, resource limits, priority, user and groups, cgroup and namespaces, the origin of
   every pre-imported package (:data:`PREIMPORT`), ``sys.path`` (:func:`path_mismatch`: the
@@ -282,9 +284,21 @@ def process() -> dict[str, Any]:
         "umask": umask,
         "affinity": sorted(os.sched_getaffinity(0)),
         "ignored": [int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN],
-        "stdio": [getattr(f, "errors", None) for f in (sys.stdin, sys.stdout, sys.stderr)],
+        "stdio": [_stream(f) for f in (sys.stdin, sys.stdout, sys.stderr)],
         "inherited_fds": inherited_fds(),
     }
+
+
+def _stream(f: Any) -> list[Any]:
+    """How the interpreter opened a stdio stream: its encoding and error handler (the locale's,
+    or ``PYTHONIOENCODING``'s), line buffering (a terminal; stderr always) and write-through
+    (``python -u``, ``PYTHONUNBUFFERED``)."""
+    return [
+        getattr(f, "encoding", None),
+        getattr(f, "errors", None),
+        bool(getattr(f, "line_buffering", False)),
+        bool(getattr(f, "write_through", False)),
+    ]
 
 
 def _place() -> list[Any]:

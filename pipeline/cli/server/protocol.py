@@ -7,7 +7,7 @@ descriptors as SCM_RIGHTS ancillary data on the same ``sendmsg``.
 Messages, in order on one connection:
 
 - client -> server: a **request**, ``{"v": PROTOCOL, "argv", "argv0", "cwd", "env", "path",
-  "origins", "isatty", "process"}`` (:mod:`jaxaot.cli.server.facts` says what ``origins``
+  "origins", "process"}`` (:mod:`jaxaot.cli.server.facts` says what ``origins``
   and ``process`` hold), with descriptors ``[0, 1, 2, *process["inherited_fds"]]``; or an
   **operation**, ``{"v": PROTOCOL, "op": "status" | "stop"}``, without descriptors.
 - server -> client: ``{"declined": reason}`` (nothing ran; the client runs in-process), or
@@ -35,9 +35,10 @@ import struct
 import time
 from typing import Any
 
-# The request format's version. 2: "process" (interpreter, limits, identity, cgroup and
-# namespaces, umask, affinity, ignored signals, stdio errors, inherited descriptors).
-PROTOCOL = 2
+# The request format's version. 3: "process" (interpreter, limits, identity, cgroup and
+# namespaces, umask, affinity, ignored signals, stdio encodings and error handlers, inherited
+# descriptors).
+PROTOCOL = 3
 MAX_FDS = 200  # descriptors above 2 passed to a run (one SCM_RIGHTS message holds 253)
 
 _HEADER = struct.Struct("!I")
