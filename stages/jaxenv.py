@@ -278,7 +278,7 @@ def configure(
 _IMPORTED_AHEAD: list[Any] = []
 
 
-def imported_ahead() -> None:
+def imported_before_logging() -> None:
     """Note that JAX was imported before any run's logging was configured (the server's
     warm-up): the first :func:`configure` of a run forked from here sets JAX's logging level
     as importing JAX there would have."""

@@ -282,17 +282,20 @@ def test_a_group_folder_reached_through_a_relinked_symlink_is_read_again(
 def test_a_group_named_like_pythons_cache_folder_is_read_again(
     tmp_path: Path, counted: dict[str, int]
 ) -> None:
-    """Hydra reads a group folder named ``__pycache__`` as any other: its files are in the key
-    (the bytecode Python writes there is not)."""
+    """Hydra reads a group folder named ``__pycache__`` as any other: its files are in the key;
+    the bytecode Python writes there is not (an import does not make the next one compose)."""
     conf = _copied_conf(tmp_path / "conf")
     (conf / "__pycache__").mkdir()
     option = conf / "__pycache__" / "opt.yaml"
     option.write_text("# @package _global_\nprogram:\n  description: first\n")
     overrides = ["program=axpy", "+__pycache__=opt"]
     assert jaxaot.compose(overrides, config_dir=conf).program.description == "first"
+    (conf / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"bytecode")  # an import's
+    assert jaxaot.compose(overrides, config_dir=conf).program.description == "first"
+    assert counted["hits"] == 1
     option.write_text("# @package _global_\nprogram:\n  description: second, edited\n")
     assert jaxaot.compose(overrides, config_dir=conf).program.description == "second, edited"
-    assert counted["hits"] == 0
+    assert counted["hits"] == 1
 
 
 def test_a_defaults_choice_that_any_resolver_picks_is_not_remembered(
@@ -339,6 +342,9 @@ def test_a_shuffled_group_list_is_hydras_draw_each_time(
         drawn.append(order[-1])
     assert got == drawn
     assert len(set(got)) > 1 and counted["hits"] == 0
+    for _ in range(2):  # a key named so calls nothing: remembered as any other
+        jaxaot.compose(["program=axpy", "+program.kwargs.shuffle=true"], config_dir=conf)
+    assert counted["hits"] == 1
 
 
 def test_hydras_own_fields_are_as_hydra_fills_them_on_a_remembered_composition(
@@ -357,9 +363,8 @@ def test_hydras_own_fields_are_as_hydra_fills_them_on_a_remembered_composition(
     primary = conf / "config.yaml"
     text = primary.read_text()
     assert "hydra:\n  run:" in text
-    primary.write_text(
-        text.replace("hydra:\n  run:", "hydra:\n  overrides:\n    task: [preset]\n  run:")
-    )
+    preset = "hydra:\n  overrides:\n    task: [preset, 'seed-was-${execute.seed}']\n  run:"
+    primary.write_text(text.replace("hydra:\n  run:", preset))
     remembered.remember_in_process()
 
     def composed(overrides: list[str]) -> Any:
@@ -369,11 +374,18 @@ def test_hydras_own_fields_are_as_hydra_fills_them_on_a_remembered_composition(
 
     for _ in range(2):
         cfg = composed(["program=axpy", "execute.seed=3"])
-        assert list(cfg.hydra.overrides.task) == ["preset", "program=axpy", "execute.seed=3"]
+        task = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
+        assert task == ["preset", "seed-was-${execute.seed}", "program=axpy", "execute.seed=3"]
+        assert cfg.hydra.overrides.task[1] == "seed-was-3"
     assert counted["hits"] == 1
-    cfg = composed(["program=axpy", "hydra.runtime.version=0.0", "hydra.job.config_name=other"])
-    assert cfg.hydra.runtime.version == hydra.__version__
-    assert cfg.hydra.job.config_name == "config"
+    for overrides in (
+        ["hydra.runtime.version=0.0", "hydra.job.config_name=other"],
+        ["hydra.job={config_name: other}", "++hydra.runtime={version: '0.0'}"],
+        ["++hydra={job: {config_name: other}}"],
+    ):
+        cfg = composed(["program=axpy", *overrides])
+        assert cfg.hydra.runtime.version == hydra.__version__
+        assert cfg.hydra.job.config_name == "config"
     cfg = composed(["program=axpy", "++hydra.runtime.choices.program=zzz"])
     assert cfg.hydra.runtime.choices.program == "axpy"
     with pytest.raises(ConfigCompositionException):  # a key Hydra's struct lacks, then

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import cli_env
 
 SCRIPT = """
@@ -103,3 +104,50 @@ def test_the_child_exits_as_python_would(tmp_path: Path) -> None:
     raised = _child("raises", tmp_path)
     assert raised["status"] == 1
     assert "Traceback" in raised["stderr"] and "ValueError: job failed" in raised["stderr"]
+
+
+STDIO = """
+import os, sys
+if sys.argv[1] == "child":
+    from jaxaot.cli.server import facts
+    from jaxaot.cli.server.child import _stdio
+
+    sys.stdin, sys.stdout, sys.stderr = _stdio(facts.process()["stdio"])
+sys.stdout.write("a" * 6000)  # past the block size of a pipe's buffer: written out
+sys.stdout.write("b" * 3000)  # held
+os.write(2, b"|ERR|")
+sys.stdout.write(repr(sys.stdin.read()) + "\\n")
+print("\\u00b7", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "python -u"])
+@pytest.mark.parametrize("encoding", [None, "latin-1"], ids=["locale", "PYTHONIOENCODING"])
+def test_the_childs_stdio_is_opened_as_the_interpreter_opens_its_own(
+    unbuffered: bool, encoding: str | None
+) -> None:
+    """stdin, stdout and stderr of a served run are what the client's interpreter made of the
+    same descriptors: what comes out of stdout and stderr, in what order and encoding (buffer
+    sizes, line buffering, write-through), and what is read from stdin (no newline
+    translation)."""
+    env = cli_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    env.pop("PYTHONIOENCODING", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    if encoding:
+        env["PYTHONIOENCODING"] = encoding
+    got = {}
+    for who in ("interpreter", "child"):
+        proc = subprocess.run(
+            [sys.executable, "-c", STDIO, who],
+            input=b"x\r\ny",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        got[who] = proc.stdout
+    assert got["child"] == got["interpreter"]
+    assert b"'x\\r\\ny'" in got["child"]

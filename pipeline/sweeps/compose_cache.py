@@ -18,7 +18,10 @@ and the sweepers' validation of a batch keeps the configs it composed (up to ``_
 an in-process launcher takes them instead of composing each job a second time.
 
 Overrides that could change the defaults list in other ways (``hydra.searchpath``,
-``hydra.job.env_*``) and loaders other than Hydra's own take Hydra's path unchanged; so does
+``hydra.job.env_*``), overrides of the ``hydra`` fields Hydra sets after applying the overrides
+(``hydra.runtime.*``, ``hydra.overrides``, ``hydra.job.config_name``, or a key above one),
+lines that call ``shuffle`` (Hydra draws from ``random`` as it parses one) and loaders other
+than Hydra's own take Hydra's path unchanged; so does
 every composition on a Hydra outside the versions this was tested on
 (jaxaot.compat.hydra.HYDRA_KNOWN), where the sweepers validate and launch as Hydra's do.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -69,7 +73,7 @@ def parse_overrides(lines: Sequence[str]) -> list[Override]:
         if found is None:
             parser = parser or OverridesParser.create()
             [found] = parser.parse_overrides(overrides=[line])
-            if "shuffle" in line:
+            if SHUFFLE.search(line):
                 out.append(found)
                 continue
             _PARSED[line] = found
@@ -90,9 +94,14 @@ _HYDRAS_OWN = (
 )
 
 
+# Hydra's shuffle(): it draws from Python's random each time Hydra parses the line.
+SHUFFLE = re.compile(r"shuffle\s*\(")
+
+
 def _takes_slow_path(override: Override) -> bool:
     key = override.get_key_element().lstrip("+~")
-    return override.is_sweep_override() or key.startswith(_HYDRAS_OWN)
+    above = any(own.startswith(f"{key}.") for own in _HYDRAS_OWN)  # hydra.job={...}, hydra=...
+    return override.is_sweep_override() or key.startswith(_HYDRAS_OWN) or above
 
 
 class SweepConfigLoader(ConfigLoader):
@@ -167,8 +176,9 @@ class SweepConfigLoader(ConfigLoader):
         group override: Hydra reports it)."""
         from jaxaot.compat.hydra import config_overrides
 
-        # Hydra shuffles a list as it parses it, with Python's random: one parse, its own.
-        if any("shuffle" in line for line in lines):
+        # A shuffle() line draws from random each time Hydra parses it: left to Hydra, whose
+        # one parse draws once, and never remembered.
+        if any(SHUFFLE.search(line) for line in lines):
             return None
         parsed = parse_overrides(lines)
         if any(_takes_slow_path(o) for o in parsed):
@@ -334,7 +344,7 @@ def _apply(cfg: DictConfig, parsed: Sequence[Override], config_overrides: list[O
     for name, hydras in (("hydra", True), ("task", False)):
         listed = cfg.hydra.overrides[name]
         appended = sum(o.is_hydra_override() == hydras for o in groups)
-        cfg.hydra.overrides[name] = list(listed)[: len(listed) - appended]
+        del listed[len(listed) - appended :]  # the files' own entries kept as written
     apply_overrides_to_config(config_overrides, cfg)
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     for o in parsed:

@@ -37,7 +37,13 @@ def _tree(root: str, newest: list[int]) -> list[Any] | None:
         # Hydra reads YAML: the bytecode Python writes under a package's __pycache__ is not read.
         names = [] if again else sorted(f for f in files if not f.endswith((".pyc", ".pyo")))
         real_folder = os.path.realpath(folder)
-        for path in [folder, *(os.path.join(folder, name) for name in names)]:
+        if os.path.basename(folder) == "__pycache__":
+            # By path and target alone: Python writing bytecode here changes its times.
+            out.append([folder, real_folder])
+            paths = [os.path.join(folder, name) for name in names]
+        else:
+            paths = [folder, *(os.path.join(folder, name) for name in names)]
+        for path in paths:
             try:
                 st = os.stat(path)
             except OSError:

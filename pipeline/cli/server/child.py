@@ -77,17 +77,17 @@ def _stdio(streams: list[list[Any]]) -> list[Any]:
     for fd, (name, (encoding, errors, lines, through)) in enumerate(
         zip(("<stdin>", "<stdout>", "<stderr>"), streams, strict=True)
     ):
-        raw = io.FileIO(fd, "wb" if fd else "rb", closefd=False)
-        raw.name = name
-        # stdin is read through a buffer under `python -u` too (a buffer made and dropped would
-        # close the raw file as it is collected: made only where used).
-        buffer: Any = (
-            raw if through and fd else (io.BufferedWriter if fd else io.BufferedReader)(raw)
-        )
+        # As CPython opens them: a buffer sized by the file's block size (stdin's also under
+        # `python -u`), or the raw file written through; "\n" lines, none translated.
+        unbuffered = bool(through and fd)
+        mode = "wb" if fd else "rb"
+        buffer: Any = open(fd, mode, 0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+        (buffer if unbuffered else buffer.raw).name = name
         text = io.TextIOWrapper(
             buffer,
             encoding=encoding,
             errors=errors,
+            newline="\n",
             line_buffering=lines,
             write_through=through,
         )

@@ -97,7 +97,7 @@ def preimport() -> None:
     jax.jit(lambda x: jnp.tanh(x @ x).sum()).trace(spec)  # tracing starts no backend
     from jaxaot.stages import jaxenv
 
-    jaxenv.imported_ahead()  # before any run's logging was configured
+    jaxenv.imported_before_logging()  # before any run's logging was configured
     if compat_jax.backends_started():  # forked children must start their own (fails closed)
         raise RuntimeError("jaxaot server: a JAX backend started while warming up")
     # Nor may plugins be discovered here: each child discovers them with its client's

@@ -36,8 +36,8 @@ import time
 from typing import Any
 
 # The request format's version. 3: "process" (interpreter, limits, identity, cgroup and
-# namespaces, umask, affinity, ignored signals, stdio encodings and error handlers, inherited
-# descriptors).
+# namespaces, umask, affinity, ignored signals, how each stdio stream was opened: encoding,
+# error handler, line buffering, write-through; inherited descriptors).
 PROTOCOL = 3
 MAX_FDS = 200  # descriptors above 2 passed to a run (one SCM_RIGHTS message holds 253)
 
