@@ -347,6 +347,7 @@ def test_a_shuffled_group_list_is_hydras_draw_each_time(
     assert counted["hits"] == 1
 
 
+@pytest.mark.slow  # Hydra's own compose, several times: not the fast tier
 def test_hydras_own_fields_are_as_hydra_fills_them_on_a_remembered_composition(
     tmp_path: Path, counted: dict[str, int]
 ) -> None:
