@@ -933,7 +933,8 @@ def f(x):
         jax.config.jax_logging_level,
         sorted(type(h).__name__ for h in logging.getLogger("jax").handlers),
     ]
-    facts = [streams, [_filter(e) for e in warnings.filters], jax_logging]
+    command = sys.orig_argv[:-1]  # the last argument names each run's own folder
+    facts = [streams, [_filter(e) for e in warnings.filters], jax_logging, command]
     with open(os.environ["FACTS_OUT"], "a") as out:
         out.write(json.dumps([facts, float(np.random.rand())]) + "\\n")
     return x
@@ -942,7 +943,8 @@ def f(x):
 
 def test_a_served_run_starts_as_a_process_of_its_own_would(tmp_path: Path) -> None:
     """What a Python process sets up as it starts, a served run has as the same command run
-    without the server: stdio's encoding (``PYTHONIOENCODING``) and buffering
+    without the server: the command line (``sys.orig_argv``, what re-executing itself runs),
+    stdio's encoding (``PYTHONIOENCODING``) and buffering
     (``PYTHONUNBUFFERED``: stdout and stderr interleave as written), the warning filters its
     imports install (NumPy's), JAX's logging level from the run's logging config (its ``jax``
     logger: JAX's handler and C++ log level), and a random state of its own (NumPy's global one:
@@ -988,7 +990,7 @@ def test_a_served_run_starts_as_a_process_of_its_own_would(tmp_path: Path) -> No
     assert runs["plain"][0] == [b"OUT-1 \xb7", b"ERR-2", b"OUT-3"]
     for name in ("served", "again"):
         assert runs[name][:2] == runs["plain"][:2]
-    streams, filters, _ = runs["plain"][1]
+    streams, filters, *_ = runs["plain"][1]
     assert streams[1] == ["iso8859-1", "strict", False, True]  # latin-1, as Python names it
     assert ["always", None, "RankWarning", None, 0] in filters  # NumPy's, at its import
     assert runs["served"][2] != runs["again"][2]

@@ -31,8 +31,8 @@ def become_client(req: dict[str, Any], fds: list[int], added: dict[str, str]) ->
     """Take on the client's process as ``req`` describes it: ``fds`` (received with the
     request) at the numbers the client has them, its cwd, umask, CPU affinity, environment
     (with ``added``, what the server's imports set, on top, and :data:`CHILD_MARK`), time zone,
-    ``sys.path``, ``sys.argv``, stdio, and the signals it ignores; NumPy's global random state
-    drawn afresh, as a process of its own draws it."""
+    ``sys.path``, ``sys.argv`` and ``sys.orig_argv``, stdio, and the signals it ignores;
+    NumPy's global random state drawn afresh, as a process of its own draws it."""
     # Its own process group (the server sets it too, before telling the client: no race),
     # so a client's signals reach the run and whatever the run started, nothing else.
     with contextlib.suppress(OSError):
@@ -55,6 +55,7 @@ def become_client(req: dict[str, Any], fds: list[int], added: dict[str, str]) ->
     time.tzset()  # TZ as the client has it (${now:...}, run dir names, manifests)
     sys.path[:] = req["path"]
     sys.argv = [req.get("argv0") or "jaxaot", *req["argv"]]
+    sys.orig_argv = list(req.get("orig_argv") or sys.argv)  # what re-executing itself runs
     sys.stdin, sys.stdout, sys.stderr = _stdio(req["process"]["stdio"])
     # What a process draws from the OS as it starts, and a fork would share with every other
     # child: NumPy's global random state (Python's random reseeds itself in a forked child).

@@ -97,6 +97,7 @@ def request(argv: list[str]) -> tuple[dict[str, Any], list[int]]:
         "v": PROTOCOL,
         "argv": argv,
         "argv0": sys.argv[0],
+        "orig_argv": sys.orig_argv,  # the command line as the client's interpreter got it
         "cwd": os.getcwd(),
         "env": dict(os.environ),
         "path": sys.path,

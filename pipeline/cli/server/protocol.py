@@ -6,7 +6,7 @@ descriptors as SCM_RIGHTS ancillary data on the same ``sendmsg``.
 
 Messages, in order on one connection:
 
-- client -> server: a **request**, ``{"v": PROTOCOL, "argv", "argv0", "cwd", "env", "path",
+- client -> server: a **request**, ``{"v": PROTOCOL, "argv", "argv0", "orig_argv", "cwd", "env", "path",
   "origins", "process"}`` (:mod:`jaxaot.cli.server.facts` says what ``origins``
   and ``process`` hold), with descriptors ``[0, 1, 2, *process["inherited_fds"]]``; or an
   **operation**, ``{"v": PROTOCOL, "op": "status" | "stop"}``, without descriptors.
