@@ -944,11 +944,11 @@ def f(x):
 def test_a_served_run_starts_as_a_process_of_its_own_would(tmp_path: Path) -> None:
     """What a Python process sets up as it starts, a served run has as the same command run
     without the server: the command line (``sys.orig_argv``, what re-executing itself runs),
-    stdio's encoding (``PYTHONIOENCODING``) and buffering
-    (``PYTHONUNBUFFERED``: stdout and stderr interleave as written), the warning filters its
-    imports install (NumPy's), JAX's logging level from the run's logging config (its ``jax``
-    logger: JAX's handler and C++ log level), and a random state of its own (NumPy's global one:
-    two served runs draw different numbers)."""
+    stdio's encoding (``PYTHONIOENCODING``) and buffering (``PYTHONUNBUFFERED``: stdout and
+    stderr interleave as written), the warning filters its imports install (NumPy's), JAX's
+    logging level from the run's logging config (its ``jax`` logger: JAX's handler and C++ log
+    level), and a random state of its own (NumPy's global one: two served runs draw different
+    numbers)."""
     (tmp_path / "startup_facts.py").write_text(STARTUP_FACTS)
     env = cli_env(JAXAOT_SERVER_SOCKET=str(tmp_path / "srv" / "server.sock"))
     env.update(PYTHONIOENCODING="latin-1", PYTHONUNBUFFERED="1")  # the server's and the clients'
