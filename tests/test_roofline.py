@@ -156,8 +156,10 @@ def test_a_second_run_does_not_calibrate_again(
 def test_a_run_above_its_roof_is_capped_and_warned(
     cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A FLOP/s peak no program stays under (compute-bound: the bandwidth peak is no limit).
-    calls = _fake_measure(monkeypatch, flops=1e3, bw=1e15)
+    # A FLOP/s peak no program stays under (compute-bound: the bandwidth peak is no limit):
+    # axpy of scalars is 2 FLOPs a call, under it only at over 2000 s a call (1e3 FLOP/s was
+    # not: ~2 ms a call on a loaded machine).
+    calls = _fake_measure(monkeypatch, flops=1e-3, bw=1e15)
     overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
     first = jaxaot.run(jaxaot.compose(overrides), run_dir=tmp_path / "a")
     assert len(calls) == 1  # measured just now: not measured again
@@ -204,8 +206,9 @@ def test_a_recalibration_that_raises_the_peak_leaves_it_unsettled(
 def test_a_cache_resident_run_is_not_held_to_the_bandwidth_roof(
     cache_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # A bandwidth peak no program stays under: memory-bound, with a working set of a few bytes.
-    calls = _fake_measure(monkeypatch, flops=1e15, bw=1e3)
+    # A bandwidth peak no program stays under, however slow the machine: memory-bound, with a
+    # working set of a few bytes.
+    calls = _fake_measure(monkeypatch, flops=1e15, bw=1e-3)
     overrides = ["program=axpy", "execute.roofline=true", "execute.repeats=2"]
     for run in "ab":
         monkeypatch.setattr(roofline, "_memo", {})  # each run its own process
